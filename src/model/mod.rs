@@ -1,0 +1,1 @@
+//! Model configuration and weights (placeholder).

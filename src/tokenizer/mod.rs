@@ -1,0 +1,1 @@
+//! Tokenizer (placeholder, filled by the tokenizer work).
