@@ -1,1 +1,131 @@
-fn main() {}
+//! `ds4-make-test-model`: writes deterministic DeepSeek V4 test GGUFs with the
+//! real vocabulary (see tools/README.md).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use argh::FromArgs;
+use ds4::testmodel::{self, TestModelSpec, Variant, Vocab};
+
+/// Write deterministic DeepSeek V4 test models (random weights, real vocabulary)
+/// in ds4's exact GGUF layout, or the full-shape Flash file with a hole for data.
+#[derive(FromArgs)]
+struct Args {
+    /// output file (one variant) or directory (with --variant all)
+    #[argh(option, short = 'o')]
+    out: PathBuf,
+    /// tensor types: f32, q8, q2 (ds4's q2 mix), q4, or all (default f32)
+    #[argh(option, default = "String::from(\"f32\")")]
+    variant: String,
+    /// per-layer compression ratios, e.g. 0,0,4,16,4,16 (default: the tiny schedule)
+    #[argh(option)]
+    ratios: Option<String>,
+    /// embedding width (multiple of 256 for the q2/q4 variants)
+    #[argh(option)]
+    embd: Option<usize>,
+    /// sliding window
+    #[argh(option)]
+    window: Option<usize>,
+    /// indexer top-k
+    #[argh(option)]
+    top_k: Option<usize>,
+    /// routed experts
+    #[argh(option)]
+    experts: Option<usize>,
+    /// multiplier on every random matrix's standard deviation
+    #[argh(option)]
+    init_gain: Option<f32>,
+    /// RNG seed
+    #[argh(option)]
+    seed: Option<u64>,
+    /// also write the MTP draft file next to the output (<out>.mtp.gguf)
+    #[argh(switch)]
+    mtp: bool,
+    /// write the full-shape Flash q2 header with a hole for data instead
+    #[argh(switch)]
+    sparse_flash: bool,
+    /// tokenizer.json with the V4 vocabulary (default: the committed copy)
+    #[argh(option)]
+    tokenizer_json: Option<PathBuf>,
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let vocab = match &a.tokenizer_json {
+        Some(p) => Vocab::from_tokenizer_json(
+            &std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        )?,
+        None => Vocab::load_default()?,
+    };
+    if a.sparse_flash {
+        testmodel::write_sparse_flash(&vocab, &a.out)
+            .map_err(|e| format!("{}: {e}", a.out.display()))?;
+        eprintln!(
+            "wrote {} (full Flash shape, data region is a hole)",
+            a.out.display()
+        );
+        return Ok(());
+    }
+    let mut spec = TestModelSpec::tiny();
+    if let Some(r) = &a.ratios {
+        spec.compress_ratios = r
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("--ratios: bad entry {x:?}"))
+            })
+            .collect::<Result<_, _>>()?;
+        spec.n_hash_layers = spec.n_hash_layers.min(spec.compress_ratios.len());
+    }
+    if let Some(v) = a.embd {
+        spec.n_embd = v;
+    }
+    if let Some(v) = a.window {
+        spec.sliding_window = v;
+    }
+    if let Some(v) = a.top_k {
+        spec.indexer_top_k = v;
+    }
+    if let Some(v) = a.experts {
+        spec.n_expert = v;
+    }
+    if let Some(v) = a.init_gain {
+        spec.init_gain = v;
+    }
+    if let Some(v) = a.seed {
+        spec.seed = v;
+    }
+    let variants: Vec<Variant> = if a.variant == "all" {
+        Variant::ALL.to_vec()
+    } else {
+        vec![Variant::parse(&a.variant)
+            .ok_or_else(|| format!("--variant: unknown {:?} (f32, q8, q2, q4, all)", a.variant))?]
+    };
+    for v in variants {
+        let path = if a.variant == "all" {
+            std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+            a.out.join(format!("tiny-{}.gguf", v.name()))
+        } else {
+            a.out.clone()
+        };
+        testmodel::write_model(&spec, v, &vocab, &path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+        if a.mtp {
+            let mtp = path.with_extension("mtp.gguf");
+            testmodel::write_mtp(&spec, v, &mtp).map_err(|e| format!("{}: {e}", mtp.display()))?;
+            eprintln!("wrote {}", mtp.display());
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(argh::from_env()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ds4-make-test-model: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

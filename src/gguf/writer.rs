@@ -1,0 +1,255 @@
+//! A GGUF v3 writer for the tools: test-model generator, converters, and the
+//! full-shape sparse file whose data region is left as a hole.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use super::value::{MetaArray, MetaValue};
+use super::DEFAULT_ALIGNMENT;
+use crate::quant::GgmlType;
+
+struct PendingTensor {
+    name: String,
+    ne: Vec<u64>,
+    ty: GgmlType,
+    /// `None`: the bytes are not written (a hole in a sparse file).
+    data: Option<Vec<u8>>,
+    n_bytes: u64,
+}
+
+/// Collects metadata and tensors, then writes them in GGUF v3 layout with every
+/// tensor at a multiple of the alignment and zero padding in between.
+pub struct GgufWriter {
+    alignment: u64,
+    kvs: Vec<(String, MetaValue)>,
+    tensors: Vec<PendingTensor>,
+}
+
+impl Default for GgufWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GgufWriter {
+    pub fn new() -> GgufWriter {
+        GgufWriter {
+            alignment: DEFAULT_ALIGNMENT,
+            kvs: Vec::new(),
+            tensors: Vec::new(),
+        }
+    }
+
+    /// Adds a key; `general.alignment` (u32) also sets the layout alignment.
+    pub fn add_kv(&mut self, key: &str, value: MetaValue) {
+        if key == "general.alignment" {
+            if let MetaValue::U32(a) = value {
+                if a != 0 && a.is_power_of_two() {
+                    self.alignment = a as u64;
+                }
+            }
+        }
+        self.kvs.push((key.to_string(), value));
+    }
+
+    pub fn add_u32(&mut self, key: &str, v: u32) {
+        self.add_kv(key, MetaValue::U32(v));
+    }
+
+    pub fn add_f32(&mut self, key: &str, v: f32) {
+        self.add_kv(key, MetaValue::F32(v));
+    }
+
+    pub fn add_bool(&mut self, key: &str, v: bool) {
+        self.add_kv(key, MetaValue::Bool(v));
+    }
+
+    pub fn add_str(&mut self, key: &str, v: &str) {
+        self.add_kv(key, MetaValue::String(v.to_string()));
+    }
+
+    pub fn add_array(&mut self, key: &str, v: MetaArray) {
+        self.add_kv(key, MetaValue::Array(v));
+    }
+
+    /// Adds a tensor whose bytes are `data` (must be exactly the size `ne` and
+    /// `ty` imply).
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        ne: &[u64],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> io::Result<()> {
+        let n_bytes = tensor_bytes(name, ne, ty)?;
+        if data.len() as u64 != n_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "tensor {name}: {} bytes given, {n_bytes} expected",
+                    data.len()
+                ),
+            ));
+        }
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            ne: ne.to_vec(),
+            ty,
+            data: Some(data),
+            n_bytes,
+        });
+        Ok(())
+    }
+
+    /// Adds a tensor whose data is not written: the file gets a hole there.
+    pub fn add_tensor_hole(&mut self, name: &str, ne: &[u64], ty: GgmlType) -> io::Result<()> {
+        let n_bytes = tensor_bytes(name, ne, ty)?;
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            ne: ne.to_vec(),
+            ty,
+            data: None,
+            n_bytes,
+        });
+        Ok(())
+    }
+
+    /// Serialises the header (up to, not including, the alignment padding) and
+    /// returns it with the relative offset of each tensor and the data size.
+    fn header(&self) -> (Vec<u8>, u64) {
+        let mut h = Vec::new();
+        h.extend_from_slice(&0x4655_4747u32.to_le_bytes());
+        h.extend_from_slice(&3u32.to_le_bytes());
+        h.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        h.extend_from_slice(&(self.kvs.len() as u64).to_le_bytes());
+        for (k, v) in &self.kvs {
+            put_str(&mut h, k);
+            h.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
+            put_value(&mut h, v);
+        }
+        let mut offset = 0u64;
+        for t in &self.tensors {
+            put_str(&mut h, &t.name);
+            h.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
+            for &n in &t.ne {
+                h.extend_from_slice(&n.to_le_bytes());
+            }
+            h.extend_from_slice(&t.ty.id().to_le_bytes());
+            h.extend_from_slice(&offset.to_le_bytes());
+            offset = (offset + t.n_bytes).div_ceil(self.alignment) * self.alignment;
+        }
+        (h, offset)
+    }
+
+    /// Writes the file. Holes are skipped with a seek, and the file length is
+    /// set at the end, so a file made only of holes costs no disk space.
+    pub fn write_to_path(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let file = File::create(path.as_ref())?;
+        let (header, data_len) = self.header();
+        let data_start = (header.len() as u64).div_ceil(self.alignment) * self.alignment;
+        let mut w = BufWriter::new(file);
+        w.write_all(&header)?;
+        w.write_all(&vec![0u8; (data_start - header.len() as u64) as usize])?;
+        let mut pos = 0u64;
+        for t in &self.tensors {
+            match &t.data {
+                Some(d) => {
+                    w.seek(SeekFrom::Start(data_start + pos))?;
+                    w.write_all(d)?;
+                    let end = pos + t.n_bytes;
+                    let padded = end.div_ceil(self.alignment) * self.alignment;
+                    w.write_all(&vec![0u8; (padded - end) as usize])?;
+                }
+                None => {}
+            }
+            pos = (pos + t.n_bytes).div_ceil(self.alignment) * self.alignment;
+        }
+        let file = w.into_inner().map_err(|e| e.into_error())?;
+        file.set_len(data_start + data_len)?;
+        file.sync_all()?;
+        Ok(())
+    }
+
+    /// The whole file in memory (tests); holes become zeros.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let (header, data_len) = self.header();
+        let data_start = (header.len() as u64).div_ceil(self.alignment) * self.alignment;
+        let mut out = header;
+        out.resize((data_start + data_len) as usize, 0);
+        let mut pos = 0u64;
+        for t in &self.tensors {
+            if let Some(d) = &t.data {
+                let s = (data_start + pos) as usize;
+                out[s..s + d.len()].copy_from_slice(d);
+            }
+            pos = (pos + t.n_bytes).div_ceil(self.alignment) * self.alignment;
+        }
+        out
+    }
+}
+
+fn tensor_bytes(name: &str, ne: &[u64], ty: GgmlType) -> io::Result<u64> {
+    let bad =
+        |msg: String| io::Error::new(io::ErrorKind::InvalidInput, format!("tensor {name}: {msg}"));
+    if ne.is_empty() || ne.len() > 8 {
+        return Err(bad(format!("{} dimensions", ne.len())));
+    }
+    let row = ty
+        .row_bytes(ne[0])
+        .ok_or_else(|| bad(format!("ne0 {} not a multiple of the {} block", ne[0], ty)))?;
+    ne[1..]
+        .iter()
+        .try_fold(row, |acc, &n| acc.checked_mul(n))
+        .ok_or_else(|| bad("size overflows".into()))
+}
+
+fn put_str(h: &mut Vec<u8>, s: &str) {
+    h.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    h.extend_from_slice(s.as_bytes());
+}
+
+fn put_value(h: &mut Vec<u8>, v: &MetaValue) {
+    match v {
+        MetaValue::U8(x) => h.push(*x),
+        MetaValue::I8(x) => h.push(*x as u8),
+        MetaValue::U16(x) => h.extend_from_slice(&x.to_le_bytes()),
+        MetaValue::I16(x) => h.extend_from_slice(&x.to_le_bytes()),
+        MetaValue::U32(x) => h.extend_from_slice(&x.to_le_bytes()),
+        MetaValue::I32(x) => h.extend_from_slice(&x.to_le_bytes()),
+        MetaValue::F32(x) => h.extend_from_slice(&x.to_le_bytes()),
+        MetaValue::Bool(x) => h.push(*x as u8),
+        MetaValue::String(s) => put_str(h, s),
+        MetaValue::U64(x) => h.extend_from_slice(&x.to_le_bytes()),
+        MetaValue::I64(x) => h.extend_from_slice(&x.to_le_bytes()),
+        MetaValue::F64(x) => h.extend_from_slice(&x.to_le_bytes()),
+        MetaValue::Array(a) => put_array(h, a),
+    }
+}
+
+fn put_array(h: &mut Vec<u8>, a: &MetaArray) {
+    h.extend_from_slice(&(a.elem_type() as u32).to_le_bytes());
+    h.extend_from_slice(&(a.len() as u64).to_le_bytes());
+    macro_rules! each {
+        ($v:expr) => {
+            for x in $v {
+                h.extend_from_slice(&x.to_le_bytes());
+            }
+        };
+    }
+    match a {
+        MetaArray::U8(v) => h.extend_from_slice(v),
+        MetaArray::I8(v) => h.extend(v.iter().map(|&x| x as u8)),
+        MetaArray::Bool(v) => h.extend(v.iter().map(|&x| x as u8)),
+        MetaArray::U16(v) => each!(v),
+        MetaArray::I16(v) => each!(v),
+        MetaArray::U32(v) => each!(v),
+        MetaArray::I32(v) => each!(v),
+        MetaArray::F32(v) => each!(v),
+        MetaArray::U64(v) => each!(v),
+        MetaArray::I64(v) => each!(v),
+        MetaArray::F64(v) => each!(v),
+        MetaArray::String(v) => v.iter().for_each(|s| put_str(h, s)),
+        MetaArray::Array(v) => v.iter().for_each(|x| put_array(h, x)),
+    }
+}

@@ -1,0 +1,529 @@
+//! Weights bound by name and validated against the configuration.
+//!
+//! Every required tensor must be present with exactly the shape the
+//! configuration implies and a type the engine can compute with; errors name
+//! the tensor, what was expected and what was found. Bound tensors are
+//! [`TensorRef`]s (type, shape, absolute file extent), so backends can read or
+//! upload them without holding a borrow of the file.
+
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::GgmlType;
+
+use super::config::{AttentionKind, ModelConfig};
+use super::ModelError;
+
+/// A validated tensor: type, shape and where its bytes are in the file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorRef {
+    pub name: String,
+    pub ty: GgmlType,
+    /// GGUF order, unused dims 1.
+    pub ne: [u64; 4],
+    /// Absolute file offset of the first byte.
+    pub offset: u64,
+    pub n_bytes: u64,
+}
+
+impl TensorRef {
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.ne[0]).unwrap_or(0) as usize
+    }
+
+    /// Bytes of tensor data inside `file` (the file it was bound from).
+    pub fn bytes<'a>(&self, file: &'a GgufFile) -> &'a [u8] {
+        file.raw_bytes(self.offset, self.n_bytes)
+    }
+}
+
+/// Which element types a tensor may have.
+#[derive(Clone, Copy, Debug)]
+enum Class {
+    /// Dense matrices: F32/F16/BF16/Q8_0.
+    Dense,
+    /// Routed expert slabs: F32/F16/Q8_0/Q2_K/Q4_K/IQ2_XXS.
+    Expert,
+    /// Norms and small vectors: F32 (F16 accepted).
+    Vector,
+    /// Hash routing table.
+    I32,
+}
+
+impl Class {
+    fn accepts(self) -> &'static [GgmlType] {
+        use GgmlType::*;
+        match self {
+            Class::Dense => &[F32, F16, Bf16, Q8_0],
+            Class::Expert => &[F32, F16, Q8_0, Q2K, Q4K, Iq2Xxs],
+            Class::Vector => &[F32, F16],
+            Class::I32 => &[I32],
+        }
+    }
+}
+
+struct Binder<'f> {
+    file: &'f GgufFile,
+}
+
+impl Binder<'_> {
+    fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.file.tensor_info(name)
+    }
+
+    fn bind(&self, name: &str, shape: &[usize], class: Class) -> Result<TensorRef, ModelError> {
+        let info = self
+            .info(name)
+            .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+        let ty = info.ty.ok_or_else(|| ModelError::BadType {
+            name: name.into(),
+            found: format!("unknown type id {}", info.type_id),
+            accepted: names(class.accepts()),
+        })?;
+        let expected: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        if info.ne != expected {
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                expected,
+                found: info.ne.clone(),
+            });
+        }
+        if !class.accepts().contains(&ty) {
+            return Err(ModelError::BadType {
+                name: name.into(),
+                found: ty.name().into(),
+                accepted: names(class.accepts()),
+            });
+        }
+        let mut ne = [1u64; 4];
+        for (d, &n) in info.ne.iter().enumerate().take(4) {
+            ne[d] = n;
+        }
+        Ok(TensorRef {
+            name: name.into(),
+            ty,
+            ne,
+            offset: self.file.data_offset() + info.offset,
+            n_bytes: info.n_bytes,
+        })
+    }
+
+    fn bind_opt(
+        &self,
+        name: &str,
+        shape: &[usize],
+        class: Class,
+    ) -> Result<Option<TensorRef>, ModelError> {
+        match self.info(name) {
+            None => Ok(None),
+            Some(_) => self.bind(name, shape, class).map(Some),
+        }
+    }
+}
+
+fn names(ts: &[GgmlType]) -> String {
+    ts.iter().map(|t| t.name()).collect::<Vec<_>>().join("/")
+}
+
+/// A compressor (attention or indexer): `ape` [c, ratio], `kv`/`gate` [D, c], norm [hd].
+#[derive(Clone, Debug)]
+pub struct CompressorWeights {
+    pub ape: TensorRef,
+    pub kv: TensorRef,
+    pub gate: TensorRef,
+    pub norm: TensorRef,
+    /// Output width of one projected row: `coff · hd`.
+    pub width: usize,
+    /// Row width after pooling.
+    pub head_dim: usize,
+    /// True for the two-series (overlapped) compressor of CSA layers.
+    pub overlapped: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct IndexerWeights {
+    pub q_b: TensorRef,
+    pub proj: TensorRef,
+    pub compressor: CompressorWeights,
+}
+
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub kind: AttentionKind,
+    pub hc_attn_fn: TensorRef,
+    pub hc_attn_scale: TensorRef,
+    pub hc_attn_base: TensorRef,
+    pub attn_norm: TensorRef,
+    pub attn_q_a: TensorRef,
+    pub attn_q_a_norm: TensorRef,
+    pub attn_q_b: TensorRef,
+    pub attn_kv: TensorRef,
+    pub attn_kv_a_norm: TensorRef,
+    pub attn_sinks: TensorRef,
+    pub attn_output_a: TensorRef,
+    pub attn_output_b: TensorRef,
+    pub compressor: Option<CompressorWeights>,
+    pub indexer: Option<IndexerWeights>,
+    pub hc_ffn_fn: TensorRef,
+    pub hc_ffn_scale: TensorRef,
+    pub hc_ffn_base: TensorRef,
+    pub ffn_norm: TensorRef,
+    pub ffn_gate_inp: TensorRef,
+    pub exp_probs_b: Option<TensorRef>,
+    pub tid2eid: Option<TensorRef>,
+    pub ffn_gate_exps: TensorRef,
+    pub ffn_up_exps: TensorRef,
+    pub ffn_down_exps: TensorRef,
+    pub ffn_gate_shexp: Option<TensorRef>,
+    pub ffn_up_shexp: Option<TensorRef>,
+    pub ffn_down_shexp: Option<TensorRef>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Weights {
+    pub token_embd: TensorRef,
+    pub output_hc_fn: TensorRef,
+    pub output_hc_scale: TensorRef,
+    pub output_hc_base: TensorRef,
+    pub output_norm: TensorRef,
+    pub output: TensorRef,
+    pub layers: Vec<LayerWeights>,
+}
+
+/// The optional MTP draft block (a separate GGUF, GGUF.md §7).
+#[derive(Clone, Debug)]
+pub struct MtpWeights {
+    pub hc_head_fn: TensorRef,
+    pub hc_head_scale: TensorRef,
+    pub hc_head_base: TensorRef,
+    pub e_proj: TensorRef,
+    pub h_proj: TensorRef,
+    pub enorm: TensorRef,
+    pub hnorm: TensorRef,
+    pub norm: TensorRef,
+    /// The block itself, a window-only top-k-routed layer.
+    pub block: LayerWeights,
+}
+
+impl Weights {
+    /// Binds and validates every tensor of the main model.
+    pub fn bind(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights, ModelError> {
+        if file.tensor_info("blk.0.attn_norm.weight").is_none()
+            && file.tensor_info("mtp.0.attn_norm.weight").is_some()
+        {
+            return Err(ModelError::WrongKind(
+                "this is an MTP draft file; pass it with --mtp next to the main model".into(),
+            ));
+        }
+        let b = Binder { file };
+        let d = cfg.n_embd;
+        let hc_d = cfg.hc_count * d;
+        let layers = (0..cfg.n_layer)
+            .map(|l| bind_layer(&b, cfg, &format!("blk.{l}."), l, false))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Weights {
+            token_embd: b.bind("token_embd.weight", &[d, cfg.n_vocab], Class::Dense)?,
+            output_hc_fn: b.bind("output_hc_fn.weight", &[hc_d, cfg.hc_count], Class::Dense)?,
+            output_hc_scale: b.bind("output_hc_scale.weight", &[1], Class::Vector)?,
+            output_hc_base: b.bind("output_hc_base.weight", &[cfg.hc_count], Class::Vector)?,
+            output_norm: b.bind("output_norm.weight", &[d], Class::Vector)?,
+            output: b.bind("output.weight", &[d, cfg.n_vocab], Class::Dense)?,
+            layers,
+        })
+    }
+
+    /// Every bound tensor, globals first.
+    pub fn all(&self) -> Vec<&TensorRef> {
+        let mut v = vec![
+            &self.token_embd,
+            &self.output_hc_fn,
+            &self.output_hc_scale,
+            &self.output_hc_base,
+            &self.output_norm,
+            &self.output,
+        ];
+        for l in &self.layers {
+            v.extend(l.all());
+        }
+        v
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.all().iter().map(|t| t.n_bytes).sum()
+    }
+
+    /// Bytes of weights read to produce one token at decode time: one
+    /// embedding row, every dense tensor, the chosen experts' slabs, the head.
+    pub fn active_bytes_per_token(&self, cfg: &ModelConfig) -> u64 {
+        let mut total = self.token_embd.n_bytes / cfg.n_vocab as u64;
+        total += self.output_hc_fn.n_bytes + self.output_hc_scale.n_bytes;
+        total += self.output_hc_base.n_bytes + self.output_norm.n_bytes + self.output.n_bytes;
+        for l in &self.layers {
+            for t in l.all() {
+                let is_routed = [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
+                    .iter()
+                    .any(|e| std::ptr::eq(*e, t));
+                let is_table = l.tid2eid.as_ref().is_some_and(|x| std::ptr::eq(x, t));
+                if is_routed {
+                    total += t.n_bytes / cfg.n_expert as u64 * cfg.n_expert_used as u64;
+                } else if is_table {
+                    total += (cfg.n_expert_used * 4) as u64;
+                } else {
+                    total += t.n_bytes;
+                }
+            }
+        }
+        total
+    }
+}
+
+impl LayerWeights {
+    pub fn all(&self) -> Vec<&TensorRef> {
+        let mut v = vec![
+            &self.hc_attn_fn,
+            &self.hc_attn_scale,
+            &self.hc_attn_base,
+            &self.attn_norm,
+            &self.attn_q_a,
+            &self.attn_q_a_norm,
+            &self.attn_q_b,
+            &self.attn_kv,
+            &self.attn_kv_a_norm,
+            &self.attn_sinks,
+            &self.attn_output_a,
+            &self.attn_output_b,
+        ];
+        for c in self
+            .compressor
+            .iter()
+            .chain(self.indexer.as_ref().map(|i| &i.compressor))
+        {
+            v.extend([&c.ape, &c.kv, &c.gate, &c.norm]);
+        }
+        if let Some(i) = &self.indexer {
+            v.extend([&i.q_b, &i.proj]);
+        }
+        v.extend([
+            &self.hc_ffn_fn,
+            &self.hc_ffn_scale,
+            &self.hc_ffn_base,
+            &self.ffn_norm,
+            &self.ffn_gate_inp,
+        ]);
+        v.extend(self.exp_probs_b.iter());
+        v.extend(self.tid2eid.iter());
+        v.extend([&self.ffn_gate_exps, &self.ffn_up_exps, &self.ffn_down_exps]);
+        v.extend(self.ffn_gate_shexp.iter());
+        v.extend(self.ffn_up_shexp.iter());
+        v.extend(self.ffn_down_shexp.iter());
+        v
+    }
+}
+
+fn bind_compressor(
+    b: &Binder<'_>,
+    cfg: &ModelConfig,
+    prefix: &str,
+    ratio: usize,
+    head_dim: usize,
+    overlapped: bool,
+) -> Result<CompressorWeights, ModelError> {
+    let d = cfg.n_embd;
+    let width = if overlapped { 2 * head_dim } else { head_dim };
+    Ok(CompressorWeights {
+        ape: b.bind(
+            &format!("{prefix}ape.weight"),
+            &[width, ratio],
+            Class::Dense,
+        )?,
+        kv: b.bind(&format!("{prefix}kv.weight"), &[d, width], Class::Dense)?,
+        gate: b.bind(&format!("{prefix}gate.weight"), &[d, width], Class::Dense)?,
+        norm: b.bind(&format!("{prefix}norm.weight"), &[head_dim], Class::Vector)?,
+        width,
+        head_dim,
+        overlapped,
+    })
+}
+
+fn bind_layer(
+    b: &Binder<'_>,
+    cfg: &ModelConfig,
+    p: &str,
+    l: usize,
+    mtp: bool,
+) -> Result<LayerWeights, ModelError> {
+    let d = cfg.n_embd;
+    let hc_d = cfg.hc_count * d;
+    let mix = cfg.hc_mix_dim();
+    let hd = cfg.head_dim;
+    let ratio = if mtp { 0 } else { cfg.compress_ratios[l] };
+    let n = |s: &str| format!("{p}{s}");
+
+    // CSA vs HCA is not in the metadata: a compressed layer with indexer
+    // tensors is CSA (overlapped compressor + indexer), otherwise HCA. Flash
+    // ties this to ratio 4, but transformers lets both rates be configured.
+    let has_indexer = b.info(&n("indexer.attn_q_b.weight")).is_some();
+    let kind = match ratio {
+        0 => AttentionKind::Window,
+        r if has_indexer => AttentionKind::Csa { ratio: r },
+        r => AttentionKind::Hca { ratio: r },
+    };
+    if ratio == 0 {
+        for extra in ["attn_compressor_kv.weight", "indexer.attn_q_b.weight"] {
+            if b.info(&n(extra)).is_some() {
+                return Err(ModelError::Inconsistent(format!(
+                    "{} is present but compress_ratios[{l}] is 0",
+                    n(extra)
+                )));
+            }
+        }
+    }
+    let (compressor, indexer) = match kind {
+        AttentionKind::Window => (None, None),
+        AttentionKind::Hca { ratio } => (
+            Some(bind_compressor(
+                b,
+                cfg,
+                &n("attn_compressor_"),
+                ratio,
+                hd,
+                false,
+            )?),
+            None,
+        ),
+        AttentionKind::Csa { ratio } => {
+            let ihd = cfg.indexer_head_dim;
+            let ih = cfg.indexer_heads;
+            if ih == 0 {
+                return Err(ModelError::Inconsistent(format!(
+                    "layer {l} has indexer tensors but attention.indexer.head_count is 0"
+                )));
+            }
+            (
+                Some(bind_compressor(
+                    b,
+                    cfg,
+                    &n("attn_compressor_"),
+                    ratio,
+                    hd,
+                    true,
+                )?),
+                Some(IndexerWeights {
+                    q_b: b.bind(
+                        &n("indexer.attn_q_b.weight"),
+                        &[cfg.q_lora_rank, ih * ihd],
+                        Class::Dense,
+                    )?,
+                    proj: b.bind(&n("indexer.proj.weight"), &[d, ih], Class::Dense)?,
+                    compressor: bind_compressor(
+                        b,
+                        cfg,
+                        &n("indexer_compressor_"),
+                        ratio,
+                        ihd,
+                        true,
+                    )?,
+                }),
+            )
+        }
+    };
+
+    let hash = !mtp && cfg.is_hash_layer(l);
+    let (e, ff) = (cfg.n_expert, cfg.expert_ff);
+    let tid2eid = if hash {
+        Some(b.bind(
+            &n("ffn_gate_tid2eid.weight"),
+            &[cfg.n_expert_used, cfg.n_vocab],
+            Class::I32,
+        )?)
+    } else {
+        None
+    };
+    let exp_probs_b = if mtp {
+        Some(b.bind(&n("exp_probs_b.bias"), &[e], Class::Vector)?)
+    } else {
+        b.bind_opt(&n("exp_probs_b.bias"), &[e], Class::Vector)?
+    };
+    let shared = cfg.n_expert_shared > 0;
+    let sh = |s: &str, shape: &[usize]| -> Result<Option<TensorRef>, ModelError> {
+        if shared {
+            b.bind(&n(s), shape, Class::Dense).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    Ok(LayerWeights {
+        kind,
+        hc_attn_fn: b.bind(&n("hc_attn_fn.weight"), &[hc_d, mix], Class::Dense)?,
+        hc_attn_scale: b.bind(&n("hc_attn_scale.weight"), &[3], Class::Vector)?,
+        hc_attn_base: b.bind(&n("hc_attn_base.weight"), &[mix], Class::Vector)?,
+        attn_norm: b.bind(&n("attn_norm.weight"), &[d], Class::Vector)?,
+        attn_q_a: b.bind(&n("attn_q_a.weight"), &[d, cfg.q_lora_rank], Class::Dense)?,
+        attn_q_a_norm: b.bind(
+            &n("attn_q_a_norm.weight"),
+            &[cfg.q_lora_rank],
+            Class::Vector,
+        )?,
+        attn_q_b: b.bind(
+            &n("attn_q_b.weight"),
+            &[cfg.q_lora_rank, cfg.q_dim()],
+            Class::Dense,
+        )?,
+        attn_kv: b.bind(&n("attn_kv.weight"), &[d, hd], Class::Dense)?,
+        attn_kv_a_norm: b.bind(&n("attn_kv_a_norm.weight"), &[hd], Class::Vector)?,
+        attn_sinks: b.bind(&n("attn_sinks.weight"), &[cfg.n_head], Class::Vector)?,
+        attn_output_a: b.bind(
+            &n("attn_output_a.weight"),
+            &[cfg.heads_per_group() * hd, cfg.o_groups * cfg.o_lora_rank],
+            Class::Dense,
+        )?,
+        attn_output_b: b.bind(
+            &n("attn_output_b.weight"),
+            &[cfg.o_groups * cfg.o_lora_rank, d],
+            Class::Dense,
+        )?,
+        compressor,
+        indexer,
+        hc_ffn_fn: b.bind(&n("hc_ffn_fn.weight"), &[hc_d, mix], Class::Dense)?,
+        hc_ffn_scale: b.bind(&n("hc_ffn_scale.weight"), &[3], Class::Vector)?,
+        hc_ffn_base: b.bind(&n("hc_ffn_base.weight"), &[mix], Class::Vector)?,
+        ffn_norm: b.bind(&n("ffn_norm.weight"), &[d], Class::Vector)?,
+        ffn_gate_inp: b.bind(&n("ffn_gate_inp.weight"), &[d, e], Class::Dense)?,
+        exp_probs_b,
+        tid2eid,
+        ffn_gate_exps: b.bind(&n("ffn_gate_exps.weight"), &[d, ff, e], Class::Expert)?,
+        ffn_up_exps: b.bind(&n("ffn_up_exps.weight"), &[d, ff, e], Class::Expert)?,
+        ffn_down_exps: b.bind(&n("ffn_down_exps.weight"), &[ff, d, e], Class::Expert)?,
+        ffn_gate_shexp: sh("ffn_gate_shexp.weight", &[d, ff])?,
+        ffn_up_shexp: sh("ffn_up_shexp.weight", &[d, ff])?,
+        ffn_down_shexp: sh("ffn_down_shexp.weight", &[ff, d])?,
+    })
+}
+
+impl MtpWeights {
+    /// Binds the MTP block of a separate file, with shapes from the main
+    /// model's configuration (the MTP file carries no metadata ds4 reads).
+    pub fn bind(file: &GgufFile, cfg: &ModelConfig) -> Result<MtpWeights, ModelError> {
+        if file.tensor_info("mtp.0.attn_norm.weight").is_none() {
+            return Err(ModelError::WrongKind(
+                "no mtp.0.* tensors: not an MTP draft file".into(),
+            ));
+        }
+        let b = Binder { file };
+        let d = cfg.n_embd;
+        let hc_d = cfg.hc_count * d;
+        Ok(MtpWeights {
+            hc_head_fn: b.bind(
+                "mtp.0.hc_head_fn.weight",
+                &[hc_d, cfg.hc_count],
+                Class::Dense,
+            )?,
+            hc_head_scale: b.bind("mtp.0.hc_head_scale.weight", &[1], Class::Vector)?,
+            hc_head_base: b.bind("mtp.0.hc_head_base.weight", &[cfg.hc_count], Class::Vector)?,
+            e_proj: b.bind("mtp.0.e_proj.weight", &[d, d], Class::Dense)?,
+            h_proj: b.bind("mtp.0.h_proj.weight", &[d, d], Class::Dense)?,
+            enorm: b.bind("mtp.0.enorm.weight", &[d], Class::Vector)?,
+            hnorm: b.bind("mtp.0.hnorm.weight", &[d], Class::Vector)?,
+            norm: b.bind("mtp.0.norm.weight", &[d], Class::Vector)?,
+            block: bind_layer(&b, cfg, "mtp.0.", 0, true)?,
+        })
+    }
+}
