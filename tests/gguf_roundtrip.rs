@@ -1,0 +1,95 @@
+//! The writer and the reader agree on every metadata type and on tensor layout.
+
+use ds4::gguf::{GgufFile, GgufWriter, MetaArray, MetaValue};
+use ds4::model::{ModelConfig, ModelFile};
+use ds4::quant::GgmlType;
+use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
+
+#[test]
+fn every_value_type_round_trips() {
+    let values = vec![
+        ("a.u8", MetaValue::U8(200)),
+        ("a.i8", MetaValue::I8(-5)),
+        ("a.u16", MetaValue::U16(60000)),
+        ("a.i16", MetaValue::I16(-30000)),
+        ("a.u32", MetaValue::U32(4_000_000_000)),
+        ("a.i32", MetaValue::I32(-2_000_000_000)),
+        ("a.f32", MetaValue::F32(1.5e-7)),
+        ("a.bool", MetaValue::Bool(true)),
+        ("a.str", MetaValue::String("héllo ｜DSML｜".into())),
+        ("a.u64", MetaValue::U64(u64::MAX)),
+        ("a.i64", MetaValue::I64(i64::MIN)),
+        ("a.f64", MetaValue::F64(-2.25)),
+        ("a.arr_i32", MetaValue::Array(MetaArray::I32(vec![0, 0, 4, 128]))),
+        ("a.arr_str", MetaValue::Array(MetaArray::String(vec!["x".into(), "".into(), "Ġy".into()]))),
+        (
+            "a.nested",
+            MetaValue::Array(MetaArray::Array(vec![MetaArray::F32(vec![1.0]), MetaArray::Bool(vec![false, true])])),
+        ),
+    ];
+    let mut w = GgufWriter::new();
+    for (k, v) in &values {
+        w.add_kv(k, v.clone());
+    }
+    let t0: Vec<u8> = (0..34 * 3).map(|i| i as u8).collect();
+    w.add_tensor("t.q8", &[32, 3], GgmlType::Q8_0, t0.clone()).unwrap();
+    let t1: Vec<u8> = (0..4 * 5).map(|i| (i * 7) as u8).collect();
+    w.add_tensor("t.f32", &[5], GgmlType::F32, t1.clone()).unwrap();
+    let f = GgufFile::from_vec(w.to_bytes()).unwrap();
+    for (k, v) in &values {
+        assert_eq!(f.get(k), Some(v), "{k}");
+    }
+    assert_eq!(f.metadata().count(), values.len());
+    let q = f.tensor("t.q8").unwrap().unwrap();
+    assert_eq!((q.ty, q.dims(), q.data), (GgmlType::Q8_0, &[32u64, 3][..], &t0[..]));
+    assert_eq!(q.row(2).unwrap(), &t0[68..102]);
+    assert!(q.row(3).is_none());
+    let t = f.tensor("t.f32").unwrap().unwrap();
+    assert_eq!(t.data, &t1[..]);
+    assert_eq!(f.data_offset() % 32, 0);
+    assert!(f.tensor("missing").unwrap().is_none());
+}
+
+#[test]
+fn alignment_key_is_honoured() {
+    let mut w = GgufWriter::new();
+    w.add_u32("general.alignment", 256);
+    w.add_tensor("a", &[3], GgmlType::F32, vec![1; 12]).unwrap();
+    w.add_tensor("b", &[3], GgmlType::F32, vec![2; 12]).unwrap();
+    let f = GgufFile::from_vec(w.to_bytes()).unwrap();
+    assert_eq!(f.alignment(), 256);
+    assert_eq!(f.data_offset() % 256, 0);
+    assert_eq!(f.tensor_info("b").unwrap().offset, 256);
+    assert_eq!(f.tensor("b").unwrap().unwrap().data, &[2u8; 12][..]);
+}
+
+#[test]
+fn tiny_model_config_comes_from_metadata() {
+    let dir = std::env::temp_dir().join(format!("ds4-roundtrip-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    let mut spec = TestModelSpec::tiny();
+    // A shape unlike Flash in every dimension the config reads.
+    spec.compress_ratios = vec![0, 8, 32, 8];
+    spec.csa_ratio = 8;
+    spec.n_hash_layers = 1;
+    spec.n_head = 2;
+    spec.o_groups = 1;
+    spec.sliding_window = 7;
+    spec.indexer_top_k = 5;
+    spec.n_expert = 5;
+    spec.n_expert_used = 3;
+    write_model(&spec, Variant::F32, &Vocab::load_default().unwrap(), &path).unwrap();
+    let m = ModelFile::open(&path).unwrap();
+    let c: &ModelConfig = &m.config;
+    assert_eq!(c.n_layer, 4);
+    assert_eq!(c.compress_ratios, vec![0, 8, 32, 8]);
+    assert_eq!((c.n_head, c.o_groups, c.sliding_window, c.indexer_top_k), (2, 1, 7, 5));
+    assert_eq!((c.n_expert, c.n_expert_used, c.n_hash_layers), (5, 3, 1));
+    use ds4::model::AttentionKind::*;
+    let kinds: Vec<_> = m.weights.layers.iter().map(|l| l.kind).collect();
+    assert_eq!(kinds, vec![Window, Csa { ratio: 8 }, Hca { ratio: 32 }, Csa { ratio: 8 }]);
+    assert!(m.weights.layers[0].tid2eid.is_some() && m.weights.layers[1].tid2eid.is_none());
+    assert!(m.weights.layers[1].exp_probs_b.is_some());
+    std::fs::remove_dir_all(&dir).ok();
+}
