@@ -11,8 +11,13 @@
 //! The binaries (`ds4`, `ds4-server`, `ds4-bench`) and the tools only use the
 //! public API re-exported here.
 
+pub mod backend;
 pub mod gguf;
+pub mod graph;
 pub mod model;
+pub mod ops;
 pub mod quant;
+pub mod sampler;
+pub mod session;
 pub mod testmodel;
 pub mod tokenizer;

@@ -27,7 +27,10 @@ fn sparse_flash_file_loads_and_validates_without_reading_data() {
     let m = ModelFile::open(&path).expect("the full-shape file validates");
     let elapsed = t0.elapsed();
     let rss_after = rss_kib();
-    eprintln!("sparse Flash load + validate: {:.1} ms", elapsed.as_secs_f64() * 1e3);
+    eprintln!(
+        "sparse Flash load + validate: {:.1} ms",
+        elapsed.as_secs_f64() * 1e3
+    );
 
     // The published q2 file: 1,328 tensors, 80.76 GiB.
     assert_eq!(m.file.tensor_infos().len(), 1328);
@@ -36,12 +39,34 @@ fn sparse_flash_file_loads_and_validates_without_reading_data() {
     assert!((gib - 80.76).abs() < 0.01, "file is {gib:.3} GiB");
 
     let c = &m.config;
-    assert_eq!((c.n_layer, c.n_embd, c.n_vocab, c.n_head, c.head_dim), (43, 4096, 129280, 64, 512));
-    assert_eq!((c.q_lora_rank, c.o_lora_rank, c.o_groups, c.sliding_window), (1024, 1024, 8, 128));
-    assert_eq!((c.indexer_heads, c.indexer_head_dim, c.indexer_top_k), (64, 128, 512));
-    assert_eq!((c.n_expert, c.n_expert_used, c.expert_ff, c.n_hash_layers), (256, 6, 2048, 3));
-    let csa = m.weights.layers.iter().filter(|l| matches!(l.kind, AttentionKind::Csa { ratio: 4 })).count();
-    let hca = m.weights.layers.iter().filter(|l| matches!(l.kind, AttentionKind::Hca { ratio: 128 })).count();
+    assert_eq!(
+        (c.n_layer, c.n_embd, c.n_vocab, c.n_head, c.head_dim),
+        (43, 4096, 129280, 64, 512)
+    );
+    assert_eq!(
+        (c.q_lora_rank, c.o_lora_rank, c.o_groups, c.sliding_window),
+        (1024, 1024, 8, 128)
+    );
+    assert_eq!(
+        (c.indexer_heads, c.indexer_head_dim, c.indexer_top_k),
+        (64, 128, 512)
+    );
+    assert_eq!(
+        (c.n_expert, c.n_expert_used, c.expert_ff, c.n_hash_layers),
+        (256, 6, 2048, 3)
+    );
+    let csa = m
+        .weights
+        .layers
+        .iter()
+        .filter(|l| matches!(l.kind, AttentionKind::Csa { ratio: 4 }))
+        .count();
+    let hca = m
+        .weights
+        .layers
+        .iter()
+        .filter(|l| matches!(l.kind, AttentionKind::Hca { ratio: 128 }))
+        .count();
     assert_eq!((csa, hca), (21, 20));
     let l2 = &m.weights.layers[2];
     assert_eq!(l2.ffn_gate_exps.ty, GgmlType::Iq2Xxs);
@@ -55,7 +80,10 @@ fn sparse_flash_file_loads_and_validates_without_reading_data() {
     // resident set by far more than the header (a few MiB of vocabulary).
     if let (Some(a), Some(b)) = (rss_before, rss_after) {
         let grew_mib = b.saturating_sub(a) / 1024;
-        assert!(grew_mib < 256, "resident memory grew by {grew_mib} MiB while loading");
+        assert!(
+            grew_mib < 256,
+            "resident memory grew by {grew_mib} MiB while loading"
+        );
     }
     // A generous guard against pathological behaviour, not a speed test
     // (`ds4 --info` prints the load time; docs/PERFORMANCE.md records it).

@@ -20,11 +20,20 @@ fn every_value_type_round_trips() {
         ("a.u64", MetaValue::U64(u64::MAX)),
         ("a.i64", MetaValue::I64(i64::MIN)),
         ("a.f64", MetaValue::F64(-2.25)),
-        ("a.arr_i32", MetaValue::Array(MetaArray::I32(vec![0, 0, 4, 128]))),
-        ("a.arr_str", MetaValue::Array(MetaArray::String(vec!["x".into(), "".into(), "Ġy".into()]))),
+        (
+            "a.arr_i32",
+            MetaValue::Array(MetaArray::I32(vec![0, 0, 4, 128])),
+        ),
+        (
+            "a.arr_str",
+            MetaValue::Array(MetaArray::String(vec!["x".into(), "".into(), "Ġy".into()])),
+        ),
         (
             "a.nested",
-            MetaValue::Array(MetaArray::Array(vec![MetaArray::F32(vec![1.0]), MetaArray::Bool(vec![false, true])])),
+            MetaValue::Array(MetaArray::Array(vec![
+                MetaArray::F32(vec![1.0]),
+                MetaArray::Bool(vec![false, true]),
+            ])),
         ),
     ];
     let mut w = GgufWriter::new();
@@ -32,16 +41,21 @@ fn every_value_type_round_trips() {
         w.add_kv(k, v.clone());
     }
     let t0: Vec<u8> = (0..34 * 3).map(|i| i as u8).collect();
-    w.add_tensor("t.q8", &[32, 3], GgmlType::Q8_0, t0.clone()).unwrap();
+    w.add_tensor("t.q8", &[32, 3], GgmlType::Q8_0, t0.clone())
+        .unwrap();
     let t1: Vec<u8> = (0..4 * 5).map(|i| (i * 7) as u8).collect();
-    w.add_tensor("t.f32", &[5], GgmlType::F32, t1.clone()).unwrap();
+    w.add_tensor("t.f32", &[5], GgmlType::F32, t1.clone())
+        .unwrap();
     let f = GgufFile::from_vec(w.to_bytes()).unwrap();
     for (k, v) in &values {
         assert_eq!(f.get(k), Some(v), "{k}");
     }
     assert_eq!(f.metadata().count(), values.len());
     let q = f.tensor("t.q8").unwrap().unwrap();
-    assert_eq!((q.ty, q.dims(), q.data), (GgmlType::Q8_0, &[32u64, 3][..], &t0[..]));
+    assert_eq!(
+        (q.ty, q.dims(), q.data),
+        (GgmlType::Q8_0, &[32u64, 3][..], &t0[..])
+    );
     assert_eq!(q.row(2).unwrap(), &t0[68..102]);
     assert!(q.row(3).is_none());
     let t = f.tensor("t.f32").unwrap().unwrap();
@@ -84,11 +98,22 @@ fn tiny_model_config_comes_from_metadata() {
     let c: &ModelConfig = &m.config;
     assert_eq!(c.n_layer, 4);
     assert_eq!(c.compress_ratios, vec![0, 8, 32, 8]);
-    assert_eq!((c.n_head, c.o_groups, c.sliding_window, c.indexer_top_k), (2, 1, 7, 5));
+    assert_eq!(
+        (c.n_head, c.o_groups, c.sliding_window, c.indexer_top_k),
+        (2, 1, 7, 5)
+    );
     assert_eq!((c.n_expert, c.n_expert_used, c.n_hash_layers), (5, 3, 1));
     use ds4::model::AttentionKind::*;
     let kinds: Vec<_> = m.weights.layers.iter().map(|l| l.kind).collect();
-    assert_eq!(kinds, vec![Window, Csa { ratio: 8 }, Hca { ratio: 32 }, Csa { ratio: 8 }]);
+    assert_eq!(
+        kinds,
+        vec![
+            Window,
+            Csa { ratio: 8 },
+            Hca { ratio: 32 },
+            Csa { ratio: 8 }
+        ]
+    );
     assert!(m.weights.layers[0].tid2eid.is_some() && m.weights.layers[1].tid2eid.is_none());
     assert!(m.weights.layers[1].exp_probs_b.is_some());
     std::fs::remove_dir_all(&dir).ok();

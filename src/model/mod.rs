@@ -35,3 +35,6 @@ impl ModelFile {
         })
     }
 }
+
+pub mod forward;
+pub mod state;

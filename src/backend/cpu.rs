@@ -1,0 +1,359 @@
+//! The CPU reference backend: executes a graph op by op with the CPU twins
+//! in [`crate::ops`]. Activations live in planned slots (f32; i32 values are
+//! stored bit-cast), persistent state in one buffer per state.
+
+use std::sync::Arc;
+
+use super::{Backend, BackendError, GraphHandle};
+use crate::graph::{plan, DType, Graph, Node, Plan, StateId, StateLayout, StepParams, ValueId};
+use crate::model::ModelFile;
+use crate::ops::attention::AttentionInputs;
+use crate::ops::compress::CompressState;
+use crate::ops::Op;
+
+struct LoadedGraph {
+    graph: Arc<Graph>,
+    plan: Plan,
+    slots: Vec<Vec<f32>>,
+    /// Live token count of the last step (rows readable by `read_value`).
+    n_tokens: usize,
+}
+
+pub struct CpuBackend {
+    model: Arc<ModelFile>,
+    layout: StateLayout,
+    states: Vec<Vec<f32>>,
+    graphs: Vec<LoadedGraph>,
+}
+
+impl CpuBackend {
+    /// A backend for `model` with the session state `layout`; `threads` = 0
+    /// uses every core.
+    pub fn new(model: Arc<ModelFile>, layout: StateLayout) -> CpuBackend {
+        let states = layout
+            .states
+            .iter()
+            .map(|s| vec![s.init; s.rows * s.cols])
+            .collect();
+        CpuBackend {
+            model,
+            layout,
+            states,
+            graphs: Vec::new(),
+        }
+    }
+}
+
+fn as_i32(v: &[f32]) -> &[i32] {
+    bytemuck::cast_slice(v)
+}
+
+fn as_i32_mut(v: &mut [f32]) -> &mut [i32] {
+    bytemuck::cast_slice_mut(v)
+}
+
+impl LoadedGraph {
+    fn slot(&self, v: ValueId) -> usize {
+        self.plan.slot_of[v.0 as usize]
+    }
+
+    fn get(&self, v: ValueId) -> &[f32] {
+        let len = self.graph.value(v).len();
+        &self.slots[self.slot(v)][..len]
+    }
+
+    /// Takes the output buffer out of its slot so inputs can be borrowed
+    /// alongside it; `put` returns it.
+    fn take(&mut self, v: ValueId) -> Vec<f32> {
+        let s = self.slot(v);
+        std::mem::take(&mut self.slots[s])
+    }
+
+    fn put(&mut self, v: ValueId, buf: Vec<f32>) {
+        let s = self.slot(v);
+        self.slots[s] = buf;
+    }
+
+    fn rows(&self, v: ValueId, n_tokens: usize) -> usize {
+        let d = self.graph.value(v);
+        if d.per_token {
+            n_tokens
+        } else {
+            d.rows
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn load_graph(&mut self, graph: Arc<Graph>) -> Result<GraphHandle, BackendError> {
+        let plan = plan(&graph);
+        let slots = plan.slot_len.iter().map(|&n| vec![0f32; n]).collect();
+        self.graphs.push(LoadedGraph {
+            graph,
+            plan,
+            slots,
+            n_tokens: 0,
+        });
+        Ok(GraphHandle(self.graphs.len() - 1))
+    }
+
+    fn run(&mut self, h: GraphHandle, tokens: &[u32], p: StepParams) -> Result<(), BackendError> {
+        let model = self.model.clone();
+        let file = &model.file;
+        let states = &mut self.states;
+        let g = self
+            .graphs
+            .get_mut(h.0)
+            .ok_or(BackendError::UnknownGraph(h.0))?;
+        let graph = g.graph.clone();
+        if p.n_tokens > graph.max_tokens || tokens.len() != p.n_tokens || p.n_tokens == 0 {
+            return Err(BackendError::TooManyTokens {
+                n_tokens: p.n_tokens,
+                capacity: graph.max_tokens,
+            });
+        }
+        let mut tok = g.take(graph.tokens);
+        for (d, &t) in as_i32_mut(&mut tok).iter_mut().zip(tokens) {
+            *d = t as i32;
+        }
+        g.put(graph.tokens, tok);
+        let n = p.n_tokens;
+        for node in &graph.nodes {
+            let Node::Op(op) = node else { continue };
+            run_op(g, op, file, states, p, n);
+        }
+        g.n_tokens = n;
+        Ok(())
+    }
+
+    fn read_value(&self, h: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
+        let g = self
+            .graphs
+            .get(h.0)
+            .ok_or(BackendError::UnknownGraph(h.0))?;
+        let d = g.graph.value(v);
+        let rows = g.rows(v, g.n_tokens);
+        let data = &g.get(v)[..rows * d.cols];
+        Ok(match d.dtype {
+            DType::F32 => data.to_vec(),
+            DType::I32 => as_i32(data).iter().map(|&x| x as f32).collect(),
+        })
+    }
+
+    fn read_state(&self, s: StateId) -> Result<Vec<f32>, BackendError> {
+        Ok(self.states[s.0 as usize].clone())
+    }
+
+    fn write_state(&mut self, s: StateId, data: &[f32]) -> Result<(), BackendError> {
+        let buf = &mut self.states[s.0 as usize];
+        if buf.len() != data.len() {
+            return Err(BackendError::State {
+                state: self.layout.get(s).name.to_string(),
+                msg: format!("{} values given, {} expected", data.len(), buf.len()),
+            });
+        }
+        buf.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn reset_states(&mut self) {
+        for (buf, d) in self.states.iter_mut().zip(&self.layout.states) {
+            buf.fill(d.init);
+        }
+    }
+}
+
+/// Executes one op: the single exhaustive dispatch of this backend.
+fn run_op(
+    g: &mut LoadedGraph,
+    op: &Op,
+    file: &crate::gguf::GgufFile,
+    states: &mut [Vec<f32>],
+    p: StepParams,
+    n: usize,
+) {
+    let st = |s: StateId| s.0 as usize;
+    match op {
+        Op::Embed(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(file, &as_i32(g.get(o.tokens))[..n], &mut out);
+            g.put(o.out, out);
+        }
+        Op::HcInit(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(g.get(o.x), n, &mut out);
+            g.put(o.out, out);
+        }
+        Op::RmsNorm(o) => {
+            let rows = g.rows(o.out, n);
+            let cols = g.graph.value(o.out).cols;
+            let mut out = g.take(o.out);
+            o.cpu(file, &g.get(o.x)[..rows * cols], &mut out[..rows * cols]);
+            g.put(o.out, out);
+        }
+        Op::MatMul(o) => {
+            let rows = g.rows(o.out, n);
+            let mut out = g.take(o.out);
+            o.cpu(file, g.get(o.x), rows, &mut out);
+            g.put(o.out, out);
+        }
+        Op::HcMix(o) => {
+            let mut pre = g.take(o.pre);
+            let mut post = o.post.map(|v| g.take(v));
+            let mut comb = o.comb.map(|v| g.take(v));
+            o.cpu(
+                file,
+                g.get(o.logits),
+                n,
+                &mut pre,
+                post.as_deref_mut(),
+                comb.as_deref_mut(),
+            );
+            g.put(o.pre, pre);
+            if let (Some(v), Some(b)) = (o.post, post) {
+                g.put(v, b);
+            }
+            if let (Some(v), Some(b)) = (o.comb, comb) {
+                g.put(v, b);
+            }
+        }
+        Op::HcCollapse(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(g.get(o.state), g.get(o.pre), n, &mut out);
+            g.put(o.out, out);
+        }
+        Op::HcExpand(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(
+                g.get(o.state),
+                g.get(o.y),
+                g.get(o.post),
+                g.get(o.comb),
+                n,
+                &mut out,
+            );
+            g.put(o.out, out);
+        }
+        Op::Rope(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(g.get(o.x), p.pos0, n, &mut out);
+            g.put(o.out, out);
+        }
+        Op::KvRound(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(g.get(o.x), n, &mut out);
+            g.put(o.out, out);
+        }
+        Op::HadamardFp4(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(g.get(o.x), n, &mut out);
+            g.put(o.out, out);
+        }
+        Op::Attention(o) => {
+            let mut out = g.take(o.out);
+            let inp = AttentionInputs {
+                q: g.get(o.q),
+                kv: g.get(o.kv),
+                ring: &states[st(o.ring)],
+                compressed: o.compressed.map(|c| &states[st(c.rows)][..]),
+                selected: o.selected.map(|v| as_i32(g.get(v))),
+            };
+            o.cpu(file, inp, p.pos0, n, &mut out);
+            g.put(o.out, out);
+        }
+        Op::RingWrite(o) => o.cpu(g.get(o.kv), p.pos0, n, &mut states[st(o.ring)]),
+        Op::Compress(o) => {
+            let mut kv = std::mem::take(&mut states[st(o.state_kv)]);
+            let mut score = std::mem::take(&mut states[st(o.state_score)]);
+            let mut rows = std::mem::take(&mut states[st(o.rows)]);
+            o.cpu(
+                file,
+                g.get(o.kv),
+                g.get(o.gate),
+                p.pos0,
+                n,
+                CompressState {
+                    kv: &mut kv,
+                    score: &mut score,
+                    rows: &mut rows,
+                },
+            );
+            states[st(o.state_kv)] = kv;
+            states[st(o.state_score)] = score;
+            states[st(o.rows)] = rows;
+        }
+        Op::IndexerTopK(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(
+                g.get(o.q),
+                g.get(o.weights),
+                &states[st(o.rows)],
+                p.pos0,
+                n,
+                as_i32_mut(&mut out),
+            );
+            g.put(o.out, out);
+        }
+        Op::Router(o) => {
+            let mut sel = g.take(o.selected);
+            let mut w = g.take(o.weights);
+            o.cpu(
+                file,
+                g.get(o.logits),
+                as_i32(g.get(o.tokens)),
+                n,
+                as_i32_mut(&mut sel),
+                &mut w,
+            );
+            g.put(o.selected, sel);
+            g.put(o.weights, w);
+        }
+        Op::MoeExperts(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(
+                file,
+                g.get(o.x),
+                as_i32(g.get(o.selected)),
+                g.get(o.weights),
+                n,
+                &mut out,
+            );
+            g.put(o.out, out);
+        }
+        Op::SwiGlu(o) => {
+            let cols = g.graph.value(o.out).cols;
+            let mut out = g.take(o.out);
+            o.cpu(
+                &g.get(o.gate)[..n * cols],
+                &g.get(o.up)[..n * cols],
+                &mut out[..n * cols],
+            );
+            g.put(o.out, out);
+        }
+        Op::Add(o) => {
+            let cols = g.graph.value(o.out).cols;
+            let mut out = g.take(o.out);
+            crate::ops::basic::Add::cpu(
+                &g.get(o.a)[..n * cols],
+                &g.get(o.b)[..n * cols],
+                &mut out[..n * cols],
+            );
+            g.put(o.out, out);
+        }
+        Op::Scale(o) => {
+            let cols = g.graph.value(o.out).cols;
+            let mut out = g.take(o.out);
+            o.cpu(&g.get(o.x)[..n * cols], &mut out[..n * cols]);
+            g.put(o.out, out);
+        }
+        Op::TakeLast(o) => {
+            let mut out = g.take(o.out);
+            o.cpu(g.get(o.x), n, &mut out);
+            g.put(o.out, out);
+        }
+    }
+}

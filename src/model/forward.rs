@@ -1,0 +1,508 @@
+//! The DeepSeek V4 forward pass, written once as a recorded graph.
+//!
+//! Reads top to bottom like MODEL.md §3: embedding → per layer (HC collapse →
+//! attention with compressor and indexer → HC expand → HC collapse → MoE with
+//! shared expert → HC expand) → output HC collapse → norm → head. Shapes in
+//! comments are per token; `T` is the step's token count.
+
+use super::state::{KvLayout, LayerState};
+use super::{ModelConfig, TensorRef, Weights};
+use crate::graph::{Graph, Recorder, ValueId, ValueName};
+use crate::ops::attention::{Attention, CompressedRows, RingWrite};
+use crate::ops::basic::{Add, Embed, Scale, TakeLast};
+use crate::ops::compress::{Compress, RowRounding};
+use crate::ops::hc::{HcCollapse, HcExpand, HcInit, HcMix};
+use crate::ops::indexer::IndexerTopK;
+use crate::ops::matmul::MatMul;
+use crate::ops::moe::{MoeExperts, Router, SwiGlu};
+use crate::ops::norm::RmsNorm;
+use crate::ops::rope::Rope;
+use crate::ops::round::{HadamardFp4, KvRound};
+use crate::ops::Op;
+
+/// Which rounding steps the graph applies (MODEL.md §3.5.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Numerics {
+    /// The official numerics, as ds4: FP8 KV rows, f16 cache storage, the
+    /// indexer's Hadamard + FP4. The default.
+    Model,
+    /// Exactly those three rounding steps off (validation against transformers).
+    Plain,
+}
+
+impl Numerics {
+    pub fn parse(s: &str) -> Option<Numerics> {
+        match s {
+            "model" => Some(Numerics::Model),
+            "plain" => Some(Numerics::Plain),
+            _ => None,
+        }
+    }
+}
+
+/// Which positions get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token of the step (generation).
+    Last,
+    /// Every token of the step (validation, perplexity).
+    All,
+}
+
+#[derive(Clone, Debug)]
+pub struct ForwardOptions {
+    pub numerics: Numerics,
+    pub logits: Logits,
+    /// Values to keep readable after a step (`--dump NAME@LAYER`).
+    pub keep: Vec<ValueName>,
+}
+
+struct Ctx<'a> {
+    r: Recorder,
+    cfg: &'a ModelConfig,
+    numerics: Numerics,
+    tokens: ValueId,
+}
+
+impl Ctx<'_> {
+    fn matmul(&mut self, name: &str, w: &TensorRef, x: ValueId) -> ValueId {
+        self.grouped_matmul(name, w, x, 1)
+    }
+
+    fn grouped_matmul(&mut self, name: &str, w: &TensorRef, x: ValueId, groups: usize) -> ValueId {
+        let out = self.r.tokens_f32(name, w.ne[1] as usize);
+        self.r.op(Op::MatMul(MatMul {
+            w: w.clone(),
+            x,
+            out,
+            groups,
+        }));
+        out
+    }
+
+    fn rms_norm(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        dim: usize,
+        weight: Option<&TensorRef>,
+    ) -> ValueId {
+        let cols = self.r.value(x).cols;
+        let out = self.r.tokens_f32(name, cols);
+        self.r.op(Op::RmsNorm(RmsNorm {
+            x,
+            out,
+            dim,
+            weight: weight.cloned(),
+            eps: self.cfg.rms_eps,
+        }));
+        out
+    }
+
+    fn rope(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        heads: usize,
+        head_dim: usize,
+        l: usize,
+        inverse: bool,
+    ) -> ValueId {
+        let out = self.r.tokens_f32(name, heads * head_dim);
+        self.r.op(Op::Rope(Rope {
+            x,
+            out,
+            heads,
+            head_dim,
+            rope: self.cfg.rope(l),
+            inverse,
+        }));
+        out
+    }
+
+    /// HC collapse before a sublayer: returns (x, post, comb).
+    fn hc_pre(
+        &mut self,
+        tag: &str,
+        state: ValueId,
+        f: &TensorRef,
+        scale: &TensorRef,
+        base: &TensorRef,
+    ) -> (ValueId, ValueId, ValueId) {
+        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
+        let flat = self.rms_norm(&format!("{tag}_hc_norm"), state, n * d, None); // n·D
+        let logits = self.matmul(&format!("{tag}_hc_logits"), f, flat); // (2+n)·n
+        let pre = self.r.tokens_f32(&format!("{tag}_hc_pre"), n);
+        let post = self.r.tokens_f32(&format!("{tag}_hc_post"), n);
+        let comb = self.r.tokens_f32(&format!("{tag}_hc_comb"), n * n);
+        self.r.op(Op::HcMix(HcMix {
+            logits,
+            scale: scale.clone(),
+            base: base.clone(),
+            pre,
+            post: Some(post),
+            comb: Some(comb),
+            n_hc: n,
+            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
+            eps: self.cfg.hc_eps,
+        }));
+        let x = self.r.tokens_f32(&format!("{tag}_in"), d); // D
+        self.r.op(Op::HcCollapse(HcCollapse {
+            state,
+            pre,
+            out: x,
+            n_hc: n,
+            dim: d,
+        }));
+        (x, post, comb)
+    }
+
+    /// HC expand after a sublayer: the new n·D state.
+    fn hc_post(
+        &mut self,
+        tag: &str,
+        state: ValueId,
+        y: ValueId,
+        post: ValueId,
+        comb: ValueId,
+    ) -> ValueId {
+        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
+        let out = self.r.tokens_f32(&format!("{tag}_hc_state"), n * d);
+        self.r.op(Op::HcExpand(HcExpand {
+            state,
+            y,
+            post,
+            comb,
+            out,
+            n_hc: n,
+            dim: d,
+        }));
+        out
+    }
+
+    /// Attention sublayer (MODEL.md §3.4–3.6). Returns y (D).
+    fn attention(
+        &mut self,
+        l: usize,
+        w: &super::LayerWeights,
+        st: &LayerState,
+        x: ValueId,
+    ) -> ValueId {
+        let cfg = self.cfg;
+        let (hd, nh) = (cfg.head_dim, cfg.n_head);
+        let model = self.numerics == Numerics::Model;
+
+        let xn = self.rms_norm("attn_norm", x, cfg.n_embd, Some(&w.attn_norm)); // D
+        let qa = self.matmul("q_a", &w.attn_q_a, xn); // QL
+        let qr = self.rms_norm("q_a_norm", qa, cfg.q_lora_rank, Some(&w.attn_q_a_norm)); // QL
+        let q = self.matmul("q", &w.attn_q_b, qr); // H·HD
+        let q = self.rms_norm("q_head_norm", q, hd, None); // H·HD, per-head RMS
+        let q = self.rope("q_rope", q, nh, hd, l, false);
+        let kv = self.matmul("kv_proj", &w.attn_kv, xn); // HD
+        let kv = self.rms_norm("kv_norm", kv, hd, Some(&w.attn_kv_a_norm));
+        let kv = self.rope("kv_rope", kv, 1, hd, l, false);
+        let kv = if model {
+            let out = self.r.tokens_f32("kv", hd);
+            self.r.op(Op::KvRound(KvRound {
+                x: kv,
+                out,
+                dim: hd,
+                n_rot: cfg.n_rot,
+                fp8: true,
+                f16: true,
+            }));
+            out
+        } else {
+            kv
+        };
+
+        // Compressors run before attention: a row completed by token p is
+        // visible to p itself.
+        let ratio = w.kind.ratio();
+        if let (Some(cw), Some(cs)) = (&w.compressor, &st.compressor) {
+            let ck = self.matmul("comp_kv", &cw.kv, xn); // coff·HD
+            let cg = self.matmul("comp_gate", &cw.gate, xn);
+            self.r.op(Op::Compress(Compress {
+                kv: ck,
+                gate: cg,
+                ape: cw.ape.clone(),
+                norm: cw.norm.clone(),
+                state_kv: cs.kv,
+                state_score: cs.score,
+                rows: cs.rows,
+                ratio,
+                head_dim: hd,
+                overlapped: cw.overlapped,
+                rope: cfg.rope(l),
+                rounding: if model {
+                    RowRounding::Fp8F16
+                } else {
+                    RowRounding::None
+                },
+                eps: cfg.rms_eps,
+            }));
+        }
+        let mut selected = None;
+        if let (Some(iw), Some(is)) = (&w.indexer, &st.indexer) {
+            let (ih, ihd) = (cfg.indexer_heads, cfg.indexer_head_dim);
+            let ik = self.matmul("index_comp_kv", &iw.compressor.kv, xn); // 2·IHD
+            let ig = self.matmul("index_comp_gate", &iw.compressor.gate, xn);
+            self.r.op(Op::Compress(Compress {
+                kv: ik,
+                gate: ig,
+                ape: iw.compressor.ape.clone(),
+                norm: iw.compressor.norm.clone(),
+                state_kv: is.kv,
+                state_score: is.score,
+                rows: is.rows,
+                ratio,
+                head_dim: ihd,
+                overlapped: true,
+                rope: cfg.rope(l),
+                rounding: if model {
+                    RowRounding::HadamardFp4F16
+                } else {
+                    RowRounding::None
+                },
+                eps: cfg.rms_eps,
+            }));
+            let qi = self.matmul("index_q", &iw.q_b, qr); // IH·IHD
+            let qi = self.rope("index_q_rope", qi, ih, ihd, l, false);
+            let qi = if model {
+                let out = self.r.tokens_f32("index_q_fp4", ih * ihd);
+                self.r.op(Op::HadamardFp4(HadamardFp4 {
+                    x: qi,
+                    out,
+                    cols: ih * ihd,
+                    head_dim: ihd,
+                }));
+                out
+            } else {
+                qi
+            };
+            let wi = self.matmul("index_weights_raw", &iw.proj, xn); // IH
+            let wi_scaled = self.r.tokens_f32("index_weights", ih);
+            self.r.op(Op::Scale(Scale {
+                x: wi,
+                out: wi_scaled,
+                factor: 1.0 / ((ihd * ih) as f32).sqrt(),
+            }));
+            let sel = self.r.tokens_i32("index_selected", cfg.indexer_top_k);
+            self.r.op(Op::IndexerTopK(IndexerTopK {
+                q: qi,
+                weights: wi_scaled,
+                rows: is.rows,
+                ratio,
+                top_k: cfg.indexer_top_k,
+                n_head: ih,
+                head_dim: ihd,
+                out: sel,
+            }));
+            selected = Some(sel);
+        }
+
+        let o = self.r.tokens_f32("attn_heads", nh * hd); // H·HD
+        self.r.op(Op::Attention(Attention {
+            q,
+            kv,
+            ring: st.ring,
+            window: cfg.sliding_window,
+            compressed: st.compressor.map(|c| CompressedRows {
+                rows: c.rows,
+                ratio,
+            }),
+            selected,
+            top_k: cfg.indexer_top_k,
+            sinks: w.attn_sinks.clone(),
+            n_head: nh,
+            head_dim: hd,
+            out: o,
+        }));
+        self.r.op(Op::RingWrite(RingWrite {
+            kv,
+            ring: st.ring,
+            window: cfg.sliding_window,
+            dim: hd,
+        }));
+        let o = self.rope("attn_heads_unrope", o, nh, hd, l, true);
+        let low = self.grouped_matmul("attn_low", &w.attn_output_a, o, cfg.o_groups); // OG·OL
+        self.matmul("attn_out", &w.attn_output_b, low) // D
+    }
+
+    /// FFN sublayer (MODEL.md §3.7–3.8). Returns y (D).
+    fn moe(&mut self, l: usize, w: &super::LayerWeights, x: ValueId) -> ValueId {
+        let cfg = self.cfg;
+        let clamp = cfg.swiglu_clamp[l];
+        let xn = self.rms_norm("ffn_norm", x, cfg.n_embd, Some(&w.ffn_norm)); // D
+        let logits = self.matmul("router_logits", &w.ffn_gate_inp, xn); // E
+        let sel = self.r.tokens_i32("experts", cfg.n_expert_used); // K
+        let weights = self.r.tokens_f32("expert_weights", cfg.n_expert_used);
+        self.r.op(Op::Router(Router {
+            logits,
+            tokens: self.tokens,
+            bias: w.exp_probs_b.clone(),
+            tid2eid: w.tid2eid.clone(),
+            selected: sel,
+            weights,
+            n_expert: cfg.n_expert,
+            k: cfg.n_expert_used,
+            scale: cfg.expert_weights_scale,
+            normalize: cfg.expert_weights_norm,
+        }));
+        let routed = self.r.tokens_f32("moe_routed", cfg.n_embd); // D
+        self.r.op(Op::MoeExperts(MoeExperts {
+            x: xn,
+            selected: sel,
+            weights,
+            gate: w.ffn_gate_exps.clone(),
+            up: w.ffn_up_exps.clone(),
+            down: w.ffn_down_exps.clone(),
+            clamp,
+            k: cfg.n_expert_used,
+            out: routed,
+        }));
+        let (Some(sg), Some(su), Some(sd)) =
+            (&w.ffn_gate_shexp, &w.ffn_up_shexp, &w.ffn_down_shexp)
+        else {
+            return routed;
+        };
+        let g = self.matmul("shared_gate", sg, xn); // FF
+        let u = self.matmul("shared_up", su, xn);
+        let h = self.r.tokens_f32("shared_h", g_cols(sg));
+        self.r.op(Op::SwiGlu(SwiGlu {
+            gate: g,
+            up: u,
+            out: h,
+            clamp,
+        }));
+        let shared = self.matmul("shared_out", sd, h); // D
+        let y = self.r.tokens_f32("ffn_out", cfg.n_embd);
+        self.r.op(Op::Add(Add {
+            a: routed,
+            b: shared,
+            out: y,
+        }));
+        y
+    }
+}
+
+fn g_cols(t: &TensorRef) -> usize {
+    t.ne[1] as usize
+}
+
+/// Records the whole forward pass for steps of up to `max_tokens` tokens.
+pub fn record(
+    cfg: &ModelConfig,
+    w: &Weights,
+    kv: &KvLayout,
+    max_tokens: usize,
+    opts: &ForwardOptions,
+) -> Graph {
+    let mut r = Recorder::new(max_tokens);
+    let tokens = r.tokens_i32("tokens", 1);
+    let mut c = Ctx {
+        r,
+        cfg,
+        numerics: opts.numerics,
+        tokens,
+    };
+    let (n, d) = (cfg.hc_count, cfg.n_embd);
+
+    let e = c.r.tokens_f32("embed", d); // D
+    c.r.op(Op::Embed(Embed {
+        table: w.token_embd.clone(),
+        tokens,
+        out: e,
+    }));
+    let mut state = c.r.tokens_f32("hc_state", n * d); // n·D
+    c.r.op(Op::HcInit(HcInit {
+        x: e,
+        out: state,
+        n_hc: n,
+        dim: d,
+    }));
+
+    for (l, (lw, st)) in w.layers.iter().zip(&kv.layers).enumerate() {
+        c.r.set_layer(Some(l));
+        let (x, post, comb) = c.hc_pre(
+            "attn",
+            state,
+            &lw.hc_attn_fn,
+            &lw.hc_attn_scale,
+            &lw.hc_attn_base,
+        );
+        let y = c.attention(l, lw, st, x);
+        state = c.hc_post("attn", state, y, post, comb);
+        let (x, post, comb) = c.hc_pre(
+            "ffn",
+            state,
+            &lw.hc_ffn_fn,
+            &lw.hc_ffn_scale,
+            &lw.hc_ffn_base,
+        );
+        let y = c.moe(l, lw, x);
+        state = c.hc_post("ffn", state, y, post, comb);
+        c.r.flush();
+    }
+    c.r.set_layer(None);
+
+    // Output head (MODEL.md §3.10): collapse with `pre` only, norm, project.
+    let flat = c.rms_norm("out_hc_norm", state, n * d, None);
+    let m = c.matmul("out_hc_logits", &w.output_hc_fn, flat); // n
+    let pre = c.r.tokens_f32("out_hc_pre", n);
+    c.r.op(Op::HcMix(HcMix {
+        logits: m,
+        scale: w.output_hc_scale.clone(),
+        base: w.output_hc_base.clone(),
+        pre,
+        post: None,
+        comb: None,
+        n_hc: n,
+        sinkhorn_iters: cfg.hc_sinkhorn_iters,
+        eps: cfg.hc_eps,
+    }));
+    let x = c.r.tokens_f32("out_in", d);
+    c.r.op(Op::HcCollapse(HcCollapse {
+        state,
+        pre,
+        out: x,
+        n_hc: n,
+        dim: d,
+    }));
+    let logits = match opts.logits {
+        Logits::All => {
+            let xn = c.rms_norm("out_norm", x, d, Some(&w.output_norm));
+            c.matmul("logits", &w.output, xn)
+        }
+        Logits::Last => {
+            let last = c.r.fixed_f32("out_last", 1, d);
+            c.r.op(Op::TakeLast(TakeLast {
+                x,
+                out: last,
+                cols: d,
+            }));
+            let xn = c.r.fixed_f32("out_norm", 1, d);
+            c.r.op(Op::RmsNorm(RmsNorm {
+                x: last,
+                out: xn,
+                dim: d,
+                weight: Some(w.output_norm.clone()),
+                eps: cfg.rms_eps,
+            }));
+            let logits = c.r.fixed_f32("logits", 1, cfg.n_vocab);
+            c.r.op(Op::MatMul(MatMul {
+                w: w.output.clone(),
+                x: xn,
+                out: logits,
+                groups: 1,
+            }));
+            logits
+        }
+    };
+    let mut g = c.r.finish(tokens, logits, Vec::new());
+    let keep: Vec<ValueId> = opts.keep.iter().filter_map(|n| g.find(n)).collect();
+    g.keep.extend(keep);
+    g.keep.sort();
+    g.keep.dedup();
+    g
+}

@@ -1,0 +1,75 @@
+//! Small ops: embedding lookup, element-wise add and scale, last-row select.
+
+use crate::gguf::GgufFile;
+use crate::graph::ValueId;
+use crate::model::TensorRef;
+use crate::quant;
+
+/// `out[t] = table[tokens[t]]` (table ne `[D, V]`).
+#[derive(Clone, Debug)]
+pub struct Embed {
+    pub table: TensorRef,
+    pub tokens: ValueId,
+    pub out: ValueId,
+}
+
+impl Embed {
+    pub fn cpu(&self, file: &GgufFile, tokens: &[i32], out: &mut [f32]) {
+        let d = self.table.ne[0] as usize;
+        let rb = self.table.row_bytes();
+        let bytes = self.table.bytes(file);
+        for (t, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+            let r = *t as usize;
+            // Token ids are checked against the vocabulary by the session.
+            quant::dequantize_row(self.table.ty, &bytes[r * rb..(r + 1) * rb], row)
+                .expect("validated tensor type");
+        }
+    }
+}
+
+/// `out = a + b`.
+#[derive(Clone, Debug)]
+pub struct Add {
+    pub a: ValueId,
+    pub b: ValueId,
+    pub out: ValueId,
+}
+
+impl Add {
+    pub fn cpu(a: &[f32], b: &[f32], out: &mut [f32]) {
+        for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
+            *o = x + y;
+        }
+    }
+}
+
+/// `out = x · factor`.
+#[derive(Clone, Debug)]
+pub struct Scale {
+    pub x: ValueId,
+    pub out: ValueId,
+    pub factor: f32,
+}
+
+impl Scale {
+    pub fn cpu(&self, x: &[f32], out: &mut [f32]) {
+        for (o, v) in out.iter_mut().zip(x) {
+            *o = v * self.factor;
+        }
+    }
+}
+
+/// Copies the last live token row of `x` into `out` (one row).
+#[derive(Clone, Debug)]
+pub struct TakeLast {
+    pub x: ValueId,
+    pub out: ValueId,
+    pub cols: usize,
+}
+
+impl TakeLast {
+    pub fn cpu(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        let c = self.cols;
+        out[..c].copy_from_slice(&x[(n_tokens - 1) * c..n_tokens * c]);
+    }
+}

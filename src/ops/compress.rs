@@ -1,0 +1,141 @@
+//! The KV compressor (MODEL.md §3.5.3): every `ratio` tokens, a gated softmax
+//! pool of their projected rows becomes one compressed row. Overlapped (CSA)
+//! compressors pool over two windows: the previous window's first half and the
+//! current window's second half of each projected row.
+
+use super::rope;
+use crate::gguf::GgufFile;
+use crate::graph::{StateId, ValueId};
+use crate::model::{RopeConfig, TensorRef};
+use crate::quant::small_float;
+
+/// Score of an empty slot (ds4's initial state; weight 0 after softmax).
+pub const EMPTY_SCORE: f32 = -1e30;
+
+/// How an emitted row is rounded before it is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowRounding {
+    None,
+    /// Attention rows: FP8 on the non-rotary dims, then f16.
+    Fp8F16,
+    /// Indexer rows: Hadamard + FP4, then f16.
+    HadamardFp4F16,
+}
+
+/// Sequential compressor step over the tokens of a step. State: `state_kv` and
+/// `state_score` hold `coff·ratio` slots of `width` values (for overlapped
+/// compressors slots `0..ratio` are the previous window, `ratio..2·ratio` the
+/// current one); emitted rows go to `rows[w]`.
+#[derive(Clone, Debug)]
+pub struct Compress {
+    pub kv: ValueId,
+    pub gate: ValueId,
+    pub ape: TensorRef,
+    pub norm: TensorRef,
+    pub state_kv: StateId,
+    pub state_score: StateId,
+    pub rows: StateId,
+    pub ratio: usize,
+    pub head_dim: usize,
+    pub overlapped: bool,
+    pub rope: RopeConfig,
+    pub rounding: RowRounding,
+    pub eps: f32,
+}
+
+pub struct CompressState<'a> {
+    pub kv: &'a mut [f32],
+    pub score: &'a mut [f32],
+    pub rows: &'a mut [f32],
+}
+
+impl Compress {
+    pub fn width(&self) -> usize {
+        if self.overlapped {
+            2 * self.head_dim
+        } else {
+            self.head_dim
+        }
+    }
+
+    pub fn cpu(
+        &self,
+        file: &GgufFile,
+        kv: &[f32],
+        gate: &[f32],
+        pos0: usize,
+        n_tokens: usize,
+        st: CompressState<'_>,
+    ) {
+        let ape = super::load_f32(file, &self.ape);
+        let norm = super::load_f32(file, &self.norm);
+        let freqs = rope::frequencies(&self.rope);
+        let (m, c, hd) = (self.ratio, self.width(), self.head_dim);
+        let cur = if self.overlapped { m } else { 0 };
+        let mut pooled = vec![0f32; hd];
+        for t in 0..n_tokens {
+            let p = pos0 + t;
+            let i = p % m;
+            let slot = cur + i;
+            st.kv[slot * c..(slot + 1) * c].copy_from_slice(&kv[t * c..(t + 1) * c]);
+            for j in 0..c {
+                st.score[slot * c + j] = gate[t * c + j] + ape[i * c + j];
+            }
+            if (p + 1) % m != 0 {
+                continue;
+            }
+            let w = (p + 1) / m - 1;
+            self.pool(st.kv, st.score, &mut pooled);
+            let mut row = vec![0f32; hd];
+            super::norm::rms_norm(&pooled, Some(&norm), hd, self.eps, &mut row);
+            rope::rotate(&mut row, &freqs, (w * m) as f64, false);
+            match self.rounding {
+                RowRounding::None => {}
+                RowRounding::Fp8F16 => {
+                    super::round::round_row(&mut row, self.rope.n_rot, true, true)
+                }
+                RowRounding::HadamardFp4F16 => {
+                    small_float::hadamard_fp4_roundtrip(&mut row);
+                    super::round::round_f16(&mut row);
+                }
+            }
+            st.rows[w * hd..(w + 1) * hd].copy_from_slice(&row);
+            // The finished window becomes the previous one; its slots are
+            // reset so the state only ever holds written or empty slots.
+            if self.overlapped {
+                st.kv.copy_within(m * c..2 * m * c, 0);
+                st.score.copy_within(m * c..2 * m * c, 0);
+            }
+            st.kv[cur * c..(cur + m) * c].fill(0.0);
+            st.score[cur * c..(cur + m) * c].fill(EMPTY_SCORE);
+        }
+    }
+
+    /// Per-dim softmax over the candidate slots, then the weighted sum.
+    fn pool(&self, kv: &[f32], score: &[f32], out: &mut [f32]) {
+        let (m, c, hd) = (self.ratio, self.width(), self.head_dim);
+        // Candidates: (slot, column offset). Overlapped: previous window's
+        // first half, current window's second half.
+        let cands: Vec<(usize, usize)> = if self.overlapped {
+            (0..m)
+                .map(|i| (i, 0))
+                .chain((0..m).map(|i| (m + i, hd)))
+                .collect()
+        } else {
+            (0..m).map(|i| (i, 0)).collect()
+        };
+        for (j, o) in out.iter_mut().enumerate() {
+            let mx = cands
+                .iter()
+                .map(|&(s, off)| score[s * c + off + j])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let (mut num, mut den) = (0f32, 0f32);
+            for &(s, off) in &cands {
+                let e = (score[s * c + off + j] - mx).exp();
+                den += e;
+                num += e * kv[s * c + off + j];
+            }
+            *o = if den > 0.0 { num / den } else { 0.0 };
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Graph operations: one descriptor per op, each next to its CPU twin.
+//!
+//! The CPU twins are the reference every GPU kernel is tested against, so
+//! their numerics are plain: f32 activations, weights dequantised to f32 on
+//! the fly, f32 accumulation in fixed order (results do not depend on the
+//! number of threads). Families: [`matmul`], [`norm`], [`hc`], [`rope`],
+//! [`round`], [`attention`], [`compress`], [`indexer`], [`moe`], [`basic`].
+
+pub mod attention;
+pub mod basic;
+pub mod compress;
+pub mod hc;
+pub mod indexer;
+pub mod matmul;
+pub mod moe;
+pub mod norm;
+pub mod parallel;
+pub mod rope;
+pub mod round;
+
+use crate::graph::{StateId, ValueId};
+
+/// Every op a graph can hold. Backends match on this exhaustively.
+#[derive(Clone, Debug)]
+pub enum Op {
+    Embed(basic::Embed),
+    HcInit(hc::HcInit),
+    RmsNorm(norm::RmsNorm),
+    MatMul(matmul::MatMul),
+    HcMix(hc::HcMix),
+    HcCollapse(hc::HcCollapse),
+    HcExpand(hc::HcExpand),
+    Rope(rope::Rope),
+    KvRound(round::KvRound),
+    HadamardFp4(round::HadamardFp4),
+    Attention(attention::Attention),
+    RingWrite(attention::RingWrite),
+    Compress(compress::Compress),
+    IndexerTopK(indexer::IndexerTopK),
+    Router(moe::Router),
+    MoeExperts(moe::MoeExperts),
+    SwiGlu(moe::SwiGlu),
+    Add(basic::Add),
+    Scale(basic::Scale),
+    TakeLast(basic::TakeLast),
+}
+
+impl Op {
+    /// Values this op reads.
+    pub fn inputs(&self) -> Vec<ValueId> {
+        match self {
+            Op::Embed(o) => vec![o.tokens],
+            Op::HcInit(o) => vec![o.x],
+            Op::RmsNorm(o) => vec![o.x],
+            Op::MatMul(o) => vec![o.x],
+            Op::HcMix(o) => vec![o.logits],
+            Op::HcCollapse(o) => vec![o.state, o.pre],
+            Op::HcExpand(o) => vec![o.state, o.y, o.post, o.comb],
+            Op::Rope(o) => vec![o.x],
+            Op::KvRound(o) => vec![o.x],
+            Op::HadamardFp4(o) => vec![o.x],
+            Op::Attention(o) => {
+                let mut v = vec![o.q, o.kv];
+                v.extend(o.selected);
+                v
+            }
+            Op::RingWrite(o) => vec![o.kv],
+            Op::Compress(o) => vec![o.kv, o.gate],
+            Op::IndexerTopK(o) => vec![o.q, o.weights],
+            Op::Router(o) => vec![o.logits, o.tokens],
+            Op::MoeExperts(o) => vec![o.x, o.selected, o.weights],
+            Op::SwiGlu(o) => vec![o.gate, o.up],
+            Op::Add(o) => vec![o.a, o.b],
+            Op::Scale(o) => vec![o.x],
+            Op::TakeLast(o) => vec![o.x],
+        }
+    }
+
+    /// Values this op writes.
+    pub fn outputs(&self) -> Vec<ValueId> {
+        match self {
+            Op::Embed(o) => vec![o.out],
+            Op::HcInit(o) => vec![o.out],
+            Op::RmsNorm(o) => vec![o.out],
+            Op::MatMul(o) => vec![o.out],
+            Op::HcMix(o) => {
+                let mut v = vec![o.pre];
+                v.extend(o.post);
+                v.extend(o.comb);
+                v
+            }
+            Op::HcCollapse(o) => vec![o.out],
+            Op::HcExpand(o) => vec![o.out],
+            Op::Rope(o) => vec![o.out],
+            Op::KvRound(o) => vec![o.out],
+            Op::HadamardFp4(o) => vec![o.out],
+            Op::Attention(o) => vec![o.out],
+            Op::RingWrite(_) => vec![],
+            Op::Compress(_) => vec![],
+            Op::IndexerTopK(o) => vec![o.out],
+            Op::Router(o) => vec![o.selected, o.weights],
+            Op::MoeExperts(o) => vec![o.out],
+            Op::SwiGlu(o) => vec![o.out],
+            Op::Add(o) => vec![o.out],
+            Op::Scale(o) => vec![o.out],
+            Op::TakeLast(o) => vec![o.out],
+        }
+    }
+
+    /// Persistent state this op reads or writes.
+    pub fn states(&self) -> Vec<StateId> {
+        match self {
+            Op::Attention(o) => {
+                let mut v = vec![o.ring];
+                v.extend(o.compressed.map(|c| c.rows));
+                v
+            }
+            Op::RingWrite(o) => vec![o.ring],
+            Op::Compress(o) => vec![o.state_kv, o.state_score, o.rows],
+            Op::IndexerTopK(o) => vec![o.rows],
+            _ => vec![],
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embed(_) => "embed",
+            Op::HcInit(_) => "hc_init",
+            Op::RmsNorm(_) => "rms_norm",
+            Op::MatMul(_) => "matmul",
+            Op::HcMix(_) => "hc_mix",
+            Op::HcCollapse(_) => "hc_collapse",
+            Op::HcExpand(_) => "hc_expand",
+            Op::Rope(_) => "rope",
+            Op::KvRound(_) => "kv_round",
+            Op::HadamardFp4(_) => "hadamard_fp4",
+            Op::Attention(_) => "attention",
+            Op::RingWrite(_) => "ring_write",
+            Op::Compress(_) => "compress",
+            Op::IndexerTopK(_) => "indexer_topk",
+            Op::Router(_) => "router",
+            Op::MoeExperts(_) => "moe_experts",
+            Op::SwiGlu(_) => "swiglu",
+            Op::Add(_) => "add",
+            Op::Scale(_) => "scale",
+            Op::TakeLast(_) => "take_last",
+        }
+    }
+}
+
+use crate::gguf::GgufFile;
+use crate::model::TensorRef;
+use crate::quant;
+
+/// A whole tensor widened to f32 (norm weights, biases, small mixers).
+pub fn load_f32(file: &GgufFile, t: &TensorRef) -> Vec<f32> {
+    let n: u64 = t.ne.iter().product();
+    let mut out = vec![0f32; n as usize];
+    let row = t.ne[0] as usize;
+    let rb = t.row_bytes();
+    for (dst, src) in out
+        .chunks_exact_mut(row)
+        .zip(t.bytes(file).chunks_exact(rb))
+    {
+        // Types were validated when binding; a failure here is a bug.
+        quant::dequantize_row(t.ty, src, dst).expect("validated tensor type");
+    }
+    out
+}
+
+/// A tensor of I32 values (the hash-routing table).
+pub fn load_i32(file: &GgufFile, t: &TensorRef) -> Vec<i32> {
+    t.bytes(file)
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// Dot product with eight independent f32 accumulators: vectorises well and
+/// sums in a fixed order.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let chunks = n / 8;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0f32;
+    for i in chunks * 8..n {
+        tail += a[i] * b[i];
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}

@@ -1,0 +1,203 @@
+//! Mixture of experts (MODEL.md §3.7–3.8): router, routed experts with a
+//! clamped SwiGLU, and the SwiGLU of the shared expert.
+
+use super::matmul::matmul_rows;
+use crate::gguf::GgufFile;
+use crate::graph::ValueId;
+use crate::model::TensorRef;
+
+/// Smallest routing-weight denominator (ds4's guard, 2⁻¹⁴).
+const MIN_WEIGHT_SUM: f32 = 6.103515625e-5;
+
+/// `s_e = sqrt(softplus(logit_e))`; experts chosen by the hash table (first
+/// layers) or as the `k` largest `s_e + bias_e` (ties to the lower index);
+/// weights `s / Σ s · scale`.
+#[derive(Clone, Debug)]
+pub struct Router {
+    pub logits: ValueId,
+    pub tokens: ValueId,
+    pub bias: Option<TensorRef>,
+    pub tid2eid: Option<TensorRef>,
+    pub selected: ValueId,
+    pub weights: ValueId,
+    pub n_expert: usize,
+    pub k: usize,
+    pub scale: f32,
+    pub normalize: bool,
+}
+
+/// ds4's softplus: exact at both ends where `ln(1+eˣ)` loses precision.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else if x < -20.0 {
+        x.exp()
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+impl Router {
+    pub fn cpu(
+        &self,
+        file: &GgufFile,
+        logits: &[f32],
+        tokens: &[i32],
+        n_tokens: usize,
+        sel: &mut [i32],
+        w: &mut [f32],
+    ) {
+        let bias = self.bias.as_ref().map(|b| super::load_f32(file, b));
+        let table = self
+            .tid2eid
+            .as_ref()
+            .map(|t| (t.bytes(file), t.ne[0] as usize));
+        let (e, k) = (self.n_expert, self.k);
+        let mut order: Vec<(f32, usize)> = Vec::with_capacity(e);
+        for t in 0..n_tokens {
+            let s: Vec<f32> = logits[t * e..(t + 1) * e]
+                .iter()
+                .map(|&x| softplus(x).sqrt())
+                .collect();
+            let chosen = &mut sel[t * k..(t + 1) * k];
+            match table {
+                Some((bytes, row)) => {
+                    let base = tokens[t] as usize * row * 4;
+                    for (i, c) in chosen.iter_mut().enumerate() {
+                        let b = &bytes[base + 4 * i..base + 4 * i + 4];
+                        // Table entries were range-checked when the model loaded.
+                        *c = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                }
+                None => {
+                    order.clear();
+                    order.extend(
+                        s.iter()
+                            .enumerate()
+                            .map(|(i, &v)| (v + bias.as_ref().map_or(0.0, |b| b[i]), i)),
+                    );
+                    order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                    for (c, &(_, i)) in chosen.iter_mut().zip(order.iter()) {
+                        *c = i as i32;
+                    }
+                }
+            }
+            let sum: f32 = chosen.iter().map(|&i| s[i as usize]).sum();
+            let denom = if self.normalize {
+                sum.max(MIN_WEIGHT_SUM)
+            } else {
+                1.0
+            };
+            for (wi, &i) in w[t * k..(t + 1) * k].iter_mut().zip(chosen.iter()) {
+                *wi = s[i as usize] / denom * self.scale;
+            }
+        }
+    }
+}
+
+/// `h = silu(min(g, c)) · clamp(u, −c, c)`; no clamp when `c ≤ 1e-6`.
+pub fn swiglu(g: f32, u: f32, clamp: f32) -> f32 {
+    if clamp > 1e-6 {
+        super::silu(g.min(clamp)) * u.clamp(-clamp, clamp)
+    } else {
+        super::silu(g) * u
+    }
+}
+
+/// Element-wise clamped SwiGLU (the shared expert).
+#[derive(Clone, Debug)]
+pub struct SwiGlu {
+    pub gate: ValueId,
+    pub up: ValueId,
+    pub out: ValueId,
+    pub clamp: f32,
+}
+
+impl SwiGlu {
+    pub fn cpu(&self, g: &[f32], u: &[f32], out: &mut [f32]) {
+        for ((o, &a), &b) in out.iter_mut().zip(g).zip(u) {
+            *o = swiglu(a, b, self.clamp);
+        }
+    }
+}
+
+/// `out[t] = Σ_i w[t][i] · down_e(swiglu(gate_e · x[t], up_e · x[t]))` with
+/// `e = selected[t][i]`. Tokens are grouped by expert so each expert slab is
+/// read once per step; per-token sums run in selection order.
+#[derive(Clone, Debug)]
+pub struct MoeExperts {
+    pub x: ValueId,
+    pub selected: ValueId,
+    pub weights: ValueId,
+    pub gate: TensorRef,
+    pub up: TensorRef,
+    pub down: TensorRef,
+    pub clamp: f32,
+    pub k: usize,
+    pub out: ValueId,
+}
+
+impl MoeExperts {
+    pub fn cpu(
+        &self,
+        file: &GgufFile,
+        x: &[f32],
+        sel: &[i32],
+        w: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) {
+        let d = self.gate.ne[0] as usize;
+        let ff = self.gate.ne[1] as usize;
+        let n_expert = self.gate.ne[2] as usize;
+        let k = self.k;
+        let slab = |t: &TensorRef, e: usize| {
+            let bytes = t.bytes(file);
+            let n = bytes.len() / n_expert;
+            &bytes[e * n..(e + 1) * n]
+        };
+        // One contribution per (token, slot), summed in slot order below.
+        let mut contrib = vec![0f32; n_tokens * k * d];
+        for e in 0..n_expert {
+            let users: Vec<(usize, usize)> = (0..n_tokens * k)
+                .filter(|&i| sel[i] as usize == e)
+                .map(|i| (i / k, i))
+                .collect();
+            if users.is_empty() {
+                continue;
+            }
+            let n = users.len();
+            let mut xs = vec![0f32; n * d];
+            for (j, &(t, _)) in users.iter().enumerate() {
+                xs[j * d..(j + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
+            }
+            let mut g = vec![0f32; n * ff];
+            let mut u = vec![0f32; n * ff];
+            matmul_rows(self.gate.ty, slab(&self.gate, e), d, ff, 1, &xs, n, &mut g);
+            matmul_rows(self.up.ty, slab(&self.up, e), d, ff, 1, &xs, n, &mut u);
+            for (j, &(_, slot)) in users.iter().enumerate() {
+                let wt = w[slot];
+                for f in 0..ff {
+                    g[j * ff + f] = wt * swiglu(g[j * ff + f], u[j * ff + f], self.clamp);
+                }
+            }
+            let mut y = vec![0f32; n * d];
+            matmul_rows(self.down.ty, slab(&self.down, e), ff, d, 1, &g, n, &mut y);
+            for (j, &(_, slot)) in users.iter().enumerate() {
+                contrib[slot * d..(slot + 1) * d].copy_from_slice(&y[j * d..(j + 1) * d]);
+            }
+        }
+        for t in 0..n_tokens {
+            let o = &mut out[t * d..(t + 1) * d];
+            o.fill(0.0);
+            for i in 0..k {
+                for (a, &b) in o
+                    .iter_mut()
+                    .zip(&contrib[(t * k + i) * d..(t * k + i + 1) * d])
+                {
+                    *a += b;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Partial rotary embedding on the tail of each head, interleaved pairs, with
+//! YaRN frequency blending on compressed layers (MODEL.md §3.4.1).
+
+use crate::graph::ValueId;
+use crate::model::RopeConfig;
+
+/// Rotates the last `n_rot` dims of every `head_dim`-wide head of token `t`
+/// by its absolute position `pos0 + t` (or back, with `inverse`).
+#[derive(Clone, Debug)]
+pub struct Rope {
+    pub x: ValueId,
+    pub out: ValueId,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub rope: RopeConfig,
+    pub inverse: bool,
+}
+
+impl Rope {
+    pub fn cpu(&self, x: &[f32], pos0: usize, n_tokens: usize, out: &mut [f32]) {
+        let freqs = frequencies(&self.rope);
+        let w = self.heads * self.head_dim;
+        out[..n_tokens * w].copy_from_slice(&x[..n_tokens * w]);
+        for t in 0..n_tokens {
+            for h in 0..self.heads {
+                let head = &mut out[t * w + h * self.head_dim..t * w + (h + 1) * self.head_dim];
+                rotate(head, &freqs, (pos0 + t) as f64, self.inverse);
+            }
+        }
+    }
+}
+
+/// Per-pair angular frequency, in f64 (the reference path keeps angles exact;
+/// f32 angle error at position 1M would be ~0.1 rad).
+pub fn frequencies(r: &RopeConfig) -> Vec<f64> {
+    let n = r.n_rot;
+    let theta = r.base as f64;
+    let base: Vec<f64> = (0..n / 2)
+        .map(|k| theta.powf(-2.0 * k as f64 / n as f64))
+        .collect();
+    let Some(y) = r.yarn else { return base };
+    let corr = |beta: f64| {
+        n as f64 * (y.original_context as f64 / (beta * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * theta.ln())
+    };
+    let lo = corr(y.beta_fast as f64).floor().max(0.0);
+    let hi = corr(y.beta_slow as f64).ceil().min(n as f64 - 1.0);
+    let s = y.factor as f64;
+    base.iter()
+        .enumerate()
+        .map(|(k, &b)| {
+            let ramp = ((k as f64 - lo) / (hi - lo).max(0.001)).clamp(0.0, 1.0);
+            b * (1.0 - ramp) + (b / s) * ramp
+        })
+        .collect()
+}
+
+/// Rotates the tail `2·freqs.len()` dims of `head` by angle `pos · freq`.
+pub fn rotate(head: &mut [f32], freqs: &[f64], pos: f64, inverse: bool) {
+    let n_rot = 2 * freqs.len();
+    let tail = head.len() - n_rot;
+    for (k, &f) in freqs.iter().enumerate() {
+        let a = pos * f;
+        let (s, c) = a.sin_cos();
+        let s = if inverse { -s } else { s };
+        let (x0, x1) = (head[tail + 2 * k] as f64, head[tail + 2 * k + 1] as f64);
+        head[tail + 2 * k] = (x0 * c - x1 * s) as f32;
+        head[tail + 2 * k + 1] = (x0 * s + x1 * c) as f32;
+    }
+}

@@ -1,0 +1,368 @@
+//! A live sequence: the KV state on a backend, the tokens it holds and the
+//! logits of its last token. `sync` reuses the longest matching prefix and
+//! evaluates only the rest; snapshots save and restore the whole state in
+//! ds4's session payload layout (KVCACHE.md §4.3).
+
+mod snapshot;
+
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::backend::{cpu::CpuBackend, Backend, BackendError, GraphHandle};
+use crate::graph::{Graph, StepParams, ValueId, ValueName};
+use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
+use crate::model::state::KvLayout;
+use crate::model::ModelFile;
+
+pub use snapshot::SNAPSHOT_MAGIC;
+
+/// ds4's prefill chunk (tokens per batched step).
+pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
+
+#[derive(Debug, Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("the prompt has {tokens} tokens but the context is {ctx} (use a larger --ctx)")]
+    ContextFull { tokens: usize, ctx: usize },
+    #[error("empty prompt: there is nothing to evaluate")]
+    Empty,
+    #[error("token id {id} is outside the vocabulary ({vocab} tokens)")]
+    BadToken { id: u32, vocab: usize },
+    #[error("no value named {0} in the graph (see docs/ARCHITECTURE.md for names)")]
+    UnknownValue(String),
+    #[error("snapshot: {0}")]
+    Snapshot(String),
+    #[error("backend {0:?} is unknown (cpu, wgpu, cuda; aliases --cpu, --metal, --cuda)")]
+    UnknownBackend(String),
+}
+
+/// Which backend runs the graphs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Cpu,
+    Wgpu,
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn parse(s: &str) -> Result<BackendKind, SessionError> {
+        match s {
+            "cpu" => Ok(BackendKind::Cpu),
+            "wgpu" | "metal" | "vulkan" => Ok(BackendKind::Wgpu),
+            "cuda" => Ok(BackendKind::Cuda),
+            other => Err(SessionError::UnknownBackend(other.to_string())),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    pub ctx: usize,
+    pub prefill_chunk: usize,
+    pub numerics: Numerics,
+    pub backend: BackendKind,
+    /// Values readable with [`Session::dump`] after each step.
+    pub dump: Vec<ValueName>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            ctx: 32768,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            numerics: Numerics::Model,
+            backend: BackendKind::Cpu,
+            dump: Vec::new(),
+        }
+    }
+}
+
+/// What a `sync` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncStats {
+    pub reused: usize,
+    pub evaluated: usize,
+}
+
+pub struct Session {
+    model: Arc<ModelFile>,
+    backend: Box<dyn Backend>,
+    kv: KvLayout,
+    opts: SessionOptions,
+    decode: GraphHandle,
+    prefill: GraphHandle,
+    /// Graph with logits at every position, built on first use.
+    scoring: Option<GraphHandle>,
+    last: GraphHandle,
+    /// The recorded graphs, indexed by handle.
+    graphs: Vec<Arc<Graph>>,
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+impl Session {
+    pub fn new(model: Arc<ModelFile>, opts: SessionOptions) -> Result<Session, SessionError> {
+        let cfg = &model.config;
+        let kv = KvLayout::new(cfg, &model.weights, opts.ctx);
+        let mut backend: Box<dyn Backend> = match opts.backend {
+            BackendKind::Cpu => Box::new(CpuBackend::new(model.clone(), kv.layout.clone())),
+            BackendKind::Wgpu => {
+                return Err(BackendError::Unavailable {
+                    backend: "wgpu".into(),
+                    reason: "not built yet in this version; use --backend cpu".into(),
+                }
+                .into())
+            }
+            BackendKind::Cuda => {
+                return Err(BackendError::Unavailable {
+                    backend: "cuda".into(),
+                    reason: "not built yet in this version; use --backend cpu".into(),
+                }
+                .into())
+            }
+        };
+        let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
+        let fo = |logits| ForwardOptions {
+            numerics: opts.numerics,
+            logits,
+            keep: opts.dump.clone(),
+        };
+        let mut graphs = Vec::new();
+        let mut load =
+            |backend: &mut Box<dyn Backend>, g: Graph| -> Result<GraphHandle, SessionError> {
+                let g = Arc::new(g);
+                let h = backend.load_graph(g.clone())?;
+                debug_assert_eq!(h.0, graphs.len());
+                graphs.push(g);
+                Ok(h)
+            };
+        let decode = load(
+            &mut backend,
+            forward::record(cfg, &model.weights, &kv, 1, &fo(Logits::Last)),
+        )?;
+        let prefill = if chunk > 1 {
+            load(
+                &mut backend,
+                forward::record(cfg, &model.weights, &kv, chunk, &fo(Logits::Last)),
+            )?
+        } else {
+            decode
+        };
+        Ok(Session {
+            model,
+            backend,
+            kv,
+            opts: SessionOptions {
+                prefill_chunk: chunk,
+                ..opts
+            },
+            decode,
+            prefill,
+            scoring: None,
+            last: decode,
+            graphs,
+            tokens: Vec::new(),
+            logits: Vec::new(),
+        })
+    }
+
+    pub fn model(&self) -> &ModelFile {
+        &self.model
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.opts.ctx
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Logits after the last evaluated token (empty before any).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Bytes of KV state this session holds on its backend.
+    pub fn state_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
+    pub fn reset(&mut self) {
+        self.backend.reset_states();
+        self.tokens.clear();
+        self.logits.clear();
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<(), SessionError> {
+        let vocab = self.model.config.n_vocab;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(SessionError::BadToken { id, vocab });
+        }
+        if tokens.len() > self.opts.ctx {
+            return Err(SessionError::ContextFull {
+                tokens: tokens.len(),
+                ctx: self.opts.ctx,
+            });
+        }
+        Ok(())
+    }
+
+    /// Brings the session to exactly `tokens`: keeps the longest prefix it
+    /// already holds if the state can continue from it, else starts over.
+    /// `progress(done, total)` is called after each prefill chunk.
+    pub fn sync(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<SyncStats, SessionError> {
+        if tokens.is_empty() {
+            return Err(SessionError::Empty);
+        }
+        self.check(tokens)?;
+        let common = self
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // Compressor frontiers cannot be rewound, so only a session whose
+        // whole content is a prefix of the request continues.
+        let reuse = if common == self.tokens.len() && common < tokens.len() {
+            common
+        } else {
+            0
+        };
+        if common == tokens.len() && common == self.tokens.len() {
+            return Ok(SyncStats {
+                reused: common,
+                evaluated: 0,
+            });
+        }
+        if reuse == 0 {
+            self.reset();
+        }
+        let todo = &tokens[reuse..];
+        self.eval_tokens(todo, progress)?;
+        Ok(SyncStats {
+            reused: reuse,
+            evaluated: todo.len(),
+        })
+    }
+
+    /// Appends one token and computes the logits after it.
+    pub fn eval(&mut self, token: u32) -> Result<(), SessionError> {
+        self.check(&[token])?;
+        if self.tokens.len() + 1 > self.opts.ctx {
+            return Err(SessionError::ContextFull {
+                tokens: self.tokens.len() + 1,
+                ctx: self.opts.ctx,
+            });
+        }
+        self.run(self.decode, &[token])
+    }
+
+    fn eval_tokens(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(), SessionError> {
+        if self.tokens.len() + tokens.len() > self.opts.ctx {
+            return Err(SessionError::ContextFull {
+                tokens: self.tokens.len() + tokens.len(),
+                ctx: self.opts.ctx,
+            });
+        }
+        let chunk = self.opts.prefill_chunk;
+        let total = tokens.len();
+        let mut done = 0;
+        for c in tokens.chunks(chunk) {
+            let g = if c.len() == 1 {
+                self.decode
+            } else {
+                self.prefill
+            };
+            self.run(g, c)?;
+            done += c.len();
+            progress(done, total);
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, g: GraphHandle, tokens: &[u32]) -> Result<(), SessionError> {
+        let params = StepParams {
+            pos0: self.tokens.len(),
+            n_tokens: tokens.len(),
+        };
+        if let Err(e) = self.backend.run(g, tokens, params) {
+            // A failed step leaves the state undefined: start over next time.
+            self.reset();
+            return Err(e.into());
+        }
+        self.tokens.extend_from_slice(tokens);
+        self.last = g;
+        let graph_logits = self.logits_value(g);
+        let all = self.backend.read_value(g, graph_logits)?;
+        let v = self.model.config.n_vocab;
+        self.logits = all[all.len() - v..].to_vec();
+        Ok(())
+    }
+
+    fn graph(&self, g: GraphHandle) -> &Graph {
+        &self.graphs[g.0]
+    }
+
+    fn logits_value(&self, g: GraphHandle) -> ValueId {
+        self.graph(g).logits
+    }
+
+    /// Evaluates `tokens` from an empty state and returns the logits at every
+    /// position (`tokens.len() × vocab`), for validation and perplexity.
+    pub fn score(&mut self, tokens: &[u32]) -> Result<Vec<f32>, SessionError> {
+        if tokens.is_empty() {
+            return Err(SessionError::Empty);
+        }
+        self.check(tokens)?;
+        let g = match self.scoring {
+            Some(g) => g,
+            None => {
+                let fo = ForwardOptions {
+                    numerics: self.opts.numerics,
+                    logits: Logits::All,
+                    keep: self.opts.dump.clone(),
+                };
+                let graph = forward::record(
+                    &self.model.config,
+                    &self.model.weights,
+                    &self.kv,
+                    self.opts.prefill_chunk,
+                    &fo,
+                );
+                let graph = Arc::new(graph);
+                let h = self.backend.load_graph(graph.clone())?;
+                self.graphs.push(graph);
+                self.scoring = Some(h);
+                h
+            }
+        };
+        self.reset();
+        let mut out = Vec::with_capacity(tokens.len() * self.model.config.n_vocab);
+        for c in tokens.chunks(self.opts.prefill_chunk) {
+            self.run(g, c)?;
+            let id = self.logits_value(g);
+            out.extend(self.backend.read_value(g, id)?);
+        }
+        Ok(out)
+    }
+
+    /// Reads back a named value (`NAME@LAYER`) of the last step, all live rows.
+    pub fn dump(&self, name: &ValueName) -> Result<Vec<f32>, SessionError> {
+        let id = self
+            .graph(self.last)
+            .find(name)
+            .ok_or_else(|| SessionError::UnknownValue(name.to_string()))?;
+        Ok(self.backend.read_value(self.last, id)?)
+    }
+}

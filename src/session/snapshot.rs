@@ -1,0 +1,264 @@
+//! Session snapshots in ds4's payload layout (KVCACHE.md §4.3), generalised
+//! from Flash's fixed shapes to the model's configuration: 13 u32 header
+//! fields, then tokens, logits, per-layer row counts and per-layer state.
+
+use super::{Session, SessionError};
+use crate::model::AttentionKind;
+
+/// `D S V 4` little-endian.
+pub const SNAPSHOT_MAGIC: u32 = 0x3456_5344;
+const VERSION: u32 = 1;
+const HEADER_FIELDS: usize = 13;
+
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn bytes(&mut self, n: usize, what: &str) -> Result<&[u8], SessionError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| {
+                SessionError::Snapshot(format!("truncated payload while reading {what}"))
+            })?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, SessionError> {
+        let b = self.bytes(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn f32s(&mut self, n: usize, what: &str) -> Result<Vec<f32>, SessionError> {
+        let len = n
+            .checked_mul(4)
+            .ok_or_else(|| SessionError::Snapshot(format!("{what}: size overflows")))?;
+        Ok(self
+            .bytes(len, what)?
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+impl Session {
+    fn raw_window(&self) -> usize {
+        self.model.config.sliding_window.min(self.opts.ctx)
+    }
+
+    fn min_ratio(&self) -> usize {
+        self.model
+            .config
+            .compress_ratios
+            .iter()
+            .copied()
+            .filter(|&r| r > 0)
+            .min()
+            .unwrap_or(4)
+    }
+
+    /// Serialises the whole session (tokens, logits, every KV state).
+    pub fn save_snapshot(&self) -> Result<Vec<u8>, SessionError> {
+        let cfg = &self.model.config;
+        let t = self.tokens.len();
+        if t == 0 {
+            return Err(SessionError::Snapshot("the session holds no tokens".into()));
+        }
+        let w = self.raw_window();
+        let raw_live = t.min(w);
+        let (hd, ihd) = (cfg.head_dim, cfg.indexer_head_dim);
+        let mut out = Vec::new();
+        for v in [
+            SNAPSHOT_MAGIC,
+            VERSION,
+            self.opts.ctx as u32,
+            self.opts.prefill_chunk as u32,
+            w as u32,
+            w as u32,
+            (self.opts.ctx / self.min_ratio() + 2) as u32,
+            t as u32,
+            cfg.n_layer as u32,
+            hd as u32,
+            ihd as u32,
+            cfg.n_vocab as u32,
+            raw_live as u32,
+        ] {
+            put_u32(&mut out, v);
+        }
+        for &tok in &self.tokens {
+            put_u32(&mut out, tok);
+        }
+        put_f32s(&mut out, &self.logits);
+        let kinds: Vec<AttentionKind> = self.model.weights.layers.iter().map(|l| l.kind).collect();
+        for k in &kinds {
+            put_u32(
+                &mut out,
+                if k.ratio() > 0 {
+                    (t / k.ratio()) as u32
+                } else {
+                    0
+                },
+            );
+        }
+        for k in &kinds {
+            put_u32(
+                &mut out,
+                if matches!(k, AttentionKind::Csa { .. }) {
+                    (t / k.ratio()) as u32
+                } else {
+                    0
+                },
+            );
+        }
+        for (l, ls) in self.kv.layers.iter().enumerate() {
+            let ring = self.backend.read_state(ls.ring)?;
+            for pos in t - raw_live..t {
+                let s = pos % w;
+                put_f32s(&mut out, &ring[s * hd..(s + 1) * hd]);
+            }
+            let ratio = kinds[l].ratio();
+            for (c, dim) in [(ls.compressor, hd), (ls.indexer, ihd)] {
+                let Some(c) = c else { continue };
+                let n = t / ratio;
+                let rows = self.backend.read_state(c.rows)?;
+                put_f32s(&mut out, &rows[..n * dim]);
+                put_f32s(&mut out, &self.backend.read_state(c.kv)?);
+                put_f32s(&mut out, &self.backend.read_state(c.score)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Replaces the session with a snapshot made by [`Session::save_snapshot`]
+    /// for the same model. On error the session is left empty.
+    pub fn load_snapshot(&mut self, payload: &[u8]) -> Result<(), SessionError> {
+        let r = self.load_snapshot_inner(payload);
+        if r.is_err() {
+            self.reset();
+        }
+        r
+    }
+
+    fn load_snapshot_inner(&mut self, payload: &[u8]) -> Result<(), SessionError> {
+        let bad = |m: String| SessionError::Snapshot(m);
+        let cfg = self.model.config.clone();
+        let mut r = Reader { b: payload, pos: 0 };
+        let mut h = [0u32; HEADER_FIELDS];
+        for (i, f) in h.iter_mut().enumerate() {
+            *f = r.u32(&format!("header field {i}"))?;
+        }
+        if h[0] != SNAPSHOT_MAGIC || h[1] != VERSION {
+            return Err(bad(format!(
+                "not a ds4 session payload (magic {:#x}, version {})",
+                h[0], h[1]
+            )));
+        }
+        let (saved_ctx, t) = (h[2] as usize, h[7] as usize);
+        if saved_ctx > self.opts.ctx || t >= self.opts.ctx || t == 0 {
+            return Err(bad(format!(
+                "saved with context {saved_ctx} and {t} tokens; this session's context is {}",
+                self.opts.ctx
+            )));
+        }
+        let want = [cfg.n_layer, cfg.head_dim, cfg.indexer_head_dim, cfg.n_vocab];
+        if h[8..12].iter().zip(want).any(|(&a, b)| a as usize != b) {
+            return Err(bad(format!(
+                "different model layout: {:?} vs {:?}",
+                &h[8..12],
+                want
+            )));
+        }
+        let w = self.raw_window();
+        let raw_live = h[12] as usize;
+        if h[5] as usize != w || raw_live != t.min(w) {
+            return Err(bad(format!(
+                "raw window {} / live rows {raw_live} do not match window {w}",
+                h[5]
+            )));
+        }
+        let tokens: Vec<u32> = (0..t)
+            .map(|i| r.u32(&format!("token {i}")))
+            .collect::<Result<_, _>>()?;
+        if let Some(&id) = tokens.iter().find(|&&x| x as usize >= cfg.n_vocab) {
+            return Err(SessionError::BadToken {
+                id,
+                vocab: cfg.n_vocab,
+            });
+        }
+        let logits = r.f32s(cfg.n_vocab, "logits")?;
+        let n_comp: Vec<u32> = (0..cfg.n_layer)
+            .map(|_| r.u32("compressed row counts"))
+            .collect::<Result<_, _>>()?;
+        let n_index: Vec<u32> = (0..cfg.n_layer)
+            .map(|_| r.u32("indexer row counts"))
+            .collect::<Result<_, _>>()?;
+        self.backend.reset_states();
+        let (hd, ihd) = (cfg.head_dim, cfg.indexer_head_dim);
+        let layers = self.kv.layers.clone();
+        for (l, ls) in layers.iter().enumerate() {
+            let rows = r.f32s(raw_live * hd, "raw rows")?;
+            let mut ring = self.backend.read_state(ls.ring)?;
+            for (i, pos) in (t - raw_live..t).enumerate() {
+                let s = pos % w;
+                ring[s * hd..(s + 1) * hd].copy_from_slice(&rows[i * hd..(i + 1) * hd]);
+            }
+            self.backend.write_state(ls.ring, &ring)?;
+            let kind = self.model.weights.layers[l].kind;
+            let ratio = kind.ratio();
+            for (c, dim, count) in [
+                (ls.compressor, hd, n_comp[l]),
+                (ls.indexer, ihd, n_index[l]),
+            ] {
+                let Some(c) = c else {
+                    if count != 0 {
+                        return Err(bad(format!(
+                            "layer {l}: {count} rows for a layer without them"
+                        )));
+                    }
+                    continue;
+                };
+                let n = count as usize;
+                if n != t / ratio {
+                    return Err(bad(format!(
+                        "layer {l}: {n} compressed rows for {t} tokens at ratio {ratio}"
+                    )));
+                }
+                let mut buf = self.backend.read_state(c.rows)?;
+                if n * dim > buf.len() {
+                    return Err(bad(format!("layer {l}: {n} rows exceed the capacity")));
+                }
+                buf[..n * dim].copy_from_slice(&r.f32s(n * dim, "compressed rows")?);
+                self.backend.write_state(c.rows, &buf)?;
+                for s in [c.kv, c.score] {
+                    let len = self.backend.read_state(s)?.len();
+                    let v = r.f32s(len, "compressor state")?;
+                    self.backend.write_state(s, &v)?;
+                }
+            }
+        }
+        if r.pos != payload.len() {
+            return Err(bad(format!(
+                "{} trailing payload bytes",
+                payload.len() - r.pos
+            )));
+        }
+        self.tokens = tokens;
+        self.logits = logits;
+        Ok(())
+    }
+}
