@@ -40,12 +40,14 @@ def main() -> None:
     out.append("")
     out.append("/// 256 grid patterns; byte `i` (LSB first) is the magnitude (8, 25 or 43) of")
     out.append("/// element `i` of the 8-value piece.")
+    out.append("#[rustfmt::skip]")
     out.append("pub const IQ2XXS_GRID: [u64; 256] = [")
     for i in range(0, 256, 4):
         out.append("    " + " ".join(f"0x{g:016x}," for g in grid[i:i + 4]))
     out.append("];")
     out.append("")
     out.append("/// 7 explicit sign bits plus the implied parity bit 7 (even count of negatives).")
+    out.append("#[rustfmt::skip]")
     out.append("pub const KSIGNS_IQ2XS: [u8; 128] = [")
     for i in range(0, 128, 16):
         out.append("    " + " ".join(f"{s}," for s in ksigns[i:i + 16]))
