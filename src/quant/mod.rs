@@ -7,6 +7,146 @@
 
 use std::fmt;
 
+pub mod f16;
+pub mod iq2_xxs;
+pub mod iq2xxs_tables;
+mod kquant;
+pub mod q2_k;
+pub mod q4_k;
+pub mod q8_0;
+pub mod q8_k;
+pub mod small_float;
+
+// Block structs are read with bytemuck straight from little-endian file bytes.
+#[cfg(target_endian = "big")]
+compile_error!("ds4::quant assumes a little-endian host (GGUF fields are little-endian)");
+
+/// Errors of the row-level entry points. Every variant carries the numbers
+/// needed to find the offending tensor or call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    #[error("type {0} is not supported by this operation")]
+    Unsupported(GgmlType),
+    #[error("{ty}: {elems} elements is not a multiple of the block size {block}")]
+    NotBlockMultiple {
+        ty: GgmlType,
+        elems: usize,
+        block: usize,
+    },
+    #[error("{ty}: row of {elems} elements needs {expected} bytes, got {found}")]
+    ByteLength {
+        ty: GgmlType,
+        elems: usize,
+        expected: usize,
+        found: usize,
+    },
+    #[error("importance has {found} weights for a row of {expected} elements")]
+    ImportanceLength { expected: usize, found: usize },
+}
+
+/// Checks that `bytes` holds exactly one row of `elems` elements of `ty`.
+fn check_row(ty: GgmlType, elems: usize, bytes: usize) -> Result<(), QuantError> {
+    let (be, bb) = ty.block_layout();
+    if elems % be != 0 {
+        return Err(QuantError::NotBlockMultiple {
+            ty,
+            elems,
+            block: be,
+        });
+    }
+    let expected = (elems / be) * bb;
+    if bytes != expected {
+        return Err(QuantError::ByteLength {
+            ty,
+            elems,
+            expected,
+            found: bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Whether this module can dequantize and dot rows of `ty` (the formats the
+/// Flash files use, plus BF16 which converters may write).
+pub fn can_compute(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, F32 | F16 | Bf16 | Q8_0 | Q2K | Q4K | Iq2Xxs)
+}
+
+/// Decodes one row of `ty` from `src` into `dst`; `dst.len()` is the element
+/// count. Length mismatches and unsupported types are errors, never panics.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    if !can_compute(ty) {
+        return Err(QuantError::Unsupported(ty));
+    }
+    check_row(ty, dst.len(), src.len())?;
+    match ty {
+        GgmlType::F32 => f16::dequantize_row_f32(src, dst),
+        GgmlType::F16 => f16::dequantize_row_f16(src, dst),
+        GgmlType::Bf16 => f16::dequantize_row_bf16(src, dst),
+        GgmlType::Q8_0 => q8_0::dequantize_row(src, dst),
+        GgmlType::Q2K => q2_k::dequantize_row(src, dst),
+        GgmlType::Q4K => q4_k::dequantize_row(src, dst),
+        GgmlType::Iq2Xxs => iq2_xxs::dequantize_row(src, dst),
+        _ => unreachable!("can_compute admitted {ty}"),
+    }
+    Ok(())
+}
+
+/// Dot product of one row of `ty` with the f32 vector `x` (`x.len()` is the
+/// element count). Scalar reference: f32 accumulation, see each format file.
+pub fn dot_row(ty: GgmlType, src: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    if !can_compute(ty) {
+        return Err(QuantError::Unsupported(ty));
+    }
+    check_row(ty, x.len(), src.len())?;
+    Ok(match ty {
+        GgmlType::F32 => f16::dot_row_f32(src, x),
+        GgmlType::F16 => f16::dot_row_f16(src, x),
+        GgmlType::Bf16 => f16::dot_row_bf16(src, x),
+        GgmlType::Q8_0 => q8_0::dot_row(src, x),
+        GgmlType::Q2K => q2_k::dot_row(src, x),
+        GgmlType::Q4K => q4_k::dot_row(src, x),
+        GgmlType::Iq2Xxs => iq2_xxs::dot_row(src, x),
+        _ => unreachable!("can_compute admitted {ty}"),
+    })
+}
+
+/// Encodes the f32 row `src` as `ty` into `dst` (exactly one row of bytes).
+/// `importance`, when given, holds one non-negative weight per element (an
+/// imatrix row); the block-scaled K/IQ quantizers minimise the weighted
+/// squared error, the others ignore it.
+pub fn quantize_row(
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+    importance: Option<&[f32]>,
+) -> Result<(), QuantError> {
+    if !can_compute(ty) {
+        return Err(QuantError::Unsupported(ty));
+    }
+    check_row(ty, src.len(), dst.len())?;
+    if let Some(w) = importance {
+        if w.len() != src.len() {
+            return Err(QuantError::ImportanceLength {
+                expected: src.len(),
+                found: w.len(),
+            });
+        }
+    }
+    match ty {
+        GgmlType::F32 => f16::quantize_row_f32(src, dst),
+        GgmlType::F16 => f16::quantize_row_f16(src, dst),
+        GgmlType::Bf16 => f16::quantize_row_bf16(src, dst),
+        GgmlType::Q8_0 => q8_0::quantize_row(src, dst, importance),
+        GgmlType::Q2K => q2_k::quantize_row(src, dst, importance),
+        GgmlType::Q4K => q4_k::quantize_row(src, dst, importance),
+        GgmlType::Iq2Xxs => iq2_xxs::quantize_row(src, dst, importance),
+        _ => unreachable!("can_compute admitted {ty}"),
+    }
+    Ok(())
+}
+
 /// A ggml tensor type id as stored in the GGUF tensor directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GgmlType {
