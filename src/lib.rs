@@ -12,6 +12,8 @@
 //! public API re-exported here.
 
 pub mod backend;
+pub mod bandwidth;
+pub mod chat;
 pub mod gguf;
 pub mod graph;
 pub mod model;

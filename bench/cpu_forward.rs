@@ -1,0 +1,116 @@
+//! CPU backend speed on a medium generated model (`cargo bench --bench cpu_forward`).
+//!
+//! Builds (once, cached under target/) a model with Flash's full widths —
+//! 4096 embedding, 64 heads × 512, 256 experts of 2048 in ds4's q2 mix — but
+//! only a few layers, so it fits in memory. Then measures the machine's read
+//! bandwidth, prefill and decode speed, and reports decode as a fraction of
+//! the bandwidth roofline: weight bytes read per token × tokens/s ÷ bandwidth.
+//!
+//! Environment: DS4_BENCH_LAYERS (default 4), DS4_BENCH_PREFILL (default 256
+//! tokens), DS4_BENCH_DECODE (default 16 tokens).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ds4::model::forward::Numerics;
+use ds4::model::ModelFile;
+use ds4::session::{Session, SessionOptions};
+use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let layers = env("DS4_BENCH_LAYERS", 4);
+    let n_prefill = env("DS4_BENCH_PREFILL", 256);
+    let n_decode = env("DS4_BENCH_DECODE", 16);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-models");
+    std::fs::create_dir_all(&dir).expect("target/bench-models");
+    let path = dir.join(format!("medium-q2-{layers}l.gguf"));
+    if !path.exists() {
+        let mut spec = TestModelSpec::flash();
+        // Flash widths, a few layers: 2 window layers then CSA/HCA pairs.
+        spec.compress_ratios = (0..layers)
+            .map(|l| {
+                if l < 2 {
+                    0
+                } else if l % 2 == 0 {
+                    4
+                } else {
+                    128
+                }
+            })
+            .collect();
+        spec.n_hash_layers = spec.n_hash_layers.min(layers);
+        spec.name = format!("medium bench model ({layers} Flash-width layers, random blocks)");
+        spec.init_gain = 0.5;
+        eprintln!("generating {} ...", path.display());
+        let tmp = path.with_extension("tmp");
+        write_model(
+            &spec,
+            Variant::Q2,
+            &Vocab::load_default().expect("vocab"),
+            &tmp,
+        )
+        .expect("write model");
+        std::fs::rename(&tmp, &path).expect("rename");
+    }
+    let model = Arc::new(ModelFile::open(&path).expect("open"));
+    let cfg = &model.config;
+    let weight_bytes = model.weights.active_bytes_per_token(cfg);
+    let threads = rayon::current_num_threads();
+
+    eprintln!("measuring read bandwidth ...");
+    let bw = ds4::bandwidth::read_bandwidth(1 << 30, 5);
+
+    let opts = SessionOptions {
+        ctx: n_prefill + n_decode + 8,
+        prefill_chunk: 2048,
+        numerics: Numerics::Model,
+        ..Default::default()
+    };
+    let mut sess = Session::new(model.clone(), opts).expect("session");
+    let prompt: Vec<u32> = (0..n_prefill as u32)
+        .map(|i| (i * 7919) % 120_000 + 10)
+        .collect();
+    let t = Instant::now();
+    sess.sync(&prompt, &mut |_, _| {}).expect("prefill");
+    let prefill_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..n_decode {
+        let next = ds4::sampler::argmax(sess.logits()) as u32;
+        sess.eval(next).expect("decode");
+    }
+    let decode_s = t.elapsed().as_secs_f64();
+    let tps = n_decode as f64 / decode_s;
+
+    println!(
+        "model          {} ({:.2} GiB, {} layers, q2 mix)",
+        path.display(),
+        model.file.file_len() as f64 / (1u64 << 30) as f64,
+        cfg.n_layer
+    );
+    println!("threads        {threads}");
+    println!("read bandwidth {:.2} GB/s (best of 5 over 1 GiB)", bw / 1e9);
+    println!(
+        "prefill        {n_prefill} tokens in {prefill_s:.2} s = {:.2} tokens/s",
+        n_prefill as f64 / prefill_s
+    );
+    println!("decode         {n_decode} tokens in {decode_s:.2} s = {tps:.2} tokens/s");
+    println!(
+        "bytes/token    {:.1} MiB of weights read per decoded token",
+        weight_bytes as f64 / (1u64 << 20) as f64
+    );
+    println!(
+        "roofline       {:.1}% ({:.2} GB/s effective of {:.2} GB/s; ceiling {:.2} tokens/s)",
+        100.0 * weight_bytes as f64 * tps / bw,
+        weight_bytes as f64 * tps / 1e9,
+        bw / 1e9,
+        bw / weight_bytes as f64
+    );
+}
