@@ -118,3 +118,34 @@ fn tiny_model_config_comes_from_metadata() {
     assert!(m.weights.layers[1].exp_probs_b.is_some());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn mtp_file_is_recognised_and_binds_against_the_main_config() {
+    use ds4::gguf::GgufFile;
+    use ds4::model::{ModelError, MtpWeights};
+    use ds4::testmodel::write_mtp;
+    let dir = std::env::temp_dir().join(format!("ds4-mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (main, mtp) = (dir.join("main.gguf"), dir.join("main.mtp.gguf"));
+    let spec = TestModelSpec::tiny();
+    write_model(&spec, Variant::F32, &Vocab::load_default().unwrap(), &main).unwrap();
+    write_mtp(&spec, Variant::F32, &mtp).unwrap();
+    let m = ModelFile::open(&main).unwrap();
+    let f = GgufFile::open(&mtp).unwrap();
+    let w = MtpWeights::bind(&f, &m.config).unwrap();
+    assert!(
+        w.block.exp_probs_b.is_some() && w.block.tid2eid.is_none() && w.block.compressor.is_none()
+    );
+    // Passed as a main model, it is named for what it is.
+    match ModelFile::open(&mtp) {
+        Err(ModelError::WrongKind(msg)) => assert!(msg.contains("deepseek4")),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("an MTP file must not load as a main model"),
+    }
+    // And the main model is not an MTP file.
+    assert!(matches!(
+        MtpWeights::bind(&m.file, &m.config),
+        Err(ModelError::WrongKind(_))
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -91,6 +91,9 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
+    /// read every weight page once before starting (shows progress)
+    #[argh(switch)]
+    warm_weights: bool,
     /// CPU threads (default: all cores)
     #[argh(option, short = 't')]
     threads: Option<usize>,
@@ -401,6 +404,17 @@ fn run(a: Args) -> Result<(), String> {
         model.config.n_layer,
         t0.elapsed().as_secs_f64() * 1e3
     );
+    if a.warm_weights {
+        let bar = indicatif::ProgressBar::new(model.weights.total_bytes());
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "warming weights {bytes}/{total_bytes} {wide_bar} {percent}%",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        model.warm(&mut |done, _| bar.set_position(done));
+        bar.finish_and_clear();
+    }
     let eff = mode.effective(a.ctx);
     if mode == ThinkMode::Max && eff != mode {
         eprintln!(
@@ -543,9 +557,46 @@ fn run(a: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// `--info` on an MTP draft file: its tensor directory (its shapes are
+/// validated against a main model when both are loaded).
+fn info_mtp(path: &Path) -> Result<(), String> {
+    let f = ds4::gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!(
+        "file: {} ({}, GGUF v{}) — MTP draft model (use with --mtp)",
+        path.display(),
+        human(f.file_len()),
+        f.version()
+    );
+    println!(
+        "{:<44} {:<8} {:<24} {:>14}",
+        "name", "type", "shape", "bytes"
+    );
+    for t in f.tensor_infos() {
+        let ty =
+            t.ty.map_or_else(|| format!("?{}", t.type_id), |t| t.name().to_string());
+        println!(
+            "{:<44} {:<8} {:<24} {:>14}",
+            t.name,
+            ty,
+            format!("{:?}", t.ne),
+            t.n_bytes
+        );
+    }
+    Ok(())
+}
+
 fn info(path: &Path) -> Result<(), String> {
     let t0 = Instant::now();
-    let m = ModelFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let m = match ModelFile::open(path) {
+        Ok(m) => m,
+        Err(ds4::model::ModelError::WrongKind(_))
+            if ds4::gguf::GgufFile::open(path)
+                .is_ok_and(|f| f.tensor_info("mtp.0.attn_norm.weight").is_some()) =>
+        {
+            return info_mtp(path)
+        }
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
     let load = t0.elapsed();
     let c = &m.config;
     println!(

@@ -34,6 +34,21 @@ impl ModelFile {
             weights,
         })
     }
+    /// Reads every page of the weights once so the first tokens do not pay
+    /// for page faults; `progress(done, total)` in bytes.
+    pub fn warm(&self, progress: &mut dyn FnMut(u64, u64)) {
+        let total = self.weights.total_bytes();
+        let mut done = 0u64;
+        let mut sink = 0u8;
+        for t in self.weights.all() {
+            for chunk in t.bytes(&self.file).chunks(1 << 24) {
+                sink ^= chunk.iter().step_by(4096).fold(0u8, |a, &b| a ^ b);
+                done += chunk.len() as u64;
+                progress(done, total);
+            }
+        }
+        std::hint::black_box(sink);
+    }
 }
 
 pub mod forward;

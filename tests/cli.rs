@@ -1,0 +1,197 @@
+//! The `ds4` binary end to end on a generated tiny model: token dump format,
+//! generation, the logprob dump, and clear errors (exit 1, one line, no
+//! panic) for bad input.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use ds4::testmodel::Variant;
+
+fn ds4(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ds4"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn assert_clean_error(o: &Output, what: &str) {
+    let err = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{what}: status {:?}, stderr {err}",
+        o.status
+    );
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    assert!(err.lines().any(|l| l.starts_with("ds4: ")), "{what}: {err}");
+}
+
+#[test]
+fn dump_tokens_prints_ids_and_vocab_strings() {
+    let m = common::tiny_model_path(Variant::F32);
+    let o = ds4(&[
+        "-m",
+        m.to_str().unwrap(),
+        "--dump-tokens",
+        "-p",
+        "Hello world</｜DSML｜",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "[19923, 2058, 1718, 128825]");
+    assert_eq!(lines[1], " 19923  Hello");
+    assert_eq!(lines[2], "  2058  Ġworld");
+    assert_eq!(lines[4], "128825  ｜DSML｜");
+    assert_eq!(lines.len(), 5);
+}
+
+#[test]
+fn info_prints_config_and_tensor_table() {
+    let m = common::tiny_model_path(Variant::Q2);
+    let o = ds4(&["-m", m.to_str().unwrap(), "--info"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains("layer kinds          W W C4 H16 C4 H16"));
+    assert!(
+        out.contains("blk.2.ffn_gate_exps.weight")
+            && out.contains("IQ2_XXS")
+            && out.contains("Q2_K")
+    );
+    assert!(out.contains("active weight bytes per token:"));
+}
+
+#[test]
+fn greedy_generation_and_logprob_dump_agree() {
+    let m = common::tiny_model_path(Variant::Q8);
+    let m = m.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("ds4-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lp = dir.join("lp.json");
+    let o = ds4(&[
+        "-m",
+        m,
+        "-p",
+        "Hello",
+        "--nothink",
+        "-sys",
+        "",
+        "-n",
+        "4",
+        "--dump-logprobs",
+        lp.to_str().unwrap(),
+        "--logprobs-top-k",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        o.stdout.is_empty(),
+        "--dump-logprobs writes nothing to stdout"
+    );
+    let text = std::fs::read_to_string(&lp).unwrap();
+    assert!(text.starts_with("{\n  \"source\":\"ds4\",\n  \"prompt_tokens\":"));
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // BOS <｜User｜> Hello <｜Assistant｜> </think>
+    assert_eq!(j["prompt_tokens"], 5);
+    assert_eq!(j["top_k"], 3);
+    let steps = j["steps"].as_array().unwrap();
+    assert!(!steps.is_empty() && steps.len() <= 4);
+    for s in steps {
+        let tops = s["top_logprobs"].as_array().unwrap();
+        assert_eq!(tops.len(), 3);
+        assert_eq!(s["selected"]["id"], tops[0]["token"]["id"]);
+        let lps: Vec<f64> = tops
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap())
+            .collect();
+        assert!(lps.windows(2).all(|w| w[0] >= w[1]) && lps[0] <= 0.0);
+    }
+    // Greedy generation prints the same tokens the dump selected.
+    let o = ds4(&[
+        "-m",
+        m,
+        "-p",
+        "Hello",
+        "--nothink",
+        "-sys",
+        "",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("generation:"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let m = common::tiny_model_path(Variant::F32);
+    let m = m.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("ds4-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad_utf8 = dir.join("bad.txt");
+    std::fs::write(&bad_utf8, b"caf\xe9").unwrap();
+    let long = dir.join("long.txt");
+    std::fs::write(&long, "word ".repeat(400)).unwrap();
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        ("-n 0", vec!["-m", m, "-p", "hi", "-n", "0"]),
+        ("empty prompt", vec!["-m", m, "-p", ""]),
+        (
+            "invalid UTF-8",
+            vec!["-m", m, "--prompt-file", bad_utf8.to_str().unwrap()],
+        ),
+        (
+            "unknown backend",
+            vec!["-m", m, "-p", "hi", "--backend", "tpu"],
+        ),
+        ("unavailable backend", vec!["-m", m, "-p", "hi", "--cuda"]),
+        (
+            "prompt longer than ctx",
+            vec![
+                "-m",
+                m,
+                "--prompt-file",
+                long.to_str().unwrap(),
+                "--ctx",
+                "64",
+            ],
+        ),
+        (
+            "bad numerics",
+            vec!["-m", m, "-p", "hi", "--numerics", "fast"],
+        ),
+        (
+            "missing model",
+            vec!["-m", "/nonexistent/model.gguf", "-p", "hi"],
+        ),
+        (
+            "not a gguf",
+            vec!["-m", bad_utf8.to_str().unwrap(), "-p", "hi"],
+        ),
+        (
+            "bad dump name",
+            vec!["-m", m, "-p", "hi", "--dump", "nosuchvalue@0", "-n", "1"],
+        ),
+    ];
+    for (what, args) in cases {
+        assert_clean_error(&ds4(&args), what);
+    }
+    // No model at all: says how to get one.
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4"))
+        .args(["-p", "hi"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_clean_error(&o, "no model");
+    assert!(stderr(&o).contains("tools/download_model.sh"));
+    // Usage errors exit 2, like ds4.
+    assert_eq!(ds4(&["--no-such-flag"]).status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).ok();
+}
