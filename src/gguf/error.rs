@@ -4,12 +4,14 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum GgufError {
-    #[error("{path}: {source}")]
+    #[error("cannot read the file: {source}")]
     Io {
         path: String,
         #[source]
         source: std::io::Error,
     },
+    #[error("not a regular file")]
+    NotAFile { path: String },
     #[error("file is too short to be GGUF ({len} bytes)")]
     TooShort { len: u64 },
     #[error("bad magic {found:#010x}: not a GGUF file")]

@@ -97,13 +97,16 @@ impl GgufFile {
             path: path.display().to_string(),
             source: e,
         })?;
-        let len = file
-            .metadata()
-            .map_err(|e| GgufError::Io {
+        let meta = file.metadata().map_err(|e| GgufError::Io {
+            path: path.display().to_string(),
+            source: e,
+        })?;
+        if !meta.is_file() {
+            return Err(GgufError::NotAFile {
                 path: path.display().to_string(),
-                source: e,
-            })?
-            .len();
+            });
+        }
+        let len = meta.len();
         let bytes = if len == 0 {
             Bytes::Owned(Vec::new())
         } else {
