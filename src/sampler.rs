@@ -69,7 +69,7 @@ pub fn argmax(logits: &[f32]) -> usize {
 }
 
 pub fn sample(logits: &[f32], cfg: &SamplerConfig, rng: &mut Rng) -> usize {
-    if !(cfg.temperature > 0.0) || logits.is_empty() {
+    if cfg.temperature.is_nan() || cfg.temperature <= 0.0 || logits.is_empty() {
         return argmax(logits);
     }
     let t = cfg.temperature;

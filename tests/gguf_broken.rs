@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::Command;
 
 use ds4::gguf::{GgufError, GgufFile, GgufWriter, MetaArray, MetaValue};
-use ds4::model::{ModelConfig, ModelError, ModelFile, Weights};
+use ds4::model::{ModelConfig, Weights};
 use ds4::quant::GgmlType;
 use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
 

@@ -99,6 +99,7 @@ pub struct StateDesc {
 
 /// One entry of the tape.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)] // ops are few (a few thousand per graph)
 pub enum Node {
     Op(Op),
     /// A GPU backend may submit everything recorded so far here (layer ends).

@@ -249,7 +249,8 @@ impl ModelConfig {
         )?;
         let hc_eps = req_float(f, "hyper_connection.epsilon")?;
         let rms_eps = req_float(f, "attention.layer_norm_rms_epsilon")?;
-        if !(rms_eps > 0.0) || !(hc_eps >= 0.0) {
+        // Both are finite here (req_float).
+        if rms_eps <= 0.0 || hc_eps < 0.0 {
             return Err(bad(
                 "attention.layer_norm_rms_epsilon",
                 "positive epsilons",
@@ -279,7 +280,7 @@ impl ModelConfig {
             _ => None,
         };
         if let Some(y) = yarn {
-            if y.original_context == 0 || !(y.beta_fast > 0.0) || !(y.beta_slow > 0.0) {
+            if y.original_context == 0 || y.beta_fast <= 0.0 || y.beta_slow <= 0.0 {
                 return Err(bad(
                     "rope.scaling",
                     "positive YaRN parameters",
@@ -435,7 +436,7 @@ fn read_ratios(f: &GgufFile, n_layer: usize) -> Result<Vec<usize>, ModelError> {
     v[..n_layer]
         .iter()
         .map(|&r| {
-            if r == 0 || (r >= 2 && r <= 1 << 20) {
+            if r == 0 || (2..=1 << 20).contains(&r) {
                 Ok(r as usize)
             } else {
                 Err(bad(k, "0 or a ratio ≥ 2 per layer", a.summary()))

@@ -7,7 +7,7 @@ use crate::graph::ValueId;
 use crate::model::TensorRef;
 
 /// Smallest routing-weight denominator (ds4's guard, 2⁻¹⁴).
-const MIN_WEIGHT_SUM: f32 = 6.103515625e-5;
+const MIN_WEIGHT_SUM: f32 = 1.0 / 16384.0;
 
 /// `s_e = sqrt(softplus(logit_e))`; experts chosen by the hash table (first
 /// layers) or as the `k` largest `s_e + bias_e` (ties to the lower index);

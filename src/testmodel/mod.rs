@@ -827,7 +827,7 @@ pub fn write_mtp(spec: &TestModelSpec, variant: Variant, path: &Path) -> io::Res
         plan_mtp(spec),
         spec.random_blocks,
         variant,
-        spec.seed ^ 0x4d54_50,
+        spec.seed ^ 0x004d_5450,
         false,
     )?;
     w.write_to_path(path)
