@@ -195,3 +195,42 @@ fn bad_input_is_a_clear_error() {
     assert_eq!(ds4(&["--no-such-flag"]).status.code(), Some(2));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn repl_reuses_the_session_across_turns() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let m = common::tiny_model_path(Variant::Q8);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4"))
+        .args([
+            "-m",
+            m.to_str().unwrap(),
+            "-n",
+            "3",
+            "--temp",
+            "0",
+            "--nothink",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello\n/think\n/bogus\nand again\n/quit\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("Thinking mode: high."), "{out}");
+    assert!(err.contains("unknown command: /bogus"), "{err}");
+    let prefills: Vec<&str> = err.lines().filter(|l| l.contains("new tokens")).collect();
+    assert_eq!(prefills.len(), 2, "{err}");
+    assert!(prefills[0].contains("(0 reused)"), "{err}");
+    // The second turn reuses the first: BOS, system, turn one, answer, EOS.
+    assert!(!prefills[1].contains("(0 reused)"), "{err}");
+}

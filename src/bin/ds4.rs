@@ -16,14 +16,14 @@ use ds4::sampler::{self, Rng, SamplerConfig};
 use ds4::session::{BackendKind, Session, SessionOptions};
 use ds4::tokenizer::{StreamDecoder, Tokenizer};
 
-/// ds4 — DeepSeek V4 Flash inference engine.
-///
-/// Examples:
-///   ds4 -m ds4flash.gguf -p "Explain mmap in two sentences."
-///   ds4 --demo -p "hello"              (random tiny model, no download)
-///   ds4 -m MODEL --info                (metadata, config, tensor table)
-///   ds4 -m MODEL --dump-tokens -p TEXT (tokenization only)
+/// ds4 — DeepSeek V4 Flash inference engine. Without -p it starts an interactive chat.
 #[derive(FromArgs)]
+#[argh(note = "Examples:
+  {command_name} -m ds4flash.gguf -p \"Explain mmap in two sentences.\"
+  {command_name} --demo -p hello            random tiny model, no download
+  {command_name} -m MODEL --info            metadata, configuration, tensor table
+  {command_name} -m MODEL --dump-tokens -p TEXT
+Get the real model with tools/download_model.sh q2")]
 struct Args {
     /// model GGUF (default ./ds4flash.gguf)
     #[argh(option, short = 'm')]
@@ -353,10 +353,8 @@ fn run(a: Args) -> Result<(), String> {
         dump_tokens(&tok, &prompt);
         return Ok(());
     }
-    let prompt = prompt.ok_or(
-        "no prompt: give -p TEXT or --prompt-file FILE (the interactive REPL is not built yet)",
-    )?;
-    if prompt.is_empty() {
+    // No prompt: the interactive REPL.
+    if prompt.as_deref() == Some("") {
         return Err("empty prompt".into());
     }
     if let Some(n) = a.tokens {
@@ -426,14 +424,6 @@ fn run(a: Args) -> Result<(), String> {
         .system
         .clone()
         .unwrap_or_else(|| chat::DEFAULT_SYSTEM.to_string());
-    let ptoks = chat::one_shot_prompt(&tok, &system, &prompt, eff);
-    if ptoks.len() >= a.ctx {
-        return Err(format!(
-            "the prompt has {} tokens but the context is {} (use a larger --ctx)",
-            ptoks.len(),
-            a.ctx
-        ));
-    }
     let opts = SessionOptions {
         ctx: a.ctx,
         prefill_chunk: a.prefill_chunk.max(1),
@@ -447,38 +437,6 @@ fn run(a: Args) -> Result<(), String> {
         human(sess.state_bytes() as u64),
         a.ctx
     );
-
-    let bar = indicatif::ProgressBar::new(ptoks.len() as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "processing {len} input tokens: {pos}/{len} {wide_bar} {percent}% {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let t1 = Instant::now();
-    sess.sync(&ptoks, &mut |done, _| bar.set_position(done as u64))
-        .map_err(|e| e.to_string())?;
-    bar.finish_and_clear();
-    let prefill_s = t1.elapsed().as_secs_f64();
-    for d in &dumps {
-        let v = sess.dump(d).map_err(|e| e.to_string())?;
-        let shown: Vec<String> = v.iter().take(16).map(|x| format!("{x:.6}")).collect();
-        eprintln!(
-            "{d}: {} values [{}{}]",
-            v.len(),
-            shown.join(", "),
-            if v.len() > 16 { ", …" } else { "" }
-        );
-    }
-
-    let max_new = (a.tokens.unwrap_or(50_000) as usize)
-        .min(a.ctx - ptoks.len() - 1)
-        .max(1);
-    if let Some(f) = &a.dump_logprobs {
-        return dump_logprobs(&mut sess, &tok, ptoks.len(), max_new, a.logprobs_top_k, f);
-    }
-
-    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
     let cfg = SamplerConfig {
         temperature: a.temp,
         top_p: a.top_p,
@@ -492,67 +450,277 @@ fn run(a: Args) -> Result<(), String> {
             .unwrap_or(1);
         t ^ ((std::process::id() as u64) << 32)
     });
-    let mut rng = Rng::new(seed);
-    let tty = std::io::stdout().is_terminal();
-    let sp = *tok.specials();
-    let mut thinking = eff.thinks();
-    let mut dec = StreamDecoder::new();
-    let mut out = std::io::stdout().lock();
-    let mut last_byte = b'\n';
-    if thinking && tty {
-        let _ = write!(out, "\x1b[90m");
+    let mut gen = Generator {
+        tok: &tok,
+        cfg,
+        rng: Rng::new(seed),
+        tty: std::io::stdout().is_terminal(),
+    };
+    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
+    let Some(prompt) = prompt else {
+        return repl(
+            &mut sess,
+            &mut gen,
+            &system,
+            mode,
+            a.tokens.map(|n| n as usize),
+        );
+    };
+
+    let ptoks = chat::one_shot_prompt(&tok, &system, &prompt, eff);
+    if ptoks.len() >= a.ctx {
+        return Err(format!(
+            "the prompt has {} tokens but the context is {} (use a larger --ctx)",
+            ptoks.len(),
+            a.ctx
+        ));
+    }
+    let t1 = Instant::now();
+    prefill(&mut sess, &ptoks)?;
+    let prefill_s = t1.elapsed().as_secs_f64();
+    for d in &dumps {
+        let v = sess.dump(d).map_err(|e| e.to_string())?;
+        let shown: Vec<String> = v.iter().take(16).map(|x| format!("{x:.6}")).collect();
+        eprintln!(
+            "{d}: {} values [{}{}]",
+            v.len(),
+            shown.join(", "),
+            if v.len() > 16 { ", …" } else { "" }
+        );
+    }
+    let max_new = (a.tokens.unwrap_or(50_000) as usize)
+        .min(a.ctx - ptoks.len() - 1)
+        .max(1);
+    if let Some(f) = &a.dump_logprobs {
+        return dump_logprobs(&mut sess, &tok, ptoks.len(), max_new, a.logprobs_top_k, f);
     }
     let t2 = Instant::now();
-    let mut generated = 0;
-    while generated < max_new && !STOP.load(Ordering::SeqCst) {
-        let next = sampler::sample(sess.logits(), &cfg, &mut rng) as u32;
-        generated += 1;
-        if next == sp.eos {
-            break;
-        }
-        if next == sp.think_close && thinking {
-            thinking = false;
-            let tail = dec.finish();
-            let _ = out.write_all(tail.as_bytes());
-            if tty {
-                let _ = write!(out, "\x1b[0m");
-            }
-            if last_byte != b'\n' {
-                let _ = writeln!(out);
-                last_byte = b'\n';
-            }
-        } else if next != sp.think_open {
-            let text = dec.push(tok.token_bytes(next).unwrap_or(&[]));
-            if let Some(&b) = text.as_bytes().last() {
-                last_byte = b;
-            }
-            let _ = out.write_all(text.as_bytes());
-            let _ = out.flush();
-        }
-        if sess.tokens().len() + 1 >= a.ctx {
-            break;
-        }
-        sess.eval(next).map_err(|e| e.to_string())?;
-    }
-    let tail = dec.finish();
-    let _ = out.write_all(tail.as_bytes());
-    if thinking && tty {
-        let _ = write!(out, "\x1b[0m");
-    }
-    if !tail.is_empty() {
-        last_byte = *tail.as_bytes().last().unwrap_or(&b'\n');
-    }
-    if last_byte != b'\n' {
-        let _ = writeln!(out);
-    }
+    let (generated, _) = gen.run(&mut sess, max_new, eff.thinks())?;
     let gen_s = t2.elapsed().as_secs_f64();
     eprintln!(
         "ds4: prefill: {:.2} t/s, generation: {:.2} t/s",
         ptoks.len() as f64 / prefill_s.max(1e-9),
-        generated as f64 / gen_s.max(1e-9)
+        generated.len() as f64 / gen_s.max(1e-9)
     );
     if STOP.load(Ordering::SeqCst) {
         eprintln!("ds4: interrupted");
+    }
+    Ok(())
+}
+
+/// Brings the session to `tokens`, with a progress bar on stderr.
+fn prefill(sess: &mut Session, tokens: &[u32]) -> Result<ds4::session::SyncStats, String> {
+    let bar = indicatif::ProgressBar::new(tokens.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "processing {len} input tokens: {pos}/{len} {wide_bar} {percent}% {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let r = sess.sync(tokens, &mut |done, _| bar.set_position(done as u64));
+    bar.finish_and_clear();
+    r.map_err(|e| e.to_string())
+}
+
+/// Samples and prints tokens: reasoning in grey on a terminal, the
+/// `<think>`/`</think>` markers hidden, UTF-8 split across tokens buffered.
+struct Generator<'t> {
+    tok: &'t Tokenizer,
+    cfg: SamplerConfig,
+    rng: Rng,
+    tty: bool,
+}
+
+impl Generator<'_> {
+    /// Generates up to `max_new` tokens; returns them (EOS excluded) and
+    /// whether EOS ended the answer. Stops early on Ctrl+C or a full context.
+    fn run(
+        &mut self,
+        sess: &mut Session,
+        max_new: usize,
+        thinking: bool,
+    ) -> Result<(Vec<u32>, bool), String> {
+        let sp = *self.tok.specials();
+        let mut thinking = thinking;
+        let mut dec = StreamDecoder::new();
+        let mut out = std::io::stdout().lock();
+        let mut last_byte = b'\n';
+        let mut generated = Vec::new();
+        let mut eos = false;
+        if thinking && self.tty {
+            let _ = write!(out, "\x1b[90m");
+        }
+        while generated.len() < max_new && !STOP.load(Ordering::SeqCst) {
+            let next = sampler::sample(sess.logits(), &self.cfg, &mut self.rng) as u32;
+            if next == sp.eos {
+                eos = true;
+                break;
+            }
+            if next == sp.think_close && thinking {
+                thinking = false;
+                let tail = dec.finish();
+                let _ = out.write_all(tail.as_bytes());
+                if self.tty {
+                    let _ = write!(out, "\x1b[0m");
+                }
+                if tail.as_bytes().last().copied().unwrap_or(last_byte) != b'\n' {
+                    let _ = writeln!(out);
+                }
+                last_byte = b'\n';
+            } else if next != sp.think_open {
+                let text = dec.push(self.tok.token_bytes(next).unwrap_or(&[]));
+                if let Some(&b) = text.as_bytes().last() {
+                    last_byte = b;
+                }
+                let _ = out.write_all(text.as_bytes());
+                let _ = out.flush();
+            }
+            generated.push(next);
+            if sess.tokens().len() + 1 >= sess.ctx() {
+                break;
+            }
+            sess.eval(next).map_err(|e| e.to_string())?;
+        }
+        let tail = dec.finish();
+        let _ = out.write_all(tail.as_bytes());
+        if thinking && self.tty {
+            let _ = write!(out, "\x1b[0m");
+        }
+        if tail.as_bytes().last().copied().unwrap_or(last_byte) != b'\n' {
+            let _ = writeln!(out);
+        }
+        Ok((generated, eos))
+    }
+}
+
+const REPL_HELP: &str =
+    "commands: /help, /think, /think-max, /nothink, /ctx N, /read FILE, /quit (or /exit)\n\
+    anything else is sent as a user message; Ctrl+C stops an answer, Ctrl+D leaves";
+
+/// The interactive REPL (CLI.md §1.4): one transcript, one KV session; each
+/// turn only evaluates what the session does not hold yet.
+fn repl(
+    sess: &mut Session,
+    gen: &mut Generator<'_>,
+    system: &str,
+    mut mode: ThinkMode,
+    max_tokens: Option<usize>,
+) -> Result<(), String> {
+    use std::io::BufRead;
+    let tok = gen.tok;
+    let eos = tok.specials().eos;
+    let start =
+        |mode: ThinkMode, ctx: usize| chat::transcript_start(tok, system, mode.effective(ctx));
+    let mut head = start(mode, sess.ctx());
+    let mut turns: Vec<u32> = Vec::new();
+    eprintln!("{REPL_HELP}");
+    let stdin = std::io::stdin();
+    let interactive = stdin.is_terminal();
+    let mut lines = stdin.lock().lines();
+    loop {
+        if interactive {
+            print!("ds4> ");
+            let _ = std::io::stdout().flush();
+        }
+        STOP.store(false, Ordering::SeqCst);
+        let Some(line) = lines.next() else { break };
+        let line = line.map_err(|e| format!("stdin: {e}"))?;
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let text = match line
+            .split_once(' ')
+            .map_or((line, ""), |(c, r)| (c, r.trim()))
+        {
+            ("/quit" | "/exit", _) => break,
+            ("/help", _) => {
+                eprintln!("{REPL_HELP}");
+                continue;
+            }
+            ("/think", _) | ("/nothink", _) | ("/think-max", _) => {
+                mode = match line {
+                    "/think" => ThinkMode::High,
+                    "/nothink" => ThinkMode::None,
+                    _ => ThinkMode::Max,
+                };
+                head = start(mode, sess.ctx());
+                let eff = mode.effective(sess.ctx());
+                match (mode, eff) {
+                    (ThinkMode::Max, ThinkMode::High) => println!(
+                        "Thinking mode: high (ctx below {}).",
+                        chat::THINK_MAX_MIN_CTX
+                    ),
+                    (_, ThinkMode::Max) => println!("Thinking mode: max."),
+                    (_, ThinkMode::High) => println!("Thinking mode: high."),
+                    (_, ThinkMode::None) => println!("Thinking mode: none."),
+                }
+                continue;
+            }
+            ("/ctx", n) => match n.parse::<usize>() {
+                Ok(n) if n >= 2 => {
+                    eprintln!("ds4: context {n} takes effect on the next run (restart ds4 with --ctx {n})");
+                    continue;
+                }
+                _ => {
+                    return Err(format!(
+                        "/ctx: expected a positive number of tokens, got {n:?}"
+                    ))
+                }
+            },
+            ("/read", f) => match std::fs::read(f).map(String::from_utf8) {
+                Ok(Ok(t)) => t,
+                Ok(Err(_)) => {
+                    eprintln!("ds4: {f}: not valid UTF-8");
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!("ds4: {f}: {e}");
+                    continue;
+                }
+            },
+            (c, _) if c.starts_with('/') => {
+                eprintln!("ds4: unknown command: {c} (try /help)");
+                continue;
+            }
+            _ => line.to_string(),
+        };
+        let eff = mode.effective(sess.ctx());
+        let turn = chat::user_turn(tok, &text, eff);
+        let mut transcript = head.clone();
+        transcript.extend(&turns);
+        transcript.extend(&turn);
+        if transcript.len() + 1 >= sess.ctx() {
+            eprintln!(
+                "ds4: the conversation no longer fits the context of {} tokens",
+                sess.ctx()
+            );
+            continue;
+        }
+        let t = Instant::now();
+        let stats = match prefill(sess, &transcript) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("ds4: {e}");
+                continue;
+            }
+        };
+        eprintln!(
+            "ds4: prefill {} new tokens ({} reused) at {:.1} t/s",
+            stats.evaluated,
+            stats.reused,
+            stats.evaluated as f64 / t.elapsed().as_secs_f64().max(1e-9)
+        );
+        let room = sess.ctx() - transcript.len() - 1;
+        let (generated, _) = gen.run(sess, max_tokens.unwrap_or(room).min(room), eff.thinks())?;
+        if generated.is_empty() && STOP.load(Ordering::SeqCst) {
+            // Interrupted before any token: the turn is dropped.
+            sess.reset();
+            continue;
+        }
+        turns.extend(&turn);
+        turns.extend(&generated);
+        turns.push(eos);
     }
     Ok(())
 }
@@ -710,6 +878,12 @@ fn info(path: &Path) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`ds4 --info | head`), as C tools do,
+    // instead of panicking inside println!.
+    // SAFETY: resetting a signal disposition to its default at start-up.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // ds4 spells the system option `-sys`; argh only knows one-letter short flags.
     let argv: Vec<String> = std::env::args()
         .map(|a| if a == "-sys" { "--system".into() } else { a })

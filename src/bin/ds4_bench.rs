@@ -182,6 +182,10 @@ fn run(a: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: resetting a signal disposition to its default at start-up.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let argv: Vec<String> = std::env::args()
         .map(|a| if a == "-sys" { "--system".into() } else { a })
         .collect();
