@@ -234,3 +234,64 @@ fn repl_reuses_the_session_across_turns() {
     // The second turn reuses the first: BOS, system, turn one, answer, EOS.
     assert!(!prefills[1].contains("(0 reused)"), "{err}");
 }
+
+#[test]
+fn ds4_bench_writes_one_csv_row_per_frontier() {
+    let m = common::tiny_model_path(Variant::Q8);
+    let dir = std::env::temp_dir().join(format!("ds4-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompt = dir.join("p.txt");
+    std::fs::write(
+        &prompt,
+        "The quick brown fox jumps over the lazy dog. ".repeat(40),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
+        .args([
+            "-m",
+            m.to_str().unwrap(),
+            "--prompt-file",
+            prompt.to_str().unwrap(),
+        ])
+        .args([
+            "--ctx-start",
+            "64",
+            "--ctx-max",
+            "160",
+            "--step-incr",
+            "48",
+            "-n",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = String::from_utf8(o.stdout).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes"
+    );
+    let rows: Vec<Vec<&str>> = lines[1..].iter().map(|l| l.split(',').collect()).collect();
+    let frontiers: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(frontiers, ["64", "112", "160"]);
+    let new: Vec<&str> = rows.iter().map(|r| r[1]).collect();
+    assert_eq!(new, ["64", "48", "48"]);
+    // The snapshot grows with the frontier.
+    let kv: Vec<u64> = rows.iter().map(|r| r[5].parse().unwrap()).collect();
+    assert!(kv[0] < kv[1] && kv[1] < kv[2]);
+    // Too short a prompt is an error.
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
+        .args([
+            "-m",
+            m.to_str().unwrap(),
+            "--prompt-file",
+            prompt.to_str().unwrap(),
+            "--ctx-max",
+            "100000",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    std::fs::remove_dir_all(&dir).ok();
+}
