@@ -38,7 +38,7 @@ struct Args {
     /// RNG seed
     #[argh(option)]
     seed: Option<u64>,
-    /// also write the MTP draft file next to the output (<out>.mtp.gguf)
+    /// also write the MTP draft file next to the output (OUT with extension .mtp.gguf)
     #[argh(switch)]
     mtp: bool,
     /// write the full-shape Flash q2 header with a hole for data instead

@@ -1,6 +1,6 @@
 //! GGUF container: a memory-mapped file, its metadata and zero-copy tensor views.
 //!
-//! The parser ([`header`]) is bounded: every count, length and offset read from
+//! The parser (`header.rs`) is bounded: every count, length and offset read from
 //! the file is checked against the bytes that are actually there before
 //! anything is allocated for it, so a crafted or truncated file yields a
 //! [`GgufError`], never a panic, a hang or an out-of-memory. Tensor data is

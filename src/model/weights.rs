@@ -123,7 +123,7 @@ fn names(ts: &[GgmlType]) -> String {
     ts.iter().map(|t| t.name()).collect::<Vec<_>>().join("/")
 }
 
-/// A compressor (attention or indexer): `ape` [c, ratio], `kv`/`gate` [D, c], norm [hd].
+/// A compressor (attention or indexer): `ape` `[c, ratio]`, `kv`/`gate` `[D, c]`, norm `[hd]`.
 #[derive(Clone, Debug)]
 pub struct CompressorWeights {
     pub ape: TensorRef,
