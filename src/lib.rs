@@ -27,6 +27,7 @@
 pub mod backend;
 pub mod bandwidth;
 pub mod chat;
+pub mod cli;
 pub mod gguf;
 pub mod graph;
 pub mod model;

@@ -725,16 +725,8 @@ fn repl(
     Ok(())
 }
 
-/// `--info` on an MTP draft file: its tensor directory (its shapes are
-/// validated against a main model when both are loaded).
-fn info_mtp(path: &Path) -> Result<(), String> {
-    let f = ds4::gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    println!(
-        "file: {} ({}, GGUF v{}) — MTP draft model (use with --mtp)",
-        path.display(),
-        human(f.file_len()),
-        f.version()
-    );
+/// Name, type, shape and bytes of every tensor in the directory.
+fn print_tensor_table(f: &ds4::gguf::GgufFile) {
     println!(
         "{:<44} {:<8} {:<24} {:>14}",
         "name", "type", "shape", "bytes"
@@ -750,6 +742,19 @@ fn info_mtp(path: &Path) -> Result<(), String> {
             t.n_bytes
         );
     }
+}
+
+/// `--info` on an MTP draft file: its tensor directory (its shapes are
+/// validated against a main model when both are loaded).
+fn info_mtp(path: &Path) -> Result<(), String> {
+    let f = ds4::gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!(
+        "file: {} ({}, GGUF v{}) — MTP draft model (use with --mtp)",
+        path.display(),
+        human(f.file_len()),
+        f.version()
+    );
+    print_tensor_table(&f);
     Ok(())
 }
 
@@ -847,21 +852,7 @@ fn info(path: &Path) -> Result<(), String> {
         println!("trained context      {ctx}");
     }
     println!("\n== tensors ==");
-    println!(
-        "{:<44} {:<8} {:<24} {:>14}",
-        "name", "type", "shape", "bytes"
-    );
-    for t in m.file.tensor_infos() {
-        let ty =
-            t.ty.map_or_else(|| format!("?{}", t.type_id), |t| t.name().to_string());
-        println!(
-            "{:<44} {:<8} {:<24} {:>14}",
-            t.name,
-            ty,
-            format!("{:?}", t.ne),
-            t.n_bytes
-        );
-    }
+    print_tensor_table(&m.file);
     let total = m.weights.total_bytes();
     let active = m.weights.active_bytes_per_token(c);
     println!(
@@ -878,37 +869,8 @@ fn info(path: &Path) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    // Die quietly on a closed pipe (`ds4 --info | head`), as C tools do,
-    // instead of panicking inside println!.
-    // SAFETY: resetting a signal disposition to its default at start-up.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-    // ds4 spells the system option `-sys`; argh only knows one-letter short flags.
-    let argv: Vec<String> = std::env::args()
-        .map(|a| if a == "-sys" { "--system".into() } else { a })
-        .collect();
-    let strs: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
-    let cmd = Path::new(strs.first().copied().unwrap_or("ds4"))
-        .file_name()
-        .and_then(|s| s.to_str())
-        .unwrap_or("ds4");
-    let args = match Args::from_args(&[cmd], strs.get(1..).unwrap_or(&[])) {
-        Ok(a) => a,
-        Err(e) => {
-            if e.status.is_ok() {
-                println!("{}", e.output);
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("{}", e.output);
-            return ExitCode::from(2);
-        }
-    };
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ds4: {e}");
-            ExitCode::FAILURE
-        }
+    match ds4::cli::parse_args::<Args>("ds4") {
+        Ok(a) => ds4::cli::exit_with("ds4", run(a)),
+        Err(code) => code,
     }
 }

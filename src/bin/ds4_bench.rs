@@ -182,30 +182,8 @@ fn run(a: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    // SAFETY: resetting a signal disposition to its default at start-up.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-    let argv: Vec<String> = std::env::args()
-        .map(|a| if a == "-sys" { "--system".into() } else { a })
-        .collect();
-    let strs: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
-    let args = match Args::from_args(&["ds4-bench"], strs.get(1..).unwrap_or(&[])) {
-        Ok(a) => a,
-        Err(e) => {
-            if e.status.is_ok() {
-                println!("{}", e.output);
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("{}", e.output);
-            return ExitCode::from(2);
-        }
-    };
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ds4-bench: {e}");
-            ExitCode::FAILURE
-        }
+    match ds4::cli::parse_args::<Args>("ds4-bench") {
+        Ok(a) => ds4::cli::exit_with("ds4-bench", run(a)),
+        Err(code) => code,
     }
 }
