@@ -84,6 +84,22 @@ fn mag(p: u8, i: usize) -> u8 {
     (IQ2XXS_GRID[p as usize] >> (8 * i)) as u8
 }
 
+/// The grid magnitudes as f32 (exact: 8, 25 or 43), so decoding needs no
+/// shift and conversion per value.
+static GRID_F32: [[f32; 8]; 256] = {
+    let mut t = [[0f32; 8]; 256];
+    let mut p = 0;
+    while p < 256 {
+        let mut i = 0;
+        while i < 8 {
+            t[p][i] = ((IQ2XXS_GRID[p] >> (8 * i)) as u8) as f32;
+            i += 1;
+        }
+        p += 1;
+    }
+    t
+};
+
 /// Group scale `db` exactly as the decoder computes it.
 #[inline]
 fn group_scale(d: f32, ls: u8) -> f32 {
@@ -103,9 +119,14 @@ fn decode_block(b: &BlockIq2Xxs, out: &mut [f32]) {
         let db = group_scale(d, grp.ls);
         for k in 0..4 {
             let signs = KSIGNS_IQ2XS[grp.signs[k] as usize];
-            for i in 0..8 {
-                let v = db * mag(grp.grid[k], i) as f32;
-                out[32 * g + 8 * k + i] = if signs & KMASK_IQ2XS[i] != 0 { -v } else { v };
+            let o = &mut out[32 * g + 8 * k..][..8];
+            let mags = &GRID_F32[grp.grid[k] as usize];
+            for (i, v) in o.iter_mut().enumerate() {
+                let m = db * mags[i];
+                // Branch-free negation (a sign-bit flip, exactly `-m`):
+                // random sign bits would defeat the branch predictor.
+                let flip = ((signs >> i) & 1) as u32;
+                *v = f32::from_bits(m.to_bits() ^ (flip << 31));
             }
         }
     }

@@ -54,9 +54,22 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     for (b, out) in blocks(src).zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_bits_to_f32(b.d);
         let dmin = f16_bits_to_f32(b.dmin);
-        for (y, o) in out.iter_mut().enumerate() {
-            let s = b.scales[y / 16];
-            *o = (d * (s & 15) as f32) * code(&b, y) as f32 - dmin * (s >> 4) as f32;
+        // Loops in storage order (half, bit pair, byte); per-sub-block factors
+        // hoisted. Each element still computes `(d·sc)·q − dmin·m` with the
+        // same operands, so the values are bit-identical to the direct form.
+        for half in 0..2 {
+            let qs = &b.qs[32 * half..32 * half + 32];
+            for j in 0..4 {
+                for part in 0..2 {
+                    let s = b.scales[8 * half + 2 * j + part];
+                    let (dl, ml) = (d * (s & 15) as f32, dmin * (s >> 4) as f32);
+                    let o = &mut out[128 * half + 32 * j + 16 * part..][..16];
+                    for (l, v) in o.iter_mut().enumerate() {
+                        let q = (qs[16 * part + l] >> (2 * j)) & 3;
+                        *v = dl * q as f32 - ml;
+                    }
+                }
+            }
         }
     }
 }

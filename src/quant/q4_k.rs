@@ -84,9 +84,17 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
         let d = f16_bits_to_f32(b.d);
         let dmin = f16_bits_to_f32(b.dmin);
         let (sc, m) = unpack_scales(&b.scales);
-        for (y, o) in out.iter_mut().enumerate() {
-            let j = y / 32;
-            *o = (d * sc[j] as f32) * code(&b, y) as f32 - dmin * m[j] as f32;
+        // Per 64-value chunk: low nibbles are sub-block 2c, high nibbles 2c+1.
+        // Factors hoisted; each element keeps `(d·sc)·q − dmin·m` exactly.
+        for c in 0..4 {
+            let qs = &b.qs[32 * c..32 * c + 32];
+            for (half, shift) in [(0usize, 0u32), (1, 4)] {
+                let j = 2 * c + half;
+                let (dl, ml) = (d * sc[j] as f32, dmin * m[j] as f32);
+                for (o, &byte) in out[64 * c + 32 * half..][..32].iter_mut().zip(qs) {
+                    *o = dl * ((byte >> shift) & 15) as f32 - ml;
+                }
+            }
         }
     }
 }
