@@ -107,8 +107,7 @@ fn group_scale(d: f32, ls: u8) -> f32 {
 }
 
 fn blocks(src: &[u8]) -> impl Iterator<Item = BlockIq2Xxs> + '_ {
-    src.chunks_exact(BLOCK_BYTES)
-        .map(bytemuck::pod_read_unaligned)
+    super::blocks(src)
 }
 
 /// Decodes one block into 256 values.

@@ -372,3 +372,10 @@ impl fmt::Display for GgmlType {
         f.write_str(self.name())
     }
 }
+
+/// The blocks of a row, copied out one by one: rows inside a mapped file need
+/// not be aligned for the block type.
+pub(crate) fn blocks<T: bytemuck::Pod>(src: &[u8]) -> impl Iterator<Item = T> + '_ {
+    src.chunks_exact(std::mem::size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+}

@@ -37,8 +37,7 @@ pub struct BlockQ2K {
 const _: () = assert!(std::mem::size_of::<BlockQ2K>() == BLOCK_BYTES);
 
 fn blocks(src: &[u8]) -> impl Iterator<Item = BlockQ2K> + '_ {
-    src.chunks_exact(BLOCK_BYTES)
-        .map(bytemuck::pod_read_unaligned)
+    super::blocks(src)
 }
 
 /// Code of element `y` (0..256) of a block.

@@ -62,8 +62,7 @@ pub fn pack_scales(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
 }
 
 fn blocks(src: &[u8]) -> impl Iterator<Item = BlockQ4K> + '_ {
-    src.chunks_exact(BLOCK_BYTES)
-        .map(bytemuck::pod_read_unaligned)
+    super::blocks(src)
 }
 
 /// Code of element `y` (0..256) of a block.

@@ -24,8 +24,7 @@ pub struct BlockQ8_0 {
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 
 fn blocks(src: &[u8]) -> impl Iterator<Item = BlockQ8_0> + '_ {
-    // Rows inside a mapped file need not be 2-byte aligned: copy each block.
-    src.chunks_exact(34).map(bytemuck::pod_read_unaligned)
+    super::blocks(src)
 }
 
 /// Decodes a Q8_0 row. Panics if `src` is not exactly `dst.len()/32` blocks.

@@ -111,6 +111,8 @@ impl TestModelSpec {
         for l in 2..43 {
             ratios.push(if l % 2 == 0 { 4 } else { 128 });
         }
+        // RoPE, YaRN, hyper-connection, clamp and routing constants are the
+        // tiny model's (which copies Flash's); only the shapes differ.
         TestModelSpec {
             name: "DeepSeek V4 Flash".into(),
             n_embd: 4096,
@@ -122,27 +124,16 @@ impl TestModelSpec {
             o_groups: 8,
             sliding_window: 128,
             compress_ratios: ratios,
-            csa_ratio: 4,
             indexer_heads: 64,
             indexer_head_dim: 128,
             indexer_top_k: 512,
             n_expert: 256,
             n_expert_used: 6,
             expert_ff: 2048,
-            n_expert_shared: 1,
-            n_hash_layers: 3,
-            hc_count: 4,
-            hc_sinkhorn_iters: 20,
-            rope_base: 10000.0,
-            compress_rope_base: 160000.0,
-            yarn_factor: 16.0,
-            yarn_original_context: 65536,
-            swiglu_clamp: 10.0,
-            expert_weights_scale: 1.5,
-            context_length: 1 << 20,
             init_gain: 1.0,
             random_blocks: true,
             seed: 0,
+            ..TestModelSpec::tiny()
         }
     }
 
