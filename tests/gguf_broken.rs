@@ -535,3 +535,29 @@ fn cli_reports_one_line_and_exits_1() {
     assert_eq!(o.status.code(), Some(1));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn hash_table_entries_outside_the_experts_are_refused() {
+    use std::sync::Arc;
+    let base = small_model_bytes();
+    let bad = rewrite(&base, |_, ts| {
+        let t = ts
+            .iter_mut()
+            .find(|t| t.0 == "blk.0.ffn_gate_tid2eid.weight")
+            .unwrap();
+        t.3[8..12].copy_from_slice(&99i32.to_le_bytes());
+    });
+    let path = std::env::temp_dir().join(format!("ds4-bad-tid2eid-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bad).unwrap();
+    // Loading reads no data, so it succeeds; the session refuses the table.
+    let m = Arc::new(ds4::ModelFile::open(&path).unwrap());
+    let e = match ds4::Session::new(m, ds4::SessionOptions::default()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a table naming expert 99 of 4 must be refused"),
+    };
+    assert!(
+        e.contains("blk.0.ffn_gate_tid2eid.weight") && e.contains("expert 99"),
+        "{e}"
+    );
+    std::fs::remove_file(&path).ok();
+}

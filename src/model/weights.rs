@@ -230,6 +230,32 @@ impl Weights {
         })
     }
 
+    /// Checks the hash-routing tables: every entry must name an expert.
+    /// This reads tensor data (a few MB), so it runs when a session is
+    /// created rather than at load, which stays data-free.
+    pub fn check_tables(&self, file: &GgufFile, cfg: &ModelConfig) -> Result<(), ModelError> {
+        for (l, lw) in self.layers.iter().enumerate() {
+            let Some(t) = &lw.tid2eid else { continue };
+            let bytes = t.bytes(file);
+            if let Some((i, v)) = bytes
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .enumerate()
+                .find(|&(_, v)| v < 0 || v as usize >= cfg.n_expert)
+            {
+                return Err(ModelError::BadTensor {
+                    name: t.name.clone(),
+                    msg: format!(
+                        "entry {i} (token {}, layer {l}) is expert {v}, outside 0..{}",
+                        i / cfg.n_expert_used,
+                        cfg.n_expert
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Every bound tensor, globals first.
     pub fn all(&self) -> Vec<&TensorRef> {
         let mut v = vec![

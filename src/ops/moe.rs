@@ -65,7 +65,7 @@ impl Router {
                     let base = tokens[t] as usize * row * 4;
                     for (i, c) in chosen.iter_mut().enumerate() {
                         let b = &bytes[base + 4 * i..base + 4 * i + 4];
-                        // Table entries were range-checked when the model loaded.
+                        // Entries were range-checked when the session was created.
                         *c = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                     }
                 }

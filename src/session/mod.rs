@@ -34,6 +34,8 @@ pub enum SessionError {
     UnknownValue(String),
     #[error("snapshot: {0}")]
     Snapshot(String),
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
     #[error("backend {0:?} is unknown (cpu, wgpu, cuda; aliases --cpu, --metal, --cuda)")]
     UnknownBackend(String),
 }
@@ -105,6 +107,7 @@ pub struct Session {
 impl Session {
     pub fn new(model: Arc<ModelFile>, opts: SessionOptions) -> Result<Session, SessionError> {
         let cfg = &model.config;
+        model.weights.check_tables(&model.file, cfg)?;
         let kv = KvLayout::new(cfg, &model.weights, opts.ctx);
         let mut backend: Box<dyn Backend> = match opts.backend {
             BackendKind::Cpu => Box::new(CpuBackend::new(model.clone(), kv.layout.clone())),
