@@ -372,6 +372,17 @@ fn model_level_corruption() {
             MetaValue::String("llama".into()),
             "not a DeepSeek V4 model",
         ),
+        // Sizes whose products would overflow 64 bits (found by a fuzzing helper).
+        (
+            "deepseek4.embedding_length",
+            MetaValue::U64(1 << 40),
+            "below 2^32",
+        ),
+        (
+            "deepseek4.hyper_connection.count",
+            MetaValue::U64(1 << 40),
+            "below 2^32",
+        ),
     ];
     for (key, v, want) in cases {
         let e = model_err(rewrite(&base, |kvs, _| set(kvs, key, v)));

@@ -102,11 +102,14 @@ fn req_uint(f: &GgufFile, k: &str) -> Result<usize, ModelError> {
     let v = f
         .get(&k)
         .ok_or_else(|| ModelError::MissingKey { key: k.clone() })?;
+    // Every size is a u32 in the published files. The cap keeps products of
+    // two sizes (streams × width, heads × head width) inside 64 bits.
     v.as_u64()
+        .filter(|&x| x <= u32::MAX as u64)
         .and_then(|x| usize::try_from(x).ok())
         .ok_or_else(|| ModelError::BadKey {
             key: k.clone(),
-            expected: "a non-negative integer".into(),
+            expected: "a non-negative integer below 2^32".into(),
             found: found(Some(v)),
         })
 }
