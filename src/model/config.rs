@@ -165,6 +165,15 @@ fn bad(k: &str, expected: impl Into<String>, found: impl Into<String>) -> ModelE
 impl ModelConfig {
     /// Reads and checks every hyper-parameter of a `deepseek4` file.
     pub fn from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
+        // The MTP file carries no metadata ds4 reads (its architecture may
+        // well say deepseek4): recognise it by its tensors first.
+        if f.tensor_info("mtp.0.attn_norm.weight").is_some()
+            && f.tensor_info("blk.0.attn_norm.weight").is_none()
+        {
+            return Err(ModelError::WrongKind(
+                "this is an MTP draft file (the optional speculative-decoding model), not a main model".into(),
+            ));
+        }
         if let Some(arch) = f.get_str("general.architecture") {
             if arch != ARCH {
                 return Err(ModelError::WrongKind(format!(

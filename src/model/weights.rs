@@ -210,7 +210,7 @@ impl Weights {
             && file.tensor_info("mtp.0.attn_norm.weight").is_some()
         {
             return Err(ModelError::WrongKind(
-                "this is an MTP draft file; pass it with --mtp next to the main model".into(),
+                "this is an MTP draft file (the optional speculative-decoding model), not a main model".into(),
             ));
         }
         let b = Binder { file };

@@ -812,7 +812,8 @@ pub fn write_model(
 /// Writes the matching MTP draft GGUF (tensor directory only, no metadata read).
 pub fn write_mtp(spec: &TestModelSpec, variant: Variant, path: &Path) -> io::Result<()> {
     let mut w = GgufWriter::new();
-    w.add_str("general.architecture", "deepseek4-mtp");
+    // Like the published file, it says deepseek4 but carries no model keys.
+    w.add_str("general.architecture", "deepseek4");
     add_planned(
         &mut w,
         plan_mtp(spec),
