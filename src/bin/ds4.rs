@@ -749,7 +749,7 @@ fn print_tensor_table(f: &ds4::gguf::GgufFile) {
 fn info_mtp(path: &Path) -> Result<(), String> {
     let f = ds4::gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     println!(
-        "file: {} ({}, GGUF v{}) — MTP draft model (use with --mtp)",
+        "file: {} ({}, GGUF v{}) — MTP draft model (speculative decoding; not used by this version yet)",
         path.display(),
         human(f.file_len()),
         f.version()
