@@ -108,7 +108,7 @@ pub fn dot_row(src: &[u8], x: &[f32]) -> f32 {
 /// `amax < 2^-125` gguf-py casts a negative number to u8 (platform-defined);
 /// we use the smallest scale, 0, instead — such blocks never occur in weights.
 fn scale_byte(amax: f32) -> u8 {
-    if !(amax > 0.0) {
+    if amax.is_nan() || amax <= 0.0 {
         return 0;
     }
     let l = ((amax as f64).log2() as f32).floor();
