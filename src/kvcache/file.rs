@@ -382,7 +382,10 @@ pub enum Probe {
     BadHeader,
     /// Valid header but the file is shorter than the sizes it declares: it
     /// can never load.
-    Truncated { declared: u64, actual: u64 },
+    Truncated {
+        declared: u64,
+        actual: u64,
+    },
 }
 
 /// Reads the header and text length of `path` (named `<sha>.kv`).
@@ -430,8 +433,13 @@ pub enum ContentError {
     /// The header changed or is invalid now.
     Header,
     /// Text SHA-1 differs from the name.
-    TextHash { found: String },
-    Checksum { stored: u32, computed: u32 },
+    TextHash {
+        found: String,
+    },
+    Checksum {
+        stored: u32,
+        computed: u32,
+    },
 }
 
 impl std::fmt::Display for ContentError {
@@ -491,7 +499,14 @@ pub fn read_contents(
         f.seek(SeekFrom::Start(end)).map_err(ContentError::Io)?;
         f.read_to_end(&mut trailer).map_err(ContentError::Io)?;
     }
-    Ok((header, Contents { text, payload, trailer }))
+    Ok((
+        header,
+        Contents {
+            text,
+            payload,
+            trailer,
+        },
+    ))
 }
 
 /// Rewrites only the header in place (hit count and last-used time). The
@@ -534,10 +549,7 @@ mod tests {
 
     #[test]
     fn names_and_ktm() {
-        assert_eq!(
-            sha1_hex(b"abc"),
-            "a9993e364706816aba3e25717850c26c9cd0d89d"
-        );
+        assert_eq!(sha1_hex(b"abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
         let n = "A9993E364706816ABA3E25717850C26C9CD0D89D.kv";
         assert_eq!(
             checkpoint_stem(n).as_deref(),
@@ -546,8 +558,14 @@ mod tests {
         assert_eq!(checkpoint_stem("a9993e.kv"), None);
         assert_eq!(checkpoint_stem(&format!("{n}.tmp.12")), None);
         let e = vec![
-            KtmEntry { id: b"call_1".to_vec(), dsml: b"<x>".to_vec() },
-            KtmEntry { id: b"call_2".to_vec(), dsml: b"<y>".to_vec() },
+            KtmEntry {
+                id: b"call_1".to_vec(),
+                dsml: b"<x>".to_vec(),
+            },
+            KtmEntry {
+                id: b"call_2".to_vec(),
+                dsml: b"<y>".to_vec(),
+            },
         ];
         let b = encode_ktm(&e);
         assert_eq!(b.len() as u64, encoded_ktm_len(&e));

@@ -116,16 +116,46 @@ impl MetricsSnapshot {
     pub fn prometheus(&self) -> String {
         let mut s = String::new();
         for (name, help, v) in [
-            ("ds4_kv_disk_hits_total", "disk checkpoints loaded", self.hits),
-            ("ds4_kv_disk_misses_total", "lookups that loaded nothing", self.misses),
+            (
+                "ds4_kv_disk_hits_total",
+                "disk checkpoints loaded",
+                self.hits,
+            ),
+            (
+                "ds4_kv_disk_misses_total",
+                "lookups that loaded nothing",
+                self.misses,
+            ),
             ("ds4_kv_disk_saves_total", "checkpoints written", self.saves),
-            ("ds4_kv_disk_bytes_written_total", "bytes of checkpoints written", self.bytes_written),
-            ("ds4_kv_disk_evictions_total", "checkpoints deleted for the budget", self.evictions),
-            ("ds4_kv_disk_save_failures_total", "failed checkpoint writes", self.save_failures),
-            ("ds4_kv_disk_load_failures_total", "chosen checkpoints that did not load", self.load_failures),
-            ("ds4_kv_disk_corrupt_removed_total", "corrupt checkpoints removed", self.corrupt_removed),
+            (
+                "ds4_kv_disk_bytes_written_total",
+                "bytes of checkpoints written",
+                self.bytes_written,
+            ),
+            (
+                "ds4_kv_disk_evictions_total",
+                "checkpoints deleted for the budget",
+                self.evictions,
+            ),
+            (
+                "ds4_kv_disk_save_failures_total",
+                "failed checkpoint writes",
+                self.save_failures,
+            ),
+            (
+                "ds4_kv_disk_load_failures_total",
+                "chosen checkpoints that did not load",
+                self.load_failures,
+            ),
+            (
+                "ds4_kv_disk_corrupt_removed_total",
+                "corrupt checkpoints removed",
+                self.corrupt_removed,
+            ),
         ] {
-            s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
+            s.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
+            ));
         }
         s
     }
@@ -143,7 +173,9 @@ pub fn save_file(
     let payload = session.save_snapshot()?;
     let n = session.tokens().len();
     if u32::try_from(text.len()).is_err() || u32::try_from(n).is_err() {
-        return Err(KvCacheError::Config("cache text or token count over 4 GiB".into()));
+        return Err(KvCacheError::Config(
+            "cache text or token count over 4 GiB".into(),
+        ));
     }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -187,7 +219,9 @@ pub fn load_file(path: &Path, session: &mut Session) -> Result<(KvcHeader, Vec<u
         file::Probe::Valid(e) => e,
         file::Probe::BadHeader => return Err(bad("invalid KVC header".into())),
         file::Probe::Truncated { declared, actual } => {
-            return Err(bad(format!("truncated: {actual} bytes, header says {declared}")))
+            return Err(bad(format!(
+                "truncated: {actual} bytes, header says {declared}"
+            )))
         }
     };
     let (header, c) = file::read_contents(&e, true, usize::MAX).map_err(|e| bad(e.to_string()))?;

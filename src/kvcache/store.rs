@@ -42,9 +42,14 @@ impl CacheKey {
 /// server keeps serving whatever happened (the log line says why).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreOutcome {
-    Stored { sha: String, bytes: u64 },
+    Stored {
+        sha: String,
+        bytes: u64,
+    },
     /// A compatible file with the same text was already there.
-    AlreadyStored { sha: String },
+    AlreadyStored {
+        sha: String,
+    },
     /// Not stored by policy (too short, over budget, no tokens).
     Skipped(String),
     /// The write failed (disk full, permissions); the folder is unchanged.
@@ -204,9 +209,10 @@ impl DiskCache {
             let Some((base, pid)) = name.rsplit_once(".tmp.") else {
                 continue;
             };
-            let Ok(pid) = pid.parse::<u32>() else { continue };
-            if checkpoint_stem(base).is_none() || pid == std::process::id() || process_alive(pid)
-            {
+            let Ok(pid) = pid.parse::<u32>() else {
+                continue;
+            };
+            if checkpoint_stem(base).is_none() || pid == std::process::id() || process_alive(pid) {
                 continue;
             }
             if fs::remove_file(de.path()).is_ok() {
@@ -353,7 +359,9 @@ impl DiskCache {
             }
             Err(e) => {
                 KvCacheMetrics::add(&self.metrics.save_failures, 1);
-                self.log(&format!("store failed ({r}): {e}; the cache folder is unchanged"));
+                self.log(&format!(
+                    "store failed ({r}): {e}; the cache folder is unchanged"
+                ));
                 StoreOutcome::Failed(e.to_string())
             }
         }
@@ -399,9 +407,7 @@ impl DiskCache {
                     && self.quant_ok(&e.header)
             })
             .collect();
-        cands.sort_by(|a, b| {
-            (b.text_bytes, b.header.tokens).cmp(&(a.text_bytes, a.header.tokens))
-        });
+        cands.sort_by(|a, b| (b.text_bytes, b.header.tokens).cmp(&(a.text_bytes, a.header.tokens)));
         let mut prefix_sha: HashMap<u32, String> = HashMap::new();
         let Some(e) = cands.into_iter().find(|e| {
             let want = prefix_sha
@@ -437,7 +443,11 @@ impl DiskCache {
             return fail("the header changed since the scan".into(), false, false);
         }
         if !rendered.starts_with(&contents.text) {
-            return fail("cache text is not a prefix of the prompt".into(), false, false);
+            return fail(
+                "cache text is not a prefix of the prompt".into(),
+                false,
+                false,
+            );
         }
         if let Err(err) = session.load_snapshot(&contents.payload) {
             return fail(err.to_string(), false, true);
@@ -498,7 +508,12 @@ impl DiskCache {
     /// (§8), never `protected` unless it alone exceeds the budget. Returns
     /// the number of files deleted.
     pub fn evict(&self, protected: Option<&str>) -> usize {
-        let budget = self.cfg.budget_bytes();
+        self.evict_within(self.cfg.budget_bytes(), protected).len()
+    }
+
+    /// [`DiskCache::evict`] under another budget; the deleted entries in
+    /// the order they were deleted.
+    pub fn evict_within(&self, budget: u64, protected: Option<&str>) -> Vec<Entry> {
         let mut entries = self.scan();
         let mut total: u64 = entries.iter().map(|e| e.file_size).sum();
         let protected = protected.filter(|p| {
@@ -508,7 +523,7 @@ impl DiskCache {
                 .is_none_or(|e| e.file_size <= budget)
         });
         let now = self.now();
-        let mut evicted = 0;
+        let mut evicted = Vec::new();
         while total > budget && !entries.is_empty() {
             let scores: Vec<f64> = entries
                 .iter()
@@ -527,7 +542,6 @@ impl DiskCache {
             if fs::remove_file(&e.path).is_err() {
                 break;
             }
-            evicted += 1;
             KvCacheMetrics::add(&self.metrics.evictions, 1);
             total = total.saturating_sub(e.file_size);
             self.log(&format!(
@@ -537,8 +551,9 @@ impl DiskCache {
                 mib(e.file_size),
                 e.path.display()
             ));
+            evicted.push(e);
         }
-        if evicted > 0 {
+        if !evicted.is_empty() {
             let _ = file::sync_dir(&self.dir);
         }
         evicted
@@ -559,7 +574,11 @@ pub fn eviction_score(e: &Entry, protected: Option<&str>, now: u64) -> f64 {
         return f64::MAX;
     }
     let h = &e.header;
-    let used = if h.last_used != 0 { h.last_used } else { h.created };
+    let used = if h.last_used != 0 {
+        h.last_used
+    } else {
+        h.created
+    };
     let mut eff = h.hits as f64;
     if used == 0 {
         eff = 0.0;
