@@ -16,7 +16,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{max_abs_diff, tiny_model, tokens};
-use ds4::kvcache::{load_file, save_file, CacheKey, DiskCache, KvCacheConfig, SaveReason, StoreOutcome};
+use ds4::kvcache::{
+    load_file, save_file, CacheKey, DiskCache, KvCacheConfig, SaveReason, StoreOutcome,
+};
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
 
@@ -76,16 +78,25 @@ fn crash_child_saves_in_a_loop() {
         let n = 8 + (i * 7) % (N_TOKENS - 8);
         s.sync(&toks[..n], &mut |_, _| {}).unwrap();
         let text = text_for(n, &format!("gen={}", i % 5));
-        if let StoreOutcome::Stored { .. } =
-            cache.store(&s, text.as_bytes(), CacheKey::Tokens, SaveReason::Continued, &[])
-        {
+        if let StoreOutcome::Stored { .. } = cache.store(
+            &s,
+            text.as_bytes(),
+            CacheKey::Tokens,
+            SaveReason::Continued,
+            &[],
+        ) {
             println!("saved {text}");
         }
         // A hit rewrites the header in place.
         let _ = cache.lookup(&mut probe, text.as_bytes());
         // The CLI path: one name, replaced every time.
-        save_file(&dir.join("cli.kvc"), &s, text_for(n, "cli").as_bytes(), SaveReason::Unknown)
-            .unwrap();
+        save_file(
+            &dir.join("cli.kvc"),
+            &s,
+            text_for(n, "cli").as_bytes(),
+            SaveReason::Unknown,
+        )
+        .unwrap();
     }
 }
 
@@ -159,7 +170,10 @@ fn kill_minus_9_leaves_only_loadable_files() {
                 r.sync(&toks[..n], &mut |_, _| {}).unwrap();
                 r.logits().to_vec()
             });
-            assert!(max_abs_diff(want, check.logits()) < 1e-4, "{name}: wrong state");
+            assert!(
+                max_abs_diff(want, check.logits()) < 1e-4,
+                "{name}: wrong state"
+            );
             checked += 1;
         }
     }

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use common::{max_abs_diff, tiny_model};
 use ds4::kvcache::file::{self, KvcHeader, NewCheckpoint, SaveReason};
 use ds4::kvcache::{
-    load_file, save_file, CacheKey, DiskCache, KtmEntry, KvCacheConfig, LookupOutcome, StoreOutcome,
+    load_file, save_file, CacheKey, DiskCache, KtmEntry, KvCacheConfig, LookupOutcome, SaveMoments,
+    StoreOutcome,
 };
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
@@ -706,4 +707,113 @@ fn corrupt_file_corpus() {
         results.push(what);
     }
     eprintln!("corrupt corpus: {} cases, all as expected", results.len());
+}
+
+#[test]
+fn a_restarted_worker_resumes_with_only_the_suffix_evaluated() {
+    let tok = tokenizer();
+    let dir = fresh_dir("restart");
+    let cfg = KvCacheConfig {
+        kv_cache_continued_interval_tokens: 100,
+        kv_cache_boundary_align_tokens: 64, // continued step 128
+        ..config(&dir)
+    };
+    // First server: a cold request, a few generated tokens, then shutdown.
+    let mut w1 = SaveMoments::new(open(&cfg));
+    let mut live = session(CTX);
+    let turn1 = rendered(6, 17);
+    let r1 = w1.resume_from_disk(&mut live, &tok, &turn1, None);
+    assert_eq!((r1.cached, r1.hit.is_some()), (0, false));
+    let st = w1
+        .prefill(
+            &mut live,
+            &tok,
+            &r1.effective,
+            r1.cached,
+            &mut no_progress(),
+        )
+        .unwrap();
+    assert_eq!(st.evaluated, r1.effective.len());
+    let n1 = r1.effective.len();
+    assert!(n1 > 256, "{n1} tokens cross two continued frontiers");
+    // Saved so far: the cold boundary (the chat anchor is too short here, so
+    // the trimmed, aligned length) and the frontiers 128, 256, … ≤ n1.
+    let sp = tok.specials();
+    let cold = cfg
+        .cold_boundary(&r1.effective, 0, sp.user, sp.assistant)
+        .unwrap();
+    assert_eq!(cold, (n1 - 32) / 64 * 64);
+    let mut points: Vec<usize> = (1..=n1 / 128).map(|k| k * 128).collect();
+    points.push(cold);
+    points.sort();
+    points.dedup();
+    let expect_files = points.len();
+    let mut lens: Vec<usize> = kv_files(&dir)
+        .iter()
+        .map(|f| header_of(&dir.join(f)).tokens as usize)
+        .collect();
+    lens.sort();
+    assert_eq!(lens, points, "cold + continued checkpoints");
+    for _ in 0..6 {
+        w1.before_decode(&live, &tok);
+        let next = argmax(live.logits());
+        live.eval(next).unwrap();
+    }
+    assert!(matches!(
+        w1.shutdown(&live, &tok, None),
+        Some(StoreOutcome::Stored { .. })
+    ));
+    let stored = live.tokens().to_vec();
+    let saves = w1.cache.metrics().snapshot().saves;
+    assert_eq!(saves as usize, expect_files + 1);
+    drop(w1);
+
+    // Second server, same folder: the next turn of the conversation.
+    let mut turn2 = String::from_utf8(tok.decode(&stored)).unwrap();
+    turn2.push_str("<｜end▁of▁sentence｜><｜User｜>and one more question?<｜Assistant｜></think>");
+    let mut w2 = SaveMoments::new(open(&cfg));
+    let mut fresh = session(CTX);
+    let r2 = w2.resume_from_disk(&mut fresh, &tok, &turn2, None);
+    let hit = r2.hit.clone().expect("the shutdown checkpoint is found");
+    assert_eq!(hit.reason, SaveReason::Shutdown);
+    assert_eq!(r2.cached, stored.len(), "usage cached_tokens");
+    assert_eq!(&r2.effective[..stored.len()], &stored[..]);
+    assert_eq!(w2.continued_frontier(), stored.len());
+    let st2 = w2
+        .prefill(
+            &mut fresh,
+            &tok,
+            &r2.effective,
+            r2.cached,
+            &mut no_progress(),
+        )
+        .unwrap();
+    assert_eq!(
+        (st2.reused, st2.evaluated),
+        (stored.len(), r2.effective.len() - stored.len()),
+        "only the suffix is evaluated"
+    );
+    assert_eq!(w2.cache.metrics().snapshot().hits, 1);
+    // The first server's session, continued the same way, is bit-identical.
+    live.sync(&r2.effective, &mut no_progress()).unwrap();
+    assert_eq!(live.logits(), fresh.logits());
+    // A different conversation replaces the live one: evict save first.
+    let other = rendered(2, 99);
+    let before = w2.cache.metrics().snapshot().saves;
+    let r3 = w2.resume_from_disk(&mut fresh, &tok, &other, None);
+    assert_eq!(r3.cached, 0);
+    assert_eq!(
+        w2.cache.metrics().snapshot().saves,
+        before + 1,
+        "evict save"
+    );
+    // … and coming back to the second conversation finds the evicted state.
+    let mut back = turn2.clone();
+    back.push_str("more");
+    let mut s3 = session(CTX);
+    let r4 = w2.resume_from_disk(&mut s3, &tok, &back, None);
+    assert_eq!(
+        r4.hit.map(|h| (h.reason, h.tokens)),
+        Some((SaveReason::Evict, r2.effective.len()))
+    );
 }

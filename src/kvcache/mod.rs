@@ -4,16 +4,17 @@
 //! * [`file`]: one file — header, text, session payload, KTM map; crash-safe
 //!   writes, checked reads.
 //! * [`store`]: the folder — store, lookup + load, eviction under the budget.
-//! * [`policy`]: ds4's flags and the save moments (cold boundary, continued
-//!   frontier); the server's worker calls these.
+//! * [`policy`]: ds4's flags, the cold boundary, the continued frontier.
+//! * [`moments`]: the worker's calls at each save moment (cold, continued,
+//!   evict, shutdown) and at the disk lookup rule.
 //!
-//! The server's worker owns one [`DiskCache`] (from [`DiskCache::open`]) and
-//! calls [`DiskCache::lookup`] before a cold prefill and [`DiskCache::store`]
-//! at the cold / continued / evict / shutdown moments. The CLI and
+//! The server's worker owns one [`SaveMoments`] (around a [`DiskCache`] from
+//! [`DiskCache::open`]) beside its live session. The CLI and
 //! `ds4-bench` use [`save_file`] / [`load_file`]: the same format and code
 //! for one file at a path of the user's choosing.
 
 pub mod file;
+pub mod moments;
 pub mod policy;
 pub mod store;
 
@@ -27,6 +28,7 @@ use crate::quant::GgmlType;
 use crate::session::{Session, SessionError};
 
 pub use file::{KtmEntry, KvcHeader, SaveReason};
+pub use moments::{DiskResume, SaveMoments, VisibleKey};
 pub use policy::{ContinuedSaves, KvCacheConfig};
 pub use store::{CacheKey, DiskCache, DiskHit, LookupOutcome, StoreOutcome};
 
