@@ -143,8 +143,8 @@ impl SaveMoments {
         if let Some(b) = cold.filter(|&b| b > start && b < prompt.len()) {
             stops.push((b, SaveReason::Cold));
         }
-        if step > 0 {
-            let mut f = (start / step + 1) * step;
+        if let Some(q) = start.checked_div(step) {
+            let mut f = (q + 1) * step;
             while f < prompt.len() {
                 if !stops.iter().any(|&(b, _)| b == f) {
                     stops.push((f, SaveReason::Continued));
@@ -173,12 +173,10 @@ impl SaveMoments {
                 Some(SaveReason::Cold) => {
                     self.store_live(session, tok, SaveReason::Cold, None);
                 }
-                Some(r) => {
-                    if self.frontier.due(&cfg, end) {
-                        self.store_live(session, tok, r, None);
-                    }
+                Some(r) if self.frontier.due(&cfg, end) => {
+                    self.store_live(session, tok, r, None);
                 }
-                None => {}
+                _ => {}
             }
         }
         if cold == Some(prompt.len()) {

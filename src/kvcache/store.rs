@@ -407,7 +407,7 @@ impl DiskCache {
                     && self.quant_ok(&e.header)
             })
             .collect();
-        cands.sort_by(|a, b| (b.text_bytes, b.header.tokens).cmp(&(a.text_bytes, a.header.tokens)));
+        cands.sort_by_key(|e| std::cmp::Reverse((e.text_bytes, e.header.tokens)));
         let mut prefix_sha: HashMap<u32, String> = HashMap::new();
         let Some(e) = cands.into_iter().find(|e| {
             let want = prefix_sha
