@@ -56,8 +56,13 @@ fn model_path() -> PathBuf {
         };
         eprintln!("generating {} ...", path.display());
         let tmp = path.with_extension("tmp");
-        write_model(&spec, Variant::F32, &Vocab::load_default().expect("vocab"), &tmp)
-            .expect("write model");
+        write_model(
+            &spec,
+            Variant::F32,
+            &Vocab::load_default().expect("vocab"),
+            &tmp,
+        )
+        .expect("write model");
         std::fs::rename(&tmp, &path).expect("rename");
     }
     path

@@ -194,3 +194,97 @@ fn kill_minus_9_leaves_only_loadable_files() {
     );
     assert!(saves > 0 && checked > 0);
 }
+
+const FSIZE_ENV: &str = "DS4_KVC_FSIZE_DIR";
+
+/// The child of the real-write-error test: lowers its own file-size limit
+/// (RLIMIT_FSIZE; SIGXFSZ ignored, so write() fails with EFBIG from the
+/// kernel), stores, raises the limit again and stores once more.
+#[test]
+#[ignore = "helper process of a_real_write_error_fails_the_save_cleanly"]
+fn fsize_child_stores_under_a_file_size_limit() {
+    let Some(dir) = std::env::var_os(FSIZE_ENV) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let cache = DiskCache::open(&config(&dir), 2).unwrap().unwrap();
+    let toks = tokens(N_TOKENS, 2);
+    let mut s = session();
+    s.sync(&toks[..40], &mut |_, _| {}).unwrap();
+    let text = text_for(40, "fsize");
+    let set = |soft: libc::rlim_t| {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: plain POSIX calls on a local struct.
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut r), 0);
+            r.rlim_cur = soft.min(r.rlim_max);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &r), 0);
+        }
+    };
+    // SAFETY: ignoring SIGXFSZ turns the kill into an EFBIG error.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+    set(100_000);
+    let r = cache.store(
+        &s,
+        text.as_bytes(),
+        CacheKey::Tokens,
+        SaveReason::Shutdown,
+        &[],
+    );
+    set(libc::RLIM_INFINITY);
+    assert!(
+        matches!(&r, StoreOutcome::Failed(m) if m.contains("too large")),
+        "{r:?}"
+    );
+    let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().collect();
+    assert!(
+        left.is_empty(),
+        "nothing left after the failed write: {left:?}"
+    );
+    assert_eq!(cache.metrics().snapshot().save_failures, 1);
+    // The session still serves and the next save works.
+    s.sync(&toks[..41], &mut |_, _| {}).unwrap();
+    let r = cache.store(
+        &s,
+        text_for(41, "fsize").as_bytes(),
+        CacheKey::Tokens,
+        SaveReason::Shutdown,
+        &[],
+    );
+    assert!(matches!(r, StoreOutcome::Stored { .. }), "{r:?}");
+    println!("fsize child ok");
+}
+
+#[test]
+fn a_real_write_error_fails_the_save_cleanly() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kvcache-fsize");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "fsize_child_stores_under_a_file_size_limit",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(FSIZE_ENV, &dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("fsize child ok"),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut check = session();
+    let files: Vec<_> = fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1);
+    let (h, _) = load_file(&files[0].path(), &mut check).unwrap();
+    assert_eq!(h.tokens, 41);
+}
