@@ -295,6 +295,9 @@ fn longest_prefix_wins_and_visible_keys_and_tool_maps() {
     assert_eq!(hit.ext_flags, file::EXT_TOOL_MAP | file::EXT_THINKING_TEXT);
     assert_eq!(hit.tool_map, map);
     assert_eq!(hit.reason, SaveReason::Shutdown);
+    // Tool-id prefetch reads the map of every file, loaded or not.
+    assert_eq!(cache.prefetch_tool_ids(&|id| id == b"call_7"), map);
+    assert!(cache.prefetch_tool_ids(&|id| id == b"call_8").is_empty());
     // Without the visible file, the longest token-text prefix (120) wins.
     fs::remove_file(dir.join(format!("{}.kv", hit.sha))).unwrap();
     let mut c = session(CTX);

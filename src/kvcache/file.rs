@@ -509,6 +509,15 @@ pub fn read_contents(
     ))
 }
 
+/// The bytes of `path` from `start` to the end (a KTM section).
+pub fn read_tail(path: &Path, start: u64) -> io::Result<Vec<u8>> {
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::Start(start))?;
+    let mut b = Vec::new();
+    f.read_to_end(&mut b)?;
+    Ok(b)
+}
+
 /// Rewrites only the header in place (hit count and last-used time). The
 /// 48 bytes lie in the first page, so a killed process leaves old or new.
 pub fn rewrite_header(path: &Path, h: &KvcHeader) -> io::Result<()> {
@@ -573,5 +582,37 @@ mod tests {
         assert!(decode_ktm(&b, 1).is_empty());
         // A short read keeps the entries before it.
         assert_eq!(decode_ktm(&b[..b.len() - 1], 8), e[..1]);
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        // Seeded xorshift; headers and maps of random bytes, and valid maps
+        // with random single-byte damage, decode to something or nothing.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let good = encode_ktm(&[KtmEntry {
+            id: b"id".to_vec(),
+            dsml: vec![1; 40],
+        }]);
+        for i in 0..20_000 {
+            let mut h = [0u8; HEADER_BYTES];
+            h.iter_mut().for_each(|b| *b = next() as u8);
+            if i % 2 == 0 {
+                h[..4].copy_from_slice(b"KVC\x01");
+            }
+            if let Some(d) = KvcHeader::decode(&h) {
+                assert_eq!(KvcHeader::decode(&d.encode()), Some(d));
+            }
+            let mut m = good.clone();
+            let at = (next() as usize) % m.len();
+            m[at] = next() as u8;
+            let cut = (next() as usize) % (m.len() + 1);
+            assert!(decode_ktm(&m[..cut], 4).len() <= 1);
+        }
     }
 }

@@ -504,6 +504,31 @@ impl DiskCache {
         })
     }
 
+    /// Tool-id prefetch (§7, last paragraph): the KTM entries of every
+    /// checkpoint with a tool map whose id `wanted` accepts, independent of
+    /// which file (if any) loads.
+    pub fn prefetch_tool_ids(&self, wanted: &dyn Fn(&[u8]) -> bool) -> Vec<KtmEntry> {
+        let max = self.cfg.tool_memory_max_ids.saturating_mul(4);
+        let mut out = Vec::new();
+        for e in self.scan() {
+            if e.header.ext_flags & EXT_TOOL_MAP == 0 {
+                continue;
+            }
+            let Some(start) = e.header.payload_end(e.text_bytes) else {
+                continue;
+            };
+            let Ok(trailer) = file::read_tail(&e.path, start) else {
+                continue;
+            };
+            out.extend(
+                file::decode_ktm(&trailer, max)
+                    .into_iter()
+                    .filter(|k| wanted(&k.id)),
+            );
+        }
+        out
+    }
+
     /// Deletes the lowest-scoring files until the folder fits the budget
     /// (§8), never `protected` unless it alone exceeds the budget. Returns
     /// the number of files deleted.
