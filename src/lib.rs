@@ -30,6 +30,7 @@ pub mod chat;
 pub mod cli;
 pub mod gguf;
 pub mod graph;
+pub mod kvcache;
 pub mod model;
 pub mod ops;
 pub mod quant;
