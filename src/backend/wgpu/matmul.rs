@@ -1,0 +1,1 @@
+//! Matrix-product kernels (owned by the matmul work; see docs/ARCHITECTURE.md).
