@@ -4,15 +4,25 @@
 //! `ds4 --dump-shaders` writes.
 
 /// Shared helper files: (name, source), prepended in this order.
-const HELPERS: &[(&str, &str)] = &[("common", include_str!("../../../shaders/common.wgsl"))];
+const HELPERS: &[(&str, &str)] = &[
+    ("common", include_str!("../../../shaders/common.wgsl")),
+    // Block decoders and the row-dot core shared by matmul and moe.
+    ("quant", include_str!("../../../shaders/quant.wgsl")),
+    ("matmul", include_str!("../../../shaders/matmul.wgsl")),
+];
 
 /// Kernel families: (name, helpers it needs, source). A new family is one
 /// line here and one file under `shaders/`.
-const FAMILIES: &[(&str, &[&str], &str)] = &[(
-    "elementwise",
-    &["common"],
-    include_str!("../../../shaders/elementwise.wgsl"),
-)];
+const FAMILIES: &[(&str, &[&str], &str)] = &[
+    (
+        "elementwise",
+        &["common"],
+        include_str!("../../../shaders/elementwise.wgsl"),
+    ),
+    // Matrix products (dense) and routed experts; see src/backend/wgpu/matmul.rs.
+    ("matmul", &["quant"], include_str!("../../../shaders/matmul.wgsl")),
+    ("moe", &["quant", "matmul"], include_str!("../../../shaders/moe.wgsl")),
+];
 
 /// Names of every kernel family.
 pub fn families() -> Vec<&'static str> {
