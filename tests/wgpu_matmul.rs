@@ -106,12 +106,22 @@ fn randn(rng: &mut Rng, n: usize, scale: f64) -> Vec<f32> {
 }
 
 /// `rows` rows of `n_in` values quantised to `ty` by the real quantizer.
+/// Large tensors repeat a pool of 61 distinct quantised rows in a scrambled
+/// order (the IQ2_XXS quantizer needs seconds per million values); a kernel
+/// reading a wrong row still reads different values.
 fn quantised(rng: &mut Rng, ty: GgmlType, n_in: usize, rows: usize) -> Vec<u8> {
+    const POOL: usize = 61;
     let rb = ty.row_bytes(n_in as u64).expect("whole blocks") as usize;
+    let distinct = rows.min(POOL);
+    let mut pool = vec![0u8; rb * distinct];
+    for r in 0..distinct {
+        let v = randn(rng, n_in, 1.0);
+        quant::quantize_row(ty, &v, &mut pool[r * rb..(r + 1) * rb], None).expect("quantise");
+    }
     let mut out = vec![0u8; rb * rows];
     for r in 0..rows {
-        let v = randn(rng, n_in, 1.0);
-        quant::quantize_row(ty, &v, &mut out[r * rb..(r + 1) * rb], None).expect("quantise");
+        let p = if rows <= POOL { r } else { (r * 37 + r / POOL) % POOL };
+        out[r * rb..(r + 1) * rb].copy_from_slice(&pool[p * rb..(p + 1) * rb]);
     }
     out
 }
@@ -177,7 +187,9 @@ fn dense_case(c: &Ctx, case: &Dense, seed: u64) {
         case.ty, case.n_in, case.n_out, case.groups, case.n_tokens, case.chunk_rows
     );
     let mut rng = Rng::for_name(seed, &name);
+    let t0 = std::time::Instant::now();
     let w = quantised(&mut rng, case.ty, case.n_in, case.n_out);
+    let t_quant = t0.elapsed().as_secs_f64();
     let x_stride = case.groups * case.n_in;
     // Capacity one token more than used: the spare output row must stay NaN.
     let max_tokens = case.n_tokens + 1;
@@ -207,8 +219,10 @@ fn dense_case(c: &Ctx, case: &Dense, seed: u64) {
             max_tokens,
         )
         .expect("dense matmul");
+    let t1 = std::time::Instant::now();
     run_pass(gpu, |p| mm.encode(p, case.n_tokens as u32));
     let got = read_f32(gpu, &out);
+    let t_gpu = t1.elapsed().as_secs_f64();
 
     let mut want = vec![0f32; case.n_tokens * case.n_out];
     matmul_rows(
@@ -253,7 +267,7 @@ fn dense_case(c: &Ctx, case: &Dense, seed: u64) {
         let v = got[case.n_tokens * case.n_out + o];
         assert!(v.is_nan(), "{name}: token past n_tokens was written ({v})");
     }
-    eprintln!("{name}: worst |Δ| / bound = {worst:.3}");
+    eprintln!("{name}: worst |Δ| / bound = {worst:.3} (quantise {t_quant:.2}s, gpu {t_gpu:.2}s, total {:.2}s)", t0.elapsed().as_secs_f64());
 }
 
 const ALL: [GgmlType; 7] = [
@@ -404,9 +418,11 @@ fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
         e.gate_ty, e.down_ty, e.d, e.ff, e.n_expert, e.k, e.n_tokens, e.chunk_experts
     );
     let mut rng = Rng::for_name(seed, &name);
+    let t0 = std::time::Instant::now();
     let gate = quantised(&mut rng, e.gate_ty, e.d, e.ff * e.n_expert);
     let up = quantised(&mut rng, e.gate_ty, e.d, e.ff * e.n_expert);
     let down = quantised(&mut rng, e.down_ty, e.ff, e.d * e.n_expert);
+    let t_quant = t0.elapsed().as_secs_f64();
     let max_tokens = e.n_tokens + 1;
     let x = randn(&mut rng, max_tokens * e.d, 1.0);
     // Distinct experts per token (as the router picks them), random order.
@@ -483,8 +499,10 @@ fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
             max_tokens,
         )
         .expect("experts");
+    let t1 = std::time::Instant::now();
     run_pass(gpu, |p| re.encode(p, e.n_tokens as u32));
     let got = read_f32(gpu, &out);
+    let t_gpu = t1.elapsed().as_secs_f64();
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
     let mut worst = 0f64;
     for i in 0..e.n_tokens * e.d {
@@ -502,7 +520,7 @@ fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
     for i in e.n_tokens * e.d..max_tokens * e.d {
         assert!(got[i].is_nan(), "{name}: token past n_tokens was written");
     }
-    eprintln!("{name}: worst |Δ| / max|out| = {worst:.2e}");
+    eprintln!("{name}: worst |Δ| / max|out| = {worst:.2e} (quantise {t_quant:.2}s, gpu {t_gpu:.2}s, total {:.2}s)", t0.elapsed().as_secs_f64());
 }
 
 #[test]
