@@ -3,6 +3,7 @@
 
 pub mod gpu;
 pub mod matmul;
+pub mod params;
 pub mod shaders;
 pub mod weights;
 

@@ -4,15 +4,37 @@
 //! `ds4 --dump-shaders` writes.
 
 /// Shared helper files: (name, source), prepended in this order.
-const HELPERS: &[(&str, &str)] = &[("common", include_str!("../../../shaders/common.wgsl"))];
+const HELPERS: &[(&str, &str)] = &[
+    ("common", include_str!("../../../shaders/common.wgsl")),
+    ("rowops", include_str!("../../../shaders/rowops.wgsl")),
+];
+
+macro_rules! family {
+    ($name:literal, $helpers:expr) => {
+        (
+            $name,
+            $helpers,
+            include_str!(concat!("../../../shaders/", $name, ".wgsl")),
+        )
+    };
+}
 
 /// Kernel families: (name, helpers it needs, source). A new family is one
 /// line here and one file under `shaders/`.
-const FAMILIES: &[(&str, &[&str], &str)] = &[(
-    "elementwise",
-    &["common"],
-    include_str!("../../../shaders/elementwise.wgsl"),
-)];
+const FAMILIES: &[(&str, &[&str], &str)] = &[
+    family!("elementwise", &["common"]),
+    family!("embed", &["common"]),
+    family!("norm", &["common"]),
+    family!("hc_mix", &["common"]),
+    family!("hc", &["common"]),
+    family!("rope", &["common"]),
+    family!("round", &["common", "rowops"]),
+    family!("ring", &["common"]),
+    family!("attention", &["common"]),
+    family!("compress", &["common", "rowops"]),
+    family!("indexer", &["common"]),
+    family!("router", &["common"]),
+];
 
 /// Names of every kernel family.
 pub fn families() -> Vec<&'static str> {
