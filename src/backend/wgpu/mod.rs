@@ -105,7 +105,7 @@ impl LoadedGraph {
 }
 
 pub struct WgpuBackend {
-    gpu: Gpu,
+    gpu: Arc<Gpu>,
     file: WeightFile,
     layout: StateLayout,
     states: Vec<wgpu::Buffer>,
@@ -132,7 +132,11 @@ impl WgpuBackend {
         file: WeightFile,
         layout: StateLayout,
     ) -> Result<WgpuBackend, BackendError> {
-        let gpu = Gpu::open(choice)?;
+        Self::new(Arc::new(Gpu::open(choice)?), file, layout)
+    }
+
+    /// A backend on an already open device (tests share one device).
+    pub fn new(gpu: Arc<Gpu>, file: WeightFile, layout: StateLayout) -> Result<WgpuBackend, BackendError> {
         let storage =
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         let mut states = Vec::new();
@@ -253,6 +257,17 @@ impl WgpuBackend {
     }
 }
 
+/// Values read back, i32 ones converted to f32 numbers (as the CPU does).
+fn to_f32(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytemuck::pod_collect_to_vec(bytes),
+        DType::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(bytes)
+            .into_iter()
+            .map(|x| x as f32)
+            .collect(),
+    }
+}
+
 /// Refuses a buffer the device cannot bind whole.
 fn check_binding(gpu: &Gpu, what: &str, bytes: u64) -> Result<(), BackendError> {
     if bytes > gpu.max_binding() {
@@ -357,7 +372,7 @@ impl Backend for WgpuBackend {
         }
         let bytes = self.map_read(&staging, (live * 4) as u64)?;
         let g = &mut self.graphs[h.0];
-        g.logits = bytemuck::pod_collect_to_vec(&bytes);
+        g.logits = to_f32(logits.dtype, &bytes);
         g.n_tokens = p.n_tokens;
         Ok(())
     }
@@ -370,13 +385,7 @@ impl Backend for WgpuBackend {
         let d = g.graph.value(v);
         let rows = if d.per_token { g.n_tokens } else { d.rows };
         let bytes = self.read_bytes(g.buffer(v), 0, (rows * d.cols * 4) as u64)?;
-        Ok(match d.dtype {
-            DType::F32 => bytemuck::pod_collect_to_vec(&bytes),
-            DType::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(&bytes)
-                .into_iter()
-                .map(|x| x as f32)
-                .collect(),
-        })
+        Ok(to_f32(d.dtype, &bytes))
     }
 
     fn write_value(&mut self, h: GraphHandle, v: ValueId, data: &[f32]) -> Result<(), BackendError> {
