@@ -6,19 +6,37 @@
 /// Shared helper files: (name, source), prepended in this order.
 const HELPERS: &[(&str, &str)] = &[
     ("common", include_str!("../../../shaders/common.wgsl")),
+    ("rowops", include_str!("../../../shaders/rowops.wgsl")),
     // Block decoders and the row-dot core shared by matmul and moe.
     ("quant", include_str!("../../../shaders/quant.wgsl")),
     ("matmul", include_str!("../../../shaders/matmul.wgsl")),
 ];
 
+macro_rules! family {
+    ($name:literal, $helpers:expr) => {
+        (
+            $name,
+            $helpers,
+            include_str!(concat!("../../../shaders/", $name, ".wgsl")),
+        )
+    };
+}
+
 /// Kernel families: (name, helpers it needs, source). A new family is one
 /// line here and one file under `shaders/`.
 const FAMILIES: &[(&str, &[&str], &str)] = &[
-    (
-        "elementwise",
-        &["common"],
-        include_str!("../../../shaders/elementwise.wgsl"),
-    ),
+    family!("elementwise", &["common"]),
+    family!("embed", &["common"]),
+    family!("norm", &["common"]),
+    family!("hc_mix", &["common"]),
+    family!("hc", &["common"]),
+    family!("rope", &["common"]),
+    family!("round", &["common", "rowops"]),
+    family!("ring", &["common"]),
+    family!("attention", &["common"]),
+    family!("compress", &["common", "rowops"]),
+    family!("indexer", &["common"]),
+    family!("router", &["common"]),
     // Matrix products (dense) and routed experts; see src/backend/wgpu/matmul.rs.
     ("matmul", &["quant"], include_str!("../../../shaders/matmul.wgsl")),
     ("moe", &["quant", "matmul"], include_str!("../../../shaders/moe.wgsl")),
