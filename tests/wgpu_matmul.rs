@@ -37,6 +37,7 @@ const TOL: &[(GgmlType, f64)] = &[
     (GgmlType::Q2K, 2e-6),
     (GgmlType::Q4K, 2e-6),
     (GgmlType::Iq2Xxs, 2e-6),
+    (GgmlType::Mxfp4, 2e-6),
 ];
 /// Routed experts: max |Δ| ≤ this · max |reference output|.
 const TOL_EXPERTS: f64 = 1e-5;
@@ -270,7 +271,7 @@ fn dense_case(c: &Ctx, case: &Dense, seed: u64) {
     eprintln!("{name}: worst |Δ| / bound = {worst:.3} (quantise {t_quant:.2}s, gpu {t_gpu:.2}s, total {:.2}s)", t0.elapsed().as_secs_f64());
 }
 
-const ALL: [GgmlType; 7] = [
+const ALL: [GgmlType; 8] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -278,6 +279,7 @@ const ALL: [GgmlType; 7] = [
     GgmlType::Q2K,
     GgmlType::Q4K,
     GgmlType::Iq2Xxs,
+    GgmlType::Mxfp4,
 ];
 
 fn min_in(ty: GgmlType) -> usize {
@@ -353,6 +355,7 @@ fn dense_flash_shapes() {
         (GgmlType::Q2K, 2048, 4096, 1),
         (GgmlType::Iq2Xxs, 4096, 2048, 2),
         (GgmlType::Q4K, 2048, 4096, 1),
+        (GgmlType::Mxfp4, 2048, 4096, 1),
     ] {
         dense_case(
             c,
@@ -530,6 +533,7 @@ fn experts_q2_and_q4_mixes() {
         (GgmlType::Iq2Xxs, GgmlType::Q2K),
         (GgmlType::Q4K, GgmlType::Q4K),
         (GgmlType::F32, GgmlType::Q8_0),
+        (GgmlType::Mxfp4, GgmlType::Mxfp4),
     ] {
         for &(n_tokens, k, clamp, chunk) in &[
             (1usize, 2usize, 10.0f32, None),
