@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use super::{Backend, BackendError, GraphHandle};
+use std::ops::Range;
+
+use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
 use crate::graph::{plan, DType, Graph, Node, Plan, StateId, StateLayout, StepParams, ValueId};
-use crate::model::ModelFile;
 use crate::ops::attention::AttentionInputs;
 use crate::ops::compress::CompressState;
 use crate::ops::Op;
@@ -20,23 +21,23 @@ struct LoadedGraph {
 }
 
 pub struct CpuBackend {
-    model: Arc<ModelFile>,
+    file: WeightFile,
     layout: StateLayout,
     states: Vec<Vec<f32>>,
     graphs: Vec<LoadedGraph>,
 }
 
 impl CpuBackend {
-    /// A backend for `model` with the session state `layout`; `threads` = 0
-    /// uses every core.
-    pub fn new(model: Arc<ModelFile>, layout: StateLayout) -> CpuBackend {
+    /// A backend reading weights from `file` (a model or a bare GGUF file)
+    /// with the session state `layout`.
+    pub fn new(file: WeightFile, layout: StateLayout) -> CpuBackend {
         let states = layout
             .states
             .iter()
             .map(|s| vec![s.init; s.rows * s.cols])
             .collect();
         CpuBackend {
-            model,
+            file,
             layout,
             states,
             graphs: Vec::new(),
@@ -102,8 +103,8 @@ impl Backend for CpuBackend {
     }
 
     fn run(&mut self, h: GraphHandle, tokens: &[u32], p: StepParams) -> Result<(), BackendError> {
-        let model = self.model.clone();
-        let file = &model.file;
+        let weights = self.file.clone();
+        let file: &crate::gguf::GgufFile = (*weights).as_ref();
         let states = &mut self.states;
         let g = self
             .graphs
@@ -144,19 +145,53 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn read_state(&self, s: StateId) -> Result<Vec<f32>, BackendError> {
-        Ok(self.states[s.0 as usize].clone())
-    }
-
-    fn write_state(&mut self, s: StateId, data: &[f32]) -> Result<(), BackendError> {
-        let buf = &mut self.states[s.0 as usize];
-        if buf.len() != data.len() {
-            return Err(BackendError::State {
-                state: self.layout.get(s).name.to_string(),
-                msg: format!("{} values given, {} expected", data.len(), buf.len()),
+    fn write_value(
+        &mut self,
+        h: GraphHandle,
+        v: ValueId,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
+        let g = self
+            .graphs
+            .get_mut(h.0)
+            .ok_or(BackendError::UnknownGraph(h.0))?;
+        let d = g.graph.value(v).clone();
+        if data.len() > d.len() {
+            return Err(BackendError::Value {
+                value: d.name.to_string(),
+                msg: format!("{} values given, it holds {}", data.len(), d.len()),
             });
         }
-        buf.copy_from_slice(data);
+        let mut buf = g.take(v);
+        match d.dtype {
+            DType::F32 => buf[..data.len()].copy_from_slice(data),
+            DType::I32 => {
+                for (o, &x) in as_i32_mut(&mut buf[..data.len()]).iter_mut().zip(data) {
+                    *o = x as i32;
+                }
+            }
+        }
+        g.put(v, buf);
+        Ok(())
+    }
+
+    fn state_layout(&self) -> &StateLayout {
+        &self.layout
+    }
+
+    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
+        let r = state_range(&self.layout, s, 0, None, Some(rows))?;
+        Ok(self.states[s.0 as usize][r].to_vec())
+    }
+
+    fn write_state_rows(
+        &mut self,
+        s: StateId,
+        first: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
+        let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
+        self.states[s.0 as usize][r].copy_from_slice(data);
         Ok(())
     }
 

@@ -1,13 +1,17 @@
 //! Backends execute recorded graphs. One small trait over the whole graph:
-//! load a graph, run a step, read values and state back.
+//! load a graph, run a step, read and write values and state rows.
+//! [`open`] builds the backend a [`BackendKind`] names.
 
 pub mod cpu;
+pub mod wgpu;
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::graph::{Graph, StateId, StepParams, ValueId};
+use crate::gguf::GgufFile;
+use crate::graph::{Graph, StateId, StateLayout, StepParams, ValueId};
 
 #[derive(Debug, Error)]
 pub enum BackendError {
@@ -19,8 +23,39 @@ pub enum BackendError {
     TooManyTokens { n_tokens: usize, capacity: usize },
     #[error("state {state}: {msg}")]
     State { state: String, msg: String },
+    #[error("value {value}: {msg}")]
+    Value { value: String, msg: String },
+    /// A device error reported by the driver (validation, out of memory, lost).
+    #[error("{device}: {msg}")]
+    Device { device: String, msg: String },
     #[error("unknown graph handle {0}")]
     UnknownGraph(usize),
+    #[error("backend {0:?} is unknown (auto, cpu, wgpu, cuda; aliases metal, vulkan)")]
+    UnknownKind(String),
+}
+
+/// Which backend runs the graphs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// A real GPU through wgpu if there is one, else the CPU (one-line notice).
+    Auto,
+    Cpu,
+    /// wgpu on the adapter `DS4_WGPU_ADAPTER` names, else the best one
+    /// (CPU emulators such as lavapipe included).
+    Wgpu,
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn parse(s: &str) -> Result<BackendKind, BackendError> {
+        match s {
+            "auto" => Ok(BackendKind::Auto),
+            "cpu" => Ok(BackendKind::Cpu),
+            "wgpu" | "metal" | "vulkan" => Ok(BackendKind::Wgpu),
+            "cuda" => Ok(BackendKind::Cuda),
+            other => Err(BackendError::UnknownKind(other.to_string())),
+        }
+    }
 }
 
 /// A graph loaded into a backend.
@@ -29,6 +64,14 @@ pub struct GraphHandle(pub usize);
 
 pub trait Backend: Send {
     fn name(&self) -> &'static str;
+
+    /// The device in one line (`cpu`, or the adapter's name and API).
+    fn device(&self) -> String {
+        self.name().to_string()
+    }
+
+    /// The persistent state this backend holds (lengths of every state).
+    fn state_layout(&self) -> &StateLayout;
 
     /// Prepares a recorded graph (memory plan, uploads, pipelines).
     fn load_graph(&mut self, graph: Arc<Graph>) -> Result<GraphHandle, BackendError>;
@@ -41,13 +84,132 @@ pub trait Backend: Send {
         params: StepParams,
     ) -> Result<(), BackendError>;
 
-    /// Reads back the live rows of a value after a step (logits, dumps).
+    /// Reads back the live rows of a value after a step (logits, dumps); i32
+    /// values come back as f32 numbers.
     fn read_value(&self, g: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError>;
 
-    /// Reads or writes a whole persistent state buffer (snapshots).
-    fn read_state(&self, s: StateId) -> Result<Vec<f32>, BackendError>;
-    fn write_state(&mut self, s: StateId, data: &[f32]) -> Result<(), BackendError>;
+    /// Writes the first `data.len()` elements of a value (i32 values given as
+    /// f32 numbers), for one-op tests that feed a graph's inputs directly.
+    fn write_value(&mut self, g: GraphHandle, v: ValueId, data: &[f32])
+        -> Result<(), BackendError>;
+
+    /// Reads rows `rows` of a persistent state buffer.
+    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError>;
+
+    /// Writes whole rows of a state buffer starting at row `first`.
+    fn write_state_rows(
+        &mut self,
+        s: StateId,
+        first: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError>;
+
+    /// Reads a whole state buffer (its length comes from the layout).
+    fn read_state(&self, s: StateId) -> Result<Vec<f32>, BackendError> {
+        let rows = state_desc(self.state_layout(), s)?.rows;
+        self.read_state_rows(s, 0..rows)
+    }
+
+    /// Writes a whole state buffer.
+    fn write_state(&mut self, s: StateId, data: &[f32]) -> Result<(), BackendError> {
+        let d = state_desc(self.state_layout(), s)?;
+        if data.len() != d.rows * d.cols {
+            return Err(BackendError::State {
+                state: d.name.to_string(),
+                msg: format!("{} values given, {} expected", data.len(), d.rows * d.cols),
+            });
+        }
+        self.write_state_rows(s, 0, data)
+    }
 
     /// Puts every state buffer back to its fresh value.
     fn reset_states(&mut self);
+}
+
+/// The layout entry of `s`, or an error for an id outside it.
+pub fn state_desc(layout: &StateLayout, s: StateId) -> Result<&crate::graph::StateDesc, BackendError> {
+    layout.states.get(s.0 as usize).ok_or(BackendError::State {
+        state: format!("#{}", s.0),
+        msg: "no such state".into(),
+    })
+}
+
+/// Checks a row-range access against the layout; returns the element range.
+pub fn state_range(
+    layout: &StateLayout,
+    s: StateId,
+    first: usize,
+    n_values: Option<usize>,
+    rows: Option<Range<usize>>,
+) -> Result<Range<usize>, BackendError> {
+    let d = state_desc(layout, s)?;
+    let err = |msg: String| BackendError::State {
+        state: d.name.to_string(),
+        msg,
+    };
+    let (start, end) = match (rows, n_values) {
+        (Some(r), _) => (r.start, r.end),
+        (None, Some(n)) => {
+            if n % d.cols != 0 {
+                return Err(err(format!("{n} values are not whole rows of {}", d.cols)));
+            }
+            (first, first + n / d.cols)
+        }
+        (None, None) => (first, d.rows),
+    };
+    if start > end || end > d.rows {
+        return Err(err(format!("rows {start}..{end} outside 0..{}", d.rows)));
+    }
+    Ok(start * d.cols..end * d.cols)
+}
+
+/// Where a backend reads weights from: a whole model, or a bare GGUF file
+/// (one-op tests build a backend from a file of a few tensors).
+pub type WeightFile = Arc<dyn AsRef<GgufFile> + Send + Sync>;
+
+/// A backend and the one line saying what was picked.
+pub struct Opened {
+    pub backend: Box<dyn Backend>,
+    pub notice: String,
+}
+
+/// Builds the backend `kind` names over `file` with the session state
+/// `layout`. `Auto` takes a real GPU through wgpu when there is one and
+/// falls back to the CPU otherwise (the notice says why).
+pub fn open(kind: BackendKind, file: WeightFile, layout: StateLayout) -> Result<Opened, BackendError> {
+    match kind {
+        BackendKind::Cpu => Ok(Opened {
+            backend: Box::new(cpu::CpuBackend::new(file, layout)),
+            notice: "backend: cpu".into(),
+        }),
+        BackendKind::Wgpu => {
+            let choice = self::wgpu::AdapterChoice::from_env(true);
+            let b = self::wgpu::WgpuBackend::open(&choice, file, layout)?;
+            let notice = format!("backend: wgpu on {}", b.device());
+            Ok(Opened {
+                backend: Box::new(b),
+                notice,
+            })
+        }
+        BackendKind::Auto => {
+            let choice = self::wgpu::AdapterChoice::from_env(false);
+            match self::wgpu::WgpuBackend::open(&choice, file.clone(), layout.clone()) {
+                Ok(b) => {
+                    let notice = format!("backend: wgpu on {} (auto)", b.device());
+                    Ok(Opened {
+                        backend: Box::new(b),
+                        notice,
+                    })
+                }
+                Err(e) => Ok(Opened {
+                    backend: Box::new(cpu::CpuBackend::new(file, layout)),
+                    notice: format!("backend: cpu (auto; wgpu not used: {e})"),
+                }),
+            }
+        }
+        BackendKind::Cuda => Err(BackendError::Unavailable {
+            backend: "cuda".into(),
+            reason: "not built in this version; use --backend cpu or wgpu".into(),
+        }),
+    }
 }

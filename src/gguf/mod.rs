@@ -284,3 +284,9 @@ impl GgufFile {
             .unwrap_or(&[])
     }
 }
+
+impl AsRef<GgufFile> for GgufFile {
+    fn as_ref(&self) -> &GgufFile {
+        self
+    }
+}

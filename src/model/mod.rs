@@ -53,3 +53,10 @@ impl ModelFile {
 
 pub mod forward;
 pub mod state;
+
+/// Backends read weights through the GGUF file alone.
+impl AsRef<crate::gguf::GgufFile> for ModelFile {
+    fn as_ref(&self) -> &crate::gguf::GgufFile {
+        &self.file
+    }
+}

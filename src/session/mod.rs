@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::backend::{cpu::CpuBackend, Backend, BackendError, GraphHandle};
+use crate::backend::{self, Backend, BackendError, GraphHandle};
+pub use crate::backend::BackendKind;
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
 use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;
@@ -36,27 +37,6 @@ pub enum SessionError {
     Snapshot(String),
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
-    #[error("backend {0:?} is unknown (cpu, wgpu, cuda; aliases --cpu, --metal, --cuda)")]
-    UnknownBackend(String),
-}
-
-/// Which backend runs the graphs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    Cpu,
-    Wgpu,
-    Cuda,
-}
-
-impl BackendKind {
-    pub fn parse(s: &str) -> Result<BackendKind, SessionError> {
-        match s {
-            "cpu" => Ok(BackendKind::Cpu),
-            "wgpu" | "metal" | "vulkan" => Ok(BackendKind::Wgpu),
-            "cuda" => Ok(BackendKind::Cuda),
-            other => Err(SessionError::UnknownBackend(other.to_string())),
-        }
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -98,8 +78,10 @@ pub struct Session {
     /// Graph with logits at every position, built on first use.
     scoring: Option<GraphHandle>,
     last: GraphHandle,
-    /// The recorded graphs, indexed by handle.
-    graphs: Vec<Arc<Graph>>,
+    /// The recorded graphs with the handles the backend gave them.
+    graphs: Vec<(GraphHandle, Arc<Graph>)>,
+    /// What `backend::open` picked, in one line.
+    backend_notice: String,
     tokens: Vec<u32>,
     logits: Vec<f32>,
 }
@@ -109,23 +91,8 @@ impl Session {
         let cfg = &model.config;
         model.weights.check_tables(&model.file, cfg)?;
         let kv = KvLayout::new(cfg, &model.weights, opts.ctx);
-        let mut backend: Box<dyn Backend> = match opts.backend {
-            BackendKind::Cpu => Box::new(CpuBackend::new(model.clone(), kv.layout.clone())),
-            BackendKind::Wgpu => {
-                return Err(BackendError::Unavailable {
-                    backend: "wgpu".into(),
-                    reason: "not built yet in this version; use --backend cpu".into(),
-                }
-                .into())
-            }
-            BackendKind::Cuda => {
-                return Err(BackendError::Unavailable {
-                    backend: "cuda".into(),
-                    reason: "not built yet in this version; use --backend cpu".into(),
-                }
-                .into())
-            }
-        };
+        let opened = backend::open(opts.backend, model.clone(), kv.layout.clone())?;
+        let mut backend = opened.backend;
         let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
         let fo = |logits| ForwardOptions {
             numerics: opts.numerics,
@@ -137,8 +104,7 @@ impl Session {
             |backend: &mut Box<dyn Backend>, g: Graph| -> Result<GraphHandle, SessionError> {
                 let g = Arc::new(g);
                 let h = backend.load_graph(g.clone())?;
-                debug_assert_eq!(h.0, graphs.len());
-                graphs.push(g);
+                graphs.push((h, g));
                 Ok(h)
             };
         let decode = load(
@@ -166,6 +132,7 @@ impl Session {
             scoring: None,
             last: decode,
             graphs,
+            backend_notice: opened.notice,
             tokens: Vec::new(),
             logits: Vec::new(),
         })
@@ -173,6 +140,11 @@ impl Session {
 
     pub fn model(&self) -> &ModelFile {
         &self.model
+    }
+
+    /// One line saying which backend and device run this session.
+    pub fn backend_notice(&self) -> &str {
+        &self.backend_notice
     }
 
     pub fn ctx(&self) -> usize {
@@ -314,7 +286,13 @@ impl Session {
     }
 
     fn graph(&self, g: GraphHandle) -> &Graph {
-        &self.graphs[g.0]
+        // Handles come only from this session's own `load_graph` calls.
+        &self
+            .graphs
+            .iter()
+            .find(|(h, _)| *h == g)
+            .expect("graph handle of this session")
+            .1
     }
 
     fn logits_value(&self, g: GraphHandle) -> ValueId {
@@ -345,7 +323,7 @@ impl Session {
                 );
                 let graph = Arc::new(graph);
                 let h = self.backend.load_graph(graph.clone())?;
-                self.graphs.push(graph);
+                self.graphs.push((h, graph));
                 self.scoring = Some(h);
                 h
             }

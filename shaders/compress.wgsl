@@ -1,0 +1,137 @@
+// The KV compressor (MODEL.md 3.5.3): a sequential state machine over the
+// step's tokens, so one workgroup runs it for the whole step; threads split
+// the columns. Every `ratio` tokens the gated softmax pool of the window
+// becomes one row: RMS norm, RoPE at the window's first position, then the
+// rounding of its kind (FP8+f16 for attention rows, Hadamard+FP4+f16 for
+// indexer rows), stored in `rows`.
+
+struct CompressParams {
+    ratio: u32,
+    head_dim: u32,
+    // head_dim, or 2*head_dim for overlapped compressors.
+    width: u32,
+    overlapped: u32,
+    n_rot: u32,
+    // 0 none, 1 FP8 + f16, 2 Hadamard + FP4 + f16.
+    rounding: u32,
+    eps: f32,
+    _pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: StepUniform;
+@group(0) @binding(1) var<uniform> prm: CompressParams;
+@group(0) @binding(2) var<storage, read> kv: array<f32>;
+@group(0) @binding(3) var<storage, read> gate: array<f32>;
+// ape (ratio x width), then the norm weight (head_dim), then the rope table.
+@group(0) @binding(4) var<storage, read> consts: array<f32>;
+@group(0) @binding(5) var<storage, read_write> st_kv: array<f32>;
+@group(0) @binding(6) var<storage, read_write> st_score: array<f32>;
+@group(0) @binding(7) var<storage, read_write> rows: array<f32>;
+
+const EMPTY_SCORE: f32 = -1e30;
+
+fn centered_fract(v: f32) -> f32 {
+    return v - round(v);
+}
+
+// Same angle construction as shaders/rope.wgsl.
+fn cos_sin(k: u32, pos: u32, tab: u32) -> vec2<f32> {
+    let hi = consts[tab + 3u * k];
+    let mid = consts[tab + 3u * k + 1u];
+    let lo = consts[tab + 3u * k + 2u];
+    let ph = f32(pos >> 12u);
+    let pl = f32(pos & 0xfffu);
+    var turns = centered_fract(ph * hi * 4096.0) + centered_fract(ph * mid * 4096.0)
+        + centered_fract(pl * hi) + centered_fract(pl * mid) + centered_fract(f32(pos) * lo);
+    turns = centered_fract(turns);
+    let a = turns * 6.283185307179586;
+    return vec2<f32>(cos(a), sin(a));
+}
+
+@compute @workgroup_size(WG)
+fn compress(@builtin(local_invocation_index) tid: u32) {
+    let m = prm.ratio;
+    let c = prm.width;
+    let hd = prm.head_dim;
+    let cur = select(0u, m, prm.overlapped != 0u);
+    let norm_at = m * c;
+    let rope_at = norm_at + hd;
+    for (var t = 0u; t < step.n_tokens; t++) {
+        let p = step.pos0 + t;
+        let i = p % m;
+        let slot = cur + i;
+        for (var j = tid; j < c; j += WG) {
+            st_kv[slot * c + j] = kv[t * c + j];
+            st_score[slot * c + j] = gate[t * c + j] + consts[i * c + j];
+        }
+        if ((p + 1u) % m != 0u) { continue; }
+        storageBarrier();
+        workgroupBarrier();
+        let w = (p + 1u) / m - 1u;
+        // Per-dim softmax over the candidate slots, then the weighted sum.
+        for (var j = tid; j < hd; j += WG) {
+            var mx = NEG_BIG;
+            for (var s = 0u; s < m; s++) {
+                mx = max(mx, st_score[s * c + j]);
+                if (prm.overlapped != 0u) { mx = max(mx, st_score[(m + s) * c + hd + j]); }
+            }
+            var num = 0.0;
+            var den = 0.0;
+            for (var s = 0u; s < m; s++) {
+                let e = exp(st_score[s * c + j] - mx);
+                den += e;
+                num += e * st_kv[s * c + j];
+            }
+            if (prm.overlapped != 0u) {
+                for (var s = 0u; s < m; s++) {
+                    let e = exp(st_score[(m + s) * c + hd + j] - mx);
+                    den += e;
+                    num += e * st_kv[(m + s) * c + hd + j];
+                }
+            }
+            row[j] = select(0.0, num / den, den > 0.0);
+        }
+        workgroupBarrier();
+        var ss = 0.0;
+        for (var j = tid; j < hd; j += WG) { ss += row[j] * row[j]; }
+        let total = wg_sum(ss, tid);
+        let scale = 1.0 / sqrt(total / f32(hd) + prm.eps);
+        for (var j = tid; j < hd; j += WG) { row[j] = row[j] * scale * consts[norm_at + j]; }
+        workgroupBarrier();
+        let tail = hd - prm.n_rot;
+        for (var k = tid; k < prm.n_rot / 2u; k += WG) {
+            let cs = cos_sin(k, w * m, rope_at);
+            let x0 = row[tail + 2u * k];
+            let x1 = row[tail + 2u * k + 1u];
+            row[tail + 2u * k] = x0 * cs.x - x1 * cs.y;
+            row[tail + 2u * k + 1u] = x0 * cs.y + x1 * cs.x;
+        }
+        workgroupBarrier();
+        if (prm.rounding == 1u) {
+            row_fp8(hd - prm.n_rot, tid);
+            row_f16(hd, tid);
+        } else if (prm.rounding == 2u) {
+            row_hadamard(0u, hd, tid);
+            row_fp4(hd, tid);
+            row_f16(hd, tid);
+        }
+        for (var j = tid; j < hd; j += WG) { rows[w * hd + j] = row[j]; }
+        // The finished window becomes the previous one; its slots are reset.
+        storageBarrier();
+        workgroupBarrier();
+        if (prm.overlapped != 0u) {
+            for (var e = tid; e < m * c; e += WG) {
+                st_kv[e] = st_kv[m * c + e];
+                st_score[e] = st_score[m * c + e];
+            }
+        }
+        storageBarrier();
+        workgroupBarrier();
+        for (var e = tid; e < m * c; e += WG) {
+            st_kv[cur * c + e] = 0.0;
+            st_score[cur * c + e] = EMPTY_SCORE;
+        }
+        storageBarrier();
+        workgroupBarrier();
+    }
+}

@@ -1,0 +1,27 @@
+// Stores the step's raw KV rows in the ring (slot = position mod window);
+// of a step longer than the window only the last `window` rows survive.
+
+struct RingParams {
+    window: u32,
+    dim: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: StepUniform;
+@group(0) @binding(1) var<uniform> prm: RingParams;
+@group(0) @binding(2) var<storage, read> kv: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ring: array<f32>;
+
+@compute @workgroup_size(WG)
+fn ring_write(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    let n = step.n_tokens;
+    let d = prm.dim;
+    let first = select(0u, n - prm.window, n > prm.window);
+    if (i >= (n - first) * d) { return; }
+    let t = first + i / d;
+    let j = i % d;
+    let r = (step.pos0 + t) % prm.window;
+    ring[r * d + j] = kv[t * d + j];
+}

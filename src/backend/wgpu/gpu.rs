@@ -1,0 +1,305 @@
+//! Opening a wgpu device: adapter choice (`DS4_WGPU_ADAPTER`, real GPUs before
+//! CPU emulators), the limits and features a device is created with, and the
+//! error handlers that turn wgpu's callbacks into [`BackendError`]s instead of
+//! panics.
+
+use std::sync::{Arc, Mutex};
+
+use crate::backend::BackendError;
+
+/// Environment variable naming the adapter to use: an index into
+/// `ds4 --list-devices` or a case-insensitive substring of the adapter name.
+pub const ADAPTER_ENV: &str = "DS4_WGPU_ADAPTER";
+
+/// One open device and what it was created with.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    /// The limits the device was created with (the adapter's own).
+    pub limits: wgpu::Limits,
+    /// Optional features turned on (shader-f16, subgroups, timestamps) where
+    /// the adapter has them; kernels must work without each of them.
+    pub features: wgpu::Features,
+    pub info: wgpu::AdapterInfo,
+    /// Errors reported by wgpu callbacks since the last [`Gpu::check`].
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+/// The per-step parameters every kernel reads: written once per step into a
+/// uniform buffer (the WGSL twin is `StepUniform` in `shaders/common.wgsl`).
+/// One step carries the rows of one session today; the fields are per step so
+/// that a row table can be added beside them later.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct StepUniform {
+    /// Absolute position of the step's first token.
+    pub pos0: u32,
+    /// Live tokens in this step (kernels bound-check against it).
+    pub n_tokens: u32,
+    pub _pad: [u32; 2],
+}
+
+/// What `ds4 --list-devices` prints for one adapter.
+#[derive(Clone, Debug)]
+pub struct AdapterSummary {
+    pub index: usize,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+}
+
+impl AdapterSummary {
+    /// A real GPU (not a CPU emulator such as lavapipe or llvmpipe).
+    pub fn is_real_gpu(&self) -> bool {
+        is_real_gpu(&self.info)
+    }
+}
+
+fn is_real_gpu(info: &wgpu::AdapterInfo) -> bool {
+    matches!(
+        info.device_type,
+        wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu
+    )
+}
+
+/// Describes an adapter in one line (name, backend, type).
+pub fn describe(info: &wgpu::AdapterInfo) -> String {
+    let kind = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => "discrete GPU",
+        wgpu::DeviceType::IntegratedGpu => "integrated GPU",
+        wgpu::DeviceType::VirtualGpu => "virtual GPU",
+        wgpu::DeviceType::Cpu => "CPU emulation",
+        wgpu::DeviceType::Other => "other",
+    };
+    format!("{} ({:?}, {kind})", info.name, info.backend)
+}
+
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    // Compute needs Vulkan, Metal or DX12; GL has no storage-buffer guarantees.
+    if desc.backends == wgpu::Backends::all() {
+        desc.backends = wgpu::Backends::PRIMARY;
+    }
+    wgpu::Instance::new(desc)
+}
+
+fn adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
+}
+
+/// Every adapter wgpu can see, in the order `DS4_WGPU_ADAPTER` indexes them.
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    adapters(&instance())
+        .iter()
+        .enumerate()
+        .map(|(index, a)| AdapterSummary {
+            index,
+            info: a.get_info(),
+            limits: a.limits(),
+            features: a.features(),
+        })
+        .collect()
+}
+
+/// How to choose an adapter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdapterChoice {
+    /// The first real GPU; CPU emulators only if `allow_emulation`.
+    Best { allow_emulation: bool },
+    /// By index or by (case-insensitive) name substring.
+    Named(String),
+}
+
+impl AdapterChoice {
+    /// `DS4_WGPU_ADAPTER` when set, else `Best`.
+    pub fn from_env(allow_emulation: bool) -> AdapterChoice {
+        match std::env::var(ADAPTER_ENV) {
+            Ok(s) if !s.trim().is_empty() => AdapterChoice::Named(s.trim().to_string()),
+            _ => AdapterChoice::Best { allow_emulation },
+        }
+    }
+}
+
+fn unavailable(reason: String) -> BackendError {
+    BackendError::Unavailable {
+        backend: "wgpu".into(),
+        reason,
+    }
+}
+
+fn pick(list: Vec<wgpu::Adapter>, choice: &AdapterChoice) -> Result<wgpu::Adapter, BackendError> {
+    let names = || {
+        list.iter()
+            .enumerate()
+            .map(|(i, a)| format!("{i}: {}", describe(&a.get_info())))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    if list.is_empty() {
+        return Err(unavailable(
+            "no adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers for lavapipe)".into(),
+        ));
+    }
+    match choice {
+        AdapterChoice::Named(s) => {
+            let idx = match s.parse::<usize>() {
+                Ok(i) if i < list.len() => Some(i),
+                Ok(_) => None,
+                Err(_) => {
+                    let low = s.to_lowercase();
+                    list.iter()
+                        .position(|a| a.get_info().name.to_lowercase().contains(&low))
+                }
+            };
+            match idx {
+                Some(i) => Ok(list.into_iter().nth(i).expect("index checked")),
+                None => Err(unavailable(format!(
+                    "{ADAPTER_ENV}={s} matches no adapter (have: {})",
+                    names()
+                ))),
+            }
+        }
+        AdapterChoice::Best { allow_emulation } => {
+            let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+                wgpu::DeviceType::DiscreteGpu => 0,
+                wgpu::DeviceType::IntegratedGpu => 1,
+                wgpu::DeviceType::VirtualGpu => 2,
+                wgpu::DeviceType::Other => 3,
+                wgpu::DeviceType::Cpu => 4,
+            };
+            let best = list
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| *allow_emulation || is_real_gpu(&a.get_info()))
+                .min_by_key(|(i, a)| (rank(a), *i))
+                .map(|(i, _)| i);
+            match best {
+                Some(i) => Ok(list.into_iter().nth(i).expect("index checked")),
+                None => Err(unavailable(format!(
+                    "no real GPU adapter (have: {}); CPU emulators are used only with --backend wgpu",
+                    names()
+                ))),
+            }
+        }
+    }
+}
+
+impl Gpu {
+    /// Opens the chosen adapter with its own limits and the optional features
+    /// it has, and installs the error handlers.
+    pub fn open(choice: &AdapterChoice) -> Result<Gpu, BackendError> {
+        let inst = instance();
+        let adapter = pick(adapters(&inst), choice)?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let optional = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY;
+        let features = adapter.features() & optional;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("ds4"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+            unavailable(format!("{}: cannot create a device: {e}", describe(&info)))
+        })?;
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let sink = errors.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(format!("device lost ({reason:?}): {msg}"));
+            }
+        });
+        Ok(Gpu {
+            device,
+            queue,
+            limits,
+            features,
+            info,
+            errors,
+        })
+    }
+
+    /// One line naming the device (for notices and errors).
+    pub fn describe(&self) -> String {
+        describe(&self.info)
+    }
+
+    /// Returns the first error a wgpu callback reported since the last call.
+    pub fn check(&self) -> Result<(), BackendError> {
+        let mut v = match self.errors.lock() {
+            Ok(v) => v,
+            Err(p) => p.into_inner(),
+        };
+        if v.is_empty() {
+            return Ok(());
+        }
+        let msg = v.join("; ");
+        v.clear();
+        Err(BackendError::Device {
+            device: self.describe(),
+            msg,
+        })
+    }
+
+    /// Blocks until all submitted work is done, then reports any error.
+    pub fn wait(&self) -> Result<(), BackendError> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| BackendError::Device {
+                device: self.describe(),
+                msg: e.to_string(),
+            })?;
+        self.check()
+    }
+
+    /// The largest storage binding this device allows, in bytes.
+    pub fn max_binding(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+    }
+}
+
+/// What `ds4 --list-devices` prints: every adapter with its index (for
+/// `DS4_WGPU_ADAPTER`), backend, type, the limits that matter here and its
+/// features.
+pub fn devices_report() -> String {
+    let list = list_adapters();
+    if list.is_empty() {
+        return "no wgpu adapter found (install a Vulkan driver; mesa-vulkan-drivers gives lavapipe)\n"
+            .into();
+    }
+    let mut out = String::new();
+    for a in &list {
+        let l = &a.limits;
+        out.push_str(&format!(
+            "{}: {}{}\n    driver: {} {}\n    max_storage_buffer_binding_size {} B, max_buffer_size {} B, \
+             max_storage_buffers_per_shader_stage {}, max_compute_workgroup_storage_size {} B, \
+             max_compute_invocations_per_workgroup {}\n    features: {:?}\n",
+            a.index,
+            describe(&a.info),
+            if a.is_real_gpu() { "" } else { " — not picked by --backend auto" },
+            a.info.driver,
+            a.info.driver_info,
+            l.max_storage_buffer_binding_size,
+            l.max_buffer_size,
+            l.max_storage_buffers_per_shader_stage,
+            l.max_compute_workgroup_storage_size,
+            l.max_compute_invocations_per_workgroup,
+            a.features,
+        ));
+    }
+    out.push_str(&format!(
+        "{ADAPTER_ENV}=INDEX|NAME picks one; --backend auto uses the first real GPU.\n"
+    ));
+    out
+}
