@@ -4,6 +4,8 @@
 
 pub mod cpu;
 pub mod wgpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use std::ops::Range;
 use std::sync::Arc;
