@@ -1,48 +1,289 @@
 //! The wgpu backend: the recorded graph runs as WGSL compute kernels on
 //! Metal, Vulkan (including lavapipe, Mesa's CPU Vulkan) or DX12.
+//!
+//! `load_graph` turns the tape into a dispatch list once: activations get
+//! one buffer per slot of [`crate::graph::plan`], every op its pipeline, a
+//! uniform with its parameters and a bind group. A step writes the token ids
+//! and the [`StepUniform`], encodes the list (one compute pass per segment
+//! between [`Node::Flush`] points, each submitted as soon as it is encoded)
+//! and reads back only the logits. Kernels bound-check against the step's
+//! token count, so one recorded list serves every step of its shape class.
 
 pub mod gpu;
+pub mod kernels;
 pub mod matmul;
 pub mod params;
 pub mod shaders;
 pub mod weights;
 
+mod record;
+
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use wgpu::util::DeviceExt;
+
 pub use gpu::{AdapterChoice, Gpu, StepUniform};
 
-use super::{Backend, BackendError, GraphHandle, WeightFile};
-use crate::graph::{Graph, StateId, StateLayout, StepParams, ValueId};
+use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
+use crate::graph::{plan, DType, Graph, StateId, StateLayout, StepParams, ValueId};
+
+/// How many workgroups a dispatch needs for `n` live tokens.
+#[derive(Clone, Copy, Debug)]
+pub enum Size {
+    /// One thread per item: `per_token · n + fixed` items.
+    Threads { per_token: u32, fixed: u32 },
+    /// One workgroup per item.
+    Groups { per_token: u32, fixed: u32 },
+}
+
+/// Threads per workgroup (`WG` in shaders/common.wgsl).
+pub const WG: u32 = 256;
+/// Workgroups per dispatch dimension that every adapter allows.
+const MAX_GROUPS_X: u32 = 65535;
+
+impl Size {
+    /// `[x, y, 1]`, split over y above 65535 workgroups; `None` for no work.
+    pub fn workgroups(self, n: u32) -> Option<[u32; 3]> {
+        let groups = match self {
+            Size::Threads { per_token, fixed } => (per_token * n + fixed).div_ceil(WG),
+            Size::Groups { per_token, fixed } => per_token * n + fixed,
+        };
+        if groups == 0 {
+            return None;
+        }
+        let x = groups.min(MAX_GROUPS_X);
+        Some([x, groups.div_ceil(x), 1])
+    }
+}
+
+/// One entry of a recorded dispatch list.
+pub enum Work {
+    Kernel {
+        pipeline: wgpu::ComputePipeline,
+        bind: wgpu::BindGroup,
+        size: Size,
+    },
+}
+
+impl Work {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n: u32) {
+        match self {
+            Work::Kernel {
+                pipeline,
+                bind,
+                size,
+            } => {
+                if let Some([x, y, z]) = size.workgroups(n) {
+                    pass.set_pipeline(pipeline);
+                    pass.set_bind_group(0, bind, &[]);
+                    pass.dispatch_workgroups(x, y, z);
+                }
+            }
+        }
+    }
+}
+
+struct LoadedGraph {
+    graph: Arc<Graph>,
+    /// Buffer of every value (values sharing a plan slot share a buffer).
+    slot_of: Vec<usize>,
+    slots: Vec<wgpu::Buffer>,
+    /// Dispatch lists between flush points.
+    segments: Vec<Vec<Work>>,
+    /// Live token count of the last step.
+    n_tokens: usize,
+    /// The logits read back after the last step.
+    logits: Vec<f32>,
+}
+
+impl LoadedGraph {
+    fn buffer(&self, v: ValueId) -> &wgpu::Buffer {
+        &self.slots[self.slot_of[v.0 as usize]]
+    }
+}
 
 pub struct WgpuBackend {
-    gpu: Gpu,
-    #[allow(dead_code)]
+    gpu: Arc<Gpu>,
     file: WeightFile,
     layout: StateLayout,
+    states: Vec<wgpu::Buffer>,
+    step: wgpu::Buffer,
+    kernels: kernels::Kernels,
+    /// Small tensors widened to f32 once (norms, sinks, biases, mixers).
+    small: HashMap<String, wgpu::Buffer>,
+    /// Embedding tables in chunks of whole rows: (buffer, first row, rows).
+    tables: HashMap<String, Vec<(wgpu::Buffer, u32, u32)>>,
+    /// Bound where an op has no such input (read-only), or no such output.
+    dummy_read: wgpu::Buffer,
+    dummy_write: [wgpu::Buffer; 2],
+    graphs: Vec<LoadedGraph>,
+}
+
+fn bytes_of_f32(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
 }
 
 impl WgpuBackend {
-    /// Opens the adapter `choice` names and prepares the state buffers.
+    /// Opens the adapter `choice` names and creates the state buffers.
     pub fn open(
         choice: &AdapterChoice,
         file: WeightFile,
         layout: StateLayout,
     ) -> Result<WgpuBackend, BackendError> {
-        let gpu = Gpu::open(choice)?;
-        Ok(WgpuBackend { gpu, file, layout })
+        Self::new(Arc::new(Gpu::open(choice)?), file, layout)
+    }
+
+    /// A backend on an already open device (tests share one device).
+    pub fn new(gpu: Arc<Gpu>, file: WeightFile, layout: StateLayout) -> Result<WgpuBackend, BackendError> {
+        let storage =
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let mut states = Vec::new();
+        for d in &layout.states {
+            let bytes = (d.rows * d.cols * 4).max(4) as u64;
+            check_binding(&gpu, &format!("state {}", d.name), bytes)?;
+            states.push(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&d.name.to_string()),
+                size: bytes,
+                usage: storage,
+                mapped_at_creation: false,
+            }));
+        }
+        let step = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("step"),
+            size: std::mem::size_of::<StepUniform>() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let small_buf = |label: &str| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let dummy_read = small_buf("dummy read");
+        let dummy_write = [small_buf("dummy write 0"), small_buf("dummy write 1")];
+        let mut b = WgpuBackend {
+            gpu,
+            file,
+            layout,
+            states,
+            step,
+            kernels: kernels::Kernels::default(),
+            small: HashMap::new(),
+            tables: HashMap::new(),
+            dummy_read,
+            dummy_write,
+            graphs: Vec::new(),
+        };
+        b.reset_states();
+        b.gpu.check()?;
+        Ok(b)
     }
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
 
-    fn unsupported(&self, what: &str) -> BackendError {
-        BackendError::Unsupported {
-            backend: "wgpu".into(),
-            what: what.into(),
-        }
+    fn loaded(&self, h: GraphHandle) -> Result<&LoadedGraph, BackendError> {
+        self.graphs.get(h.0).ok_or(BackendError::UnknownGraph(h.0))
     }
+
+    /// Copies `range` bytes of `buf` to the host (one submit and wait).
+    fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, BackendError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: len.next_multiple_of(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, len.next_multiple_of(4));
+        self.gpu.queue.submit([enc.finish()]);
+        self.map_read(&staging, len)
+    }
+
+    fn map_read(&self, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>, BackendError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.gpu.wait()?;
+        let dev = |msg: String| BackendError::Device {
+            device: self.gpu.describe(),
+            msg,
+        };
+        rx.recv()
+            .map_err(|_| dev("readback never completed".into()))?
+            .map_err(|e| dev(format!("readback: {e}")))?;
+        let out = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| dev(format!("readback: {e}")))?;
+            view[..len as usize].to_vec()
+        };
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// A uniform buffer holding `p`.
+    fn uniform<T: bytemuck::Pod>(&self, label: &str, p: &T) -> wgpu::Buffer {
+        self.gpu
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::bytes_of(p),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+
+    /// A read-only storage buffer holding `data` (at least 4 bytes).
+    fn storage_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let mut bytes = data.to_vec();
+        bytes.resize(bytes.len().next_multiple_of(4).max(4), 0);
+        self.gpu
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+    }
+}
+
+/// Values read back, i32 ones converted to f32 numbers (as the CPU does).
+fn to_f32(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytemuck::pod_collect_to_vec(bytes),
+        DType::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(bytes)
+            .into_iter()
+            .map(|x| x as f32)
+            .collect(),
+    }
+}
+
+/// Refuses a buffer the device cannot bind whole.
+fn check_binding(gpu: &Gpu, what: &str, bytes: u64) -> Result<(), BackendError> {
+    if bytes > gpu.max_binding() {
+        return Err(BackendError::Device {
+            device: gpu.describe(),
+            msg: format!(
+                "{what} needs {bytes} bytes in one binding; this device binds at most {} \
+                 (max_storage_buffer_binding_size {}, max_buffer_size {}); use a smaller --ctx \
+                 or prefill chunk",
+                gpu.max_binding(),
+                gpu.limits.max_storage_buffer_binding_size,
+                gpu.limits.max_buffer_size
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl Backend for WgpuBackend {
@@ -58,29 +299,147 @@ impl Backend for WgpuBackend {
         &self.layout
     }
 
-    fn load_graph(&mut self, _graph: Arc<Graph>) -> Result<GraphHandle, BackendError> {
-        Err(self.unsupported("graphs yet"))
+    fn load_graph(&mut self, graph: Arc<Graph>) -> Result<GraphHandle, BackendError> {
+        let p = plan(&graph);
+        let mut slots = Vec::with_capacity(p.slot_len.len());
+        for (i, &len) in p.slot_len.iter().enumerate() {
+            let bytes = (len * 4).max(4) as u64;
+            check_binding(&self.gpu, &format!("activation slot {i}"), bytes)?;
+            slots.push(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("slot"),
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let mut lg = LoadedGraph {
+            graph: graph.clone(),
+            slot_of: p.slot_of,
+            slots,
+            segments: Vec::new(),
+            n_tokens: 0,
+            logits: Vec::new(),
+        };
+        lg.segments = record::record(self, &lg)?;
+        self.gpu.wait()?;
+        self.graphs.push(lg);
+        Ok(GraphHandle(self.graphs.len() - 1))
     }
 
-    fn run(&mut self, g: GraphHandle, _: &[u32], _: StepParams) -> Result<(), BackendError> {
-        Err(BackendError::UnknownGraph(g.0))
+    fn run(&mut self, h: GraphHandle, tokens: &[u32], p: StepParams) -> Result<(), BackendError> {
+        let g = self.loaded(h)?;
+        let graph = g.graph.clone();
+        if p.n_tokens > graph.max_tokens || tokens.len() != p.n_tokens || p.n_tokens == 0 {
+            return Err(BackendError::TooManyTokens {
+                n_tokens: p.n_tokens,
+                capacity: graph.max_tokens,
+            });
+        }
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        self.gpu
+            .queue
+            .write_buffer(g.buffer(graph.tokens), 0, bytemuck::cast_slice(&ids));
+        let u = StepUniform {
+            pos0: p.pos0 as u32,
+            n_tokens: p.n_tokens as u32,
+            _pad: [0; 2],
+        };
+        self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&u));
+        let n = p.n_tokens as u32;
+        let logits = graph.value(graph.logits);
+        let live = if logits.per_token { p.n_tokens } else { logits.rows } * logits.cols;
+        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits readback"),
+            size: (live * 4).max(4) as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let last = g.segments.len().saturating_sub(1);
+        for (i, seg) in g.segments.iter().enumerate() {
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for w in seg {
+                    w.encode(&mut pass, n);
+                }
+            }
+            if i == last && live > 0 {
+                enc.copy_buffer_to_buffer(g.buffer(graph.logits), 0, &staging, 0, (live * 4) as u64);
+            }
+            self.gpu.queue.submit([enc.finish()]);
+        }
+        let bytes = self.map_read(&staging, (live * 4) as u64)?;
+        let g = &mut self.graphs[h.0];
+        g.logits = to_f32(logits.dtype, &bytes);
+        g.n_tokens = p.n_tokens;
+        Ok(())
     }
 
-    fn read_value(&self, g: GraphHandle, _: ValueId) -> Result<Vec<f32>, BackendError> {
-        Err(BackendError::UnknownGraph(g.0))
+    fn read_value(&self, h: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
+        let g = self.loaded(h)?;
+        if v == g.graph.logits && g.n_tokens > 0 {
+            return Ok(g.logits.clone());
+        }
+        let d = g.graph.value(v);
+        let rows = if d.per_token { g.n_tokens } else { d.rows };
+        let bytes = self.read_bytes(g.buffer(v), 0, (rows * d.cols * 4) as u64)?;
+        Ok(to_f32(d.dtype, &bytes))
     }
 
-    fn write_value(&mut self, g: GraphHandle, _: ValueId, _: &[f32]) -> Result<(), BackendError> {
-        Err(BackendError::UnknownGraph(g.0))
+    fn write_value(&mut self, h: GraphHandle, v: ValueId, data: &[f32]) -> Result<(), BackendError> {
+        let g = self.loaded(h)?;
+        let d = g.graph.value(v);
+        if data.len() > d.len() {
+            return Err(BackendError::Value {
+                value: d.name.to_string(),
+                msg: format!("{} values given, it holds {}", data.len(), d.len()),
+            });
+        }
+        let bytes: Vec<u8> = match d.dtype {
+            DType::F32 => bytes_of_f32(data).to_vec(),
+            DType::I32 => {
+                let ids: Vec<i32> = data.iter().map(|&x| x as i32).collect();
+                bytemuck::cast_slice(&ids).to_vec()
+            }
+        };
+        if !bytes.is_empty() {
+            self.gpu.queue.write_buffer(g.buffer(v), 0, &bytes);
+        }
+        Ok(())
     }
 
-    fn read_state_rows(&self, _: StateId, _: Range<usize>) -> Result<Vec<f32>, BackendError> {
-        Err(self.unsupported("state reads yet"))
+    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
+        let r = state_range(&self.layout, s, 0, None, Some(rows))?;
+        let bytes = self.read_bytes(
+            &self.states[s.0 as usize],
+            (r.start * 4) as u64,
+            (r.len() * 4) as u64,
+        )?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    fn write_state_rows(&mut self, _: StateId, _: usize, _: &[f32]) -> Result<(), BackendError> {
-        Err(self.unsupported("state writes yet"))
+    fn write_state_rows(&mut self, s: StateId, first: usize, data: &[f32]) -> Result<(), BackendError> {
+        let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
+        if !data.is_empty() {
+            self.gpu.queue.write_buffer(
+                &self.states[s.0 as usize],
+                (r.start * 4) as u64,
+                bytes_of_f32(data),
+            );
+        }
+        Ok(())
     }
 
-    fn reset_states(&mut self) {}
+    fn reset_states(&mut self) {
+        for (buf, d) in self.states.iter().zip(&self.layout.states) {
+            let n = d.rows * d.cols;
+            if n > 0 {
+                self.gpu
+                    .queue
+                    .write_buffer(buf, 0, bytes_of_f32(&vec![d.init; n]));
+            }
+        }
+    }
 }

@@ -1,0 +1,156 @@
+//! Pipelines of the WGSL families: one shader module and one explicit bind
+//! group layout per family (binding 0 the step uniform, 1 the family's
+//! parameter struct, then storage buffers in the order the WGSL declares
+//! them), one compute pipeline per entry point, created on first use and
+//! cached for the backend's lifetime.
+
+use std::collections::HashMap;
+
+use super::{shaders, Gpu};
+use crate::backend::BackendError;
+
+/// Storage binding access, in WGSL declaration order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+use Access::{Read as R, Write as W};
+
+/// The storage bindings of each family (after the two uniforms).
+pub fn storage_layout(family: &str) -> Option<&'static [Access]> {
+    Some(match family {
+        "elementwise" | "embed" | "norm" | "rope" => &[R, R, W],
+        "hc_mix" => &[R, R, R, W, W, W],
+        "hc" => &[R, R, R, R, W],
+        "round" | "ring" => &[R, W],
+        "attention" => &[R, R, R, R, R, R, W],
+        "compress" => &[R, R, R, W, W, W],
+        "indexer" => &[R, R, R, W, W],
+        "router" => &[R, R, R, R, W, W],
+        _ => return None,
+    })
+}
+
+struct Family {
+    layout: wgpu::BindGroupLayout,
+    pipeline_layout: wgpu::PipelineLayout,
+    module: wgpu::ShaderModule,
+    pipelines: HashMap<String, wgpu::ComputePipeline>,
+}
+
+#[derive(Default)]
+pub struct Kernels {
+    families: HashMap<String, Family>,
+}
+
+/// Runs `f` inside a validation error scope and turns a reported error
+/// into a `BackendError` naming `what`.
+pub fn scoped<T>(gpu: &Gpu, what: &str, f: impl FnOnce() -> T) -> Result<T, BackendError> {
+    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let out = f();
+    match pollster::block_on(scope.pop()) {
+        None => Ok(out),
+        Some(e) => Err(BackendError::Device {
+            device: gpu.describe(),
+            msg: format!("{what}: {e}"),
+        }),
+    }
+}
+
+impl Kernels {
+    fn family(&mut self, gpu: &Gpu, name: &str) -> Result<&mut Family, BackendError> {
+        if !self.families.contains_key(name) {
+            let storage = storage_layout(name).ok_or_else(|| BackendError::Unsupported {
+                backend: "wgpu".into(),
+                what: format!("kernel family {name}"),
+            })?;
+            let src = shaders::try_module_source(name).ok_or_else(|| BackendError::Unsupported {
+                backend: "wgpu".into(),
+                what: format!("WGSL family {name}"),
+            })?;
+            let mut entries = Vec::new();
+            for b in 0..2u32 {
+                entries.push(wgpu::BindGroupLayoutEntry {
+                    binding: b,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                });
+            }
+            for (i, a) in storage.iter().enumerate() {
+                entries.push(wgpu::BindGroupLayoutEntry {
+                    binding: 2 + i as u32,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage {
+                            read_only: *a == Access::Read,
+                        },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                });
+            }
+            let fam = scoped(gpu, &format!("shader family {name}"), || {
+                let layout = gpu
+                    .device
+                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: Some(name),
+                        entries: &entries,
+                    });
+                let pipeline_layout =
+                    gpu.device
+                        .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                            label: Some(name),
+                            bind_group_layouts: &[Some(&layout)],
+                            immediate_size: 0,
+                        });
+                let module = gpu
+                    .device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(name),
+                        source: wgpu::ShaderSource::Wgsl(src.into()),
+                    });
+                Family {
+                    layout,
+                    pipeline_layout,
+                    module,
+                    pipelines: HashMap::new(),
+                }
+            })?;
+            self.families.insert(name.to_string(), fam);
+        }
+        Ok(self.families.get_mut(name).expect("inserted above"))
+    }
+
+    /// The pipeline of `family::entry` and its bind group layout.
+    pub fn pipeline(
+        &mut self,
+        gpu: &Gpu,
+        family: &str,
+        entry: &str,
+    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout), BackendError> {
+        let fam = self.family(gpu, family)?;
+        if !fam.pipelines.contains_key(entry) {
+            let p = scoped(gpu, &format!("pipeline {family}::{entry}"), || {
+                gpu.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(entry),
+                        layout: Some(&fam.pipeline_layout),
+                        module: &fam.module,
+                        entry_point: Some(entry),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    })
+            })?;
+            fam.pipelines.insert(entry.to_string(), p);
+        }
+        Ok((fam.pipelines[entry].clone(), fam.layout.clone()))
+    }
+}

@@ -1,0 +1,555 @@
+//! From a recorded graph to a dispatch list: the one exhaustive match of
+//! this backend over [`Op`]. Each op gets its pipeline, its parameter
+//! uniform and its bind group here, once; weights it reads are uploaded on
+//! first use and shared by every graph.
+
+use super::params::*;
+use super::{check_binding, kernels, LoadedGraph, Size, WgpuBackend, Work};
+use crate::backend::BackendError;
+use crate::gguf::GgufFile;
+use crate::graph::{Node, StateId, ValueId};
+use crate::model::TensorRef;
+use crate::ops::compress::RowRounding;
+use crate::ops::{self, Op};
+use crate::quant::GgmlType;
+
+struct Rec<'a> {
+    b: &'a mut WgpuBackend,
+    g: &'a LoadedGraph,
+    file: &'a GgufFile,
+    /// Indexer score scratch of this graph (created on first use).
+    scratch: Option<wgpu::Buffer>,
+}
+
+fn unsupported(what: String) -> BackendError {
+    BackendError::Unsupported {
+        backend: "wgpu".into(),
+        what,
+    }
+}
+
+fn per_token(n: usize) -> Size {
+    Size::Threads {
+        per_token: n as u32,
+        fixed: 0,
+    }
+}
+
+fn groups_per_token(n: usize) -> Size {
+    Size::Groups {
+        per_token: n as u32,
+        fixed: 0,
+    }
+}
+
+impl Rec<'_> {
+    fn val(&self, v: ValueId) -> wgpu::Buffer {
+        self.g.buffer(v).clone()
+    }
+
+    fn state(&self, s: StateId) -> wgpu::Buffer {
+        self.b.states[s.0 as usize].clone()
+    }
+
+    fn dummy(&self) -> wgpu::Buffer {
+        self.b.dummy_read.clone()
+    }
+
+    /// A small tensor widened to f32 (cached by name).
+    fn small(&mut self, t: &TensorRef) -> Result<wgpu::Buffer, BackendError> {
+        if let Some(b) = self.b.small.get(&t.name) {
+            return Ok(b.clone());
+        }
+        let v = if t.ty == GgmlType::I32 {
+            bytemuck::cast_slice(&ops::load_i32(self.file, t)).to_vec()
+        } else {
+            bytemuck::cast_slice(&ops::load_f32(self.file, t)).to_vec()
+        };
+        check_binding(&self.b.gpu, &t.name, v.len() as u64)?;
+        let buf = self.b.storage_init(&t.name, &v);
+        self.b.small.insert(t.name.clone(), buf.clone());
+        Ok(buf)
+    }
+
+    fn kernel<P: bytemuck::Pod>(
+        &mut self,
+        family: &str,
+        entry: &str,
+        params: &P,
+        storage: &[wgpu::Buffer],
+        size: Size,
+    ) -> Result<Work, BackendError> {
+        let (pipeline, layout) = self.b.kernels.pipeline(&self.b.gpu, family, entry)?;
+        let pbuf = self.b.uniform(entry, params);
+        let mut entries = vec![
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: self.b.step.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: pbuf.as_entire_binding(),
+            },
+        ];
+        for (i, s) in storage.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 2 + i as u32,
+                resource: s.as_entire_binding(),
+            });
+        }
+        let gpu = &self.b.gpu;
+        let bind = kernels::scoped(gpu, &format!("bind group of {family}::{entry}"), || {
+            gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(entry),
+                layout: &layout,
+                entries: &entries,
+            })
+        })?;
+        Ok(Work::Kernel {
+            pipeline,
+            bind,
+            size,
+        })
+    }
+
+    fn cols(&self, v: ValueId) -> usize {
+        self.g.graph.value(v).cols
+    }
+
+    /// Embedding table in chunks of whole rows no larger than one binding.
+    fn table(&mut self, t: &TensorRef) -> Result<Vec<(wgpu::Buffer, u32, u32)>, BackendError> {
+        if let Some(c) = self.b.tables.get(&t.name) {
+            return Ok(c.clone());
+        }
+        let rb = t.row_bytes();
+        let n_rows = t.ne[1] as usize;
+        // Even row counts keep every chunk's start on a u32 word for F16/BF16.
+        let per = ((self.b.gpu.max_binding() as usize / rb.max(1)) & !1).max(2);
+        let bytes = t.bytes(self.file);
+        let mut chunks = Vec::new();
+        let mut r0 = 0;
+        while r0 < n_rows {
+            let rows = per.min(n_rows - r0);
+            let src = &bytes[r0 * rb..(r0 + rows) * rb];
+            let size = (src.len().next_multiple_of(4)).max(4) as u64;
+            // Streamed from the mmap into the mapped buffer: no second copy.
+            let buf = self.b.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&t.name),
+                size,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: true,
+            });
+            {
+                let mut view = buf.slice(..).get_mapped_range_mut().map_err(|e| {
+                    BackendError::Device {
+                        device: self.b.gpu.describe(),
+                        msg: format!("uploading {}: {e}", t.name),
+                    }
+                })?;
+                let mut padded;
+                let src = if src.len() as u64 == size {
+                    src
+                } else {
+                    padded = src.to_vec();
+                    padded.resize(size as usize, 0);
+                    &padded[..]
+                };
+                view.copy_from_slice(src);
+            }
+            buf.unmap();
+            chunks.push((buf, r0 as u32, rows as u32));
+            r0 += rows;
+        }
+        self.b.tables.insert(t.name.clone(), chunks.clone());
+        Ok(chunks)
+    }
+
+    fn op(&mut self, op: &Op) -> Result<Vec<Work>, BackendError> {
+        let one = |w: Work| Ok(vec![w]);
+        match op {
+            Op::Embed(o) => {
+                let ty = match o.table.ty {
+                    GgmlType::F32 => 0,
+                    GgmlType::F16 => 1,
+                    GgmlType::Bf16 => 2,
+                    other => {
+                        return Err(unsupported(format!(
+                            "embedding tables of type {other:?}"
+                        )))
+                    }
+                };
+                let dim = o.table.ne[0] as usize;
+                let mut out = Vec::new();
+                for (buf, row0, n_rows) in self.table(&o.table)? {
+                    let p = EmbedParams {
+                        dim: dim as u32,
+                        ty,
+                        row0,
+                        n_rows,
+                    };
+                    let s = [buf, self.val(o.tokens), self.val(o.out)];
+                    out.push(self.kernel("embed", "embed", &p, &s, per_token(dim))?);
+                }
+                Ok(out)
+            }
+            Op::HcInit(o) => {
+                let p = EltParams {
+                    cols: o.dim as u32,
+                    n_hc: o.n_hc as u32,
+                    ..Default::default()
+                };
+                let s = [self.val(o.x), self.dummy(), self.val(o.out)];
+                one(self.kernel("elementwise", "hc_init", &p, &s, per_token(o.n_hc * o.dim))?)
+            }
+            Op::RmsNorm(o) => {
+                let d = self.g.graph.value(o.out).clone();
+                let (rpt, fixed) = if d.per_token {
+                    (d.cols / o.dim, 0)
+                } else {
+                    (0, d.rows * d.cols / o.dim)
+                };
+                let p = NormParams {
+                    dim: o.dim as u32,
+                    rows_per_token: rpt as u32,
+                    fixed_rows: fixed as u32,
+                    has_weight: o.weight.is_some() as u32,
+                    eps: o.eps,
+                    ..Default::default()
+                };
+                let w = match &o.weight {
+                    Some(t) => self.small(t)?,
+                    None => self.dummy(),
+                };
+                let s = [self.val(o.x), w, self.val(o.out)];
+                let size = Size::Groups {
+                    per_token: rpt as u32,
+                    fixed: fixed as u32,
+                };
+                one(self.kernel("norm", "rms_norm", &p, &s, size)?)
+            }
+            Op::MatMul(_) => Err(unsupported("matmul (kernels not merged yet)".into())),
+            Op::MoeExperts(_) => Err(unsupported("routed experts (kernels not merged yet)".into())),
+            Op::HcMix(o) => {
+                if o.n_hc > 8 {
+                    return Err(unsupported(format!("{} HC streams (at most 8)", o.n_hc)));
+                }
+                let p = HcMixParams {
+                    n_hc: o.n_hc as u32,
+                    mix_dim: o.mix_dim() as u32,
+                    sinkhorn_iters: o.sinkhorn_iters as u32,
+                    has_post: o.post.is_some() as u32,
+                    eps: o.eps,
+                    ..Default::default()
+                };
+                let post = match o.post {
+                    Some(v) => self.val(v),
+                    None => self.b.dummy_write[0].clone(),
+                };
+                let comb = match o.comb {
+                    Some(v) => self.val(v),
+                    None => self.b.dummy_write[1].clone(),
+                };
+                let s = [
+                    self.val(o.logits),
+                    self.small(&o.scale)?,
+                    self.small(&o.base)?,
+                    self.val(o.pre),
+                    post,
+                    comb,
+                ];
+                one(self.kernel("hc_mix", "hc_mix", &p, &s, per_token(1))?)
+            }
+            Op::HcCollapse(o) => {
+                let p = HcParams {
+                    n_hc: o.n_hc as u32,
+                    dim: o.dim as u32,
+                    ..Default::default()
+                };
+                let s = [
+                    self.val(o.state),
+                    self.dummy(),
+                    self.val(o.pre),
+                    self.dummy(),
+                    self.val(o.out),
+                ];
+                one(self.kernel("hc", "hc_collapse", &p, &s, per_token(o.dim))?)
+            }
+            Op::HcExpand(o) => {
+                let p = HcParams {
+                    n_hc: o.n_hc as u32,
+                    dim: o.dim as u32,
+                    ..Default::default()
+                };
+                let s = [
+                    self.val(o.state),
+                    self.val(o.y),
+                    self.val(o.post),
+                    self.val(o.comb),
+                    self.val(o.out),
+                ];
+                one(self.kernel("hc", "hc_expand", &p, &s, per_token(o.n_hc * o.dim))?)
+            }
+            Op::Rope(o) => {
+                let table = rope_table(&ops::rope::frequencies(&o.rope));
+                let p = RopeParams {
+                    heads: o.heads as u32,
+                    head_dim: o.head_dim as u32,
+                    n_rot: o.rope.n_rot as u32,
+                    inverse: o.inverse as u32,
+                };
+                let tb = self.b.storage_init("rope table", bytemuck::cast_slice(&table));
+                let s = [self.val(o.x), tb, self.val(o.out)];
+                one(self.kernel("rope", "rope", &p, &s, per_token(o.heads * o.head_dim))?)
+            }
+            Op::KvRound(o) => {
+                if o.dim > 1024 {
+                    return Err(unsupported(format!("KV rows of {} (at most 1024)", o.dim)));
+                }
+                let p = RoundParams {
+                    dim: o.dim as u32,
+                    rows_per_token: 1,
+                    n_rot: o.n_rot as u32,
+                    fp8: o.fp8 as u32,
+                    f16: o.f16 as u32,
+                    ..Default::default()
+                };
+                let s = [self.val(o.x), self.val(o.out)];
+                one(self.kernel("round", "kv_round", &p, &s, groups_per_token(1))?)
+            }
+            Op::HadamardFp4(o) => {
+                if o.head_dim > 1024 || !o.head_dim.is_power_of_two() {
+                    return Err(unsupported(format!("Hadamard width {}", o.head_dim)));
+                }
+                let p = RoundParams {
+                    dim: o.head_dim as u32,
+                    rows_per_token: (o.cols / o.head_dim) as u32,
+                    ..Default::default()
+                };
+                let s = [self.val(o.x), self.val(o.out)];
+                one(self.kernel("round", "hadamard_fp4", &p, &s, groups_per_token(o.cols / o.head_dim))?)
+            }
+            Op::Attention(o) => {
+                if o.head_dim > 1024 {
+                    return Err(unsupported(format!("head_dim {} (at most 1024)", o.head_dim)));
+                }
+                let p = AttnParams {
+                    n_head: o.n_head as u32,
+                    head_dim: o.head_dim as u32,
+                    window: o.window as u32,
+                    top_k: o.top_k as u32,
+                    ratio: o.compressed.map_or(0, |c| c.ratio as u32),
+                    has_sel: o.selected.is_some() as u32,
+                    scale: 1.0 / (o.head_dim as f32).sqrt(),
+                    _pad0: 0,
+                };
+                let comp = match o.compressed {
+                    Some(c) => self.state(c.rows),
+                    None => self.dummy(),
+                };
+                let sel = match o.selected {
+                    Some(v) => self.val(v),
+                    None => self.dummy(),
+                };
+                let s = [
+                    self.val(o.q),
+                    self.val(o.kv),
+                    self.state(o.ring),
+                    comp,
+                    sel,
+                    self.small(&o.sinks)?,
+                    self.val(o.out),
+                ];
+                one(self.kernel("attention", "attention", &p, &s, groups_per_token(o.n_head))?)
+            }
+            Op::RingWrite(o) => {
+                let p = RingParams {
+                    window: o.window as u32,
+                    dim: o.dim as u32,
+                    ..Default::default()
+                };
+                let s = [self.val(o.kv), self.state(o.ring)];
+                one(self.kernel("ring", "ring_write", &p, &s, per_token(o.dim))?)
+            }
+            Op::Compress(o) => {
+                if o.head_dim > 1024 {
+                    return Err(unsupported(format!("compressed rows of {}", o.head_dim)));
+                }
+                if o.rounding == RowRounding::HadamardFp4F16 && !o.head_dim.is_power_of_two() {
+                    return Err(unsupported(format!("Hadamard width {}", o.head_dim)));
+                }
+                let mut consts = ops::load_f32(self.file, &o.ape);
+                consts.resize(o.ratio * o.width(), 0.0);
+                consts.extend(ops::load_f32(self.file, &o.norm));
+                consts.extend(rope_table(&ops::rope::frequencies(&o.rope)));
+                let p = CompressParams {
+                    ratio: o.ratio as u32,
+                    head_dim: o.head_dim as u32,
+                    width: o.width() as u32,
+                    overlapped: o.overlapped as u32,
+                    n_rot: o.rope.n_rot as u32,
+                    rounding: match o.rounding {
+                        RowRounding::None => 0,
+                        RowRounding::Fp8F16 => 1,
+                        RowRounding::HadamardFp4F16 => 2,
+                    },
+                    eps: o.eps,
+                    _pad0: 0,
+                };
+                let cb = self
+                    .b
+                    .storage_init("compressor constants", bytemuck::cast_slice(&consts));
+                let s = [
+                    self.val(o.kv),
+                    self.val(o.gate),
+                    cb,
+                    self.state(o.state_kv),
+                    self.state(o.state_score),
+                    self.state(o.rows),
+                ];
+                let size = Size::Groups {
+                    per_token: 0,
+                    fixed: 1,
+                };
+                one(self.kernel("compress", "compress", &p, &s, size)?)
+            }
+            Op::IndexerTopK(o) => {
+                let max_rows = self.b.layout.get(o.rows).rows;
+                let need = (self.g.graph.max_tokens * max_rows * 4).max(4) as u64;
+                let scratch = match &self.scratch {
+                    Some(s) if s.size() >= need => s.clone(),
+                    _ => {
+                        check_binding(&self.b.gpu, "indexer scores", need)?;
+                        let s = self.b.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                            label: Some("indexer scores"),
+                            size: need,
+                            usage: wgpu::BufferUsages::STORAGE,
+                            mapped_at_creation: false,
+                        });
+                        self.scratch = Some(s.clone());
+                        s
+                    }
+                };
+                let p = IndexerParams {
+                    ratio: o.ratio as u32,
+                    top_k: o.top_k as u32,
+                    n_head: o.n_head as u32,
+                    head_dim: o.head_dim as u32,
+                    max_rows: max_rows as u32,
+                    ..Default::default()
+                };
+                let s = [
+                    self.val(o.q),
+                    self.val(o.weights),
+                    self.state(o.rows),
+                    scratch,
+                    self.val(o.out),
+                ];
+                one(self.kernel("indexer", "indexer_topk", &p, &s, groups_per_token(1))?)
+            }
+            Op::Router(o) => {
+                if o.n_expert > 512 || o.k > 32 {
+                    return Err(unsupported(format!(
+                        "router over {} experts choosing {} (at most 512 and 32)",
+                        o.n_expert, o.k
+                    )));
+                }
+                let p = RouterParams {
+                    n_expert: o.n_expert as u32,
+                    k: o.k as u32,
+                    scale: o.scale,
+                    normalize: o.normalize as u32,
+                    has_bias: o.bias.is_some() as u32,
+                    has_table: o.tid2eid.is_some() as u32,
+                    table_row: o.tid2eid.as_ref().map_or(0, |t| t.ne[0] as u32),
+                    _pad0: 0,
+                };
+                let bias = match &o.bias {
+                    Some(t) => self.small(t)?,
+                    None => self.dummy(),
+                };
+                let table = match &o.tid2eid {
+                    Some(t) => self.small(t)?,
+                    None => self.dummy(),
+                };
+                let s = [
+                    self.val(o.logits),
+                    self.val(o.tokens),
+                    bias,
+                    table,
+                    self.val(o.selected),
+                    self.val(o.weights),
+                ];
+                one(self.kernel("router", "router", &p, &s, per_token(1))?)
+            }
+            Op::SwiGlu(o) => {
+                let cols = self.cols(o.out);
+                let p = EltParams {
+                    cols: cols as u32,
+                    clamp: o.clamp,
+                    ..Default::default()
+                };
+                let s = [self.val(o.gate), self.val(o.up), self.val(o.out)];
+                one(self.kernel("elementwise", "swiglu", &p, &s, per_token(cols))?)
+            }
+            Op::Add(o) => {
+                let cols = self.cols(o.out);
+                let p = EltParams {
+                    cols: cols as u32,
+                    ..Default::default()
+                };
+                let s = [self.val(o.a), self.val(o.b), self.val(o.out)];
+                one(self.kernel("elementwise", "add", &p, &s, per_token(cols))?)
+            }
+            Op::Scale(o) => {
+                let cols = self.cols(o.out);
+                let p = EltParams {
+                    cols: cols as u32,
+                    factor: o.factor,
+                    ..Default::default()
+                };
+                let s = [self.val(o.x), self.dummy(), self.val(o.out)];
+                one(self.kernel("elementwise", "scale", &p, &s, per_token(cols))?)
+            }
+            Op::TakeLast(o) => {
+                let p = EltParams {
+                    cols: o.cols as u32,
+                    ..Default::default()
+                };
+                let s = [self.val(o.x), self.dummy(), self.val(o.out)];
+                let size = Size::Threads {
+                    per_token: 0,
+                    fixed: o.cols as u32,
+                };
+                one(self.kernel("elementwise", "take_last", &p, &s, size)?)
+            }
+        }
+    }
+}
+
+/// The dispatch lists of `g`, split at its flush points.
+pub(super) fn record(b: &mut WgpuBackend, g: &LoadedGraph) -> Result<Vec<Vec<Work>>, BackendError> {
+    let file_arc = b.file.clone();
+    let file: &GgufFile = (*file_arc).as_ref();
+    let mut r = Rec {
+        b,
+        g,
+        file,
+        scratch: None,
+    };
+    let mut segments = vec![Vec::new()];
+    for node in &g.graph.nodes {
+        match node {
+            Node::Op(op) => {
+                let w = r.op(op)?;
+                segments.last_mut().expect("one segment").extend(w);
+            }
+            Node::Flush => {
+                if !segments.last().expect("one segment").is_empty() {
+                    segments.push(Vec::new());
+                }
+            }
+        }
+    }
+    r.b.gpu.check()?;
+    Ok(segments)
+}
