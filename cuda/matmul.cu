@@ -13,10 +13,10 @@
 
 template <int TY>
 __device__ void matmul_impl(const u8* w, u32 row_bytes, u32 n_in, u32 n_out, u32 groups, const float* x,
-                            float* out, const Step* st) {
+                            float* out, u32 fixed_rows, const Step* st) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 o = blockIdx.x * MM_ROWS + warp;
-    const u32 t0 = blockIdx.y * MM_TT, n = st->n_tokens;
+    const u32 t0 = blockIdx.y * MM_TT, n = live_rows(fixed_rows, st);
     if (o >= n_out || t0 >= n) return;
     const u32 tt = min((u32)MM_TT, n - t0);
     const u32 g = o / (n_out / groups), x_stride = groups * n_in, units = n_in / 32;
@@ -41,7 +41,7 @@ __device__ void matmul_impl(const u8* w, u32 row_bytes, u32 n_in, u32 n_out, u32
 
 #define MATMUL_KERNEL(name, TY)                                                                              \
     extern "C" __global__ void matmul_##name(const u8* w, u32 row_bytes, u32 n_in, u32 n_out, u32 groups,    \
-                                             const float* x, float* out, const Step* st) {                   \
-        matmul_impl<TY>(w, row_bytes, n_in, n_out, groups, x, out, st);                                      \
+                                             const float* x, float* out, u32 fixed_rows, const Step* st) {   \
+        matmul_impl<TY>(w, row_bytes, n_in, n_out, groups, x, out, fixed_rows, st);                          \
     }
 FOR_EACH_WEIGHT_TYPE(MATMUL_KERNEL)

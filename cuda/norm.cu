@@ -1,12 +1,13 @@
 // RMS norm (ops::norm::RmsNorm): sum of squares in f64 like the CPU twin.
 // Launch: one block of 256 threads per row, grid = rows capacity; rows past
-// the live count return at once. `w` may be null (unweighted).
+// the live count (fixed_rows, else rows_per_token per token) return at once.
+// `w` may be null (unweighted).
 
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, u32 dim, float eps,
-                                    u32 fixed_rows, const Step* st) {
+                                    u32 rows_per_token, u32 fixed_rows, const Step* st) {
     __shared__ double scratch[32];
     const u32 r = blockIdx.x;
-    if (r >= live_rows(fixed_rows, st)) return;
+    if (r >= (fixed_rows > 0 ? fixed_rows : rows_per_token * st->n_tokens)) return;
     const float* xr = x + (u64)r * dim;
     float* o = out + (u64)r * dim;
     double ss = 0.0;

@@ -160,3 +160,20 @@ pub fn entry_points(family: &str) -> Vec<String> {
     }
     v
 }
+
+/// Every kernel name of every family, interned once (launch lists hold
+/// `&'static str` names).
+pub fn static_name(name: &str) -> Option<&'static str> {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    NAMES
+        .get_or_init(|| {
+            families()
+                .into_iter()
+                .flat_map(entry_points)
+                .map(|n| &*Box::leak(n.into_boxed_str()))
+                .collect()
+        })
+        .iter()
+        .copied()
+        .find(|n| *n == name)
+}
