@@ -849,15 +849,6 @@ fn matrix_products_match_the_cpu_for_every_weight_type() {
     let cases = matmul_cases();
     check_cpu_self(&cases);
     if let Some(g) = gpu() {
-        // The kernels come from the matmul work (shaders/matmul.wgsl,
-        // moe.wgsl); until they are wired in the backend says Unsupported.
-        let probe = &cases[0];
-        let mut wg = WgpuBackend::new(g.clone(), probe.file.clone(), probe.layout.clone()).unwrap();
-        match wg.load_graph(probe.graph.clone()) {
-            Err(BackendError::Unsupported { what, .. }) if what.contains("not merged") => {
-                eprintln!("matrix products not wired into the wgpu backend yet: {what}");
-            }
-            _ => check_on_gpu(&g, &cases),
-        }
+        check_on_gpu(&g, &cases);
     }
 }

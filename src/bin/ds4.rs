@@ -79,9 +79,18 @@ struct Args {
     /// model: official rounding steps (default); plain: without them
     #[argh(option, default = "String::from(\"model\")")]
     numerics: String,
-    /// backend: cpu, wgpu, cuda
+    /// backend: auto (default: a real GPU through wgpu, else cpu), cpu, wgpu (aliases metal, vulkan), cuda
     #[argh(option)]
     backend: Option<String>,
+    /// same as --backend wgpu (Vulkan where there is no Metal)
+    #[argh(switch)]
+    vulkan: bool,
+    /// print every wgpu adapter (backend, type, limits, features) and exit; DS4_WGPU_ADAPTER picks one by index or name
+    #[argh(switch)]
+    list_devices: bool,
+    /// write every WGSL module, as handed to wgpu, to DIR as .wgsl files and exit
+    #[argh(option)]
+    dump_shaders: Option<PathBuf>,
     /// same as --backend cpu
     #[argh(switch)]
     cpu: bool,
@@ -187,15 +196,15 @@ fn read_prompt(a: &Args) -> Result<Option<String>, String> {
 }
 
 fn backend_kind(a: &Args) -> Result<BackendKind, String> {
-    let flags =
-        [a.cpu, a.metal, a.cuda].iter().filter(|&&x| x).count() + a.backend.is_some() as usize;
+    let flags = [a.cpu, a.metal, a.vulkan, a.cuda].iter().filter(|&&x| x).count()
+        + a.backend.is_some() as usize;
     if flags > 1 {
-        return Err("choose one backend (--backend, --cpu, --metal, --cuda)".into());
+        return Err("choose one backend (--backend, --cpu, --metal, --vulkan, --cuda)".into());
     }
     if a.cpu {
         return Ok(BackendKind::Cpu);
     }
-    if a.metal {
+    if a.metal || a.vulkan {
         return Ok(BackendKind::Wgpu);
     }
     if a.cuda {
@@ -203,7 +212,7 @@ fn backend_kind(a: &Args) -> Result<BackendKind, String> {
     }
     match &a.backend {
         Some(b) => BackendKind::parse(b).map_err(|e| e.to_string()),
-        None => Ok(BackendKind::Cpu),
+        None => Ok(BackendKind::Auto),
     }
 }
 
@@ -340,6 +349,16 @@ fn dump_logprobs(
 }
 
 fn run(a: Args) -> Result<(), String> {
+    if a.list_devices {
+        print!("{}", ds4::backend::wgpu::gpu::devices_report());
+        return Ok(());
+    }
+    if let Some(dir) = &a.dump_shaders {
+        let written = ds4::backend::wgpu::shaders::dump(dir)
+            .map_err(|e| format!("--dump-shaders {}: {e}", dir.display()))?;
+        eprintln!("ds4: wrote {} WGSL modules to {}", written.len(), dir.display());
+        return Ok(());
+    }
     if a.info || a.inspect {
         return info(&model_path(&a)?);
     }
@@ -432,6 +451,7 @@ fn run(a: Args) -> Result<(), String> {
         dump: dumps.clone(),
     };
     let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+    eprintln!("ds4: {}", sess.backend_notice());
     eprintln!(
         "ds4: context buffers {} for {} tokens",
         human(sess.state_bytes() as u64),

@@ -268,3 +268,38 @@ impl Gpu {
         self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 }
+
+/// What `ds4 --list-devices` prints: every adapter with its index (for
+/// `DS4_WGPU_ADAPTER`), backend, type, the limits that matter here and its
+/// features.
+pub fn devices_report() -> String {
+    let list = list_adapters();
+    if list.is_empty() {
+        return "no wgpu adapter found (install a Vulkan driver; mesa-vulkan-drivers gives lavapipe)\n"
+            .into();
+    }
+    let mut out = String::new();
+    for a in &list {
+        let l = &a.limits;
+        out.push_str(&format!(
+            "{}: {}{}\n    driver: {} {}\n    max_storage_buffer_binding_size {} B, max_buffer_size {} B, \
+             max_storage_buffers_per_shader_stage {}, max_compute_workgroup_storage_size {} B, \
+             max_compute_invocations_per_workgroup {}\n    features: {:?}\n",
+            a.index,
+            describe(&a.info),
+            if a.is_real_gpu() { "" } else { " — not picked by --backend auto" },
+            a.info.driver,
+            a.info.driver_info,
+            l.max_storage_buffer_binding_size,
+            l.max_buffer_size,
+            l.max_storage_buffers_per_shader_stage,
+            l.max_compute_workgroup_storage_size,
+            l.max_compute_invocations_per_workgroup,
+            a.features,
+        ));
+    }
+    out.push_str(&format!(
+        "{ADAPTER_ENV}=INDEX|NAME picks one; --backend auto uses the first real GPU.\n"
+    ));
+    out
+}

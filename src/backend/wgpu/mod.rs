@@ -65,6 +65,8 @@ pub enum Work {
         bind: wgpu::BindGroup,
         size: Size,
     },
+    Dense(matmul::DenseMatmul),
+    Experts(matmul::RoutedExperts),
 }
 
 impl Work {
@@ -81,6 +83,8 @@ impl Work {
                     pass.dispatch_workgroups(x, y, z);
                 }
             }
+            Work::Dense(d) => d.encode(pass, n),
+            Work::Experts(e) => e.encode(pass, n),
         }
     }
 }
@@ -111,6 +115,11 @@ pub struct WgpuBackend {
     states: Vec<wgpu::Buffer>,
     step: wgpu::Buffer,
     kernels: kernels::Kernels,
+    /// Matrix-product pipelines (created on the first graph with one).
+    matmul: Option<matmul::MatmulKernels>,
+    /// Matrices and expert tensors as stored in the file, in chunks of
+    /// whole rows (shared by every graph).
+    tensors: HashMap<String, Arc<weights::GpuTensor>>,
     /// Small tensors widened to f32 once (norms, sinks, biases, mixers).
     small: HashMap<String, wgpu::Buffer>,
     /// Embedding tables in chunks of whole rows: (buffer, first row, rows).
@@ -173,6 +182,8 @@ impl WgpuBackend {
             states,
             step,
             kernels: kernels::Kernels::default(),
+            matmul: None,
+            tensors: HashMap::new(),
             small: HashMap::new(),
             tables: HashMap::new(),
             dummy_read,

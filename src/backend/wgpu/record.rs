@@ -3,7 +3,11 @@
 //! uniform and its bind group here, once; weights it reads are uploaded on
 //! first use and shared by every graph.
 
+use std::sync::Arc;
+
+use super::matmul::{BufRange, MatmulKernels};
 use super::params::*;
+use super::weights::GpuTensor;
 use super::{check_binding, kernels, LoadedGraph, Size, WgpuBackend, Work};
 use crate::backend::BackendError;
 use crate::gguf::GgufFile;
@@ -49,6 +53,37 @@ impl Rec<'_> {
 
     fn state(&self, s: StateId) -> wgpu::Buffer {
         self.b.states[s.0 as usize].clone()
+    }
+
+    fn range(&self, v: ValueId) -> BufRange {
+        BufRange::whole(self.g.buffer(v))
+    }
+
+    /// The matrix-product pipelines (created on first use), the device and
+    /// the step uniform.
+    fn matmul(&mut self) -> Result<(&MatmulKernels, &super::Gpu, &wgpu::Buffer), BackendError> {
+        if self.b.matmul.is_none() {
+            self.b.matmul = Some(MatmulKernels::new(&self.b.gpu)?);
+        }
+        let b = &*self.b;
+        Ok((b.matmul.as_ref().expect("created above"), &b.gpu, &b.step))
+    }
+
+    /// A matrix or expert tensor uploaded as stored (cached by name).
+    fn tensor(&mut self, t: &TensorRef) -> Result<Arc<GpuTensor>, BackendError> {
+        if let Some(w) = self.b.tensors.get(&t.name) {
+            return Ok(w.clone());
+        }
+        let w = Arc::new(GpuTensor::upload(
+            &self.b.gpu,
+            &t.name,
+            t.ty,
+            t.ne,
+            t.bytes(self.file),
+            &mut |_| {},
+        )?);
+        self.b.tensors.insert(t.name.clone(), w.clone());
+        Ok(w)
     }
 
     fn dummy(&self) -> wgpu::Buffer {
@@ -227,8 +262,42 @@ impl Rec<'_> {
                 };
                 one(self.kernel("norm", "rms_norm", &p, &s, size)?)
             }
-            Op::MatMul(_) => Err(unsupported("matmul (kernels not merged yet)".into())),
-            Op::MoeExperts(_) => Err(unsupported("routed experts (kernels not merged yet)".into())),
+            Op::MatMul(o) => {
+                let w = self.tensor(&o.w)?;
+                let (x, out) = (self.range(o.x), self.range(o.out));
+                let max_tokens = self.g.graph.max_tokens;
+                let (mm, gpu, step) = self.matmul()?;
+                let d = mm.dense(gpu, &w, o.groups, x, out, step, max_tokens)?;
+                one(Work::Dense(d))
+            }
+            Op::MoeExperts(o) => {
+                let gate = self.tensor(&o.gate)?;
+                let up = self.tensor(&o.up)?;
+                let down = self.tensor(&o.down)?;
+                let (x, sel, wts, out) = (
+                    self.range(o.x),
+                    self.range(o.selected),
+                    self.range(o.weights),
+                    self.range(o.out),
+                );
+                let max_tokens = self.g.graph.max_tokens;
+                let (mm, gpu, step) = self.matmul()?;
+                let e = mm.experts(
+                    gpu,
+                    &gate,
+                    &up,
+                    &down,
+                    o.clamp,
+                    o.k,
+                    x,
+                    sel,
+                    wts,
+                    out,
+                    step,
+                    max_tokens,
+                )?;
+                one(Work::Experts(e))
+            }
             Op::HcMix(o) => {
                 if o.n_hc > 8 {
                     return Err(unsupported(format!("{} HC streams (at most 8)", o.n_hc)));

@@ -7,6 +7,9 @@
 const HELPERS: &[(&str, &str)] = &[
     ("common", include_str!("../../../shaders/common.wgsl")),
     ("rowops", include_str!("../../../shaders/rowops.wgsl")),
+    // Block decoders and the row-dot core shared by matmul and moe.
+    ("quant", include_str!("../../../shaders/quant.wgsl")),
+    ("matmul", include_str!("../../../shaders/matmul.wgsl")),
 ];
 
 macro_rules! family {
@@ -34,6 +37,9 @@ const FAMILIES: &[(&str, &[&str], &str)] = &[
     family!("compress", &["common", "rowops"]),
     family!("indexer", &["common"]),
     family!("router", &["common"]),
+    // Matrix products (dense) and routed experts; see src/backend/wgpu/matmul.rs.
+    ("matmul", &["quant"], include_str!("../../../shaders/matmul.wgsl")),
+    ("moe", &["quant", "matmul"], include_str!("../../../shaders/moe.wgsl")),
 ];
 
 /// Names of every kernel family.

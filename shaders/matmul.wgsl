@@ -1,0 +1,116 @@
+// Matrix × activations with the weights decoded in the shader from the GGUF
+// bytes (quant.wgsl). One workgroup computes one weight row against a tile of
+// up to TILE_TOKENS activation rows: every weight unit is decoded once per
+// tile and reused for each token of the tile (decode: a tile of one token,
+// i.e. a matrix-vector product; prefill: full tiles). The partial sums of the
+// 64 invocations are reduced in workgroup memory, which works on every
+// adapter whatever its subgroup size.
+//
+// Weights larger than one storage binding are split into chunks of whole rows
+// (whole expert slabs for 3-D tensors); the host records one dispatch per
+// chunk, with `row0` / `expert0` saying where the chunk starts.
+
+// Mirrors `MatmulParams` in src/backend/wgpu/matmul.rs (#[repr(C)], 64 bytes).
+struct MatmulParams {
+    n_in: u32,           // elements per weight row
+    n_rows: u32,         // rows of the chunk (dense) or of one expert (experts)
+    row0: u32,           // dense: global index of the chunk's first row
+    row_bytes: u32,      // bytes per weight row
+    rows_per_group: u32, // dense: output rows per activation group
+    x_stride: u32,       // floats between consecutive activation rows
+    out_stride: u32,     // floats between consecutive output rows
+    grid_x: u32,         // workgroups along x; rows fold into x and y
+    expert0: u32,        // experts: first expert of the chunk
+    n_experts: u32,      // experts: experts in the chunk
+    k: u32,              // experts: slots per token
+    mode: u32,           // experts: MODE_* below
+    clamp: f32,          // experts: SwiGLU clamp
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+}
+
+// The step's uniform: the first 16 bytes of the backend's per-step uniform
+// (position of the first token, live tokens of this step).
+struct MmStep {
+    pos0: u32,
+    n_tokens: u32,
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: MatmulParams;
+@group(0) @binding(1) var<uniform> STEP: MmStep;
+@group(0) @binding(2) var<storage, read> W: array<u32>;
+@group(0) @binding(3) var<storage, read> X: array<f32>;
+@group(0) @binding(4) var<storage, read_write> OUT: array<f32>;
+@group(0) @binding(5) var<storage, read> IQ2_GRID: array<u32>;
+@group(0) @binding(6) var<storage, read> SEL: array<i32>;
+@group(0) @binding(7) var<storage, read> RW: array<f32>;
+
+// GGUF type id of W; set per pipeline.
+override WTYPE: u32 = 0u;
+
+const WG: u32 = 64u;
+const TILE_TOKENS: u32 = 8u;
+
+var<workgroup> red: array<f32, 512>; // TILE_TOKENS × WG partial sums
+
+// Dots the weight row at byte `rb` with `nt` activation rows (row t starts
+// at X[xbase + t·xstep]); the sum for token t ends in red[t·WG]. Every
+// invocation of the workgroup must call this (it contains barriers); `live`
+// false contributes zeros.
+fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
+    var acc: array<f32, TILE_TOKENS>;
+    if (live) {
+        let n_units = (P.n_in + 31u) / 32u;
+        var w: array<f32, 32>;
+        for (var u = lid; u < n_units; u += WG) {
+            decode32(rb, u, &w);
+            let e0 = 32u * u;
+            let cnt = min(32u, P.n_in - e0);
+            for (var t = 0u; t < nt; t++) {
+                let xb = xbase + t * xstep + e0;
+                var s = 0.0;
+                for (var i = 0u; i < cnt; i++) {
+                    s += w[i] * X[xb + i];
+                }
+                acc[t] += s;
+            }
+        }
+    }
+    for (var t = 0u; t < TILE_TOKENS; t++) {
+        red[t * WG + lid] = acc[t];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            for (var t = 0u; t < nt; t++) {
+                red[t * WG + lid] += red[t * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+// out[t][row0 + r] = Σ_i W[r][i] · x[t][g·n_in + i], g = (row0 + r) / rows_per_group.
+// Grid: x·y = rows of the chunk, z = token tiles.
+@compute @workgroup_size(64)
+fn mm_dense(@builtin(workgroup_id) wid: vec3<u32>,
+            @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let lid = lid3.x;
+    let r = wid.x + wid.y * P.grid_x;
+    let t0 = wid.z * TILE_TOKENS;
+    let n_tokens = STEP.n_tokens;
+    let live = r < P.n_rows && t0 < n_tokens;
+    var nt = 0u;
+    if (live) {
+        nt = min(TILE_TOKENS, n_tokens - t0);
+    }
+    let grow = P.row0 + r;
+    let g = grow / max(P.rows_per_group, 1u);
+    row_dots(lid, live, r * P.row_bytes, nt, t0 * P.x_stride + g * P.n_in, P.x_stride);
+    if (live && lid < nt) {
+        OUT[(t0 + lid) * P.out_stride + grow] = red[lid * WG];
+    }
+}

@@ -1,0 +1,72 @@
+// Routed experts (ops::moe::MoeExperts) on the GPU, appended to quant.wgsl and
+// matmul.wgsl. The selected expert of every (token, slot) is read from SEL on
+// the GPU; nothing goes back to the host. Per weight chunk (a range of whole
+// expert slabs) the host records:
+//   moe_rows MODE_GATE: H[s][f] = gate_e[f] · x[s / k]
+//   moe_rows MODE_UP:   H[s][f] = RW[s] · swiglu(H[s][f], up_e[f] · x[s / k])
+//   moe_rows MODE_DOWN: C[s][o] = down_e[o] · H[s]
+// and once: moe_sum: out[t][o] = Σ_slot C[t·k + slot][o], in slot order like
+// the CPU twin. A workgroup whose slot selects an expert outside the bound
+// chunk does nothing (its sibling dispatch on the right chunk does the work).
+
+const MODE_GATE: u32 = 1u;
+const MODE_UP: u32 = 2u;
+const MODE_DOWN: u32 = 3u;
+
+fn silu(x: f32) -> f32 {
+    return x * (1.0 / (1.0 + exp(-x)));
+}
+
+// ops::moe::swiglu: silu(min(g, c)) · clamp(u, −c, c); no clamp when c ≤ 1e-6.
+fn swiglu(g: f32, u: f32, c: f32) -> f32 {
+    if (c > 1e-6) {
+        return silu(min(g, c)) * clamp(u, -c, c);
+    }
+    return silu(g) * u;
+}
+
+// Grid: x·y = rows of one expert, z = slots (n_tokens · k).
+@compute @workgroup_size(64)
+fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>,
+            @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let lid = lid3.x;
+    let f = wid.x + wid.y * P.grid_x;
+    let s = wid.z;
+    var live = false;
+    var e = 0u;
+    if (f < P.n_rows && s < STEP.n_tokens * P.k) {
+        let ei = SEL[s];
+        e = u32(ei);
+        live = ei >= 0 && e >= P.expert0 && e < P.expert0 + P.n_experts;
+    }
+    let rb = ((e - P.expert0) * P.n_rows + f) * P.row_bytes;
+    var xrow = s / max(P.k, 1u);
+    if (P.mode == MODE_DOWN) {
+        xrow = s;
+    }
+    row_dots(lid, live, select(0u, rb, live), 1u, xrow * P.x_stride, P.x_stride);
+    if (live && lid == 0u) {
+        let o = s * P.out_stride + f;
+        if (P.mode == MODE_UP) {
+            OUT[o] = RW[s] * swiglu(OUT[o], red[0], P.clamp);
+        } else {
+            OUT[o] = red[0];
+        }
+    }
+}
+
+// out[t][o] = Σ_slot X[(t·k + slot)·n_rows + o]. Grid: x·y = ceil(n_rows / 64), z = tokens.
+@compute @workgroup_size(64)
+fn moe_sum(@builtin(workgroup_id) wid: vec3<u32>,
+           @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let o = (wid.x + wid.y * P.grid_x) * WG + lid3.x;
+    let t = wid.z;
+    if (o >= P.n_rows || t >= STEP.n_tokens) {
+        return;
+    }
+    var acc = 0.0;
+    for (var i = 0u; i < P.k; i++) {
+        acc += X[(t * P.k + i) * P.n_rows + o];
+    }
+    OUT[t * P.out_stride + o] = acc;
+}

@@ -1,0 +1,271 @@
+//! End to end on the wgpu backend: logits equal the CPU backend's at every
+//! position on the tiny models (f32, q8, q2, q4; plain and model numerics),
+//! through chunked prefill, token-by-token decode and snapshot restore;
+//! greedy continuations agree; one long context wraps the window many times
+//! and makes the indexer choose among hundreds of rows. In CI these run on
+//! lavapipe; with `CI` set and no adapter they fail instead of skipping.
+//!
+//! Tolerance (stated in docs/VALIDATION.md): max |Δ log-prob| over every
+//! position and every vocabulary entry ≤ `MAX_DLOGPROB`. The GPU sums in a
+//! different order than the CPU twins (tree reductions, online softmax,
+//! fused multiply-adds), so the logits differ in the last bits; they must
+//! not differ more.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{tiny_model, tokens};
+use ds4::backend::wgpu::{AdapterChoice, Gpu};
+use ds4::backend::BackendKind;
+use ds4::graph::ValueName;
+use ds4::model::forward::{self, ForwardOptions, Logits, Numerics};
+use ds4::model::state::KvLayout;
+use ds4::session::{Session, SessionOptions};
+use ds4::testmodel::Variant;
+
+const MAX_DLOGPROB: f32 = 2e-3;
+
+/// Whether the GPU half runs (`CI` set and no adapter: panic).
+fn have_gpu() -> bool {
+    match Gpu::open(&AdapterChoice::from_env(true)) {
+        Ok(g) => {
+            eprintln!("wgpu device: {}", g.describe());
+            true
+        }
+        Err(e) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set but no wgpu adapter opened: {e}");
+            }
+            eprintln!("skipping: {e}");
+            false
+        }
+    }
+}
+
+fn session(v: Variant, numerics: Numerics, backend: BackendKind, ctx: usize, chunk: usize) -> Session {
+    let opts = SessionOptions {
+        ctx,
+        prefill_chunk: chunk,
+        numerics,
+        backend,
+        ..Default::default()
+    };
+    Session::new(tiny_model(v), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f32> {
+    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    let ls = s.ln() as f32;
+    l.iter().map(|&x| x - m - ls).collect()
+}
+
+/// Max |Δ log-prob| between two runs of `vocab`-wide logit rows.
+fn max_dlogprob(a: &[f32], b: &[f32], vocab: usize) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.chunks(vocab)
+        .zip(b.chunks(vocab))
+        .map(|(x, y)| {
+            log_softmax(x)
+                .iter()
+                .zip(log_softmax(y))
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f32::max)
+        })
+        .fold(0.0, f32::max)
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    l.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+        .map(|(i, _)| i as u32)
+        .unwrap_or(0)
+}
+
+/// Keep-all mode: runs `toks` on the CPU and on wgpu with every value of the
+/// graph kept, and names the first value (in tape order) where they differ
+/// by more than `tol` relative to the value's scale.
+fn first_divergence(
+    v: Variant,
+    a: (BackendKind, Numerics),
+    b: (BackendKind, Numerics),
+    toks: &[u32],
+    tol: f32,
+) -> Option<String> {
+    let numerics = a.1;
+    let model = tiny_model(v);
+    let kv = KvLayout::new(&model.config, &model.weights, 256);
+    let g = forward::record(
+        &model.config,
+        &model.weights,
+        &kv,
+        toks.len(),
+        &ForwardOptions {
+            numerics,
+            logits: Logits::Last,
+            keep: vec![],
+        },
+    );
+    let mut names: Vec<ValueName> = Vec::new();
+    for d in &g.values {
+        if !names.contains(&d.name) {
+            names.push(d.name.clone());
+        }
+    }
+    let open = |(k, numerics): (BackendKind, Numerics)| {
+        let opts = SessionOptions {
+            ctx: 256,
+            prefill_chunk: toks.len(),
+            numerics,
+            backend: k,
+            dump: names.clone(),
+        };
+        let mut s = Session::new(model.clone(), opts).unwrap();
+        s.sync(toks, &mut |_, _| {}).unwrap();
+        s
+    };
+    let (a, b) = (open(a), open(b));
+    for n in &names {
+        let (x, y) = (a.dump(n).ok()?, b.dump(n).ok()?);
+        let scale = x.iter().map(|v| v.abs()).fold(1e-6f32, f32::max);
+        let d = x
+            .iter()
+            .zip(&y)
+            .map(|(p, q)| if p.is_nan() != q.is_nan() { f32::INFINITY } else { (p - q).abs() })
+            .fold(0.0, f32::max);
+        if d > tol * scale {
+            return Some(format!("{n}: max |Δ| {d:e} (scale {scale:e})"));
+        }
+    }
+    None
+}
+
+#[test]
+fn keep_all_mode_names_the_first_diverging_value() {
+    let toks = tokens(9, 4);
+    let cpu = |n| (BackendKind::Cpu, n);
+    assert_eq!(
+        first_divergence(Variant::F32, cpu(Numerics::Model), cpu(Numerics::Model), &toks, 0.0),
+        None,
+        "the CPU must agree with itself bit for bit"
+    );
+    // Plain and model numerics first differ where layer 0 rounds its KV
+    // rows: the detector must stop there, not at a later value.
+    let d = first_divergence(Variant::F32, cpu(Numerics::Plain), cpu(Numerics::Model), &toks, 0.0)
+        .expect("plain and model numerics differ");
+    eprintln!("plain vs model numerics: first divergence {d}");
+    assert!(d.contains("@0"), "{d}");
+    if have_gpu() {
+        let wg = (BackendKind::Wgpu, Numerics::Model);
+        if let Some(d) = first_divergence(Variant::Q8, cpu(Numerics::Model), wg, &toks, 1e-3) {
+            panic!("wgpu diverges from the CPU first at {d}");
+        }
+    }
+}
+
+/// Chunked prefill (scoring every position) on both backends.
+fn check_scored(v: Variant, numerics: Numerics, n: usize, chunk: usize) -> f32 {
+    let toks = tokens(n, 21);
+    let mut c = session(v, numerics, BackendKind::Cpu, 512, chunk);
+    let mut g = session(v, numerics, BackendKind::Wgpu, 512, chunk);
+    let want = c.score(&toks).unwrap();
+    let got = g.score(&toks).unwrap();
+    let vocab = c.model().config.n_vocab;
+    let d = max_dlogprob(&got, &want, vocab);
+    eprintln!("{v:?} {numerics:?}: {n} tokens in chunks of {chunk}: max |Δ log-prob| {d:e}");
+    if d > MAX_DLOGPROB {
+        let first = first_divergence(
+            v,
+            (BackendKind::Cpu, numerics),
+            (BackendKind::Wgpu, numerics),
+            &toks[..16],
+            1e-3,
+        );
+        panic!("{v:?} {numerics:?}: max |Δ log-prob| {d:e} > {MAX_DLOGPROB:e}; first divergence {first:?}");
+    }
+    d
+}
+
+#[test]
+fn prefill_logits_match_the_cpu_on_every_tiny_variant() {
+    if !have_gpu() {
+        return;
+    }
+    // 100 tokens: crosses the 32-token window, completes CSA (4) and HCA
+    // (16) windows and leaves the indexer more than its top-k of 16 rows.
+    for v in Variant::ALL {
+        for numerics in [Numerics::Plain, Numerics::Model] {
+            check_scored(v, numerics, 100, 37);
+        }
+    }
+}
+
+#[test]
+fn decode_snapshot_and_greedy_continuation_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    for v in [Variant::F32, Variant::Q2] {
+        let toks = tokens(60, 8);
+        let (head, tail) = toks.split_at(40);
+        let mut c = session(v, Numerics::Model, BackendKind::Cpu, 256, 16);
+        let mut g = session(v, Numerics::Model, BackendKind::Wgpu, 256, 16);
+        c.sync(head, &mut |_, _| {}).unwrap();
+        g.sync(head, &mut |_, _| {}).unwrap();
+        let snap = g.save_snapshot().unwrap();
+        let vocab = c.model().config.n_vocab;
+        let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
+        for &t in tail {
+            c.eval(t).unwrap();
+            g.eval(t).unwrap();
+            worst = worst.max(max_dlogprob(g.logits(), c.logits(), vocab));
+        }
+        eprintln!("{v:?}: token-by-token decode: max |Δ log-prob| {worst:e}");
+        assert!(worst <= MAX_DLOGPROB, "{v:?}: decode {worst:e}");
+        // Snapshot taken on the GPU, restored on the GPU, continued.
+        let mut r = session(v, Numerics::Model, BackendKind::Wgpu, 256, 16);
+        r.load_snapshot(&snap).unwrap();
+        for &t in tail {
+            r.eval(t).unwrap();
+        }
+        let d = max_dlogprob(r.logits(), c.logits(), vocab);
+        eprintln!("{v:?}: after snapshot restore: max |Δ log-prob| {d:e}");
+        assert!(d <= MAX_DLOGPROB, "{v:?}: restored {d:e}");
+        // Greedy continuation from the same state.
+        let (mut gc, mut gg) = (Vec::new(), Vec::new());
+        for _ in 0..12 {
+            let (a, b) = (argmax(c.logits()), argmax(g.logits()));
+            gc.push(a);
+            gg.push(b);
+            c.eval(a).unwrap();
+            g.eval(b).unwrap();
+        }
+        assert_eq!(gc, gg, "{v:?}: greedy continuations differ");
+    }
+}
+
+#[test]
+fn long_context_wraps_the_window_and_indexes_many_rows() {
+    if !have_gpu() {
+        return;
+    }
+    // 1200 tokens in chunks of 300: the 32-row window wraps 37 times and the
+    // CSA indexer picks 16 of up to 300 compressed rows.
+    let toks = tokens(1200, 77);
+    let mut c = session(Variant::Q8, Numerics::Model, BackendKind::Cpu, 1280, 300);
+    let mut g = session(Variant::Q8, Numerics::Model, BackendKind::Wgpu, 1280, 300);
+    c.sync(&toks, &mut |_, _| {}).unwrap();
+    g.sync(&toks, &mut |_, _| {}).unwrap();
+    let vocab = c.model().config.n_vocab;
+    let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
+    for &t in &tokens(8, 5) {
+        c.eval(t).unwrap();
+        g.eval(t).unwrap();
+        worst = worst.max(max_dlogprob(g.logits(), c.logits(), vocab));
+    }
+    eprintln!("long context (1200 + 8 tokens): max |Δ log-prob| {worst:e}");
+    assert!(worst <= MAX_DLOGPROB, "long context: {worst:e}");
+    let _ = Arc::strong_count(&tiny_model(Variant::Q8));
+}
