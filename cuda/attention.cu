@@ -4,8 +4,8 @@
 // and the head's sink logit. Two passes like the CPU twin: the maximum
 // first, then the weights and the weighted sum.
 // Launch: grid (n_head, max_tokens), 256 threads (8 warps); each warp takes
-// every 8th candidate row; lanes stride the head dims (head_dim <= 512,
-// a multiple of 32); the q head and the per-warp sums live in shared memory.
+// every 8th candidate row; lanes stride the head dims (head_dim <= 512);
+// the q head and the per-warp sums live in shared memory.
 
 #define ATT_WARPS 8
 #define ATT_MAX_HD 512

@@ -6,7 +6,8 @@
 // once and applies each to the block's tile of up to MM_TT tokens (weights
 // are read once per token tile: decode = 1 tile, bandwidth-bound; prefill
 // reuses every decoded unit MM_TT times). Partial sums are reduced with warp
-// shuffles. x rows must be 16-byte aligned (slots are 256-byte aligned).
+// shuffles. Widths that are not whole units (float types) take a scalar
+// path; otherwise x rows are 16-byte aligned (slots are 256-byte aligned).
 
 #define MM_TT 8
 #define MM_ROWS 8
@@ -24,12 +25,24 @@ __device__ void matmul_impl(const u8* w, u32 row_bytes, u32 n_in, u32 n_out, u32
     float acc[MM_TT];
 #pragma unroll
     for (int k = 0; k < MM_TT; k++) acc[k] = 0.0f;
-    for (u32 u = lane; u < units; u += 32) {
-        float v[32];
-        decode32<TY>(row, u, v);
+    if (n_in % 32 == 0) {
+        // Fast path: whole units, 16-byte loads of weights and activations.
+        for (u32 u = lane; u < units; u += 32) {
+            float v[32];
+            decode32<TY>(row, u, v);
 #pragma unroll
-        for (int k = 0; k < MM_TT; k++) {
-            if ((u32)k < tt) acc[k] += dot32(v, x + (u64)(t0 + k) * x_stride + (u64)g * n_in + 32 * u);
+            for (int k = 0; k < MM_TT; k++) {
+                if ((u32)k < tt) acc[k] += dot32(v, x + (u64)(t0 + k) * x_stride + (u64)g * n_in + 32 * u);
+            }
+        }
+    } else {
+        // Odd widths (float types only): one value per lane per step.
+        for (u32 i = lane; i < n_in; i += 32) {
+            const float wv = decode1<TY>(row, i);
+#pragma unroll
+            for (int k = 0; k < MM_TT; k++) {
+                if ((u32)k < tt) acc[k] += wv * x[(u64)(t0 + k) * x_stride + (u64)g * n_in + i];
+            }
         }
     }
 #pragma unroll

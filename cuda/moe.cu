@@ -21,10 +21,14 @@ __device__ void expert_rows_impl(const u8* w, u32 row_bytes, u64 slab_bytes, u32
     if (e >= 0 && (u32)e < n_expert) {
         const u8* row = w + (u64)e * slab_bytes + (u64)o * row_bytes;
         const float* xin = x + (u64)(per_slot ? slot : slot / k) * n_in;
-        for (u32 u = lane; u < n_in / 32; u += 32) {
-            float v[32];
-            decode32<TY>(row, u, v);
-            acc += dot32(v, xin + 32 * u);
+        if (n_in % 32 == 0) {
+            for (u32 u = lane; u < n_in / 32; u += 32) {
+                float v[32];
+                decode32<TY>(row, u, v);
+                acc += dot32(v, xin + 32 * u);
+            }
+        } else {
+            for (u32 i = lane; i < n_in; i += 32) acc += decode1<TY>(row, i) * xin[i];
         }
     }
     acc = warp_sum(acc);

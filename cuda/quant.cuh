@@ -138,6 +138,24 @@ __device__ __forceinline__ void decode32(const u8* row, u32 u, float* out) {
     }
 }
 
+// One value of a row. Float types read it directly (any width, any
+// alignment of 2 or 4 bytes); block types decode the unit around it (only
+// used off the fast path: their rows are whole 32-value units).
+template <int TY>
+__device__ __forceinline__ float decode1(const u8* row, u32 i) {
+    if constexpr (TY == TY_F32) {
+        return ((const float*)row)[i];
+    } else if constexpr (TY == TY_F16) {
+        return f16_to_f32(((const u16*)row)[i]);
+    } else if constexpr (TY == TY_BF16) {
+        return bf16_to_f32(((const u16*)row)[i]);
+    } else {
+        float v[32];
+        decode32<TY>(row, i / 32, v);
+        return v[i % 32];
+    }
+}
+
 // Dot of unit u of a weight row with 32 activations (16-byte aligned).
 __device__ __forceinline__ float dot32(const float* w, const float* x) {
     const float4* x4 = (const float4*)x;

@@ -2,8 +2,9 @@
 //
 // kv_round: one block per row, one warp per 64-value FP8 block (two values
 // per lane), blockDim = 32 * ceil(dim / 64) <= 1024.
-// hadamard_fp4: one block per head, blockDim = head_dim (a power of two,
-// <= 1024), the head in shared memory; one warp per 32-value FP4 block.
+// hadamard_fp4: one block per head, blockDim = max(head_dim, 32) (head_dim a
+// power of two <= 1024), the head in shared memory; one warp per 32-value
+// FP4 block (lanes past a short head add nothing to the block maximum).
 
 extern "C" __global__ void kv_round(const float* x, float* out, u32 dim, u32 n_rot, u32 fp8, u32 to_f16,
                                     const Step* st) {
@@ -32,6 +33,6 @@ extern "C" __global__ void hadamard_fp4(const float* x, float* out, u32 cols, u3
     if (j < head_dim) buf[j] = x[base + j];
     hadamard_shared(buf, head_dim);
     float v = j < head_dim ? buf[j] : 0.0f;
-    v = fp4_block_roundtrip_warp(v);
+    v = fp4_block_roundtrip_warp(v);  // v = 0 past the head: no effect on the max
     if (j < head_dim) out[base + j] = v;
 }

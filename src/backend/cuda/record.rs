@@ -209,11 +209,9 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 let ty = o.table.ty;
                 let name = per_type("embed_", ty)?;
                 let d = o.table.ne[0] as usize;
-                if d % 32 != 0 {
-                    return Err(unsupported(format!("embedding width {d} (not a multiple of 32)")));
-                }
+                let items = if d % 32 == 0 { d / 32 } else { d };
                 let table = weights.tensor(file, &o.table, &mut progress)?;
-                launch(name, Grid::Threads(per_token(u(d / 32))), THREADS, 0, vec![
+                launch(name, Grid::Threads(per_token(u(items))), THREADS, 0, vec![
                     Arg::Ptr(table), Arg::U32(u(o.table.row_bytes())), Arg::U32(u(d)), v(o.tokens), v(o.out),
                 ])?;
             }
@@ -240,7 +238,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
             Op::MatMul(o) => {
                 let name = per_type("matmul_", o.w.ty)?;
                 let (n_in, n_out) = (o.in_dim(), o.out_dim());
-                if n_in % 32 != 0 || o.groups == 0 || n_out % o.groups != 0 {
+                if o.groups == 0 || n_out % o.groups != 0 {
                     return Err(unsupported(format!("matmul {} ({n_in} × {n_out}, {} groups)", o.w.name, o.groups)));
                 }
                 let d = graph.value(o.out);
@@ -289,16 +287,16 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
             }
             Op::HadamardFp4(o) => {
                 let hd = o.head_dim;
-                if !hd.is_power_of_two() || !(32..=1024).contains(&hd) || o.cols % hd != 0 {
+                if !hd.is_power_of_two() || hd > 1024 || o.cols % hd != 0 {
                     return Err(unsupported(format!("hadamard_fp4 over heads of {hd}")));
                 }
-                launch("hadamard_fp4", Grid::Blocks(per_token(u(o.cols / hd)), fixed(1)), u(hd), u(4 * hd), vec![
+                launch("hadamard_fp4", Grid::Blocks(per_token(u(o.cols / hd)), fixed(1)), u(hd.max(32)), u(4 * hd), vec![
                     v(o.x), v(o.out), Arg::U32(u(o.cols)), Arg::U32(u(hd)),
                 ])?;
             }
             Op::Attention(o) => {
-                if o.head_dim > 512 || o.head_dim % 32 != 0 {
-                    return Err(unsupported(format!("attention head dim {} (a multiple of 32, at most 512)", o.head_dim)));
+                if o.head_dim > 512 {
+                    return Err(unsupported(format!("attention head dim {} (at most 512)", o.head_dim)));
                 }
                 let sinks = weights.small_f32(file, &o.sinks)?;
                 let (comp, ratio) = match o.compressed {
@@ -363,7 +361,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 let d = o.gate.ne[0] as usize;
                 let ff = o.gate.ne[1] as usize;
                 let n_expert = o.gate.ne[2] as usize;
-                if d % 32 != 0 || ff % 32 != 0 || n_expert == 0 {
+                if n_expert == 0 {
                     return Err(unsupported(format!("experts {d} × {ff}")));
                 }
                 let k = o.k;
