@@ -7,7 +7,9 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+#ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
+#endif
 
 // Per-step parameters, written to device memory before every step (a
 // captured CUDA graph replays with new values). Twin: cuda::StepDev.
@@ -23,6 +25,7 @@ __device__ __forceinline__ u32 live_rows(u32 fixed_rows, const Step* st) {
     return fixed_rows > 0 ? fixed_rows : st->n_tokens;
 }
 
+#ifdef __CUDA_ARCH__
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -34,6 +37,22 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#else
+// Host build of these helpers (tests/cuda_host.rs checks the decoders and
+// small-float rounding against the CPU twins with a C++ compiler).
+inline float f16_to_f32(u16 h) {
+    _Float16 v;
+    __builtin_memcpy(&v, &h, 2);
+    return (float)v;
+}
+
+inline u16 f32_to_f16(float f) {
+    _Float16 v = (_Float16)f;
+    u16 h;
+    __builtin_memcpy(&h, &v, 2);
+    return h;
+}
+#endif
 
 __device__ __forceinline__ float bf16_to_f32(u16 b) {
     return __uint_as_float(((u32)b) << 16);

@@ -12,6 +12,14 @@
 #define TY_BF16 30
 #define TY_MXFP4 39
 
+// `a * b` rounded on its own: keeps `dl * q - ml` from being contracted into
+// a fused multiply-add, so decoded values equal the CPU twins bit for bit.
+#ifdef __CUDA_ARCH__
+#define MUL_RN(a, b) __fmul_rn((a), (b))
+#else
+#define MUL_RN(a, b) ((a) * (b))
+#endif
+
 __device__ __forceinline__ u16 ld_u16(const u8* p) {
     return *(const u16*)p;  // every u16 field sits at an even offset
 }
@@ -71,7 +79,7 @@ __device__ __forceinline__ void decode32(const u8* row, u32 u, float* out) {
             const u8* qs = b + 16 + 32 * half + 16 * part;
 #pragma unroll
             for (int l = 0; l < 16; l++) {
-                out[16 * part + l] = dl * (float)((qs[l] >> (2 * j)) & 3) - ml;
+                out[16 * part + l] = MUL_RN(dl, (float)((qs[l] >> (2 * j)) & 3)) - ml;
             }
         }
     } else if constexpr (TY == TY_Q4_K) {
@@ -100,7 +108,7 @@ __device__ __forceinline__ void decode32(const u8* row, u32 u, float* out) {
 #pragma unroll
                 for (int by = 0; by < 4; by++) {
                     u32 q = ((w[k] >> (8 * by)) >> shift) & 15;
-                    out[16 * i + 4 * k + by] = dl * (float)q - ml;
+                    out[16 * i + 4 * k + by] = MUL_RN(dl, (float)q) - ml;
                 }
             }
         }
