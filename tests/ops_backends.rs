@@ -853,6 +853,8 @@ fn matrix_products_match_the_cpu_for_every_weight_type() {
     if let Some(g) = gpu() {
         check_on_gpu(&g, &cases);
     }
+    #[cfg(feature = "cuda")]
+    cuda_half::check_on_cuda(&cases);
 }
 
 /// The same cases on the CUDA backend (feature `cuda`) when a CUDA device
@@ -863,9 +865,12 @@ mod cuda_half {
     use ds4::backend::cuda::CudaBackend;
 
     pub fn check_on_cuda(cases: &[Case]) {
-        if let Err(e) = ds4::backend::cuda::list_devices() {
-            eprintln!("skipping the cuda half: {e}");
-            return;
+        match ds4::backend::cuda::list_devices() {
+            Ok(d) => eprintln!("cuda device: {}", d[0].line()),
+            Err(e) => {
+                eprintln!("skipping the cuda half: {e}");
+                return;
+            }
         }
         let mut failures = Vec::new();
         for case in cases {
@@ -891,6 +896,7 @@ mod cuda_half {
                         case.label
                     ));
                 }
+                eprintln!("cuda {:<55} {what} #{i}: worst {r:.3} of the tolerance", case.label);
             }
         }
         assert!(failures.is_empty(), "{} cuda failures:\n{}", failures.len(), failures.join("\n"));
