@@ -347,6 +347,8 @@ fn check(cases: Vec<Case>) {
     if let Some(g) = gpu() {
         check_on_gpu(&g, &cases);
     }
+    #[cfg(feature = "cuda")]
+    cuda_half::check_on_cuda(&cases);
 }
 
 // ---------------------------------------------------------------- cases
@@ -850,5 +852,53 @@ fn matrix_products_match_the_cpu_for_every_weight_type() {
     check_cpu_self(&cases);
     if let Some(g) = gpu() {
         check_on_gpu(&g, &cases);
+    }
+    #[cfg(feature = "cuda")]
+    cuda_half::check_on_cuda(&cases);
+}
+
+/// The same cases on the CUDA backend (feature `cuda`) when a CUDA device
+/// is present; skipped with a message otherwise (CI has no NVIDIA GPU).
+#[cfg(feature = "cuda")]
+mod cuda_half {
+    use super::*;
+    use ds4::backend::cuda::CudaBackend;
+
+    pub fn check_on_cuda(cases: &[Case]) {
+        match ds4::backend::cuda::list_devices() {
+            Ok(d) => eprintln!("cuda device: {}", d[0].line()),
+            Err(e) => {
+                eprintln!("skipping the cuda half: {e}");
+                return;
+            }
+        }
+        let mut failures = Vec::new();
+        for case in cases {
+            let mut cpu = CpuBackend::new(case.file.clone(), case.layout.clone());
+            let want = run_case(case, &mut cpu).unwrap_or_else(|e| panic!("{}: cpu: {e}", case.label));
+            let mut cb = CudaBackend::open(case.file.clone(), case.layout.clone())
+                .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+            let got = match run_case(case, &mut cb) {
+                Ok(r) => r,
+                Err(e) => {
+                    failures.push(format!("{}: {e}", case.label));
+                    continue;
+                }
+            };
+            let (abs, rel) = tolerance(case.op_name);
+            let pairs = got.0.iter().zip(&want.0).map(|(g, w)| ("output", g, w));
+            let spairs = got.1.iter().zip(&want.1).map(|(g, w)| ("state", g, w));
+            for (i, (what, g, w)) in pairs.chain(spairs).enumerate() {
+                let (r, at, gv, wv) = worst(g, w, abs, rel);
+                if r > 1.0 {
+                    failures.push(format!(
+                        "{}: {what} #{i} element {at}: cuda {gv} vs cpu {wv} ({r:.2}× the tolerance)",
+                        case.label
+                    ));
+                }
+                eprintln!("cuda {:<55} {what} #{i}: worst {r:.3} of the tolerance", case.label);
+            }
+        }
+        assert!(failures.is_empty(), "{} cuda failures:\n{}", failures.len(), failures.join("\n"));
     }
 }

@@ -4,6 +4,8 @@
 
 pub mod cpu;
 pub mod wgpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -201,15 +203,56 @@ pub fn open(kind: BackendKind, file: WeightFile, layout: StateLayout) -> Result<
                         notice,
                     })
                 }
-                Err(e) => Ok(Opened {
-                    backend: Box::new(cpu::CpuBackend::new(file, layout)),
-                    notice: format!("backend: cpu (auto; wgpu not used: {e})"),
-                }),
+                // No real GPU adapter: CUDA next (when built), then the CPU.
+                Err(e) => match open_cuda(file.clone(), layout.clone()) {
+                    Ok(mut o) => {
+                        o.notice.push_str(" (auto)");
+                        Ok(o)
+                    }
+                    Err(ce) => Ok(Opened {
+                        backend: Box::new(cpu::CpuBackend::new(file, layout)),
+                        notice: format!("backend: cpu (auto; wgpu not used: {e}; cuda not used: {ce})"),
+                    }),
+                },
             }
         }
-        BackendKind::Cuda => Err(BackendError::Unavailable {
+        BackendKind::Cuda => open_cuda(file, layout),
+    }
+}
+
+/// The CUDA backend on `DS4_CUDA_DEVICE` (default 0); a clear error when
+/// the binary was built without the `cuda` feature or there is no driver,
+/// device or NVRTC.
+#[cfg(feature = "cuda")]
+fn open_cuda(file: WeightFile, layout: StateLayout) -> Result<Opened, BackendError> {
+    let b = cuda::CudaBackend::open(file, layout)?;
+    let notice = format!("backend: cuda on {}", b.device());
+    Ok(Opened {
+        backend: Box::new(b),
+        notice,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_file: WeightFile, _layout: StateLayout) -> Result<Opened, BackendError> {
+    Err(BackendError::Unavailable {
+        backend: "cuda".into(),
+        reason: "this binary was built without CUDA support (cargo build --features cuda); use --backend cpu or wgpu".into(),
+    })
+}
+
+/// CUDA devices, one line each (`ds4 --list-devices`); the reason when
+/// there are none or the binary was built without CUDA.
+pub fn cuda_device_lines() -> Result<Vec<String>, BackendError> {
+    #[cfg(feature = "cuda")]
+    {
+        Ok(cuda::list_devices()?.iter().map(|d| d.line()).collect())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(BackendError::Unavailable {
             backend: "cuda".into(),
-            reason: "not built in this version; use --backend cpu or wgpu".into(),
-        }),
+            reason: "built without the cuda feature".into(),
+        })
     }
 }

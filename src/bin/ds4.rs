@@ -351,6 +351,10 @@ fn dump_logprobs(
 fn run(a: Args) -> Result<(), String> {
     if a.list_devices {
         print!("{}", ds4::backend::wgpu::gpu::devices_report());
+        match ds4::backend::cuda_device_lines() {
+            Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+            Err(e) => println!("cuda: none ({e})"),
+        }
         return Ok(());
     }
     if let Some(dir) = &a.dump_shaders {

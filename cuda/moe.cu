@@ -1,0 +1,62 @@
+// Routed experts (ops::moe::MoeExperts) with the expert indices and weights
+// read on the GPU:
+//   expert_rows_<ty>: y[slot][o] = W_e[o] . x_in(slot), e = selected[slot];
+//     x_in = x[slot / k] (per_slot = 0: gate and up) or x[slot] (down).
+//     Launch: grid (ceil(n_out / 8), max_tokens * k), 256 threads, one warp
+//     per output row, lanes over 32-value units, warp-shuffle reduction.
+//   expert_swiglu: h[slot][f] = w[slot] * swiglu(g, u, clamp); grid-stride.
+//   expert_sum: out[t] = sum over slots i in order of y[t*k+i]; grid-stride.
+// An index outside 0..n_expert yields zeros (never a wild read).
+
+#define EX_ROWS 8
+
+template <int TY>
+__device__ void expert_rows_impl(const u8* w, u32 row_bytes, u64 slab_bytes, u32 n_expert, u32 n_in, u32 n_out,
+                                 const float* x, u32 per_slot, const int* sel, u32 k, float* y, const Step* st) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 o = blockIdx.x * EX_ROWS + warp, slot = blockIdx.y;
+    if (o >= n_out || slot >= st->n_tokens * k) return;
+    const int e = sel[slot];
+    float acc = 0.0f;
+    if (e >= 0 && (u32)e < n_expert) {
+        const u8* row = w + (u64)e * slab_bytes + (u64)o * row_bytes;
+        const float* xin = x + (u64)(per_slot ? slot : slot / k) * n_in;
+        if (n_in % 32 == 0) {
+            for (u32 u = lane; u < n_in / 32; u += 32) {
+                float v[32];
+                decode32<TY>(row, u, v);
+                acc += dot32(v, xin + 32 * u);
+            }
+        } else {
+            for (u32 i = lane; i < n_in; i += 32) acc += decode1<TY>(row, i) * xin[i];
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[(u64)slot * n_out + o] = acc;
+}
+
+#define EXPERT_KERNEL(name, TY)                                                                             \
+    extern "C" __global__ void expert_rows_##name(const u8* w, u32 row_bytes, u64 slab_bytes, u32 n_expert,  \
+                                                  u32 n_in, u32 n_out, const float* x, u32 per_slot,         \
+                                                  const int* sel, u32 k, float* y, const Step* st) {         \
+        expert_rows_impl<TY>(w, row_bytes, slab_bytes, n_expert, n_in, n_out, x, per_slot, sel, k, y, st);  \
+    }
+FOR_EACH_WEIGHT_TYPE(EXPERT_KERNEL)
+
+extern "C" __global__ void expert_swiglu(const float* g, const float* u, const float* wts, float* h, u32 ff,
+                                         u32 k, float clamp, const Step* st) {
+    const u32 total = st->n_tokens * k * ff;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        h[i] = wts[i / ff] * swiglu(g[i], u[i], clamp);
+    }
+}
+
+extern "C" __global__ void expert_sum(const float* y, float* out, u32 d, u32 k, const Step* st) {
+    const u32 total = st->n_tokens * d;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const u32 t = i / d, c = i % d;
+        float a = 0.0f;
+        for (u32 s = 0; s < k; s++) a += y[((u64)t * k + s) * d + c];
+        out[i] = a;
+    }
+}

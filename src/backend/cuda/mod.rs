@@ -1,0 +1,391 @@
+//! The CUDA backend (feature `cuda`): the recorded graph runs as CUDA C++
+//! kernels (`cuda/<family>.cu`, the same families as `shaders/`), compiled
+//! to PTX by NVRTC for the device at start-up and cached on disk; the driver
+//! is loaded at run time by cudarc, so a binary built with the feature runs
+//! (and falls back cleanly) on machines without a GPU.
+//!
+//! `load_graph` plans memory ([`crate::graph::plan`]: one arena, values at
+//! 256-byte aligned offsets) and turns the tape into a launch list once. A
+//! step writes the token ids and the [`StepDev`] parameters to device
+//! memory, then launches the list; a small graph (decode, MTP draft) is
+//! captured into a CUDA graph on its first step and replayed afterwards, so a
+//! decode step costs one graph launch. See docs/CUDA.md.
+
+pub mod device;
+pub mod kernels;
+pub mod mem;
+pub mod nvrtc;
+pub mod record;
+pub mod weights;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
+
+pub use device::{list_devices, DeviceInfo};
+
+use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
+use crate::graph::{plan, DType, Graph, StateId, StateLayout, StepParams, ValueId};
+use device::{device_err, unavailable, Device};
+use mem::{checked, download, upload, upload_async, DevBuf};
+use record::{Launch, THREADS};
+
+/// Per-step parameters in device memory (twin of `struct Step` in
+/// cuda/common.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct StepDev {
+    pub pos0: u32,
+    pub n_tokens: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Graphs up to this many tokens are captured into a CUDA graph (decode and
+/// draft steps); larger ones (prefill) launch their list directly with grids
+/// sized for the step. `DS4_CUDA_GRAPH=0` turns capture off.
+pub const CAPTURE_MAX_TOKENS: usize = 16;
+
+/// Slot alignment in the activation arena (float4 loads, coalescing).
+const ALIGN: usize = 256;
+
+struct Captured {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+struct LoadedGraph {
+    graph: Arc<Graph>,
+    _arena: DevBuf,
+    values: Vec<CUdeviceptr>,
+    _scratch: Vec<DevBuf>,
+    launches: Vec<Launch>,
+    captured: Option<Captured>,
+    n_tokens: usize,
+}
+
+pub struct CudaBackend {
+    // Field order matters for drop: graphs and buffers before the modules
+    // and the context.
+    graphs: Vec<LoadedGraph>,
+    states: Vec<DevBuf>,
+    step: DevBuf,
+    freqs: HashMap<String, DevBuf>,
+    weights: weights::Weights,
+    funcs: HashMap<String, CUfunction>,
+    modules: Vec<sys::CUmodule>,
+    file: WeightFile,
+    layout: StateLayout,
+    use_graphs: bool,
+    description: String,
+    dev: Device,
+}
+
+// SAFETY: driver handles are used from one thread at a time (`&mut self` or
+// `&self` of a backend that is not Sync), with the context bound first.
+unsafe impl Send for CudaBackend {}
+
+fn unsupported(what: String) -> BackendError {
+    BackendError::Unsupported {
+        backend: "cuda".into(),
+        what,
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `DS4_CUDA_DEVICE` (default 0), compiles or loads the
+    /// kernels for it, allocates the state. Errors say plainly why CUDA is
+    /// not usable (no driver, no device, no NVRTC).
+    pub fn open(file: WeightFile, layout: StateLayout) -> Result<CudaBackend, BackendError> {
+        let ordinal = device::chosen_ordinal()?;
+        let dev = Device::open(ordinal)?;
+        let nv = nvrtc::Nvrtc::load().map_err(unavailable)?;
+        let cc = dev.info.cc_number();
+        let arch = nv.arch_for(cc).ok_or_else(|| {
+            unavailable(format!(
+                "NVRTC {}.{} cannot target sm_{cc} (it knows {:?})",
+                nv.version.0, nv.version.1, nv.archs
+            ))
+        })?;
+        let cache = kernels::cache_dir();
+        let mut modules = Vec::new();
+        let mut funcs = HashMap::new();
+        for family in kernels::families() {
+            let ptx = kernels::ptx(&nv, family, arch, cache.as_deref()).map_err(|e| device_err("NVRTC", e))?;
+            let image = std::ffi::CString::new(ptx).map_err(|_| device_err("PTX", "NUL byte"))?;
+            let mut m: sys::CUmodule = std::ptr::null_mut();
+            // SAFETY: a NUL-terminated PTX image; the module lives in `modules`.
+            checked("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void) })
+                .map_err(|e| BackendError::Device {
+                    device: "cuda".into(),
+                    msg: format!("loading {family} (compute_{arch}, NVRTC {}.{}): {e}; a driver older than the NVRTC rejects its PTX", nv.version.0, nv.version.1),
+                })?;
+            modules.push(m);
+            for name in kernels::entry_points(family) {
+                let cname = std::ffi::CString::new(name.clone()).expect("kernel names have no NUL");
+                let mut f: CUfunction = std::ptr::null_mut();
+                // SAFETY: `m` is a loaded module.
+                checked("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut f, m, cname.as_ptr()) })?;
+                funcs.insert(name, f);
+            }
+        }
+        let gf: &crate::gguf::GgufFile = (*file).as_ref();
+        let weights = weights::Weights::new(gf, &dev.info);
+        let description = format!(
+            "{} (sm_{}{}, {:.1} GiB, PTX compute_{arch} by NVRTC {}.{}; {})",
+            dev.info.name,
+            dev.info.cc.0,
+            dev.info.cc.1,
+            dev.info.total_mem as f64 / (1u64 << 30) as f64,
+            nv.version.0,
+            nv.version.1,
+            weights.mode
+        );
+        let mut states = Vec::new();
+        for s in &layout.states {
+            let b = DevBuf::alloc(s.rows * s.cols * 4)?;
+            upload(b.ptr, bytemuck::cast_slice(&vec![s.init; s.rows * s.cols]))?;
+            states.push(b);
+        }
+        Ok(CudaBackend {
+            graphs: Vec::new(),
+            states,
+            step: DevBuf::alloc(std::mem::size_of::<StepDev>())?,
+            freqs: HashMap::new(),
+            weights,
+            funcs,
+            modules,
+            file,
+            layout,
+            use_graphs: std::env::var("DS4_CUDA_GRAPH").map_or(true, |v| v != "0"),
+            description,
+            dev,
+        })
+    }
+
+    fn loaded(&self, h: GraphHandle) -> Result<&LoadedGraph, BackendError> {
+        self.graphs.get(h.0).ok_or(BackendError::UnknownGraph(h.0))
+    }
+
+    /// Enqueues a launch list on the stream for `n` live tokens.
+    fn enqueue(&self, launches: &[Launch], n: u32) -> Result<(), BackendError> {
+        for l in launches {
+            let Some((gx, gy)) = l.grid.dims(n) else { continue };
+            let mut storage: Vec<u64> = l.args.iter().map(|a| a.bits()).collect();
+            let mut params: Vec<*mut c_void> = storage.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+            // SAFETY: every kernel's parameters are (in order) the recorded
+            // args, each read from its own 8-byte cell (little-endian: a u32
+            // or f32 argument is the low half); pointers are live device
+            // allocations owned by the backend or the graph.
+            let r = unsafe {
+                sys::cuLaunchKernel(
+                    l.func,
+                    gx,
+                    gy,
+                    1,
+                    l.block,
+                    1,
+                    1,
+                    l.shared,
+                    self.dev.stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            checked(l.kernel, r)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let _ = self.dev.bind();
+        let _ = self.dev.sync();
+        for g in &mut self.graphs {
+            if let Some(c) = g.captured.take() {
+                // SAFETY: created in `run`, destroyed once.
+                unsafe {
+                    let _ = sys::cuGraphExecDestroy(c.exec);
+                    let _ = sys::cuGraphDestroy(c.graph);
+                }
+            }
+        }
+        self.graphs.clear();
+        for m in self.modules.drain(..) {
+            // SAFETY: loaded in `open`, unloaded once.
+            unsafe {
+                let _ = sys::cuModuleUnload(m);
+            }
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device(&self) -> String {
+        self.description.clone()
+    }
+
+    fn state_layout(&self) -> &StateLayout {
+        &self.layout
+    }
+
+    fn load_graph(&mut self, graph: Arc<Graph>) -> Result<GraphHandle, BackendError> {
+        self.dev.bind()?;
+        let p = plan(&graph);
+        let mut offsets = Vec::with_capacity(p.slot_len.len());
+        let mut total = 0usize;
+        for &n in &p.slot_len {
+            offsets.push(total);
+            total += (n * 4).div_ceil(ALIGN) * ALIGN;
+        }
+        let arena = DevBuf::alloc(total.max(ALIGN))?;
+        let values: Vec<CUdeviceptr> = p
+            .slot_of
+            .iter()
+            .map(|&s| if s == usize::MAX { arena.ptr } else { arena.ptr + offsets[s] as u64 })
+            .collect();
+        let mut scratch = Vec::new();
+        let file = self.file.clone();
+        let launches = record::record(
+            record::Ctx {
+                file: (*file).as_ref(),
+                funcs: &self.funcs,
+                weights: &mut self.weights,
+                states: &self.states,
+                layout: &self.layout,
+                freqs: &mut self.freqs,
+                step: self.step.ptr,
+                values: &values,
+                scratch: &mut scratch,
+            },
+            &graph,
+        )?;
+        self.graphs.push(LoadedGraph {
+            graph,
+            _arena: arena,
+            values,
+            _scratch: scratch,
+            launches,
+            captured: None,
+            n_tokens: 0,
+        });
+        Ok(GraphHandle(self.graphs.len() - 1))
+    }
+
+    fn run(&mut self, h: GraphHandle, tokens: &[u32], p: StepParams) -> Result<(), BackendError> {
+        self.dev.bind()?;
+        let g = self.loaded(h)?;
+        let graph = g.graph.clone();
+        if p.n_tokens > graph.max_tokens || tokens.len() != p.n_tokens || p.n_tokens == 0 {
+            return Err(BackendError::TooManyTokens {
+                n_tokens: p.n_tokens,
+                capacity: graph.max_tokens,
+            });
+        }
+        if p.pos0 + p.n_tokens > u32::MAX as usize {
+            return Err(unsupported(format!("position {} (beyond 2^32)", p.pos0)));
+        }
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        upload_async(g.values[graph.tokens.0 as usize], bytemuck::cast_slice(&ids), self.dev.stream)?;
+        let step = StepDev {
+            pos0: p.pos0 as u32,
+            n_tokens: p.n_tokens as u32,
+            _pad: [0; 2],
+        };
+        upload_async(self.step.ptr, bytemuck::bytes_of(&step), self.dev.stream)?;
+        let capture = self.use_graphs && graph.max_tokens <= CAPTURE_MAX_TOKENS;
+        if capture && g.captured.is_none() {
+            // Captured once with grids for the graph's capacity; kernels
+            // bound-check against the step's token count.
+            let stream = self.dev.stream;
+            // SAFETY: our stream; capture ends below on every path.
+            checked("cuStreamBeginCapture", unsafe {
+                sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            })?;
+            let enq = self.enqueue(&g.launches, graph.max_tokens as u32);
+            let mut cg: sys::CUgraph = std::ptr::null_mut();
+            // SAFETY: ends the capture begun above.
+            let end = checked("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(stream, &mut cg) });
+            enq?;
+            end?;
+            let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+            // SAFETY: `cg` is the graph just captured.
+            checked("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, cg, 0) })?;
+            self.graphs[h.0].captured = Some(Captured { graph: cg, exec });
+        }
+        let g = &self.graphs[h.0];
+        match &g.captured {
+            // SAFETY: an instantiated graph on our stream.
+            Some(c) if capture => checked("cuGraphLaunch", unsafe { sys::cuGraphLaunch(c.exec, self.dev.stream) })?,
+            _ => self.enqueue(&g.launches, p.n_tokens as u32)?,
+        }
+        self.dev.sync()?;
+        self.graphs[h.0].n_tokens = p.n_tokens;
+        Ok(())
+    }
+
+    fn read_value(&self, h: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
+        self.dev.bind()?;
+        let g = self.loaded(h)?;
+        let d = g.graph.value(v);
+        let rows = if d.per_token { g.n_tokens } else { d.rows };
+        let mut raw = vec![0u32; rows * d.cols];
+        download(g.values[v.0 as usize], bytemuck::cast_slice_mut(&mut raw))?;
+        Ok(match d.dtype {
+            DType::F32 => raw.iter().map(|&b| f32::from_bits(b)).collect(),
+            DType::I32 => raw.iter().map(|&b| b as i32 as f32).collect(),
+        })
+    }
+
+    fn write_value(&mut self, h: GraphHandle, v: ValueId, data: &[f32]) -> Result<(), BackendError> {
+        self.dev.bind()?;
+        let g = self.loaded(h)?;
+        let d = g.graph.value(v);
+        if data.len() > d.len() {
+            return Err(BackendError::Value {
+                value: d.name.to_string(),
+                msg: format!("{} values given, it holds {}", data.len(), d.len()),
+            });
+        }
+        let raw: Vec<u32> = match d.dtype {
+            DType::F32 => data.iter().map(|x| x.to_bits()).collect(),
+            DType::I32 => data.iter().map(|&x| x as i32 as u32).collect(),
+        };
+        upload(g.values[v.0 as usize], bytemuck::cast_slice(&raw))
+    }
+
+    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
+        self.dev.bind()?;
+        let r = state_range(&self.layout, s, 0, None, Some(rows))?;
+        let mut out = vec![0f32; r.len()];
+        download(self.states[s.0 as usize].ptr + (r.start * 4) as u64, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    fn write_state_rows(&mut self, s: StateId, first: usize, data: &[f32]) -> Result<(), BackendError> {
+        self.dev.bind()?;
+        let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
+        upload(self.states[s.0 as usize].ptr + (r.start * 4) as u64, bytemuck::cast_slice(data))
+    }
+
+    fn reset_states(&mut self) {
+        if self.dev.bind().is_err() {
+            return;
+        }
+        for (b, d) in self.states.iter().zip(&self.layout.states) {
+            // The trait gives no way to report this; a failed reset leaves a
+            // device error that the next step reports.
+            let _ = upload(b.ptr, bytemuck::cast_slice(&vec![d.init; d.rows * d.cols]));
+        }
+    }
+}
+
+/// Threads per block of the grid-stride kernels (re-exported for docs).
+pub const GRID_STRIDE_THREADS: u32 = THREADS;

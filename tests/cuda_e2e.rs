@@ -1,0 +1,110 @@
+//! End to end on the CUDA backend (feature `cuda`, a CUDA device present;
+//! skipped with a message otherwise — CI has no NVIDIA GPU): logits equal
+//! the CPU backend's at every position on every tiny model, both numerics,
+//! through chunked prefill; token-by-token decode (the captured CUDA graph)
+//! and the same decode with capture off (`DS4_CUDA_GRAPH=0`) match the CPU.
+//! Tolerance as in tests/wgpu_e2e.rs (docs/VALIDATION.md).
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::{tiny_model, tokens};
+use ds4::backend::BackendKind;
+use ds4::model::forward::Numerics;
+use ds4::session::{Session, SessionOptions};
+use ds4::testmodel::Variant;
+
+const MAX_DLOGPROB: f32 = 2e-3;
+
+fn have_cuda() -> bool {
+    match ds4::backend::cuda::list_devices() {
+        Ok(d) => {
+            eprintln!("cuda device: {}", d[0].line());
+            true
+        }
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            false
+        }
+    }
+}
+
+fn session(v: Variant, numerics: Numerics, backend: BackendKind, ctx: usize, chunk: usize) -> Session {
+    let opts = SessionOptions {
+        ctx,
+        prefill_chunk: chunk,
+        numerics,
+        backend,
+        ..Default::default()
+    };
+    Session::new(tiny_model(v), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f32> {
+    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    let ls = s.ln() as f32;
+    l.iter().map(|&x| x - m - ls).collect()
+}
+
+fn max_dlogprob(a: &[f32], b: &[f32], vocab: usize) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.chunks(vocab)
+        .zip(b.chunks(vocab))
+        .map(|(x, y)| {
+            log_softmax(x)
+                .iter()
+                .zip(log_softmax(y))
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f32::max)
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn prefill_logits_match_the_cpu_on_every_tiny_variant() {
+    if !have_cuda() {
+        return;
+    }
+    for v in Variant::ALL {
+        for numerics in [Numerics::Plain, Numerics::Model] {
+            let toks = tokens(100, 21);
+            let mut c = session(v, numerics, BackendKind::Cpu, 512, 37);
+            let mut g = session(v, numerics, BackendKind::Cuda, 512, 37);
+            let want = c.score(&toks).unwrap();
+            let got = g.score(&toks).unwrap();
+            let d = max_dlogprob(&got, &want, c.model().config.n_vocab);
+            eprintln!("{v:?} {numerics:?}: max |Δ log-prob| {d:e}");
+            assert!(d <= MAX_DLOGPROB, "{v:?} {numerics:?}: {d:e}");
+        }
+    }
+}
+
+#[test]
+fn decode_with_and_without_the_cuda_graph_matches_the_cpu() {
+    if !have_cuda() {
+        return;
+    }
+    for capture in ["1", "0"] {
+        // Read when a backend opens; the other test is indifferent to it.
+        std::env::set_var("DS4_CUDA_GRAPH", capture);
+        for v in [Variant::F32, Variant::Q2, Variant::Q4] {
+            let toks = tokens(60, 8);
+            let (head, tail) = toks.split_at(40);
+            let mut c = session(v, Numerics::Model, BackendKind::Cpu, 256, 16);
+            let mut g = session(v, Numerics::Model, BackendKind::Cuda, 256, 16);
+            c.sync(head, &mut |_, _| {}).unwrap();
+            g.sync(head, &mut |_, _| {}).unwrap();
+            let vocab = c.model().config.n_vocab;
+            let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
+            for &t in tail {
+                c.eval(t).unwrap();
+                g.eval(t).unwrap();
+                worst = worst.max(max_dlogprob(g.logits(), c.logits(), vocab));
+            }
+            eprintln!("{v:?} graph {capture}: decode max |Δ log-prob| {worst:e}");
+            assert!(worst <= MAX_DLOGPROB, "{v:?} graph {capture}: {worst:e}");
+        }
+    }
+    std::env::remove_var("DS4_CUDA_GRAPH");
+}

@@ -1,0 +1,316 @@
+// The fake driver (see emu.h). Only the calls the backend and cudarc make.
+
+#include <ucontext.h>
+
+// The kernels above read these through macros; here they are plain names.
+#undef threadIdx
+#undef blockIdx
+#undef blockDim
+#undef gridDim
+
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace emu {
+Dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+struct Thread {
+    ucontext_t ctx;
+    bool done = false;
+    unsigned waiting = 0;  // 0 running, 1 block barrier, 2 warp barrier
+    unsigned long long gen = 0;
+};
+
+static ucontext_t sched_ctx;
+static std::vector<Thread> threads;
+static unsigned current = 0;
+static unsigned long long block_gen = 0;
+static std::vector<unsigned long long> warp_gen;
+static std::vector<unsigned long long> warp_slot;
+static void (*body)(void**) = nullptr;
+// Coroutine stacks, allocated once and reused by every block (kernels keep
+// a few hundred bytes of locals).
+static const size_t STACK = 64 * 1024;
+static std::vector<char*> stacks;
+static void** body_params = nullptr;
+
+static void yield() { swapcontext(&threads[current].ctx, &sched_ctx); }
+
+// Barrier of `members` threads: those waiting (state `kind`, generation
+// `gen`) are released when every live member has arrived.
+static bool all_arrived(unsigned kind, unsigned first, unsigned count, unsigned long long gen) {
+    for (unsigned t = first; t < first + count && t < threads.size(); t++) {
+        const Thread& th = threads[t];
+        if (th.done) continue;
+        if (th.waiting != kind || th.gen != gen) return false;
+    }
+    return true;
+}
+
+void sync_block() {
+    Thread& me = threads[current];
+    me.waiting = 1;
+    me.gen = block_gen;
+    const unsigned long long g = block_gen;
+    while (block_gen == g) {
+        if (all_arrived(1, 0, (unsigned)threads.size(), g)) {
+            block_gen++;
+            break;
+        }
+        yield();
+    }
+    threads[current].waiting = 0;
+}
+
+unsigned long long warp_exchange(unsigned long long v, unsigned src_lane) {
+    const unsigned w = current / 32, first = w * 32;
+    // Phase 1: publish, wait for the warp.
+    warp_slot[current] = v;
+    for (int phase = 0; phase < 2; phase++) {
+        Thread& me = threads[current];
+        me.waiting = 2;
+        me.gen = warp_gen[w];
+        const unsigned long long g = warp_gen[w];
+        while (warp_gen[w] == g) {
+            if (all_arrived(2, first, 32, g)) {
+                warp_gen[w]++;
+                break;
+            }
+            yield();
+        }
+        threads[current].waiting = 0;
+        if (phase == 0) v = warp_slot[first + src_lane];
+    }
+    return v;
+}
+
+static void trampoline() {
+    body(body_params);
+    threads[current].done = true;
+    swapcontext(&threads[current].ctx, &sched_ctx);
+}
+
+// Runs one block to completion, round-robin over its coroutines.
+static void run_block(unsigned n) {
+    threads.assign(n, Thread());
+    warp_gen.assign((n + 31) / 32, 0);
+    warp_slot.assign(((n + 31) / 32) * 32, 0);
+    block_gen = 0;
+    while (stacks.size() < n) stacks.push_back((char*)std::malloc(STACK));
+    for (unsigned t = 0; t < n; t++) {
+        Thread& th = threads[t];
+        getcontext(&th.ctx);
+        th.ctx.uc_stack.ss_sp = stacks[t];
+        th.ctx.uc_stack.ss_size = STACK;
+        th.ctx.uc_link = nullptr;
+        makecontext(&th.ctx, trampoline, 0);
+    }
+    unsigned live = n;
+    while (live > 0) {
+        live = 0;
+        for (unsigned t = 0; t < n; t++) {
+            if (threads[t].done) continue;
+            current = t;
+            threadIdx = Dim3{t, 0, 0};
+            swapcontext(&sched_ctx, &threads[t].ctx);
+            if (!threads[t].done) live++;
+        }
+    }
+}
+
+// One launch at a time in the process (test threads share the emulator).
+static std::mutex launch_lock;
+
+void launch(void (*k)(void**), void** params, Dim3 grid, Dim3 block) {
+    std::lock_guard<std::mutex> guard(launch_lock);
+    body = k;
+    body_params = params;
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned y = 0; y < grid.y; y++)
+        for (unsigned x = 0; x < grid.x; x++) {
+            blockIdx = Dim3{x, y, 0};
+            run_block(block.x * block.y * block.z);
+        }
+}
+
+// ---- kernel registry: name -> invoker unpacking the parameter array ----
+template <typename... A, size_t... I>
+static void call(void (*k)(A...), void** p, std::index_sequence<I...>) {
+    k(*(typename std::remove_reference<A>::type*)p[I]...);
+}
+
+template <auto K>
+struct Invoker;
+
+template <typename... A, void (*K)(A...)>
+struct Invoker<K> {
+    static void run(void** p) { call(K, p, std::index_sequence_for<A...>{}); }
+};
+
+typedef void (*Run)(void**);
+static std::map<std::string, Run>& registry() {
+    static std::map<std::string, Run> r;
+    return r;
+}
+struct Reg {
+    Reg(const char* n, Run f) { registry()[n] = f; }
+};
+}  // namespace emu
+
+#define REG(name) static emu::Reg reg_##name(#name, &emu::Invoker<&name>::run);
+#define REG_TYPED(prefix) \
+    REG(prefix##f32) REG(prefix##f16) REG(prefix##bf16) REG(prefix##q8_0) \
+    REG(prefix##q2_k) REG(prefix##q4_k) REG(prefix##iq2_xxs) REG(prefix##mxfp4)
+REG(add) REG(scale) REG(swiglu_clamped) REG(take_last) REG(rms_norm) REG(hc_mix) REG(hc_init)
+REG(hc_collapse) REG(hc_expand) REG(rope) REG(kv_round) REG(hadamard_fp4) REG(ring_write)
+REG(attention) REG(compress) REG(indexer_topk) REG(router) REG(expert_swiglu) REG(expert_sum)
+REG_TYPED(embed_) REG_TYPED(matmul_) REG_TYPED(expert_rows_)
+
+// ---- the driver API subset ----
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+struct Func { emu::Run run; unsigned n_args; };
+struct Launch { emu::Run run; std::vector<unsigned long long> args; Dim3 grid, block; };
+struct Graph { std::vector<Launch> list; };
+// Capture is per thread (the backend captures in thread-local mode).
+static thread_local bool capturing = false;
+static thread_local Graph* capture = nullptr;
+static int device_integrated = 0;
+
+#define API extern "C" __attribute__((visibility("default")))
+
+API CUresult cuInit(unsigned) {
+    const char* e = std::getenv("DS4_CUDA_EMU_INTEGRATED");
+    device_integrated = e && e[0] == '1';
+    return 0;
+}
+API CUresult cuDeviceGetCount(int* n) { *n = 1; return 0; }
+API CUresult cuDeviceGet(int* d, int o) { if (o != 0) return 101; *d = 0; return 0; }
+API CUresult cuDeviceGetName(char* s, int len, int) { std::snprintf(s, len, "ds4 CUDA emulator (host)"); return 0; }
+API CUresult cuDeviceTotalMem_v2(size_t* b, int) { *b = (size_t)16 << 30; return 0; }
+API CUresult cuDeviceGetAttribute(int* v, int a, int) {
+    switch (a) {
+        case 75: *v = 8; break;   // compute capability 8.0
+        case 76: *v = 0; break;
+        case 16: *v = 1; break;   // one "SM"
+        case 18: *v = device_integrated; break;
+        case 19: *v = 1; break;
+        case 88: *v = device_integrated; break;
+        default: *v = 0;
+    }
+    return 0;
+}
+static int ctx_token;
+API CUresult cuDevicePrimaryCtxRetain(void** c, int) { *c = &ctx_token; return 0; }
+API CUresult cuDevicePrimaryCtxRelease_v2(int) { return 0; }
+API CUresult cuCtxSetCurrent(void*) { return 0; }
+static int stream_token;
+API CUresult cuStreamCreate(void** s, unsigned) { *s = &stream_token; return 0; }
+API CUresult cuStreamDestroy_v2(void*) { return 0; }
+API CUresult cuStreamSynchronize(void*) { return 0; }
+API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
+    void* m = std::aligned_alloc(256, (n + 255) / 256 * 256);
+    if (!m) return 2;
+    std::memset(m, 0xAB, n);  // never zero by accident
+    *p = (CUdeviceptr)m;
+    return 0;
+}
+API CUresult cuMemFree_v2(CUdeviceptr p) { std::free((void*)p); return 0; }
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* s, size_t n) { std::memcpy((void*)d, s, n); return 0; }
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void*) {
+    if (capturing) return 900;  // the backend writes step parameters outside capture
+    std::memcpy((void*)d, s, n);
+    return 0;
+}
+API CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) { std::memcpy(d, (void*)s, n); return 0; }
+API CUresult cuMemHostRegister_v2(void*, size_t, unsigned) { return 0; }
+API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* d, void* h, unsigned) { *d = (CUdeviceptr)h; return 0; }
+API CUresult cuMemHostUnregister(void*) { return 0; }
+static int module_token;
+API CUresult cuModuleLoadData(void** m, const void* image) {
+    // The PTX NVRTC produced is checked for its header only; the host build
+    // of the same source runs instead.
+    if (!std::strstr((const char*)image, ".version")) return 200;
+    *m = &module_token;
+    return 0;
+}
+API CUresult cuModuleUnload(void*) { return 0; }
+API CUresult cuModuleGetFunction(void** f, void*, const char* name) {
+    auto it = emu::registry().find(name);
+    if (it == emu::registry().end()) return 500;
+    *f = (void*)it->second;
+    return 0;
+}
+static unsigned n_params(emu::Run r);
+API CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                            unsigned shared, void*, void** params, void** extra) {
+    if (extra || gz != 1 || by != 1 || bz != 1 || bx == 0 || bx > 1024 || shared > 48 * 1024) return 1;
+    Launch l{(emu::Run)f, {}, Dim3{gx, gy, 1}, Dim3{bx, 1, 1}};
+    // Every parameter is at most 8 bytes: copy them (the caller's array is
+    // gone by the time a captured graph replays).
+    const unsigned n = n_params(l.run);
+    for (unsigned i = 0; i < n; i++) {
+        unsigned long long v = 0;
+        std::memcpy(&v, params[i], 8);
+        l.args.push_back(v);
+    }
+    if (capturing) {
+        capture->list.push_back(l);
+        return 0;
+    }
+    std::vector<void*> ptrs;
+    for (auto& a : l.args) ptrs.push_back(&a);
+    emu::launch(l.run, ptrs.data(), l.grid, l.block);
+    return 0;
+}
+API CUresult cuStreamBeginCapture_v2(void*, int) {
+    if (capturing) return 900;
+    capturing = true;
+    capture = new Graph();
+    return 0;
+}
+API CUresult cuStreamEndCapture(void*, void** g) {
+    if (!capturing) return 900;
+    capturing = false;
+    *g = capture;
+    capture = nullptr;
+    return 0;
+}
+API CUresult cuGraphInstantiateWithFlags(void** exec, void* g, unsigned long long) {
+    *exec = new Graph(*(Graph*)g);
+    return 0;
+}
+API CUresult cuGraphLaunch(void* exec, void*) {
+    for (auto& l : ((Graph*)exec)->list) {
+        std::vector<void*> ptrs;
+        for (auto& a : l.args) ptrs.push_back(&a);
+        emu::launch(l.run, ptrs.data(), l.grid, l.block);
+    }
+    return 0;
+}
+API CUresult cuGraphDestroy(void* g) { delete (Graph*)g; return 0; }
+API CUresult cuGraphExecDestroy(void* g) { delete (Graph*)g; return 0; }
+API CUresult cuGetErrorString(CUresult, const char** s) { *s = "emulator error"; return 0; }
+API CUresult cuGetErrorName(CUresult, const char** s) { *s = "CUDA_ERROR_EMULATOR"; return 0; }
+
+// Parameter counts per kernel (from the registry's invokers' signatures).
+template <typename T> struct Arity;
+template <typename... A> struct Arity<void (*)(A...)> { static const unsigned n = sizeof...(A); };
+static std::map<emu::Run, unsigned>& arity() {
+    static std::map<emu::Run, unsigned> a;
+    return a;
+}
+struct ArityReg {
+    ArityReg(emu::Run r, unsigned n) { arity()[r] = n; }
+};
+#define ARITY(name) static ArityReg ar_##name(&emu::Invoker<&name>::run, Arity<decltype(&name)>::n);
+#define ARITY_TYPED(prefix) \
+    ARITY(prefix##f32) ARITY(prefix##f16) ARITY(prefix##bf16) ARITY(prefix##q8_0) \
+    ARITY(prefix##q2_k) ARITY(prefix##q4_k) ARITY(prefix##iq2_xxs) ARITY(prefix##mxfp4)
+ARITY(add) ARITY(scale) ARITY(swiglu_clamped) ARITY(take_last) ARITY(rms_norm) ARITY(hc_mix) ARITY(hc_init)
+ARITY(hc_collapse) ARITY(hc_expand) ARITY(rope) ARITY(kv_round) ARITY(hadamard_fp4) ARITY(ring_write)
+ARITY(attention) ARITY(compress) ARITY(indexer_topk) ARITY(router) ARITY(expert_swiglu) ARITY(expert_sum)
+ARITY_TYPED(embed_) ARITY_TYPED(matmul_) ARITY_TYPED(expert_rows_)
+static unsigned n_params(emu::Run r) { return arity()[r]; }
