@@ -1,6 +1,11 @@
 //! The CPU reference backend: executes a graph op by op with the CPU twins
 //! in [`crate::ops`]. Activations live in planned slots (f32; i32 values are
 //! stored bit-cast), persistent state in one buffer per state.
+//!
+//! The same op loop serves the fast backend (`cpu`): built with
+//! [`CpuBackend::fast`] it sends the matrix products (dense matmuls, routed
+//! experts) to the quantised SIMD kernels of [`super::cpu_fast`]; every other
+//! op runs the reference twin either way.
 
 use std::sync::Arc;
 
@@ -25,6 +30,8 @@ pub struct CpuBackend {
     layout: StateLayout,
     states: Vec<Vec<f32>>,
     graphs: Vec<LoadedGraph>,
+    /// `Some`: the fast backend's matrix kernels; `None`: the reference.
+    fast: Option<super::cpu_fast::Kernels>,
 }
 
 impl CpuBackend {
@@ -41,7 +48,25 @@ impl CpuBackend {
             layout,
             states,
             graphs: Vec::new(),
+            fast: None,
         }
+    }
+
+    /// The fast CPU backend: the reference op loop with the matrix products
+    /// run by `kernels` (quantised activations, integer SIMD dot products).
+    pub fn fast(
+        file: WeightFile,
+        layout: StateLayout,
+        kernels: super::cpu_fast::Kernels,
+    ) -> CpuBackend {
+        let mut b = CpuBackend::new(file, layout);
+        b.fast = Some(kernels);
+        b
+    }
+
+    /// The fast kernels' path (`None` for the reference backend).
+    pub fn isa(&self) -> Option<super::cpu_fast::Isa> {
+        self.fast.map(|k| k.isa)
     }
 }
 
@@ -87,7 +112,18 @@ impl LoadedGraph {
 
 impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
-        "cpu"
+        if self.fast.is_some() {
+            "cpu"
+        } else {
+            "cpu-ref"
+        }
+    }
+
+    fn device(&self) -> String {
+        match self.fast {
+            Some(k) => format!("cpu ({} kernels, {} threads)", k.isa.name(), rayon::current_num_threads()),
+            None => "cpu-ref".into(),
+        }
     }
 
     fn load_graph(&mut self, graph: Arc<Graph>) -> Result<GraphHandle, BackendError> {
@@ -125,7 +161,7 @@ impl Backend for CpuBackend {
         let n = p.n_tokens;
         for node in &graph.nodes {
             let Node::Op(op) = node else { continue };
-            run_op(g, op, file, states, p, n);
+            run_op(g, op, file, states, p, n, self.fast.as_ref());
         }
         g.n_tokens = n;
         Ok(())
@@ -210,6 +246,7 @@ fn run_op(
     states: &mut [Vec<f32>],
     p: StepParams,
     n: usize,
+    fast: Option<&super::cpu_fast::Kernels>,
 ) {
     let st = |s: StateId| s.0 as usize;
     match op {
@@ -233,7 +270,22 @@ fn run_op(
         Op::MatMul(o) => {
             let rows = g.rows(o.out, n);
             let mut out = g.take(o.out);
-            o.cpu(file, g.get(o.x), rows, &mut out);
+            let done = fast.is_some_and(|k| {
+                super::cpu_fast::matmul::matmul(
+                    k,
+                    o.w.ty,
+                    o.w.bytes(file),
+                    o.in_dim(),
+                    o.out_dim(),
+                    o.groups,
+                    g.get(o.x),
+                    rows,
+                    &mut out,
+                )
+            });
+            if !done {
+                o.cpu(file, g.get(o.x), rows, &mut out);
+            }
             g.put(o.out, out);
         }
         Op::HcMix(o) => {
@@ -349,14 +401,13 @@ fn run_op(
         }
         Op::MoeExperts(o) => {
             let mut out = g.take(o.out);
-            o.cpu(
-                file,
-                g.get(o.x),
-                as_i32(g.get(o.selected)),
-                g.get(o.weights),
-                n,
-                &mut out,
-            );
+            let (x, sel, w) = (g.get(o.x), as_i32(g.get(o.selected)), g.get(o.weights));
+            let done = fast.is_some_and(|k| {
+                super::cpu_fast::matmul::moe_experts(k, o, file, x, sel, w, n, &mut out)
+            });
+            if !done {
+                o.cpu(file, x, sel, w, n, &mut out);
+            }
             g.put(o.out, out);
         }
         Op::SwiGlu(o) => {
