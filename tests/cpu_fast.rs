@@ -210,3 +210,34 @@ fn isa_names_and_detection() {
     assert_eq!(Isa::parse("sse9"), None);
     assert!(Isa::available().contains(&Isa::detect()));
 }
+
+/// The prefill path decodes each 2/4-bit row into int8 codes, scales and
+/// offsets; those must reproduce the format's values (up to the order of
+/// the f32 products: Q2_K computes d·(sc·q) where gguf-py has (d·sc)·q).
+#[test]
+fn expanded_rows_reproduce_the_dequantised_values() {
+    use ds4::backend::cpu_fast::expand::{expand, expandable, Expanded};
+    let mut rng = Rng(0xe7a9_0001);
+    for ty in [GgmlType::Q2K, GgmlType::Q4K, GgmlType::Iq2Xxs, GgmlType::Mxfp4] {
+        assert!(expandable(ty));
+        for n in [256usize, 768] {
+            let v: Vec<f32> = rng.vec(n).iter().map(|x| x * 4.0).collect();
+            let row = quantize(ty, &v, n);
+            let mut want = vec![0f32; n];
+            quant::dequantize_row(ty, &row, &mut want).unwrap();
+            let mut e = Expanded::new(n);
+            e.codes.fill(99);
+            expand(ty, &row, &mut e);
+            let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for i in 0..n {
+                let off = if e.has_off { e.off[i / 16] } else { 0.0 };
+                let got = e.scale[i / 32] * e.codes[i] as f32 + off;
+                assert!(
+                    (got - want[i]).abs() <= 1e-6 * amax,
+                    "{ty} n={n} element {i}: {got} vs {}",
+                    want[i]
+                );
+            }
+        }
+    }
+}

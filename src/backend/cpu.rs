@@ -32,6 +32,23 @@ pub struct CpuBackend {
     graphs: Vec<LoadedGraph>,
     /// `Some`: the fast backend's matrix kernels; `None`: the reference.
     fast: Option<super::cpu_fast::Kernels>,
+    /// Seconds and calls per op name when `DS4_CPU_PROFILE` is set (printed
+    /// to stderr when the backend is dropped).
+    profile: Option<std::collections::BTreeMap<&'static str, (f64, usize)>>,
+}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let total: f64 = p.values().map(|v| v.0).sum();
+            eprintln!("{} op profile ({total:.3} s):", self.name());
+            let mut v: Vec<_> = p.iter().collect();
+            v.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+            for (name, (s, n)) in v {
+                eprintln!("  {name:<14} {s:>8.3} s {:>5.1} % {n:>7} calls", 100.0 * s / total.max(1e-12));
+            }
+        }
+    }
 }
 
 impl CpuBackend {
@@ -49,6 +66,7 @@ impl CpuBackend {
             states,
             graphs: Vec::new(),
             fast: None,
+            profile: std::env::var_os("DS4_CPU_PROFILE").map(|_| Default::default()),
         }
     }
 
@@ -159,9 +177,16 @@ impl Backend for CpuBackend {
         }
         g.put(graph.tokens, tok);
         let n = p.n_tokens;
+        let profile = self.profile.is_some();
         for node in &graph.nodes {
             let Node::Op(op) = node else { continue };
+            let t0 = profile.then(std::time::Instant::now);
             run_op(g, op, file, states, p, n, self.fast.as_ref());
+            if let (Some(t0), Some(prof)) = (t0, self.profile.as_mut()) {
+                let e = prof.entry(op.name()).or_insert((0.0, 0));
+                e.0 += t0.elapsed().as_secs_f64();
+                e.1 += 1;
+            }
         }
         g.n_tokens = n;
         Ok(())

@@ -284,3 +284,29 @@ pub unsafe fn bf16(row: &[u8], x: &[f32]) -> f32 {
     }
     s
 }
+
+/// Dot of an expanded row (int8 codes, f32 scale per 32) with Q8x32
+/// activations (see `super::expand`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn expanded(codes: &[i8], scale: &[f32], y: &[BlockQ8x32]) -> f32 {
+    assert!(codes.len() == y.len() * 32 && scale.len() == y.len());
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let n = y.len();
+    let mut i = 0;
+    while i + 1 < n {
+        let w0 = _mm256_loadu_si256(codes.as_ptr().add(32 * i) as *const __m256i);
+        let x0 = _mm256_loadu_si256(y[i].qs.as_ptr() as *const __m256i);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale[i] * y[i].d), dot_i8x32(w0, x0), acc0);
+        let w1 = _mm256_loadu_si256(codes.as_ptr().add(32 * i + 32) as *const __m256i);
+        let x1 = _mm256_loadu_si256(y[i + 1].qs.as_ptr() as *const __m256i);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(scale[i + 1] * y[i + 1].d), dot_i8x32(w1, x1), acc1);
+        i += 2;
+    }
+    if i < n {
+        let w0 = _mm256_loadu_si256(codes.as_ptr().add(32 * i) as *const __m256i);
+        let x0 = _mm256_loadu_si256(y[i].qs.as_ptr() as *const __m256i);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale[i] * y[i].d), dot_i8x32(w0, x0), acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
+}

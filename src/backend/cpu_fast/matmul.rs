@@ -9,8 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::act::Acts;
-use super::Kernels;
+use super::act::{Acts, BlockQ8x32};
+use super::{expand, Kernels};
 use crate::gguf::GgufFile;
 use crate::model::TensorRef;
 use crate::ops::moe::{swiglu, MoeExperts};
@@ -37,6 +37,9 @@ pub fn matmul_acts(
     }
     let rb = w.len() / n_out;
     let rows_per_group = n_out / groups.max(1);
+    if let (Acts::Q8x32 { blocks, per_row }, true) = (acts, expand::expandable(ty)) {
+        return matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
+    }
     let work = |first: usize, chunk: &mut [f32]| {
         let rows = chunk.len() / n_tokens;
         let mut r0 = 0;
@@ -68,6 +71,62 @@ pub fn matmul_acts(
         .for_each(|(i, c)| work(i * chunk_rows, c));
 }
 
+/// Splits `n_out` weight rows of `rb` bytes over the pool: `work(first,
+/// chunk)` fills `chunk` (rows `first..`, `n_tokens` values each).
+fn split_rows(
+    tmp: &mut [f32],
+    n_out: usize,
+    rb: usize,
+    n_tokens: usize,
+    work: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
+    let threads = rayon::current_num_threads().max(1);
+    let min_rows = ((256 << 10) / (rb * n_tokens).max(1)).max(4);
+    let chunk_rows = n_out.div_ceil(threads * 4).max(min_rows);
+    let tmp = &mut tmp[..n_out * n_tokens];
+    if chunk_rows >= n_out || threads == 1 {
+        work(0, tmp);
+        return;
+    }
+    tmp.par_chunks_mut(chunk_rows * n_tokens)
+        .enumerate()
+        .for_each(|(i, c)| work(i * chunk_rows, c));
+}
+
+/// The prefill path of the 2/4-bit formats: each weight row decoded once
+/// ([`expand::expand`]), then dotted with every token.
+#[allow(clippy::too_many_arguments)]
+fn matmul_expanded(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    n_out: usize,
+    groups: usize,
+    blocks: &[BlockQ8x32],
+    per_row: usize,
+    n_tokens: usize,
+    tmp: &mut [f32],
+) {
+    let rb = w.len() / n_out;
+    let rows_per_group = n_out / groups.max(1);
+    let n_in = per_row * 32;
+    let sums = expand::sums16(blocks);
+    split_rows(tmp, n_out, rb, n_tokens, |first, chunk| {
+        let mut e = expand::Expanded::new(n_in);
+        for (r, out) in chunk.chunks_exact_mut(n_tokens).enumerate() {
+            let o = first + r;
+            let g = o / rows_per_group;
+            expand::expand(ty, &w[o * rb..(o + 1) * rb], &mut e);
+            for (t, dst) in out.iter_mut().enumerate() {
+                let a = t * groups + g;
+                let y = &blocks[a * per_row..(a + 1) * per_row];
+                *dst = (k.expanded)(&e.codes, &e.scale, y)
+                    + expand::offsets(&e, &sums[2 * a * per_row..2 * (a + 1) * per_row]);
+            }
+        }
+    });
+}
+
 /// Weight-row-major `tmp` (`n_out` × `n_tokens`) into token-major `out`.
 fn transpose_into(tmp: &[f32], n_out: usize, n_tokens: usize, out: &mut [f32]) {
     for t in 0..n_tokens {
@@ -91,7 +150,7 @@ pub fn matmul(
     n_tokens: usize,
     out: &mut [f32],
 ) -> bool {
-    let Some(kind) = Kernels::act_kind(ty) else {
+    let Some(kind) = Kernels::act_kind_for(ty, n_tokens) else {
         return false;
     };
     let groups = groups.max(1);
@@ -127,10 +186,12 @@ pub fn moe_experts(
     n_tokens: usize,
     out: &mut [f32],
 ) -> bool {
+    // Expanded rows pay off from a few tokens per expert (not per step).
+    let per_expert = n_tokens * o.k / (o.gate.ne[2] as usize).max(1);
     let (Some(kg), Some(ku), Some(kd)) = (
-        Kernels::act_kind(o.gate.ty),
-        Kernels::act_kind(o.up.ty),
-        Kernels::act_kind(o.down.ty),
+        Kernels::act_kind_for(o.gate.ty, per_expert),
+        Kernels::act_kind_for(o.up.ty, per_expert),
+        Kernels::act_kind_for(o.down.ty, per_expert),
     ) else {
         return false;
     };

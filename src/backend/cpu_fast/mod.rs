@@ -13,6 +13,7 @@
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+pub mod expand;
 pub mod matmul;
 pub mod portable;
 
@@ -90,9 +91,14 @@ impl Isa {
     }
 }
 
+/// Token count from which a matrix product decodes each 2/4-bit weight row
+/// once and reuses it for every token ([`expand`]).
+pub const PREFILL_TOKENS: usize = 4;
+
 type DotK = fn(&[u8], &[BlockQ8K]) -> f32;
 type Dot32 = fn(&[u8], &[BlockQ8x32]) -> f32;
 type DotF = fn(&[u8], &[f32]) -> f32;
+type DotE = fn(&[i8], &[f32], &[BlockQ8x32]) -> f32;
 
 /// The dot products of one path, one per weight format.
 #[derive(Clone, Copy)]
@@ -106,6 +112,8 @@ pub struct Kernels {
     f32: DotF,
     f16: DotF,
     bf16: DotF,
+    /// Expanded rows (prefill path of the 2/4-bit formats, [`expand`]).
+    pub expanded: DotE,
 }
 
 /// Safe wrappers over the AVX2 kernels; only reachable through
@@ -137,6 +145,9 @@ mod avx2_safe {
     pub fn bf16(r: &[u8], x: &[f32]) -> f32 {
         unsafe { super::avx2::bf16(r, x) }
     }
+    pub fn expanded(c: &[i8], s: &[f32], y: &[BlockQ8x32]) -> f32 {
+        unsafe { super::avx2::expanded(c, s, y) }
+    }
 }
 
 impl Kernels {
@@ -156,6 +167,7 @@ impl Kernels {
                 f32: portable::f32,
                 f16: portable::f16,
                 bf16: portable::bf16,
+                expanded: expand::dot_portable,
             },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Kernels {
@@ -168,6 +180,7 @@ impl Kernels {
                 f32: avx2_safe::f32,
                 f16: avx2_safe::f16,
                 bf16: avx2_safe::bf16,
+                expanded: avx2_safe::expanded,
             },
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => return None,
@@ -177,7 +190,17 @@ impl Kernels {
     /// The activation format `ty` reads, or `None` for a format these
     /// kernels do not cover (the caller falls back to the reference).
     pub fn act_kind(ty: GgmlType) -> Option<ActKind> {
+        Kernels::act_kind_for(ty, 1)
+    }
+
+    /// The activation format for `n_tokens` rows at once: from
+    /// [`PREFILL_TOKENS`] tokens on, the 2/4-bit formats take Q8x32 and the
+    /// expanded-row path ([`expand`]).
+    pub fn act_kind_for(ty: GgmlType, n_tokens: usize) -> Option<ActKind> {
         use GgmlType::*;
+        if n_tokens >= PREFILL_TOKENS && expand::expandable(ty) {
+            return Some(ActKind::Q8x32);
+        }
         match ty {
             Q2K | Q4K | Iq2Xxs => Some(ActKind::Q8K),
             Q8_0 | Mxfp4 => Some(ActKind::Q8x32),
@@ -203,7 +226,8 @@ impl Kernels {
                 let y = &blocks[r * per_row..(r + 1) * per_row];
                 match ty {
                     GgmlType::Q8_0 => (self.q8_0)(w, y),
-                    _ => (self.mxfp4)(w, y),
+                    GgmlType::Mxfp4 => (self.mxfp4)(w, y),
+                    _ => unreachable!("{ty} rows meet Q8x32 only through expanded rows"),
                 }
             }
             Acts::F32 { values, per_row } => {
