@@ -6,8 +6,13 @@
 //! bandwidth, prefill and decode speed, and reports decode as a fraction of
 //! the bandwidth roofline: weight bytes read per token × tokens/s ÷ bandwidth.
 //!
+//! The fast CPU backend (`cpu`) and the reference (`cpu-ref`) run in the same
+//! process, one after the other, on the same file.
+//!
 //! Environment: DS4_BENCH_LAYERS (default 4), DS4_BENCH_PREFILL (default 256
-//! tokens), DS4_BENCH_DECODE (default 16 tokens).
+//! tokens), DS4_BENCH_DECODE (default 16 tokens), DS4_BENCH_MODEL (a GGUF to
+//! use instead of the generated one, e.g. a tiny test model),
+//! DS4_BENCH_BACKENDS (default `cpu,cpu-ref`), DS4_CPU_ISA (kernel path).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,7 +20,7 @@ use std::time::Instant;
 
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
-use ds4::session::{Session, SessionOptions};
+use ds4::session::{BackendKind, Session, SessionOptions};
 use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
 
 fn env(name: &str, default: usize) -> usize {
@@ -31,7 +36,10 @@ fn main() {
     let n_decode = env("DS4_BENCH_DECODE", 16);
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-models");
     std::fs::create_dir_all(&dir).expect("target/bench-models");
-    let path = dir.join(format!("medium-q2-{layers}l.gguf"));
+    let path = match std::env::var("DS4_BENCH_MODEL") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => dir.join(format!("medium-q2-{layers}l.gguf")),
+    };
     if !path.exists() {
         let mut spec = TestModelSpec::flash();
         // Flash widths, a few layers: 2 window layers then CSA/HCA pairs.
@@ -68,26 +76,33 @@ fn main() {
     eprintln!("measuring read bandwidth ...");
     let bw = ds4::bandwidth::read_bandwidth(1 << 30, 5);
 
-    let opts = SessionOptions {
-        ctx: n_prefill + n_decode + 8,
-        prefill_chunk: 2048,
-        numerics: Numerics::Model,
-        ..Default::default()
-    };
-    let mut sess = Session::new(model.clone(), opts).expect("session");
+    let backends = std::env::var("DS4_BENCH_BACKENDS").unwrap_or_else(|_| "cpu,cpu-ref".into());
     let prompt: Vec<u32> = (0..n_prefill as u32)
-        .map(|i| (i * 7919) % 120_000 + 10)
+        .map(|i| (i * 7919) % (cfg.n_vocab as u32 - 10).min(120_000) + 10)
         .collect();
-    let t = Instant::now();
-    sess.sync(&prompt, &mut |_, _| {}).expect("prefill");
-    let prefill_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for _ in 0..n_decode {
-        let next = ds4::sampler::argmax(sess.logits()) as u32;
-        sess.eval(next).expect("decode");
+    let mut results = Vec::new();
+    for name in backends.split(',') {
+        let backend = BackendKind::parse(name).expect("DS4_BENCH_BACKENDS: cpu, cpu-ref, wgpu");
+        let opts = SessionOptions {
+            ctx: n_prefill + n_decode + 8,
+            prefill_chunk: 2048,
+            numerics: Numerics::Model,
+            backend,
+            ..Default::default()
+        };
+        let mut sess = Session::new(model.clone(), opts).expect("session");
+        eprintln!("{name}: {}", sess.backend_notice());
+        let t = Instant::now();
+        sess.sync(&prompt, &mut |_, _| {}).expect("prefill");
+        let prefill_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..n_decode {
+            let next = ds4::sampler::argmax(sess.logits()) as u32;
+            sess.eval(next).expect("decode");
+        }
+        let decode_s = t.elapsed().as_secs_f64();
+        results.push((name.to_string(), prefill_s, decode_s));
     }
-    let decode_s = t.elapsed().as_secs_f64();
-    let tps = n_decode as f64 / decode_s;
 
     println!(
         "model          {} ({:.2} GiB, {} layers, q2 mix)",
@@ -98,19 +113,21 @@ fn main() {
     println!("threads        {threads}");
     println!("read bandwidth {:.2} GB/s (best of 5 over 1 GiB)", bw / 1e9);
     println!(
-        "prefill        {n_prefill} tokens in {prefill_s:.2} s = {:.2} tokens/s",
-        n_prefill as f64 / prefill_s
-    );
-    println!("decode         {n_decode} tokens in {decode_s:.2} s = {tps:.2} tokens/s");
-    println!(
         "bytes/token    {:.1} MiB of weights read per decoded token",
         weight_bytes as f64 / (1u64 << 20) as f64
     );
-    println!(
-        "roofline       {:.1}% ({:.2} GB/s effective of {:.2} GB/s; ceiling {:.2} tokens/s)",
-        100.0 * weight_bytes as f64 * tps / bw,
-        weight_bytes as f64 * tps / 1e9,
-        bw / 1e9,
-        bw / weight_bytes as f64
-    );
+    for (name, prefill_s, decode_s) in &results {
+        let tps = n_decode as f64 / decode_s;
+        println!(
+            "{name:<8} prefill {n_prefill} tokens in {prefill_s:.2} s = {:.2} tokens/s; decode {n_decode} tokens in {decode_s:.2} s = {tps:.2} tokens/s; roofline {:.1}% ({:.2} GB/s of {:.2}; ceiling {:.2} tokens/s)",
+            n_prefill as f64 / prefill_s,
+            100.0 * weight_bytes as f64 * tps / bw,
+            weight_bytes as f64 * tps / 1e9,
+            bw / 1e9,
+            bw / weight_bytes as f64
+        );
+    }
+    if let [(a, pa, da), (b, pb, db), ..] = &results[..] {
+        println!("{a} / {b}: prefill {:.2}x, decode {:.2}x", pb / pa, db / da);
+    }
 }

@@ -69,7 +69,7 @@ fn prefill_logits_match_the_cpu_on_every_tiny_variant() {
     for v in Variant::ALL {
         for numerics in [Numerics::Plain, Numerics::Model] {
             let toks = tokens(100, 21);
-            let mut c = session(v, numerics, BackendKind::Cpu, 512, 37);
+            let mut c = session(v, numerics, BackendKind::CpuRef, 512, 37);
             let mut g = session(v, numerics, BackendKind::Cuda, 512, 37);
             let want = c.score(&toks).unwrap();
             let got = g.score(&toks).unwrap();
@@ -91,7 +91,7 @@ fn decode_with_and_without_the_cuda_graph_matches_the_cpu() {
         for v in [Variant::F32, Variant::Q2, Variant::Q4] {
             let toks = tokens(60, 8);
             let (head, tail) = toks.split_at(40);
-            let mut c = session(v, Numerics::Model, BackendKind::Cpu, 256, 16);
+            let mut c = session(v, Numerics::Model, BackendKind::CpuRef, 256, 16);
             let mut g = session(v, Numerics::Model, BackendKind::Cuda, 256, 16);
             c.sync(head, &mut |_, _| {}).unwrap();
             g.sync(head, &mut |_, _| {}).unwrap();

@@ -145,7 +145,7 @@ fn first_divergence(
 #[test]
 fn keep_all_mode_names_the_first_diverging_value() {
     let toks = tokens(9, 4);
-    let cpu = |n| (BackendKind::Cpu, n);
+    let cpu = |n| (BackendKind::CpuRef, n);
     assert_eq!(
         first_divergence(Variant::F32, cpu(Numerics::Model), cpu(Numerics::Model), &toks, 0.0),
         None,
@@ -169,7 +169,7 @@ fn keep_all_mode_names_the_first_diverging_value() {
 /// position, the costly part on a CPU emulator).
 fn check_scored(v: Variant, numerics: Numerics, n: usize, chunk: usize) -> f32 {
     let toks = tokens(n, 21);
-    let mut c = session(v, numerics, BackendKind::Cpu, 512, chunk);
+    let mut c = session(v, numerics, BackendKind::CpuRef, 512, chunk);
     let mut g = session(v, numerics, BackendKind::Wgpu, 512, chunk);
     let want = c.score(&toks).unwrap();
     let got = g.score(&toks).unwrap();
@@ -179,7 +179,7 @@ fn check_scored(v: Variant, numerics: Numerics, n: usize, chunk: usize) -> f32 {
     if d > MAX_DLOGPROB {
         let first = first_divergence(
             v,
-            (BackendKind::Cpu, numerics),
+            (BackendKind::CpuRef, numerics),
             (BackendKind::Wgpu, numerics),
             &toks[..16],
             1e-3,
@@ -193,7 +193,7 @@ fn check_scored(v: Variant, numerics: Numerics, n: usize, chunk: usize) -> f32 {
 /// prefill and after each decoded token.
 fn check_prefill_then_decode(v: Variant, numerics: Numerics, n: usize, chunk: usize) -> f32 {
     let toks = tokens(n + 3, 31);
-    let mut c = session(v, numerics, BackendKind::Cpu, 512, chunk);
+    let mut c = session(v, numerics, BackendKind::CpuRef, 512, chunk);
     let mut g = session(v, numerics, BackendKind::Wgpu, 512, chunk);
     c.sync(&toks[..n], &mut |_, _| {}).unwrap();
     g.sync(&toks[..n], &mut |_, _| {}).unwrap();
@@ -240,7 +240,7 @@ fn decode_snapshot_and_greedy_continuation_match_the_cpu() {
     for v in [Variant::F32, Variant::Q4] {
         let toks = tokens(44, 8);
         let (head, tail) = toks.split_at(38);
-        let mut c = session(v, Numerics::Model, BackendKind::Cpu, 256, 16);
+        let mut c = session(v, Numerics::Model, BackendKind::CpuRef, 256, 16);
         let mut g = session(v, Numerics::Model, BackendKind::Wgpu, 256, 16);
         c.sync(head, &mut |_, _| {}).unwrap();
         g.sync(head, &mut |_, _| {}).unwrap();
@@ -284,7 +284,7 @@ fn long_context_wraps_the_window_and_indexes_many_rows() {
     // 1200 tokens in chunks of 300: the 32-row window wraps 37 times and the
     // CSA indexer picks 16 of up to 300 compressed rows.
     let toks = tokens(1200, 77);
-    let mut c = session(Variant::Q8, Numerics::Model, BackendKind::Cpu, 1280, 300);
+    let mut c = session(Variant::Q8, Numerics::Model, BackendKind::CpuRef, 1280, 300);
     let mut g = session(Variant::Q8, Numerics::Model, BackendKind::Wgpu, 1280, 300);
     c.sync(&toks, &mut |_, _| {}).unwrap();
     g.sync(&toks, &mut |_, _| {}).unwrap();

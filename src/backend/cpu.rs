@@ -1,6 +1,11 @@
 //! The CPU reference backend: executes a graph op by op with the CPU twins
 //! in [`crate::ops`]. Activations live in planned slots (f32; i32 values are
 //! stored bit-cast), persistent state in one buffer per state.
+//!
+//! The same op loop serves the fast backend (`cpu`): built with
+//! [`CpuBackend::fast`] it sends the matrix products (dense matmuls, routed
+//! experts) to the quantised SIMD kernels of [`super::cpu_fast`]; every other
+//! op runs the reference twin either way.
 
 use std::sync::Arc;
 
@@ -25,6 +30,25 @@ pub struct CpuBackend {
     layout: StateLayout,
     states: Vec<Vec<f32>>,
     graphs: Vec<LoadedGraph>,
+    /// `Some`: the fast backend's matrix kernels; `None`: the reference.
+    fast: Option<super::cpu_fast::Kernels>,
+    /// Seconds and calls per op name when `DS4_CPU_PROFILE` is set (printed
+    /// to stderr when the backend is dropped).
+    profile: Option<std::collections::BTreeMap<&'static str, (f64, usize)>>,
+}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let total: f64 = p.values().map(|v| v.0).sum();
+            eprintln!("{} op profile ({total:.3} s):", self.name());
+            let mut v: Vec<_> = p.iter().collect();
+            v.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+            for (name, (s, n)) in v {
+                eprintln!("  {name:<14} {s:>8.3} s {:>5.1} % {n:>7} calls", 100.0 * s / total.max(1e-12));
+            }
+        }
+    }
 }
 
 impl CpuBackend {
@@ -41,7 +65,26 @@ impl CpuBackend {
             layout,
             states,
             graphs: Vec::new(),
+            fast: None,
+            profile: std::env::var_os("DS4_CPU_PROFILE").map(|_| Default::default()),
         }
+    }
+
+    /// The fast CPU backend: the reference op loop with the matrix products
+    /// run by `kernels` (quantised activations, integer SIMD dot products).
+    pub fn fast(
+        file: WeightFile,
+        layout: StateLayout,
+        kernels: super::cpu_fast::Kernels,
+    ) -> CpuBackend {
+        let mut b = CpuBackend::new(file, layout);
+        b.fast = Some(kernels);
+        b
+    }
+
+    /// The fast kernels' path (`None` for the reference backend).
+    pub fn isa(&self) -> Option<super::cpu_fast::Isa> {
+        self.fast.map(|k| k.isa)
     }
 }
 
@@ -87,7 +130,18 @@ impl LoadedGraph {
 
 impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
-        "cpu"
+        if self.fast.is_some() {
+            "cpu"
+        } else {
+            "cpu-ref"
+        }
+    }
+
+    fn device(&self) -> String {
+        match self.fast {
+            Some(k) => format!("cpu ({} kernels, {} threads)", k.isa.name(), rayon::current_num_threads()),
+            None => "cpu-ref".into(),
+        }
     }
 
     fn load_graph(&mut self, graph: Arc<Graph>) -> Result<GraphHandle, BackendError> {
@@ -123,9 +177,16 @@ impl Backend for CpuBackend {
         }
         g.put(graph.tokens, tok);
         let n = p.n_tokens;
+        let profile = self.profile.is_some();
         for node in &graph.nodes {
             let Node::Op(op) = node else { continue };
-            run_op(g, op, file, states, p, n);
+            let t0 = profile.then(std::time::Instant::now);
+            run_op(g, op, file, states, p, n, self.fast.as_ref());
+            if let (Some(t0), Some(prof)) = (t0, self.profile.as_mut()) {
+                let e = prof.entry(op.name()).or_insert((0.0, 0));
+                e.0 += t0.elapsed().as_secs_f64();
+                e.1 += 1;
+            }
         }
         g.n_tokens = n;
         Ok(())
@@ -210,6 +271,7 @@ fn run_op(
     states: &mut [Vec<f32>],
     p: StepParams,
     n: usize,
+    fast: Option<&super::cpu_fast::Kernels>,
 ) {
     let st = |s: StateId| s.0 as usize;
     match op {
@@ -233,7 +295,22 @@ fn run_op(
         Op::MatMul(o) => {
             let rows = g.rows(o.out, n);
             let mut out = g.take(o.out);
-            o.cpu(file, g.get(o.x), rows, &mut out);
+            let done = fast.is_some_and(|k| {
+                super::cpu_fast::matmul::matmul(
+                    k,
+                    o.w.ty,
+                    o.w.bytes(file),
+                    o.in_dim(),
+                    o.out_dim(),
+                    o.groups,
+                    g.get(o.x),
+                    rows,
+                    &mut out,
+                )
+            });
+            if !done {
+                o.cpu(file, g.get(o.x), rows, &mut out);
+            }
             g.put(o.out, out);
         }
         Op::HcMix(o) => {
@@ -349,14 +426,13 @@ fn run_op(
         }
         Op::MoeExperts(o) => {
             let mut out = g.take(o.out);
-            o.cpu(
-                file,
-                g.get(o.x),
-                as_i32(g.get(o.selected)),
-                g.get(o.weights),
-                n,
-                &mut out,
-            );
+            let (x, sel, w) = (g.get(o.x), as_i32(g.get(o.selected)), g.get(o.weights));
+            let done = fast.is_some_and(|k| {
+                super::cpu_fast::matmul::moe_experts(k, o, file, x, sel, w, n, &mut out)
+            });
+            if !done {
+                o.cpu(file, x, sel, w, n, &mut out);
+            }
             g.put(o.out, out);
         }
         Op::SwiGlu(o) => {

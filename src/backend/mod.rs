@@ -3,6 +3,7 @@
 //! [`open`] builds the backend a [`BackendKind`] names.
 
 pub mod cpu;
+pub mod cpu_fast;
 pub mod wgpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -32,7 +33,7 @@ pub enum BackendError {
     Device { device: String, msg: String },
     #[error("unknown graph handle {0}")]
     UnknownGraph(usize),
-    #[error("backend {0:?} is unknown (auto, cpu, wgpu, cuda; aliases metal, vulkan)")]
+    #[error("backend {0:?} is unknown (auto, cpu, cpu-ref, wgpu, cuda; aliases metal, vulkan)")]
     UnknownKind(String),
 }
 
@@ -41,7 +42,11 @@ pub enum BackendError {
 pub enum BackendKind {
     /// A real GPU through wgpu if there is one, else the CPU (one-line notice).
     Auto,
+    /// The fast CPU backend: quantised activations, integer SIMD kernels
+    /// (`DS4_CPU_ISA` forces a path).
     Cpu,
+    /// The CPU reference backend (f32, dequantise-then-dot): the oracle.
+    CpuRef,
     /// wgpu on the adapter `DS4_WGPU_ADAPTER` names, else the best one
     /// (CPU emulators such as lavapipe included).
     Wgpu,
@@ -53,6 +58,7 @@ impl BackendKind {
         match s {
             "auto" => Ok(BackendKind::Auto),
             "cpu" => Ok(BackendKind::Cpu),
+            "cpu-ref" => Ok(BackendKind::CpuRef),
             "wgpu" | "metal" | "vulkan" => Ok(BackendKind::Wgpu),
             "cuda" => Ok(BackendKind::Cuda),
             other => Err(BackendError::UnknownKind(other.to_string())),
@@ -180,10 +186,18 @@ pub struct Opened {
 /// falls back to the CPU otherwise (the notice says why).
 pub fn open(kind: BackendKind, file: WeightFile, layout: StateLayout) -> Result<Opened, BackendError> {
     match kind {
-        BackendKind::Cpu => Ok(Opened {
+        BackendKind::CpuRef => Ok(Opened {
             backend: Box::new(cpu::CpuBackend::new(file, layout)),
-            notice: "backend: cpu".into(),
+            notice: "backend: cpu-ref".into(),
         }),
+        BackendKind::Cpu => {
+            let b = fast_cpu(file, layout)?;
+            let notice = format!("backend: {}", b.device());
+            Ok(Opened {
+                backend: Box::new(b),
+                notice,
+            })
+        }
         BackendKind::Wgpu => {
             let choice = self::wgpu::AdapterChoice::from_env(true);
             let b = self::wgpu::WgpuBackend::open(&choice, file, layout)?;
@@ -203,16 +217,23 @@ pub fn open(kind: BackendKind, file: WeightFile, layout: StateLayout) -> Result<
                         notice,
                     })
                 }
-                // No real GPU adapter: CUDA next (when built), then the CPU.
+                // No real GPU adapter: CUDA next (when built), then the fast CPU backend.
                 Err(e) => match open_cuda(file.clone(), layout.clone()) {
                     Ok(mut o) => {
                         o.notice.push_str(" (auto)");
                         Ok(o)
                     }
-                    Err(ce) => Ok(Opened {
-                        backend: Box::new(cpu::CpuBackend::new(file, layout)),
-                        notice: format!("backend: cpu (auto; wgpu not used: {e}; cuda not used: {ce})"),
-                    }),
+                    Err(ce) => {
+                        let b = fast_cpu(file, layout)?;
+                        let notice = format!(
+                            "backend: {} (auto; wgpu not used: {e}; cuda not used: {ce})",
+                            b.device()
+                        );
+                        Ok(Opened {
+                            backend: Box::new(b),
+                            notice,
+                        })
+                    }
                 },
             }
         }
@@ -255,4 +276,17 @@ pub fn cuda_device_lines() -> Result<Vec<String>, BackendError> {
             reason: "built without the cuda feature".into(),
         })
     }
+}
+
+/// The fast CPU backend on the path `DS4_CPU_ISA` names, else the best one.
+fn fast_cpu(file: WeightFile, layout: StateLayout) -> Result<cpu::CpuBackend, BackendError> {
+    let isa = cpu_fast::Isa::from_env().map_err(|reason| BackendError::Unavailable {
+        backend: "cpu".into(),
+        reason,
+    })?;
+    let kernels = cpu_fast::Kernels::new(isa).ok_or_else(|| BackendError::Unavailable {
+        backend: "cpu".into(),
+        reason: format!("the {} kernels need CPU features this machine lacks", isa.name()),
+    })?;
+    Ok(cpu::CpuBackend::fast(file, layout, kernels))
 }

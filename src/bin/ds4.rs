@@ -79,7 +79,7 @@ struct Args {
     /// model: official rounding steps (default); plain: without them
     #[argh(option, default = "String::from(\"model\")")]
     numerics: String,
-    /// backend: auto (default: a real GPU through wgpu, else cpu), cpu, wgpu (aliases metal, vulkan), cuda
+    /// backend: auto (default: a real GPU through wgpu, else the fast cpu), cpu (fast: int8 SIMD kernels; DS4_CPU_ISA=portable|avx2 forces a path), cpu-ref (the f32 reference), wgpu (aliases metal, vulkan), cuda
     #[argh(option)]
     backend: Option<String>,
     /// same as --backend wgpu (Vulkan where there is no Metal)

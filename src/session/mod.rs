@@ -55,7 +55,7 @@ impl Default for SessionOptions {
             ctx: 32768,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             numerics: Numerics::Model,
-            backend: BackendKind::Cpu,
+            backend: BackendKind::CpuRef,
             dump: Vec::new(),
         }
     }

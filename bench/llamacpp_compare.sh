@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Our fast CPU backend beside llama.cpp's llama-bench on the same GGUF, in one
+# run, the two engines interleaved (ours, llama.cpp, ours, llama.cpp).
+#
+#   bash bench/llamacpp_compare.sh [MODEL.gguf] [--threads T] [--pp N] [--tg N] [--reps R]
+#
+# MODEL defaults to the 4-layer Flash-width q2 model of bench/cpu_forward.rs
+# (target/bench-models/medium-q2-4l.gguf; run `cargo bench --bench
+# cpu_forward` once to generate it). llama.cpp is built and driven by
+# ../shared/peers/llamacpp.sh (build it first: `bash ../shared/peers/llamacpp.sh
+# build`), which also makes the metadata-patched copy llama.cpp needs.
+# Ours runs `cargo bench --bench cpu_forward` with DS4_BENCH_MODEL pointing at
+# the same file, only the fast backend (DS4_BENCH_BACKENDS=cpu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=target/bench-models/medium-q2-4l.gguf
+if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then MODEL=$1; shift; fi
+THREADS=$(nproc); PP=256; TG=16; REPS=2
+while [ $# -gt 0 ]; do
+    case $1 in
+        --threads) THREADS=$2; shift 2 ;;
+        --pp) PP=$2; shift 2 ;;
+        --tg) TG=$2; shift 2 ;;
+        --reps) REPS=$2; shift 2 ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+done
+PEER=${PEER:-../shared/peers/llamacpp.sh}
+[ -f "$PEER" ] || PEER=/work/shared/peers/llamacpp.sh
+[ -f "$MODEL" ] || { echo "no model at $MODEL (run cargo bench --bench cpu_forward first)" >&2; exit 1; }
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)); threads $THREADS; prefill $PP tokens, decode $TG tokens"
+cargo build --release --bench cpu_forward >/dev/null 2>&1 || cargo bench --no-run --bench cpu_forward
+for rep in $(seq 1 "$REPS"); do
+    echo "--- round $rep: ds4 (fast cpu) ---"
+    RAYON_NUM_THREADS=$THREADS DS4_BENCH_MODEL=$MODEL DS4_BENCH_BACKENDS=cpu \
+        DS4_BENCH_PREFILL=$PP DS4_BENCH_DECODE=$TG cargo bench --bench cpu_forward 2>/dev/null \
+        | grep -E '^(cpu |read bandwidth|bytes/token)'
+    echo "--- round $rep: llama.cpp ---"
+    bash "$PEER" bench "$MODEL" --threads "$THREADS" --pp "$PP" --tg "$TG" --reps 1 --md 2>/dev/null \
+        | grep -E '^\|' || echo "(llama-bench failed; is llama.cpp built?)"
+done

@@ -1,0 +1,312 @@
+//! x86-64 AVX2 + FMA + F16C kernels. Each is `unsafe` because it needs those
+//! CPU features; `super::Kernels::for_isa` installs them only after runtime
+//! detection. Integer products use `maddubs` (u8 × i8 → i16 pairs, which
+//! cannot saturate for these formats: at most 2·43·127 for IQ2_XXS, 2·128·127
+//! for Q8_0) then `madd` against the sub-block scales (→ i32), and one f32
+//! fused multiply-add per block.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::arch::x86_64::*;
+
+use super::act::BlockQ8x32;
+use crate::quant::f16::f16_bits_to_f32;
+use crate::quant::iq2xxs_tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
+use crate::quant::mxfp4::{e8m0_to_f32_half, KVALUES};
+use crate::quant::q4_k::unpack_scales;
+use crate::quant::q8_k::BlockQ8K;
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([*p, *p.add(1)]))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// For sub-block pair (k, k+1): i16 lanes 0..7 pick byte k of a 16-byte
+/// vector, lanes 8..15 byte k+1 (the shuffle works per 128-bit half).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_mask(k: usize) -> __m256i {
+    let lo = _mm_set1_epi16(k as i16 | (0x80u16 << 8) as i16);
+    let hi = _mm_set1_epi16((k + 1) as i16 | (0x80u16 << 8) as i16);
+    _mm256_set_m128i(hi, lo)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q2k(row: &[u8], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(row.len(), y.len() * 84);
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0xF);
+    let masks: [__m256i; 8] = std::array::from_fn(|i| pair_mask(2 * i));
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = _mm256_setzero_ps();
+    for (i, a) in y.iter().enumerate() {
+        let b = row.as_ptr().add(84 * i);
+        let d = f16_at(b.add(80)) * a.d;
+        let dmin = f16_at(b.add(82)) * a.d;
+        let sc = _mm_loadu_si128(b as *const __m128i);
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m4));
+        let bsums = _mm256_loadu_si256(a.bsums.as_ptr() as *const __m256i);
+        let pm = _mm256_madd_epi16(mins, bsums);
+        let scl = _mm256_broadcastsi128_si256(_mm_and_si128(sc, m4));
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let mut q = _mm256_loadu_si256(b.add(16 + 32 * h) as *const __m256i);
+            for j in 0..4 {
+                let codes = _mm256_and_si256(q, m3);
+                let act =
+                    _mm256_loadu_si256(a.qs.as_ptr().add(128 * h + 32 * j) as *const __m256i);
+                let p = _mm256_maddubs_epi16(codes, act);
+                let s = _mm256_shuffle_epi8(scl, masks[4 * h + j]);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+                q = _mm256_srli_epi16(q, 2);
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm);
+    }
+    hsum_ps(acc) - hsum_ps(accm)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4k(row: &[u8], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(row.len(), y.len() * 144);
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = 0f32;
+    for (i, a) in y.iter().enumerate() {
+        let b = row.as_ptr().add(144 * i);
+        let d = f16_at(b) * a.d;
+        let dmin = f16_at(b.add(2)) * a.d;
+        let scales: [u8; 12] = std::ptr::read_unaligned(b.add(4) as *const [u8; 12]);
+        let (sc, m) = unpack_scales(&scales);
+        let mut sum_m = 0i32;
+        for j in 0..8 {
+            sum_m += m[j] as i32 * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+        }
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let a0 = _mm256_loadu_si256(a.qs.as_ptr().add(64 * c) as *const __m256i);
+            let a1 = _mm256_loadu_si256(a.qs.as_ptr().add(64 * c + 32) as *const __m256i);
+            let p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, a0),
+                _mm256_set1_epi16(sc[2 * c] as i16),
+            );
+            let p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, a1),
+                _mm256_set1_epi16(sc[2 * c + 1] as i16),
+            );
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        accm += dmin * sum_m as f32;
+    }
+    hsum_ps(acc) - accm
+}
+
+/// Sign patterns of `KSIGNS_IQ2XS` as 8 bytes of ±1 (bit set → −1).
+static SIGNS_PM1: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut s = 0;
+    while s < 128 {
+        let bits = KSIGNS_IQ2XS[s];
+        let mut v = 0u64;
+        let mut i = 0;
+        while i < 8 {
+            let byte: u64 = if bits & (1 << i) != 0 { 0xFF } else { 0x01 };
+            v |= byte << (8 * i);
+            i += 1;
+        }
+        t[s] = v;
+        s += 1;
+    }
+    t
+};
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq2xxs(row: &[u8], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(row.len(), y.len() * 66);
+    let mut acc = _mm256_setzero_ps();
+    for (i, a) in y.iter().enumerate() {
+        let b = row.as_ptr().add(66 * i);
+        let d = f16_at(b) * a.d * 0.125;
+        let mut sumi = _mm256_setzero_si256();
+        for g in 0..8 {
+            let q = b.add(2 + 8 * g);
+            let a1 = u32::from_le_bytes([*q.add(4), *q.add(5), *q.add(6), *q.add(7)]);
+            let grid = _mm256_set_epi64x(
+                IQ2XXS_GRID[*q.add(3) as usize] as i64,
+                IQ2XXS_GRID[*q.add(2) as usize] as i64,
+                IQ2XXS_GRID[*q.add(1) as usize] as i64,
+                IQ2XXS_GRID[*q as usize] as i64,
+            );
+            let signs = _mm256_set_epi64x(
+                SIGNS_PM1[((a1 >> 21) & 127) as usize] as i64,
+                SIGNS_PM1[((a1 >> 14) & 127) as usize] as i64,
+                SIGNS_PM1[((a1 >> 7) & 127) as usize] as i64,
+                SIGNS_PM1[(a1 & 127) as usize] as i64,
+            );
+            let act = _mm256_loadu_si256(a.qs.as_ptr().add(32 * g) as *const __m256i);
+            let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(act, signs));
+            let ls = (2 * (a1 >> 28) + 1) as i16;
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(ls)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// Σ w·x of 32 signed bytes each, as 8 i32 lanes converted to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_i8x32(w: __m256i, x: __m256i) -> __m256 {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0(row: &[u8], y: &[BlockQ8x32]) -> f32 {
+    assert_eq!(row.len(), y.len() * 34);
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 1 < y.len() {
+        for (k, acc) in [&mut acc0, &mut acc1].into_iter().enumerate() {
+            let b = row.as_ptr().add(34 * (i + k));
+            let a = &y[i + k];
+            let w = _mm256_loadu_si256(b.add(2) as *const __m256i);
+            let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * a.d), dot_i8x32(w, x), *acc);
+        }
+        i += 2;
+    }
+    if i < y.len() {
+        let b = row.as_ptr().add(34 * i);
+        let a = &y[i];
+        let w = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * a.d), dot_i8x32(w, x), acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mxfp4(row: &[u8], y: &[BlockQ8x32]) -> f32 {
+    assert_eq!(row.len(), y.len() * 17);
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES.as_ptr() as *const __m128i));
+    let m4 = _mm_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    for (i, a) in y.iter().enumerate() {
+        let b = row.as_ptr().add(17 * i);
+        let q = _mm_loadu_si128(b.add(1) as *const __m128i);
+        let idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+        let w = _mm256_shuffle_epi8(table, idx);
+        let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+        let d = e8m0_to_f32_half(*b) * a.d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), dot_i8x32(w, x), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// f32 dot of 8-wide chunks with four accumulators; `load(i)` gives weights
+/// `8i..8i+8` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32_with(n: usize, x: &[f32], load: impl Fn(usize) -> __m256) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let chunks = n / 8;
+    let mut c = 0;
+    while c + 4 <= chunks {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let xv = _mm256_loadu_ps(x.as_ptr().add(8 * (c + k)));
+            *a = _mm256_fmadd_ps(load(c + k), xv, *a);
+        }
+        c += 4;
+    }
+    while c < chunks {
+        let xv = _mm256_loadu_ps(x.as_ptr().add(8 * c));
+        acc[0] = _mm256_fmadd_ps(load(c), xv, acc[0]);
+        c += 1;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    hsum_ps(s)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f32(row: &[u8], x: &[f32]) -> f32 {
+    assert_eq!(row.len(), 4 * x.len());
+    let n = x.len();
+    let p = row.as_ptr() as *const f32;
+    let mut s = dot_f32_with(n, x, |c| _mm256_loadu_ps(p.add(8 * c)));
+    for i in n / 8 * 8..n {
+        s += std::ptr::read_unaligned(p.add(i)) * x[i];
+    }
+    s
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16(row: &[u8], x: &[f32]) -> f32 {
+    assert_eq!(row.len(), 2 * x.len());
+    let n = x.len();
+    let p = row.as_ptr();
+    let mut s = dot_f32_with(n, x, |c| {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * c) as *const __m128i))
+    });
+    for i in n / 8 * 8..n {
+        s += f16_at(p.add(2 * i)) * x[i];
+    }
+    s
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn bf16(row: &[u8], x: &[f32]) -> f32 {
+    assert_eq!(row.len(), 2 * x.len());
+    let n = x.len();
+    let p = row.as_ptr();
+    let mut s = dot_f32_with(n, x, |c| {
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16 * c) as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+    });
+    for i in n / 8 * 8..n {
+        s += crate::quant::f16::bf16_bits_to_f32(u16::from_le_bytes([*p.add(2 * i), *p.add(2 * i + 1)]))
+            * x[i];
+    }
+    s
+}
+
+/// Dot of an expanded row (int8 codes, f32 scale per 32) with Q8x32
+/// activations (see `super::expand`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn expanded(codes: &[i8], scale: &[f32], y: &[BlockQ8x32]) -> f32 {
+    assert!(codes.len() == y.len() * 32 && scale.len() == y.len());
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let n = y.len();
+    let mut i = 0;
+    while i + 1 < n {
+        let w0 = _mm256_loadu_si256(codes.as_ptr().add(32 * i) as *const __m256i);
+        let x0 = _mm256_loadu_si256(y[i].qs.as_ptr() as *const __m256i);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale[i] * y[i].d), dot_i8x32(w0, x0), acc0);
+        let w1 = _mm256_loadu_si256(codes.as_ptr().add(32 * i + 32) as *const __m256i);
+        let x1 = _mm256_loadu_si256(y[i + 1].qs.as_ptr() as *const __m256i);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(scale[i + 1] * y[i + 1].d), dot_i8x32(w1, x1), acc1);
+        i += 2;
+    }
+    if i < n {
+        let w0 = _mm256_loadu_si256(codes.as_ptr().add(32 * i) as *const __m256i);
+        let x0 = _mm256_loadu_si256(y[i].qs.as_ptr() as *const __m256i);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale[i] * y[i].d), dot_i8x32(w0, x0), acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
+}

@@ -1,0 +1,167 @@
+//! Prefill path for the 2-bit and 4-bit formats: each weight row is decoded
+//! once into int8 codes with one f32 scale per 32 values (and, for the
+//! K-quants, an f32 offset per 16 values), exactly — no rounding — and then
+//! dotted with every token's Q8x32 activations by one int8 kernel. The
+//! format's unpacking cost (grid lookups, sign flips, nibble and scale
+//! shuffles) is paid once per row instead of once per (row, token).
+//!
+//! Exactness: IQ2_XXS `d·(2ls+1)/8 · (±mag)`, MXFP4 `e · kvalue`, Q4_K
+//! `(d·sc)·q − dmin·m`, Q2_K `d·(sc·q) − dmin·m` (sc·q ≤ 45 fits int8).
+
+use super::act::BlockQ8x32;
+use crate::quant::f16::f16_bits_to_f32;
+use crate::quant::iq2xxs_tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
+use crate::quant::mxfp4::{e8m0_to_f32_half, KVALUES};
+use crate::quant::q4_k::unpack_scales;
+use crate::quant::GgmlType;
+
+/// One decoded weight row: `n` codes, `n/32` scales, `n/16` offsets (the
+/// offsets are only used when `has_off`).
+pub struct Expanded {
+    pub codes: Vec<i8>,
+    pub scale: Vec<f32>,
+    pub off: Vec<f32>,
+    pub has_off: bool,
+}
+
+impl Expanded {
+    pub fn new(n: usize) -> Expanded {
+        Expanded {
+            codes: vec![0; n],
+            scale: vec![0.0; n / 32],
+            off: vec![0.0; n / 16],
+            has_off: false,
+        }
+    }
+}
+
+/// Whether [`expand`] handles `ty`.
+pub fn expandable(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q2K | GgmlType::Q4K | GgmlType::Iq2Xxs | GgmlType::Mxfp4)
+}
+
+#[inline]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// Decodes one row of `ty` into `e` (sized for the row's element count).
+pub fn expand(ty: GgmlType, row: &[u8], e: &mut Expanded) {
+    match ty {
+        GgmlType::Mxfp4 => {
+            e.has_off = false;
+            for (i, b) in row.chunks_exact(17).enumerate() {
+                e.scale[i] = e8m0_to_f32_half(b[0]);
+                let c = &mut e.codes[32 * i..32 * i + 32];
+                for (l, &q) in b[1..17].iter().enumerate() {
+                    c[l] = KVALUES[(q & 15) as usize];
+                    c[l + 16] = KVALUES[(q >> 4) as usize];
+                }
+            }
+        }
+        GgmlType::Iq2Xxs => {
+            e.has_off = false;
+            for (i, b) in row.chunks_exact(66).enumerate() {
+                let d = f16_at(b, 0) * 0.125;
+                for g in 0..8 {
+                    let q = &b[2 + 8 * g..2 + 8 * g + 8];
+                    let a1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+                    e.scale[8 * i + g] = d * (2 * (a1 >> 28) + 1) as f32;
+                    for k in 0..4 {
+                        let grid = IQ2XXS_GRID[q[k] as usize].to_le_bytes();
+                        let signs = KSIGNS_IQ2XS[((a1 >> (7 * k)) & 127) as usize];
+                        let c = &mut e.codes[256 * i + 32 * g + 8 * k..][..8];
+                        for j in 0..8 {
+                            let m = grid[j] as i8;
+                            c[j] = if signs & (1 << j) != 0 { -m } else { m };
+                        }
+                    }
+                }
+            }
+        }
+        GgmlType::Q4K => {
+            e.has_off = true;
+            for (i, b) in row.chunks_exact(144).enumerate() {
+                let d = f16_at(b, 0);
+                let dmin = f16_at(b, 2);
+                let scales: &[u8; 12] = b[4..16].try_into().expect("12 bytes");
+                let (sc, m) = unpack_scales(scales);
+                for c in 0..4 {
+                    let q = &b[16 + 32 * c..16 + 32 * c + 32];
+                    let (j0, j1) = (8 * i + 2 * c, 8 * i + 2 * c + 1);
+                    e.scale[j0] = d * sc[2 * c] as f32;
+                    e.scale[j1] = d * sc[2 * c + 1] as f32;
+                    let (m0, m1) = (-dmin * m[2 * c] as f32, -dmin * m[2 * c + 1] as f32);
+                    e.off[2 * j0] = m0;
+                    e.off[2 * j0 + 1] = m0;
+                    e.off[2 * j1] = m1;
+                    e.off[2 * j1 + 1] = m1;
+                    let base = 256 * i + 64 * c;
+                    for l in 0..32 {
+                        e.codes[base + l] = (q[l] & 15) as i8;
+                        e.codes[base + 32 + l] = (q[l] >> 4) as i8;
+                    }
+                }
+            }
+        }
+        GgmlType::Q2K => {
+            e.has_off = true;
+            for (i, b) in row.chunks_exact(84).enumerate() {
+                let d = f16_at(b, 80);
+                let dmin = f16_at(b, 82);
+                for s in 0..8 {
+                    e.scale[8 * i + s] = d;
+                }
+                for h in 0..2 {
+                    let qs = &b[16 + 32 * h..16 + 32 * h + 32];
+                    for j in 0..4 {
+                        for part in 0..2 {
+                            let sub = 8 * h + 2 * j + part;
+                            let s = b[sub];
+                            e.off[16 * i + sub] = -dmin * (s >> 4) as f32;
+                            let sc = s & 15;
+                            let c = &mut e.codes[256 * i + 16 * sub..][..16];
+                            for l in 0..16 {
+                                c[l] = (sc * ((qs[16 * part + l] >> (2 * j)) & 3)) as i8;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        _ => unreachable!("expandable() admitted {ty}"),
+    }
+}
+
+/// The per-16 activation sums `d·Σ q` of Q8x32 rows (for the offsets).
+pub fn sums16(blocks: &[BlockQ8x32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(blocks.len() * 2);
+    for b in blocks {
+        for h in 0..2 {
+            let s: i32 = b.qs[16 * h..16 * h + 16].iter().map(|&q| q as i32).sum();
+            out.push(b.d * s as f32);
+        }
+    }
+    out
+}
+
+/// Portable dot of an expanded row with Q8x32 activations (offsets not
+/// included: see [`offsets`]).
+pub fn dot_portable(codes: &[i8], scale: &[f32], y: &[BlockQ8x32]) -> f32 {
+    let mut acc = 0f32;
+    for ((c, &s), a) in codes.chunks_exact(32).zip(scale).zip(y) {
+        let i: i32 = c.iter().zip(&a.qs).map(|(&w, &x)| w as i32 * x as i32).sum();
+        acc += s * a.d * i as f32;
+    }
+    acc
+}
+
+/// The offset term `Σ off · sums16` of a row with `has_off`.
+#[inline]
+pub fn offsets(e: &Expanded, sums: &[f32]) -> f32 {
+    if e.has_off {
+        crate::ops::dot(&e.off, sums)
+    } else {
+        0.0
+    }
+}

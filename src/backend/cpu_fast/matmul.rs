@@ -1,0 +1,255 @@
+//! The fast matrix products: dense matmuls and routed experts over
+//! quantised activations, split by weight rows across the rayon pool (a
+//! persistent pool: no thread start-up per step).
+//!
+//! Tiling: a task owns a run of weight rows; it walks them in tiles of
+//! [`ROW_TILE`] rows and, per tile, every token, so a tile's rows stay in L1
+//! while the (smaller) quantised activation rows stream from L2. In decode
+//! (one token) every core streams its own rows of the weight matrix.
+
+use rayon::prelude::*;
+
+use super::act::{Acts, BlockQ8x32};
+use super::{expand, Kernels};
+use crate::gguf::GgufFile;
+use crate::model::TensorRef;
+use crate::ops::moe::{swiglu, MoeExperts};
+use crate::quant::GgmlType;
+
+/// Weight rows per tile (a Flash Q8_0 row of 4096 is 4.3 KiB: 8 rows fit L1).
+const ROW_TILE: usize = 8;
+
+/// `tmp[o·n_tokens + t] = W[o] · act[t·groups + o / (n_out/groups)]`
+/// (weight-row-major).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_acts(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    n_out: usize,
+    groups: usize,
+    acts: &Acts,
+    n_tokens: usize,
+    tmp: &mut [f32],
+) {
+    if n_out == 0 || n_tokens == 0 {
+        return;
+    }
+    let rb = w.len() / n_out;
+    let rows_per_group = n_out / groups.max(1);
+    if let (Acts::Q8x32 { blocks, per_row }, true) = (acts, expand::expandable(ty)) {
+        return matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
+    }
+    let work = |first: usize, chunk: &mut [f32]| {
+        let rows = chunk.len() / n_tokens;
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + ROW_TILE).min(rows);
+            for t in 0..n_tokens {
+                for r in r0..r1 {
+                    let o = first + r;
+                    let g = o / rows_per_group;
+                    chunk[r * n_tokens + t] =
+                        k.dot(ty, &w[o * rb..(o + 1) * rb], acts, t * groups + g);
+                }
+            }
+            r0 = r1;
+        }
+    };
+    let threads = rayon::current_num_threads().max(1);
+    // At least ~256 KiB of weights or a few rows per task; 4 tasks per
+    // thread so that work stealing evens out uneven cores.
+    let min_rows = ((256 << 10) / (rb * n_tokens).max(1)).max(4);
+    let chunk_rows = n_out.div_ceil(threads * 4).max(min_rows);
+    let tmp = &mut tmp[..n_out * n_tokens];
+    if chunk_rows >= n_out || threads == 1 {
+        work(0, tmp);
+        return;
+    }
+    tmp.par_chunks_mut(chunk_rows * n_tokens)
+        .enumerate()
+        .for_each(|(i, c)| work(i * chunk_rows, c));
+}
+
+/// Splits `n_out` weight rows of `rb` bytes over the pool: `work(first,
+/// chunk)` fills `chunk` (rows `first..`, `n_tokens` values each).
+fn split_rows(
+    tmp: &mut [f32],
+    n_out: usize,
+    rb: usize,
+    n_tokens: usize,
+    work: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
+    let threads = rayon::current_num_threads().max(1);
+    let min_rows = ((256 << 10) / (rb * n_tokens).max(1)).max(4);
+    let chunk_rows = n_out.div_ceil(threads * 4).max(min_rows);
+    let tmp = &mut tmp[..n_out * n_tokens];
+    if chunk_rows >= n_out || threads == 1 {
+        work(0, tmp);
+        return;
+    }
+    tmp.par_chunks_mut(chunk_rows * n_tokens)
+        .enumerate()
+        .for_each(|(i, c)| work(i * chunk_rows, c));
+}
+
+/// The prefill path of the 2/4-bit formats: each weight row decoded once
+/// ([`expand::expand`]), then dotted with every token.
+#[allow(clippy::too_many_arguments)]
+fn matmul_expanded(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    n_out: usize,
+    groups: usize,
+    blocks: &[BlockQ8x32],
+    per_row: usize,
+    n_tokens: usize,
+    tmp: &mut [f32],
+) {
+    let rb = w.len() / n_out;
+    let rows_per_group = n_out / groups.max(1);
+    let n_in = per_row * 32;
+    let sums = expand::sums16(blocks);
+    split_rows(tmp, n_out, rb, n_tokens, |first, chunk| {
+        let mut e = expand::Expanded::new(n_in);
+        for (r, out) in chunk.chunks_exact_mut(n_tokens).enumerate() {
+            let o = first + r;
+            let g = o / rows_per_group;
+            expand::expand(ty, &w[o * rb..(o + 1) * rb], &mut e);
+            for (t, dst) in out.iter_mut().enumerate() {
+                let a = t * groups + g;
+                let y = &blocks[a * per_row..(a + 1) * per_row];
+                *dst = (k.expanded)(&e.codes, &e.scale, y)
+                    + expand::offsets(&e, &sums[2 * a * per_row..2 * (a + 1) * per_row]);
+            }
+        }
+    });
+}
+
+/// Weight-row-major `tmp` (`n_out` × `n_tokens`) into token-major `out`.
+fn transpose_into(tmp: &[f32], n_out: usize, n_tokens: usize, out: &mut [f32]) {
+    for t in 0..n_tokens {
+        for o in 0..n_out {
+            out[t * n_out + o] = tmp[o * n_tokens + t];
+        }
+    }
+}
+
+/// The fast twin of `ops::matmul::matmul_rows`; `false` (nothing written)
+/// when the weight type has no fast kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    n_in: usize,
+    n_out: usize,
+    groups: usize,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+) -> bool {
+    let Some(kind) = Kernels::act_kind_for(ty, n_tokens) else {
+        return false;
+    };
+    let groups = groups.max(1);
+    let stride = groups * n_in;
+    let acts = Acts::quantize(
+        kind,
+        n_in,
+        (0..n_tokens * groups).map(|r| {
+            let (t, g) = (r / groups, r % groups);
+            &x[t * stride + g * n_in..t * stride + (g + 1) * n_in]
+        }),
+    );
+    if n_tokens == 1 {
+        matmul_acts(k, ty, w, n_out, groups, &acts, 1, &mut out[..n_out]);
+    } else {
+        let mut tmp = vec![0f32; n_out * n_tokens];
+        matmul_acts(k, ty, w, n_out, groups, &acts, n_tokens, &mut tmp);
+        transpose_into(&tmp, n_out, n_tokens, out);
+    }
+    true
+}
+
+/// The fast twin of `MoeExperts::cpu`: the step's tokens are quantised once,
+/// gathered per expert, and each selected expert runs once over its tokens.
+/// `false` (nothing written) when a weight type has no fast kernel.
+pub fn moe_experts(
+    k: &Kernels,
+    o: &MoeExperts,
+    file: &GgufFile,
+    x: &[f32],
+    sel: &[i32],
+    wts: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+) -> bool {
+    // Expanded rows pay off from a few tokens per expert (not per step).
+    let per_expert = n_tokens * o.k / (o.gate.ne[2] as usize).max(1);
+    let (Some(kg), Some(ku), Some(kd)) = (
+        Kernels::act_kind_for(o.gate.ty, per_expert),
+        Kernels::act_kind_for(o.up.ty, per_expert),
+        Kernels::act_kind_for(o.down.ty, per_expert),
+    ) else {
+        return false;
+    };
+    let d = o.gate.ne[0] as usize;
+    let ff = o.gate.ne[1] as usize;
+    let n_expert = o.gate.ne[2] as usize;
+    let kk = o.k;
+    let slab = |t: &TensorRef, e: usize| {
+        let bytes = t.bytes(file);
+        let n = bytes.len() / n_expert;
+        &bytes[e * n..(e + 1) * n]
+    };
+    let rows = || (0..n_tokens).map(|t| &x[t * d..(t + 1) * d]);
+    let xg = Acts::quantize(kg, d, rows());
+    let xu = if ku == kg { None } else { Some(Acts::quantize(ku, d, rows())) };
+    let mut contrib = vec![0f32; n_tokens * kk * d];
+    let mut g = Vec::new();
+    let mut u = Vec::new();
+    let mut y = Vec::new();
+    let mut h = Vec::new();
+    for e in 0..n_expert {
+        let users: Vec<usize> = (0..n_tokens * kk).filter(|&i| sel[i] as usize == e).collect();
+        if users.is_empty() {
+            continue;
+        }
+        let n = users.len();
+        let ag = xg.gather(users.iter().map(|&i| i / kk));
+        let au = xu.as_ref().map(|a| a.gather(users.iter().map(|&i| i / kk)));
+        g.resize(n * ff, 0.0);
+        u.resize(n * ff, 0.0);
+        matmul_acts(k, o.gate.ty, slab(&o.gate, e), ff, 1, &ag, n, &mut g);
+        matmul_acts(k, o.up.ty, slab(&o.up, e), ff, 1, au.as_ref().unwrap_or(&ag), n, &mut u);
+        // g, u are weight-row-major: element (f, j) at f·n + j.
+        h.resize(n * ff, 0.0);
+        for (j, &slot) in users.iter().enumerate() {
+            let wt = wts[slot];
+            for f in 0..ff {
+                h[j * ff + f] = wt * swiglu(g[f * n + j], u[f * n + j], o.clamp);
+            }
+        }
+        let ah = Acts::quantize(kd, ff, h.chunks_exact(ff));
+        y.resize(n * d, 0.0);
+        matmul_acts(k, o.down.ty, slab(&o.down, e), d, 1, &ah, n, &mut y);
+        for (j, &slot) in users.iter().enumerate() {
+            let c = &mut contrib[slot * d..(slot + 1) * d];
+            for (i, v) in c.iter_mut().enumerate() {
+                *v = y[i * n + j];
+            }
+        }
+    }
+    for t in 0..n_tokens {
+        let ot = &mut out[t * d..(t + 1) * d];
+        ot.fill(0.0);
+        for i in 0..kk {
+            for (a, &b) in ot.iter_mut().zip(&contrib[(t * kk + i) * d..(t * kk + i + 1) * d]) {
+                *a += b;
+            }
+        }
+    }
+    true
+}

@@ -1,0 +1,243 @@
+//! The fast CPU backend's kernels: the reference backend's op loop with the
+//! matrix products (dense matmuls and routed experts) replaced by integer
+//! SIMD dot products against the weights as stored.
+//!
+//! Activations are quantised per block ([`act`]); each weight format has a
+//! dot product against its activation format, in a portable version
+//! ([`portable`]) and, where the CPU has them, SIMD versions ([`avx2`]). The
+//! path is picked at run time ([`Isa::detect`]) or forced for tests
+//! ([`Isa::from_env`], `DS4_CPU_ISA=portable|avx2`). Everything else (norms,
+//! attention, compressors, indexer, hyper-connections) runs the reference
+//! twins in `crate::ops`.
+
+pub mod act;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+pub mod expand;
+pub mod matmul;
+pub mod portable;
+
+use act::{ActKind, BlockQ8x32};
+use crate::quant::q8_k::BlockQ8K;
+use crate::quant::GgmlType;
+
+/// An instruction-set path of the fast kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Isa> {
+        match s {
+            "portable" | "scalar" => Some(Isa::Portable),
+            "avx2" => Some(Isa::Avx2),
+            _ => None,
+        }
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn supported(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 => false,
+        }
+    }
+
+    /// Every path this CPU can run, the portable one first.
+    pub fn available() -> Vec<Isa> {
+        [Isa::Portable, Isa::Avx2]
+            .into_iter()
+            .filter(|i| i.supported())
+            .collect()
+    }
+
+    /// The best path this CPU can run.
+    pub fn detect() -> Isa {
+        *Isa::available().last().unwrap_or(&Isa::Portable)
+    }
+
+    /// `DS4_CPU_ISA` if set (an error names an unknown or unsupported
+    /// path), else the best path.
+    pub fn from_env() -> Result<Isa, String> {
+        match std::env::var("DS4_CPU_ISA") {
+            Ok(v) if v != "auto" && !v.is_empty() => {
+                let isa = Isa::parse(&v)
+                    .ok_or_else(|| format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2)"))?;
+                if !isa.supported() {
+                    return Err(format!("DS4_CPU_ISA={v}: this CPU lacks the features"));
+                }
+                Ok(isa)
+            }
+            _ => Ok(Isa::detect()),
+        }
+    }
+}
+
+/// Token count from which a matrix product decodes each 2/4-bit weight row
+/// once and reuses it for every token ([`expand`]).
+pub const PREFILL_TOKENS: usize = 4;
+
+type DotK = fn(&[u8], &[BlockQ8K]) -> f32;
+type Dot32 = fn(&[u8], &[BlockQ8x32]) -> f32;
+type DotF = fn(&[u8], &[f32]) -> f32;
+type DotE = fn(&[i8], &[f32], &[BlockQ8x32]) -> f32;
+
+/// The dot products of one path, one per weight format.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    pub isa: Isa,
+    q2k: DotK,
+    q4k: DotK,
+    iq2xxs: DotK,
+    q8_0: Dot32,
+    mxfp4: Dot32,
+    f32: DotF,
+    f16: DotF,
+    bf16: DotF,
+    /// Expanded rows (prefill path of the 2/4-bit formats, [`expand`]).
+    pub expanded: DotE,
+}
+
+/// Safe wrappers over the AVX2 kernels; only reachable through
+/// [`Kernels::new`] after the features were detected.
+#[cfg(target_arch = "x86_64")]
+mod avx2_safe {
+    use super::*;
+    pub fn q2k(r: &[u8], y: &[BlockQ8K]) -> f32 {
+        unsafe { super::avx2::q2k(r, y) }
+    }
+    pub fn q4k(r: &[u8], y: &[BlockQ8K]) -> f32 {
+        unsafe { super::avx2::q4k(r, y) }
+    }
+    pub fn iq2xxs(r: &[u8], y: &[BlockQ8K]) -> f32 {
+        unsafe { super::avx2::iq2xxs(r, y) }
+    }
+    pub fn q8_0(r: &[u8], y: &[BlockQ8x32]) -> f32 {
+        unsafe { super::avx2::q8_0(r, y) }
+    }
+    pub fn mxfp4(r: &[u8], y: &[BlockQ8x32]) -> f32 {
+        unsafe { super::avx2::mxfp4(r, y) }
+    }
+    pub fn f32(r: &[u8], x: &[f32]) -> f32 {
+        unsafe { super::avx2::f32(r, x) }
+    }
+    pub fn f16(r: &[u8], x: &[f32]) -> f32 {
+        unsafe { super::avx2::f16(r, x) }
+    }
+    pub fn bf16(r: &[u8], x: &[f32]) -> f32 {
+        unsafe { super::avx2::bf16(r, x) }
+    }
+    pub fn expanded(c: &[i8], s: &[f32], y: &[BlockQ8x32]) -> f32 {
+        unsafe { super::avx2::expanded(c, s, y) }
+    }
+}
+
+impl Kernels {
+    /// The kernels of `isa`; `None` if this CPU cannot run it.
+    pub fn new(isa: Isa) -> Option<Kernels> {
+        if !isa.supported() {
+            return None;
+        }
+        Some(match isa {
+            Isa::Portable => Kernels {
+                isa,
+                q2k: portable::q2k,
+                q4k: portable::q4k,
+                iq2xxs: portable::iq2xxs,
+                q8_0: portable::q8_0,
+                mxfp4: portable::mxfp4,
+                f32: portable::f32,
+                f16: portable::f16,
+                bf16: portable::bf16,
+                expanded: expand::dot_portable,
+            },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Kernels {
+                isa,
+                q2k: avx2_safe::q2k,
+                q4k: avx2_safe::q4k,
+                iq2xxs: avx2_safe::iq2xxs,
+                q8_0: avx2_safe::q8_0,
+                mxfp4: avx2_safe::mxfp4,
+                f32: avx2_safe::f32,
+                f16: avx2_safe::f16,
+                bf16: avx2_safe::bf16,
+                expanded: avx2_safe::expanded,
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 => return None,
+        })
+    }
+
+    /// The activation format `ty` reads, or `None` for a format these
+    /// kernels do not cover (the caller falls back to the reference).
+    pub fn act_kind(ty: GgmlType) -> Option<ActKind> {
+        Kernels::act_kind_for(ty, 1)
+    }
+
+    /// The activation format for `n_tokens` rows at once: from
+    /// [`PREFILL_TOKENS`] tokens on, the 2/4-bit formats take Q8x32 and the
+    /// expanded-row path ([`expand`]).
+    pub fn act_kind_for(ty: GgmlType, n_tokens: usize) -> Option<ActKind> {
+        use GgmlType::*;
+        if n_tokens >= PREFILL_TOKENS && expand::expandable(ty) {
+            return Some(ActKind::Q8x32);
+        }
+        match ty {
+            Q2K | Q4K | Iq2Xxs => Some(ActKind::Q8K),
+            Q8_0 | Mxfp4 => Some(ActKind::Q8x32),
+            F32 | F16 | Bf16 => Some(ActKind::F32),
+            _ => None,
+        }
+    }
+
+    /// One dot product of a weight row of `ty` with activation row `r`.
+    #[inline]
+    pub fn dot(&self, ty: GgmlType, w: &[u8], acts: &act::Acts, r: usize) -> f32 {
+        use act::Acts;
+        match acts {
+            Acts::Q8K { blocks, per_row } => {
+                let y = &blocks[r * per_row..(r + 1) * per_row];
+                match ty {
+                    GgmlType::Q2K => (self.q2k)(w, y),
+                    GgmlType::Q4K => (self.q4k)(w, y),
+                    _ => (self.iq2xxs)(w, y),
+                }
+            }
+            Acts::Q8x32 { blocks, per_row } => {
+                let y = &blocks[r * per_row..(r + 1) * per_row];
+                match ty {
+                    GgmlType::Q8_0 => (self.q8_0)(w, y),
+                    GgmlType::Mxfp4 => (self.mxfp4)(w, y),
+                    _ => unreachable!("{ty} rows meet Q8x32 only through expanded rows"),
+                }
+            }
+            Acts::F32 { values, per_row } => {
+                let x = &values[r * per_row..(r + 1) * per_row];
+                match ty {
+                    GgmlType::F16 => (self.f16)(w, x),
+                    GgmlType::Bf16 => (self.bf16)(w, x),
+                    _ => (self.f32)(w, x),
+                }
+            }
+        }
+    }
+}

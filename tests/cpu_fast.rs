@@ -1,0 +1,243 @@
+//! The fast CPU kernels against the reference, on every instruction-set path
+//! this machine can run plus the portable one: dense matmuls per weight
+//! format (several sizes, odd token counts, grouped projections) and the
+//! routed experts, on fresh seeded random inputs with the output poisoned
+//! with NaN first.
+//!
+//! Tolerances (docs/CPU_FAST.md): the fast path quantises activations to
+//! int8 per block, so an output may differ from the f32 reference by up to
+//! `REL · Σ_i |w_i·x_i|` — the error budget of int8 rounding (half a step of
+//! 1/127 of the block maximum per value). Paths differ only in f32
+//! summation order: `PATH_REL · Σ|w·x|` between any two of them.
+
+use std::sync::Arc;
+
+use ds4::backend::cpu_fast::matmul::{matmul, moe_experts};
+use ds4::backend::cpu_fast::{Isa, Kernels};
+use ds4::gguf::{GgufFile, GgufWriter};
+use ds4::graph::ValueId;
+use ds4::model::TensorRef;
+use ds4::ops::matmul::matmul_rows;
+use ds4::ops::moe::MoeExperts;
+use ds4::quant::{self, GgmlType};
+
+/// Per weight format: the bound on |fast − reference| / Σ|w·x|.
+const REL: &[(GgmlType, f32)] = &[
+    (GgmlType::F32, 1e-5),
+    (GgmlType::F16, 1e-5),
+    (GgmlType::Bf16, 1e-5),
+    (GgmlType::Q8_0, 3e-3),
+    (GgmlType::Mxfp4, 3e-3),
+    (GgmlType::Q2K, 3e-3),
+    (GgmlType::Q4K, 3e-3),
+    (GgmlType::Iq2Xxs, 3e-3),
+];
+const PATH_REL: f32 = 1e-5;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+fn quantize(ty: GgmlType, values: &[f32], row: usize) -> Vec<u8> {
+    let rb = ty.row_bytes(row as u64).unwrap() as usize;
+    let mut out = vec![0u8; values.len() / row * rb];
+    for (s, d) in values.chunks_exact(row).zip(out.chunks_exact_mut(rb)) {
+        quant::quantize_row(ty, s, d, None).unwrap();
+    }
+    out
+}
+
+/// Σ|w·x| per output of a matmul (the scale the errors are measured in).
+#[allow(clippy::too_many_arguments)]
+fn abs_scale(ty: GgmlType, w: &[u8], n_in: usize, n_out: usize, groups: usize, x: &[f32], n_tok: usize) -> Vec<f32> {
+    let rb = w.len() / n_out;
+    let mut wrow = vec![0f32; n_in];
+    let mut out = vec![0f32; n_tok * n_out];
+    for o in 0..n_out {
+        quant::dequantize_row(ty, &w[o * rb..(o + 1) * rb], &mut wrow).unwrap();
+        let g = o / (n_out / groups);
+        for t in 0..n_tok {
+            let xs = &x[t * groups * n_in + g * n_in..][..n_in];
+            out[t * n_out + o] = wrow.iter().zip(xs).map(|(a, b)| (a * b).abs()).sum();
+        }
+    }
+    out
+}
+
+fn check(label: &str, got: &[f32], want: &[f32], scale: &[f32], rel: f32) -> f32 {
+    let mut worst = 0f32;
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        assert!(g.is_finite(), "{label}: output {i} is {g}");
+        let r = (g - w).abs() / s.max(1e-20);
+        assert!(r <= rel, "{label}: output {i}: {g} vs {w} (|Δ| = {r:e}·Σ|w·x|, bound {rel:e})");
+        worst = worst.max(r);
+    }
+    worst
+}
+
+#[test]
+fn matmul_matches_the_reference_on_every_path() {
+    let mut rng = Rng(0x5eed_1234_abcd);
+    let paths = Isa::available();
+    eprintln!("paths: {:?}", paths);
+    for &(ty, rel) in REL {
+        let block = ty.block_elems();
+        // (n_in, n_out, groups, tokens): odd rows and token counts, a grouped
+        // projection, a row that is not a multiple of 256 where the format allows.
+        let mut shapes = vec![(512, 37, 1, 1), (256, 64, 2, 3), (1024, 19, 1, 7)];
+        if block == 32 {
+            shapes.push((96, 33, 1, 5));
+        } else if block == 1 {
+            shapes.push((13, 9, 1, 2));
+        }
+        for &(n_in, n_out, groups, n_tok) in &shapes {
+            let wv = rng.vec(n_in * n_out);
+            let w = quantize(ty, &wv, n_in);
+            let x: Vec<f32> = rng.vec(n_tok * groups * n_in).iter().map(|v| v * 3.0).collect();
+            let mut want = vec![f32::NAN; n_tok * n_out];
+            matmul_rows(ty, &w, n_in, n_out, groups, &x, n_tok, &mut want);
+            let scale = abs_scale(ty, &w, n_in, n_out, groups, &x, n_tok);
+            let mut outs = Vec::new();
+            for &isa in &paths {
+                let k = Kernels::new(isa).unwrap();
+                let mut got = vec![f32::NAN; n_tok * n_out];
+                assert!(matmul(&k, ty, &w, n_in, n_out, groups, &x, n_tok, &mut got));
+                let label = format!("{ty} {n_in}x{n_out} g{groups} t{n_tok} {}", isa.name());
+                let e = check(&label, &got, &want, &scale, rel);
+                eprintln!("{label:<40} max |Δ|/Σ|w·x| = {e:.2e}");
+                outs.push(got);
+            }
+            for (i, o) in outs.iter().enumerate().skip(1) {
+                let label = format!("{ty} {n_in}x{n_out} {} vs portable", paths[i].name());
+                check(&label, o, &outs[0], &scale, PATH_REL);
+            }
+        }
+    }
+}
+
+fn tensor(w: &mut GgufWriter, name: &str, ne: &[u64], ty: GgmlType, bytes: Vec<u8>) {
+    w.add_tensor(name, ne, ty, bytes).unwrap();
+}
+
+fn tref(f: &GgufFile, name: &str, ty: GgmlType, ne: [u64; 4]) -> TensorRef {
+    let info = f.tensor_info(name).unwrap();
+    TensorRef {
+        name: name.into(),
+        ty,
+        ne,
+        offset: f.data_offset() + info.offset,
+        n_bytes: info.n_bytes,
+    }
+}
+
+#[test]
+fn routed_experts_match_the_reference_on_every_path() {
+    let mut rng = Rng(0x0e4e_77a1);
+    // (gate/up type, down type): ds4's q2 mix, the q4 and mxfp4 variants, Q8_0.
+    let mixes = [
+        (GgmlType::Iq2Xxs, GgmlType::Q2K),
+        (GgmlType::Q4K, GgmlType::Q4K),
+        (GgmlType::Mxfp4, GgmlType::Mxfp4),
+        (GgmlType::Q8_0, GgmlType::Q8_0),
+    ];
+    let (d, ff, n_exp, k) = (256usize, 512usize, 5usize, 3usize);
+    for (gu, dn) in mixes {
+        for n_tok in [1usize, 4, 9] {
+            let mut wr = GgufWriter::new();
+            tensor(&mut wr, "gate", &[d as u64, ff as u64, n_exp as u64], gu, quantize(gu, &rng.vec(d * ff * n_exp), d));
+            tensor(&mut wr, "up", &[d as u64, ff as u64, n_exp as u64], gu, quantize(gu, &rng.vec(d * ff * n_exp), d));
+            tensor(&mut wr, "down", &[ff as u64, d as u64, n_exp as u64], dn, quantize(dn, &rng.vec(d * ff * n_exp), ff));
+            let f = GgufFile::from_vec(wr.to_bytes().unwrap()).unwrap();
+            let op = MoeExperts {
+                x: ValueId(0),
+                selected: ValueId(1),
+                weights: ValueId(2),
+                gate: tref(&f, "gate", gu, [d as u64, ff as u64, n_exp as u64, 1]),
+                up: tref(&f, "up", gu, [d as u64, ff as u64, n_exp as u64, 1]),
+                down: tref(&f, "down", dn, [ff as u64, d as u64, n_exp as u64, 1]),
+                clamp: 7.0,
+                k,
+                out: ValueId(3),
+            };
+            let x = rng.vec(n_tok * d);
+            // Distinct experts per token, some experts unused.
+            let sel: Vec<i32> = (0..n_tok)
+                .flat_map(|t| (0..k).map(move |i| ((t * 2 + i) % n_exp) as i32))
+                .collect();
+            let wts: Vec<f32> = (0..n_tok * k).map(|_| rng.f().abs() + 0.1).collect();
+            let mut want = vec![f32::NAN; n_tok * d];
+            op.cpu(&f, &x, &sel, &wts, n_tok, &mut want);
+            let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max);
+            let f = Arc::new(f);
+            for isa in Isa::available() {
+                let kern = Kernels::new(isa).unwrap();
+                let mut got = vec![f32::NAN; n_tok * d];
+                assert!(moe_experts(&kern, &op, &f, &x, &sel, &wts, n_tok, &mut got));
+                // Two quantised layers (x, then the SwiGLU output): the error
+                // is measured against the largest output.
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| {
+                        assert!(a.is_finite(), "{gu}/{dn} {}: non-finite output", isa.name());
+                        (a - b).abs() / scale
+                    })
+                    .fold(0f32, f32::max);
+                eprintln!("moe {gu}/{dn} t{n_tok} {:<9} max |Δ|/max|y| = {worst:.2e}", isa.name());
+                assert!(worst < 2e-2, "{gu}/{dn} t{n_tok} {}: {worst:e}", isa.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn isa_names_and_detection() {
+    assert!(Isa::available().contains(&Isa::Portable));
+    assert_eq!(Isa::parse("avx2"), Some(Isa::Avx2));
+    assert_eq!(Isa::parse("portable"), Some(Isa::Portable));
+    assert_eq!(Isa::parse("sse9"), None);
+    assert!(Isa::available().contains(&Isa::detect()));
+}
+
+/// The prefill path decodes each 2/4-bit row into int8 codes, scales and
+/// offsets; those must reproduce the format's values (up to the order of
+/// the f32 products: Q2_K computes d·(sc·q) where gguf-py has (d·sc)·q).
+#[test]
+fn expanded_rows_reproduce_the_dequantised_values() {
+    use ds4::backend::cpu_fast::expand::{expand, expandable, Expanded};
+    let mut rng = Rng(0xe7a9_0001);
+    for ty in [GgmlType::Q2K, GgmlType::Q4K, GgmlType::Iq2Xxs, GgmlType::Mxfp4] {
+        assert!(expandable(ty));
+        for n in [256usize, 768] {
+            let v: Vec<f32> = rng.vec(n).iter().map(|x| x * 4.0).collect();
+            let row = quantize(ty, &v, n);
+            let mut want = vec![0f32; n];
+            quant::dequantize_row(ty, &row, &mut want).unwrap();
+            let mut e = Expanded::new(n);
+            e.codes.fill(99);
+            expand(ty, &row, &mut e);
+            let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for i in 0..n {
+                let off = if e.has_off { e.off[i / 16] } else { 0.0 };
+                let got = e.scale[i / 32] * e.codes[i] as f32 + off;
+                assert!(
+                    (got - want[i]).abs() <= 1e-6 * amax,
+                    "{ty} n={n} element {i}: {got} vs {}",
+                    want[i]
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! End to end: the fast CPU backend's logits against the reference
+//! backend's on every tiny model, at every position (chunked prefill and
+//! token-by-token decode), with and without the official rounding steps, on
+//! every kernel path this machine can run (`DS4_CPU_ISA`, set by this single
+//! test in turn). Reports max and median |Δ log-prob| and greedy agreement.
+//!
+//! Bounds (docs/CPU_FAST.md): the fast path quantises the activations of
+//! every matrix product to int8, as llama.cpp's and ds4's CPU paths do, so
+//! the logits differ from the f32 reference by much more than between two
+//! f32 backends; the bounds are the measured figures with a margin.
+
+mod common;
+
+use common::{tiny_model, tokens};
+use ds4::backend::cpu_fast::Isa;
+use ds4::backend::BackendKind;
+use ds4::model::forward::Numerics;
+use ds4::session::{Session, SessionOptions};
+use ds4::testmodel::Variant;
+
+/// Max |Δ log-prob| over every position and vocabulary entry.
+const MAX_DLOGPROB: f32 = 0.4;
+/// Median |Δ log-prob| over every position and vocabulary entry.
+const MEDIAN_DLOGPROB: f32 = 0.01;
+/// Positions whose argmax agrees with the reference.
+const MIN_GREEDY_AGREEMENT: f64 = 0.9;
+
+fn session(v: Variant, numerics: Numerics, backend: BackendKind, chunk: usize) -> Session {
+    let opts = SessionOptions {
+        ctx: 256,
+        prefill_chunk: chunk,
+        numerics,
+        backend,
+        ..Default::default()
+    };
+    Session::new(tiny_model(v), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f32> {
+    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    let ls = s.ln() as f32;
+    l.iter().map(|&x| x - m - ls).collect()
+}
+
+fn argmax(l: &[f32]) -> usize {
+    l.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+        .map(|(i, _)| i)
+        .unwrap_or(0)
+}
+
+/// (max |Δ log-prob|, median |Δ log-prob|, greedy agreement).
+fn compare(got: &[f32], want: &[f32], vocab: usize) -> (f32, f32, f64) {
+    assert_eq!(got.len(), want.len());
+    let mut all = Vec::with_capacity(got.len());
+    let mut agree = 0usize;
+    let rows = got.len() / vocab;
+    for (g, w) in got.chunks(vocab).zip(want.chunks(vocab)) {
+        assert!(g.iter().all(|v| v.is_finite()), "non-finite logit");
+        all.extend(log_softmax(g).iter().zip(log_softmax(w)).map(|(a, b)| (a - b).abs()));
+        agree += (argmax(g) == argmax(w)) as usize;
+    }
+    all.sort_by(f32::total_cmp);
+    (all[all.len() - 1], all[all.len() / 2], agree as f64 / rows as f64)
+}
+
+#[test]
+fn fast_cpu_logits_follow_the_reference_on_every_tiny_variant_and_path() {
+    let toks = tokens(100, 21);
+    let decode = tokens(24, 5);
+    let mut failures = Vec::new();
+    for v in Variant::ALL {
+        for numerics in [Numerics::Plain, Numerics::Model] {
+            let mut r = session(v, numerics, BackendKind::CpuRef, 37);
+            let want = r.score(&toks).unwrap();
+            let vocab = r.model().config.n_vocab;
+            // Token-by-token decode (the one-row kernels) on two variants.
+            let decode: &[u32] = if matches!(v, Variant::Q2 | Variant::Mxfp4) { &decode } else { &[] };
+            let mut rd = session(v, numerics, BackendKind::CpuRef, 37);
+            let mut want_dec = Vec::new();
+            for &t in decode {
+                rd.eval(t).unwrap();
+                want_dec.extend_from_slice(rd.logits());
+            }
+            for isa in Isa::available() {
+                std::env::set_var("DS4_CPU_ISA", isa.name());
+                let mut f = session(v, numerics, BackendKind::Cpu, 37);
+                let got = f.score(&toks).unwrap();
+                let mut fd = session(v, numerics, BackendKind::Cpu, 37);
+                let mut got_dec = Vec::new();
+                for &t in decode {
+                    fd.eval(t).unwrap();
+                    got_dec.extend_from_slice(fd.logits());
+                }
+                for (what, g, w) in [("prefill", &got, &want), ("decode", &got_dec, &want_dec)] {
+                    if g.is_empty() {
+                        continue;
+                    }
+                    let (max, med, agree) = compare(g, w, vocab);
+                    let line = format!(
+                        "{v:?} {numerics:?} {:<8} {what:<7}: max |Δ log-prob| {max:.3e}, median {med:.3e}, greedy agreement {:.1} %",
+                        isa.name(),
+                        100.0 * agree
+                    );
+                    eprintln!("{line}");
+                    if max > MAX_DLOGPROB || med > MEDIAN_DLOGPROB || agree < MIN_GREEDY_AGREEMENT {
+                        failures.push(line);
+                    }
+                }
+            }
+        }
+    }
+    std::env::remove_var("DS4_CPU_ISA");
+    assert!(failures.is_empty(), "beyond the bounds:\n{}", failures.join("\n"));
+}
