@@ -320,34 +320,17 @@ fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
             eprintln!("{:<60} {what} #{i}: max |Δ| {err:e}", case.label);
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// Runs every case on the CPU twice (fresh backends): the harness itself
 /// must be deterministic and fill every output.
 fn check_cpu_self(cases: &[Case]) {
     for case in cases {
-        let a = run_case(
-            case,
-            &mut CpuBackend::new(case.file.clone(), case.layout.clone()),
-        )
-        .unwrap();
-        let b = run_case(
-            case,
-            &mut CpuBackend::new(case.file.clone(), case.layout.clone()),
-        )
-        .unwrap();
+        let a = run_case(case, &mut CpuBackend::new(case.file.clone(), case.layout.clone())).unwrap();
+        let b = run_case(case, &mut CpuBackend::new(case.file.clone(), case.layout.clone())).unwrap();
         for (x, y) in a.0.iter().zip(&b.0) {
-            assert!(
-                x.iter().all(|v| !v.is_nan()),
-                "{}: NaN left in an output",
-                case.label
-            );
+            assert!(x.iter().all(|v| !v.is_nan()), "{}: NaN left in an output", case.label);
             assert_eq!(
                 x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -381,24 +364,13 @@ fn elementwise_cases() -> Vec<Case> {
         );
         let inputs = vec![(x, rng.vec(n * cols, 3.0)), (y, rng.vec(n * cols, 3.0))];
         let (f, _) = Weights::default().build();
-        out.push(b.finish(
-            format!("add {cols}×{n}"),
-            f,
-            Op::Add(basic::Add { a: x, b: y, out: o }),
-            inputs,
-            vec![],
-            0,
-        ));
+        out.push(b.finish(format!("add {cols}×{n}"), f, Op::Add(basic::Add { a: x, b: y, out: o }), inputs, vec![], 0));
         // scale
         let mut b = Builder::new(6, n);
         let (x, o) = (b.rec.tokens_f32("x", cols), b.rec.tokens_f32("out", cols));
         let inputs = vec![(x, rng.vec(n * cols, 3.0))];
         let (f, _) = Weights::default().build();
-        let op = Op::Scale(basic::Scale {
-            x,
-            out: o,
-            factor: 0.37,
-        });
+        let op = Op::Scale(basic::Scale { x, out: o, factor: 0.37 });
         out.push(b.finish(format!("scale {cols}×{n}"), f, op, inputs, vec![], 0));
         // swiglu, with and without the clamp
         for clamp in [0.0f32, 1.5] {
@@ -410,20 +382,8 @@ fn elementwise_cases() -> Vec<Case> {
             );
             let inputs = vec![(g, rng.vec(n * cols, 4.0)), (u, rng.vec(n * cols, 4.0))];
             let (f, _) = Weights::default().build();
-            let op = Op::SwiGlu(moe::SwiGlu {
-                gate: g,
-                up: u,
-                out: o,
-                clamp,
-            });
-            out.push(b.finish(
-                format!("swiglu {cols}×{n} clamp {clamp}"),
-                f,
-                op,
-                inputs,
-                vec![],
-                0,
-            ));
+            let op = Op::SwiGlu(moe::SwiGlu { gate: g, up: u, out: o, clamp });
+            out.push(b.finish(format!("swiglu {cols}×{n} clamp {clamp}"), f, op, inputs, vec![], 0));
         }
         // take_last
         let mut b = Builder::new(6, n);
@@ -439,12 +399,7 @@ fn elementwise_cases() -> Vec<Case> {
         let o = b.rec.tokens_f32("out", 4 * cols);
         let inputs = vec![(x, rng.vec(n * cols, 1.0))];
         let (f, _) = Weights::default().build();
-        let op = Op::HcInit(hc::HcInit {
-            x,
-            out: o,
-            n_hc: 4,
-            dim: cols,
-        });
+        let op = Op::HcInit(hc::HcInit { x, out: o, n_hc: 4, dim: cols });
         out.push(b.finish(format!("hc_init {cols}×{n}"), f, op, inputs, vec![], 0));
     }
     out
@@ -466,31 +421,15 @@ fn embedding_matches_the_cpu_for_every_table_type() {
         (GgmlType::F16, 258, 5, 3),
     ] {
         let mut w = Weights::default();
-        w.add(
-            "table",
-            &[dim as u64, vocab as u64],
-            ty,
-            &rng.vec(dim * vocab, 2.0),
-        );
+        w.add("table", &[dim as u64, vocab as u64], ty, &rng.vec(dim * vocab, 2.0));
         let (f, r) = w.build();
         let mut b = Builder::new(8, n);
         let o = b.rec.tokens_f32("out", dim);
         let toks: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
-        let op = Op::Embed(basic::Embed {
-            table: r[0].clone(),
-            tokens: b.tokens,
-            out: o,
-        });
+        let op = Op::Embed(basic::Embed { table: r[0].clone(), tokens: b.tokens, out: o });
         let tk = b.tokens;
         let inputs = vec![(tk, toks.iter().map(|&t| t as f32).collect())];
-        cases.push(b.finish(
-            format!("embed {ty} {dim}×{vocab} n {n}"),
-            f,
-            op,
-            inputs,
-            toks,
-            0,
-        ));
+        cases.push(b.finish(format!("embed {ty} {dim}×{vocab} n {n}"), f, op, inputs, toks, 0));
     }
     check(cases);
 }
@@ -511,15 +450,9 @@ fn rms_norm_matches_the_cpu() {
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
         let (x, o) = if fixed {
-            (
-                b.rec.fixed_f32("x", 3, dim * heads),
-                b.rec.fixed_f32("out", 3, dim * heads),
-            )
+            (b.rec.fixed_f32("x", 3, dim * heads), b.rec.fixed_f32("out", 3, dim * heads))
         } else {
-            (
-                b.rec.tokens_f32("x", dim * heads),
-                b.rec.tokens_f32("out", dim * heads),
-            )
+            (b.rec.tokens_f32("x", dim * heads), b.rec.tokens_f32("out", dim * heads))
         };
         let len = b.rec.value(x).len();
         let inputs = vec![(x, rng.vec(len, 5.0))];
@@ -530,14 +463,7 @@ fn rms_norm_matches_the_cpu() {
             weight: weighted.then(|| r[0].clone()),
             eps: 1e-6,
         });
-        cases.push(b.finish(
-            format!("rms_norm {dim}×{heads} n {n} w {weighted} fixed {fixed}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            0,
-        ));
+        cases.push(b.finish(format!("rms_norm {dim}×{heads} n {n} w {weighted} fixed {fixed}"), f, op, inputs, vec![], 0));
     }
     check(cases);
 }
@@ -571,31 +497,15 @@ fn hyper_connection_ops_match_the_cpu() {
                 sinkhorn_iters: 20,
                 eps: 1e-6,
             });
-            cases.push(b.finish(
-                format!("hc_mix head {head} n {n}"),
-                f,
-                op,
-                inputs,
-                vec![],
-                0,
-            ));
+            cases.push(b.finish(format!("hc_mix head {head} n {n}"), f, op, inputs, vec![], 0));
         }
         let (f, _) = Weights::default().build();
         let mut b = Builder::new(4, n);
         let state = b.rec.tokens_f32("state", nh * dim);
         let pre = b.rec.tokens_f32("pre", nh);
         let o = b.rec.tokens_f32("out", dim);
-        let inputs = vec![
-            (state, rng.vec(n * nh * dim, 2.0)),
-            (pre, rng.vec(n * nh, 1.0)),
-        ];
-        let op = Op::HcCollapse(hc::HcCollapse {
-            state,
-            pre,
-            out: o,
-            n_hc: nh,
-            dim,
-        });
+        let inputs = vec![(state, rng.vec(n * nh * dim, 2.0)), (pre, rng.vec(n * nh, 1.0))];
+        let op = Op::HcCollapse(hc::HcCollapse { state, pre, out: o, n_hc: nh, dim });
         cases.push(b.finish(format!("hc_collapse {dim} n {n}"), f, op, inputs, vec![], 0));
         let (f, _) = Weights::default().build();
         let mut b = Builder::new(4, n);
@@ -610,15 +520,7 @@ fn hyper_connection_ops_match_the_cpu() {
             (post, rng.vec(n * nh, 1.0)),
             (comb, rng.vec(n * nh * nh, 1.0)),
         ];
-        let op = Op::HcExpand(hc::HcExpand {
-            state,
-            y,
-            post,
-            comb,
-            out: o,
-            n_hc: nh,
-            dim,
-        });
+        let op = Op::HcExpand(hc::HcExpand { state, y, post, comb, out: o, n_hc: nh, dim });
         cases.push(b.finish(format!("hc_expand {dim} n {n}"), f, op, inputs, vec![], 0));
     }
     check(cases);
@@ -652,22 +554,8 @@ fn rope_matches_the_cpu_at_small_and_large_positions() {
         let x = b.rec.tokens_f32("x", heads * hd);
         let o = b.rec.tokens_f32("out", heads * hd);
         let inputs = vec![(x, rng.vec(n * heads * hd, 2.0))];
-        let op = Op::Rope(rope::Rope {
-            x,
-            out: o,
-            heads,
-            head_dim: hd,
-            rope: rope_config(n_rot, yarn),
-            inverse,
-        });
-        cases.push(b.finish(
-            format!("rope {heads}×{hd} rot {n_rot} pos {pos0} yarn {yarn} inv {inverse}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            pos0,
-        ));
+        let op = Op::Rope(rope::Rope { x, out: o, heads, head_dim: hd, rope: rope_config(n_rot, yarn), inverse });
+        cases.push(b.finish(format!("rope {heads}×{hd} rot {n_rot} pos {pos0} yarn {yarn} inv {inverse}"), f, op, inputs, vec![], pos0));
     }
     check(cases);
 }
@@ -693,22 +581,8 @@ fn rounding_ops_match_the_cpu() {
         }
         v[0] = 70000.0;
         let inputs = vec![(x, v)];
-        let op = Op::KvRound(round::KvRound {
-            x,
-            out: o,
-            dim,
-            n_rot,
-            fp8,
-            f16,
-        });
-        cases.push(b.finish(
-            format!("kv_round {dim} rot {n_rot} fp8 {fp8} f16 {f16} n {n}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            0,
-        ));
+        let op = Op::KvRound(round::KvRound { x, out: o, dim, n_rot, fp8, f16 });
+        cases.push(b.finish(format!("kv_round {dim} rot {n_rot} fp8 {fp8} f16 {f16} n {n}"), f, op, inputs, vec![], 0));
     }
     for &(hd, heads, n) in &[(32usize, 2usize, 1usize), (128, 3, 2)] {
         let (f, _) = Weights::default().build();
@@ -716,20 +590,8 @@ fn rounding_ops_match_the_cpu() {
         let x = b.rec.tokens_f32("x", hd * heads);
         let o = b.rec.tokens_f32("out", hd * heads);
         let inputs = vec![(x, rng.vec(n * hd * heads, 3.0))];
-        let op = Op::HadamardFp4(round::HadamardFp4 {
-            x,
-            out: o,
-            cols: hd * heads,
-            head_dim: hd,
-        });
-        cases.push(b.finish(
-            format!("hadamard_fp4 {hd}×{heads} n {n}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            0,
-        ));
+        let op = Op::HadamardFp4(round::HadamardFp4 { x, out: o, cols: hd * heads, head_dim: hd });
+        cases.push(b.finish(format!("hadamard_fp4 {hd}×{heads} n {n}"), f, op, inputs, vec![], 0));
     }
     check(cases);
 }
@@ -765,13 +627,7 @@ fn attention_and_ring_writes_match_the_cpu() {
         if let Some(s) = selected {
             // Some unused (-1) and some not yet visible entries.
             let v = (0..n * top_k)
-                .map(|i| {
-                    if i % 4 == 3 {
-                        -1.0
-                    } else {
-                        rng.below(cap) as f32
-                    }
-                })
+                .map(|i| if i % 4 == 3 { -1.0 } else { rng.below(cap) as f32 })
                 .collect();
             inputs.push((s, v));
         }
@@ -788,14 +644,7 @@ fn attention_and_ring_writes_match_the_cpu() {
             head_dim: hd,
             out: o,
         });
-        cases.push(b.finish(
-            format!("attention {nh}×{hd} n {n} pos {pos0} ratio {ratio} sel {sel}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            pos0,
-        ));
+        cases.push(b.finish(format!("attention {nh}×{hd} n {n} pos {pos0} ratio {ratio} sel {sel}"), f, op, inputs, vec![], pos0));
     }
     for &(dim, n, pos0) in &[(16usize, 1usize, 0usize), (7, 5, 6), (300, 11, 13)] {
         let (f, _) = Weights::default().build();
@@ -803,20 +652,8 @@ fn attention_and_ring_writes_match_the_cpu() {
         let ring = b.state("ring", window, dim, rng.vec(window * dim, 1.0));
         let kv = b.rec.tokens_f32("kv", dim);
         let inputs = vec![(kv, rng.vec(n * dim, 1.0))];
-        let op = Op::RingWrite(attention::RingWrite {
-            kv,
-            ring,
-            window,
-            dim,
-        });
-        cases.push(b.finish(
-            format!("ring_write {dim} n {n} pos {pos0}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            pos0,
-        ));
+        let op = Op::RingWrite(attention::RingWrite { kv, ring, window, dim });
+        cases.push(b.finish(format!("ring_write {dim} n {n} pos {pos0}"), f, op, inputs, vec![], pos0));
     }
     check(cases);
 }
@@ -826,14 +663,7 @@ fn compressor_matches_the_cpu() {
     let mut rng = Rng(0xC0C0);
     let mut cases = Vec::new();
     for &(ratio, hd, overlapped, rounding, n, pos0) in &[
-        (
-            4usize,
-            32usize,
-            false,
-            compress::RowRounding::None,
-            1usize,
-            3usize,
-        ),
+        (4usize, 32usize, false, compress::RowRounding::None, 1usize, 3usize),
         (4, 32, true, compress::RowRounding::Fp8F16, 7, 2),
         (16, 64, false, compress::RowRounding::Fp8F16, 20, 5),
         (4, 128, true, compress::RowRounding::HadamardFp4F16, 9, 0),
@@ -841,12 +671,7 @@ fn compressor_matches_the_cpu() {
         let width = if overlapped { 2 * hd } else { hd };
         let slots = if overlapped { 2 * ratio } else { ratio };
         let mut w = Weights::default();
-        w.add(
-            "ape",
-            &[width as u64, ratio as u64],
-            GgmlType::F32,
-            &rng.vec(ratio * width, 1.0),
-        );
+        w.add("ape", &[width as u64, ratio as u64], GgmlType::F32, &rng.vec(ratio * width, 1.0));
         w.add("norm", &[hd as u64], GgmlType::F32, &rng.vec(hd, 1.5));
         let (f, r) = w.build();
         let mut b = Builder::new(24, n);
@@ -861,10 +686,7 @@ fn compressor_matches_the_cpu() {
         let rows = b.state("crows", cap, hd, rng.vec(cap * hd, 1.0));
         let kv = b.rec.tokens_f32("kv", width);
         let gate = b.rec.tokens_f32("gate", width);
-        let inputs = vec![
-            (kv, rng.vec(n * width, 1.0)),
-            (gate, rng.vec(n * width, 2.0)),
-        ];
+        let inputs = vec![(kv, rng.vec(n * width, 1.0)), (gate, rng.vec(n * width, 2.0))];
         let op = Op::Compress(compress::Compress {
             kv,
             gate,
@@ -880,14 +702,7 @@ fn compressor_matches_the_cpu() {
             rounding,
             eps: 1e-6,
         });
-        cases.push(b.finish(
-            format!("compress r{ratio} {hd} ov {overlapped} {rounding:?} n {n} pos {pos0}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            pos0,
-        ));
+        cases.push(b.finish(format!("compress r{ratio} {hd} ov {overlapped} {rounding:?} n {n} pos {pos0}"), f, op, inputs, vec![], pos0));
     }
     check(cases);
 }
@@ -920,14 +735,7 @@ fn indexer_matches_the_cpu() {
             head_dim: hd,
             out: o,
         });
-        cases.push(b.finish(
-            format!("indexer r{ratio} k{top_k} {nh}×{hd} n {n} pos {pos0}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            pos0,
-        ));
+        cases.push(b.finish(format!("indexer r{ratio} k{top_k} {nh}×{hd} n {n} pos {pos0}"), f, op, inputs, vec![], pos0));
     }
     check(cases);
 }
@@ -945,9 +753,7 @@ fn router_matches_the_cpu() {
         let vocab = 11;
         let mut w = Weights::default();
         w.add("bias", &[e as u64], GgmlType::F32, &rng.vec(e, 0.5));
-        let table: Vec<i32> = (0..vocab * k)
-            .map(|i| ((i * 7 + i / k) % e) as i32)
-            .collect();
+        let table: Vec<i32> = (0..vocab * k).map(|i| ((i * 7 + i / k) % e) as i32).collect();
         w.add_i32("tid2eid", &[k as u64, vocab as u64], &table);
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
@@ -972,14 +778,7 @@ fn router_matches_the_cpu() {
             scale: 1.5,
             normalize,
         });
-        cases.push(b.finish(
-            format!("router e{e} k{k} n {n} bias {bias} hash {hash}"),
-            f,
-            op,
-            inputs,
-            toks,
-            0,
-        ));
+        cases.push(b.finish(format!("router e{e} k{k} n {n} bias {bias} hash {hash}"), f, op, inputs, toks, 0));
     }
     check(cases);
 }
@@ -999,66 +798,26 @@ fn matmul_cases() -> Vec<Case> {
     ] {
         for &(n_out, groups, n) in &[(1usize, 1usize, 1usize), (17, 1, 5), (6, 3, 2)] {
             let mut w = Weights::default();
-            w.add(
-                "w",
-                &[n_in as u64, n_out as u64],
-                ty,
-                &rng.vec(n_in * n_out, 1.0),
-            );
+            w.add("w", &[n_in as u64, n_out as u64], ty, &rng.vec(n_in * n_out, 1.0));
             let (f, r) = w.build();
             let mut b = Builder::new(6, n);
             let x = b.rec.tokens_f32("x", groups * n_in);
             let o = b.rec.tokens_f32("out", n_out);
             let inputs = vec![(x, rng.vec(n * groups * n_in, 1.0))];
-            let op = Op::MatMul(matmul::MatMul {
-                w: r[0].clone(),
-                x,
-                out: o,
-                groups,
-            });
-            cases.push(b.finish(
-                format!("matmul {ty} {n_in}→{n_out} g{groups} n {n}"),
-                f,
-                op,
-                inputs,
-                vec![],
-                0,
-            ));
+            let op = Op::MatMul(matmul::MatMul { w: r[0].clone(), x, out: o, groups });
+            cases.push(b.finish(format!("matmul {ty} {n_in}→{n_out} g{groups} n {n}"), f, op, inputs, vec![], 0));
         }
     }
     for &(ty_gu, ty_d, d, ff, e, k, n) in &[
-        (
-            GgmlType::F32,
-            GgmlType::F32,
-            16usize,
-            8usize,
-            4usize,
-            2usize,
-            1usize,
-        ),
+        (GgmlType::F32, GgmlType::F32, 16usize, 8usize, 4usize, 2usize, 1usize),
         (GgmlType::Q8_0, GgmlType::Q8_0, 64, 32, 5, 2, 4),
         (GgmlType::Iq2Xxs, GgmlType::Q2K, 256, 256, 4, 3, 3),
         (GgmlType::Q4K, GgmlType::Q4K, 256, 256, 3, 2, 2),
     ] {
         let mut w = Weights::default();
-        w.add(
-            "gate",
-            &[d as u64, ff as u64, e as u64],
-            ty_gu,
-            &rng.vec(d * ff * e, 1.0),
-        );
-        w.add(
-            "up",
-            &[d as u64, ff as u64, e as u64],
-            ty_gu,
-            &rng.vec(d * ff * e, 1.0),
-        );
-        w.add(
-            "down",
-            &[ff as u64, d as u64, e as u64],
-            ty_d,
-            &rng.vec(d * ff * e, 1.0),
-        );
+        w.add("gate", &[d as u64, ff as u64, e as u64], ty_gu, &rng.vec(d * ff * e, 1.0));
+        w.add("up", &[d as u64, ff as u64, e as u64], ty_gu, &rng.vec(d * ff * e, 1.0));
+        w.add("down", &[ff as u64, d as u64, e as u64], ty_d, &rng.vec(d * ff * e, 1.0));
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
         let x = b.rec.tokens_f32("x", d);
@@ -1068,11 +827,7 @@ fn matmul_cases() -> Vec<Case> {
         let picks: Vec<f32> = (0..n)
             .flat_map(|t| (0..k).map(move |i| ((t + 2 * i) % e) as f32))
             .collect();
-        let inputs = vec![
-            (x, rng.vec(n * d, 1.0)),
-            (sel, picks),
-            (wts, rng.vec(n * k, 1.0)),
-        ];
+        let inputs = vec![(x, rng.vec(n * d, 1.0)), (sel, picks), (wts, rng.vec(n * k, 1.0))];
         let op = Op::MoeExperts(moe::MoeExperts {
             x,
             selected: sel,
@@ -1084,14 +839,7 @@ fn matmul_cases() -> Vec<Case> {
             k,
             out: o,
         });
-        cases.push(b.finish(
-            format!("moe_experts {ty_gu}/{ty_d} d{d} ff{ff} e{e} k{k} n {n}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            0,
-        ));
+        cases.push(b.finish(format!("moe_experts {ty_gu}/{ty_d} d{d} ff{ff} e{e} k{k} n {n}"), f, op, inputs, vec![], 0));
     }
     cases
 }

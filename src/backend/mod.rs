@@ -127,10 +127,7 @@ pub trait Backend: Send {
 }
 
 /// The layout entry of `s`, or an error for an id outside it.
-pub fn state_desc(
-    layout: &StateLayout,
-    s: StateId,
-) -> Result<&crate::graph::StateDesc, BackendError> {
+pub fn state_desc(layout: &StateLayout, s: StateId) -> Result<&crate::graph::StateDesc, BackendError> {
     layout.states.get(s.0 as usize).ok_or(BackendError::State {
         state: format!("#{}", s.0),
         msg: "no such state".into(),
@@ -179,11 +176,7 @@ pub struct Opened {
 /// Builds the backend `kind` names over `file` with the session state
 /// `layout`. `Auto` takes a real GPU through wgpu when there is one and
 /// falls back to the CPU otherwise (the notice says why).
-pub fn open(
-    kind: BackendKind,
-    file: WeightFile,
-    layout: StateLayout,
-) -> Result<Opened, BackendError> {
+pub fn open(kind: BackendKind, file: WeightFile, layout: StateLayout) -> Result<Opened, BackendError> {
     match kind {
         BackendKind::Cpu => Ok(Opened {
             backend: Box::new(cpu::CpuBackend::new(file, layout)),

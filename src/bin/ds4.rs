@@ -196,10 +196,7 @@ fn read_prompt(a: &Args) -> Result<Option<String>, String> {
 }
 
 fn backend_kind(a: &Args) -> Result<BackendKind, String> {
-    let flags = [a.cpu, a.metal, a.vulkan, a.cuda]
-        .iter()
-        .filter(|&&x| x)
-        .count()
+    let flags = [a.cpu, a.metal, a.vulkan, a.cuda].iter().filter(|&&x| x).count()
         + a.backend.is_some() as usize;
     if flags > 1 {
         return Err("choose one backend (--backend, --cpu, --metal, --vulkan, --cuda)".into());
@@ -359,11 +356,7 @@ fn run(a: Args) -> Result<(), String> {
     if let Some(dir) = &a.dump_shaders {
         let written = ds4::backend::wgpu::shaders::dump(dir)
             .map_err(|e| format!("--dump-shaders {}: {e}", dir.display()))?;
-        eprintln!(
-            "ds4: wrote {} WGSL modules to {}",
-            written.len(),
-            dir.display()
-        );
+        eprintln!("ds4: wrote {} WGSL modules to {}", written.len(), dir.display());
         return Ok(());
     }
     if a.info || a.inspect {

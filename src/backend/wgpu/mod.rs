@@ -146,14 +146,9 @@ impl WgpuBackend {
     }
 
     /// A backend on an already open device (tests share one device).
-    pub fn new(
-        gpu: Arc<Gpu>,
-        file: WeightFile,
-        layout: StateLayout,
-    ) -> Result<WgpuBackend, BackendError> {
-        let storage = wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST;
+    pub fn new(gpu: Arc<Gpu>, file: WeightFile, layout: StateLayout) -> Result<WgpuBackend, BackendError> {
+        let storage =
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         let mut states = Vec::new();
         for d in &layout.states {
             let bytes = (d.rows * d.cols * 4).max(4) as u64;
@@ -210,12 +205,7 @@ impl WgpuBackend {
     }
 
     /// Copies `range` bytes of `buf` to the host (one submit and wait).
-    fn read_bytes(
-        &self,
-        buf: &wgpu::Buffer,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, BackendError> {
+    fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, BackendError> {
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -368,16 +358,10 @@ impl Backend for WgpuBackend {
             n_tokens: p.n_tokens as u32,
             _pad: [0; 2],
         };
-        self.gpu
-            .queue
-            .write_buffer(&self.step, 0, bytemuck::bytes_of(&u));
+        self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&u));
         let n = p.n_tokens as u32;
         let logits = graph.value(graph.logits);
-        let live = if logits.per_token {
-            p.n_tokens
-        } else {
-            logits.rows
-        } * logits.cols;
+        let live = if logits.per_token { p.n_tokens } else { logits.rows } * logits.cols;
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
             size: (live * 4).max(4) as u64,
@@ -394,13 +378,7 @@ impl Backend for WgpuBackend {
                 }
             }
             if i == last && live > 0 {
-                enc.copy_buffer_to_buffer(
-                    g.buffer(graph.logits),
-                    0,
-                    &staging,
-                    0,
-                    (live * 4) as u64,
-                );
+                enc.copy_buffer_to_buffer(g.buffer(graph.logits), 0, &staging, 0, (live * 4) as u64);
             }
             self.gpu.queue.submit([enc.finish()]);
         }
@@ -422,12 +400,7 @@ impl Backend for WgpuBackend {
         Ok(to_f32(d.dtype, &bytes))
     }
 
-    fn write_value(
-        &mut self,
-        h: GraphHandle,
-        v: ValueId,
-        data: &[f32],
-    ) -> Result<(), BackendError> {
+    fn write_value(&mut self, h: GraphHandle, v: ValueId, data: &[f32]) -> Result<(), BackendError> {
         let g = self.loaded(h)?;
         let d = g.graph.value(v);
         if data.len() > d.len() {
@@ -459,12 +432,7 @@ impl Backend for WgpuBackend {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    fn write_state_rows(
-        &mut self,
-        s: StateId,
-        first: usize,
-        data: &[f32],
-    ) -> Result<(), BackendError> {
+    fn write_state_rows(&mut self, s: StateId, first: usize, data: &[f32]) -> Result<(), BackendError> {
         let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
         if !data.is_empty() {
             self.gpu.queue.write_buffer(
