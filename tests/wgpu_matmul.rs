@@ -43,7 +43,10 @@ const TOL: &[(GgmlType, f64)] = &[
 const TOL_EXPERTS: f64 = 1e-5;
 
 fn tol(ty: GgmlType) -> f64 {
-    TOL.iter().find(|t| t.0 == ty).map(|t| t.1).expect("type in TOL")
+    TOL.iter()
+        .find(|t| t.0 == ty)
+        .map(|t| t.1)
+        .expect("type in TOL")
 }
 
 struct Ctx {
@@ -121,7 +124,11 @@ fn quantised(rng: &mut Rng, ty: GgmlType, n_in: usize, rows: usize) -> Vec<u8> {
     }
     let mut out = vec![0u8; rb * rows];
     for r in 0..rows {
-        let p = if rows <= POOL { r } else { (r * 37 + r / POOL) % POOL };
+        let p = if rows <= POOL {
+            r
+        } else {
+            (r * 37 + r / POOL) % POOL
+        };
         out[r * rb..(r + 1) * rb].copy_from_slice(&pool[p * rb..(p + 1) * rb]);
     }
     out
@@ -182,7 +189,10 @@ struct Dense {
 
 /// Runs one dense case and checks every output against matmul_rows.
 fn dense_case(c: &Ctx, case: &Dense, seed: u64) {
-    let gpu = &c.gpu;
+    dense_case_with(&c.gpu, &c.kernels, case, seed)
+}
+
+fn dense_case_with(gpu: &Gpu, kernels: &MatmulKernels, case: &Dense, seed: u64) {
     let name = format!(
         "{} {}x{} g{} t{} chunk{:?}",
         case.ty, case.n_in, case.n_out, case.groups, case.n_tokens, case.chunk_rows
@@ -200,16 +210,19 @@ fn dense_case(c: &Ctx, case: &Dense, seed: u64) {
         .chunk_rows
         .map_or(gpu.max_binding(), |r| (r * rb + 8) as u64);
     let ne = [case.n_in as u64, case.n_out as u64, 1, 1];
-    let t = GpuTensor::upload_chunked(gpu, &name, case.ty, ne, &w, limit, &mut |_| {})
-        .expect("upload");
+    let t =
+        GpuTensor::upload_chunked(gpu, &name, case.ty, ne, &w, limit, &mut |_| {}).expect("upload");
     if let Some(r) = case.chunk_rows {
-        assert_eq!(t.chunks.len(), case.n_out.div_ceil(r), "{name}: chunk count");
+        assert_eq!(
+            t.chunks.len(),
+            case.n_out.div_ceil(r),
+            "{name}: chunk count"
+        );
     }
     let xb = storage(gpu, &x);
     let out = storage(gpu, &vec![f32::NAN; max_tokens * case.n_out]);
     let sb = step(gpu, case.n_tokens as u32);
-    let mm = c
-        .kernels
+    let mm = kernels
         .dense(
             gpu,
             &t,
@@ -239,8 +252,12 @@ fn dense_case(c: &Ctx, case: &Dense, seed: u64) {
     // Σ|w·x| per output, from the dequantised rows.
     let mut wf = vec![0f32; case.n_in * case.n_out];
     for o in 0..case.n_out {
-        quant::dequantize_row(case.ty, &w[o * rb..(o + 1) * rb], &mut wf[o * case.n_in..][..case.n_in])
-            .expect("dequantise");
+        quant::dequantize_row(
+            case.ty,
+            &w[o * rb..(o + 1) * rb],
+            &mut wf[o * case.n_in..][..case.n_in],
+        )
+        .expect("dequantise");
     }
     let rows_per_group = case.n_out / case.groups;
     let mut worst = 0f64;
@@ -301,7 +318,14 @@ fn dense_every_type_small_and_odd_sizes() {
             for &(n_out, n_tokens) in &[(1usize, 1usize), (7, 3), (67, 1), (130, 9)] {
                 dense_case(
                     c,
-                    &Dense { ty, n_in, n_out, groups: 1, n_tokens, chunk_rows: None },
+                    &Dense {
+                        ty,
+                        n_in,
+                        n_out,
+                        groups: 1,
+                        n_tokens,
+                        chunk_rows: None,
+                    },
                     11 + i as u64,
                 );
             }
@@ -315,10 +339,22 @@ fn dense_prefill_tiles_and_groups() {
     for ty in ALL {
         let n_in = min_in(ty).max(64);
         // Token counts around the tile of 8; grouped output projection.
-        for &(n_out, groups, n_tokens) in &[(24usize, 1usize, 8usize), (24, 2, 17), (36, 4, 5), (16, 8, 1)] {
+        for &(n_out, groups, n_tokens) in &[
+            (24usize, 1usize, 8usize),
+            (24, 2, 17),
+            (36, 4, 5),
+            (16, 8, 1),
+        ] {
             dense_case(
                 c,
-                &Dense { ty, n_in, n_out, groups, n_tokens, chunk_rows: None },
+                &Dense {
+                    ty,
+                    n_in,
+                    n_out,
+                    groups,
+                    n_tokens,
+                    chunk_rows: None,
+                },
                 23,
             );
         }
@@ -333,12 +369,26 @@ fn dense_multi_chunk_weights() {
         // 41 rows in chunks of 6 (last one short), 2 groups straddling chunks.
         dense_case(
             c,
-            &Dense { ty, n_in, n_out: 42, groups: 2, n_tokens: 3, chunk_rows: Some(6) },
+            &Dense {
+                ty,
+                n_in,
+                n_out: 42,
+                groups: 2,
+                n_tokens: 3,
+                chunk_rows: Some(6),
+            },
             31,
         );
         dense_case(
             c,
-            &Dense { ty, n_in, n_out: 41, groups: 1, n_tokens: 1, chunk_rows: Some(1) },
+            &Dense {
+                ty,
+                n_in,
+                n_out: 41,
+                groups: 1,
+                n_tokens: 1,
+                chunk_rows: Some(1),
+            },
             37,
         );
     }
@@ -359,10 +409,71 @@ fn dense_flash_shapes() {
     ] {
         dense_case(
             c,
-            &Dense { ty, n_in, n_out, groups: 1, n_tokens, chunk_rows: None },
+            &Dense {
+                ty,
+                n_in,
+                n_out,
+                groups: 1,
+                n_tokens,
+                chunk_rows: None,
+            },
             41,
         );
     }
+}
+
+#[test]
+fn dense_every_rows_per_workgroup_variant() {
+    let Some(c) = ctx() else { return };
+    // The pipeline constant ROWS (1…64 rows per workgroup, 64…1 lanes per
+    // row), including fewer lanes than the token tile.
+    for rows in [1u32, 2, 8, 16, 64] {
+        let k = MatmulKernels::with_rows(&c.gpu, rows).expect("kernels");
+        for (ty, n_in) in [
+            (GgmlType::Q8_0, 96usize),
+            (GgmlType::Iq2Xxs, 512),
+            (GgmlType::F16, 45),
+        ] {
+            for &(n_out, n_tokens) in &[(1usize, 1usize), (67, 9), (130, 17)] {
+                dense_case_with(
+                    &c.gpu,
+                    &k,
+                    &Dense {
+                        ty,
+                        n_in,
+                        n_out,
+                        groups: 1,
+                        n_tokens,
+                        chunk_rows: None,
+                    },
+                    61 + rows as u64,
+                );
+            }
+        }
+    }
+    for rows in [1u32, 4] {
+        let k = MatmulKernels::with_rows(&c.gpu, rows).expect("kernels");
+        experts_case_with(
+            &c.gpu,
+            &k,
+            &Experts {
+                gate_ty: GgmlType::Iq2Xxs,
+                down_ty: GgmlType::Q2K,
+                d: 256,
+                ff: 512,
+                n_expert: 4,
+                k: 2,
+                n_tokens: 3,
+                clamp: 10.0,
+                chunk_experts: Some(3),
+            },
+            67 + rows as u64,
+        );
+    }
+    assert!(
+        MatmulKernels::with_rows(&c.gpu, 3).is_err(),
+        "3 rows per workgroup accepted"
+    );
 }
 
 #[test]
@@ -372,9 +483,24 @@ fn bad_weights_are_errors() {
     let short = vec![0u8; 33];
     let e = GpuTensor::upload(gpu, "w", GgmlType::Q8_0, [32, 1, 1, 1], &short, &mut |_| {});
     assert!(e.is_err(), "wrong byte count accepted");
-    let e = GpuTensor::upload(gpu, "w", GgmlType::Q6K, [256, 1, 1, 1], &[0u8; 210], &mut |_| {});
+    let e = GpuTensor::upload(
+        gpu,
+        "w",
+        GgmlType::Q6K,
+        [256, 1, 1, 1],
+        &[0u8; 210],
+        &mut |_| {},
+    );
     assert!(e.is_err(), "undecodable type accepted");
-    let e = GpuTensor::upload_chunked(gpu, "w", GgmlType::F32, [64, 2, 1, 1], &[0u8; 512], 100, &mut |_| {});
+    let e = GpuTensor::upload_chunked(
+        gpu,
+        "w",
+        GgmlType::F32,
+        [64, 2, 1, 1],
+        &[0u8; 512],
+        100,
+        &mut |_| {},
+    );
     assert!(e.is_err(), "row larger than the chunk limit accepted");
 }
 
@@ -382,7 +508,8 @@ fn bad_weights_are_errors() {
 fn expert_file(tensors: &[(&str, GgmlType, [u64; 3], &[u8])]) -> (GgufFile, Vec<TensorRef>) {
     let mut w = GgufWriter::new();
     for (n, ty, ne, bytes) in tensors {
-        w.add_tensor(n, ne, *ty, bytes.to_vec()).expect("add tensor");
+        w.add_tensor(n, ne, *ty, bytes.to_vec())
+            .expect("add tensor");
     }
     let f = GgufFile::from_vec(w.to_bytes().expect("gguf bytes")).expect("gguf parse");
     let refs = tensors
@@ -415,7 +542,10 @@ struct Experts {
 }
 
 fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
-    let gpu = &c.gpu;
+    experts_case_with(&c.gpu, &c.kernels, e, seed)
+}
+
+fn experts_case_with(gpu: &Gpu, kernels: &MatmulKernels, e: &Experts, seed: u64) {
     let name = format!(
         "experts {}/{} d{} ff{} E{} k{} t{} chunk{:?}",
         e.gate_ty, e.down_ty, e.d, e.ff, e.n_expert, e.k, e.n_tokens, e.chunk_experts
@@ -438,7 +568,9 @@ fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
             sel[t * e.k + i] = pool[i];
         }
     }
-    let wts: Vec<f32> = (0..max_tokens * e.k).map(|_| rng.uniform() as f32 * 0.5).collect();
+    let wts: Vec<f32> = (0..max_tokens * e.k)
+        .map(|_| rng.uniform() as f32 * 0.5)
+        .collect();
 
     let ne_gate = [e.d as u64, e.ff as u64, e.n_expert as u64];
     let ne_down = [e.ff as u64, e.d as u64, e.n_expert as u64];
@@ -463,11 +595,25 @@ fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
 
     let upload = |n: &str, ty: GgmlType, ne: [u64; 3], bytes: &[u8]| {
         let slab = bytes.len() / e.n_expert;
-        let limit = e.chunk_experts.map_or(gpu.max_binding(), |c| (c * slab + 8) as u64);
-        let t = GpuTensor::upload_chunked(gpu, n, ty, [ne[0], ne[1], ne[2], 1], bytes, limit, &mut |_| {})
-            .expect("upload");
+        let limit = e
+            .chunk_experts
+            .map_or(gpu.max_binding(), |c| (c * slab + 8) as u64);
+        let t = GpuTensor::upload_chunked(
+            gpu,
+            n,
+            ty,
+            [ne[0], ne[1], ne[2], 1],
+            bytes,
+            limit,
+            &mut |_| {},
+        )
+        .expect("upload");
         if let Some(c) = e.chunk_experts {
-            assert_eq!(t.chunks.len(), e.n_expert.div_ceil(c), "{name}: chunks of {n}");
+            assert_eq!(
+                t.chunks.len(),
+                e.n_expert.div_ceil(c),
+                "{name}: chunks of {n}"
+            );
         }
         t
     };
@@ -485,8 +631,7 @@ fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
     let wb = storage(gpu, &wts);
     let out = storage(gpu, &vec![f32::NAN; max_tokens * e.d]);
     let sb = step(gpu, e.n_tokens as u32);
-    let re = c
-        .kernels
+    let re = kernels
         .experts(
             gpu,
             &tg,
@@ -509,7 +654,11 @@ fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
     let mut worst = 0f64;
     for i in 0..e.n_tokens * e.d {
-        assert!(got[i].is_finite(), "{name}: out[{i}] not written ({})", got[i]);
+        assert!(
+            got[i].is_finite(),
+            "{name}: out[{i}] not written ({})",
+            got[i]
+        );
         let err = (got[i] as f64 - want[i] as f64).abs();
         worst = worst.max(err / scale);
         assert!(
@@ -520,9 +669,10 @@ fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
             TOL_EXPERTS * scale
         );
     }
-    for i in e.n_tokens * e.d..max_tokens * e.d {
-        assert!(got[i].is_nan(), "{name}: token past n_tokens was written");
-    }
+    assert!(
+        got[e.n_tokens * e.d..].iter().all(|v| v.is_nan()),
+        "{name}: token past n_tokens was written"
+    );
     eprintln!("{name}: worst |Δ| / max|out| = {worst:.2e} (quantise {t_quant:.2}s, gpu {t_gpu:.2}s, total {:.2}s)", t0.elapsed().as_secs_f64());
 }
 
@@ -542,7 +692,17 @@ fn experts_q2_and_q4_mixes() {
         ] {
             experts_case(
                 c,
-                &Experts { gate_ty, down_ty, d: 256, ff: 256, n_expert: 5, k, n_tokens, clamp, chunk_experts: chunk },
+                &Experts {
+                    gate_ty,
+                    down_ty,
+                    d: 256,
+                    ff: 256,
+                    n_expert: 5,
+                    k,
+                    n_tokens,
+                    clamp,
+                    chunk_experts: chunk,
+                },
                 53,
             );
         }

@@ -69,6 +69,11 @@ struct Args {
     /// with --bandwidth: timed trials per line, best kept (default 3)
     #[argh(option, default = "3")]
     bw_trials: usize,
+    /// with --bandwidth: matvec kernel variants to compare, weight rows per
+    /// workgroup, comma-separated (default: the backend's choice, 4 on
+    /// GPUs, 16 on CPU emulation)
+    #[argh(option)]
+    bw_rows: Option<String>,
 }
 
 /// `--bandwidth`: the table on stdout, the CSV to `--csv` when given.
@@ -79,7 +84,19 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
     }
     // An explicit benchmark: CPU emulators (lavapipe) are allowed.
     let gpu = Gpu::open(&AdapterChoice::from_env(true)).map_err(|e| e.to_string())?;
-    let csv = bandwidth::report(&gpu, a.bw_mib << 20, a.bw_trials).map_err(|e| e.to_string())?;
+    let rows = match &a.bw_rows {
+        Some(list) => list
+            .split(',')
+            .map(|r| {
+                r.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("--bw-rows: {r:?} is not a number"))
+            })
+            .collect::<Result<Vec<u32>, String>>()?,
+        None => vec![],
+    };
+    let csv =
+        bandwidth::report(&gpu, a.bw_mib << 20, a.bw_trials, &rows).map_err(|e| e.to_string())?;
     if let Some(p) = &a.csv {
         std::fs::write(p, csv.join("\n") + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
     }

@@ -38,6 +38,8 @@ pub struct Measure {
     pub seconds: f64,
     /// "timestamp" or "wall".
     pub timer: &'static str,
+    /// Matvec: weight rows per workgroup of the kernel (0 otherwise).
+    pub rows: u32,
 }
 
 impl Measure {
@@ -91,7 +93,9 @@ fn time_pass(
     });
     let mut enc = gpu
         .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bandwidth") });
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("bandwidth"),
+        });
     {
         let tw = qs.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
             query_set: q,
@@ -214,6 +218,7 @@ pub fn device_read(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
         bytes: size,
         seconds,
         timer,
+        rows: 0,
     })
 }
 
@@ -279,6 +284,7 @@ pub fn device_copy(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
         bytes: size,
         seconds: best,
         timer: "wall",
+        rows: 0,
     })
 }
 
@@ -288,7 +294,8 @@ pub fn device_copy(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
 pub fn bench_weights(ty: GgmlType, n_in: u64, n_out: u64) -> Result<Vec<u8>, String> {
     let rb = ty
         .row_bytes(n_in)
-        .ok_or_else(|| format!("{n_in} is not a whole number of {ty} blocks"))? as usize;
+        .ok_or_else(|| format!("{n_in} is not a whole number of {ty} blocks"))?
+        as usize;
     let pool_rows = 16usize.min(n_out as usize);
     let mut pool = vec![0u8; rb * pool_rows];
     let mut state = 0x2545_F491_4F6C_DD1Du64;
@@ -369,16 +376,20 @@ pub fn matvec(
         bytes: w.data_bytes(),
         seconds,
         timer,
+        rows: kernels.rows(),
     })
 }
 
-/// Runs the whole benchmark: device read and copy, then every Flash matvec;
+/// Runs the whole benchmark: device read and copy, then every Flash matvec
+/// with each kernel variant in `rows` (weight rows per workgroup; empty:
+/// the backend's default);
 /// `each` sees every line as soon as it is measured.
 pub fn run(
     gpu: &Gpu,
     buffer_bytes: u64,
     trials: usize,
     shapes: &[(&str, GgmlType, u64, u64)],
+    rows: &[u32],
     each: &mut dyn FnMut(&Measure),
 ) -> Result<Vec<Measure>, BackendError> {
     let mut all = Vec::new();
@@ -388,9 +399,17 @@ pub fn run(
     };
     push(device_read(gpu, buffer_bytes, trials)?, &mut all);
     push(device_copy(gpu, buffer_bytes, trials)?, &mut all);
-    let kernels = MatmulKernels::new(gpu)?;
+    let kernels = if rows.is_empty() {
+        vec![MatmulKernels::new(gpu)?]
+    } else {
+        rows.iter()
+            .map(|&r| MatmulKernels::with_rows(gpu, r))
+            .collect::<Result<Vec<_>, _>>()?
+    };
     for &(name, ty, n_in, n_out) in shapes {
-        push(matvec(gpu, &kernels, name, ty, n_in, n_out, trials)?, &mut all);
+        for k in &kernels {
+            push(matvec(gpu, k, name, ty, n_in, n_out, trials)?, &mut all);
+        }
     }
     Ok(all)
 }
@@ -408,14 +427,15 @@ pub fn host_read(bytes: u64, reps: usize) -> Measure {
         bytes,
         seconds: bytes as f64 / bw,
         timer: "wall",
+        rows: 0,
     }
 }
 
 /// Header of the terminal table.
 pub fn table_header() -> String {
     format!(
-        "{:<16} {:<20} {:<8} {:>13} {:>10} {:>10} {:>9} {:>8}  {}",
-        "what", "shape", "type", "in x out", "MiB", "ms", "GB/s", "of read", "timer"
+        "{:<16} {:<20} {:<8} {:>13} {:>4} {:>8} {:>10} {:>8} {:>8}  {}",
+        "what", "shape", "type", "in x out", "rows", "MiB", "ms", "GB/s", "of read", "timer"
     )
 }
 
@@ -431,12 +451,18 @@ pub fn table_row(m: &Measure, read_gbps: Option<f64>) -> String {
         Some(r) if m.kind != "host read (CPU)" => format!("{:.1} %", 100.0 * m.gb_per_s() / r),
         _ => String::new(),
     };
+    let rows = if m.rows > 0 {
+        m.rows.to_string()
+    } else {
+        String::new()
+    };
     format!(
-        "{:<16} {:<20} {:<8} {:>13} {:>10.1} {:>10.3} {:>9.2} {:>8}  {}",
+        "{:<16} {:<20} {:<8} {:>13} {:>4} {:>8.1} {:>10.3} {:>8.2} {:>8}  {}",
         m.kind,
         m.name,
         m.ty,
         dims,
+        rows,
         m.bytes as f64 / (1u64 << 20) as f64,
         m.seconds * 1e3,
         m.gb_per_s(),
@@ -446,7 +472,7 @@ pub fn table_row(m: &Measure, read_gbps: Option<f64>) -> String {
 }
 
 pub const CSV_HEADER: &str =
-    "device,what,shape,type,n_in,n_out,bytes,seconds,gb_per_s,fraction_of_device_read,timer";
+    "device,what,shape,type,n_in,n_out,rows_per_workgroup,bytes,seconds,gb_per_s,fraction_of_device_read,timer";
 
 pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
     let frac = match read_gbps {
@@ -455,13 +481,14 @@ pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
     };
     let q = |s: &str| format!("\"{}\"", s.replace('"', "'"));
     format!(
-        "{},{},{},{},{},{},{},{:.6e},{:.3},{},{}",
+        "{},{},{},{},{},{},{},{},{:.6e},{:.3},{},{}",
         q(device),
         q(&m.kind),
         q(&m.name),
         m.ty,
         m.n_in,
         m.n_out,
+        m.rows,
         m.bytes,
         m.seconds,
         m.gb_per_s(),
@@ -472,7 +499,12 @@ pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
 
 /// The whole report as `ds4-bench --bandwidth` prints it: the table on
 /// stdout line by line, the CSV lines returned.
-pub fn report(gpu: &Gpu, buffer_bytes: u64, trials: usize) -> Result<Vec<String>, BackendError> {
+pub fn report(
+    gpu: &Gpu,
+    buffer_bytes: u64,
+    trials: usize,
+    rows: &[u32],
+) -> Result<Vec<String>, BackendError> {
     let device = gpu.describe();
     println!("device: {device}");
     println!("{}", table_header());
@@ -480,7 +512,7 @@ pub fn report(gpu: &Gpu, buffer_bytes: u64, trials: usize) -> Result<Vec<String>
     println!("{}", table_row(&host, None));
     let mut csv = vec![CSV_HEADER.to_string(), csv_row(&device, &host, None)];
     let mut read_gbps: Option<f64> = None;
-    run(gpu, buffer_bytes, trials, FLASH_MATVECS, &mut |m| {
+    run(gpu, buffer_bytes, trials, FLASH_MATVECS, rows, &mut |m| {
         if m.kind == "device read" {
             read_gbps = Some(m.gb_per_s());
         }
