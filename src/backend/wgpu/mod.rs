@@ -98,7 +98,7 @@ struct LoadedGraph {
     slot_of: Vec<usize>,
     slots: Vec<wgpu::Buffer>,
     /// Dispatch lists between flush points.
-    segments: Vec<Vec<Work>>,
+    segments: Vec<Vec<(&'static str, Work)>>,
     /// Live token count of the last step.
     n_tokens: usize,
     /// The logits read back after the last step.
@@ -221,6 +221,34 @@ impl WgpuBackend {
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, len.next_multiple_of(4));
         self.gpu.queue.submit([enc.finish()]);
         self.map_read(&staging, len)
+    }
+
+    /// `DS4_WGPU_PROFILE`: runs each dispatch alone and waits for it, then
+    /// prints wall time per op kind (stderr). Slow; for finding hot spots.
+    fn profile_segment(&self, seg: &[(&'static str, Work)], n: u32) -> Result<(), BackendError> {
+        let mut t: Vec<(&str, f64, usize)> = Vec::new();
+        for (name, w) in seg {
+            let t0 = std::time::Instant::now();
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                w.encode(&mut pass, n);
+            }
+            self.gpu.queue.submit([enc.finish()]);
+            self.gpu.wait()?;
+            let dt = t0.elapsed().as_secs_f64() * 1e3;
+            match t.iter_mut().find(|e| e.0 == *name) {
+                Some(e) => {
+                    e.1 += dt;
+                    e.2 += 1;
+                }
+                None => t.push((name, dt, 1)),
+            }
+        }
+        for (name, ms, count) in t {
+            eprintln!("wgpu profile: {name:<14} {count:>4} dispatches {ms:>9.2} ms");
+        }
+        Ok(())
     }
 
     fn map_read(&self, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>, BackendError> {
@@ -371,11 +399,14 @@ impl Backend for WgpuBackend {
             mapped_at_creation: false,
         });
         let last = g.segments.len().saturating_sub(1);
+        let profile = std::env::var_os("DS4_WGPU_PROFILE").is_some();
         for (i, seg) in g.segments.iter().enumerate() {
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            {
+            if profile {
+                self.profile_segment(seg, n)?;
+            } else {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                for w in seg {
+                for (_, w) in seg {
                     w.encode(&mut pass, n);
                 }
             }

@@ -344,7 +344,7 @@ impl Rec<'_> {
                     post,
                     comb,
                 ];
-                one(self.kernel("hc_mix", "hc_mix", &p, &s, per_token(1))?)
+                one(self.kernel("hc_mix", "hc_mix", &p, &s, groups_per_token(1))?)
             }
             Op::HcCollapse(o) => {
                 let p = HcParams {
@@ -566,7 +566,7 @@ impl Rec<'_> {
                     self.val(o.selected),
                     self.val(o.weights),
                 ];
-                one(self.kernel("router", "router", &p, &s, per_token(1))?)
+                one(self.kernel("router", "router", &p, &s, groups_per_token(1))?)
             }
             Op::SwiGlu(o) => {
                 let cols = self.cols(o.out);
@@ -614,7 +614,10 @@ impl Rec<'_> {
 }
 
 /// The dispatch lists of `g`, split at its flush points.
-pub(super) fn record(b: &mut WgpuBackend, g: &LoadedGraph) -> Result<Vec<Vec<Work>>, BackendError> {
+pub(super) fn record(
+    b: &mut WgpuBackend,
+    g: &LoadedGraph,
+) -> Result<Vec<Vec<(&'static str, Work)>>, BackendError> {
     let file_arc = b.file.clone();
     let file: &GgufFile = (*file_arc).as_ref();
     let mut r = Rec {
@@ -628,7 +631,11 @@ pub(super) fn record(b: &mut WgpuBackend, g: &LoadedGraph) -> Result<Vec<Vec<Wor
         match node {
             Node::Op(op) => {
                 let w = r.op(op)?;
-                segments.last_mut().expect("one segment").extend(w);
+                let name = op.name();
+                segments
+                    .last_mut()
+                    .expect("one segment")
+                    .extend(w.into_iter().map(|w| (name, w)));
             }
             Node::Flush => {
                 if !segments.last().expect("one segment").is_empty() {
