@@ -65,7 +65,9 @@ pub enum Work {
         bind: wgpu::BindGroup,
         size: Size,
     },
-    Dense(matmul::DenseMatmul),
+    /// A matrix product; `Some(rows)` for one over a fixed number of rows
+    /// (the last-token head) rather than the step's tokens.
+    Dense(matmul::DenseMatmul, Option<u32>),
     Experts(matmul::RoutedExperts),
 }
 
@@ -83,7 +85,7 @@ impl Work {
                     pass.dispatch_workgroups(x, y, z);
                 }
             }
-            Work::Dense(d) => d.encode(pass, n),
+            Work::Dense(d, fixed) => d.encode(pass, fixed.unwrap_or(n)),
             Work::Experts(e) => e.encode(pass, n),
         }
     }

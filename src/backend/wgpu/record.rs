@@ -265,10 +265,28 @@ impl Rec<'_> {
             Op::MatMul(o) => {
                 let w = self.tensor(&o.w)?;
                 let (x, out) = (self.range(o.x), self.range(o.out));
-                let max_tokens = self.g.graph.max_tokens;
+                let od = self.g.graph.value(o.out);
+                // A product over fixed rows (the last-token head) reads a
+                // constant step uniform saying how many rows there are.
+                let fixed = (!od.per_token).then_some(od.rows as u32);
+                let max_tokens = fixed.map_or(self.g.graph.max_tokens, |r| r as usize);
+                let fixed_step = fixed.map(|r| {
+                    let u = super::StepUniform {
+                        pos0: 0,
+                        n_tokens: r,
+                        _pad: [0; 2],
+                    };
+                    self.b.uniform("fixed rows", &u)
+                });
                 let (mm, gpu, step) = self.matmul()?;
-                let d = mm.dense(gpu, &w, o.groups, x, out, step, max_tokens)?;
-                one(Work::Dense(d))
+                let step = fixed_step.as_ref().unwrap_or(step);
+                let d = mm
+                    .dense(gpu, &w, o.groups, x, out, step, max_tokens)
+                    .map_err(|e| BackendError::Device {
+                        device: gpu.describe(),
+                        msg: format!("matmul {} {:?} groups {}: {e}", w.name, w.ne, o.groups),
+                    })?;
+                one(Work::Dense(d, fixed))
             }
             Op::MoeExperts(o) => {
                 let gate = self.tensor(&o.gate)?;
