@@ -857,14 +857,23 @@ fn matrix_products_match_the_cpu_for_every_weight_type() {
     cuda_half::check_on_cuda(&cases);
 }
 
-/// The same cases on the CUDA backend (feature `cuda`) when a CUDA device
-/// is present; skipped with a message otherwise (CI has no NVIDIA GPU).
+#[cfg(feature = "cuda")]
+#[path = "cuda_emu/mod.rs"]
+mod cuda_emu;
+
+/// The same cases on the CUDA backend (feature `cuda`): on the GPU when
+/// there is one, else on the host emulator of tests/cuda_emu (CI).
 #[cfg(feature = "cuda")]
 mod cuda_half {
     use super::*;
     use ds4::backend::cuda::CudaBackend;
 
     pub fn check_on_cuda(cases: &[Case]) {
+        match super::cuda_emu::install() {
+            Ok(d) => eprintln!("cuda half on {d}"),
+            Err(e) if std::env::var_os("CI").is_some() => panic!("CI: no CUDA driver or emulator: {e}"),
+            Err(e) => eprintln!("no CUDA emulator: {e}"),
+        }
         match ds4::backend::cuda::list_devices() {
             Ok(d) => eprintln!("cuda device: {}", d[0].line()),
             Err(e) => {

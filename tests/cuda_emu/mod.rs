@@ -1,0 +1,88 @@
+//! Test support (feature `cuda`): when the machine has no NVIDIA driver,
+//! builds the host emulator of the CUDA driver (tests/cuda_emu/emu.h,
+//! driver.cpp: the kernels of cuda/*.cu compiled for the host, every CUDA
+//! thread a coroutine) as `libcuda.so` and loads it before cudarc looks for
+//! the driver, so the CUDA backend — launch lists, CUDA-graph capture and
+//! replay, memory, and every kernel's logic — runs against the CPU twins in
+//! CI. The real NVRTC still compiles every module to PTX at backend start;
+//! the emulator checks the PTX header and runs the host build instead.
+//!
+//! With a real driver present nothing is emulated. `DS4_CUDA_EMU=0` turns
+//! the emulator off (the CUDA halves then skip on a machine without a GPU).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Families in the order `src/backend/cuda/kernels.rs` lists them.
+const FAMILIES: &[&str] = &[
+    "elementwise", "embed", "norm", "hc_mix", "hc", "rope", "round", "ring", "attention", "compress",
+    "indexer", "router", "matmul", "moe",
+];
+
+/// The emulator's source: its header, the CUDA headers, every family (the
+/// one dynamic shared array becomes static storage), the fake driver.
+fn source(root: &Path) -> String {
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let mut s = String::new();
+    for p in ["tests/cuda_emu/emu.h", "cuda/common.cuh", "cuda/iq2xxs_grid.inc", "cuda/quant.cuh"] {
+        s.push_str(&read(p));
+        s.push('\n');
+    }
+    for f in FAMILIES {
+        s.push_str(&read(&format!("cuda/{f}.cu")).replace("extern __shared__ float buf[];", "static float buf[1024];"));
+        s.push('\n');
+    }
+    s.push_str(&read("tests/cuda_emu/driver.cpp"));
+    s
+}
+
+fn build() -> Result<PathBuf, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = source(root);
+    let hash = src.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cuda-emu-{hash:016x}"));
+    let lib = dir.join("libcuda.so");
+    if lib.exists() {
+        return Ok(lib);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let cpp = dir.join(format!("emu.{}.cpp", std::process::id()));
+    std::fs::write(&cpp, &src).map_err(|e| e.to_string())?;
+    let tmp = dir.join(format!("libcuda.so.{}", std::process::id()));
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let o = Command::new(&cxx)
+        .args(["-std=c++17", "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-fvisibility=hidden"])
+        .args(["-Wall", "-Werror", "-Wno-unknown-pragmas", "-Wl,-soname,libcuda.so", "-o"])
+        .arg(&tmp)
+        .arg(&cpp)
+        .output()
+        .map_err(|e| format!("{cxx}: {e}"))?;
+    if !o.status.success() {
+        return Err(format!("{cxx} failed:\n{}", String::from_utf8_lossy(&o.stderr)));
+    }
+    std::fs::rename(&tmp, &lib).map_err(|e| e.to_string())?;
+    Ok(lib)
+}
+
+/// Loads the emulator when there is no real driver (once per process).
+/// Returns a line saying which driver the CUDA half runs on.
+pub fn install() -> Result<String, String> {
+    static DONE: OnceLock<Result<String, String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        // SAFETY: only probes for the library.
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Ok("the real NVIDIA driver".into());
+        }
+        if std::env::var("DS4_CUDA_EMU").is_ok_and(|v| v == "0") {
+            return Err("no NVIDIA driver and DS4_CUDA_EMU=0".into());
+        }
+        let lib = build()?;
+        // SAFETY: our emulator; kept loaded for the life of the process so
+        // that cudarc's dlopen("libcuda.so") finds it by its soname.
+        let l = unsafe { libloading::Library::new(&lib) }.map_err(|e| format!("{}: {e}", lib.display()))?;
+        std::mem::forget(l);
+        Ok(format!("the host emulator {}", lib.display()))
+    })
+    .clone()
+}
