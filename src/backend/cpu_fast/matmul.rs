@@ -41,7 +41,10 @@ pub fn matmul_acts(
     }
     let rb = w.len() / n_out;
     let rows_per_group = n_out / groups.max(1);
-    if let (Acts::Q8x32 { blocks, per_row }, true) = (acts, expand::expandable(ty)) {
+    // Q8x32 activations meet 2/4-bit rows only decoded; Q8_0 and MXFP4 have
+    // direct kernels too, which win below a few tokens.
+    let direct = matches!(ty, GgmlType::Q8_0 | GgmlType::Mxfp4) && n_tokens < super::PREFILL_TOKENS;
+    if let (Acts::Q8x32 { blocks, per_row }, true, false) = (acts, expand::expandable(ty), direct) {
         return matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
     }
     let work = |first: usize, chunk: &mut [f32]| {
