@@ -73,6 +73,10 @@ fn main() {
     let weight_bytes = model.weights.active_bytes_per_token(cfg);
     let threads = rayon::current_num_threads();
 
+    // Fault every weight page in first (as `--warm-weights` does), so the
+    // timings measure the kernels, not first-touch page faults.
+    eprintln!("warming the weights ...");
+    model.warm(&mut |_, _| {});
     eprintln!("measuring read bandwidth ...");
     let bw = ds4::bandwidth::read_bandwidth(1 << 30, 5);
 

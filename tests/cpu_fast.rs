@@ -218,7 +218,7 @@ fn isa_names_and_detection() {
 fn expanded_rows_reproduce_the_dequantised_values() {
     use ds4::backend::cpu_fast::expand::{expand, expandable, Expanded};
     let mut rng = Rng(0xe7a9_0001);
-    for ty in [GgmlType::Q2K, GgmlType::Q4K, GgmlType::Iq2Xxs, GgmlType::Mxfp4] {
+    for ty in [GgmlType::Q2K, GgmlType::Q4K, GgmlType::Iq2Xxs, GgmlType::Mxfp4, GgmlType::Q8_0] {
         assert!(expandable(ty));
         for n in [256usize, 768] {
             let v: Vec<f32> = rng.vec(n).iter().map(|x| x * 4.0).collect();

@@ -341,9 +341,62 @@ fn check_cpu_self(cases: &[Case]) {
     }
 }
 
+/// Tolerance of the fast CPU backend (`cpu`) against the reference
+/// (`cpu-ref`), as max |Δ| / (max |want| + ‖x‖₂) over an output (‖x‖₂ of
+/// the activation input stands in for Σ|w·x| when outputs cancel): the matrix products
+/// quantise their activations to int8 (the tight per-format bounds, in units
+/// of Σ|w·x|, are in tests/cpu_fast.rs); every other op is the same twin and
+/// must be bit-identical.
+const FAST_CPU_TOLERANCE: &[(&str, f32)] = &[("matmul", 2e-2), ("moe_experts", 3e-2)];
+
+/// Runs every case on the fast CPU backend on each kernel path this machine
+/// has (the portable one included) and compares with the reference.
+fn check_fast_cpu(cases: &[Case]) {
+    use ds4::backend::cpu_fast::{Isa, Kernels};
+    for case in cases {
+        let want = run_case(case, &mut CpuBackend::new(case.file.clone(), case.layout.clone())).unwrap();
+        let x_norm = case.inputs.first().map_or(0.0, |(_, v)| v.iter().map(|a| a * a).sum::<f32>().sqrt());
+        let tol = FAST_CPU_TOLERANCE
+            .iter()
+            .find(|t| t.0 == case.op_name)
+            .map_or(0.0, |t| t.1);
+        for isa in Isa::available() {
+            let k = Kernels::new(isa).unwrap();
+            let got = run_case(case, &mut CpuBackend::fast(case.file.clone(), case.layout.clone(), k))
+                .unwrap_or_else(|e| panic!("{}: fast cpu {}: {e}", case.label, isa.name()));
+            let pairs = got.0.iter().zip(&want.0).chain(got.1.iter().zip(&want.1));
+            for (i, (g, w)) in pairs.enumerate() {
+                let scale = w.iter().filter(|v| !v.is_nan()).fold(0f32, |m, v| m.max(v.abs())) + x_norm;
+                let err = g
+                    .iter()
+                    .zip(w.iter())
+                    .map(|(a, b)| if a.is_nan() != b.is_nan() { f32::INFINITY } else if a.is_nan() { 0.0 } else { (a - b).abs() })
+                    .fold(0f32, f32::max);
+                if tol == 0.0 {
+                    assert!(
+                        g.iter().map(|v| v.to_bits()).eq(w.iter().map(|v| v.to_bits())),
+                        "{}: fast cpu {} #{i} differs from the reference (max |Δ| {err:e})",
+                        case.label,
+                        isa.name()
+                    );
+                } else {
+                    assert!(
+                        err <= tol * scale.max(1e-30),
+                        "{}: fast cpu {} #{i}: max |Δ| {err:e} > {tol:e} · {scale:e}",
+                        case.label,
+                        isa.name()
+                    );
+                    eprintln!("{:<60} fast cpu {:<8} #{i}: max |Δ|/scale {:.2e}", case.label, isa.name(), err / scale.max(1e-30));
+                }
+            }
+        }
+    }
+}
+
 fn check(cases: Vec<Case>) {
     assert!(!cases.is_empty());
     check_cpu_self(&cases);
+    check_fast_cpu(&cases);
     if let Some(g) = gpu() {
         check_on_gpu(&g, &cases);
     }
@@ -850,6 +903,7 @@ fn matmul_cases() -> Vec<Case> {
 fn matrix_products_match_the_cpu_for_every_weight_type() {
     let cases = matmul_cases();
     check_cpu_self(&cases);
+    check_fast_cpu(&cases);
     if let Some(g) = gpu() {
         check_on_gpu(&g, &cases);
     }

@@ -10,15 +10,17 @@
 use std::arch::x86_64::*;
 
 use super::act::BlockQ8x32;
-use crate::quant::f16::f16_bits_to_f32;
 use crate::quant::iq2xxs_tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
 use crate::quant::mxfp4::{e8m0_to_f32_half, KVALUES};
 use crate::quant::q4_k::unpack_scales;
 use crate::quant::q8_k::BlockQ8K;
 
-#[inline(always)]
+/// An f16 at `p` (unaligned) through the F16C unit.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f16_at(p: *const u8) -> f32 {
-    f16_bits_to_f32(u16::from_le_bytes([*p, *p.add(1)]))
+    let h = std::ptr::read_unaligned(p as *const u16);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
 #[inline]

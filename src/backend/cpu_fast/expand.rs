@@ -5,7 +5,7 @@
 //! format's unpacking cost (grid lookups, sign flips, nibble and scale
 //! shuffles) is paid once per row instead of once per (row, token).
 //!
-//! Exactness: IQ2_XXS `d·(2ls+1)/8 · (±mag)`, MXFP4 `e · kvalue`, Q4_K
+//! Q8_0 rows only have their f16 scales widened once. Exactness: IQ2_XXS `d·(2ls+1)/8 · (±mag)`, MXFP4 `e · kvalue`, Q4_K
 //! `(d·sc)·q − dmin·m`, Q2_K `d·(sc·q) − dmin·m` (sc·q ≤ 45 fits int8).
 
 use super::act::BlockQ8x32;
@@ -37,7 +37,10 @@ impl Expanded {
 
 /// Whether [`expand`] handles `ty`.
 pub fn expandable(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q2K | GgmlType::Q4K | GgmlType::Iq2Xxs | GgmlType::Mxfp4)
+    matches!(
+        ty,
+        GgmlType::Q2K | GgmlType::Q4K | GgmlType::Iq2Xxs | GgmlType::Mxfp4 | GgmlType::Q8_0
+    )
 }
 
 #[inline]
@@ -48,6 +51,15 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
 /// Decodes one row of `ty` into `e` (sized for the row's element count).
 pub fn expand(ty: GgmlType, row: &[u8], e: &mut Expanded) {
     match ty {
+        GgmlType::Q8_0 => {
+            e.has_off = false;
+            for (i, b) in row.chunks_exact(34).enumerate() {
+                e.scale[i] = f16_at(b, 0);
+                for (c, &q) in e.codes[32 * i..32 * i + 32].iter_mut().zip(&b[2..34]) {
+                    *c = q as i8;
+                }
+            }
+        }
         GgmlType::Mxfp4 => {
             e.has_off = false;
             for (i, b) in row.chunks_exact(17).enumerate() {

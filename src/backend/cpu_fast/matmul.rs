@@ -16,8 +16,12 @@ use crate::model::TensorRef;
 use crate::ops::moe::{swiglu, MoeExperts};
 use crate::quant::GgmlType;
 
-/// Weight rows per tile (a Flash Q8_0 row of 4096 is 4.3 KiB: 8 rows fit L1).
-const ROW_TILE: usize = 8;
+/// Weight rows per tile (a Flash Q8_0 row of 4096 is 4.3 KiB: 4 rows and a token's
+/// activations fit L1).
+const ROW_TILE: usize = 4;
+
+/// Decoded rows per tile on the prefill path.
+const EXPANDED_TILE: usize = 4;
 
 /// `tmp[o·n_tokens + t] = W[o] · act[t·groups + o / (n_out/groups)]`
 /// (weight-row-major).
@@ -37,7 +41,10 @@ pub fn matmul_acts(
     }
     let rb = w.len() / n_out;
     let rows_per_group = n_out / groups.max(1);
-    if let (Acts::Q8x32 { blocks, per_row }, true) = (acts, expand::expandable(ty)) {
+    // Q8x32 activations meet 2/4-bit rows only decoded; Q8_0 and MXFP4 have
+    // direct kernels too, which win below a few tokens.
+    let direct = matches!(ty, GgmlType::Q8_0 | GgmlType::Mxfp4) && n_tokens < super::PREFILL_TOKENS;
+    if let (Acts::Q8x32 { blocks, per_row }, true, false) = (acts, expand::expandable(ty), direct) {
         return matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
     }
     let work = |first: usize, chunk: &mut [f32]| {
@@ -112,17 +119,27 @@ fn matmul_expanded(
     let n_in = per_row * 32;
     let sums = expand::sums16(blocks);
     split_rows(tmp, n_out, rb, n_tokens, |first, chunk| {
-        let mut e = expand::Expanded::new(n_in);
-        for (r, out) in chunk.chunks_exact_mut(n_tokens).enumerate() {
-            let o = first + r;
-            let g = o / rows_per_group;
-            expand::expand(ty, &w[o * rb..(o + 1) * rb], &mut e);
-            for (t, dst) in out.iter_mut().enumerate() {
-                let a = t * groups + g;
-                let y = &blocks[a * per_row..(a + 1) * per_row];
-                *dst = (k.expanded)(&e.codes, &e.scale, y)
-                    + expand::offsets(&e, &sums[2 * a * per_row..2 * (a + 1) * per_row]);
+        // A tile of decoded rows (4 × ~1.4 bytes per weight) stays in L1
+        // while every token's activations pass once per tile.
+        let mut tile: Vec<expand::Expanded> =
+            (0..EXPANDED_TILE).map(|_| expand::Expanded::new(n_in)).collect();
+        let rows = chunk.len() / n_tokens;
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + EXPANDED_TILE).min(rows);
+            for (e, r) in tile.iter_mut().zip(r0..r1) {
+                let o = first + r;
+                expand::expand(ty, &w[o * rb..(o + 1) * rb], e);
             }
+            for t in 0..n_tokens {
+                for (e, r) in tile.iter().zip(r0..r1) {
+                    let a = t * groups + (first + r) / rows_per_group;
+                    let y = &blocks[a * per_row..(a + 1) * per_row];
+                    chunk[r * n_tokens + t] = (k.expanded)(&e.codes, &e.scale, y)
+                        + expand::offsets(e, &sums[2 * a * per_row..2 * (a + 1) * per_row]);
+                }
+            }
+            r0 = r1;
         }
     });
 }
