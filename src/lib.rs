@@ -32,7 +32,8 @@ pub mod gguf;
 pub mod graph;
 pub mod kvcache;
 pub mod model;
-pub mod ops;
+/// The op descriptors live under the graph that holds them.
+pub use graph::ops;
 pub mod quant;
 pub mod sampler;
 pub mod session;

@@ -1,5 +1,5 @@
 //! The CPU reference backend: executes a graph op by op with the CPU twins
-//! in [`crate::ops`]. Activations live in planned slots (f32; i32 values are
+//! in [`crate::graph::ops`]. Activations live in planned slots (f32; i32 values are
 //! stored bit-cast), persistent state in one buffer per state.
 //!
 //! The same op loop serves the fast backend (`cpu`): built with
@@ -13,9 +13,9 @@ use std::ops::Range;
 
 use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
 use crate::graph::{plan, DType, Graph, Node, Plan, StateId, StateLayout, StepParams, ValueId};
-use crate::ops::attention::AttentionInputs;
-use crate::ops::compress::CompressState;
-use crate::ops::Op;
+use crate::graph::ops::attention::AttentionInputs;
+use crate::graph::ops::compress::CompressState;
+use crate::graph::ops::Op;
 
 struct LoadedGraph {
     graph: Arc<Graph>,
@@ -448,7 +448,7 @@ fn run_op(
         Op::Add(o) => {
             let cols = g.graph.value(o.out).cols;
             let mut out = g.take(o.out);
-            crate::ops::basic::Add::cpu(
+            crate::graph::ops::basic::Add::cpu(
                 &g.get(o.a)[..n * cols],
                 &g.get(o.b)[..n * cols],
                 &mut out[..n * cols],

@@ -9,6 +9,7 @@
 
 mod error;
 mod header;
+mod tensor_ref;
 mod value;
 pub mod writer;
 
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 pub use error::GgufError;
 pub use header::{Limits, ParsedHeader, TensorInfo};
+pub use tensor_ref::TensorRef;
 pub use value::{MetaArray, MetaValue, ValueType};
 pub use writer::GgufWriter;
 
@@ -274,7 +276,7 @@ impl GgufFile {
 
 impl GgufFile {
     /// Raw bytes at an absolute extent that was validated at parse time
-    /// (a [`crate::model::TensorRef`]); an out-of-range request gives an empty slice.
+    /// (a [`TensorRef`]); an out-of-range request gives an empty slice.
     pub fn raw_bytes(&self, offset: u64, len: u64) -> &[u8] {
         let b = self.bytes.as_slice();
         usize::try_from(offset)

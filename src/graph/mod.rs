@@ -12,13 +12,14 @@
 //! does not compile until every backend handles it. [`Node::Flush`] marks
 //! points where a GPU backend may submit the work recorded so far.
 
+pub mod ops;
 mod plan;
 
 use std::fmt;
 
 pub use plan::{plan, Plan};
 
-use crate::ops::Op;
+use crate::graph::ops::Op;
 
 /// A value of a graph (activation, input or output).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

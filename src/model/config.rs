@@ -5,28 +5,11 @@
 //! against each other here and against tensor shapes in [`super::weights`].
 
 use crate::gguf::{GgufFile, MetaValue};
+pub use crate::graph::ops::rope::{RopeConfig, Yarn};
 
 use super::ModelError;
 
 const ARCH: &str = "deepseek4";
-
-/// YaRN frequency interpolation used by compressed layers (MODEL.md §3.4.1).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Yarn {
-    pub factor: f32,
-    pub original_context: u64,
-    pub beta_fast: f32,
-    pub beta_slow: f32,
-}
-
-/// The RoPE variant of one layer.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RopeConfig {
-    pub base: f32,
-    pub yarn: Option<Yarn>,
-    /// Rotated dims (the tail of each head).
-    pub n_rot: usize,
-}
 
 /// What the attention of a layer looks at besides the raw sliding window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,17 +8,17 @@
 use super::state::{KvLayout, LayerState};
 use super::{ModelConfig, TensorRef, Weights};
 use crate::graph::{Graph, Recorder, ValueId, ValueName};
-use crate::ops::attention::{Attention, CompressedRows, RingWrite};
-use crate::ops::basic::{Add, Embed, Scale, TakeLast};
-use crate::ops::compress::{Compress, RowRounding};
-use crate::ops::hc::{HcCollapse, HcExpand, HcInit, HcMix};
-use crate::ops::indexer::IndexerTopK;
-use crate::ops::matmul::MatMul;
-use crate::ops::moe::{MoeExperts, Router, SwiGlu};
-use crate::ops::norm::RmsNorm;
-use crate::ops::rope::Rope;
-use crate::ops::round::{HadamardFp4, KvRound};
-use crate::ops::Op;
+use crate::graph::ops::attention::{Attention, CompressedRows, RingWrite};
+use crate::graph::ops::basic::{Add, Embed, Scale, TakeLast};
+use crate::graph::ops::compress::{Compress, RowRounding};
+use crate::graph::ops::hc::{HcCollapse, HcExpand, HcInit, HcMix};
+use crate::graph::ops::indexer::IndexerTopK;
+use crate::graph::ops::matmul::MatMul;
+use crate::graph::ops::moe::{MoeExperts, Router, SwiGlu};
+use crate::graph::ops::norm::RmsNorm;
+use crate::graph::ops::rope::Rope;
+use crate::graph::ops::round::{HadamardFp4, KvRound};
+use crate::graph::ops::Op;
 
 /// Which rounding steps the graph applies (MODEL.md §3.5.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

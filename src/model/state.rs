@@ -3,7 +3,7 @@
 
 use super::{AttentionKind, ModelConfig, Weights};
 use crate::graph::{StateId, StateLayout};
-use crate::ops::compress::EMPTY_SCORE;
+use crate::graph::ops::compress::EMPTY_SCORE;
 
 /// State buffers of one compressor.
 #[derive(Clone, Copy, Debug)]

@@ -172,7 +172,7 @@ pub fn dot_portable(codes: &[i8], scale: &[f32], y: &[BlockQ8x32]) -> f32 {
 #[inline]
 pub fn offsets(e: &Expanded, sums: &[f32]) -> f32 {
     if e.has_off {
-        crate::ops::dot(&e.off, sums)
+        crate::graph::ops::dot(&e.off, sums)
     } else {
         0.0
     }

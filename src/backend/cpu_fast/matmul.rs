@@ -12,8 +12,8 @@ use rayon::prelude::*;
 use super::act::{Acts, BlockQ8x32};
 use super::{expand, Kernels};
 use crate::gguf::GgufFile;
-use crate::model::TensorRef;
-use crate::ops::moe::{swiglu, MoeExperts};
+use crate::gguf::TensorRef;
+use crate::graph::ops::moe::{swiglu, MoeExperts};
 use crate::quant::GgmlType;
 
 /// Weight rows per tile (a Flash Q8_0 row of 4096 is 4.3 KiB: 4 rows and a token's

@@ -8,7 +8,7 @@
 //! path is picked at run time ([`Isa::detect`]) or forced for tests
 //! ([`Isa::from_env`], `DS4_CPU_ISA=portable|avx2`). Everything else (norms,
 //! attention, compressors, indexer, hyper-connections) runs the reference
-//! twins in `crate::ops`.
+//! twins in `crate::graph::ops`.
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]

@@ -13,9 +13,9 @@ use super::mem::DevBuf;
 use super::weights::{Progress, Weights};
 use crate::backend::BackendError;
 use crate::graph::{Graph, Node, ValueId};
-use crate::model::TensorRef;
-use crate::ops::compress::RowRounding;
-use crate::ops::Op;
+use crate::gguf::TensorRef;
+use crate::graph::ops::compress::RowRounding;
+use crate::graph::ops::Op;
 use crate::quant::GgmlType;
 
 /// One kernel argument (stored as 8 bytes; the kernel reads its size).
@@ -174,12 +174,12 @@ fn scratch(list: &mut Vec<DevBuf>, bytes: usize) -> Result<CUdeviceptr, BackendE
 
 /// Rope frequencies (ops::rope::frequencies, f64) on the device, once per
 /// configuration.
-fn freqs(map: &mut HashMap<String, DevBuf>, r: &crate::model::RopeConfig) -> Result<CUdeviceptr, BackendError> {
+fn freqs(map: &mut HashMap<String, DevBuf>, r: &crate::graph::ops::rope::RopeConfig) -> Result<CUdeviceptr, BackendError> {
     let key = format!("{r:?}");
     if let Some(b) = map.get(&key) {
         return Ok(b.ptr);
     }
-    let f = crate::ops::rope::frequencies(r);
+    let f = crate::graph::ops::rope::frequencies(r);
     let b = DevBuf::from_bytes(bytemuck::cast_slice(&f))?;
     let p = b.ptr;
     map.insert(key, b);

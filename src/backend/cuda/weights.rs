@@ -12,7 +12,7 @@ use super::device::DeviceInfo;
 use super::mem::{upload, DevBuf};
 use crate::backend::BackendError;
 use crate::gguf::GgufFile;
-use crate::model::TensorRef;
+use crate::gguf::TensorRef;
 
 /// Chunk size of uploads (progress granularity).
 const CHUNK: usize = 64 << 20;
@@ -81,7 +81,7 @@ impl Weights {
         if let Some(b) = self.small.get(&t.name) {
             return Ok(b.ptr);
         }
-        let b = DevBuf::from_f32(&crate::ops::load_f32(file, t))?;
+        let b = DevBuf::from_f32(&crate::graph::ops::load_f32(file, t))?;
         let ptr = b.ptr;
         self.small.insert(t.name.clone(), b);
         Ok(ptr)

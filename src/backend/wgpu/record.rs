@@ -12,9 +12,9 @@ use super::{check_binding, kernels, LoadedGraph, Size, WgpuBackend, Work};
 use crate::backend::BackendError;
 use crate::gguf::GgufFile;
 use crate::graph::{Node, StateId, ValueId};
-use crate::model::TensorRef;
-use crate::ops::compress::RowRounding;
-use crate::ops::{self, Op};
+use crate::gguf::TensorRef;
+use crate::graph::ops::compress::RowRounding;
+use crate::graph::ops::{self, Op};
 use crate::quant::GgmlType;
 
 struct Rec<'a> {

@@ -2,7 +2,7 @@
 
 use crate::gguf::GgufFile;
 use crate::graph::ValueId;
-use crate::model::TensorRef;
+use crate::gguf::TensorRef;
 
 /// `out = x / sqrt(mean(x²) + eps) (⊙ w)` for every `dim`-wide row of `x`.
 /// Sums of squares are accumulated in f64 (as ds4 does) so the norm does not

@@ -3,7 +3,7 @@
 
 use crate::gguf::GgufFile;
 use crate::graph::{StateId, ValueId};
-use crate::model::TensorRef;
+use crate::gguf::TensorRef;
 
 /// Where a layer's compressed rows are and which of them a query sees.
 #[derive(Clone, Copy, Debug)]

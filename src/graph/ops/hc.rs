@@ -4,7 +4,7 @@
 
 use crate::gguf::GgufFile;
 use crate::graph::ValueId;
-use crate::model::TensorRef;
+use crate::gguf::TensorRef;
 
 /// `out[t][s] = x[t]` for every stream `s` (the embedding enters every stream).
 #[derive(Clone, Debug)]

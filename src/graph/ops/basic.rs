@@ -2,7 +2,7 @@
 
 use crate::gguf::GgufFile;
 use crate::graph::ValueId;
-use crate::model::TensorRef;
+use crate::gguf::TensorRef;
 use crate::quant;
 
 /// `out[t] = table[tokens[t]]` (table ne `[D, V]`).

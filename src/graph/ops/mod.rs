@@ -149,7 +149,7 @@ impl Op {
 }
 
 use crate::gguf::GgufFile;
-use crate::model::TensorRef;
+use crate::gguf::TensorRef;
 use crate::quant;
 
 /// A whole tensor widened to f32 (norm weights, biases, small mixers).

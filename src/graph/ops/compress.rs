@@ -6,7 +6,8 @@
 use super::rope;
 use crate::gguf::GgufFile;
 use crate::graph::{StateId, ValueId};
-use crate::model::{RopeConfig, TensorRef};
+use crate::gguf::TensorRef;
+use crate::graph::ops::rope::RopeConfig;
 use crate::quant::small_float;
 
 /// Score of an empty slot (ds4's initial state; weight 0 after softmax).

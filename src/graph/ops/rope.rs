@@ -2,7 +2,24 @@
 //! YaRN frequency blending on compressed layers (MODEL.md §3.4.1).
 
 use crate::graph::ValueId;
-use crate::model::RopeConfig;
+
+/// YaRN frequency interpolation used by compressed layers (MODEL.md §3.4.1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub original_context: u64,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+/// The RoPE variant of one layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub base: f32,
+    pub yarn: Option<Yarn>,
+    /// Rotated dims (the tail of each head).
+    pub n_rot: usize,
+}
 
 /// Rotates the last `n_rot` dims of every `head_dim`-wide head of token `t`
 /// by its absolute position `pos0 + t` (or back, with `inverse`).
