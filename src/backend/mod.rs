@@ -2,6 +2,7 @@
 //! load a graph, run a step, read values and state back.
 
 pub mod cpu;
+pub mod select;
 
 use std::sync::Arc;
 
