@@ -1,0 +1,628 @@
+//! The one engine thread: it owns the session (one live KV slot), the tool
+//! memory and every reuse decision, takes jobs strictly in arrival order from
+//! a bounded queue and sends each job's output back over the job's channel.
+//! HTTP handlers never touch the engine, so engine work never blocks tokio.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::dsml::{self, Parsed};
+use super::error::ApiError;
+use super::metrics::Metrics;
+use super::render::{self, ReplayLookup, EOS};
+use super::request::{Api, GenRequest, Role};
+use crate::generate::{
+    self, Finish, Observer, Piece, Sampled, Scripted, Step, ThinkSplit, TokenPicker,
+};
+use crate::sampler::Rng;
+use crate::session::Session;
+use crate::tokenizer::Tokenizer;
+
+/// Token counts of one response (SERVER.md §4.8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt: usize,
+    pub cached: usize,
+    pub completion: usize,
+}
+
+impl Usage {
+    pub fn cache_write(&self) -> usize {
+        self.prompt - self.cached.min(self.prompt)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    ToolCalls,
+    Error,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// The end of a job.
+#[derive(Clone, Debug)]
+pub struct Final {
+    pub finish: FinishReason,
+    /// Raw generated text (stop sequences cut), for completions.
+    pub text: String,
+    pub reasoning: Option<String>,
+    pub content: String,
+    pub calls: Vec<OutCall>,
+    /// Whether `</think>` was generated.
+    pub saw_think_close: bool,
+    pub usage: Usage,
+}
+
+/// What a job sends back, in this order: `Accepted` (or `Rejected`), then
+/// deltas, then `Done` (or `Failed`).
+#[derive(Clone, Debug)]
+pub enum Event {
+    Accepted { prompt_tokens: usize, cached: usize },
+    Rejected(ApiError),
+    Reasoning(String),
+    Text(String),
+    Done(Box<Final>),
+    Failed(String),
+}
+
+pub struct Job {
+    pub req: GenRequest,
+    pub events: UnboundedSender<Event>,
+}
+
+/// Settings of the worker.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub default_tokens: usize,
+    pub exact_replay: bool,
+    pub tool_memory_max_ids: usize,
+}
+
+/// The queue side handed to the HTTP layer.
+#[derive(Clone)]
+pub struct Queue {
+    tx: SyncSender<Job>,
+    metrics: Arc<Metrics>,
+}
+
+impl Queue {
+    /// Enqueues a job; a full queue is `503` with `Retry-After`.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
+        match self.tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+                let mut err = match e {
+                    TrySendError::Full(_) => {
+                        ApiError::new(503, "server busy: request queue is full")
+                    }
+                    TrySendError::Disconnected(_) => ApiError::new(503, "server shutting down"),
+                };
+                err.retry_after = Some(1);
+                Err(err)
+            }
+        }
+    }
+}
+
+/// Starts the worker thread; `bound` is the queue length.
+pub fn start(
+    sess: Session,
+    tok: Arc<Tokenizer>,
+    cfg: WorkerConfig,
+    metrics: Arc<Metrics>,
+    bound: usize,
+) -> Queue {
+    let (tx, rx) = std::sync::mpsc::sync_channel(bound.max(1));
+    let m = metrics.clone();
+    std::thread::Builder::new()
+        .name("ds4-worker".into())
+        .spawn(move || {
+            Worker {
+                sess,
+                tok,
+                cfg,
+                metrics: m,
+                memory: ToolMemory::default(),
+                thinking_visible: None,
+                request_seq: 0,
+            }
+            .run(rx)
+        })
+        .expect("spawning the worker thread");
+    Queue { tx, metrics }
+}
+
+/// Tool id → the exact sampled DSML block (SERVER.md §7), bounded, LRU.
+#[derive(Default)]
+struct ToolMemory {
+    map: HashMap<String, (Arc<String>, u64)>,
+    tick: u64,
+}
+
+impl ToolMemory {
+    fn insert(&mut self, id: &str, block: Arc<String>, max: usize) {
+        self.tick += 1;
+        self.map.insert(id.to_string(), (block, self.tick));
+        if self.map.len() > max {
+            // Drop the least recently used tenth at once (amortised O(1)).
+            let mut ticks: Vec<u64> = self.map.values().map(|v| v.1).collect();
+            ticks.sort_unstable();
+            let cut = ticks[(self.map.len() - max + max / 10).min(ticks.len() - 1)];
+            self.map.retain(|_, v| v.1 > cut);
+        }
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.map.contains_key(id)
+    }
+}
+
+impl ReplayLookup for ToolMemory {
+    fn block_for(&mut self, ids: &[&str]) -> Option<String> {
+        let first = self.map.get(ids[0])?.0.clone();
+        for id in ids {
+            let (b, _) = self.map.get(*id)?;
+            if !Arc::ptr_eq(b, &first) && **b != *first {
+                return None;
+            }
+        }
+        self.tick += 1;
+        for id in ids {
+            if let Some(e) = self.map.get_mut(*id) {
+                e.1 = self.tick;
+            }
+        }
+        Some(first.to_string())
+    }
+}
+
+/// The thinking-visible binding of SERVER.md §9.3.
+struct VisibleBinding {
+    text: String,
+    live_len: usize,
+}
+
+struct Worker {
+    sess: Session,
+    tok: Arc<Tokenizer>,
+    cfg: WorkerConfig,
+    metrics: Arc<Metrics>,
+    memory: ToolMemory,
+    thinking_visible: Option<VisibleBinding>,
+    request_seq: u64,
+}
+
+/// 16 random bytes as 32 hex chars (`/dev/urandom`, time-mixed fallback).
+fn random_hex(n: usize, rng: &mut Rng) -> String {
+    use std::io::Read;
+    let mut bytes = vec![0u8; n];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok();
+    if !ok {
+        for b in &mut bytes {
+            *b = rng.next_u64() as u8;
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn now_seed(seq: u64) -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    (t << 32) ^ (seq << 1) ^ (&seq as *const u64 as u64)
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<Job>) {
+        while let Ok(job) = rx.recv() {
+            self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+            if job.events.is_closed() {
+                // The client left while queued: nothing to do.
+                continue;
+            }
+            self.request_seq += 1;
+            let events = job.events.clone();
+            if let Err(msg) = self.serve(job) {
+                let _ = events.send(Event::Failed(msg));
+            }
+        }
+    }
+
+    /// The effective prompt and the cached count (KVCACHE.md §2, rules 4-6, 8).
+    fn plan(&mut self, req: &GenRequest, text: &str, full: Vec<u32>) -> (Vec<u32>, usize) {
+        let live = self.sess.tokens().to_vec();
+        if live.is_empty() {
+            return (full, 0);
+        }
+        if full.len() >= live.len() && full[..live.len()] == live[..] {
+            return (full, live.len());
+        }
+        let extend = |prefix_len: usize| {
+            let mut eff = live.clone();
+            eff.extend(self.tok.encode_chat(&text[prefix_len..]));
+            eff
+        };
+        if req.chat_style() {
+            if let Some(b) = &self.thinking_visible {
+                if b.live_len == live.len()
+                    && text.len() > b.text.len()
+                    && text.starts_with(&b.text)
+                {
+                    let n = b.text.len();
+                    return (extend(n), live.len());
+                }
+            }
+        }
+        let decoded = self.tok.decode(&live);
+        if text.as_bytes().starts_with(&decoded) {
+            let n = decoded.len();
+            return (extend(n), live.len());
+        }
+        (full, 0)
+    }
+
+    fn serve(&mut self, job: Job) -> Result<(), String> {
+        let Job { req, events } = job;
+        let t0 = Instant::now();
+        let mut rng = Rng::new(now_seed(self.request_seq));
+        let text = if self.cfg.exact_replay {
+            render::render(&req, &mut self.memory)
+        } else {
+            render::render(&req, &mut render::NoReplay)
+        };
+        // Tool results must answer a call that is replayed in the input or
+        // that this server made (SERVER.md §9.1, §9.2).
+        if req.api == Api::Messages || req.api == Api::Responses {
+            let replayed: Vec<&str> = req
+                .messages
+                .iter()
+                .flat_map(|m| m.tool_calls.iter().map(|c| c.id.as_str()))
+                .collect();
+            for m in req.messages.iter().filter(|m| m.role != Role::Assistant) {
+                for id in &m.tool_result_ids {
+                    if !replayed.contains(&id.as_str()) && !self.memory.contains(id) {
+                        let msg = if req.api == Api::Messages {
+                            format!("Anthropic continuation state is not available for tool_use_id {id}; retry by replaying the full messages history")
+                        } else {
+                            format!("Responses continuation state is not available for call_id {id}; retry by replaying the full input history")
+                        };
+                        let _ = events.send(Event::Rejected(ApiError::invalid(&msg)));
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        let full = self.tok.encode_chat(&text);
+        let ctx = self.sess.ctx();
+        if full.len() >= ctx {
+            let param = match req.api {
+                Api::Chat | Api::Messages => "messages",
+                Api::Completions => "prompt",
+                Api::Responses => "input",
+            };
+            let e = ApiError::context(full.len(), ctx, param, req.api == Api::Messages);
+            let _ = events.send(Event::Rejected(e));
+            return Ok(());
+        }
+        let (eff, cached) = self.plan(&req, &text, full);
+        let (eff, cached) = if eff.len() >= ctx {
+            (self.tok.encode_chat(&text), 0)
+        } else {
+            (eff, cached)
+        };
+        // Any binding not used by this request is cleared.
+        self.thinking_visible = None;
+        let _ = events.send(Event::Accepted {
+            prompt_tokens: eff.len(),
+            cached,
+        });
+        let m = &self.metrics;
+        m.requests.fetch_add(1, Ordering::Relaxed);
+        m.prompt_tokens
+            .fetch_add(eff.len() as u64, Ordering::Relaxed);
+        if cached > 0 {
+            m.prefix_hits.fetch_add(1, Ordering::Relaxed);
+            m.reused_tokens.fetch_add(cached as u64, Ordering::Relaxed);
+        }
+        let stats = self
+            .sess
+            .sync(&eff, &mut |_, _| {})
+            .map_err(|e| e.to_string())?;
+        m.evaluated_prompt_tokens
+            .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
+        let t_prefill = t0.elapsed();
+
+        let thinking = req.chat_style() && req.mode.thinks();
+        let max_new = req
+            .max_tokens
+            .map(|n| n.max(0) as usize)
+            .unwrap_or(self.cfg.default_tokens)
+            .min(ctx.saturating_sub(eff.len()));
+        let mut picker: Box<dyn TokenPicker> = match &req.script {
+            Some(s) => Box::new(Scripted::from_text(&self.tok, s)),
+            None => Box::new(Sampled {
+                cfg: req.sampler,
+                rng: Rng::new(req.seed.unwrap_or_else(|| rng.next_u64())),
+            }),
+        };
+        let mut obs = Stream::new(&req, thinking, events.clone());
+        let t1 = Instant::now();
+        let outcome =
+            generate::generate(&mut self.sess, &self.tok, max_new, &mut *picker, &mut obs)
+                .map_err(|e| e.to_string());
+        let gen_s = t1.elapsed().as_secs_f64();
+        let (tokens, finish) = match outcome {
+            Ok(o) => (o.tokens, o.finish),
+            Err(e) => {
+                self.sess.reset();
+                let _ = events.send(Event::Failed(e));
+                return Ok(());
+            }
+        };
+        m.generated_tokens
+            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        m.record_speed(tokens.len(), gen_s, t_prefill.as_secs_f64());
+        if obs.stop_hit {
+            // The KV holds tokens past the cut: it no longer matches the text.
+            self.sess.reset();
+        }
+        obs.flush();
+        let raw = String::from_utf8_lossy(&obs.raw).into_owned();
+        let usage = Usage {
+            prompt: eff.len(),
+            cached,
+            completion: tokens.len(),
+        };
+        let mut fin = Final {
+            finish: match finish {
+                Finish::Eos => FinishReason::Stop,
+                Finish::Length => FinishReason::Length,
+                Finish::Stopped if obs.stop_hit => FinishReason::Stop,
+                Finish::Stopped => FinishReason::ToolCalls,
+                Finish::Cancelled => FinishReason::Error,
+            },
+            text: raw.clone(),
+            reasoning: None,
+            content: raw.clone(),
+            calls: Vec::new(),
+            saw_think_close: obs.split.saw_close(),
+            usage,
+        };
+        if finish == Finish::Cancelled {
+            m.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        if req.chat_style() {
+            let p: Parsed = dsml::parse_output(&raw, thinking);
+            fin.reasoning = p.reasoning.filter(|r| !r.is_empty());
+            fin.content = p.content.clone();
+            if p.failed {
+                if p.unterminated && fin.finish != FinishReason::Length {
+                    fin.finish = FinishReason::Error;
+                } else if req.tools_active() && fin.finish == FinishReason::ToolCalls {
+                    fin.finish = FinishReason::Stop;
+                }
+            } else if !p.calls.is_empty() {
+                fin.finish = FinishReason::ToolCalls;
+                let prefix = if req.api == Api::Messages {
+                    "toolu_"
+                } else {
+                    "call_"
+                };
+                let block = Arc::new(p.raw_dsml.clone().unwrap_or_default());
+                for c in p.calls {
+                    let id = loop {
+                        let id = format!("{prefix}{}", random_hex(16, &mut rng));
+                        if !self.memory.contains(&id) {
+                            break id;
+                        }
+                    };
+                    if self.cfg.exact_replay {
+                        self.memory
+                            .insert(&id, block.clone(), self.cfg.tool_memory_max_ids);
+                    }
+                    fin.calls.push(OutCall {
+                        id,
+                        name: c.name,
+                        arguments: c.arguments,
+                    });
+                }
+            } else if fin.finish == FinishReason::ToolCalls {
+                fin.finish = FinishReason::Stop;
+            }
+            // SERVER.md §9.3: remember the visible transcript of a plain
+            // thinking turn so the next request keeps the hidden reasoning.
+            let tool_context = req.tools_active()
+                || req
+                    .messages
+                    .iter()
+                    .any(|m| !m.tool_calls.is_empty() || m.role == Role::Tool);
+            if thinking
+                && !tool_context
+                && fin.saw_think_close
+                && matches!(fin.finish, FinishReason::Stop)
+                && !obs.stop_hit
+            {
+                let base = text.strip_suffix("<think>").unwrap_or(&text);
+                self.thinking_visible = Some(VisibleBinding {
+                    text: format!("{base}</think>{}{EOS}", fin.content),
+                    live_len: self.sess.tokens().len(),
+                });
+            }
+        }
+        let _ = events.send(Event::Done(Box::new(fin)));
+        Ok(())
+    }
+}
+
+/// Observer of one job: stop sequences, reasoning/text split, the text hold
+/// while a tool block may be forming, DSML greedy structure, cancellation.
+struct Stream {
+    events: UnboundedSender<Event>,
+    raw: Vec<u8>,
+    /// Bytes of `raw` already given to the splitter.
+    fed: usize,
+    stop: Vec<String>,
+    stop_hold: usize,
+    scanned: usize,
+    stop_hit: bool,
+    split: ThinkSplit,
+    thinking: bool,
+    tools: bool,
+    /// Visible text not sent yet (tool hold).
+    pending: String,
+    in_block: bool,
+}
+
+/// Bytes searched back for a forming tool marker (PROMPT.md §8).
+const TOOL_HOLD_WINDOW: usize = 80;
+
+impl Stream {
+    fn new(req: &GenRequest, thinking: bool, events: UnboundedSender<Event>) -> Stream {
+        let stop_hold = req.stop.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
+        Stream {
+            events,
+            raw: Vec::new(),
+            fed: 0,
+            stop: req.stop.clone(),
+            stop_hold,
+            scanned: 0,
+            stop_hit: false,
+            split: ThinkSplit::new(thinking),
+            thinking,
+            tools: req.chat_style() && req.tools_active(),
+            pending: String::new(),
+            in_block: false,
+        }
+    }
+
+    fn send_pieces(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Reasoning(r) => {
+                    let _ = self.events.send(Event::Reasoning(r));
+                }
+                Piece::Text(t) => self.text(t),
+            }
+        }
+    }
+
+    fn text(&mut self, t: String) {
+        if !self.tools {
+            let _ = self.events.send(Event::Text(t));
+            return;
+        }
+        if self.in_block {
+            return;
+        }
+        self.pending.push_str(&t);
+        if let Some((p, _)) = dsml::block_start(self.pending.as_bytes()) {
+            let before = self.pending[..p].trim_end_matches(|c: char| c.is_ascii_whitespace());
+            if !before.is_empty() {
+                let _ = self.events.send(Event::Text(before.to_string()));
+            }
+            self.pending.clear();
+            self.in_block = true;
+            return;
+        }
+        // Hold trailing whitespace and a `<` near the end (a marker may form).
+        let mut keep = self
+            .pending
+            .trim_end_matches(|c: char| c.is_ascii_whitespace())
+            .len();
+        let window = self.pending.len().saturating_sub(TOOL_HOLD_WINDOW);
+        if let Some(lt) = self.pending[window..].rfind('<') {
+            keep = keep.min(window + lt);
+        }
+        while !self.pending.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        if keep > 0 {
+            let out: String = self.pending.drain(..keep).collect();
+            let _ = self.events.send(Event::Text(out));
+        }
+    }
+
+    fn flush(&mut self) {
+        let rest = self.raw[self.fed..].to_vec();
+        self.fed = self.raw.len();
+        let mut pieces = self.split.push(&rest);
+        pieces.extend(self.split.finish());
+        self.send_pieces(pieces);
+        if !self.in_block && !self.pending.is_empty() {
+            let out = std::mem::take(&mut self.pending);
+            let _ = self.events.send(Event::Text(out));
+        }
+    }
+
+    /// A tool block closed after the reasoning: generation ends.
+    fn block_closed(&self) -> bool {
+        let region = if self.thinking {
+            match self.raw.windows(8).rposition(|w| w == b"</think>") {
+                Some(i) => &self.raw[i + 8..],
+                None => return false,
+            }
+        } else {
+            &self.raw[..]
+        };
+        match dsml::block_start(region) {
+            Some((p, v)) => generate::find(&region[p..], dsml::block_close(v).as_bytes()).is_some(),
+            None => false,
+        }
+    }
+}
+
+impl Observer for Stream {
+    fn greedy_next(&mut self) -> bool {
+        self.tools && dsml::structural_position(&self.raw)
+    }
+
+    fn cancelled(&mut self) -> bool {
+        self.events.is_closed()
+    }
+
+    fn token(&mut self, _id: u32, bytes: &[u8]) -> Step {
+        let before = self.raw.len();
+        self.raw.extend_from_slice(bytes);
+        if !self.stop.is_empty() {
+            let from = self.scanned.min(before).saturating_sub(self.stop_hold);
+            let hit = self
+                .stop
+                .iter()
+                .filter_map(|s| generate::find(&self.raw[from..], s.as_bytes()).map(|i| from + i))
+                .min();
+            self.scanned = self.raw.len();
+            if let Some(at) = hit {
+                self.raw.truncate(at);
+                self.stop_hit = true;
+                return Step::Stop;
+            }
+        }
+        let safe = self.raw.len().saturating_sub(self.stop_hold).max(self.fed);
+        let chunk = self.raw[self.fed..safe].to_vec();
+        self.fed = safe;
+        let pieces = self.split.push(&chunk);
+        self.send_pieces(pieces);
+        if self.tools && self.block_closed() {
+            return Step::Stop;
+        }
+        Step::Continue
+    }
+}
