@@ -543,17 +543,17 @@ impl Stream {
             return;
         }
         // Hold trailing whitespace and a `<` near the end (a marker may form).
-        let mut keep = self
-            .pending
+        let mut window = self.pending.len().saturating_sub(TOOL_HOLD_WINDOW);
+        while !self.pending.is_char_boundary(window) {
+            window -= 1;
+        }
+        let cut = match self.pending[window..].rfind('<') {
+            Some(lt) => window + lt,
+            None => self.pending.len(),
+        };
+        let keep = self.pending[..cut]
             .trim_end_matches(|c: char| c.is_ascii_whitespace())
             .len();
-        let window = self.pending.len().saturating_sub(TOOL_HOLD_WINDOW);
-        if let Some(lt) = self.pending[window..].rfind('<') {
-            keep = keep.min(window + lt);
-        }
-        while !self.pending.is_char_boundary(keep) {
-            keep -= 1;
-        }
         if keep > 0 {
             let out: String = self.pending.drain(..keep).collect();
             let _ = self.events.send(Event::Text(out));
