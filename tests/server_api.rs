@@ -47,6 +47,7 @@ fn server_with(max_body: usize, api_key: Option<&str>) -> Server {
         },
         metrics.clone(),
         16,
+        Box::new(worker::NoCache),
     );
     let state = Arc::new(State {
         queue,

@@ -155,9 +155,10 @@ fn run(a: Args) -> Result<(), String> {
         },
         metrics.clone(),
         a.queue,
+        Box::new(worker::NoCache),
     );
     let state = Arc::new(State {
-        queue,
+        queue: queue.clone(),
         metrics,
         opts: HttpOptions {
             ctx: a.ctx,
@@ -183,7 +184,11 @@ fn run(a: Args) -> Result<(), String> {
         print_banner(bound, a.api_key.is_some());
         server.await;
         Ok::<(), String>(())
-    })
+    })?;
+    // Listener closed: queued jobs finish, then the cache may save.
+    eprintln!("ds4-server: shutting down");
+    queue.shutdown();
+    Ok(())
 }
 
 /// The URL and ready-to-paste client settings (docs/CLIENTS.md).

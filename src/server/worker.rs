@@ -83,6 +83,39 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
 }
 
+/// What the queue carries.
+enum Work {
+    Gen(Job),
+    /// Ends the worker after the jobs queued before it; acknowledged once
+    /// the cache had its shutdown call.
+    Shutdown(std::sync::mpsc::Sender<()>),
+}
+
+/// Where a disk KV cache hooks into the worker (KVCACHE.md §2 rule 7 and
+/// §5's save moments). The worker calls these at exactly those points; the
+/// default implementations do nothing, so without a cache the server
+/// behaves as with `--kv-disk-dir` unset.
+pub trait KvCacheHook: Send {
+    /// Rules 1-6 failed: the live session is about to be replaced. A cache
+    /// saves it here with reason `evict` (§5.3).
+    fn before_replace(&mut self, _sess: &Session) {}
+    /// Rule 7: bring the session to the longest stored checkpoint whose text
+    /// is a byte prefix of `text`; returns the number of text bytes it covers
+    /// (the session then holds its tokens), or None.
+    fn load_prefix(&mut self, _sess: &mut Session, _text: &str) -> Option<usize> {
+        None
+    }
+    /// After the prefill of a request (cold save, §5.1; continued, §5.2).
+    fn after_prefill(&mut self, _sess: &Session, _cached: usize) {}
+    /// Clean shutdown (§5.4).
+    fn shutdown(&mut self, _sess: &Session) {}
+}
+
+/// No disk cache.
+pub struct NoCache;
+
+impl KvCacheHook for NoCache {}
+
 /// Settings of the worker.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -94,7 +127,7 @@ pub struct WorkerConfig {
 /// The queue side handed to the HTTP layer.
 #[derive(Clone)]
 pub struct Queue {
-    tx: SyncSender<Job>,
+    tx: SyncSender<Work>,
     metrics: Arc<Metrics>,
 }
 
@@ -102,7 +135,7 @@ impl Queue {
     /// Enqueues a job; a full queue is `503` with `Retry-After`.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send(job) {
+        match self.tx.try_send(Work::Gen(job)) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
@@ -117,6 +150,15 @@ impl Queue {
             }
         }
     }
+
+    /// Lets the queued jobs finish, gives the cache its shutdown call and
+    /// stops the worker (blocking).
+    pub fn shutdown(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self.tx.send(Work::Shutdown(tx)).is_ok() {
+            let _ = rx.recv();
+        }
+    }
 }
 
 /// Starts the worker thread; `bound` is the queue length.
@@ -126,6 +168,7 @@ pub fn start(
     cfg: WorkerConfig,
     metrics: Arc<Metrics>,
     bound: usize,
+    cache: Box<dyn KvCacheHook>,
 ) -> Queue {
     let (tx, rx) = std::sync::mpsc::sync_channel(bound.max(1));
     let m = metrics.clone();
@@ -138,6 +181,7 @@ pub fn start(
                 cfg,
                 metrics: m,
                 memory: ToolMemory::default(),
+                cache,
                 thinking_visible: None,
                 request_seq: 0,
             }
@@ -203,6 +247,7 @@ struct Worker {
     cfg: WorkerConfig,
     metrics: Arc<Metrics>,
     memory: ToolMemory,
+    cache: Box<dyn KvCacheHook>,
     thinking_visible: Option<VisibleBinding>,
     request_seq: u64,
 }
@@ -231,8 +276,16 @@ fn now_seed(seq: u64) -> u64 {
 }
 
 impl Worker {
-    fn run(mut self, rx: Receiver<Job>) {
-        while let Ok(job) = rx.recv() {
+    fn run(mut self, rx: Receiver<Work>) {
+        while let Ok(work) = rx.recv() {
+            let job = match work {
+                Work::Gen(job) => job,
+                Work::Shutdown(ack) => {
+                    self.cache.shutdown(&self.sess);
+                    let _ = ack.send(());
+                    break;
+                }
+            };
             self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
             if job.events.is_closed() {
                 // The client left while queued: nothing to do.
@@ -275,6 +328,15 @@ impl Worker {
         if text.as_bytes().starts_with(&decoded) {
             let n = decoded.len();
             return (extend(n), live.len());
+        }
+        self.cache.before_replace(&self.sess);
+        if let Some(n) = self.cache.load_prefix(&mut self.sess, text) {
+            if text.is_char_boundary(n) {
+                let mut eff = self.sess.tokens().to_vec();
+                let cached = eff.len();
+                eff.extend(self.tok.encode_chat(&text[n..]));
+                return (eff, cached);
+            }
         }
         (full, 0)
     }
@@ -348,6 +410,7 @@ impl Worker {
             .map_err(|e| e.to_string())?;
         m.evaluated_prompt_tokens
             .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
+        self.cache.after_prefill(&self.sess, cached);
         let t_prefill = t0.elapsed();
 
         let thinking = req.chat_style() && req.mode.thinks();
