@@ -689,3 +689,45 @@ impl Observer for Stream {
         Step::Continue
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::request::{parse_chat, ParseContext};
+
+    #[test]
+    fn a_full_queue_is_503_with_retry_after() {
+        let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+        let metrics = Arc::new(Metrics::default());
+        let q = Queue {
+            tx,
+            metrics: metrics.clone(),
+        };
+        let pc = ParseContext {
+            ctx: 100,
+            allow_script: false,
+        };
+        let job = || Job {
+            req: parse_chat(br#"{"messages":[]}"#, pc).unwrap(),
+            events: tokio::sync::mpsc::unbounded_channel().0,
+        };
+        assert!(q.submit(job()).is_ok());
+        let e = q.submit(job()).unwrap_err();
+        assert_eq!((e.status, e.retry_after), (503, Some(1)));
+        assert_eq!(metrics.queue_depth.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn tool_memory_is_bounded_and_replays_one_block() {
+        let mut m = ToolMemory::default();
+        let b = Arc::new("\n\n<｜DSML｜tool_calls>…".to_string());
+        for i in 0..50 {
+            m.insert(&format!("call_{i}"), b.clone(), 20);
+        }
+        assert!(m.map.len() <= 20);
+        assert!(m.contains("call_49") && !m.contains("call_0"));
+        assert_eq!(m.block_for(&["call_49", "call_48"]), Some(b.to_string()));
+        m.insert("call_x", Arc::new("other".into()), 20);
+        assert_eq!(m.block_for(&["call_49", "call_x"]), None);
+    }
+}
