@@ -751,3 +751,103 @@ async fn eight_concurrent_clients_are_all_served() {
     assert!(m.contains("ds4_requests_total 8"), "{m}");
     assert!(m.contains("ds4_queue_depth 0"), "{m}");
 }
+
+/// SERVER.md §9.1: a Responses client that never sees the hidden reasoning
+/// still continues from the live KV (visible transcript, or the tool-output
+/// tail), and live-only state that vanished is a 409.
+#[tokio::test]
+async fn responses_tool_output_continues_the_live_session() {
+    let s = server();
+    let tools = json!([{"type":"function","name":"bash","parameters":{"type":"object"}}]);
+    let first = json!({"input":"List.","tools":tools,"max_output_tokens":200,"ds4_test_script":TOOL_SCRIPT});
+    let v: Value = serde_json::from_str(&s.post("/v1/responses", &first).await.body).unwrap();
+    let live = v["usage"]["total_tokens"].as_u64().unwrap();
+    let call = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap()
+        .clone();
+    let msg = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "message")
+        .unwrap()
+        .clone();
+    let cid = call["call_id"].as_str().unwrap();
+    let out = json!({"type":"function_call_output","call_id":cid,"output":"a.c"});
+    let user = json!({"role":"user","content":"List."});
+    // (a) Full replay (message + call): the visible transcript matches.
+    let b = json!({"input":[user, msg, call, out],"tools":tools,"max_output_tokens":5,"ds4_test_script":"k.</think>ok"});
+    let v: Value = serde_json::from_str(&s.post("/v1/responses", &b).await.body).unwrap();
+    assert_eq!(
+        v["usage"]["input_tokens_details"]["cached_tokens"], live,
+        "{v}"
+    );
+    // (b) The message item dropped: the tool-output tail is appended.
+    let v: Value = serde_json::from_str(&s.post("/v1/responses", &first).await.body).unwrap();
+    let live = v["usage"]["total_tokens"].as_u64().unwrap();
+    let call = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap()
+        .clone();
+    let cid = call["call_id"].as_str().unwrap().to_string();
+    let out = json!({"type":"function_call_output","call_id":cid,"output":"a.c"});
+    let b = json!({"input":[user, call, out],"tools":tools,"max_output_tokens":5,"ds4_test_script":"k.</think>ok"});
+    let v: Value = serde_json::from_str(&s.post("/v1/responses", &b).await.body).unwrap();
+    assert_eq!(
+        v["usage"]["input_tokens_details"]["cached_tokens"], live,
+        "{v}"
+    );
+    let tail =
+        "<｜end▁of▁sentence｜><｜User｜><tool_result>a.c</tool_result><｜Assistant｜><think>";
+    assert_eq!(
+        v["usage"]["input_tokens_details"]["cache_write_tokens"],
+        s.tok.encode_chat(tail).len()
+    );
+    // (c) Only the output (live-only id), then the live state is gone: 409.
+    let v: Value = serde_json::from_str(&s.post("/v1/responses", &first).await.body).unwrap();
+    let cid = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap()["call_id"]
+        .clone();
+    let only = json!({"input":[{"type":"function_call_output","call_id":cid,"output":"a.c"}],"tools":tools,
+        "max_output_tokens":3,"ds4_test_script":"x"});
+    assert_eq!(s.post("/v1/responses", &only).await.status, 200);
+    let r = s.post("/v1/responses", &only).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r
+        .body
+        .contains("Responses continuation state is not available"));
+}
+
+/// SERVER.md §9.2: Anthropic tool results continue live even when the
+/// client drops the thinking block.
+#[tokio::test]
+async fn anthropic_tool_results_continue_without_thinking_replay() {
+    let s = server();
+    let tools = json!([{"name":"bash","input_schema":{"type":"object"}}]);
+    let body = json!({"max_tokens":200,"tools":tools,"messages":[{"role":"user","content":"List."}],"ds4_test_script":TOOL_SCRIPT});
+    let v = s.post_json("/v1/messages", &body).await;
+    let live = v["usage"]["cache_creation_input_tokens"].as_u64().unwrap()
+        + v["usage"]["output_tokens"].as_u64().unwrap();
+    let tu = v["content"][2].clone();
+    let b2 = json!({"max_tokens":5,"tools":tools,"ds4_test_script":"k.</think>ok","messages":[
+        {"role":"user","content":"List."},
+        {"role":"assistant","content":[{"type":"text","text":"Sure."},tu]},
+        {"role":"user","content":[{"type":"tool_result","tool_use_id":tu["id"],"content":"a.c"}]}]});
+    let v2 = s.post_json("/v1/messages", &b2).await;
+    assert_eq!(v2["usage"]["cache_read_input_tokens"], live, "{v2}");
+    assert_eq!(
+        v2["usage"]["cache_creation_input_tokens"],
+        s.tok.encode_chat("<｜end▁of▁sentence｜><｜User｜><tool_result>a.c</tool_result><｜Assistant｜><think>").len()
+    );
+}

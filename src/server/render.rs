@@ -185,6 +185,49 @@ fn render_messages(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
     out
 }
 
+/// The live-continuation tail (PROMPT.md §3.5): EOS, the trailing new
+/// messages by the §3.3 rules (an assistant message always with its
+/// reasoning in thinking mode), then the assistant prefix.
+pub fn render_tail(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLookup) -> String {
+    let think = req.mode.thinks();
+    let mut out = String::from(EOS);
+    let mut pending_tool = false;
+    for m in msgs {
+        match m.role {
+            Role::System => {}
+            Role::User => {
+                out.push_str(USER);
+                out.push_str(&m.content);
+                pending_tool = false;
+            }
+            Role::Tool => {
+                if !pending_tool {
+                    out.push_str(USER);
+                }
+                out.push_str("<tool_result>");
+                out.push_str(&esc_result(&m.content));
+                out.push_str("</tool_result>");
+                pending_tool = true;
+            }
+            Role::Assistant => {
+                out.push_str(ASSISTANT);
+                if think {
+                    out.push_str("<think>");
+                    out.push_str(m.reasoning.as_deref().unwrap_or(""));
+                }
+                out.push_str("</think>");
+                out.push_str(&m.content);
+                out.push_str(&tool_calls_text(&m.tool_calls, replay));
+                out.push_str(EOS);
+                pending_tool = false;
+            }
+        }
+    }
+    out.push_str(ASSISTANT);
+    out.push_str(if think { "<think>" } else { "</think>" });
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -183,6 +183,7 @@ pub fn start(
                 memory: ToolMemory::default(),
                 cache,
                 thinking_visible: None,
+                protocol: None,
                 request_seq: 0,
             }
             .run(rx)
@@ -241,6 +242,57 @@ struct VisibleBinding {
     live_len: usize,
 }
 
+/// Protocol state of the last Responses / Anthropic turn (SERVER.md §9.1,
+/// §9.2): the call ids it made, the live length then, and for Responses the
+/// visible transcript a client that replays its input will render.
+struct ProtocolBinding {
+    api: Api,
+    ids: Vec<String>,
+    visible: Option<String>,
+    live_len: usize,
+}
+
+/// Trailing tool outputs of a request and the id set they answer
+/// (SERVER.md §9.1 b, §9.2); None when the request does not end with them.
+fn trailing_tool_run(req: &GenRequest) -> Option<(usize, Vec<String>)> {
+    let msgs = &req.messages;
+    let is_result = |m: &super::request::Message| match req.api {
+        Api::Messages => m.role == Role::User && !m.tool_result_ids.is_empty(),
+        _ => m.role == Role::Tool,
+    };
+    let mut start = msgs.len();
+    while start > 0 && (is_result(&msgs[start - 1]) || msgs[start - 1].role == Role::System) {
+        start -= 1;
+    }
+    let run = &msgs[start..];
+    if !run.iter().any(is_result) {
+        return None;
+    }
+    let mut ids: Vec<String> = run
+        .iter()
+        .flat_map(|m| m.tool_result_ids.iter().cloned())
+        .collect();
+    if req.api == Api::Responses {
+        // The set comes from the assistant message right before the run.
+        if let Some(prev) = start.checked_sub(1).map(|i| &msgs[i]) {
+            if prev.role != Role::Assistant || prev.tool_calls.is_empty() {
+                return None;
+            }
+            ids = prev.tool_calls.iter().map(|c| c.id.clone()).collect();
+        }
+    }
+    let first = run.iter().position(is_result).map_or(start, |p| start + p);
+    Some((first, ids))
+}
+
+fn same_set(a: &[String], b: &[String]) -> bool {
+    let mut a = a.to_vec();
+    let mut b = b.to_vec();
+    a.sort();
+    b.sort();
+    a == b
+}
+
 struct Worker {
     sess: Session,
     tok: Arc<Tokenizer>,
@@ -249,6 +301,7 @@ struct Worker {
     memory: ToolMemory,
     cache: Box<dyn KvCacheHook>,
     thinking_visible: Option<VisibleBinding>,
+    protocol: Option<ProtocolBinding>,
     request_seq: u64,
 }
 
@@ -305,6 +358,34 @@ impl Worker {
         if live.is_empty() {
             return (full, 0);
         }
+        if let Some(b) = self
+            .protocol
+            .as_ref()
+            .filter(|b| b.live_len == live.len() && b.api == req.api)
+        {
+            // Rule 1: the Responses visible transcript is a strict prefix.
+            if let Some(v) = &b.visible {
+                if text.len() > v.len() && text.starts_with(v.as_str()) {
+                    let mut eff = live.clone();
+                    eff.extend(self.tok.encode_chat(&text[v.len()..]));
+                    return (eff, live.len());
+                }
+            }
+            // Rules 2 and 3: the request ends with the results of exactly
+            // the calls the live session made: append only the tail.
+            if let Some((first, ids)) = trailing_tool_run(req) {
+                if same_set(&ids, &b.ids) {
+                    let tail = if self.cfg.exact_replay {
+                        render::render_tail(&req.messages[first..], req, &mut self.memory)
+                    } else {
+                        render::render_tail(&req.messages[first..], req, &mut render::NoReplay)
+                    };
+                    let mut eff = live.clone();
+                    eff.extend(self.tok.encode_chat(&tail));
+                    return (eff, live.len());
+                }
+            }
+        }
         if full.len() >= live.len() && full[..live.len()] == live[..] {
             return (full, live.len());
         }
@@ -360,7 +441,11 @@ impl Worker {
                 .collect();
             for m in req.messages.iter().filter(|m| m.role != Role::Assistant) {
                 for id in &m.tool_result_ids {
-                    if !replayed.contains(&id.as_str()) && !self.memory.contains(id) {
+                    let live = self
+                        .protocol
+                        .as_ref()
+                        .is_some_and(|b| b.ids.iter().any(|x| x == id));
+                    if !replayed.contains(&id.as_str()) && !self.memory.contains(id) && !live {
                         let msg = if req.api == Api::Messages {
                             format!("Anthropic continuation state is not available for tool_use_id {id}; retry by replaying the full messages history")
                         } else {
@@ -390,8 +475,27 @@ impl Worker {
         } else {
             (eff, cached)
         };
+        // A request that needs live tool state which no longer matches: 409.
+        if let Some((_, ids)) = trailing_tool_run(&req).filter(|_| req.api != Api::Chat) {
+            let replayed: Vec<&str> = req
+                .messages
+                .iter()
+                .flat_map(|m| m.tool_calls.iter().map(|c| c.id.as_str()))
+                .collect();
+            let live_only = ids.iter().any(|i| !replayed.contains(&i.as_str()));
+            if live_only && cached == 0 {
+                let msg = if req.api == Api::Messages {
+                    "Anthropic continuation state is not available; retry by replaying the full messages history"
+                } else {
+                    "Responses continuation state is not available; retry by replaying the full input history"
+                };
+                let _ = events.send(Event::Rejected(ApiError::new(409, msg)));
+                return Ok(());
+            }
+        }
         // Any binding not used by this request is cleared.
         self.thinking_visible = None;
+        self.protocol = None;
         let _ = events.send(Event::Accepted {
             prompt_tokens: eff.len(),
             cached,
@@ -474,6 +578,7 @@ impl Worker {
         }
         if req.chat_style() {
             let p: Parsed = dsml::parse_output(&raw, thinking);
+            let raw_block = p.raw_dsml.clone();
             fin.reasoning = p.reasoning.filter(|r| !r.is_empty());
             fin.content = p.content.clone();
             if p.failed {
@@ -529,9 +634,72 @@ impl Worker {
                     live_len: self.sess.tokens().len(),
                 });
             }
+            self.bind_protocol(&req, &text, &fin, raw_block, thinking, obs.stop_hit);
         }
         let _ = events.send(Event::Done(Box::new(fin)));
         Ok(())
+    }
+
+    /// Records the Responses / Anthropic protocol state of a finished turn.
+    fn bind_protocol(
+        &mut self,
+        req: &GenRequest,
+        prompt_text: &str,
+        fin: &Final,
+        raw_block: Option<String>,
+        thinking: bool,
+        stop_hit: bool,
+    ) {
+        if matches!(fin.finish, FinishReason::Error | FinishReason::Length) || stop_hit {
+            return;
+        }
+        let ids: Vec<String> = fin.calls.iter().map(|c| c.id.clone()).collect();
+        let live_len = self.sess.tokens().len();
+        match req.api {
+            Api::Responses => {
+                let mut v = prompt_text.to_string();
+                if thinking {
+                    if req.reasoning_summary && !fin.calls.is_empty() {
+                        v.push_str(fin.reasoning.as_deref().unwrap_or(""));
+                    }
+                    v.push_str("</think>");
+                }
+                v.push_str(&fin.content);
+                if !fin.calls.is_empty() {
+                    let block = if self.cfg.exact_replay {
+                        raw_block.unwrap_or_default()
+                    } else {
+                        let calls: Vec<super::request::ToolCall> = fin
+                            .calls
+                            .iter()
+                            .map(|c| super::request::ToolCall {
+                                id: c.id.clone(),
+                                name: c.name.clone(),
+                                arguments: c.arguments.clone(),
+                            })
+                            .collect();
+                        render::canonical_dsml(&calls)
+                    };
+                    v.push_str(&block);
+                }
+                v.push_str(EOS);
+                self.protocol = Some(ProtocolBinding {
+                    api: Api::Responses,
+                    ids,
+                    visible: Some(v),
+                    live_len,
+                });
+            }
+            Api::Messages if !ids.is_empty() => {
+                self.protocol = Some(ProtocolBinding {
+                    api: Api::Messages,
+                    ids,
+                    visible: None,
+                    live_len,
+                });
+            }
+            _ => {}
+        }
     }
 }
 
