@@ -292,7 +292,8 @@ async fn chat_tool_calls_then_exact_replay_reuses_the_live_session() {
         "{m}"
     );
 
-    // Streaming: the call arrives whole with its id, then finish tool_calls.
+    // Streaming: the call header as soon as the invoke tag is complete,
+    // then argument fragments as they are generated (PROMPT.md §8).
     let mut sb = body.clone();
     sb["stream"] = json!(true);
     let chunks = sse_data(&s.post("/v1/chat/completions", &sb).await.body);
@@ -300,11 +301,20 @@ async fn chat_tool_calls_then_exact_replay_reuses_the_live_session() {
         .iter()
         .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
         .collect();
-    assert_eq!(calls.len(), 1);
+    assert!(calls.len() > 3, "{calls:?}");
+    assert_eq!(calls[0][0]["index"], 0);
+    assert!(calls[0][0]["id"].as_str().unwrap().starts_with("call_"));
     assert_eq!(
-        calls[0][0]["function"]["arguments"],
-        r#"{"command":"ls && pwd","timeout":10}"#
+        calls[0][0]["function"],
+        json!({"name":"bash","arguments":""})
     );
+    assert_eq!(calls[1][0]["function"]["arguments"], "{");
+    let args: String = calls
+        .iter()
+        .map(|c| c[0]["function"]["arguments"].as_str().unwrap())
+        .collect();
+    assert_eq!(args, r#"{"command":"ls && pwd","timeout":10}"#);
+    assert!(calls[1..].iter().all(|c| c[0].get("id").is_none()));
     let content: String = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())

@@ -66,6 +66,7 @@ pub struct MessagesStream {
     open: Open,
     thought: bool,
     wrote_text: bool,
+    tool_open: bool,
 }
 
 impl MessagesStream {
@@ -76,6 +77,7 @@ impl MessagesStream {
             open: Open::None,
             thought: false,
             wrote_text: false,
+            tool_open: false,
         }
     }
 
@@ -150,10 +152,41 @@ impl StreamFormat for MessagesStream {
         ));
         out
     }
+    fn tool_start(&mut self, _index: usize, id: &str, name: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        self.close(&mut out);
+        self.tool_open = true;
+        out.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": self.index,
+                "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+        ));
+        out
+    }
+    fn tool_args(&mut self, _index: usize, args: &str) -> Vec<String> {
+        vec![event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.index,
+                "delta": {"type": "input_json_delta", "partial_json": args}}),
+        )]
+    }
+    fn tool_end(&mut self, _index: usize) -> Vec<String> {
+        self.tool_open = false;
+        let out = vec![event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": self.index}),
+        )];
+        self.index += 1;
+        out
+    }
     fn done(&mut self, f: &Final) -> Vec<String> {
         let mut out = Vec::new();
         self.close(&mut out);
-        for c in &f.calls {
+        if self.tool_open {
+            // A call cut off mid-stream still gets its block closed.
+            out.extend(self.tool_end(0));
+        }
+        for c in f.calls.iter().filter(|c| !c.streamed) {
             out.push(event(
                 "content_block_start",
                 json!({"type": "content_block_start", "index": self.index,

@@ -62,6 +62,11 @@ pub fn block_start(text: &[u8]) -> Option<(usize, usize)> {
         .find_map(|(i, s)| find(text, s.as_bytes()).map(|p| (p, i / 2)))
 }
 
+/// The open tag of the block variant `v`.
+pub fn block_open(v: usize) -> &'static str {
+    VARIANTS[v].open
+}
+
 /// The close tag of the block variant `v`.
 pub fn block_close(v: usize) -> &'static str {
     VARIANTS[v].close
@@ -277,6 +282,196 @@ pub fn compact_arguments(text: &str) -> String {
     }
 }
 
+/// What live tool streaming reports (PROMPT.md §8 "tool mode").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolEvent {
+    /// An invoke tag completed: a new call with this name; arguments `{`
+    /// follow as the first `Args`.
+    Start(String),
+    /// An argument fragment (the fragments concatenate to a JSON object).
+    Args(String),
+    /// The invoke closed (`}` was the last fragment).
+    End,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Live {
+    Between,
+    InInvoke { first: bool },
+    InParam { string: bool },
+    Done,
+    Broken,
+}
+
+/// Incremental DSML → tool-call fragments, fed the text after the block
+/// open tag. Holds back a forming tag, a forming entity and (by taking
+/// `&str`) never splits a character.
+pub struct LiveTools {
+    t: Tags,
+    buf: String,
+    state: Live,
+}
+
+const ENTITIES: [(&str, char); 5] = [
+    ("&amp;", '&'),
+    ("&lt;", '<'),
+    ("&gt;", '>'),
+    ("&quot;", '"'),
+    ("&apos;", '\''),
+];
+
+impl LiveTools {
+    pub fn new(variant: usize) -> LiveTools {
+        LiveTools {
+            t: VARIANTS[variant],
+            buf: String::new(),
+            state: Live::Between,
+        }
+    }
+
+    /// Live streaming stopped (unexpected text, a parameter tag without a
+    /// `string` attribute); the final parse decides what the calls are.
+    pub fn broken(&self) -> bool {
+        self.state == Live::Broken
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<ToolEvent> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            let before = (self.buf.len(), self.state);
+            self.step(&mut out);
+            if (self.buf.len(), self.state) == before {
+                return out;
+            }
+        }
+    }
+
+    /// True if `buf` could still grow into `tag` (or starts with it).
+    fn may_be(buf: &str, tag: &str) -> bool {
+        tag.starts_with(buf) || buf.starts_with(tag)
+    }
+
+    fn step(&mut self, out: &mut Vec<ToolEvent>) {
+        let t = self.t;
+        match self.state {
+            Live::Done | Live::Broken => self.buf.clear(),
+            Live::Between => {
+                let b = skip_ws(&self.buf).to_string();
+                self.buf = b;
+                if self.buf.is_empty() {
+                    return;
+                }
+                if self.buf.starts_with(t.close) {
+                    self.state = Live::Done;
+                } else if self.buf.starts_with(t.invoke) {
+                    if let Some(gt) = self.buf.find('>') {
+                        match attr_value(&self.buf[..gt], "name") {
+                            Some(name) => {
+                                out.push(ToolEvent::Start(name));
+                                out.push(ToolEvent::Args("{".into()));
+                                self.buf.drain(..gt + 1);
+                                self.state = Live::InInvoke { first: true };
+                            }
+                            None => self.state = Live::Broken,
+                        }
+                    }
+                } else if !Self::may_be(&self.buf, t.close) && !Self::may_be(&self.buf, t.invoke) {
+                    self.state = Live::Broken;
+                }
+            }
+            Live::InInvoke { first } => {
+                let b = skip_ws(&self.buf).to_string();
+                self.buf = b;
+                if self.buf.is_empty() {
+                    return;
+                }
+                if let Some(r) = self.buf.strip_prefix(t.invoke_close) {
+                    self.buf = r.to_string();
+                    out.push(ToolEvent::Args("}".into()));
+                    out.push(ToolEvent::End);
+                    self.state = Live::Between;
+                } else if self.buf.starts_with(t.param) {
+                    if let Some(gt) = self.buf.find('>') {
+                        let tag = self.buf[..gt].to_string();
+                        let (Some(name), Some(string)) =
+                            (attr_value(&tag, "name"), attr_value(&tag, "string"))
+                        else {
+                            self.state = Live::Broken;
+                            return;
+                        };
+                        let string = string == "true";
+                        let mut frag = String::new();
+                        if !first {
+                            frag.push(',');
+                        }
+                        frag.push_str(&json_str(&name));
+                        frag.push(':');
+                        if string {
+                            frag.push('"');
+                        }
+                        out.push(ToolEvent::Args(frag));
+                        self.buf.drain(..gt + 1);
+                        self.state = Live::InParam { string };
+                    }
+                } else if !Self::may_be(&self.buf, t.invoke_close)
+                    && !Self::may_be(&self.buf, t.param)
+                {
+                    self.state = Live::Broken;
+                }
+            }
+            Live::InParam { string } => {
+                let (body_end, closed) = match self.buf.find(t.param_close) {
+                    Some(i) => (i, true),
+                    None => {
+                        // Hold a forming close tag and (strings) a forming entity.
+                        let mut keep = self.buf.len();
+                        for k in (1..t.param_close.len()).rev() {
+                            if self.buf.len() >= k
+                                && self.buf.is_char_boundary(self.buf.len() - k)
+                                && t.param_close.starts_with(&self.buf[self.buf.len() - k..])
+                            {
+                                keep = self.buf.len() - k;
+                                break;
+                            }
+                        }
+                        if string {
+                            if let Some(amp) = self.buf[..keep].rfind('&') {
+                                let tail = &self.buf[amp..keep];
+                                if ENTITIES
+                                    .iter()
+                                    .any(|(e, _)| e.starts_with(tail) && e.len() > tail.len())
+                                {
+                                    keep = amp;
+                                }
+                            }
+                        }
+                        (keep, false)
+                    }
+                };
+                let body: String = self.buf.drain(..body_end).collect();
+                let mut frag = if string {
+                    let decoded = entity_decode(&body);
+                    let q = json_str(&decoded);
+                    q[1..q.len() - 1].to_string()
+                } else {
+                    body
+                };
+                if closed {
+                    self.buf.drain(..t.param_close.len());
+                    if string {
+                        frag.push('"');
+                    }
+                    self.state = Live::InInvoke { first: false };
+                }
+                if !frag.is_empty() {
+                    out.push(ToolEvent::Args(frag));
+                }
+            }
+        }
+    }
+}
+
 /// Whether the next token sits in a DSML structural position (PROMPT.md
 /// §9) and must be sampled greedily. Scans the generated text from the start.
 pub fn structural_position(text: &[u8]) -> bool {
@@ -379,6 +574,33 @@ mod tests {
         // Inside reasoning tool blocks do not count.
         let p = parse_output("<｜DSML｜tool_calls></｜DSML｜tool_calls>", true);
         assert!(p.calls.is_empty() && !p.block_seen);
+    }
+
+    #[test]
+    fn live_fragments_concatenate_to_the_arguments() {
+        let open = "<｜DSML｜tool_calls>";
+        let i = SAMPLE.find(open).unwrap() + open.len();
+        let body = &SAMPLE[i..];
+        // Every split of the text into two pushes gives the same fragments.
+        for cut in (0..=body.len()).filter(|&c| body.is_char_boundary(c)) {
+            let mut lt = LiveTools::new(0);
+            let mut ev = lt.push(&body[..cut]);
+            ev.extend(lt.push(&body[cut..]));
+            assert!(!lt.broken());
+            assert_eq!(ev[0], ToolEvent::Start("bash".into()));
+            assert_eq!(ev.last(), Some(&ToolEvent::End));
+            let args: String = ev
+                .iter()
+                .filter_map(|e| match e {
+                    ToolEvent::Args(a) => Some(a.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(args, r#"{"command":"ls && pwd","timeout":10}"#, "cut {cut}");
+        }
+        let mut lt = LiveTools::new(0);
+        lt.push("<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\">");
+        assert!(lt.broken());
     }
 
     #[test]

@@ -26,6 +26,16 @@ pub trait StreamFormat: Send {
     fn start(&mut self, prompt: usize, cached: usize) -> Vec<String>;
     fn reasoning(&mut self, r: &str) -> Vec<String>;
     fn text(&mut self, t: &str) -> Vec<String>;
+    /// A live tool call: header, argument fragment, end (chat, Anthropic).
+    fn tool_start(&mut self, _index: usize, _id: &str, _name: &str) -> Vec<String> {
+        Vec::new()
+    }
+    fn tool_args(&mut self, _index: usize, _args: &str) -> Vec<String> {
+        Vec::new()
+    }
+    fn tool_end(&mut self, _index: usize) -> Vec<String> {
+        Vec::new()
+    }
     fn done(&mut self, f: &Final) -> Vec<String>;
     /// An error after the stream started.
     fn error(&mut self, msg: &str) -> Vec<String>;

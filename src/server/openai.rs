@@ -94,13 +94,28 @@ impl StreamFormat for ChatStream {
     fn text(&mut self, t: &str) -> Vec<String> {
         vec![self.chunk(json!({"content": t}), None)]
     }
+    fn tool_start(&mut self, index: usize, id: &str, name: &str) -> Vec<String> {
+        vec![self.chunk(
+            json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""}}]}),
+            None,
+        )]
+    }
+    fn tool_args(&mut self, index: usize, args: &str) -> Vec<String> {
+        vec![self.chunk(
+            json!({"tool_calls": [{"index": index, "function": {"arguments": args}}]}),
+            None,
+        )]
+    }
     fn done(&mut self, f: &Final) -> Vec<String> {
         let mut out = Vec::new();
-        if !f.calls.is_empty() {
+        // Calls not streamed live come whole, in one chunk.
+        if f.calls.iter().any(|c| !c.streamed) {
             let calls: Vec<Value> = f
                 .calls
                 .iter()
                 .enumerate()
+                .filter(|(_, c)| !c.streamed)
                 .map(|(i, c)| {
                     json!({"index": i, "id": c.id, "type": "function",
                         "function": {"name": c.name, "arguments": c.arguments}})

@@ -314,6 +314,9 @@ fn sse_response(
             let frames = match ev {
                 Some(Event::Reasoning(r)) => st.fmt.reasoning(&r),
                 Some(Event::Text(t)) => st.fmt.text(&t),
+                Some(Event::ToolStart { index, id, name }) => st.fmt.tool_start(index, &id, &name),
+                Some(Event::ToolArgs { index, args }) => st.fmt.tool_args(index, &args),
+                Some(Event::ToolEnd { index }) => st.fmt.tool_end(index),
                 Some(Event::Done(f)) => {
                     st.done = true;
                     let f: Final = *f;

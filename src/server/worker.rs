@@ -50,6 +50,8 @@ pub struct OutCall {
     pub id: String,
     pub name: String,
     pub arguments: String,
+    /// Already sent whole as live events (header, fragments, end).
+    pub streamed: bool,
 }
 
 /// The end of a job.
@@ -70,10 +72,27 @@ pub struct Final {
 /// deltas, then `Done` (or `Failed`).
 #[derive(Clone, Debug)]
 pub enum Event {
-    Accepted { prompt_tokens: usize, cached: usize },
+    Accepted {
+        prompt_tokens: usize,
+        cached: usize,
+    },
     Rejected(ApiError),
     Reasoning(String),
     Text(String),
+    /// A tool call recognised live (chat and Anthropic): its header, then
+    /// argument fragments, then its end.
+    ToolStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    ToolArgs {
+        index: usize,
+        args: String,
+    },
+    ToolEnd {
+        index: usize,
+    },
     Done(Box<Final>),
     Failed(String),
 }
@@ -595,13 +614,16 @@ impl Worker {
                     "call_"
                 };
                 let block = Arc::new(p.raw_dsml.clone().unwrap_or_default());
-                for c in p.calls {
-                    let id = loop {
+                for (i, c) in p.calls.into_iter().enumerate() {
+                    // The ids shown live are the ids of the parsed calls.
+                    let live = obs.live_ids.get(i).cloned();
+                    let streamed = obs.live_closed.get(i).copied().unwrap_or(false);
+                    let id = live.unwrap_or_else(|| loop {
                         let id = format!("{prefix}{}", random_hex(16, &mut rng));
                         if !self.memory.contains(&id) {
                             break id;
                         }
-                    };
+                    });
                     if self.cfg.exact_replay {
                         self.memory
                             .insert(&id, block.clone(), self.cfg.tool_memory_max_ids);
@@ -610,6 +632,7 @@ impl Worker {
                         id,
                         name: c.name,
                         arguments: c.arguments,
+                        streamed,
                     });
                 }
             } else if fin.finish == FinishReason::ToolCalls {
@@ -720,6 +743,13 @@ struct Stream {
     /// Visible text not sent yet (tool hold).
     pending: String,
     in_block: bool,
+    /// Live tool-call streaming (chat and Anthropic only).
+    live: Option<dsml::LiveTools>,
+    live_enabled: bool,
+    id_prefix: &'static str,
+    rng: Rng,
+    live_ids: Vec<String>,
+    live_closed: Vec<bool>,
 }
 
 /// Bytes searched back for a forming tool marker (PROMPT.md §8).
@@ -741,6 +771,47 @@ impl Stream {
             tools: req.chat_style() && req.tools_active(),
             pending: String::new(),
             in_block: false,
+            live: None,
+            live_enabled: matches!(req.api, Api::Chat | Api::Messages),
+            id_prefix: if req.api == Api::Messages {
+                "toolu_"
+            } else {
+                "call_"
+            },
+            rng: Rng::new(now_seed(0)),
+            live_ids: Vec::new(),
+            live_closed: Vec::new(),
+        }
+    }
+
+    fn live_text(&mut self, t: &str) {
+        let Some(lt) = self.live.as_mut() else { return };
+        for ev in lt.push(t) {
+            let e = match ev {
+                dsml::ToolEvent::Start(name) => {
+                    let id = format!("{}{}", self.id_prefix, random_hex(16, &mut self.rng));
+                    self.live_ids.push(id.clone());
+                    self.live_closed.push(false);
+                    Event::ToolStart {
+                        index: self.live_ids.len() - 1,
+                        id,
+                        name,
+                    }
+                }
+                dsml::ToolEvent::Args(args) => Event::ToolArgs {
+                    index: self.live_ids.len().saturating_sub(1),
+                    args,
+                },
+                dsml::ToolEvent::End => {
+                    if let Some(c) = self.live_closed.last_mut() {
+                        *c = true;
+                    }
+                    Event::ToolEnd {
+                        index: self.live_ids.len().saturating_sub(1),
+                    }
+                }
+            };
+            let _ = self.events.send(e);
         }
     }
 
@@ -761,16 +832,26 @@ impl Stream {
             return;
         }
         if self.in_block {
+            self.live_text(&t);
             return;
         }
         self.pending.push_str(&t);
-        if let Some((p, _)) = dsml::block_start(self.pending.as_bytes()) {
+        if let Some((p, v)) = dsml::block_start(self.pending.as_bytes()) {
             let before = self.pending[..p].trim_end_matches(|c: char| c.is_ascii_whitespace());
             if !before.is_empty() {
                 let _ = self.events.send(Event::Text(before.to_string()));
             }
+            let open = dsml::block_open(v);
+            let rest = self.pending[p..]
+                .find(open)
+                .map(|i| self.pending[p + i + open.len()..].to_string())
+                .unwrap_or_default();
             self.pending.clear();
             self.in_block = true;
+            if self.live_enabled {
+                self.live = Some(dsml::LiveTools::new(v));
+                self.live_text(&rest);
+            }
             return;
         }
         // Hold trailing whitespace and a `<` near the end (a marker may form).
