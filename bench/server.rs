@@ -162,6 +162,7 @@ fn main() {
         sess,
         tok.clone(),
         WorkerConfig {
+            queued_scripts: Vec::new(),
             default_tokens: n,
             exact_replay: true,
             tool_memory_max_ids: 1000,

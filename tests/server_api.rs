@@ -41,6 +41,7 @@ fn server_with(max_body: usize, api_key: Option<&str>) -> Server {
         sess,
         tok.clone(),
         WorkerConfig {
+            queued_scripts: Vec::new(),
             default_tokens: 24,
             exact_replay: true,
             tool_memory_max_ids: 1000,

@@ -84,6 +84,24 @@ struct Args {
 /// then emits that text). Never set it on a server users talk to.
 const SCRIPT_ENV: &str = "DS4_SERVER_TEST_SCRIPTS";
 
+/// Hidden test switch (with `DS4_SERVER_TEST_SCRIPTS`): a file of outputs
+/// separated by lines `-----`, used in order by requests without a script.
+const SCRIPT_FILE_ENV: &str = "DS4_SERVER_TEST_SCRIPT_FILE";
+
+fn queued_scripts() -> Result<Vec<String>, String> {
+    let (Some(_), Some(f)) = (
+        std::env::var_os(SCRIPT_ENV),
+        std::env::var_os(SCRIPT_FILE_ENV),
+    ) else {
+        return Ok(Vec::new());
+    };
+    let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.to_string_lossy()))?;
+    Ok(text
+        .split("\n-----\n")
+        .map(|s| s.trim_end_matches('\n').to_string())
+        .collect())
+}
+
 fn host_addr(host: &str) -> Result<IpAddr, String> {
     if host == "localhost" {
         return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
@@ -149,6 +167,7 @@ fn run(a: Args) -> Result<(), String> {
         sess,
         tok,
         WorkerConfig {
+            queued_scripts: queued_scripts()?,
             default_tokens: a.tokens,
             exact_replay: !a.disable_exact_dsml_tool_replay,
             tool_memory_max_ids: a.tool_memory_max_ids,

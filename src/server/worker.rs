@@ -138,6 +138,9 @@ impl KvCacheHook for NoCache {}
 /// Settings of the worker.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
+    /// Test mode: outputs for requests that carry no script, used in order
+    /// (to drive real agents through a known conversation).
+    pub queued_scripts: Vec<String>,
     pub default_tokens: usize,
     pub exact_replay: bool,
     pub tool_memory_max_ids: usize,
@@ -542,7 +545,12 @@ impl Worker {
             .map(|n| n.max(0) as usize)
             .unwrap_or(self.cfg.default_tokens)
             .min(ctx.saturating_sub(eff.len()));
-        let mut picker: Box<dyn TokenPicker> = match &req.script {
+        let queued = if req.script.is_none() && !self.cfg.queued_scripts.is_empty() {
+            Some(self.cfg.queued_scripts.remove(0))
+        } else {
+            None
+        };
+        let mut picker: Box<dyn TokenPicker> = match req.script.as_ref().or(queued.as_ref()) {
             Some(s) => Box::new(Scripted::from_text(&self.tok, s)),
             None => Box::new(Sampled {
                 cfg: req.sampler,
@@ -659,6 +667,18 @@ impl Worker {
             }
             self.bind_protocol(&req, &text, &fin, raw_block, thinking, obs.stop_hit);
         }
+        eprintln!(
+            "ds4-server: request {} {:?} stream={} prompt={} cached={} generated={} finish={:?} calls={} {:.2}s",
+            self.request_seq,
+            req.api,
+            req.stream as u8,
+            fin.usage.prompt,
+            fin.usage.cached,
+            fin.usage.completion,
+            fin.finish,
+            fin.calls.len(),
+            t0.elapsed().as_secs_f64()
+        );
         let _ = events.send(Event::Done(Box::new(fin)));
         Ok(())
     }
