@@ -125,11 +125,17 @@ fn model_path(a: &Args) -> Result<PathBuf, String> {
     }
 }
 
-fn run(a: Args) -> Result<(), String> {
-    let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
+/// Flag values that are wrong on their face: exit status 2 (SERVER.md §2).
+fn check(a: &Args) -> Result<(), String> {
+    host_addr(&a.host)?;
     if a.ctx < 2 || a.tokens == 0 || a.queue == 0 || a.tool_memory_max_ids == 0 {
         return Err("--ctx must be ≥ 2; --tokens, --queue and --tool-memory-max-ids > 0".into());
     }
+    Ok(())
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
     let backend = ds4::backend::select::BackendFlags {
         backend: a.backend.clone(),
         cpu: a.cpu,
@@ -230,7 +236,13 @@ fn print_banner(addr: SocketAddr, keyed: bool) {
 
 fn main() -> ExitCode {
     match ds4::cli::parse_args::<Args>("ds4-server") {
-        Ok(a) => ds4::cli::exit_with("ds4-server", run(a)),
+        Ok(a) => {
+            if let Err(e) = check(&a) {
+                eprintln!("ds4-server: {e}");
+                return ExitCode::from(2);
+            }
+            ds4::cli::exit_with("ds4-server", run(a))
+        }
         Err(code) => code,
     }
 }
