@@ -205,9 +205,17 @@ fn run(a: Args) -> Result<(), String> {
         .build()
         .map_err(|e| format!("tokio: {e}"))?;
     rt.block_on(async move {
+        // Handlers are installed here, before the banner, so a signal that
+        // arrives right after start-up still shuts down cleanly.
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("signal: {e}"))?;
+        let mut term = signal(SignalKind::terminate()).map_err(|e| format!("signal: {e}"))?;
         let (bound, server) = warp::serve(routes::routes(state))
-            .try_bind_with_graceful_shutdown(addr, async {
-                let _ = tokio::signal::ctrl_c().await;
+            .try_bind_with_graceful_shutdown(addr, async move {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
             })
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         print_banner(bound, a.api_key.is_some());
