@@ -83,6 +83,9 @@ pub enum Step {
 
 /// Receives every generated token (EOS excluded) as it is produced.
 pub trait Observer {
+    /// Called before each step with the session as it stands (the server's
+    /// disk cache stores continued checkpoints here).
+    fn before_step(&mut self, _sess: &Session) {}
     /// Called before each pick: true makes the next token greedy.
     fn greedy_next(&mut self) -> bool {
         false
@@ -126,6 +129,7 @@ pub fn generate(
                 finish: Finish::Cancelled,
             });
         }
+        obs.before_step(sess);
         let greedy = obs.greedy_next();
         let next = picker.pick(sess.logits(), greedy);
         if next == eos {

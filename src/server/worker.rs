@@ -110,24 +110,53 @@ enum Work {
     Shutdown(std::sync::mpsc::Sender<()>),
 }
 
+/// Which remembered transcript a visible cache key is (KVCACHE.md §5.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VisibleKind {
+    Responses,
+    Thinking,
+}
+
 /// Where a disk KV cache hooks into the worker (KVCACHE.md §2 rule 7 and
-/// §5's save moments). The worker calls these at exactly those points; the
-/// default implementations do nothing, so without a cache the server
-/// behaves as with `--kv-disk-dir` unset.
+/// §5's save moments). The shape follows `kvcache::SaveMoments`; the
+/// defaults are "no cache", so without one the server behaves as with
+/// `--kv-disk-dir` unset.
 pub trait KvCacheHook: Send {
-    /// Rules 1-6 failed: the live session is about to be replaced. A cache
-    /// saves it here with reason `evict` (§5.3).
-    fn before_replace(&mut self, _sess: &Session) {}
-    /// Rule 7: bring the session to the longest stored checkpoint whose text
-    /// is a byte prefix of `text`; returns the number of text bytes it covers
-    /// (the session then holds its tokens), or None.
-    fn load_prefix(&mut self, _sess: &mut Session, _text: &str) -> Option<usize> {
+    /// Rules 1-6 found nothing: save the live session (evict), then bring
+    /// it to the longest stored prefix of `rendered`. Returns the effective
+    /// prompt and the cached count on a hit. `visible` is the transcript
+    /// remembered at the live length, if any.
+    fn resume(
+        &mut self,
+        _sess: &mut Session,
+        _tok: &Tokenizer,
+        _rendered: &str,
+        _visible: Option<(&[u8], VisibleKind)>,
+    ) -> Option<(Vec<u32>, usize)> {
         None
     }
-    /// After the prefill of a request (cold save, §5.1; continued, §5.2).
-    fn after_prefill(&mut self, _sess: &Session, _cached: usize) {}
-    /// Clean shutdown (§5.4).
-    fn shutdown(&mut self, _sess: &Session) {}
+    /// Replaces `Session::sync` (cold and continued saves on the way).
+    fn prefill(
+        &mut self,
+        sess: &mut Session,
+        _tok: &Tokenizer,
+        prompt: &[u32],
+        _cached: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<crate::session::SyncStats, crate::session::SessionError> {
+        sess.sync(prompt, progress)
+    }
+    /// Before each decode step (continued saves); not called inside the
+    /// DSML block of a request with tools.
+    fn before_decode(&mut self, _sess: &Session, _tok: &Tokenizer) {}
+    /// Clean shutdown, after the last request (§5.4).
+    fn shutdown(
+        &mut self,
+        _sess: &Session,
+        _tok: &Tokenizer,
+        _visible: Option<(&[u8], VisibleKind)>,
+    ) {
+    }
 }
 
 /// No disk cache.
@@ -391,7 +420,9 @@ impl Worker {
             let job = match work {
                 Work::Gen(job) => job,
                 Work::Shutdown(ack) => {
-                    self.cache.shutdown(&self.sess);
+                    let visible = self.visible_at_live();
+                    let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
+                    self.cache.shutdown(&self.sess, &self.tok, v);
                     let _ = ack.send(());
                     break;
                 }
@@ -478,21 +509,34 @@ impl Worker {
             let n = decoded.len();
             return (extend(n), live.len(), "memory-text");
         }
-        self.cache.before_replace(&self.sess);
         self.plan_cold(text, full)
+    }
+
+    /// The visible transcript remembered at exactly the live length.
+    fn visible_at_live(&self) -> Option<(String, VisibleKind)> {
+        let n = self.sess.tokens().len();
+        if let Some(v) = self
+            .protocol
+            .as_ref()
+            .filter(|b| b.live_len == n)
+            .and_then(|b| b.visible.clone())
+        {
+            return Some((v, VisibleKind::Responses));
+        }
+        self.thinking_visible
+            .as_ref()
+            .filter(|b| b.live_len == n)
+            .map(|b| (b.text.clone(), VisibleKind::Thinking))
     }
 
     /// Rules 7 and 8: a disk checkpoint through the cache hook, or nothing.
     fn plan_cold(&mut self, text: &str, full: Vec<u32>) -> (Vec<u32>, usize, &'static str) {
-        if let Some(n) = self.cache.load_prefix(&mut self.sess, text) {
-            if text.is_char_boundary(n) {
-                let mut eff = self.sess.tokens().to_vec();
-                let cached = eff.len();
-                eff.extend(self.tok.encode_chat(&text[n..]));
-                return (eff, cached, "disk-text");
-            }
+        let visible = self.visible_at_live();
+        let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
+        match self.cache.resume(&mut self.sess, &self.tok, text, v) {
+            Some((eff, cached)) => (eff, cached, "disk-text"),
+            None => (full, 0, "none"),
         }
-        (full, 0, "none")
     }
 
     fn serve(&mut self, job: Job) -> Result<(), String> {
@@ -625,12 +669,11 @@ impl Worker {
             m.reused_tokens.fetch_add(cached as u64, Ordering::Relaxed);
         }
         let stats = self
-            .sess
-            .sync(&eff, &mut |_, _| {})
+            .cache
+            .prefill(&mut self.sess, &self.tok, &eff, cached, &mut |_, _| {})
             .map_err(|e| e.to_string())?;
         m.evaluated_prompt_tokens
             .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
-        self.cache.after_prefill(&self.sess, cached);
         let t_prefill = t0.elapsed();
 
         let thinking = req.chat_style() && req.mode.thinks();
@@ -651,7 +694,13 @@ impl Worker {
                 rng: Rng::new(req.seed.unwrap_or_else(|| rng.next_u64())),
             }),
         };
-        let mut obs = Stream::new(&req, thinking, events.clone());
+        let mut obs = Stream::new(
+            &req,
+            thinking,
+            events.clone(),
+            &mut *self.cache,
+            self.tok.clone(),
+        );
         let t1 = Instant::now();
         let outcome =
             generate::generate(&mut self.sess, &self.tok, max_new, &mut *picker, &mut obs)
@@ -668,12 +717,19 @@ impl Worker {
         m.generated_tokens
             .fetch_add(tokens.len() as u64, Ordering::Relaxed);
         m.record_speed(tokens.len(), gen_s, t_prefill.as_secs_f64());
-        if obs.stop_hit {
+        obs.flush();
+        let stop_hit = obs.stop_hit;
+        let raw = String::from_utf8_lossy(&obs.raw).into_owned();
+        let saw_close = obs.split.saw_close();
+        let (live_ids, live_closed) = (
+            std::mem::take(&mut obs.live_ids),
+            std::mem::take(&mut obs.live_closed),
+        );
+        drop(obs);
+        if stop_hit {
             // The KV holds tokens past the cut: it no longer matches the text.
             self.sess.reset();
         }
-        obs.flush();
-        let raw = String::from_utf8_lossy(&obs.raw).into_owned();
         let usage = Usage {
             prompt: eff.len(),
             cached,
@@ -683,7 +739,7 @@ impl Worker {
             finish: match finish {
                 Finish::Eos => FinishReason::Stop,
                 Finish::Length => FinishReason::Length,
-                Finish::Stopped if obs.stop_hit => FinishReason::Stop,
+                Finish::Stopped if stop_hit => FinishReason::Stop,
                 Finish::Stopped => FinishReason::ToolCalls,
                 Finish::Cancelled => FinishReason::Error,
             },
@@ -691,7 +747,7 @@ impl Worker {
             reasoning: None,
             content: raw.clone(),
             calls: Vec::new(),
-            saw_think_close: obs.split.saw_close(),
+            saw_think_close: saw_close,
             usage,
         };
         if finish == Finish::Cancelled {
@@ -718,8 +774,8 @@ impl Worker {
                 let block = Arc::new(p.raw_dsml.clone().unwrap_or_default());
                 for (i, c) in p.calls.into_iter().enumerate() {
                     // The ids shown live are the ids of the parsed calls.
-                    let live = obs.live_ids.get(i).cloned();
-                    let streamed = obs.live_closed.get(i).copied().unwrap_or(false);
+                    let live = live_ids.get(i).cloned();
+                    let streamed = live_closed.get(i).copied().unwrap_or(false);
                     let id = live.unwrap_or_else(|| loop {
                         let id = format!("{prefix}{}", random_hex(16, &mut rng));
                         if !self.memory.contains(&id) {
@@ -751,7 +807,7 @@ impl Worker {
                 && !tool_context
                 && fin.saw_think_close
                 && matches!(fin.finish, FinishReason::Stop)
-                && !obs.stop_hit
+                && !stop_hit
             {
                 let base = text.strip_suffix("<think>").unwrap_or(&text);
                 self.thinking_visible = Some(VisibleBinding {
@@ -759,7 +815,7 @@ impl Worker {
                     live_len: self.sess.tokens().len(),
                 });
             }
-            self.bind_protocol(&req, &text, &fin, raw_block, thinking, obs.stop_hit);
+            self.bind_protocol(&req, &text, &fin, raw_block, thinking, stop_hit);
         }
         if let Some(f) = self.trace.as_mut() {
             use std::io::Write;
@@ -866,8 +922,10 @@ impl Worker {
 
 /// Observer of one job: stop sequences, reasoning/text split, the text hold
 /// while a tool block may be forming, DSML greedy structure, cancellation.
-struct Stream {
+struct Stream<'c> {
     events: UnboundedSender<Event>,
+    cache: &'c mut dyn KvCacheHook,
+    tok: Arc<Tokenizer>,
     raw: Vec<u8>,
     /// Bytes of `raw` already given to the splitter.
     fed: usize,
@@ -893,11 +951,19 @@ struct Stream {
 /// Bytes searched back for a forming tool marker (PROMPT.md §8).
 const TOOL_HOLD_WINDOW: usize = 80;
 
-impl Stream {
-    fn new(req: &GenRequest, thinking: bool, events: UnboundedSender<Event>) -> Stream {
+impl<'c> Stream<'c> {
+    fn new(
+        req: &GenRequest,
+        thinking: bool,
+        events: UnboundedSender<Event>,
+        cache: &'c mut dyn KvCacheHook,
+        tok: Arc<Tokenizer>,
+    ) -> Stream<'c> {
         let stop_hold = req.stop.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
         Stream {
             events,
+            cache,
+            tok,
             raw: Vec::new(),
             fed: 0,
             stop: req.stop.clone(),
@@ -1039,7 +1105,14 @@ impl Stream {
     }
 }
 
-impl Observer for Stream {
+impl Observer for Stream<'_> {
+    fn before_step(&mut self, sess: &Session) {
+        // No continued save in the middle of a tool block (KVCACHE.md §5.2).
+        if !(self.tools && self.in_block) {
+            self.cache.before_decode(sess, &self.tok);
+        }
+    }
+
     fn greedy_next(&mut self) -> bool {
         self.tools && dsml::structural_position(&self.raw)
     }
