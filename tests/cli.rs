@@ -312,3 +312,55 @@ fn ds4_bench_writes_one_csv_row_per_frontier() {
     assert_eq!(o.status.code(), Some(1));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn repl_commands_check_their_arguments() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let m = common::tiny_model_path(Variant::Q8);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4"))
+        .args([
+            "-m",
+            m.to_str().unwrap(),
+            "-n",
+            "2",
+            "--temp",
+            "0",
+            "--nothink",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"/think x\n/nothink x\n/ctx abc\n/ctx 300\nhello\n/quit\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    // `/think x` is refused, not taken as Think Max.
+    assert!(!out.contains("Thinking mode"), "{out}");
+    assert_eq!(err.matches("takes no argument").count(), 2, "{err}");
+    assert!(err.contains("/ctx: expected a number"), "{err}");
+    assert!(err.contains("context is now 300 tokens"), "{err}");
+    assert_eq!(err.matches("new tokens").count(), 1, "{err}");
+}
+
+#[test]
+fn demo_without_n_is_short() {
+    let dir = std::env::temp_dir().join(format!("ds4-cli-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4"))
+        .args(["--demo", "-p", "Hello", "--temp", "0", "--nothink"])
+        .env("XDG_CACHE_HOME", &dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("DEMO MODE"));
+    std::fs::remove_dir_all(&dir).ok();
+}

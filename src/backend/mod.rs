@@ -7,6 +7,7 @@ pub mod cpu_fast;
 pub mod wgpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod select;
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -9,12 +9,13 @@ use std::time::Instant;
 
 use argh::FromArgs;
 use ds4::chat::{self, ThinkMode};
+use ds4::generate::{generate, Observer, Piece, Sampled, Step, ThinkSplit};
 use ds4::graph::ValueName;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
-use ds4::sampler::{self, Rng, SamplerConfig};
-use ds4::session::{BackendKind, Session, SessionOptions};
-use ds4::tokenizer::{StreamDecoder, Tokenizer};
+use ds4::sampler::{Rng, SamplerConfig};
+use ds4::session::{Session, SessionOptions};
+use ds4::tokenizer::Tokenizer;
 
 /// ds4 — DeepSeek V4 Flash inference engine. Without -p it starts an interactive chat.
 #[derive(FromArgs)]
@@ -125,56 +126,19 @@ struct Args {
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
-fn human(bytes: u64) -> String {
-    let b = bytes as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else if b >= (1u64 << 20) as f64 {
-        format!("{:.2} MiB", b / (1u64 << 20) as f64)
-    } else {
-        format!("{:.1} KiB", b / 1024.0)
-    }
-}
-
 const NO_MODEL: &str = "no model: ./ds4flash.gguf not found and no -m given.\n\
     Get the real model (q2, 81 GB) with: tools/download_model.sh q2\n\
     or try the engine on a random tiny model with: ds4 --demo -p \"hello\"";
 
 fn model_path(a: &Args) -> Result<PathBuf, String> {
     if a.demo {
-        return demo_model();
+        return ds4::demo::demo_model();
     }
     match &a.model {
         Some(p) => Ok(p.clone()),
         None if Path::new("ds4flash.gguf").exists() => Ok(PathBuf::from("ds4flash.gguf")),
         None => Err(NO_MODEL.to_string()),
     }
-}
-
-/// The demo model: generated once into the user cache (random weights).
-fn demo_model() -> Result<PathBuf, String> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = base.join("ds4");
-    let path = dir.join("demo-tiny-q8.gguf");
-    if !path.exists() {
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        eprintln!(
-            "ds4: generating the demo model (random weights) at {}",
-            path.display()
-        );
-        let vocab = ds4::testmodel::Vocab::load_default()?;
-        let tmp = dir.join(format!("demo-tiny-q8.{}.tmp", std::process::id()));
-        let mut spec = ds4::testmodel::TestModelSpec::tiny();
-        spec.name = "ds4 demo model (RANDOM WEIGHTS, output is noise)".into();
-        ds4::testmodel::write_model(&spec, ds4::testmodel::Variant::Q8, &vocab, &tmp)
-            .map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    eprintln!("ds4: DEMO MODE — tiny model with random weights; the text it writes is noise");
-    Ok(path)
 }
 
 fn read_prompt(a: &Args) -> Result<Option<String>, String> {
@@ -192,27 +156,6 @@ fn read_prompt(a: &Args) -> Result<Option<String>, String> {
             })
         }
         (None, None) => Ok(None),
-    }
-}
-
-fn backend_kind(a: &Args) -> Result<BackendKind, String> {
-    let flags = [a.cpu, a.metal, a.vulkan, a.cuda].iter().filter(|&&x| x).count()
-        + a.backend.is_some() as usize;
-    if flags > 1 {
-        return Err("choose one backend (--backend, --cpu, --metal, --vulkan, --cuda)".into());
-    }
-    if a.cpu {
-        return Ok(BackendKind::Cpu);
-    }
-    if a.metal || a.vulkan {
-        return Ok(BackendKind::Wgpu);
-    }
-    if a.cuda {
-        return Ok(BackendKind::Cuda);
-    }
-    match &a.backend {
-        Some(b) => BackendKind::parse(b).map_err(|e| e.to_string()),
-        None => Ok(BackendKind::Auto),
     }
 }
 
@@ -234,120 +177,6 @@ fn dump_tokens(tok: &Tokenizer, prompt: &str) {
     }
 }
 
-/// JSON string escaping of CLI.md §1.6.
-fn json_text(bytes: &[u8]) -> String {
-    let mut s = String::new();
-    let valid = std::str::from_utf8(bytes).is_ok();
-    let text: Vec<char> = if valid {
-        String::from_utf8_lossy(bytes).chars().collect()
-    } else {
-        bytes.iter().map(|&b| b as char).collect()
-    };
-    for c in text {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            '\n' => s.push_str("\\n"),
-            '\r' => s.push_str("\\r"),
-            '\t' => s.push_str("\\t"),
-            c if (c as u32) < 0x20 => s.push_str(&format!("\\u{:04x}", c as u32)),
-            c if !valid && (c as u32) >= 0x80 => s.push_str(&format!("\\u{:04x}", c as u32)),
-            c => s.push(c),
-        }
-    }
-    s
-}
-
-/// `%.9g`
-fn g9(x: f64) -> String {
-    if x == 0.0 || !x.is_finite() {
-        return format!("{x}");
-    }
-    let e = x.abs().log10().floor() as i32;
-    if !(-5..9).contains(&e) {
-        let s = format!("{:.8e}", x);
-        let (m, ex) = s.split_once('e').unwrap_or((&s, "0"));
-        let m = m.trim_end_matches('0').trim_end_matches('.');
-        let ex: i32 = ex.parse().unwrap_or(0);
-        format!("{m}e{}{:02}", if ex < 0 { '-' } else { '+' }, ex.abs())
-    } else {
-        let decimals = (8 - e).max(0) as usize;
-        let s = format!("{:.*}", decimals, x);
-        if s.contains('.') {
-            s.trim_end_matches('0').trim_end_matches('.').to_string()
-        } else {
-            s
-        }
-    }
-}
-
-fn token_json(tok: &Tokenizer, id: u32) -> String {
-    let bytes = tok.token_bytes(id).unwrap_or(&[]);
-    let list: Vec<String> = bytes.iter().map(|b| b.to_string()).collect();
-    format!(
-        "{{\"id\":{id},\"text\":\"{}\",\"bytes\":[{}]}}",
-        json_text(bytes),
-        list.join(",")
-    )
-}
-
-fn dump_logprobs(
-    sess: &mut Session,
-    tok: &Tokenizer,
-    prompt_len: usize,
-    steps: usize,
-    k: usize,
-    path: &Path,
-) -> Result<(), String> {
-    let mut out = format!(
-        "{{\n  \"source\":\"ds4\",\n  \"prompt_tokens\":{prompt_len},\n  \"ctx\":{},\n  \"top_k\":{k},\n  \"steps\":[\n",
-        sess.ctx()
-    );
-    let eos = tok.specials().eos;
-    for step in 0..steps {
-        let logits = sess.logits();
-        let m = logits
-            .iter()
-            .cloned()
-            .filter(|v| v.is_finite())
-            .fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = m + logits
-            .iter()
-            .filter(|v| v.is_finite())
-            .map(|&v| (v as f64 - m).exp())
-            .sum::<f64>()
-            .ln();
-        let mut idx: Vec<usize> = (0..logits.len()).collect();
-        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        let sel = idx[0] as u32;
-        let tops: Vec<String> = idx[..k.min(idx.len())]
-            .iter()
-            .map(|&i| {
-                format!(
-                    "{{\"token\":{},\"logit\":{},\"logprob\":{}}}",
-                    token_json(tok, i as u32),
-                    g9(logits[i] as f64),
-                    g9(logits[i] as f64 - lse)
-                )
-            })
-            .collect();
-        if step > 0 {
-            out.push_str(",\n");
-        }
-        out.push_str(&format!(
-            "    {{\"step\":{step},\"selected\":{},\"top_logprobs\":[{}]}}",
-            token_json(tok, sel),
-            tops.join(",")
-        ));
-        if sel == eos || step + 1 == steps {
-            break;
-        }
-        sess.eval(sel).map_err(|e| e.to_string())?;
-    }
-    out.push_str("\n  ]\n}\n");
-    std::fs::write(path, out).map_err(|e| format!("{}: {e}", path.display()))
-}
-
 fn run(a: Args) -> Result<(), String> {
     if a.list_devices {
         print!("{}", ds4::backend::wgpu::gpu::devices_report());
@@ -364,7 +193,7 @@ fn run(a: Args) -> Result<(), String> {
         return Ok(());
     }
     if a.info || a.inspect {
-        return info(&model_path(&a)?);
+        return ds4::report::info(&model_path(&a)?);
     }
     let prompt = read_prompt(&a)?;
     let path = model_path(&a)?;
@@ -387,7 +216,14 @@ fn run(a: Args) -> Result<(), String> {
     }
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
-    let backend = backend_kind(&a)?;
+    let backend = ds4::backend::select::BackendFlags {
+        backend: a.backend.clone(),
+        cpu: a.cpu,
+        metal: a.metal,
+        vulkan: a.vulkan,
+        cuda: a.cuda,
+    }
+    .resolve()?;
     let mode = think_mode(&a)?;
     if a.ctx < 2 {
         return Err("--ctx must be at least 2".into());
@@ -421,7 +257,7 @@ fn run(a: Args) -> Result<(), String> {
     eprintln!(
         "ds4: loaded {} ({}, {} layers) in {:.0} ms",
         path.display(),
-        human(model.file.file_len()),
+        ds4::report::human(model.file.file_len()),
         model.config.n_layer,
         t0.elapsed().as_secs_f64() * 1e3
     );
@@ -458,7 +294,7 @@ fn run(a: Args) -> Result<(), String> {
     eprintln!("ds4: {}", sess.backend_notice());
     eprintln!(
         "ds4: context buffers {} for {} tokens",
-        human(sess.state_bytes() as u64),
+        ds4::report::human(sess.state_bytes() as u64),
         a.ctx
     );
     let cfg = SamplerConfig {
@@ -476,14 +312,27 @@ fn run(a: Args) -> Result<(), String> {
     });
     let mut gen = Generator {
         tok: &tok,
-        cfg,
-        rng: Rng::new(seed),
+        picker: Sampled {
+            cfg,
+            rng: Rng::new(seed),
+        },
         tty: std::io::stdout().is_terminal(),
     };
     let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
     let Some(prompt) = prompt else {
+        let make_session = |ctx: usize| {
+            let opts = SessionOptions {
+                ctx,
+                prefill_chunk: a.prefill_chunk.max(1),
+                numerics,
+                backend,
+                dump: Vec::new(),
+            };
+            Session::new(model.clone(), opts).map_err(|e| e.to_string())
+        };
         return repl(
-            &mut sess,
+            sess,
+            &make_session,
             &mut gen,
             &system,
             mode,
@@ -512,14 +361,26 @@ fn run(a: Args) -> Result<(), String> {
             if v.len() > 16 { ", …" } else { "" }
         );
     }
-    let max_new = (a.tokens.unwrap_or(50_000) as usize)
+    let default_tokens = if a.demo {
+        ds4::demo::DEMO_DEFAULT_TOKENS as i64
+    } else {
+        50_000
+    };
+    let max_new = (a.tokens.unwrap_or(default_tokens) as usize)
         .min(a.ctx - ptoks.len() - 1)
         .max(1);
     if let Some(f) = &a.dump_logprobs {
-        return dump_logprobs(&mut sess, &tok, ptoks.len(), max_new, a.logprobs_top_k, f);
+        return ds4::logprobs::dump_logprobs(
+            &mut sess,
+            &tok,
+            ptoks.len(),
+            max_new,
+            a.logprobs_top_k,
+            f,
+        );
     }
     let t2 = Instant::now();
-    let (generated, _) = gen.run(&mut sess, max_new, eff.thinks())?;
+    let generated = gen.run(&mut sess, max_new, eff.thinks())?;
     let gen_s = t2.elapsed().as_secs_f64();
     eprintln!(
         "ds4: prefill: {:.2} t/s, generation: {:.2} t/s",
@@ -550,70 +411,93 @@ fn prefill(sess: &mut Session, tokens: &[u32]) -> Result<ds4::session::SyncStats
 /// `<think>`/`</think>` markers hidden, UTF-8 split across tokens buffered.
 struct Generator<'t> {
     tok: &'t Tokenizer,
-    cfg: SamplerConfig,
-    rng: Rng,
+    picker: Sampled,
     tty: bool,
 }
 
+/// Prints the pieces of the library's generation loop as they come.
+struct Printer<'o> {
+    out: std::io::StdoutLock<'o>,
+    split: ThinkSplit,
+    tty: bool,
+    grey: bool,
+    last_byte: u8,
+}
+
+impl Printer<'_> {
+    fn print(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            let (text, reasoning) = match &p {
+                Piece::Reasoning(s) => (s, true),
+                Piece::Text(s) => (s, false),
+            };
+            if !reasoning && self.grey {
+                self.end_reasoning();
+            }
+            let _ = self.out.write_all(text.as_bytes());
+            if let Some(&b) = text.as_bytes().last() {
+                self.last_byte = b;
+            }
+        }
+        // The reasoning phase ended even if no text followed yet.
+        if self.grey && !self.split.thinking() {
+            self.end_reasoning();
+        }
+        let _ = self.out.flush();
+    }
+
+    fn end_reasoning(&mut self) {
+        self.grey = false;
+        if self.tty {
+            let _ = write!(self.out, "\x1b[0m");
+        }
+        if self.last_byte != b'\n' {
+            let _ = writeln!(self.out);
+        }
+        self.last_byte = b'\n';
+    }
+}
+
+impl Observer for Printer<'_> {
+    fn cancelled(&mut self) -> bool {
+        STOP.load(Ordering::SeqCst)
+    }
+    fn token(&mut self, _id: u32, bytes: &[u8]) -> Step {
+        let pieces = self.split.push(bytes);
+        self.print(pieces);
+        Step::Continue
+    }
+}
+
 impl Generator<'_> {
-    /// Generates up to `max_new` tokens; returns them (EOS excluded) and
-    /// whether EOS ended the answer. Stops early on Ctrl+C or a full context.
+    /// Generates up to `max_new` tokens; returns them (EOS excluded).
+    /// Stops early on Ctrl+C or a full context.
     fn run(
         &mut self,
         sess: &mut Session,
         max_new: usize,
         thinking: bool,
-    ) -> Result<(Vec<u32>, bool), String> {
-        let sp = *self.tok.specials();
-        let mut thinking = thinking;
-        let mut dec = StreamDecoder::new();
-        let mut out = std::io::stdout().lock();
-        let mut last_byte = b'\n';
-        let mut generated = Vec::new();
-        let mut eos = false;
+    ) -> Result<Vec<u32>, String> {
+        let mut p = Printer {
+            out: std::io::stdout().lock(),
+            split: ThinkSplit::new(thinking),
+            tty: self.tty,
+            grey: thinking,
+            last_byte: b'\n',
+        };
         if thinking && self.tty {
-            let _ = write!(out, "\x1b[90m");
+            let _ = write!(p.out, "\x1b[90m");
         }
-        while generated.len() < max_new && !STOP.load(Ordering::SeqCst) {
-            let next = sampler::sample(sess.logits(), &self.cfg, &mut self.rng) as u32;
-            if next == sp.eos {
-                eos = true;
-                break;
-            }
-            if next == sp.think_close && thinking {
-                thinking = false;
-                let tail = dec.finish();
-                let _ = out.write_all(tail.as_bytes());
-                if self.tty {
-                    let _ = write!(out, "\x1b[0m");
-                }
-                if tail.as_bytes().last().copied().unwrap_or(last_byte) != b'\n' {
-                    let _ = writeln!(out);
-                }
-                last_byte = b'\n';
-            } else if next != sp.think_open {
-                let text = dec.push(self.tok.token_bytes(next).unwrap_or(&[]));
-                if let Some(&b) = text.as_bytes().last() {
-                    last_byte = b;
-                }
-                let _ = out.write_all(text.as_bytes());
-                let _ = out.flush();
-            }
-            generated.push(next);
-            if sess.tokens().len() + 1 >= sess.ctx() {
-                break;
-            }
-            sess.eval(next).map_err(|e| e.to_string())?;
+        let r = generate(sess, self.tok, max_new, &mut self.picker, &mut p);
+        let tail = p.split.finish();
+        p.print(tail);
+        if p.grey && self.tty {
+            let _ = write!(p.out, "\x1b[0m");
         }
-        let tail = dec.finish();
-        let _ = out.write_all(tail.as_bytes());
-        if thinking && self.tty {
-            let _ = write!(out, "\x1b[0m");
+        if p.last_byte != b'\n' {
+            let _ = writeln!(p.out);
         }
-        if tail.as_bytes().last().copied().unwrap_or(last_byte) != b'\n' {
-            let _ = writeln!(out);
-        }
-        Ok((generated, eos))
+        r.map(|o| o.tokens).map_err(|e| e.to_string())
     }
 }
 
@@ -624,13 +508,15 @@ const REPL_HELP: &str =
 /// The interactive REPL (CLI.md §1.4): one transcript, one KV session; each
 /// turn only evaluates what the session does not hold yet.
 fn repl(
-    sess: &mut Session,
+    mut session: Session,
+    make_session: &dyn Fn(usize) -> Result<Session, String>,
     gen: &mut Generator<'_>,
     system: &str,
     mut mode: ThinkMode,
     max_tokens: Option<usize>,
 ) -> Result<(), String> {
     use std::io::BufRead;
+    let sess = &mut session;
     let tok = gen.tok;
     let eos = tok.specials().eos;
     let start =
@@ -662,12 +548,18 @@ fn repl(
                 eprintln!("{REPL_HELP}");
                 continue;
             }
-            ("/think", _) | ("/nothink", _) | ("/think-max", _) => {
-                mode = match line {
+            (cmd @ ("/think" | "/nothink" | "/think-max"), rest) => {
+                if !rest.is_empty() {
+                    eprintln!("ds4: {cmd} takes no argument (try /help)");
+                    continue;
+                }
+                mode = match cmd {
                     "/think" => ThinkMode::High,
                     "/nothink" => ThinkMode::None,
                     _ => ThinkMode::Max,
                 };
+                // Only the transcript start changes (Think Max prefix); the
+                // next sync notices the KV no longer matches (PROMPT.md §10).
                 head = start(mode, sess.ctx());
                 let eff = mode.effective(sess.ctx());
                 match (mode, eff) {
@@ -681,17 +573,22 @@ fn repl(
                 }
                 continue;
             }
-            ("/ctx", n) => match n.parse::<usize>() {
-                Ok(n) if n >= 2 => {
-                    eprintln!("ds4: context {n} takes effect on the next run (restart ds4 with --ctx {n})");
-                    continue;
+            ("/ctx", n) => {
+                match n.parse::<usize>() {
+                    Ok(n) if n >= 2 => match make_session(n) {
+                        Ok(s) => {
+                            // A new KV of the new size: the conversation restarts.
+                            *sess = s;
+                            turns.clear();
+                            head = start(mode, sess.ctx());
+                            eprintln!("ds4: context is now {n} tokens (conversation cleared)");
+                        }
+                        Err(e) => eprintln!("ds4: /ctx {n}: {e}"),
+                    },
+                    _ => eprintln!("ds4: /ctx: expected a number of tokens ≥ 2, got {n:?}"),
                 }
-                _ => {
-                    return Err(format!(
-                        "/ctx: expected a positive number of tokens, got {n:?}"
-                    ))
-                }
-            },
+                continue;
+            }
             ("/read", f) => match std::fs::read(f).map(String::from_utf8) {
                 Ok(Ok(t)) => t,
                 Ok(Err(_)) => {
@@ -736,7 +633,7 @@ fn repl(
             stats.evaluated as f64 / t.elapsed().as_secs_f64().max(1e-9)
         );
         let room = sess.ctx() - transcript.len() - 1;
-        let (generated, _) = gen.run(sess, max_tokens.unwrap_or(room).min(room), eff.thinks())?;
+        let generated = gen.run(sess, max_tokens.unwrap_or(room).min(room), eff.thinks())?;
         if generated.is_empty() && STOP.load(Ordering::SeqCst) {
             // Interrupted before any token: the turn is dropped.
             sess.reset();
@@ -746,163 +643,6 @@ fn repl(
         turns.extend(&generated);
         turns.push(eos);
     }
-    Ok(())
-}
-
-/// Name, type, shape and bytes of every tensor in the directory.
-fn print_tensor_table(f: &ds4::gguf::GgufFile) {
-    println!(
-        "{:<44} {:<8} {:<24} {:>14}",
-        "name", "type", "shape", "bytes"
-    );
-    for t in f.tensor_infos() {
-        let ty =
-            t.ty.map_or_else(|| format!("?{}", t.type_id), |t| t.name().to_string());
-        println!(
-            "{:<44} {:<8} {:<24} {:>14}",
-            t.name,
-            ty,
-            format!("{:?}", t.ne),
-            t.n_bytes
-        );
-    }
-}
-
-/// `--info` on an MTP draft file: its tensor directory (its shapes are
-/// validated against a main model when both are loaded).
-fn info_mtp(path: &Path) -> Result<(), String> {
-    let f = ds4::gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    println!(
-        "file: {} ({}, GGUF v{}) — MTP draft model (speculative decoding; not used by this version yet)",
-        path.display(),
-        human(f.file_len()),
-        f.version()
-    );
-    print_tensor_table(&f);
-    Ok(())
-}
-
-fn info(path: &Path) -> Result<(), String> {
-    let t0 = Instant::now();
-    let m = match ModelFile::open(path) {
-        Ok(m) => m,
-        Err(ds4::model::ModelError::WrongKind(_))
-            if ds4::gguf::GgufFile::open(path)
-                .is_ok_and(|f| f.tensor_info("mtp.0.attn_norm.weight").is_some()) =>
-        {
-            return info_mtp(path)
-        }
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    let load = t0.elapsed();
-    let c = &m.config;
-    println!(
-        "file: {} ({}, GGUF v{}, alignment {})",
-        path.display(),
-        human(m.file.file_len()),
-        m.file.version(),
-        m.file.alignment()
-    );
-    println!(
-        "loaded and validated in {:.1} ms (no tensor data read)",
-        load.as_secs_f64() * 1e3
-    );
-    println!("\n== metadata ==");
-    for (k, v) in m.file.metadata() {
-        println!("{k:<48} {}", v.summary());
-    }
-    println!("\n== configuration ==");
-    println!("name                 {}", c.name);
-    println!("layers               {}", c.n_layer);
-    println!("embedding            {}", c.n_embd);
-    println!("vocab                {}", c.n_vocab);
-    println!(
-        "heads                {} × {} (kv heads {}, rotary dims {})",
-        c.n_head, c.head_dim, c.n_head_kv, c.n_rot
-    );
-    println!("q low rank           {}", c.q_lora_rank);
-    println!(
-        "output groups        {} × rank {}",
-        c.o_groups, c.o_lora_rank
-    );
-    println!("sliding window       {}", c.sliding_window);
-    let kinds: Vec<String> = m
-        .weights
-        .layers
-        .iter()
-        .map(|l| match l.kind {
-            ds4::model::AttentionKind::Window => "W".to_string(),
-            ds4::model::AttentionKind::Csa { ratio } => format!("C{ratio}"),
-            ds4::model::AttentionKind::Hca { ratio } => format!("H{ratio}"),
-        })
-        .collect();
-    println!(
-        "layer kinds          {} (W window, C csa, H hca; number = ratio)",
-        kinds.join(" ")
-    );
-    println!(
-        "indexer              {} heads × {}, top-k {}",
-        c.indexer_heads, c.indexer_head_dim, c.indexer_top_k
-    );
-    println!(
-        "hyper-connections    {} streams, {} Sinkhorn iterations, eps {:e}",
-        c.hc_count, c.hc_sinkhorn_iters, c.hc_eps
-    );
-    println!("rms eps              {:e}", c.rms_eps);
-    println!(
-        "rope                 base {} (window layers), {} (compressed layers)",
-        c.rope_base, c.compress_rope_base
-    );
-    match c.yarn {
-        Some(y) => println!(
-            "yarn                 factor {}, original context {}, beta fast {} slow {}",
-            y.factor, y.original_context, y.beta_fast, y.beta_slow
-        ),
-        None => println!("yarn                 off"),
-    }
-    println!(
-        "experts              {} routed, {} used, ff {}, {} shared, {} hash layers",
-        c.n_expert, c.n_expert_used, c.expert_ff, c.n_expert_shared, c.n_hash_layers
-    );
-    println!(
-        "routing              weights scale {}, normalised {}",
-        c.expert_weights_scale, c.expert_weights_norm
-    );
-    println!(
-        "swiglu clamp         {:?}",
-        &c.swiglu_clamp[..c.swiglu_clamp.len().min(8)]
-    );
-    if let Some(ctx) = c.context_length {
-        println!("trained context      {ctx}");
-    }
-    println!("\n== tensors ==");
-    print_tensor_table(&m.file);
-    let total = m.weights.total_bytes();
-    let active = m.weights.active_bytes_per_token(c);
-    println!(
-        "\ntensors: {} in file, {} bound",
-        m.file.tensor_infos().len(),
-        m.weights.all().len()
-    );
-    println!("\n== type mix (bound tensors) ==");
-    for share in m.weights.type_mix() {
-        println!(
-            "{:<8} {:>5} tensors {:>16} bytes ({:>10}, {:5.1} %)",
-            share.ty.name(),
-            share.tensors,
-            share.bytes,
-            human(share.bytes),
-            100.0 * share.bytes as f64 / total.max(1) as f64
-        );
-    }
-    for ([g, u, d], n) in m.weights.routed_expert_types() {
-        println!("routed experts: gate {g}, up {u}, down {d} ({n} layers)");
-    }
-    println!("total weight bytes:            {total} ({})", human(total));
-    println!(
-        "active weight bytes per token: {active} ({})",
-        human(active)
-    );
     Ok(())
 }
 

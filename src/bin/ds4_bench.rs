@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use argh::FromArgs;
 use ds4::model::ModelFile;
-use ds4::session::{BackendKind, Session, SessionOptions};
+use ds4::session::{Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
 /// Measure prefill and generation speed at context frontiers ctx-start,
@@ -29,12 +29,21 @@ struct Args {
     /// model GGUF (default ./ds4flash.gguf)
     #[argh(option, short = 'm', default = "PathBuf::from(\"ds4flash.gguf\")")]
     model: PathBuf,
-    /// backend: cpu, wgpu, cuda
-    #[argh(option, default = "String::from(\"cpu\")")]
-    backend: String,
+    /// backend: auto, cpu, cpu-ref, wgpu, cuda (default auto)
+    #[argh(option)]
+    backend: Option<String>,
     /// same as --backend cpu
     #[argh(switch)]
     cpu: bool,
+    /// same as --backend wgpu (Metal on macOS)
+    #[argh(switch)]
+    metal: bool,
+    /// same as --backend wgpu (Vulkan)
+    #[argh(switch)]
+    vulkan: bool,
+    /// same as --backend cuda
+    #[argh(switch)]
+    cuda: bool,
     /// CPU threads
     #[argh(option, short = 't')]
     threads: Option<usize>,
@@ -107,11 +116,14 @@ fn run(a: Args) -> Result<(), String> {
     if a.bandwidth {
         return run_bandwidth(&a);
     }
-    let backend = if a.cpu {
-        BackendKind::Cpu
-    } else {
-        BackendKind::parse(&a.backend).map_err(|e| e.to_string())?
-    };
+    let backend = ds4::backend::select::BackendFlags {
+        backend: a.backend.clone(),
+        cpu: a.cpu,
+        metal: a.metal,
+        vulkan: a.vulkan,
+        cuda: a.cuda,
+    }
+    .resolve()?;
     if a.ctx_start == 0 || a.ctx_start > a.ctx_max {
         return Err("--ctx-start must be in 1..=ctx-max".into());
     }

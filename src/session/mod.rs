@@ -107,10 +107,12 @@ impl Session {
                 graphs.push((h, g));
                 Ok(h)
             };
-        let decode = load(
-            &mut backend,
-            forward::record(cfg, &model.weights, &kv, 1, &fo(Logits::Last)),
-        )?;
+        let decode_graph = forward::record(cfg, &model.weights, &kv, 1, &fo(Logits::Last));
+        // A misspelt --dump name fails here, before any prefill work.
+        if let Some(d) = opts.dump.iter().find(|d| decode_graph.find(d).is_none()) {
+            return Err(SessionError::UnknownValue(d.to_string()));
+        }
+        let decode = load(&mut backend, decode_graph)?;
         let prefill = if chunk > 1 {
             load(
                 &mut backend,

@@ -1,0 +1,177 @@
+//! The configuration report of `ds4 --info`: file, metadata, the derived
+//! model configuration and the tensor table (an MTP draft file gets its
+//! tensor table only).
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::model::ModelFile;
+
+/// Bytes as KiB/MiB/GiB with two decimals.
+pub fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.2} MiB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
+/// Name, type, shape and bytes of every tensor in the directory.
+fn print_tensor_table(f: &crate::gguf::GgufFile) {
+    println!(
+        "{:<44} {:<8} {:<24} {:>14}",
+        "name", "type", "shape", "bytes"
+    );
+    for t in f.tensor_infos() {
+        let ty =
+            t.ty.map_or_else(|| format!("?{}", t.type_id), |t| t.name().to_string());
+        println!(
+            "{:<44} {:<8} {:<24} {:>14}",
+            t.name,
+            ty,
+            format!("{:?}", t.ne),
+            t.n_bytes
+        );
+    }
+}
+
+/// `--info` on an MTP draft file: its tensor directory (its shapes are
+/// validated against a main model when both are loaded).
+fn info_mtp(path: &Path) -> Result<(), String> {
+    let f = crate::gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!(
+        "file: {} ({}, GGUF v{}) — MTP draft model (speculative decoding; not used by this version yet)",
+        path.display(),
+        human(f.file_len()),
+        f.version()
+    );
+    print_tensor_table(&f);
+    Ok(())
+}
+
+pub fn info(path: &Path) -> Result<(), String> {
+    let t0 = Instant::now();
+    let m = match ModelFile::open(path) {
+        Ok(m) => m,
+        Err(crate::model::ModelError::WrongKind(_))
+            if crate::gguf::GgufFile::open(path)
+                .is_ok_and(|f| f.tensor_info("mtp.0.attn_norm.weight").is_some()) =>
+        {
+            return info_mtp(path)
+        }
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let load = t0.elapsed();
+    let c = &m.config;
+    println!(
+        "file: {} ({}, GGUF v{}, alignment {})",
+        path.display(),
+        human(m.file.file_len()),
+        m.file.version(),
+        m.file.alignment()
+    );
+    println!(
+        "loaded and validated in {:.1} ms (no tensor data read)",
+        load.as_secs_f64() * 1e3
+    );
+    println!("\n== metadata ==");
+    for (k, v) in m.file.metadata() {
+        println!("{k:<48} {}", v.summary());
+    }
+    println!("\n== configuration ==");
+    println!("name                 {}", c.name);
+    println!("layers               {}", c.n_layer);
+    println!("embedding            {}", c.n_embd);
+    println!("vocab                {}", c.n_vocab);
+    println!(
+        "heads                {} × {} (kv heads {}, rotary dims {})",
+        c.n_head, c.head_dim, c.n_head_kv, c.n_rot
+    );
+    println!("q low rank           {}", c.q_lora_rank);
+    println!(
+        "output groups        {} × rank {}",
+        c.o_groups, c.o_lora_rank
+    );
+    println!("sliding window       {}", c.sliding_window);
+    let kinds: Vec<String> = m
+        .weights
+        .layers
+        .iter()
+        .map(|l| match l.kind {
+            crate::model::AttentionKind::Window => "W".to_string(),
+            crate::model::AttentionKind::Csa { ratio } => format!("C{ratio}"),
+            crate::model::AttentionKind::Hca { ratio } => format!("H{ratio}"),
+        })
+        .collect();
+    println!(
+        "layer kinds          {} (W window, C csa, H hca; number = ratio)",
+        kinds.join(" ")
+    );
+    println!(
+        "indexer              {} heads × {}, top-k {}",
+        c.indexer_heads, c.indexer_head_dim, c.indexer_top_k
+    );
+    println!(
+        "hyper-connections    {} streams, {} Sinkhorn iterations, eps {:e}",
+        c.hc_count, c.hc_sinkhorn_iters, c.hc_eps
+    );
+    println!("rms eps              {:e}", c.rms_eps);
+    println!(
+        "rope                 base {} (window layers), {} (compressed layers)",
+        c.rope_base, c.compress_rope_base
+    );
+    match c.yarn {
+        Some(y) => println!(
+            "yarn                 factor {}, original context {}, beta fast {} slow {}",
+            y.factor, y.original_context, y.beta_fast, y.beta_slow
+        ),
+        None => println!("yarn                 off"),
+    }
+    println!(
+        "experts              {} routed, {} used, ff {}, {} shared, {} hash layers",
+        c.n_expert, c.n_expert_used, c.expert_ff, c.n_expert_shared, c.n_hash_layers
+    );
+    println!(
+        "routing              weights scale {}, normalised {}",
+        c.expert_weights_scale, c.expert_weights_norm
+    );
+    println!(
+        "swiglu clamp         {:?}",
+        &c.swiglu_clamp[..c.swiglu_clamp.len().min(8)]
+    );
+    if let Some(ctx) = c.context_length {
+        println!("trained context      {ctx}");
+    }
+    println!("\n== tensors ==");
+    print_tensor_table(&m.file);
+    let total = m.weights.total_bytes();
+    let active = m.weights.active_bytes_per_token(c);
+    println!(
+        "\ntensors: {} in file, {} bound",
+        m.file.tensor_infos().len(),
+        m.weights.all().len()
+    );
+    println!("\n== type mix (bound tensors) ==");
+    for share in m.weights.type_mix() {
+        println!(
+            "{:<8} {:>5} tensors {:>16} bytes ({:>10}, {:5.1} %)",
+            share.ty.name(),
+            share.tensors,
+            share.bytes,
+            human(share.bytes),
+            100.0 * share.bytes as f64 / total.max(1) as f64
+        );
+    }
+    for ([g, u, d], n) in m.weights.routed_expert_types() {
+        println!("routed experts: gate {g}, up {u}, down {d} ({n} layers)");
+    }
+    println!("total weight bytes:            {total} ({})", human(total));
+    println!(
+        "active weight bytes per token: {active} ({})",
+        human(active)
+    );
+    Ok(())
+}

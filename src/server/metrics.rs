@@ -1,0 +1,106 @@
+//! Counters for `GET /metrics` (Prometheus text format): queue depth,
+//! prompt/generated tokens, speed, live prefix reuse.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+#[derive(Default)]
+pub struct Metrics {
+    pub queue_depth: AtomicUsize,
+    pub requests: AtomicU64,
+    pub rejected: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub evaluated_prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    pub reused_tokens: AtomicU64,
+    /// (generated tokens/s, prefill seconds) of the last request.
+    last: Mutex<(f64, f64)>,
+}
+
+impl Metrics {
+    pub fn record_speed(&self, tokens: usize, gen_s: f64, prefill_s: f64) {
+        if let Ok(mut l) = self.last.lock() {
+            *l = (tokens as f64 / gen_s.max(1e-9), prefill_s);
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let (tps, prefill) = self.last.lock().map(|l| *l).unwrap_or((0.0, 0.0));
+        let mut s = String::new();
+        let mut put = |name: &str, kind: &str, help: &str, v: String| {
+            s.push_str(&format!(
+                "# HELP ds4_{name} {help}\n# TYPE ds4_{name} {kind}\nds4_{name} {v}\n"
+            ));
+        };
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+        put(
+            "queue_depth",
+            "gauge",
+            "Generation requests waiting for the worker.",
+            self.queue_depth.load(Ordering::Relaxed).to_string(),
+        );
+        put(
+            "requests_total",
+            "counter",
+            "Generation requests served.",
+            g(&self.requests),
+        );
+        put(
+            "rejected_total",
+            "counter",
+            "Requests refused (queue full).",
+            g(&self.rejected),
+        );
+        put(
+            "cancelled_total",
+            "counter",
+            "Generations cancelled by a client disconnect.",
+            g(&self.cancelled),
+        );
+        put(
+            "prompt_tokens_total",
+            "counter",
+            "Effective prompt tokens.",
+            g(&self.prompt_tokens),
+        );
+        put(
+            "prompt_tokens_evaluated_total",
+            "counter",
+            "Prompt tokens actually evaluated.",
+            g(&self.evaluated_prompt_tokens),
+        );
+        put(
+            "generated_tokens_total",
+            "counter",
+            "Generated tokens.",
+            g(&self.generated_tokens),
+        );
+        put(
+            "prefix_reuse_hits_total",
+            "counter",
+            "Requests that reused the live session.",
+            g(&self.prefix_hits),
+        );
+        put(
+            "prefix_reused_tokens_total",
+            "counter",
+            "Prompt tokens reused from the live session.",
+            g(&self.reused_tokens),
+        );
+        put(
+            "last_generation_tokens_per_second",
+            "gauge",
+            "Decode speed of the last request.",
+            format!("{tps:.3}"),
+        );
+        put(
+            "last_prefill_seconds",
+            "gauge",
+            "Prefill time of the last request.",
+            format!("{prefill:.3}"),
+        );
+        s
+    }
+}

@@ -1,0 +1,260 @@
+//! Rendering a normalised request into the exact prompt text (PROMPT.md §3,
+//! §4.2, §5.3): system block with the tools prompt first, turns, tool
+//! results, assistant tool calls as exact replayed DSML or canonical DSML.
+
+use serde_json::Value;
+
+use super::request::{Api, GenRequest, Message, Role, ToolCall};
+use crate::chat::{ThinkMode, DEFAULT_SYSTEM, THINK_MAX_PREFIX};
+
+pub const BOS: &str = "<｜begin▁of▁sentence｜>";
+pub const EOS: &str = "<｜end▁of▁sentence｜>";
+pub const USER: &str = "<｜User｜>";
+pub const ASSISTANT: &str = "<｜Assistant｜>";
+
+const TOOLS_HEADER: &str = "## Tools\n\nYou have access to a set of tools to help answer the user question. You can invoke tools by writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\n<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be specified as raw text and set `string=\"true\"`. Preserve characters such as `>`, `&`, and `&&` exactly; never replace normal string characters with XML or HTML entity escapes. Only if a string value itself contains the exact closing parameter tag `</｜DSML｜parameter>`, write that tag as `&lt;/｜DSML｜parameter>` inside the value. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n";
+const TOOLS_FOOTER: &str = "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls. Use the exact parameter names from the schemas.";
+
+const PARAM_CLOSE: &str = "</｜DSML｜parameter>";
+
+/// `TOOLS_PROMPT(schemas)`.
+pub fn tools_prompt(lines: &[String]) -> String {
+    format!("{TOOLS_HEADER}{}{TOOLS_FOOTER}", lines.join("\n"))
+}
+
+/// Tool result text: only `</tool_result>` is escaped (its first `<`).
+pub fn esc_result(s: &str) -> String {
+    s.replace("</tool_result>", "&lt;/tool_result>")
+}
+
+fn attr(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Canonical DSML for a list of calls (PROMPT.md §5.3 step 2).
+pub fn canonical_dsml(calls: &[ToolCall]) -> String {
+    let mut out = String::from("\n\n<｜DSML｜tool_calls>\n");
+    for c in calls {
+        out.push_str(&format!("<｜DSML｜invoke name=\"{}\">\n", attr(&c.name)));
+        match serde_json::from_str::<Value>(&c.arguments) {
+            Ok(Value::Object(map)) => {
+                for (k, v) in &map {
+                    let (is_str, body) = match v {
+                        Value::String(s) => {
+                            (true, s.replace(PARAM_CLOSE, "&lt;/｜DSML｜parameter>"))
+                        }
+                        other => (
+                            false,
+                            other
+                                .to_string()
+                                .replace(PARAM_CLOSE, "\\u003c/｜DSML｜parameter>"),
+                        ),
+                    };
+                    out.push_str(&format!(
+                        "<｜DSML｜parameter name=\"{}\" string=\"{is_str}\">{body}{PARAM_CLOSE}\n",
+                        attr(k)
+                    ));
+                }
+            }
+            _ => out.push_str(&format!(
+                "<｜DSML｜parameter name=\"arguments\" string=\"true\">{}{PARAM_CLOSE}\n",
+                c.arguments.replace(PARAM_CLOSE, "&lt;/｜DSML｜parameter>")
+            )),
+        }
+        out.push_str("</｜DSML｜invoke>\n");
+    }
+    out.push_str("</｜DSML｜tool_calls>");
+    out
+}
+
+/// Looks up the exact sampled block of a turn's calls (tool memory).
+pub trait ReplayLookup {
+    fn block_for(&mut self, ids: &[&str]) -> Option<String>;
+}
+
+/// No memory: always canonical.
+pub struct NoReplay;
+
+impl ReplayLookup for NoReplay {
+    fn block_for(&mut self, _ids: &[&str]) -> Option<String> {
+        None
+    }
+}
+
+fn tool_calls_text(calls: &[ToolCall], replay: &mut dyn ReplayLookup) -> String {
+    if calls.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+    if ids.iter().all(|i| !i.is_empty()) {
+        if let Some(b) = replay.block_for(&ids) {
+            return b;
+        }
+    }
+    canonical_dsml(calls)
+}
+
+/// The whole prompt text of a request (PROMPT.md §3.3 and §3.4).
+pub fn render(req: &GenRequest, replay: &mut dyn ReplayLookup) -> String {
+    let mode = req.mode;
+    if req.api == Api::Completions {
+        let mut s = String::from(BOS);
+        if mode == ThinkMode::Max {
+            s.push_str(THINK_MAX_PREFIX);
+        }
+        s.push_str(DEFAULT_SYSTEM);
+        s.push_str(USER);
+        s.push_str(req.prompt.as_deref().unwrap_or(""));
+        s.push_str(ASSISTANT);
+        s.push_str(if mode.thinks() { "<think>" } else { "</think>" });
+        return s;
+    }
+    render_messages(&req.messages, req, replay)
+}
+
+fn render_messages(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLookup) -> String {
+    let think = req.mode.thinks();
+    let tools_active = req.tools_active();
+    let tool_context = tools_active
+        || msgs.iter().any(|m| !m.tool_calls.is_empty())
+        || (req.api != Api::Messages && msgs.iter().any(|m| m.role == Role::Tool));
+    let mut system = String::new();
+    if tools_active {
+        system.push_str(&tools_prompt(&req.tool_lines));
+    }
+    for m in msgs.iter().filter(|m| m.role == Role::System) {
+        if !system.is_empty() {
+            system.push_str("\n\n");
+        }
+        system.push_str(&m.content);
+    }
+    let last_user = msgs
+        .iter()
+        .rposition(|m| matches!(m.role, Role::User | Role::Tool));
+    let mut out = String::from(BOS);
+    if req.mode == ThinkMode::Max {
+        out.push_str(THINK_MAX_PREFIX);
+    }
+    out.push_str(&system);
+    let (mut pending_assistant, mut pending_tool) = (false, false);
+    for (i, m) in msgs.iter().enumerate() {
+        match m.role {
+            Role::System => {}
+            Role::User => {
+                out.push_str(USER);
+                out.push_str(&m.content);
+                pending_assistant = true;
+                pending_tool = false;
+            }
+            Role::Tool => {
+                if !pending_tool {
+                    out.push_str(USER);
+                }
+                out.push_str("<tool_result>");
+                out.push_str(&esc_result(&m.content));
+                out.push_str("</tool_result>");
+                pending_assistant = true;
+                pending_tool = true;
+            }
+            Role::Assistant => {
+                if pending_assistant {
+                    out.push_str(ASSISTANT);
+                    if think && (tool_context || last_user.is_none_or(|l| i > l)) {
+                        out.push_str("<think>");
+                        out.push_str(m.reasoning.as_deref().unwrap_or(""));
+                        out.push_str("</think>");
+                    } else {
+                        out.push_str("</think>");
+                    }
+                }
+                out.push_str(&m.content);
+                out.push_str(&tool_calls_text(&m.tool_calls, replay));
+                out.push_str(EOS);
+                pending_assistant = false;
+                pending_tool = false;
+            }
+        }
+    }
+    if pending_assistant {
+        out.push_str(ASSISTANT);
+        out.push_str(if think { "<think>" } else { "</think>" });
+    }
+    out
+}
+
+/// The live-continuation tail (PROMPT.md §3.5): EOS, the trailing new
+/// messages by the §3.3 rules (an assistant message always with its
+/// reasoning in thinking mode), then the assistant prefix.
+pub fn render_tail(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLookup) -> String {
+    let think = req.mode.thinks();
+    let mut out = String::from(EOS);
+    let mut pending_tool = false;
+    for m in msgs {
+        match m.role {
+            Role::System => {}
+            Role::User => {
+                out.push_str(USER);
+                out.push_str(&m.content);
+                pending_tool = false;
+            }
+            Role::Tool => {
+                if !pending_tool {
+                    out.push_str(USER);
+                }
+                out.push_str("<tool_result>");
+                out.push_str(&esc_result(&m.content));
+                out.push_str("</tool_result>");
+                pending_tool = true;
+            }
+            Role::Assistant => {
+                out.push_str(ASSISTANT);
+                if think {
+                    out.push_str("<think>");
+                    out.push_str(m.reasoning.as_deref().unwrap_or(""));
+                }
+                out.push_str("</think>");
+                out.push_str(&m.content);
+                out.push_str(&tool_calls_text(&m.tool_calls, replay));
+                out.push_str(EOS);
+                pending_tool = false;
+            }
+        }
+    }
+    out.push_str(ASSISTANT);
+    out.push_str(if think { "<think>" } else { "</think>" });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::request::{parse_chat, ParseContext};
+
+    const PC: ParseContext = ParseContext {
+        ctx: 100_000,
+        allow_script: false,
+    };
+
+    #[test]
+    fn prompt_md_example_1_and_2() {
+        let r = parse_chat(r#"{"model":"deepseek-chat","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"What is Redis?"},{"role":"assistant","content":"An in-memory data store."},{"role":"user","content":"Is it single-threaded?"}]}"#.as_bytes(), PC).unwrap();
+        assert_eq!(render(&r, &mut NoReplay), "<｜begin▁of▁sentence｜>You are terse.<｜User｜>What is Redis?<｜Assistant｜></think>An in-memory data store.<｜end▁of▁sentence｜><｜User｜>Is it single-threaded?<｜Assistant｜></think>");
+        let r = parse_chat(r#"{"model":"deepseek-v4-flash","messages":[{"role":"user","content":"What is 2+2?"},{"role":"assistant","reasoning_content":"Simple arithmetic: 2+2=4.","content":"4"},{"role":"user","content":"And times 3?"}]}"#.as_bytes(), PC).unwrap();
+        assert_eq!(render(&r, &mut NoReplay), "<｜begin▁of▁sentence｜><｜User｜>What is 2+2?<｜Assistant｜></think>4<｜end▁of▁sentence｜><｜User｜>And times 3?<｜Assistant｜><think>");
+    }
+
+    #[test]
+    fn prompt_md_example_3_tools() {
+        let body = r#"{"model":"deepseek-v4-flash","messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"How many lines in a.c?"},{"role":"assistant","content":"","reasoning_content":"I should count the lines.","tool_calls":[{"id":"call_0123456789abcdef0123456789abcdef","type":"function","function":{"name":"bash","arguments":"{\"command\":\"wc -l a.c\",\"timeout\":10}"}}]},{"role":"tool","tool_call_id":"call_0123456789abcdef0123456789abcdef","content":"42 a.c"}],"tools":[{"type":"function","function":{"name":"bash","description":"Run a shell command.","parameters":{"type":"object","properties":{"command":{"type":"string"},"timeout":{"type":"integer"}},"required":["command"]}}}]}"#;
+        let r = parse_chat(body.as_bytes(), PC).unwrap();
+        let text = render(&r, &mut NoReplay);
+        assert!(text.starts_with("<｜begin▁of▁sentence｜>## Tools\n\nYou have access"));
+        assert_eq!(TOOLS_HEADER.len(), 1183);
+        assert_eq!(TOOLS_FOOTER.len(), 146);
+        assert!(text.contains("### Available Tool Schemas\n\n{\"name\":\"bash\",\"description\":\"Run a shell command.\",\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":{\"type\":\"string\"},\"timeout\":{\"type\":\"integer\"}},\"required\":[\"command\"]}}\n\nYou MUST"));
+        assert!(text.ends_with("...from the schemas.\n\nYou are a coding agent.<｜User｜>How many lines in a.c?<｜Assistant｜><think>I should count the lines.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">wc -l a.c</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>42 a.c</tool_result><｜Assistant｜><think>".trim_start_matches("...")));
+    }
+}

@@ -1,0 +1,919 @@
+//! The four wire formats (OpenAI chat, completions, Responses, Anthropic
+//! messages) translated into one internal request (SERVER.md §4, §5;
+//! PROMPT.md §3.6). Every field a client controls is type-checked here; a
+//! wrong type is `400 invalid JSON request`, unknown fields are ignored.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use crate::chat::ThinkMode;
+use crate::sampler::SamplerConfig;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completions,
+    Responses,
+    Messages,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    System,
+    User,
+    Tool,
+    Assistant,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text (a decoded string or raw JSON).
+    pub arguments: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub role: Role,
+    pub content: String,
+    pub reasoning: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    /// Ids of the tool results this message carries.
+    pub tool_result_ids: Vec<String>,
+}
+
+impl Message {
+    fn new(role: Role, content: String) -> Message {
+        Message {
+            role,
+            content,
+            reasoning: None,
+            tool_calls: Vec::new(),
+            tool_result_ids: Vec::new(),
+        }
+    }
+}
+
+/// One generation request, whatever API it came through.
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    pub api: Api,
+    pub model: String,
+    pub messages: Vec<Message>,
+    /// `/v1/completions` prompt text.
+    pub prompt: Option<String>,
+    /// Tool schema lines for the prompt (PROMPT.md §4.1).
+    pub tool_lines: Vec<String>,
+    pub tools_disabled: bool,
+    /// Thinking mode after the Think Max context rule.
+    pub mode: ThinkMode,
+    pub sampler: SamplerConfig,
+    pub seed: Option<u64>,
+    pub max_tokens: Option<i64>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub stop: Vec<String>,
+    /// Responses `reasoning.summary` opted in.
+    pub reasoning_summary: bool,
+    /// Test-only scripted output (accepted only with the hidden server flag).
+    pub script: Option<String>,
+    /// The request body as received (for `--trace`).
+    pub raw: Vec<u8>,
+}
+
+impl GenRequest {
+    pub fn tools_active(&self) -> bool {
+        !self.tool_lines.is_empty() && !self.tools_disabled
+    }
+
+    /// Chat-style: tool calls and reasoning are parsed out of the output.
+    pub fn chat_style(&self) -> bool {
+        self.api != Api::Completions
+    }
+}
+
+/// Server-side settings the parsers need.
+#[derive(Clone, Copy, Debug)]
+pub struct ParseContext {
+    pub ctx: usize,
+    pub allow_script: bool,
+}
+
+fn bad() -> ApiError {
+    ApiError::invalid("invalid JSON request")
+}
+
+fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| bad())?;
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        _ => Err(bad()),
+    }
+}
+
+fn opt_str(m: &Map<String, Value>, k: &str) -> Result<Option<String>, ApiError> {
+    match m.get(k) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(bad()),
+    }
+}
+
+fn opt_bool(m: &Map<String, Value>, k: &str) -> Result<Option<bool>, ApiError> {
+    match m.get(k) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(bad()),
+    }
+}
+
+fn opt_num(m: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
+    match m.get(k) {
+        None => Ok(None),
+        Some(Value::Number(n)) => n.as_f64().map(Some).ok_or_else(bad),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// Text of a content value: a string, or the concatenated strings / `text`
+/// fields of an array; `null` is "".
+fn content_text(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|p| match p {
+                Value::String(s) => Some(s.as_str()),
+                Value::Object(o) => o.get("text").and_then(Value::as_str),
+                _ => None,
+            })
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// Arguments: a JSON string is its text, anything else its JSON.
+fn arguments_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+struct Thinking {
+    enabled: bool,
+    max: bool,
+    none_effort: bool,
+    explicit: bool,
+}
+
+impl Thinking {
+    fn new() -> Thinking {
+        Thinking {
+            enabled: true,
+            max: false,
+            none_effort: false,
+            explicit: false,
+        }
+    }
+
+    /// `thinking`: bool, `{"type":"enabled"|"disabled"}`, or null.
+    fn thinking_field(&mut self, m: &Map<String, Value>) -> Result<(), ApiError> {
+        match m.get("thinking") {
+            None => {}
+            Some(Value::Bool(b)) => {
+                self.enabled = *b;
+                self.explicit = true;
+            }
+            Some(Value::Null) => self.explicit = true,
+            Some(Value::Object(o)) => {
+                match o.get("type").and_then(Value::as_str) {
+                    Some("enabled") => self.enabled = true,
+                    Some("disabled") => self.enabled = false,
+                    _ => {}
+                }
+                self.explicit = true;
+            }
+            Some(_) => return Err(bad()),
+        }
+        Ok(())
+    }
+
+    /// An effort name (SERVER.md §4.2); null leaves things unchanged.
+    fn effort(&mut self, v: Option<&Value>) -> Result<(), ApiError> {
+        match v {
+            None | Some(Value::Null) => Ok(()),
+            Some(Value::String(s)) => {
+                match s.as_str() {
+                    "max" => {
+                        self.max = true;
+                        self.none_effort = false
+                    }
+                    "xhigh" | "high" | "medium" | "low" | "minimal" => {
+                        self.max = false;
+                        self.none_effort = false
+                    }
+                    "none" => self.none_effort = true,
+                    _ => return Err(bad()),
+                }
+                Ok(())
+            }
+            Some(_) => Err(bad()),
+        }
+    }
+
+    fn mode(&self, model: &str, ctx: usize) -> ThinkMode {
+        let mut enabled = self.enabled;
+        if !self.explicit && model == "deepseek-chat" {
+            enabled = false;
+        }
+        if !self.explicit && model == "deepseek-reasoner" {
+            enabled = true;
+        }
+        let mode = if !enabled || self.none_effort {
+            ThinkMode::None
+        } else if self.max {
+            ThinkMode::Max
+        } else {
+            ThinkMode::High
+        };
+        mode.effective(ctx)
+    }
+}
+
+/// Sampling fields; thinking modes use the fixed official values.
+fn sampling(
+    m: &Map<String, Value>,
+    with_min_p: bool,
+    with_top_k: bool,
+    mode: ThinkMode,
+) -> Result<SamplerConfig, ApiError> {
+    let mut c = SamplerConfig::default();
+    if let Some(t) = opt_num(m, "temperature")? {
+        c.temperature = t as f32;
+    }
+    if let Some(t) = opt_num(m, "top_p")? {
+        c.top_p = t as f32;
+    }
+    if with_min_p {
+        if let Some(t) = opt_num(m, "min_p")? {
+            c.min_p = t as f32;
+        }
+    }
+    if with_top_k {
+        if let Some(t) = opt_num(m, "top_k")? {
+            c.top_k = t.clamp(i32::MIN as f64, i32::MAX as f64) as i32;
+        }
+    }
+    if mode.thinks() {
+        c = SamplerConfig::default();
+    }
+    Ok(c)
+}
+
+fn seed(m: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
+    Ok(opt_num(m, "seed")?.filter(|s| *s >= 1.0).map(|s| s as u64))
+}
+
+fn max_tokens(m: &Map<String, Value>, keys: &[&str]) -> Result<Option<i64>, ApiError> {
+    let mut out = None;
+    for k in keys {
+        if let Some(v) = opt_num(m, k)? {
+            out = Some(if v < 0.0 { 0 } else { v as i64 });
+        }
+    }
+    Ok(out)
+}
+
+fn stop_list(v: Option<&Value>) -> Vec<String> {
+    match v {
+        Some(Value::String(s)) if !s.is_empty() => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn include_usage(m: &Map<String, Value>) -> Result<bool, ApiError> {
+    match m.get("stream_options") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Object(o)) => Ok(opt_bool(o, "include_usage")?.unwrap_or(false)),
+        Some(_) => Err(bad()),
+    }
+}
+
+fn script(m: &Map<String, Value>, pc: ParseContext) -> Result<Option<String>, ApiError> {
+    if !pc.allow_script {
+        return Ok(None);
+    }
+    opt_str(m, "ds4_test_script")
+}
+
+#[derive(Deserialize)]
+struct RawTools<'a> {
+    #[serde(borrow, default)]
+    tools: Option<Vec<&'a RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct RawFunction<'a> {
+    #[serde(borrow)]
+    function: &'a RawValue,
+}
+
+/// Schema lines of PROMPT.md §4.1, copied from the request bytes.
+fn tool_lines(body: &[u8]) -> Result<Vec<String>, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| bad())?;
+    let raw: RawTools = serde_json::from_str(text).map_err(|_| bad())?;
+    let mut out = Vec::new();
+    for t in raw.tools.unwrap_or_default() {
+        let v: Value = serde_json::from_str(t.get()).map_err(|_| bad())?;
+        let Value::Object(o) = &v else {
+            return Err(bad());
+        };
+        if o.contains_key("function") {
+            let f: RawFunction = serde_json::from_str(t.get()).map_err(|_| bad())?;
+            out.push(f.function.get().to_string());
+        } else if o.get("type").and_then(Value::as_str) == Some("namespace") {
+            let ns = o.get("name").and_then(Value::as_str).unwrap_or("");
+            for inner in o
+                .get("tools")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let name = inner.get("name").and_then(Value::as_str).unwrap_or("");
+                let desc = inner
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let params = inner
+                    .get("parameters")
+                    .or_else(|| inner.get("input_schema"))
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| r#"{"type":"object","properties":{}}"#.into());
+                out.push(format!(
+                    "{{\"name\":{},\"description\":{},\"parameters\":{}}}",
+                    Value::String(format!("{ns}{name}")),
+                    Value::String(desc.into()),
+                    params
+                ));
+            }
+        } else if o.get("type").and_then(Value::as_str) == Some("tool_search") {
+            let desc = o
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("Search available tools.");
+            let params = o
+                .get("parameters")
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| r#"{"type":"object","properties":{}}"#.into());
+            out.push(format!(
+                "{{\"name\":\"tool_search\",\"description\":{},\"parameters\":{}}}",
+                Value::String(desc.into()),
+                params
+            ));
+        } else {
+            out.push(t.get().to_string());
+        }
+    }
+    Ok(out)
+}
+
+fn model(m: &Map<String, Value>) -> Result<String, ApiError> {
+    Ok(opt_str(m, "model")?.unwrap_or_else(|| "deepseek-v4-flash".into()))
+}
+
+/// `POST /v1/chat/completions`.
+pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
+    let m = object(body)?;
+    let model = model(&m)?;
+    let mut th = Thinking::new();
+    th.thinking_field(&m)?;
+    if let Some(b) = opt_bool(&m, "think")? {
+        th.enabled = b;
+        th.explicit = true;
+    }
+    th.effort(m.get("reasoning_effort"))?;
+    let mode = th.mode(&model, pc.ctx);
+    let Some(msgs) = m.get("messages") else {
+        return Err(ApiError::invalid("missing messages"));
+    };
+    let Value::Array(msgs) = msgs else {
+        return Err(bad());
+    };
+    let mut messages = Vec::new();
+    for v in msgs {
+        let Value::Object(o) = v else {
+            return Err(bad());
+        };
+        let role = match o.get("role").and_then(Value::as_str).unwrap_or("user") {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "tool" | "function" => Role::Tool,
+            "assistant" => Role::Assistant,
+            _ => continue,
+        };
+        let mut msg = Message::new(role, content_text(o.get("content")));
+        if o.contains_key("reasoning_content") {
+            msg.reasoning = Some(content_text(o.get("reasoning_content")));
+        }
+        for c in o
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let f = c.get("function");
+            let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+            let args = arguments_text(f.and_then(|f| f.get("arguments")));
+            if let (Some(name), Some(arguments)) = (name, args) {
+                msg.tool_calls.push(ToolCall {
+                    id: c.get("id").and_then(Value::as_str).unwrap_or("").into(),
+                    name: name.into(),
+                    arguments,
+                });
+            }
+        }
+        if let Some(id) = o.get("tool_call_id").and_then(Value::as_str) {
+            msg.tool_result_ids.push(id.into());
+        }
+        messages.push(msg);
+    }
+    let tools_disabled = matches!(m.get("tool_choice"), Some(Value::String(s)) if s == "none");
+    Ok(GenRequest {
+        api: Api::Chat,
+        sampler: sampling(&m, true, true, mode)?,
+        seed: seed(&m)?,
+        max_tokens: max_tokens(&m, &["max_tokens", "max_completion_tokens"])?,
+        stream: opt_bool(&m, "stream")?.unwrap_or(false),
+        include_usage: include_usage(&m)?,
+        stop: stop_list(m.get("stop")),
+        tool_lines: tool_lines(body)?,
+        tools_disabled,
+        script: script(&m, pc)?,
+        model,
+        messages,
+        prompt: None,
+        mode,
+        reasoning_summary: false,
+        raw: Vec::new(),
+    })
+}
+
+/// `POST /v1/completions`.
+pub fn parse_completions(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
+    let m = object(body)?;
+    let model = model(&m)?;
+    let mut th = Thinking::new();
+    th.thinking_field(&m)?;
+    if let Some(b) = opt_bool(&m, "think")? {
+        th.enabled = b;
+        th.explicit = true;
+    }
+    th.effort(m.get("reasoning_effort"))?;
+    let mode = th.mode(&model, pc.ctx);
+    let prompt = match m.get("prompt") {
+        None => return Err(ApiError::invalid("missing prompt")),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) => a.first().and_then(Value::as_str).unwrap_or("").into(),
+        Some(_) => return Err(bad()),
+    };
+    Ok(GenRequest {
+        api: Api::Completions,
+        sampler: sampling(&m, true, true, mode)?,
+        seed: seed(&m)?,
+        max_tokens: max_tokens(&m, &["max_tokens"])?,
+        stream: opt_bool(&m, "stream")?.unwrap_or(false),
+        include_usage: include_usage(&m)?,
+        stop: stop_list(m.get("stop")),
+        tool_lines: Vec::new(),
+        tools_disabled: true,
+        script: script(&m, pc)?,
+        model,
+        messages: Vec::new(),
+        prompt: Some(prompt),
+        mode,
+        reasoning_summary: false,
+        raw: Vec::new(),
+    })
+}
+
+/// Anthropic `system`: string or parts, `x-anthropic-` parts dropped.
+fn anthropic_system(v: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let parts: Vec<String> = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|p| match p {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("text").and_then(Value::as_str).map(String::from),
+                _ => None,
+            })
+            .collect(),
+        Some(_) => return Err(bad()),
+    };
+    let mut out = String::new();
+    for p in parts.iter().filter(|p| !p.starts_with("x-anthropic-")) {
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str(p);
+    }
+    Ok(Some(out))
+}
+
+/// `POST /v1/messages`.
+pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
+    let m = object(body)?;
+    let model = model(&m)?;
+    let mut th = Thinking::new();
+    th.thinking_field(&m)?;
+    if let Some(Value::Object(oc)) = m.get("output_config") {
+        th.effort(oc.get("effort"))?;
+    }
+    th.effort(m.get("reasoning_effort"))?;
+    let mode = th.mode(&model, pc.ctx);
+    let Some(msgs) = m.get("messages") else {
+        return Err(ApiError::invalid("missing messages"));
+    };
+    let Value::Array(msgs) = msgs else {
+        return Err(bad());
+    };
+    let mut messages = Vec::new();
+    if let Some(s) = anthropic_system(m.get("system"))? {
+        messages.push(Message::new(Role::System, s));
+    }
+    for v in msgs {
+        let Value::Object(o) = v else {
+            return Err(bad());
+        };
+        let role = match o.get("role").and_then(Value::as_str).unwrap_or("user") {
+            "system" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            _ => continue,
+        };
+        let mut msg = Message::new(role, String::new());
+        match o.get("content") {
+            Some(Value::String(s)) => msg.content = s.clone(),
+            Some(Value::Array(blocks)) => {
+                for b in blocks {
+                    match b.get("type").and_then(Value::as_str) {
+                        Some("text") => {
+                            msg.content
+                                .push_str(b.get("text").and_then(Value::as_str).unwrap_or(""));
+                        }
+                        Some("thinking") => {
+                            let r = msg.reasoning.get_or_insert_with(String::new);
+                            r.push_str(b.get("thinking").and_then(Value::as_str).unwrap_or(""));
+                        }
+                        Some("tool_use") => msg.tool_calls.push(ToolCall {
+                            id: b.get("id").and_then(Value::as_str).unwrap_or("").into(),
+                            name: b.get("name").and_then(Value::as_str).unwrap_or("").into(),
+                            arguments: b
+                                .get("input")
+                                .map(|i| i.to_string())
+                                .unwrap_or_else(|| "{}".into()),
+                        }),
+                        Some("tool_result") => {
+                            let c = content_text(b.get("content"));
+                            msg.content.push_str("<tool_result>");
+                            msg.content.push_str(&super::render::esc_result(&c));
+                            msg.content.push_str("</tool_result>");
+                            if let Some(id) = b.get("tool_use_id").and_then(Value::as_str) {
+                                msg.tool_result_ids.push(id.into());
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            None | Some(Value::Null) => {}
+            Some(_) => return Err(bad()),
+        }
+        messages.push(msg);
+    }
+    let tools_disabled = m
+        .get("tool_choice")
+        .and_then(|c| c.get("type"))
+        .and_then(Value::as_str)
+        == Some("none");
+    Ok(GenRequest {
+        api: Api::Messages,
+        sampler: sampling(&m, false, true, mode)?,
+        seed: None,
+        max_tokens: max_tokens(&m, &["max_tokens"])?,
+        stream: opt_bool(&m, "stream")?.unwrap_or(false),
+        include_usage: false,
+        stop: stop_list(m.get("stop_sequences")),
+        tool_lines: tool_lines(body)?,
+        tools_disabled,
+        script: script(&m, pc)?,
+        model,
+        messages,
+        prompt: None,
+        mode,
+        reasoning_summary: false,
+        raw: Vec::new(),
+    })
+}
+
+/// Text blocks of a Responses message; other block types reject the request.
+fn responses_content(v: Option<&Value>) -> Result<String, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(a)) => {
+            let mut out = String::new();
+            for b in a {
+                match b.get("type").and_then(Value::as_str) {
+                    Some(
+                        "input_text" | "output_text" | "text" | "summary_text" | "reasoning_text",
+                    ) => out.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+                    _ => return Err(bad()),
+                }
+            }
+            Ok(out)
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// `POST /v1/responses`.
+pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
+    let m = object(body)?;
+    let model = model(&m)?;
+    let mut th = Thinking::new();
+    let mut summary = false;
+    match m.get("reasoning") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(r)) => {
+            if let Some(e) = r.get("effort").filter(|e| !e.is_null()) {
+                th.explicit = true;
+                if e.as_str() == Some("none") {
+                    th.enabled = false;
+                }
+                th.effort(Some(e))?;
+            }
+            summary = matches!(
+                r.get("summary").and_then(Value::as_str),
+                Some("auto" | "concise" | "detailed")
+            );
+        }
+        Some(_) => return Err(bad()),
+    }
+    let mode = th.mode(&model, pc.ctx);
+    for k in ["previous_response_id", "conversation"] {
+        if m.get(k).is_some_and(|v| !v.is_null()) {
+            let what = if k == "conversation" {
+                "conversation is not supported; replay full input instead".to_string()
+            } else {
+                "previous_response_id is not supported; replay full input instead".to_string()
+            };
+            return Err(ApiError::invalid(&what));
+        }
+    }
+    let tools_disabled = match m.get("tool_choice") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(s)) if s == "none" => true,
+        Some(Value::String(s)) if s == "auto" => false,
+        Some(Value::String(s)) => {
+            return Err(ApiError::invalid(&format!("tool_choice={s} not supported")))
+        }
+        Some(_) => return Err(ApiError::invalid("forced tool_choice not supported")),
+    };
+    let mut messages = Vec::new();
+    if let Some(i) = opt_str(&m, "instructions")?.filter(|s| !s.is_empty()) {
+        messages.push(Message::new(Role::System, i));
+    }
+    let mut pending: Option<String> = None;
+    match m.get("input") {
+        None => return Err(ApiError::invalid("missing input")),
+        Some(Value::String(s)) => messages.push(Message::new(Role::User, s.clone())),
+        Some(Value::Array(items)) => {
+            for it in items {
+                let Value::Object(o) = it else {
+                    return Err(bad());
+                };
+                if o.get("status")
+                    .is_some_and(|s| !s.is_null() && s.as_str() != Some("completed"))
+                {
+                    return Err(bad());
+                }
+                let ty = o.get("type").and_then(Value::as_str).unwrap_or("message");
+                let call_id = || {
+                    o.get("call_id")
+                        .or_else(|| o.get("id"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                };
+                match ty {
+                    "message" => {
+                        let role = match o.get("role").and_then(Value::as_str).unwrap_or("user") {
+                            "system" | "developer" => Role::System,
+                            "assistant" => Role::Assistant,
+                            "user" => Role::User,
+                            _ => continue,
+                        };
+                        let content = responses_content(o.get("content"))?;
+                        if role != Role::Assistant {
+                            if let Some(r) = pending.take() {
+                                let mut a = Message::new(Role::Assistant, String::new());
+                                a.reasoning = Some(r);
+                                messages.push(a);
+                            }
+                        }
+                        let mut msg = Message::new(role, content);
+                        if role == Role::Assistant {
+                            msg.reasoning = pending.take();
+                        }
+                        messages.push(msg);
+                    }
+                    "reasoning" => {
+                        let mut parts = Vec::new();
+                        for k in ["summary", "content"] {
+                            let t = responses_content(o.get(k)).unwrap_or_default();
+                            if !t.is_empty() {
+                                parts.push(t);
+                            }
+                        }
+                        let t = parts.join("\n");
+                        match &mut pending {
+                            Some(p) => p.push_str(&t),
+                            None => pending = Some(t),
+                        }
+                    }
+                    "function_call"
+                    | "custom_tool_call"
+                    | "local_shell_call"
+                    | "web_search_call"
+                    | "tool_search_call"
+                    | "image_generation_call" => {
+                        let name = match ty {
+                            "local_shell_call" => "local_shell".to_string(),
+                            "tool_search_call" => "tool_search".to_string(),
+                            "web_search_call" | "image_generation_call" => ty.to_string(),
+                            _ => format!(
+                                "{}{}",
+                                o.get("namespace").and_then(Value::as_str).unwrap_or(""),
+                                o.get("name").and_then(Value::as_str).unwrap_or("")
+                            ),
+                        };
+                        let args = ["action", "arguments", "input"]
+                            .iter()
+                            .find_map(|k| arguments_text(o.get(*k)))
+                            .unwrap_or_else(|| "{}".into());
+                        let call = ToolCall {
+                            id: call_id(),
+                            name,
+                            arguments: args,
+                        };
+                        match messages.last_mut() {
+                            Some(last) if last.role == Role::Assistant && pending.is_none() => {
+                                last.tool_calls.push(call)
+                            }
+                            _ => {
+                                let mut a = Message::new(Role::Assistant, String::new());
+                                a.reasoning = pending.take();
+                                a.tool_calls.push(call);
+                                messages.push(a);
+                            }
+                        }
+                    }
+                    t if t.ends_with("_output") => {
+                        if let Some(r) = pending.take() {
+                            let mut a = Message::new(Role::Assistant, String::new());
+                            a.reasoning = Some(r);
+                            messages.push(a);
+                        }
+                        let content = match o.get("output").or_else(|| o.get("result")) {
+                            Some(Value::String(s)) => s.clone(),
+                            Some(Value::Array(a)) if a.iter().all(|b| b.get("text").is_some()) => {
+                                content_text(Some(&Value::Array(a.clone())))
+                            }
+                            Some(v) => v.to_string(),
+                            None => o.get("tools").map(|v| v.to_string()).unwrap_or_default(),
+                        };
+                        let mut msg = Message::new(Role::Tool, content);
+                        msg.tool_result_ids.push(call_id());
+                        messages.push(msg);
+                    }
+                    "compaction" | "context_compaction" => {}
+                    _ => return Err(bad()),
+                }
+            }
+            if let Some(r) = pending.take() {
+                let mut a = Message::new(Role::Assistant, String::new());
+                a.reasoning = Some(r);
+                messages.push(a);
+            }
+        }
+        Some(_) => return Err(bad()),
+    }
+    Ok(GenRequest {
+        api: Api::Responses,
+        sampler: sampling(&m, false, false, mode)?,
+        seed: None,
+        max_tokens: max_tokens(&m, &["max_output_tokens", "max_tokens"])?,
+        stream: opt_bool(&m, "stream")?.unwrap_or(false),
+        include_usage: false,
+        stop: Vec::new(),
+        tool_lines: tool_lines(body)?,
+        tools_disabled,
+        script: script(&m, pc)?,
+        model,
+        messages,
+        prompt: None,
+        mode,
+        reasoning_summary: summary,
+        raw: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PC: ParseContext = ParseContext {
+        ctx: 4096,
+        allow_script: false,
+    };
+
+    #[test]
+    fn wrong_types_and_missing_fields() {
+        for body in [
+            &br#"[]"#[..],
+            br#"{"messages":[],"stream":null}"#,
+            br#"{"messages":[],"max_tokens":null}"#,
+            br#"{"messages":[],"temperature":"1"}"#,
+            br#"{"messages":[],"model":null}"#,
+            br#"{"messages":[],"reasoning_effort":"huge"}"#,
+            b"{\"messages\":[],\"model\":\"\xff\"}",
+        ] {
+            let e = parse_chat(body, PC).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.body.contains("invalid JSON request"), "{}", e.body);
+        }
+        let e = parse_chat(br#"{"model":"x"}"#, PC).unwrap_err();
+        assert!(e.body.contains("missing messages"));
+        let e = parse_responses(br#"{"model":"x"}"#, PC).unwrap_err();
+        assert!(e.body.contains("missing input"));
+        let e = parse_completions(br#"{}"#, PC).unwrap_err();
+        assert!(e.body.contains("missing prompt"));
+    }
+
+    #[test]
+    fn thinking_resolution() {
+        let mode = |b: &[u8]| parse_chat(b, PC).unwrap().mode;
+        assert_eq!(mode(br#"{"messages":[]}"#), ThinkMode::High);
+        assert_eq!(
+            mode(br#"{"messages":[],"model":"deepseek-chat"}"#),
+            ThinkMode::None
+        );
+        assert_eq!(
+            mode(br#"{"messages":[],"model":"deepseek-chat","thinking":null}"#),
+            ThinkMode::High
+        );
+        assert_eq!(mode(br#"{"messages":[],"think":false}"#), ThinkMode::None);
+        assert_eq!(
+            mode(br#"{"messages":[],"thinking":{"type":"disabled"}}"#),
+            ThinkMode::None
+        );
+        // max downgrades below 384 Ki context.
+        assert_eq!(
+            mode(br#"{"messages":[],"reasoning_effort":"max"}"#),
+            ThinkMode::High
+        );
+        let big = ParseContext {
+            ctx: 400_000,
+            allow_script: false,
+        };
+        let r = parse_chat(br#"{"messages":[],"reasoning_effort":"max"}"#, big).unwrap();
+        assert_eq!(r.mode, ThinkMode::Max);
+        let r = parse_responses(br#"{"input":"x","reasoning":{"effort":"none"}}"#, PC).unwrap();
+        assert_eq!(r.mode, ThinkMode::None);
+    }
+
+    #[test]
+    fn tool_lines_are_the_request_bytes() {
+        let body = br#"{"messages":[],"tools":[ {"type":"function","function":{"name":"bash",  "parameters":{}}}, {"name":"x","input_schema":{}}]}"#;
+        let r = parse_chat(body, PC).unwrap();
+        assert_eq!(
+            r.tool_lines,
+            vec![
+                r#"{"name":"bash",  "parameters":{}}"#.to_string(),
+                r#"{"name":"x","input_schema":{}}"#.to_string()
+            ]
+        );
+    }
+}
