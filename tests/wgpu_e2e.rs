@@ -28,7 +28,7 @@ const MAX_DLOGPROB: f32 = 2e-3;
 
 /// Whether the GPU half runs (`CI` set and no adapter: panic).
 fn have_gpu() -> bool {
-    match Gpu::open(&AdapterChoice::from_env(true)) {
+    match Gpu::shared(&AdapterChoice::from_env(true)) {
         Ok(g) => {
             eprintln!("wgpu device: {}", g.describe());
             true

@@ -116,9 +116,6 @@ pub struct WgpuBackend {
     layout: StateLayout,
     states: Vec<wgpu::Buffer>,
     step: wgpu::Buffer,
-    kernels: kernels::Kernels,
-    /// Matrix-product pipelines (created on the first graph with one).
-    matmul: Option<matmul::MatmulKernels>,
     /// Matrices and expert tensors as stored in the file, in chunks of
     /// whole rows (shared by every graph).
     tensors: HashMap<String, Arc<weights::GpuTensor>>,
@@ -143,7 +140,7 @@ impl WgpuBackend {
         file: WeightFile,
         layout: StateLayout,
     ) -> Result<WgpuBackend, BackendError> {
-        Self::new(Arc::new(Gpu::open(choice)?), file, layout)
+        Self::new(Gpu::shared(choice)?, file, layout)
     }
 
     /// A backend on an already open device (tests share one device).
@@ -183,8 +180,6 @@ impl WgpuBackend {
             layout,
             states,
             step,
-            kernels: kernels::Kernels::default(),
-            matmul: None,
             tensors: HashMap::new(),
             small: HashMap::new(),
             tables: HashMap::new(),
