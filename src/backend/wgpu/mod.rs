@@ -196,6 +196,50 @@ impl WgpuBackend {
         &self.gpu
     }
 
+    /// Uploads every matrix and expert tensor the graph's products read
+    /// (`Op::weights`), streamed from the mmap in chunks of whole rows, with
+    /// a progress bar on a terminal when there is much to move.
+    fn upload_matrices(&mut self, graph: &Graph) -> Result<(), BackendError> {
+        use crate::ops::Op;
+        let mut todo: Vec<&crate::model::TensorRef> = Vec::new();
+        for op in graph.ops() {
+            if matches!(op, Op::MatMul(_) | Op::MoeExperts(_)) {
+                for t in op.weights() {
+                    if !self.tensors.contains_key(&t.name) && !todo.iter().any(|x| x.name == t.name) {
+                        todo.push(t);
+                    }
+                }
+            }
+        }
+        let total: u64 = todo.iter().map(|t| t.n_bytes).sum();
+        let bar = (total > 256 << 20 && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(|| {
+            let b = indicatif::ProgressBar::new(total);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "uploading weights {bytes}/{total_bytes} {wide_bar} {percent}%",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        });
+        let file = self.file.clone();
+        let file: &crate::gguf::GgufFile = (*file).as_ref();
+        let mut done = 0u64;
+        for t in todo {
+            let w = weights::GpuTensor::upload(&self.gpu, &t.name, t.ty, t.ne, t.bytes(file), &mut |n| {
+                if let Some(b) = &bar {
+                    b.set_position(done + n);
+                }
+            })?;
+            done += t.n_bytes;
+            self.tensors.insert(t.name.clone(), Arc::new(w));
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        self.gpu.check()
+    }
+
     fn loaded(&self, h: GraphHandle) -> Result<&LoadedGraph, BackendError> {
         self.graphs.get(h.0).ok_or(BackendError::UnknownGraph(h.0))
     }
@@ -358,6 +402,7 @@ impl Backend for WgpuBackend {
             n_tokens: 0,
             logits: Vec::new(),
         };
+        self.upload_matrices(&graph)?;
         lg.segments = record::record(self, &lg)?;
         self.gpu.wait()?;
         self.graphs.push(lg);
