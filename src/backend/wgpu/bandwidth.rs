@@ -21,6 +21,18 @@ use super::StepUniform;
 use crate::backend::BackendError;
 use crate::quant::{self, GgmlType};
 
+/// Parameters of shaders/bandwidth.wgsl (same layout as its `BandwidthParams`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct BandwidthParams {
+    /// 16-byte words to read.
+    pub n_words: u32,
+    /// Invocations in the grid.
+    pub n_threads: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+}
+
 /// One measured line of the table.
 #[derive(Clone, Debug)]
 pub struct Measure {
@@ -173,12 +185,16 @@ pub fn device_read(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
     let mut best: Option<(f64, &'static str)> = None;
     for (entry, groups) in [("read_all", threads / 256), ("read_blocked", 64u32)] {
         let n_threads = groups * 256;
-        let params: [u32; 4] = [(size / 16) as u32, n_threads, 0, 0];
+        let params = BandwidthParams {
+            n_words: (size / 16) as u32,
+            n_threads,
+            ..Default::default()
+        };
         let pbuf = gpu
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("bandwidth params"),
-                contents: bytemuck::cast_slice(&params),
+                contents: bytemuck::bytes_of(&params),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
         let pipeline = gpu
