@@ -9,6 +9,7 @@
 //! and reads back only the logits. Kernels bound-check against the step's
 //! token count, so one recorded list serves every step of its shape class.
 
+pub mod bandwidth;
 pub mod gpu;
 pub mod kernels;
 pub mod matmul;
