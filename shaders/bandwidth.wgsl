@@ -21,3 +21,17 @@ fn read_all(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     SINK[gid.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
 }
+
+// The same reads in contiguous runs per invocation (what a CPU emulator
+// streams best; GPUs prefer read_all). The benchmark keeps the faster.
+@compute @workgroup_size(256)
+fn read_blocked(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let per = (P.n_words + P.n_threads - 1u) / P.n_threads;
+    let start = gid.x * per;
+    let end = min(start + per, P.n_words);
+    var acc = vec4<u32>(0u);
+    for (var i = start; i < end; i++) {
+        acc ^= SRC[i];
+    }
+    SINK[gid.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+}

@@ -68,7 +68,12 @@ var<workgroup> red: array<f32, 512>; // TILE_TOKENS × WG partial sums
 // `live` false contributes zeros.
 fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
     let lane = lid % LANES;
-    var acc: array<f32, TILE_TOKENS>;
+    // The per-token sums live in workgroup memory, not in a private array:
+    // dynamically indexed private arrays are very slow on some drivers
+    // (lavapipe spills them to memory with a check per access).
+    for (var t = 0u; t < TILE_TOKENS; t++) {
+        red[t * WG + lid] = 0.0;
+    }
     if (live) {
         let n_units = (P.n_in + 31u) / 32u;
         var w: array<f32, 32>;
@@ -89,12 +94,9 @@ fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
                         s += w[i] * X[xb + i];
                     }
                 }
-                acc[t] += s;
+                red[t * WG + lid] += s;
             }
         }
-    }
-    for (var t = 0u; t < TILE_TOKENS; t++) {
-        red[t * WG + lid] = acc[t];
     }
     workgroupBarrier();
     for (var s = LANES / 2u; s > 0u; s >>= 1u) {

@@ -476,6 +476,67 @@ fn dense_every_rows_per_workgroup_variant() {
     );
 }
 
+/// Byte offset of every member of the WGSL struct `name` in module `family`
+/// (naga's layouter), and its size.
+fn wgsl_layout(family: &str, name: &str) -> (usize, Vec<(String, usize)>) {
+    let src = ds4::backend::wgpu::shaders::module_source(family);
+    let m = naga::front::wgsl::parse_str(&src).expect("module parses");
+    let (_, ty) = m
+        .types
+        .iter()
+        .find(|(_, t)| t.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("{name} in {family}"));
+    let naga::TypeInner::Struct { members, span } = &ty.inner else {
+        panic!("{name} is not a struct")
+    };
+    let fields = members
+        .iter()
+        .map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize))
+        .collect();
+    (*span as usize, fields)
+}
+
+#[test]
+fn parameter_structs_match_wgsl_field_by_field() {
+    use ds4::backend::wgpu::bandwidth::BandwidthParams;
+    use ds4::backend::wgpu::matmul::MatmulParams;
+    use std::mem::{offset_of, size_of};
+    let (size, fields) = wgsl_layout("matmul", "MatmulParams");
+    assert_eq!(size, size_of::<MatmulParams>());
+    let rust = [
+        ("n_in", offset_of!(MatmulParams, n_in)),
+        ("n_rows", offset_of!(MatmulParams, n_rows)),
+        ("row0", offset_of!(MatmulParams, row0)),
+        ("row_bytes", offset_of!(MatmulParams, row_bytes)),
+        ("rows_per_group", offset_of!(MatmulParams, rows_per_group)),
+        ("x_stride", offset_of!(MatmulParams, x_stride)),
+        ("out_stride", offset_of!(MatmulParams, out_stride)),
+        ("grid_x", offset_of!(MatmulParams, grid_x)),
+        ("expert0", offset_of!(MatmulParams, expert0)),
+        ("n_experts", offset_of!(MatmulParams, n_experts)),
+        ("k", offset_of!(MatmulParams, k)),
+        ("mode", offset_of!(MatmulParams, mode)),
+        ("clamp", offset_of!(MatmulParams, clamp)),
+        ("pad0", offset_of!(MatmulParams, pad)),
+        ("pad1", offset_of!(MatmulParams, pad) + 4),
+        ("pad2", offset_of!(MatmulParams, pad) + 8),
+    ];
+    let want: Vec<(String, usize)> = rust.iter().map(|(n, o)| (n.to_string(), *o)).collect();
+    assert_eq!(fields, want, "MatmulParams");
+    let (size, fields) = wgsl_layout("bandwidth", "BandwidthParams");
+    assert_eq!(size, size_of::<BandwidthParams>());
+    let want: Vec<(String, usize)> = [
+        ("n_words", offset_of!(BandwidthParams, n_words)),
+        ("n_threads", offset_of!(BandwidthParams, n_threads)),
+        ("pad0", offset_of!(BandwidthParams, pad0)),
+        ("pad1", offset_of!(BandwidthParams, pad1)),
+    ]
+    .iter()
+    .map(|(n, o)| (n.to_string(), *o))
+    .collect();
+    assert_eq!(fields, want, "BandwidthParams");
+}
+
 #[test]
 fn bad_weights_are_errors() {
     let Some(c) = ctx() else { return };

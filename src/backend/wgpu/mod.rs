@@ -117,9 +117,6 @@ pub struct WgpuBackend {
     layout: StateLayout,
     states: Vec<wgpu::Buffer>,
     step: wgpu::Buffer,
-    kernels: kernels::Kernels,
-    /// Matrix-product pipelines (created on the first graph with one).
-    matmul: Option<matmul::MatmulKernels>,
     /// Matrices and expert tensors as stored in the file, in chunks of
     /// whole rows (shared by every graph).
     tensors: HashMap<String, Arc<weights::GpuTensor>>,
@@ -144,7 +141,7 @@ impl WgpuBackend {
         file: WeightFile,
         layout: StateLayout,
     ) -> Result<WgpuBackend, BackendError> {
-        Self::new(Arc::new(Gpu::open(choice)?), file, layout)
+        Self::new(Gpu::shared(choice)?, file, layout)
     }
 
     /// A backend on an already open device (tests share one device).
@@ -184,8 +181,6 @@ impl WgpuBackend {
             layout,
             states,
             step,
-            kernels: kernels::Kernels::default(),
-            matmul: None,
             tensors: HashMap::new(),
             small: HashMap::new(),
             tables: HashMap::new(),
@@ -200,6 +195,50 @@ impl WgpuBackend {
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// Uploads every matrix and expert tensor the graph's products read
+    /// (`Op::weights`), streamed from the mmap in chunks of whole rows, with
+    /// a progress bar on a terminal when there is much to move.
+    fn upload_matrices(&mut self, graph: &Graph) -> Result<(), BackendError> {
+        use crate::ops::Op;
+        let mut todo: Vec<&crate::model::TensorRef> = Vec::new();
+        for op in graph.ops() {
+            if matches!(op, Op::MatMul(_) | Op::MoeExperts(_)) {
+                for t in op.weights() {
+                    if !self.tensors.contains_key(&t.name) && !todo.iter().any(|x| x.name == t.name) {
+                        todo.push(t);
+                    }
+                }
+            }
+        }
+        let total: u64 = todo.iter().map(|t| t.n_bytes).sum();
+        let bar = (total > 256 << 20 && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(|| {
+            let b = indicatif::ProgressBar::new(total);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "uploading weights {bytes}/{total_bytes} {wide_bar} {percent}%",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        });
+        let file = self.file.clone();
+        let file: &crate::gguf::GgufFile = (*file).as_ref();
+        let mut done = 0u64;
+        for t in todo {
+            let w = weights::GpuTensor::upload(&self.gpu, &t.name, t.ty, t.ne, t.bytes(file), &mut |n| {
+                if let Some(b) = &bar {
+                    b.set_position(done + n);
+                }
+            })?;
+            done += t.n_bytes;
+            self.tensors.insert(t.name.clone(), Arc::new(w));
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        self.gpu.check()
     }
 
     fn loaded(&self, h: GraphHandle) -> Result<&LoadedGraph, BackendError> {
@@ -364,6 +403,7 @@ impl Backend for WgpuBackend {
             n_tokens: 0,
             logits: Vec::new(),
         };
+        self.upload_matrices(&graph)?;
         lg.segments = record::record(self, &lg)?;
         self.gpu.wait()?;
         self.graphs.push(lg);

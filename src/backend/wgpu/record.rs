@@ -61,12 +61,10 @@ impl Rec<'_> {
 
     /// The matrix-product pipelines (created on first use), the device and
     /// the step uniform.
-    fn matmul(&mut self) -> Result<(&MatmulKernels, &super::Gpu, &wgpu::Buffer), BackendError> {
-        if self.b.matmul.is_none() {
-            self.b.matmul = Some(MatmulKernels::new(&self.b.gpu)?);
-        }
+    fn matmul(&mut self) -> Result<(Arc<MatmulKernels>, &super::Gpu, &wgpu::Buffer), BackendError> {
+        let k = self.b.gpu.matmul_kernels()?;
         let b = &*self.b;
-        Ok((b.matmul.as_ref().expect("created above"), &b.gpu, &b.step))
+        Ok((k, &b.gpu, &b.step))
     }
 
     /// A matrix or expert tensor uploaded as stored (cached by name).
@@ -114,7 +112,13 @@ impl Rec<'_> {
         storage: &[wgpu::Buffer],
         size: Size,
     ) -> Result<Work, BackendError> {
-        let (pipeline, layout) = self.b.kernels.pipeline(&self.b.gpu, family, entry)?;
+        let (pipeline, layout) = self
+            .b
+            .gpu
+            .kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pipeline(&self.b.gpu, family, entry)?;
         let pbuf = self.b.uniform(entry, params);
         let mut entries = vec![
             wgpu::BindGroupEntry {
