@@ -33,6 +33,7 @@ pub mod generate;
 pub mod gguf;
 pub mod graph;
 pub mod logprobs;
+pub mod kvcache;
 pub mod model;
 pub mod ops;
 pub mod quant;

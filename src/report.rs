@@ -154,6 +154,20 @@ pub fn info(path: &Path) -> Result<(), String> {
         m.file.tensor_infos().len(),
         m.weights.all().len()
     );
+    println!("\n== type mix (bound tensors) ==");
+    for share in m.weights.type_mix() {
+        println!(
+            "{:<8} {:>5} tensors {:>16} bytes ({:>10}, {:5.1} %)",
+            share.ty.name(),
+            share.tensors,
+            share.bytes,
+            human(share.bytes),
+            100.0 * share.bytes as f64 / total.max(1) as f64
+        );
+    }
+    for ([g, u, d], n) in m.weights.routed_expert_types() {
+        println!("routed experts: gate {g}, up {u}, down {d} ({n} layers)");
+    }
     println!("total weight bytes:            {total} ({})", human(total));
     println!(
         "active weight bytes per token: {active} ({})",

@@ -67,6 +67,23 @@ fn info_prints_config_and_tensor_table() {
 }
 
 #[test]
+fn info_prints_the_type_mix_of_an_mxfp4_file() {
+    let m = common::tiny_model_path(Variant::Mxfp4);
+    let o = ds4(&["-m", m.to_str().unwrap(), "--info"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains("== type mix (bound tensors) =="), "{out}");
+    // 6 layers × gate/up/down.
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("MXFP4") && l.contains(" 18 tensors")),
+        "{out}"
+    );
+    assert!(out.contains("routed experts: gate MXFP4, up MXFP4, down MXFP4 (6 layers)"));
+    assert!(out.contains("active weight bytes per token:"));
+}
+
+#[test]
 fn greedy_generation_and_logprob_dump_agree() {
     let m = common::tiny_model_path(Variant::Q8);
     let m = m.to_str().unwrap();

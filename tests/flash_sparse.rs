@@ -1,11 +1,11 @@
-//! Loading and validating at real scale: a file with the exact header of the
-//! published Flash q2 GGUF whose data region is a hole.
+//! Loading and validating at real scale: files with the exact header of the
+//! published Flash q2 and mxfp4 GGUFs whose data region is a hole.
 
 use std::time::Instant;
 
 use ds4::model::{AttentionKind, ModelFile};
 use ds4::quant::GgmlType;
-use ds4::testmodel::{write_sparse_flash, Vocab};
+use ds4::testmodel::{write_sparse_flash, write_sparse_flash_variant, Variant, Vocab};
 
 fn rss_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -88,5 +88,79 @@ fn sparse_flash_file_loads_and_validates_without_reading_data() {
     // A generous guard against pathological behaviour, not a speed test
     // (`ds4 --info` prints the load time; docs/PERFORMANCE.md records it).
     assert!(elapsed.as_secs_f64() < 5.0);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// ds4f-mxfp4's layout: the q2 file's tensor directory with all 129 routed
+/// expert tensors in MXFP4 (docs/QUANTS.md "ds4f-mxfp4").
+#[test]
+fn sparse_flash_mxfp4_file_loads_and_validates_without_reading_data() {
+    let dir = std::env::temp_dir().join(format!("ds4-flash-sparse-mx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("flash-mxfp4-sparse.gguf");
+    let vocab = Vocab::load_default().expect("committed tokenizer.json");
+    write_sparse_flash_variant(&vocab, Variant::Mxfp4, &path).unwrap();
+    drop(vocab);
+
+    let rss_before = rss_kib();
+    let t0 = Instant::now();
+    let m = ModelFile::open(&path).expect("the full-shape MXFP4 file validates");
+    let elapsed = t0.elapsed();
+    let rss_after = rss_kib();
+    eprintln!(
+        "sparse Flash MXFP4 load + validate: {:.1} ms",
+        elapsed.as_secs_f64() * 1e3
+    );
+
+    assert_eq!(m.file.tensor_infos().len(), 1328);
+    assert_eq!(m.weights.all().len(), 1328);
+    // The published file is 155,976,458,848 bytes (145.27 GiB); ours differs
+    // only by metadata strings (a few KiB), the tensor bytes are the same.
+    let len = m.file.file_len();
+    assert!(
+        len.abs_diff(155_976_458_848) < 64 * 1024,
+        "file is {len} bytes"
+    );
+    let mut experts = 0;
+    for l in &m.weights.layers {
+        for t in [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps] {
+            assert_eq!(t.ty, GgmlType::Mxfp4, "{}", t.name);
+            // One expert's [4096 x 2048] matrix: 2048 rows of 128 blocks of 17 bytes.
+            assert_eq!(t.n_bytes / 256, 4_456_448, "{}", t.name);
+            assert_eq!(t.n_bytes % 256, 0);
+            experts += 1;
+        }
+        assert_eq!(l.attn_q_b.ty, GgmlType::Q8_0);
+        assert_eq!(
+            l.ffn_gate_shexp.as_ref().map(|t| t.ty),
+            Some(GgmlType::Q8_0)
+        );
+    }
+    assert_eq!(experts, 129);
+    assert_eq!(
+        m.weights.layers[0].ffn_down_exps.row_bytes(),
+        2048 / 32 * 17
+    );
+    let mix = m.weights.type_mix();
+    assert_eq!(mix[0].ty, GgmlType::Mxfp4);
+    assert_eq!(mix[0].tensors, 129);
+    assert_eq!(mix[0].bytes, 129 * 256 * 4_456_448);
+    assert_eq!(
+        m.weights.routed_expert_types(),
+        vec![([GgmlType::Mxfp4; 3], 43)]
+    );
+    // Active bytes per token: 6 of 256 experts' slabs plus everything dense.
+    let active = m.weights.active_bytes_per_token(&m.config);
+    let dense = m.weights.total_bytes() - mix[0].bytes;
+    assert!(active > 129 * 6 * 4_456_448 && active < dense + 129 * 6 * 4_456_448);
+
+    if let (Some(a), Some(b)) = (rss_before, rss_after) {
+        let grew_mib = b.saturating_sub(a) / 1024;
+        assert!(
+            grew_mib < 256,
+            "resident memory grew by {grew_mib} MiB while loading"
+        );
+    }
+    assert!(elapsed.as_secs_f64() < 1.0, "took {elapsed:?}");
     std::fs::remove_dir_all(&dir).ok();
 }

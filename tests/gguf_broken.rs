@@ -572,3 +572,92 @@ fn hash_table_entries_outside_the_experts_are_refused() {
     );
     std::fs::remove_file(&path).ok();
 }
+
+/// MXFP4 (type 39, 32 values in 17 bytes): the routed experts of ds4f-mxfp4
+/// load; a row length that is not whole blocks, data that does not fit its
+/// shape, and MXFP4 on a tensor ds4's files never store that way are clear
+/// errors naming the tensor.
+#[test]
+fn mxfp4_tensors() {
+    let mx = GgmlType::Mxfp4.id();
+    let e = gguf_err(
+        Raw::new(3, 1, 0)
+            .tensor("blk.0.ffn_down_exps.weight", &[48, 2], mx, 0)
+            .data(64),
+    );
+    assert!(
+        matches!(
+            e,
+            GgufError::BadRowSize {
+                ne0: 48,
+                block: 32,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("blk.0.ffn_down_exps.weight") && msg.contains("MXFP4"),
+        "{msg}"
+    );
+    // [64, 2] is 4 blocks = 68 bytes; the file holds 64.
+    let e = gguf_err(
+        Raw::new(3, 1, 0)
+            .tensor("blk.0.ffn_up_exps.weight", &[64, 2], mx, 0)
+            .data(64),
+    );
+    assert!(
+        matches!(e, GgufError::TensorOutOfBounds { ref name, end, file_len }
+            if name == "blk.0.ffn_up_exps.weight" && end == file_len + 4),
+        "{e}"
+    );
+    // A 34-byte MXFP4 row and a tensor placed 32 bytes after it: the MXFP4
+    // data runs into its neighbour.
+    let e = gguf_err(
+        Raw::new(3, 2, 0)
+            .tensor("a", &[64], mx, 0)
+            .tensor("b", &[8], 0, 32)
+            .data(96),
+    );
+    assert!(matches!(e, GgufError::TensorOverlap { .. }), "{e}");
+
+    // Routed experts as MXFP4 load (the base model has ne0 = 64 and 32).
+    let base = small_model_bytes();
+    let to_mxfp4 = |t: &mut (String, Vec<u64>, GgmlType, Vec<u8>)| {
+        let vals: Vec<f32> =
+            t.3.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+        t.2 = GgmlType::Mxfp4;
+        t.3 = ds4::testmodel::encode_tensor(GgmlType::Mxfp4, t.1[0] as usize, &vals).unwrap();
+    };
+    let experts = rewrite(&base, |_, ts| {
+        for t in ts.iter_mut().filter(|t| t.0.contains("_exps.")) {
+            to_mxfp4(t);
+        }
+    });
+    load(experts).unwrap();
+    // MXFP4 where ds4's files never put it: a dense projection, the head, a
+    // shared expert, a norm.
+    for (name, want) in [
+        (
+            "blk.0.attn_q_a.weight",
+            "blk.0.attn_q_a.weight: type MXFP4 not accepted here (accepted: F32/F16/BF16/Q8_0)",
+        ),
+        ("output.weight", "output.weight: type MXFP4 not accepted"),
+        (
+            "blk.1.ffn_gate_shexp.weight",
+            "blk.1.ffn_gate_shexp.weight: type MXFP4 not accepted",
+        ),
+        (
+            "blk.2.attn_norm.weight",
+            "blk.2.attn_norm.weight: type MXFP4 not accepted here (accepted: F32/F16)",
+        ),
+    ] {
+        let e = model_err(rewrite(&base, |_, ts| {
+            to_mxfp4(ts.iter_mut().find(|t| t.0 == name).unwrap())
+        }));
+        assert!(e.contains(want), "{name}: {e}");
+    }
+}

@@ -5,7 +5,7 @@
 //! regenerate). Every value must match bit for bit, through the generic
 //! `dequantize_row` dispatch, both block by block and as whole rows.
 
-use ds4::quant::{dequantize_row, GgmlType};
+use ds4::quant::{dequantize_row, quantize_row, GgmlType};
 use std::path::Path;
 
 struct Fixture {
@@ -124,4 +124,72 @@ fn q4_k_matches_gguf_py() {
 #[test]
 fn iq2_xxs_matches_gguf_py() {
     check("IQ2_XXS", 256);
+}
+
+#[test]
+fn mxfp4_matches_gguf_py() {
+    check("MXFP4", 1024);
+    // The fixture covers the edge scale bytes with every nibble value in both
+    // halves of a byte (see tools/gen_quant_fixtures.py); make sure it does.
+    let f = load("MXFP4");
+    for e in [0u8, 1, 2, 127, 253, 254, 255] {
+        let mut lo = [false; 16];
+        let mut hi = [false; 16];
+        for b in f.raw.chunks_exact(17).filter(|b| b[0] == e) {
+            for &q in &b[1..] {
+                lo[(q & 15) as usize] = true;
+                hi[(q >> 4) as usize] = true;
+            }
+        }
+        assert!(
+            lo.iter().chain(&hi).all(|&s| s),
+            "scale byte {e}: not every nibble"
+        );
+    }
+    // Scale bytes 253..255 overflow to inf with large codes (gguf-py does too).
+    assert!(f.expected.iter().any(|&w| f32::from_bits(w).is_infinite()));
+}
+
+/// gguf-py's MXFP4 quantizer, byte for byte, on f32 blocks from the fixture
+/// script (Gaussian, exact table values, ties, amax at and just below powers
+/// of two, zeros and −0).
+#[test]
+fn mxfp4_quantizer_matches_gguf_py() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/quant/MXFP4_quantize.bin");
+    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&b[..8], b"DS4QQZ01");
+    assert_eq!(GgmlType::from_id(u32_at(&b, 8)), Some(GgmlType::Mxfp4));
+    let (n, bb, be) = (
+        u32_at(&b, 12) as usize,
+        u32_at(&b, 16) as usize,
+        u32_at(&b, 20) as usize,
+    );
+    assert_eq!((be, bb), GgmlType::Mxfp4.block_layout());
+    assert!(n >= 1000);
+    let x_end = 24 + 4 * n * be;
+    assert_eq!(b.len(), x_end + n * bb);
+    let x: Vec<f32> = b[24..x_end]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want = &b[x_end..];
+    let mut got = vec![0xA5u8; bb];
+    let mut bad = 0;
+    for i in 0..n {
+        quantize_row(GgmlType::Mxfp4, &x[i * be..(i + 1) * be], &mut got, None).unwrap();
+        if got != want[i * bb..(i + 1) * bb] {
+            bad += 1;
+            if bad <= 5 {
+                eprintln!(
+                    "block {i}: got {got:02x?}, want {:02x?}",
+                    &want[i * bb..(i + 1) * bb]
+                );
+            }
+        }
+    }
+    assert_eq!(bad, 0, "{bad} of {n} blocks differ from gguf-py");
+    // As one long row too.
+    let mut all = vec![0xA5u8; n * bb];
+    quantize_row(GgmlType::Mxfp4, &x, &mut all, None).unwrap();
+    assert_eq!(all, want);
 }

@@ -44,7 +44,7 @@ impl Rng {
     }
 }
 
-const COMPUTE: [GgmlType; 7] = [
+const COMPUTE: [GgmlType; 8] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -52,6 +52,7 @@ const COMPUTE: [GgmlType; 7] = [
     GgmlType::Q2K,
     GgmlType::Q4K,
     GgmlType::Iq2Xxs,
+    GgmlType::Mxfp4,
 ];
 
 fn quantized(ty: GgmlType, x: &[f32], imp: Option<&[f32]>) -> Vec<u8> {
@@ -200,7 +201,26 @@ fn lengths_and_types_are_checked() {
     for ty in COMPUTE {
         assert!(can_compute(ty));
     }
-    assert!(!can_compute(GgmlType::Q8K) && !can_compute(GgmlType::Mxfp4));
+    assert!(!can_compute(GgmlType::Q8K));
+    // MXFP4: 32 values in 17 bytes.
+    let m = vec![0u8; 34];
+    assert!(dequantize_row(GgmlType::Mxfp4, &m, &mut out[..64]).is_ok());
+    assert!(matches!(
+        dequantize_row(GgmlType::Mxfp4, &m[..33], &mut out[..64]),
+        Err(QuantError::ByteLength {
+            expected: 34,
+            found: 33,
+            ..
+        })
+    ));
+    assert!(matches!(
+        dot_row(GgmlType::Mxfp4, &m, &out[..48]),
+        Err(QuantError::NotBlockMultiple {
+            elems: 48,
+            block: 32,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -436,17 +456,18 @@ fn rmse_pair(ty: GgmlType, n: usize, seed: u64) -> (f64, f64) {
         GgmlType::Q4K => reference::q4_k(&x),
         GgmlType::Q2K => reference::q2_k(&x),
         GgmlType::Iq2Xxs => reference::iq2_xxs(&x),
-        // Q8_0's quantizer *is* the reference algorithm.
+        // Q8_0's and MXFP4's quantizers *are* the reference algorithms.
         _ => quantized(ty, &x, None),
     };
     (ours, rmse(&x, &dequantized(ty, &rq, n)))
 }
 
-const QUANTIZERS: [GgmlType; 4] = [
+const QUANTIZERS: [GgmlType; 5] = [
     GgmlType::Q8_0,
     GgmlType::Q2K,
     GgmlType::Q4K,
     GgmlType::Iq2Xxs,
+    GgmlType::Mxfp4,
 ];
 
 #[test]
@@ -504,12 +525,7 @@ fn importance_lowers_the_weighted_error() {
 
 #[test]
 fn special_inputs_quantize_sanely() {
-    for ty in [
-        GgmlType::Q8_0,
-        GgmlType::Q2K,
-        GgmlType::Q4K,
-        GgmlType::Iq2Xxs,
-    ] {
+    for ty in QUANTIZERS {
         // All zeros decode to exact zeros.
         let z = vec![0.0f32; 256];
         assert!(

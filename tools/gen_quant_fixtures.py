@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bit-exact dequantisation fixtures for ds4's quant module, from gguf-py.
 
-For each type (F16, BF16, Q8_0, Q2_K, Q4_K, IQ2_XXS) this builds raw blocks
+For each type (F16, BF16, Q8_0, Q2_K, Q4_K, IQ2_XXS, MXFP4) this builds raw blocks
 with a fixed seed -- random bytes for codes/scales plus special cases (zero
 d/dmin, +-65504, f16 subnormals, negative scales, all-zero and all-ones blocks)
 -- decodes them with gguf.quants.dequantize (gguf-py 0.19.0) and writes
@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType as T
 from importlib.metadata import version
 
 from gguf import GGML_QUANT_SIZES
-from gguf.quants import dequantize
+from gguf.quants import MXFP4, dequantize, quantize
 
 SEED = 0xD54_0001
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", "quant")
@@ -133,11 +133,89 @@ def make_scalars(qtype, rng, n):
     return np.array(vals, dtype="<u2").view(np.uint8).reshape(n, 2)
 
 
+# MXFP4 scale bytes worth a block of their own: the two subnormal scales, the
+# smallest normal, 2^-1 (e = 127), and the top three, where large codes
+# overflow to +-inf in f32 (gguf-py's values, kept as they are).
+MXFP4_EDGE_E = [0, 1, 2, 127, 253, 254, 255]
+
+
+def make_mxfp4_blocks(rng, n):
+    """Random blocks (scale bytes uniform over 0..255, codes random), the
+    first ones with the edge scale bytes, each with every nibble value in
+    both halves of the byte (codes 0..15 low, 15..0 high)."""
+    raw = rng.integers(0, 256, size=(n, 17), dtype=np.uint8)
+    every = np.arange(16, dtype=np.uint8) | (np.arange(15, -1, -1, dtype=np.uint8) << 4)
+    for k, e in enumerate(MXFP4_EDGE_E):
+        raw[2 * k, 0] = e
+        raw[2 * k, 1:] = every
+        raw[2 * k + 1, 0] = e  # the same scale with random codes
+    return raw
+
+
+def mxfp4_quantize_inputs(rng, n):
+    """f32 blocks for the quantizer fixture: Gaussian rows at several scales,
+    exact code values and halfway points (ties), values just below and at
+    powers of two (the floor(log2) boundary), zeros, -0, and mixed signs."""
+    x = np.empty((n, 32), dtype=np.float32)
+    for i in range(n):
+        kind = i % 6
+        s = np.float32(2.0 ** rng.integers(-30, 30))
+        if kind == 0:
+            b = rng.standard_normal(32).astype(np.float32) * s
+        elif kind == 1:  # exact table values times a power of two
+            b = np.array(MXFP4.kvalues * 2, dtype=np.float32) * s
+            rng.shuffle(b)
+        elif kind == 2:  # midpoints between neighbouring table values (ties)
+            k = np.array(sorted(set(MXFP4.kvalues)), dtype=np.float32)
+            mids = (k[1:] + k[:-1]) / 2
+            b = rng.choice(mids, 32).astype(np.float32) * s
+            b[0] = np.float32(12.0) * s
+        elif kind == 3:  # amax just below a power of two
+            b = (rng.random(32).astype(np.float32) - np.float32(0.5)) * s
+            p = np.float32(2.0 ** rng.integers(-40, 40))
+            b[rng.integers(0, 32)] = np.nextafter(p, np.float32(0), dtype=np.float32) * (1 if i % 12 < 6 else -1)
+            b = np.clip(b, -p, p)
+        elif kind == 4:  # amax exactly a power of two, few non-zeros
+            b = np.zeros(32, dtype=np.float32)
+            b[rng.integers(0, 32, 5)] = rng.standard_normal(5).astype(np.float32) * s
+            b[rng.integers(0, 32)] = -np.float32(2.0 ** rng.integers(-40, 40))
+            b = np.where(np.abs(b) > np.abs(b).max() / 2, b, b / 4).astype(np.float32)
+        else:  # heavy-tailed, like real weights
+            b = (rng.standard_t(3, 32) * 0.02).astype(np.float32)
+        x[i] = b
+    x[-1] = 0
+    x[-2] = -0.0
+    return x
+
+
+def write_mxfp4_quantize(x):
+    """tests/data/quant/MXFP4_quantize.bin: f32 inputs and gguf-py's bytes.
+
+    offset 0 magic b"DS4QQZ01", then u32 type id, u32 n, u32 bytes per block,
+    u32 values per block; n*elems f32 inputs; n*bytes expected blocks."""
+    qtype = T.MXFP4
+    elems, nbytes = GGML_QUANT_SIZES[qtype]
+    n = x.shape[0]
+    q = np.asarray(quantize(x, qtype), dtype=np.uint8).reshape(n, nbytes)
+    path = os.path.join(OUT, f"{qtype.name}_quantize.bin")
+    with open(path, "wb") as f:
+        f.write(b"DS4QQZ01")
+        f.write(struct.pack("<IIII", int(qtype), n, nbytes, elems))
+        f.write(x.astype("<f4").tobytes())
+        f.write(q.tobytes())
+    print(f"{qtype.name + ' q':8s} {n:5d} blocks  {os.path.getsize(path):8d} bytes  -> {os.path.relpath(path)}")
+
+
 def write(qtype, raw):
     elems, nbytes = GGML_QUANT_SIZES[qtype]
     n = raw.shape[0]
-    expected = np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(n, elems)
-    assert np.all(np.isfinite(expected)), qtype.name
+    with np.errstate(over="ignore"):
+        expected = np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(n, elems)
+    if qtype == T.MXFP4:
+        # Scale bytes >= 253 overflow to +-inf with large codes; never NaN.
+        assert not np.any(np.isnan(expected)), qtype.name
+    else:
+        assert np.all(np.isfinite(expected)), qtype.name
     path = os.path.join(OUT, f"{qtype.name}.bin")
     with open(path, "wb") as f:
         f.write(b"DS4QFX01")
@@ -156,6 +234,9 @@ def main():
     write(T.Q8_0, make_blocks(T.Q8_0, rng, 512))
     for qt in (T.Q2_K, T.Q4_K, T.IQ2_XXS):
         write(qt, make_blocks(qt, rng, 256))
+    # Added after the others so their bytes stay as they were.
+    write(T.MXFP4, make_mxfp4_blocks(rng, 1024))
+    write_mxfp4_quantize(mxfp4_quantize_inputs(rng, 1200))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ struct Args {
     /// output file (one variant) or directory (with --variant all)
     #[argh(option, short = 'o')]
     out: PathBuf,
-    /// tensor types: f32, q8, q2 (ds4's q2 mix), q4, or all (default f32)
+    /// tensor types: f32, q8, q2 (ds4's q2 mix), q4, mxfp4 (ds4f-mxfp4's mix), or all
+    /// (default f32; with --sparse-flash: q2, q4 or mxfp4, default q2)
     #[argh(option, default = "String::from(\"f32\")")]
     variant: String,
     /// per-layer compression ratios, e.g. 0,0,4,16,4,16 (default: the tiny schedule)
@@ -41,7 +42,7 @@ struct Args {
     /// also write the MTP draft file next to the output (OUT with extension .mtp.gguf)
     #[argh(switch)]
     mtp: bool,
-    /// write the full-shape Flash q2 header with a hole for data instead
+    /// write the full-shape Flash header (q2 unless --variant q4/mxfp4) with a hole for data instead
     #[argh(switch)]
     sparse_flash: bool,
     /// tokenizer.json with the V4 vocabulary (default: the committed copy)
@@ -57,7 +58,12 @@ fn run(a: Args) -> Result<(), String> {
         None => Vocab::load_default()?,
     };
     if a.sparse_flash {
-        testmodel::write_sparse_flash(&vocab, &a.out)
+        let variant = match a.variant.as_str() {
+            // The default (f32) has no published counterpart: q2 then.
+            "f32" => Variant::Q2,
+            v => Variant::parse(v).ok_or_else(|| format!("--variant: unknown {v:?}"))?,
+        };
+        testmodel::write_sparse_flash_variant(&vocab, variant, &a.out)
             .map_err(|e| format!("{}: {e}", a.out.display()))?;
         eprintln!(
             "wrote {} (full Flash shape, data region is a hole)",
@@ -98,8 +104,12 @@ fn run(a: Args) -> Result<(), String> {
     let variants: Vec<Variant> = if a.variant == "all" {
         Variant::ALL.to_vec()
     } else {
-        vec![Variant::parse(&a.variant)
-            .ok_or_else(|| format!("--variant: unknown {:?} (f32, q8, q2, q4, all)", a.variant))?]
+        vec![Variant::parse(&a.variant).ok_or_else(|| {
+            format!(
+                "--variant: unknown {:?} (f32, q8, q2, q4, mxfp4, all)",
+                a.variant
+            )
+        })?]
     };
     for v in variants {
         let path = if a.variant == "all" {

@@ -8,7 +8,7 @@ pub mod weights;
 pub use config::{AttentionKind, ModelConfig, RopeConfig, Yarn};
 pub use error::ModelError;
 pub use weights::{
-    CompressorWeights, IndexerWeights, LayerWeights, MtpWeights, TensorRef, Weights,
+    CompressorWeights, IndexerWeights, LayerWeights, MtpWeights, TensorRef, TypeShare, Weights,
 };
 
 use std::path::Path;

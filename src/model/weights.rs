@@ -35,12 +35,21 @@ impl TensorRef {
     }
 }
 
+/// One line of a file's type mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TypeShare {
+    pub ty: GgmlType,
+    pub tensors: usize,
+    pub bytes: u64,
+}
+
 /// Which element types a tensor may have.
 #[derive(Clone, Copy, Debug)]
 enum Class {
     /// Dense matrices: F32/F16/BF16/Q8_0.
     Dense,
-    /// Routed expert slabs: F32/F16/Q8_0/Q2_K/Q4_K/IQ2_XXS.
+    /// Routed expert slabs: F32/F16/Q8_0/Q2_K/Q4_K/IQ2_XXS/MXFP4 (MXFP4 only
+    /// here: ds4f-mxfp4 stores nothing else in it, docs/QUANTS.md).
     Expert,
     /// Norms and small vectors: F32 (F16 accepted).
     Vector,
@@ -53,7 +62,7 @@ impl Class {
         use GgmlType::*;
         match self {
             Class::Dense => &[F32, F16, Bf16, Q8_0],
-            Class::Expert => &[F32, F16, Q8_0, Q2K, Q4K, Iq2Xxs],
+            Class::Expert => &[F32, F16, Q8_0, Q2K, Q4K, Iq2Xxs, Mxfp4],
             Class::Vector => &[F32, F16],
             Class::I32 => &[I32],
         }
@@ -274,6 +283,41 @@ impl Weights {
 
     pub fn total_bytes(&self) -> u64 {
         self.all().iter().map(|t| t.n_bytes).sum()
+    }
+
+    /// The file's type mix over the bound tensors: per type, how many tensors
+    /// and bytes, largest share first (what `ds4 --info` prints).
+    pub fn type_mix(&self) -> Vec<TypeShare> {
+        let mut mix: Vec<TypeShare> = Vec::new();
+        for t in self.all() {
+            match mix.iter_mut().find(|s| s.ty == t.ty) {
+                Some(s) => {
+                    s.tensors += 1;
+                    s.bytes += t.n_bytes;
+                }
+                None => mix.push(TypeShare {
+                    ty: t.ty,
+                    tensors: 1,
+                    bytes: t.n_bytes,
+                }),
+            }
+        }
+        mix.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.ty.id().cmp(&b.ty.id())));
+        mix
+    }
+
+    /// The distinct (gate, up, down) type triples of the routed experts, with
+    /// how many layers use each, in layer order of first use.
+    pub fn routed_expert_types(&self) -> Vec<([GgmlType; 3], usize)> {
+        let mut out: Vec<([GgmlType; 3], usize)> = Vec::new();
+        for l in &self.layers {
+            let k = [l.ffn_gate_exps.ty, l.ffn_up_exps.ty, l.ffn_down_exps.ty];
+            match out.iter_mut().find(|(t, _)| *t == k) {
+                Some((_, n)) => *n += 1,
+                None => out.push((k, 1)),
+            }
+        }
+        out
     }
 
     /// Bytes of weights read to produce one token at decode time: one

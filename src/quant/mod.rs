@@ -11,6 +11,7 @@ pub mod f16;
 pub mod iq2_xxs;
 pub mod iq2xxs_tables;
 mod kquant;
+pub mod mxfp4;
 pub mod q2_k;
 pub mod q4_k;
 pub mod q8_0;
@@ -70,7 +71,7 @@ fn check_row(ty: GgmlType, elems: usize, bytes: usize) -> Result<(), QuantError>
 /// Flash files use, plus BF16 which converters may write).
 pub fn can_compute(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | Bf16 | Q8_0 | Q2K | Q4K | Iq2Xxs)
+    matches!(ty, F32 | F16 | Bf16 | Q8_0 | Q2K | Q4K | Iq2Xxs | Mxfp4)
 }
 
 /// Decodes one row of `ty` from `src` into `dst`; `dst.len()` is the element
@@ -88,6 +89,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         GgmlType::Q2K => q2_k::dequantize_row(src, dst),
         GgmlType::Q4K => q4_k::dequantize_row(src, dst),
         GgmlType::Iq2Xxs => iq2_xxs::dequantize_row(src, dst),
+        GgmlType::Mxfp4 => mxfp4::dequantize_row(src, dst),
         _ => unreachable!("can_compute admitted {ty}"),
     }
     Ok(())
@@ -108,6 +110,7 @@ pub fn dot_row(ty: GgmlType, src: &[u8], x: &[f32]) -> Result<f32, QuantError> {
         GgmlType::Q2K => q2_k::dot_row(src, x),
         GgmlType::Q4K => q4_k::dot_row(src, x),
         GgmlType::Iq2Xxs => iq2_xxs::dot_row(src, x),
+        GgmlType::Mxfp4 => mxfp4::dot_row(src, x),
         _ => unreachable!("can_compute admitted {ty}"),
     })
 }
@@ -142,6 +145,7 @@ pub fn quantize_row(
         GgmlType::Q2K => q2_k::quantize_row(src, dst, importance),
         GgmlType::Q4K => q4_k::quantize_row(src, dst, importance),
         GgmlType::Iq2Xxs => iq2_xxs::quantize_row(src, dst, importance),
+        GgmlType::Mxfp4 => mxfp4::quantize_row(src, dst, importance),
         _ => unreachable!("can_compute admitted {ty}"),
     }
     Ok(())

@@ -2,7 +2,7 @@
 //!
 //! A [`TestModelSpec`] gives the small shapes (layers and ratio schedule,
 //! widths, experts, window, indexer top-k); [`Variant`] picks the tensor types
-//! (`f32`, `q8`, `q2` as ds4's q2 mix, `q4`). Weights come from a seeded
+//! (`f32`, `q8`, `q2` as ds4's q2 mix, `q4`, `mxfp4` as ds4f-mxfp4's mix). Weights come from a seeded
 //! generator keyed by tensor name, so a file is reproducible bit for bit.
 //! The same layout code writes the full-shape Flash file whose data region is
 //! a hole ([`write_sparse_flash`]), which tests loading at real scale.
@@ -206,6 +206,8 @@ pub enum Variant {
     Q2,
     /// Q4_K routed experts, Q8_0 dense.
     Q4,
+    /// ds4f-mxfp4's mix: MXFP4 routed gate/up/down, the rest as q2/q4.
+    Mxfp4,
 }
 
 impl Variant {
@@ -215,6 +217,7 @@ impl Variant {
             "q8" => Some(Variant::Q8),
             "q2" => Some(Variant::Q2),
             "q4" => Some(Variant::Q4),
+            "mxfp4" => Some(Variant::Mxfp4),
             _ => None,
         }
     }
@@ -225,10 +228,17 @@ impl Variant {
             Variant::Q8 => "q8",
             Variant::Q2 => "q2",
             Variant::Q4 => "q4",
+            Variant::Mxfp4 => "mxfp4",
         }
     }
 
-    pub const ALL: [Variant; 4] = [Variant::F32, Variant::Q8, Variant::Q2, Variant::Q4];
+    pub const ALL: [Variant; 5] = [
+        Variant::F32,
+        Variant::Q8,
+        Variant::Q2,
+        Variant::Q4,
+        Variant::Mxfp4,
+    ];
 
     fn type_for(self, class: Class) -> GgmlType {
         use GgmlType::*;
@@ -242,6 +252,7 @@ impl Variant {
             (Class::ExpertGateUp, Variant::Q2) => Iq2Xxs,
             (Class::ExpertDown, Variant::Q2) => Q2K,
             (Class::ExpertGateUp, Variant::Q4) | (Class::ExpertDown, Variant::Q4) => Q4K,
+            (Class::ExpertGateUp, Variant::Mxfp4) | (Class::ExpertDown, Variant::Mxfp4) => Mxfp4,
         }
     }
 }
@@ -731,8 +742,10 @@ fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
     w.add_kv("tokenizer.ggml.eos_token_id", MetaValue::U32(1));
 }
 
-/// Random but valid blocks: random quants with small, finite f16 scales.
-fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
+/// Random but valid blocks: random quants with small, finite f16 scales
+/// (MXFP4: scale byte 119). Used for large models and benchmarks, where
+/// quantizing Gaussian data would take minutes.
+pub fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
     let (be, bb) = ty.block_layout();
     let mut out = vec![0u8; n_elems / be * bb];
     for chunk in out.chunks_mut(8) {
@@ -750,6 +763,10 @@ fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
     for block in out.chunks_exact_mut(bb) {
         for &o in scale_offsets {
             block[o..o + 2].copy_from_slice(&small);
+        }
+        if ty == GgmlType::Mxfp4 {
+            // E8M0 scale byte: 2^(119-128) = 1/512, values up to 12/512.
+            block[0] = 119;
         }
     }
     out
@@ -828,6 +845,19 @@ pub fn write_mtp(spec: &TestModelSpec, variant: Variant, path: &Path) -> io::Res
 /// Writes a file with the exact header of the published Flash q2 file (every
 /// tensor with its real shape and type) whose data region is a hole.
 pub fn write_sparse_flash(vocab: &Vocab, path: &Path) -> io::Result<()> {
+    write_sparse_flash_variant(vocab, Variant::Q2, path)
+}
+
+/// [`write_sparse_flash`] in the layout of another published file: `Q2`
+/// (ds4f-q2, 80.76 GiB), `Q4` (ds4f-q4, 153.32 GiB) or `Mxfp4` (ds4f-mxfp4,
+/// 145.27 GiB); the non-expert tensors are the same in all three.
+pub fn write_sparse_flash_variant(vocab: &Vocab, variant: Variant, path: &Path) -> io::Result<()> {
+    if !matches!(variant, Variant::Q2 | Variant::Q4 | Variant::Mxfp4) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no published Flash file has the {} layout", variant.name()),
+        ));
+    }
     let spec = TestModelSpec::flash();
     let mut w = GgufWriter::new();
     add_metadata(&mut w, &spec, vocab);
@@ -835,7 +865,7 @@ pub fn write_sparse_flash(vocab: &Vocab, path: &Path) -> io::Result<()> {
         &mut w,
         plan_main(&spec, vocab.tokens.len()),
         false,
-        Variant::Q2,
+        variant,
         0,
         true,
     )?;

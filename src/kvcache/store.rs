@@ -1,0 +1,621 @@
+//! The checkpoint folder (KVCACHE.md §3, §5, §7, §8): store the live
+//! session, find and load the longest stored prefix of a rendered prompt,
+//! and keep the folder under its byte budget. There is no index: every
+//! lookup and eviction re-scans the folder, as ds4 does, so files written by
+//! ds4 and by us mix freely.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::file::{
+    self, checkpoint_stem, read_contents, sha1_hex, ContentError, Entry, KtmEntry, KvcHeader,
+    NewCheckpoint, Probe, SaveReason, EXT_RESPONSES_TEXT, EXT_THINKING_TEXT, EXT_TOOL_MAP,
+};
+use super::{KvCacheConfig, KvCacheError, KvCacheMetrics};
+use crate::session::Session;
+
+/// What the cache text of a checkpoint is (§4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheKey {
+    /// The decoded tokens: the exact rendered bytes of the prefix.
+    Tokens,
+    /// The Responses visible transcript remembered at the live frontier.
+    ResponsesVisible,
+    /// The thinking visible transcript remembered at the live frontier.
+    ThinkingVisible,
+}
+
+impl CacheKey {
+    fn ext_flag(self) -> u8 {
+        match self {
+            CacheKey::Tokens => 0,
+            CacheKey::ResponsesVisible => EXT_RESPONSES_TEXT,
+            CacheKey::ThinkingVisible => EXT_THINKING_TEXT,
+        }
+    }
+}
+
+/// Result of a store request. Nothing here is an error for the caller: the
+/// server keeps serving whatever happened (the log line says why).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreOutcome {
+    Stored {
+        sha: String,
+        bytes: u64,
+    },
+    /// A compatible file with the same text was already there.
+    AlreadyStored {
+        sha: String,
+    },
+    /// Not stored by policy (too short, over budget, no tokens).
+    Skipped(String),
+    /// The write failed (disk full, permissions); the folder is unchanged.
+    Failed(String),
+}
+
+/// A checkpoint loaded into the session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskHit {
+    pub sha: String,
+    /// Tokens now in the session (the payload's).
+    pub tokens: usize,
+    /// Bytes of the rendered prompt the file covered: tokenize only the rest.
+    pub text_bytes: usize,
+    pub ext_flags: u8,
+    pub reason: SaveReason,
+    /// KTM entries, for the tool memory.
+    pub tool_map: Vec<KtmEntry>,
+    /// Deleted after loading (longer than the cold maximum, §7.7).
+    pub consumed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LookupOutcome {
+    Hit(DiskHit),
+    Miss,
+    /// The chosen file did not load; the session is empty if `invalidated`.
+    Failed {
+        sha: String,
+        reason: String,
+        removed: bool,
+        invalidated: bool,
+    },
+}
+
+type Logger = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The disk KV cache of one server (or CLI) process.
+pub struct DiskCache {
+    dir: PathBuf,
+    cfg: KvCacheConfig,
+    quant_bits: u8,
+    metrics: Arc<KvCacheMetrics>,
+    write_limit: Option<u64>,
+    fixed_now: Option<u64>,
+    log: Logger,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Whether a process with this id exists (a temp file's writer).
+fn process_alive(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return false;
+        };
+        // SAFETY: kill with signal 0 only checks for existence.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
+impl DiskCache {
+    /// Opens the cache named by `cfg.kv_disk_dir` (`Ok(None)` when the flag
+    /// is absent): creates the folder (mode 0700, parents too), removes temp
+    /// files of writers that died, and runs eviction. `quant_bits` is the
+    /// routed-expert quant of the loaded model ([`super::routed_quant_bits`]).
+    pub fn open(cfg: &KvCacheConfig, quant_bits: u8) -> Result<Option<DiskCache>, KvCacheError> {
+        let Some(dir) = cfg.kv_disk_dir.clone() else {
+            return Ok(None);
+        };
+        cfg.validate().map_err(KvCacheError::Config)?;
+        if !matches!(quant_bits, 2 | 4) {
+            return Err(KvCacheError::Config(format!(
+                "routed-expert quant bits {quant_bits}: KVC files record 2 or 4"
+            )));
+        }
+        let mut b = fs::DirBuilder::new();
+        b.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        b.create(&dir).map_err(|e| KvCacheError::io(&dir, e))?;
+        let c = DiskCache {
+            dir,
+            cfg: cfg.clone(),
+            quant_bits,
+            metrics: Arc::new(KvCacheMetrics::default()),
+            write_limit: None,
+            fixed_now: None,
+            log: Arc::new(|m| eprintln!("ds4: kv cache: {m}")),
+        };
+        c.remove_stale_temps();
+        c.evict(None);
+        Ok(Some(c))
+    }
+
+    /// Sends log lines to `f` instead of stderr.
+    pub fn with_logger(mut self, f: impl Fn(&str) + Send + Sync + 'static) -> DiskCache {
+        self.log = Arc::new(f);
+        self
+    }
+
+    /// Makes every write fail with ENOSPC after `limit` bytes (a full disk
+    /// without privileges, for tests); `None` restores normal writes.
+    pub fn set_write_limit(&mut self, limit: Option<u64>) {
+        self.write_limit = limit;
+    }
+
+    /// Uses `now` (Unix seconds) instead of the clock (eviction tests).
+    pub fn set_now(&mut self, now: Option<u64>) {
+        self.fixed_now = now;
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> &KvCacheConfig {
+        &self.cfg
+    }
+
+    /// Counters for `/metrics` (shared; they keep counting).
+    pub fn metrics(&self) -> Arc<KvCacheMetrics> {
+        self.metrics.clone()
+    }
+
+    fn now(&self) -> u64 {
+        self.fixed_now.unwrap_or_else(unix_now)
+    }
+
+    fn log(&self, m: &str) {
+        (self.log)(m)
+    }
+
+    fn path_for(&self, sha: &str) -> PathBuf {
+        self.dir.join(format!("{sha}.kv"))
+    }
+
+    fn remove_stale_temps(&self) {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for de in rd.flatten() {
+            let name = de.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some((base, pid)) = name.rsplit_once(".tmp.") else {
+                continue;
+            };
+            let Ok(pid) = pid.parse::<u32>() else {
+                continue;
+            };
+            if checkpoint_stem(base).is_none() || pid == std::process::id() || process_alive(pid) {
+                continue;
+            }
+            if fs::remove_file(de.path()).is_ok() {
+                self.log(&format!("removed {name} left by a writer that died"));
+            }
+        }
+    }
+
+    /// Removes a file that can never load, with a log line.
+    fn remove_corrupt(&self, path: &Path, why: &str) -> bool {
+        let ok = fs::remove_file(path).is_ok();
+        if ok {
+            KvCacheMetrics::add(&self.metrics.corrupt_removed, 1);
+            let _ = file::sync_dir(&self.dir);
+        }
+        self.log(&format!(
+            "{} {}: {why}",
+            if ok { "removed" } else { "could not remove" },
+            path.display()
+        ));
+        ok
+    }
+
+    /// All checkpoints with a valid header and the size it declares (§3).
+    /// Truncated files (a valid header but shorter) can never load and are
+    /// removed; files with an invalid header are ignored and kept, as in ds4.
+    pub fn scan(&self) -> Vec<Entry> {
+        let mut out = Vec::new();
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return out;
+        };
+        for de in rd.flatten() {
+            let name = de.file_name();
+            let Some(sha) = name.to_str().and_then(checkpoint_stem) else {
+                continue;
+            };
+            let path = de.path();
+            match file::probe(&path, &sha) {
+                Ok(Probe::Valid(e)) => out.push(e),
+                Ok(Probe::Truncated { declared, actual }) => {
+                    self.remove_corrupt(
+                        &path,
+                        &format!("truncated ({actual} bytes, header says {declared})"),
+                    );
+                }
+                Ok(Probe::BadHeader) | Err(_) => {}
+            }
+        }
+        out
+    }
+
+    fn quant_ok(&self, h: &KvcHeader) -> bool {
+        !self.cfg.kv_cache_reject_different_quant || h.quant_bits == self.quant_bits
+    }
+
+    /// Stores the whole live session under `text` (§5 steps 1–6). The caller
+    /// has synced the session to exactly the tokens to store; `text` is their
+    /// decoded bytes, or a visible transcript for `key` ≠ `Tokens`.
+    pub fn store(
+        &self,
+        session: &Session,
+        text: &[u8],
+        key: CacheKey,
+        reason: SaveReason,
+        tool_map: &[KtmEntry],
+    ) -> StoreOutcome {
+        let n = session.tokens().len();
+        let r = reason.name();
+        if n == 0 || n < self.cfg.kv_cache_min_tokens {
+            return StoreOutcome::Skipped(format!(
+                "{n} tokens < --kv-cache-min-tokens {}",
+                self.cfg.kv_cache_min_tokens
+            ));
+        }
+        if u32::try_from(text.len()).is_err() || u32::try_from(n).is_err() {
+            return StoreOutcome::Skipped("cache text or token count over 4 GiB".into());
+        }
+        let sha = sha1_hex(text);
+        let path = self.path_for(&sha);
+        if tool_map.is_empty() && self.existing_compatible(&path, &sha, text, session.ctx()) {
+            return StoreOutcome::AlreadyStored { sha };
+        }
+        let payload = match session.save_snapshot() {
+            Ok(p) => p,
+            Err(e) => {
+                KvCacheMetrics::add(&self.metrics.save_failures, 1);
+                self.log(&format!("store failed ({r}): {e}"));
+                return StoreOutcome::Failed(e.to_string());
+            }
+        };
+        let now = self.now();
+        let mut ext = key.ext_flag();
+        if !tool_map.is_empty() {
+            ext |= EXT_TOOL_MAP;
+        }
+        let c = NewCheckpoint {
+            header: KvcHeader {
+                quant_bits: self.quant_bits,
+                reason,
+                ext_flags: ext,
+                tokens: n as u32,
+                hits: 0,
+                ctx: session.ctx() as u32,
+                created: now,
+                last_used: now,
+                payload_bytes: payload.len() as u64,
+                checksum: Some(file::checksum(text, &payload)),
+            },
+            text,
+            payload: &payload,
+            tool_map,
+        };
+        let bytes = c.file_bytes();
+        let required = bytes + bytes.div_ceil(100);
+        let budget = self.cfg.budget_bytes();
+        if required > budget {
+            let m = format!(
+                "skipped tokens={n} reason={r}: file {:.2} MiB ({:.2} MiB with 1% slack) exceeds the budget {:.2} MiB",
+                mib(bytes),
+                mib(required),
+                mib(budget)
+            );
+            self.log(&m);
+            return StoreOutcome::Skipped(m);
+        }
+        let t0 = std::time::Instant::now();
+        match file::write_atomic(&path, &c, self.write_limit) {
+            Ok(bytes) => {
+                KvCacheMetrics::add(&self.metrics.saves, 1);
+                KvCacheMetrics::add(&self.metrics.bytes_written, bytes);
+                self.log(&format!(
+                    "stored tokens={n} reason={r} key={} size={:.2} MiB save={:.1} ms file={}",
+                    match key {
+                        CacheKey::Tokens => "token-text",
+                        CacheKey::ResponsesVisible => "responses-visible",
+                        CacheKey::ThinkingVisible => "thinking-visible",
+                    },
+                    mib(bytes),
+                    t0.elapsed().as_secs_f64() * 1e3,
+                    path.display()
+                ));
+                self.evict(Some(&sha));
+                StoreOutcome::Stored { sha, bytes }
+            }
+            Err(e) => {
+                KvCacheMetrics::add(&self.metrics.save_failures, 1);
+                self.log(&format!(
+                    "store failed ({r}): {e}; the cache folder is unchanged"
+                ));
+                StoreOutcome::Failed(e.to_string())
+            }
+        }
+    }
+
+    /// §5 step 4: a file of that name with the same text, usable by this
+    /// session (quant, ctx), makes the store a no-op.
+    fn existing_compatible(&self, path: &Path, sha: &str, text: &[u8], ctx: usize) -> bool {
+        let Ok(Probe::Valid(e)) = file::probe(path, sha) else {
+            return false;
+        };
+        if !self.quant_ok(&e.header) || e.header.ctx as usize > ctx {
+            return false;
+        }
+        matches!(read_contents(&e, false, text.len()), Ok((_, c)) if c.text == text)
+    }
+
+    /// Finds the longest stored prefix of `rendered` and loads it into
+    /// `session` (§7). On `Hit`, the caller tokenizes
+    /// `rendered[hit.text_bytes..]` and appends it to the session's tokens.
+    pub fn lookup(&self, session: &mut Session, rendered: &[u8]) -> LookupOutcome {
+        let r = self.lookup_inner(session, rendered);
+        match &r {
+            LookupOutcome::Hit(_) => KvCacheMetrics::add(&self.metrics.hits, 1),
+            LookupOutcome::Miss => KvCacheMetrics::add(&self.metrics.misses, 1),
+            LookupOutcome::Failed { .. } => {
+                KvCacheMetrics::add(&self.metrics.misses, 1);
+                KvCacheMetrics::add(&self.metrics.load_failures, 1);
+            }
+        }
+        r
+    }
+
+    fn lookup_inner(&self, session: &mut Session, rendered: &[u8]) -> LookupOutcome {
+        let ctx = session.ctx();
+        let mut cands: Vec<Entry> = self
+            .scan()
+            .into_iter()
+            .filter(|e| {
+                e.text_bytes as usize <= rendered.len()
+                    && e.header.tokens as usize >= self.cfg.kv_cache_min_tokens
+                    && e.header.ctx as usize <= ctx
+                    && self.quant_ok(&e.header)
+            })
+            .collect();
+        cands.sort_by_key(|e| std::cmp::Reverse((e.text_bytes, e.header.tokens)));
+        let mut prefix_sha: HashMap<u32, String> = HashMap::new();
+        let Some(e) = cands.into_iter().find(|e| {
+            let want = prefix_sha
+                .entry(e.text_bytes)
+                .or_insert_with(|| sha1_hex(&rendered[..e.text_bytes as usize]));
+            *want == e.sha
+        }) else {
+            return LookupOutcome::Miss;
+        };
+        let fail = |reason: String, removed: bool, invalidated: bool| {
+            self.log(&format!(
+                "load failed file={}: {reason}{}",
+                e.path.display(),
+                if removed { " (removed)" } else { " (kept)" }
+            ));
+            LookupOutcome::Failed {
+                sha: e.sha.clone(),
+                reason,
+                removed,
+                invalidated,
+            }
+        };
+        let (header, contents) = match read_contents(&e, true, rendered.len()) {
+            Ok(x) => x,
+            Err(err @ (ContentError::TextHash { .. } | ContentError::Checksum { .. })) => {
+                let m = err.to_string();
+                let removed = self.remove_corrupt(&e.path, &m);
+                return fail(m, removed, false);
+            }
+            Err(err) => return fail(err.to_string(), false, false),
+        };
+        if header.ctx as usize > ctx || !self.quant_ok(&header) {
+            return fail("the header changed since the scan".into(), false, false);
+        }
+        if !rendered.starts_with(&contents.text) {
+            return fail(
+                "cache text is not a prefix of the prompt".into(),
+                false,
+                false,
+            );
+        }
+        if let Err(err) = session.load_snapshot(&contents.payload) {
+            return fail(err.to_string(), false, true);
+        }
+        let tokens = session.tokens().len();
+        if tokens != header.tokens as usize {
+            session.reset();
+            let m = format!(
+                "payload holds {tokens} tokens, header says {}",
+                header.tokens
+            );
+            let removed = self.remove_corrupt(&e.path, &m);
+            return fail(m, removed, true);
+        }
+        let tool_map = if header.ext_flags & EXT_TOOL_MAP != 0 {
+            file::decode_ktm(
+                &contents.trailer,
+                self.cfg.tool_memory_max_ids.saturating_mul(4),
+            )
+        } else {
+            Vec::new()
+        };
+        let max = self.cfg.kv_cache_cold_max_tokens;
+        let consumed = max > 0 && tokens > max;
+        if consumed {
+            if fs::remove_file(&e.path).is_ok() {
+                let _ = file::sync_dir(&self.dir);
+            }
+        } else {
+            let touched = KvcHeader {
+                hits: header.hits.saturating_add(1),
+                last_used: self.now(),
+                ..header.clone()
+            };
+            if let Err(err) = file::rewrite_header(&e.path, &touched) {
+                self.log(&format!("could not update {}: {err}", e.path.display()));
+            }
+        }
+        self.log(&format!(
+            "hit tokens={tokens} text={} bytes reason={}{} file={}",
+            contents.text.len(),
+            header.reason.name(),
+            if consumed { " (consumed)" } else { "" },
+            e.path.display()
+        ));
+        LookupOutcome::Hit(DiskHit {
+            sha: e.sha.clone(),
+            tokens,
+            text_bytes: contents.text.len(),
+            ext_flags: header.ext_flags,
+            reason: header.reason,
+            tool_map,
+            consumed,
+        })
+    }
+
+    /// Tool-id prefetch (§7, last paragraph): the KTM entries of every
+    /// checkpoint with a tool map whose id `wanted` accepts, independent of
+    /// which file (if any) loads.
+    pub fn prefetch_tool_ids(&self, wanted: &dyn Fn(&[u8]) -> bool) -> Vec<KtmEntry> {
+        let max = self.cfg.tool_memory_max_ids.saturating_mul(4);
+        let mut out = Vec::new();
+        for e in self.scan() {
+            if e.header.ext_flags & EXT_TOOL_MAP == 0 {
+                continue;
+            }
+            let Some(start) = e.header.payload_end(e.text_bytes) else {
+                continue;
+            };
+            let Ok(trailer) = file::read_tail(&e.path, start) else {
+                continue;
+            };
+            out.extend(
+                file::decode_ktm(&trailer, max)
+                    .into_iter()
+                    .filter(|k| wanted(&k.id)),
+            );
+        }
+        out
+    }
+
+    /// Deletes the lowest-scoring files until the folder fits the budget
+    /// (§8), never `protected` unless it alone exceeds the budget. Returns
+    /// the number of files deleted.
+    pub fn evict(&self, protected: Option<&str>) -> usize {
+        self.evict_within(self.cfg.budget_bytes(), protected).len()
+    }
+
+    /// [`DiskCache::evict`] under another budget; the deleted entries in
+    /// the order they were deleted.
+    pub fn evict_within(&self, budget: u64, protected: Option<&str>) -> Vec<Entry> {
+        let mut entries = self.scan();
+        let mut total: u64 = entries.iter().map(|e| e.file_size).sum();
+        let protected = protected.filter(|p| {
+            entries
+                .iter()
+                .find(|e| e.sha == *p)
+                .is_none_or(|e| e.file_size <= budget)
+        });
+        let now = self.now();
+        let mut evicted = Vec::new();
+        while total > budget && !entries.is_empty() {
+            let scores: Vec<f64> = entries
+                .iter()
+                .map(|e| eviction_score(e, protected, now))
+                .collect();
+            let mut v = 0;
+            for i in 1..entries.len() {
+                if scores[i] < scores[v]
+                    || (scores[i] == scores[v]
+                        && entries[i].header.last_used < entries[v].header.last_used)
+                {
+                    v = i;
+                }
+            }
+            let e = entries.remove(v);
+            if fs::remove_file(&e.path).is_err() {
+                break;
+            }
+            KvCacheMetrics::add(&self.metrics.evictions, 1);
+            total = total.saturating_sub(e.file_size);
+            self.log(&format!(
+                "evicted reason=disk-cache-full tokens={} hits={} size={:.2} MiB file={}",
+                e.header.tokens,
+                e.header.hits,
+                mib(e.file_size),
+                e.path.display()
+            ));
+            evicted.push(e);
+        }
+        if !evicted.is_empty() {
+            let _ = file::sync_dir(&self.dir);
+        }
+        evicted
+    }
+}
+
+/// Half-life of a hit in the eviction score (ds4: 6 hours).
+const HIT_HALF_LIFE_SECONDS: f64 = 21600.0;
+/// Decayed hit counts below this count as none.
+const MIN_EFFECTIVE_HITS: f64 = 0.01;
+
+/// Tokens kept per byte, boosted by recent hits (§8); +∞ for `protected`.
+pub fn eviction_score(e: &Entry, protected: Option<&str>, now: u64) -> f64 {
+    if e.file_size == 0 {
+        return 0.0;
+    }
+    if protected == Some(e.sha.as_str()) {
+        return f64::MAX;
+    }
+    let h = &e.header;
+    let used = if h.last_used != 0 {
+        h.last_used
+    } else {
+        h.created
+    };
+    let mut eff = h.hits as f64;
+    if used == 0 {
+        eff = 0.0;
+    } else if now > used {
+        eff *= (-((now - used) as f64) / HIT_HALF_LIFE_SECONDS).exp2();
+        if eff < MIN_EFFECTIVE_HITS {
+            eff = 0.0;
+        }
+    }
+    (eff + 1.0) * h.tokens as f64 / e.file_size as f64
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
