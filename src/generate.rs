@@ -83,6 +83,9 @@ pub enum Step {
 
 /// Receives every generated token (EOS excluded) as it is produced.
 pub trait Observer {
+    /// Called before each step with the session as it stands (the server's
+    /// continued disk-cache saves, KVCACHE.md §5.2).
+    fn before_step(&mut self, _sess: &Session) {}
     /// Called before each pick: true makes the next token greedy.
     fn greedy_next(&mut self) -> bool {
         false
@@ -114,6 +117,7 @@ pub fn generate(
     let eos = tok.specials().eos;
     let mut tokens = Vec::new();
     loop {
+        obs.before_step(sess);
         if tokens.len() >= max_new {
             return Ok(Outcome {
                 tokens,

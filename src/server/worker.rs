@@ -19,8 +19,9 @@ use super::request::{Api, GenRequest, Role};
 use crate::generate::{
     self, Finish, Observer, Piece, Sampled, Scripted, Step, ThinkSplit, TokenPicker,
 };
+use crate::kvcache::CacheKey;
 use crate::sampler::Rng;
-use crate::session::Session;
+use crate::session::{Session, SessionError, SyncStats};
 use crate::tokenizer::Tokenizer;
 
 /// Token counts of one response (SERVER.md §4.8).
@@ -110,24 +111,49 @@ enum Work {
     Shutdown(std::sync::mpsc::Sender<()>),
 }
 
+/// A visible transcript remembered at exactly the live frontier (SERVER.md
+/// §9): evict and shutdown saves store it as the cache text, so a client
+/// that resends what it saw (without the hidden reasoning) finds the file.
+#[derive(Clone, Copy, Debug)]
+pub struct Visible<'a> {
+    pub text: &'a str,
+    pub key: CacheKey,
+}
+
 /// Where a disk KV cache hooks into the worker (KVCACHE.md §2 rule 7 and
 /// §5's save moments). The worker calls these at exactly those points; the
-/// default implementations do nothing, so without a cache the server
-/// behaves as with `--kv-disk-dir` unset.
+/// default implementations do nothing (and prefill is a plain sync), so
+/// without a cache the server behaves as with `--kv-disk-dir` unset. The
+/// disk implementation is `super::kvdisk::DiskHook`.
 pub trait KvCacheHook: Send {
-    /// Rules 1-6 failed: the live session is about to be replaced. A cache
-    /// saves it here with reason `evict` (§5.3).
-    fn before_replace(&mut self, _sess: &Session) {}
-    /// Rule 7: bring the session to the longest stored checkpoint whose text
-    /// is a byte prefix of `text`; returns the number of text bytes it covers
-    /// (the session then holds its tokens), or None.
-    fn load_prefix(&mut self, _sess: &mut Session, _text: &str) -> Option<usize> {
+    /// Rules 1-6 failed (or the session is empty): the live session is about
+    /// to be replaced. A cache saves it (`evict`, §5.3; `visible` is the
+    /// transcript valid at the live length, if any), then brings the session
+    /// to the longest stored checkpoint whose text is a byte prefix of
+    /// `text` (rule 7). Returns the effective prompt (loaded tokens, then
+    /// the rest of `text` tokenized) and the loaded count, or None.
+    fn resume(
+        &mut self,
+        _sess: &mut Session,
+        _text: &str,
+        _visible: Option<Visible<'_>>,
+    ) -> Option<(Vec<u32>, usize)> {
         None
     }
-    /// After the prefill of a request (cold save, §5.1; continued, §5.2).
-    fn after_prefill(&mut self, _sess: &Session, _cached: usize) {}
+    /// Brings the session to `prompt` (instead of `Session::sync`), storing
+    /// the cold (§5.1, `cached == 0`) and continued (§5.2) checkpoints.
+    fn prefill(
+        &mut self,
+        sess: &mut Session,
+        prompt: &[u32],
+        _cached: usize,
+    ) -> Result<SyncStats, SessionError> {
+        sess.sync(prompt, &mut |_, _| {})
+    }
+    /// Before each decode step outside a DSML block (continued, §5.2).
+    fn before_decode(&mut self, _sess: &Session) {}
     /// Clean shutdown (§5.4).
-    fn shutdown(&mut self, _sess: &Session) {}
+    fn shutdown(&mut self, _sess: &Session, _visible: Option<Visible<'_>>) {}
 }
 
 /// No disk cache.
@@ -307,6 +333,25 @@ fn trailing_tool_run(req: &GenRequest) -> Option<(usize, Vec<String>)> {
     Some((first, ids))
 }
 
+/// The visible transcript bound to exactly the live length `n`, if any.
+fn visible_at<'a>(
+    thinking: &'a Option<VisibleBinding>,
+    protocol: &'a Option<ProtocolBinding>,
+    n: usize,
+) -> Option<Visible<'a>> {
+    if let Some(b) = thinking.as_ref().filter(|b| b.live_len == n) {
+        return Some(Visible {
+            text: &b.text,
+            key: CacheKey::ThinkingVisible,
+        });
+    }
+    let b = protocol.as_ref().filter(|b| b.live_len == n)?;
+    Some(Visible {
+        text: b.visible.as_deref()?,
+        key: CacheKey::ResponsesVisible,
+    })
+}
+
 fn same_set(a: &[String], b: &[String]) -> bool {
     let mut a = a.to_vec();
     let mut b = b.to_vec();
@@ -356,7 +401,9 @@ impl Worker {
             let job = match work {
                 Work::Gen(job) => job,
                 Work::Shutdown(ack) => {
-                    self.cache.shutdown(&self.sess);
+                    let n = self.sess.tokens().len();
+                    let visible = visible_at(&self.thinking_visible, &self.protocol, n);
+                    self.cache.shutdown(&self.sess, visible);
                     let _ = ack.send(());
                     break;
                 }
@@ -374,11 +421,22 @@ impl Worker {
         }
     }
 
-    /// The effective prompt and the cached count (KVCACHE.md §2, rules 4-6, 8).
+    /// Rule 7 (after the evict save): the disk cache, else the full prompt.
+    fn from_disk(&mut self, text: &str, full: Vec<u32>) -> (Vec<u32>, usize) {
+        let n = self.sess.tokens().len();
+        let visible = visible_at(&self.thinking_visible, &self.protocol, n);
+        let resumed = self.cache.resume(&mut self.sess, text, visible);
+        match resumed {
+            Some((eff, cached)) if cached > 0 => (eff, cached),
+            _ => (full, 0),
+        }
+    }
+
+    /// The effective prompt and the cached count (KVCACHE.md §2, rules 4-8).
     fn plan(&mut self, req: &GenRequest, text: &str, full: Vec<u32>) -> (Vec<u32>, usize) {
         let live = self.sess.tokens().to_vec();
         if live.is_empty() {
-            return (full, 0);
+            return self.from_disk(text, full);
         }
         if let Some(b) = self
             .protocol
@@ -432,16 +490,7 @@ impl Worker {
             let n = decoded.len();
             return (extend(n), live.len());
         }
-        self.cache.before_replace(&self.sess);
-        if let Some(n) = self.cache.load_prefix(&mut self.sess, text) {
-            if text.is_char_boundary(n) {
-                let mut eff = self.sess.tokens().to_vec();
-                let cached = eff.len();
-                eff.extend(self.tok.encode_chat(&text[n..]));
-                return (eff, cached);
-            }
-        }
-        (full, 0)
+        self.from_disk(text, full)
     }
 
     fn serve(&mut self, job: Job) -> Result<(), String> {
@@ -531,12 +580,11 @@ impl Worker {
             m.reused_tokens.fetch_add(cached as u64, Ordering::Relaxed);
         }
         let stats = self
-            .sess
-            .sync(&eff, &mut |_, _| {})
+            .cache
+            .prefill(&mut self.sess, &eff, cached)
             .map_err(|e| e.to_string())?;
         m.evaluated_prompt_tokens
             .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
-        self.cache.after_prefill(&self.sess, cached);
         let t_prefill = t0.elapsed();
 
         let thinking = req.chat_style() && req.mode.thinks();
@@ -559,9 +607,17 @@ impl Worker {
         };
         let mut obs = Stream::new(&req, thinking, events.clone());
         let t1 = Instant::now();
-        let outcome =
-            generate::generate(&mut self.sess, &self.tok, max_new, &mut *picker, &mut obs)
-                .map_err(|e| e.to_string());
+        let outcome = generate::generate(
+            &mut self.sess,
+            &self.tok,
+            max_new,
+            &mut *picker,
+            &mut SavingObserver {
+                inner: &mut obs,
+                cache: &mut *self.cache,
+            },
+        )
+        .map_err(|e| e.to_string());
         let gen_s = t1.elapsed().as_secs_f64();
         let (tokens, finish) = match outcome {
             Ok(o) => (o.tokens, o.finish),
@@ -918,6 +974,33 @@ impl Stream {
             Some((p, v)) => generate::find(&region[p..], dsml::block_close(v).as_bytes()).is_some(),
             None => false,
         }
+    }
+}
+
+/// The job's observer plus the continued saves before decode steps (not
+/// inside a DSML block, where the text is no cacheable transcript).
+struct SavingObserver<'a> {
+    inner: &'a mut Stream,
+    cache: &'a mut dyn KvCacheHook,
+}
+
+impl Observer for SavingObserver<'_> {
+    fn before_step(&mut self, sess: &Session) {
+        if !self.inner.in_block {
+            self.cache.before_decode(sess);
+        }
+    }
+
+    fn greedy_next(&mut self) -> bool {
+        self.inner.greedy_next()
+    }
+
+    fn cancelled(&mut self) -> bool {
+        self.inner.cancelled()
+    }
+
+    fn token(&mut self, id: u32, bytes: &[u8]) -> Step {
+        self.inner.token(id, bytes)
     }
 }
 
