@@ -41,7 +41,7 @@ impl Metrics {
         put(
             "queue_depth",
             "gauge",
-            "Generation requests waiting or running.",
+            "Generation requests waiting for the worker.",
             self.queue_depth.load(Ordering::Relaxed).to_string(),
         );
         put(
