@@ -163,6 +163,7 @@ fn main() {
         tok.clone(),
         WorkerConfig {
             queued_scripts: Vec::new(),
+            trace: None,
             default_tokens: n,
             exact_replay: true,
             tool_memory_max_ids: 1000,

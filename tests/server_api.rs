@@ -42,6 +42,7 @@ fn server_with(max_body: usize, api_key: Option<&str>) -> Server {
         tok.clone(),
         WorkerConfig {
             queued_scripts: Vec::new(),
+            trace: None,
             default_tokens: 24,
             exact_replay: true,
             tool_memory_max_ids: 1000,

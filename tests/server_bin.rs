@@ -31,8 +31,13 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
+    start_with(&[])
+}
+
+fn start_with(extra: &[&str]) -> Server {
     let m = common::tiny_model_path(Variant::Q8);
     let mut child = Command::new(env!("CARGO_BIN_EXE_ds4-server"))
+        .args(extra)
         .args([
             "-m",
             m.to_str().unwrap(),
@@ -217,4 +222,31 @@ fn malformed_truncated_and_slow_requests() {
     );
     assert_eq!(status(&r), 400, "{r}");
     assert!(r.contains("invalid JSON request"), "{r}");
+}
+
+#[test]
+fn trace_file_records_each_request() {
+    let path = std::env::temp_dir().join(format!("ds4-trace-{}.txt", std::process::id()));
+    let s = start_with(&["--trace", path.to_str().unwrap()]);
+    let q = json!({"role":"user","content":"hi"});
+    let b1 = json!({"model":"deepseek-chat","messages":[q],"ds4_test_script":"Hello."});
+    assert_eq!(status(&post(&s.addr, "/v1/chat/completions", &b1)), 200);
+    let b2 = json!({"model":"deepseek-chat","messages":[q,{"role":"assistant","content":"Hello."},
+        {"role":"user","content":"again"}],"ds4_test_script":"Bye."});
+    assert_eq!(status(&post(&s.addr, "/v1/chat/completions", &b2)), 200);
+    drop(s);
+    let t = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    assert!(t.contains("===== request 1 "), "{t}");
+    assert!(t.contains("cache_source: none"), "{t}");
+    assert!(
+        t.contains(
+            "--- rendered prompt ---\n<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜></think>\n"
+        ),
+        "{t}"
+    );
+    assert!(t.contains("content:\nHello.\n"), "{t}");
+    assert!(t.contains("===== request 2 "), "{t}");
+    assert!(t.contains("cache_source: memory-t"), "{t}");
+    assert!(t.contains("===== end request 2 ====="), "{t}");
 }

@@ -50,6 +50,9 @@ struct Args {
     /// add CORS headers to every response
     #[argh(switch)]
     cors: bool,
+    /// write a human-readable record of every request to FILE
+    #[argh(option)]
+    trace: Option<PathBuf>,
     /// require this key (Authorization: Bearer KEY or x-api-key: KEY)
     #[argh(option)]
     api_key: Option<String>,
@@ -261,6 +264,7 @@ fn run(a: Args) -> Result<(), String> {
         tok,
         WorkerConfig {
             queued_scripts: queued_scripts()?,
+            trace: a.trace.clone(),
             default_tokens: a.tokens,
             exact_replay: !a.disable_exact_dsml_tool_replay,
             tool_memory_max_ids: a.tool_memory_max_ids,

@@ -80,6 +80,8 @@ pub struct GenRequest {
     pub reasoning_summary: bool,
     /// Test-only scripted output (accepted only with the hidden server flag).
     pub script: Option<String>,
+    /// The request body as received (for `--trace`).
+    pub raw: Vec<u8>,
 }
 
 impl GenRequest {
@@ -462,6 +464,7 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
         prompt: None,
         mode,
         reasoning_summary: false,
+        raw: Vec::new(),
     })
 }
 
@@ -499,6 +502,7 @@ pub fn parse_completions(body: &[u8], pc: ParseContext) -> Result<GenRequest, Ap
         prompt: Some(prompt),
         mode,
         reasoning_summary: false,
+        raw: Vec::new(),
     })
 }
 
@@ -619,6 +623,7 @@ pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiEr
         prompt: None,
         mode,
         reasoning_summary: false,
+        raw: Vec::new(),
     })
 }
 
@@ -831,6 +836,7 @@ pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiE
         prompt: None,
         mode,
         reasoning_summary: summary,
+        raw: Vec::new(),
     })
 }
 

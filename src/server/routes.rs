@@ -211,10 +211,11 @@ async fn handle(
         Api::Responses => request::parse_responses(&body, pc),
         Api::Messages => request::parse_messages(&body, pc),
     };
-    let req = match parsed {
+    let mut req = match parsed {
         Ok(r) => r,
         Err(e) => return error_response(e),
     };
+    req.raw = body;
     let n = state.counter.fetch_add(1, Ordering::Relaxed) + 1;
     let meta = Meta {
         id: match api {

@@ -168,6 +168,8 @@ pub struct WorkerConfig {
     /// (to drive real agents through a known conversation).
     pub queued_scripts: Vec<String>,
     pub default_tokens: usize,
+    /// `--trace FILE`: a human-readable record of every request (SERVER.md §11).
+    pub trace: Option<std::path::PathBuf>,
     pub exact_replay: bool,
     pub tool_memory_max_ids: usize,
 }
@@ -220,6 +222,16 @@ pub fn start(
 ) -> Queue {
     let (tx, rx) = std::sync::mpsc::sync_channel(bound.max(1));
     let m = metrics.clone();
+    let trace = cfg
+        .trace
+        .as_ref()
+        .and_then(|p| match std::fs::File::create(p) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("ds4-server: --trace {}: {e}", p.display());
+                None
+            }
+        });
     std::thread::Builder::new()
         .name("ds4-worker".into())
         .spawn(move || {
@@ -232,6 +244,7 @@ pub fn start(
                 cache,
                 thinking_visible: None,
                 protocol: None,
+                trace,
                 request_seq: 0,
             }
             .run(rx)
@@ -369,7 +382,29 @@ struct Worker {
     cache: Box<dyn KvCacheHook>,
     thinking_visible: Option<VisibleBinding>,
     protocol: Option<ProtocolBinding>,
+    trace: Option<std::fs::File>,
     request_seq: u64,
+}
+
+/// `YYYY-MM-DD HH:MM:SS` (UTC) of a Unix time.
+fn utc_stamp(t: u64) -> String {
+    let (days, secs) = ((t / 86400) as i64, t % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
 }
 
 /// 16 random bytes as 32 hex chars (`/dev/urandom`, time-mixed fallback).
@@ -421,19 +456,25 @@ impl Worker {
         }
     }
 
-    /// Rule 7 (after the evict save): the disk cache, else the full prompt.
-    fn from_disk(&mut self, text: &str, full: Vec<u32>) -> (Vec<u32>, usize) {
+    /// Rule 7 (after the evict save): the disk cache, else rule 8.
+    fn from_disk(&mut self, text: &str, full: Vec<u32>) -> (Vec<u32>, usize, &'static str) {
         let n = self.sess.tokens().len();
         let visible = visible_at(&self.thinking_visible, &self.protocol, n);
         let resumed = self.cache.resume(&mut self.sess, text, visible);
         match resumed {
-            Some((eff, cached)) if cached > 0 => (eff, cached),
-            _ => (full, 0),
+            Some((eff, cached)) if cached > 0 => (eff, cached, "disk-text"),
+            _ => (full, 0, "none"),
         }
     }
 
-    /// The effective prompt and the cached count (KVCACHE.md §2, rules 4-8).
-    fn plan(&mut self, req: &GenRequest, text: &str, full: Vec<u32>) -> (Vec<u32>, usize) {
+    /// The effective prompt, the cached count and the rule that matched
+    /// (KVCACHE.md §2; the names are ds4's trace `cache_source` values).
+    fn plan(
+        &mut self,
+        req: &GenRequest,
+        text: &str,
+        full: Vec<u32>,
+    ) -> (Vec<u32>, usize, &'static str) {
         let live = self.sess.tokens().to_vec();
         if live.is_empty() {
             return self.from_disk(text, full);
@@ -448,7 +489,7 @@ impl Worker {
                 if text.len() > v.len() && text.starts_with(v.as_str()) {
                     let mut eff = live.clone();
                     eff.extend(self.tok.encode_chat(&text[v.len()..]));
-                    return (eff, live.len());
+                    return (eff, live.len(), "responses-visible");
                 }
             }
             // Rules 2 and 3: the request ends with the results of exactly
@@ -462,12 +503,17 @@ impl Worker {
                     };
                     let mut eff = live.clone();
                     eff.extend(self.tok.encode_chat(&tail));
-                    return (eff, live.len());
+                    let source = if req.api == Api::Messages {
+                        "anthropic-tool-output"
+                    } else {
+                        "responses-tool-output"
+                    };
+                    return (eff, live.len(), source);
                 }
             }
         }
         if full.len() >= live.len() && full[..live.len()] == live[..] {
-            return (full, live.len());
+            return (full, live.len(), "memory-token");
         }
         let extend = |prefix_len: usize| {
             let mut eff = live.clone();
@@ -481,14 +527,14 @@ impl Worker {
                     && text.starts_with(&b.text)
                 {
                     let n = b.text.len();
-                    return (extend(n), live.len());
+                    return (extend(n), live.len(), "thinking-visible");
                 }
             }
         }
         let decoded = self.tok.decode(&live);
         if text.as_bytes().starts_with(&decoded) {
             let n = decoded.len();
-            return (extend(n), live.len());
+            return (extend(n), live.len(), "memory-text");
         }
         self.from_disk(text, full)
     }
@@ -540,12 +586,55 @@ impl Worker {
             let _ = events.send(Event::Rejected(e));
             return Ok(());
         }
-        let (eff, cached) = self.plan(&req, &text, full);
-        let (eff, cached) = if eff.len() >= ctx {
-            (self.tok.encode_chat(&text), 0)
+        let full_len = full.len();
+        let live_before = self.sess.tokens().len();
+        let (eff, cached, source) = self.plan(&req, &text, full);
+        let (eff, cached, source) = if eff.len() >= ctx {
+            (self.tok.encode_chat(&text), 0, "none")
         } else {
-            (eff, cached)
+            (eff, cached, source)
         };
+        if let Some(f) = self.trace.as_mut() {
+            use std::io::Write;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let kind = if req.api == Api::Completions {
+                "completion"
+            } else {
+                "chat"
+            };
+            let mode = match req.mode {
+                crate::chat::ThinkMode::None => "none",
+                crate::chat::ThinkMode::High => "high",
+                crate::chat::ThinkMode::Max => "max",
+            };
+            let _ = write!(
+                f,
+                "\n===== request {} {} =====\nkind: {kind}\nmodel: {}\nstream: {}\ntools: {}\nthink_mode: {mode}\n\
+                 prompt_tokens: {}\neffective_prompt_tokens: {}\ncached_tokens: {cached}\nmax_tokens: {}\n\
+                 temperature: {:.3}\ntop_k: {}\ntop_p: {:.3}\nmin_p: {:.3}\nseed: {}\nstream_include_usage: {}\n\
+                 \n--- cache decision ---\nlive_tokens_before: {}\ncache_source: {source}\ncached_tokens: {cached}\n\
+                 \n--- raw request json ---\n{}\n\n--- rendered prompt ---\n{text}\n",
+                self.request_seq,
+                utc_stamp(now),
+                req.model,
+                req.stream as u8,
+                req.tools_active() as u8,
+                full_len,
+                eff.len(),
+                req.max_tokens.map_or("default".to_string(), |n| n.to_string()),
+                req.sampler.temperature,
+                req.sampler.top_k,
+                req.sampler.top_p,
+                req.sampler.min_p,
+                req.seed.unwrap_or(0),
+                req.include_usage as u8,
+                live_before,
+                String::from_utf8_lossy(&req.raw),
+            );
+        }
         // A request that needs live tool state which no longer matches: 409.
         if let Some((_, ids)) = trailing_tool_run(&req).filter(|_| req.api != Api::Chat) {
             let replayed: Vec<&str> = req
@@ -722,6 +811,30 @@ impl Worker {
                 });
             }
             self.bind_protocol(&req, &text, &fin, raw_block, thinking, obs.stop_hit);
+        }
+        if let Some(f) = self.trace.as_mut() {
+            use std::io::Write;
+            let mut t = format!(
+                "\n--- generated text ---\n{}\n\n--- parsed message ---\nfinish: {:?}\ngenerated_tokens: {}\nelapsed_sec: {:.3}\n",
+                fin.text,
+                fin.finish,
+                fin.usage.completion,
+                t0.elapsed().as_secs_f64()
+            );
+            if let Some(r) = &fin.reasoning {
+                t.push_str(&format!("\nreasoning:\n{r}\n"));
+            }
+            if !fin.content.is_empty() {
+                t.push_str(&format!("\ncontent:\n{}\n", fin.content));
+            }
+            for (i, c) in fin.calls.iter().enumerate() {
+                t.push_str(&format!(
+                    "\ntool_call[{i}]:\nid: {}\nname: {}\narguments:\n{}\n",
+                    c.id, c.name, c.arguments
+                ));
+            }
+            t.push_str(&format!("\n===== end request {} =====\n", self.request_seq));
+            let _ = f.write_all(t.as_bytes());
         }
         eprintln!(
             "ds4-server: request {} {:?} stream={} prompt={} cached={} generated={} finish={:?} calls={} {:.2}s",
@@ -1046,6 +1159,13 @@ impl Observer for Stream {
 mod tests {
     use super::*;
     use crate::server::request::{parse_chat, ParseContext};
+
+    #[test]
+    fn utc_stamps() {
+        assert_eq!(utc_stamp(0), "1970-01-01 00:00:00");
+        assert_eq!(utc_stamp(1_767_225_600), "2026-01-01 00:00:00");
+        assert_eq!(utc_stamp(951_827_696), "2000-02-29 12:34:56");
+    }
 
     #[test]
     fn a_full_queue_is_503_with_retry_after() {
