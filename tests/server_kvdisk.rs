@@ -302,3 +302,28 @@ fn a_corrupt_checkpoint_is_skipped_with_a_log_line() {
     );
     drop(s2);
 }
+
+#[test]
+fn bad_kv_flags_are_refused_by_name() {
+    let m = common::tiny_model_path(Variant::Q8);
+    let dir = fresh_dir("flags");
+    for (args, name) in [
+        (&["--kv-disk-space-mb", "0"][..], "--kv-disk-space-mb"),
+        (&["--kv-cache-min-tokens", "0"][..], "--kv-cache-min-tokens"),
+        (
+            &["--kv-cache-min-tokens", "100", "--kv-cache-cold-max-tokens", "50"][..],
+            "--kv-cache-cold-max-tokens",
+        ),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_ds4-server"))
+            .args(["-m", m.to_str().unwrap(), "--port", "0"])
+            .args(["--kv-disk-dir", dir.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(name), "{args:?}: {err}");
+    }
+    assert!(!dir.exists(), "a refused start creates no folder");
+}
