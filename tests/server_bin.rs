@@ -250,3 +250,37 @@ fn trace_file_records_each_request() {
     assert!(t.contains("cache_source: memory-t"), "{t}");
     assert!(t.contains("===== end request 2 ====="), "{t}");
 }
+
+#[test]
+fn bad_flags_exit_2_and_sigint_exits_cleanly() {
+    for args in [
+        &["--host", "example.com"][..],
+        &["--ctx", "1"],
+        &["--port", "x"],
+        &["--nope"],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_ds4-server"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
+    }
+    let mut s = start();
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(s.child.id() as i32, libc::SIGINT);
+    }
+    let t = Instant::now();
+    loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            assert!(st.success(), "{st:?}");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no exit after SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -322,7 +322,7 @@ fn bad_kv_flags_are_refused_by_name() {
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(name), "{args:?}: {err}");
     }
     assert!(!dir.exists(), "a refused start creates no folder");

@@ -145,29 +145,6 @@ fn kv_write_limit() -> Result<Option<u64>, String> {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM: the listener closes, queued jobs finish
-/// and the disk cache writes its shutdown checkpoint.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
 
 fn queued_scripts() -> Result<Vec<String>, String> {
     let (Some(_), Some(f)) = (
@@ -203,14 +180,21 @@ fn model_path(a: &Args) -> Result<PathBuf, String> {
     }
 }
 
-fn run(a: Args) -> Result<(), String> {
-    let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
-    let kv_cfg = kv_config(&a);
-    kv_cfg.validate()?;
-    let kv_write_limit = kv_write_limit()?;
+/// Flag values that are wrong on their face: exit status 2 (SERVER.md §2).
+fn check(a: &Args) -> Result<(), String> {
+    host_addr(&a.host)?;
+    kv_config(a).validate()?;
+    kv_write_limit()?;
     if a.ctx < 2 || a.tokens == 0 || a.queue == 0 || a.tool_memory_max_ids == 0 {
         return Err("--ctx must be ≥ 2; --tokens, --queue and --tool-memory-max-ids > 0".into());
     }
+    Ok(())
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
+    let kv_cfg = kv_config(&a);
+    let kv_write_limit = kv_write_limit()?;
     let backend = ds4::backend::select::BackendFlags {
         backend: a.backend.clone(),
         cpu: a.cpu,
@@ -292,8 +276,18 @@ fn run(a: Args) -> Result<(), String> {
         .build()
         .map_err(|e| format!("tokio: {e}"))?;
     rt.block_on(async move {
+        // Handlers are installed here, before the banner, so a signal that
+        // arrives right after start-up still shuts down cleanly.
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("signal: {e}"))?;
+        let mut term = signal(SignalKind::terminate()).map_err(|e| format!("signal: {e}"))?;
         let (bound, server) = warp::serve(routes::routes(state))
-            .try_bind_with_graceful_shutdown(addr, shutdown_signal())
+            .try_bind_with_graceful_shutdown(addr, async move {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            })
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         print_banner(bound, a.api_key.is_some());
         server.await;
@@ -321,7 +315,13 @@ fn print_banner(addr: SocketAddr, keyed: bool) {
 
 fn main() -> ExitCode {
     match ds4::cli::parse_args::<Args>("ds4-server") {
-        Ok(a) => ds4::cli::exit_with("ds4-server", run(a)),
+        Ok(a) => {
+            if let Err(e) = check(&a) {
+                eprintln!("ds4-server: {e}");
+                return ExitCode::from(2);
+            }
+            ds4::cli::exit_with("ds4-server", run(a))
+        }
         Err(code) => code,
     }
 }
