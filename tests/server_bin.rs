@@ -34,9 +34,24 @@ fn start() -> Server {
     start_with(&[])
 }
 
+/// A lock file of its own, so the tests' servers can run side by side.
+fn lock_file() -> String {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    std::env::temp_dir()
+        .join(format!("ds4-test-{}-{n}.lock", std::process::id()))
+        .to_string_lossy()
+        .into_owned()
+}
+
 fn start_with(extra: &[&str]) -> Server {
+    start_locked(extra, &lock_file())
+}
+
+fn start_locked(extra: &[&str], lock: &str) -> Server {
     let m = common::tiny_model_path(Variant::Q8);
     let mut child = Command::new(env!("CARGO_BIN_EXE_ds4-server"))
+        .env("DS4_LOCK_FILE", lock)
         .args(extra)
         .args([
             "-m",
@@ -266,7 +281,17 @@ fn bad_flags_exit_2_and_sigint_exits_cleanly() {
         assert_eq!(o.status.code(), Some(2), "{args:?}");
         assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
     }
-    let mut s = start();
+    // A second server on the same lock file refuses to start (status 2).
+    let lock = lock_file();
+    let mut s = start_locked(&[], &lock);
+    let m = common::tiny_model_path(Variant::Q8);
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4-server"))
+        .args(["-m", m.to_str().unwrap(), "--port", "0"])
+        .env("DS4_LOCK_FILE", &lock)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("another ds4 process"));
     // SAFETY: signalling our own child process.
     unsafe {
         libc::kill(s.child.id() as i32, libc::SIGINT);

@@ -191,6 +191,33 @@ fn check(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// One ds4 engine per machine (SERVER.md §1): an exclusive `flock` on
+/// `ds4.lock` in the temporary directory (env `DS4_LOCK_FILE` overrides),
+/// holding our pid. The returned file keeps the lock until the process ends.
+fn take_lock() -> Result<std::fs::File, String> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let path = std::env::var_os("DS4_LOCK_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("ds4.lock"));
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "another ds4 process holds {} (set DS4_LOCK_FILE to run a second one)",
+            path.display()
+        ));
+    }
+    let _ = f.set_len(0);
+    let _ = writeln!(f, "{}", std::process::id());
+    Ok(f)
+}
+
 fn run(a: Args) -> Result<(), String> {
     let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
     let kv_cfg = kv_config(&a);
@@ -287,6 +314,14 @@ fn run(a: Args) -> Result<(), String> {
                     _ = int.recv() => {}
                     _ = term.recv() => {}
                 }
+                // A second signal does not wait for the drain.
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
+                    std::process::exit(130);
+                });
             })
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         print_banner(bound, a.api_key.is_some());
@@ -320,6 +355,13 @@ fn main() -> ExitCode {
                 eprintln!("ds4-server: {e}");
                 return ExitCode::from(2);
             }
+            let _lock = match take_lock() {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("ds4-server: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             ds4::cli::exit_with("ds4-server", run(a))
         }
         Err(code) => code,
