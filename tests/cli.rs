@@ -319,11 +319,29 @@ fn ds4_bench_restore_mode_stores_and_loads_each_frontier() {
     let dir = std::env::temp_dir().join(format!("ds4-bench-kv-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let prompt = dir.join("p.txt");
-    std::fs::write(&prompt, "Pack my box with five dozen liquor jugs. ".repeat(40)).unwrap();
+    std::fs::write(
+        &prompt,
+        "Pack my box with five dozen liquor jugs. ".repeat(40),
+    )
+    .unwrap();
     let kv = dir.join("kv");
     let o = Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
-        .args(["-m", m.to_str().unwrap(), "--prompt-file", prompt.to_str().unwrap()])
-        .args(["--ctx-start", "48", "--ctx-max", "144", "--step-mul", "3", "-n", "2"])
+        .args([
+            "-m",
+            m.to_str().unwrap(),
+            "--prompt-file",
+            prompt.to_str().unwrap(),
+        ])
+        .args([
+            "--ctx-start",
+            "48",
+            "--ctx-max",
+            "144",
+            "--step-mul",
+            "3",
+            "-n",
+            "2",
+        ])
         .args(["--kv-restore-dir", kv.to_str().unwrap()])
         .output()
         .unwrap();

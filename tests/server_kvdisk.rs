@@ -54,6 +54,9 @@ impl Server {
             "16",
         ])
         .env("DS4_SERVER_TEST_SCRIPTS", "1")
+        // A lock file per test: the single-instance lock lets the tests'
+        // servers run side by side (the restart reuses it after the exit).
+        .env("DS4_LOCK_FILE", dir.with_extension("lock"))
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap());
         for (k, v) in env {
@@ -99,7 +102,12 @@ impl Server {
     }
 
     fn post(&self, body: &Value) -> Value {
-        let resp = http(&self.addr, "POST", "/v1/chat/completions", &body.to_string());
+        let resp = http(
+            &self.addr,
+            "POST",
+            "/v1/chat/completions",
+            &body.to_string(),
+        );
         let (head, body) = resp.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with("HTTP/1.1 200"), "{resp}");
         serde_json::from_str(body).unwrap()
@@ -183,7 +191,9 @@ fn usage(r: &Value) -> (u64, u64, u64) {
     let u = &r["usage"];
     (
         u["prompt_tokens"].as_u64().unwrap(),
-        u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
         u["completion_tokens"].as_u64().unwrap(),
     )
 }
@@ -211,7 +221,9 @@ fn a_restarted_server_resumes_from_disk_with_only_the_suffix_evaluated() {
         .collect();
     assert!(continued.contains(&16) && continued.contains(&32), "{log1}");
     assert!(
-        continued.iter().any(|&n| n > p1 && n <= p1 + g1 && n % 16 == 0),
+        continued
+            .iter()
+            .any(|&n| n > p1 && n <= p1 + g1 && n % 16 == 0),
         "a continued save during decode ({p1} + {g1} tokens): {log1}"
     );
     let files = checkpoints(&dir);
@@ -311,7 +323,12 @@ fn bad_kv_flags_are_refused_by_name() {
         (&["--kv-disk-space-mb", "0"][..], "--kv-disk-space-mb"),
         (&["--kv-cache-min-tokens", "0"][..], "--kv-cache-min-tokens"),
         (
-            &["--kv-cache-min-tokens", "100", "--kv-cache-cold-max-tokens", "50"][..],
+            &[
+                "--kv-cache-min-tokens",
+                "100",
+                "--kv-cache-cold-max-tokens",
+                "50",
+            ][..],
             "--kv-cache-cold-max-tokens",
         ),
     ] {
@@ -319,6 +336,7 @@ fn bad_kv_flags_are_refused_by_name() {
             .args(["-m", m.to_str().unwrap(), "--port", "0"])
             .args(["--kv-disk-dir", dir.to_str().unwrap()])
             .args(args)
+            .env("DS4_LOCK_FILE", dir.with_extension("lock"))
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);

@@ -9,12 +9,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use argh::FromArgs;
+use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
+use ds4::server::kvdisk::DiskHook;
 use ds4::server::metrics::Metrics;
 use ds4::server::routes::{self, HttpOptions, State};
-use ds4::kvcache::KvCacheConfig;
-use ds4::server::kvdisk::DiskHook;
 use ds4::server::worker::{self, KvCacheHook, WorkerConfig};
 use ds4::session::{Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
@@ -145,7 +145,6 @@ fn kv_write_limit() -> Result<Option<u64>, String> {
     }
 }
 
-
 fn queued_scripts() -> Result<Vec<String>, String> {
     let (Some(_), Some(f)) = (
         std::env::var_os(SCRIPT_ENV),
@@ -263,7 +262,11 @@ fn run(a: Args) -> Result<(), String> {
             Some(h) => {
                 eprintln!(
                     "ds4-server: disk KV cache in {} ({} MiB)",
-                    kv_cfg.kv_disk_dir.as_deref().unwrap_or(Path::new("")).display(),
+                    kv_cfg
+                        .kv_disk_dir
+                        .as_deref()
+                        .unwrap_or(Path::new(""))
+                        .display(),
                     kv_cfg.kv_disk_space_mb
                 );
                 Box::new(h)

@@ -78,6 +78,7 @@ impl KvCacheHook for DiskHook {
     }
 
     fn shutdown(&mut self, sess: &Session, visible: Option<Visible<'_>>) {
-        self.moments.shutdown(sess, &self.tok, key(&visible).as_ref());
+        self.moments
+            .shutdown(sess, &self.tok, key(&visible).as_ref());
     }
 }
