@@ -84,7 +84,7 @@ pub enum Step {
 /// Receives every generated token (EOS excluded) as it is produced.
 pub trait Observer {
     /// Called before each step with the session as it stands (the server's
-    /// continued disk-cache saves, KVCACHE.md §5.2).
+    /// disk cache stores continued checkpoints here).
     fn before_step(&mut self, _sess: &Session) {}
     /// Called before each pick: true makes the next token greedy.
     fn greedy_next(&mut self) -> bool {
@@ -117,7 +117,6 @@ pub fn generate(
     let eos = tok.specials().eos;
     let mut tokens = Vec::new();
     loop {
-        obs.before_step(sess);
         if tokens.len() >= max_new {
             return Ok(Outcome {
                 tokens,
@@ -130,6 +129,7 @@ pub fn generate(
                 finish: Finish::Cancelled,
             });
         }
+        obs.before_step(sess);
         let greedy = obs.greedy_next();
         let next = picker.pick(sess.logits(), greedy);
         if next == eos {

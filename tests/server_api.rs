@@ -26,6 +26,14 @@ struct Server {
 }
 
 fn server_with(max_body: usize, api_key: Option<&str>) -> Server {
+    server_hooked(max_body, api_key, Box::new(worker::NoCache))
+}
+
+fn server_hooked(
+    max_body: usize,
+    api_key: Option<&str>,
+    cache: Box<dyn worker::KvCacheHook>,
+) -> Server {
     let model = common::tiny_model(Variant::Q8);
     let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
     let sess = Session::new(
@@ -49,7 +57,7 @@ fn server_with(max_body: usize, api_key: Option<&str>) -> Server {
         },
         metrics.clone(),
         16,
-        Box::new(worker::NoCache),
+        cache,
     );
     let state = Arc::new(State {
         queue,
@@ -862,4 +870,66 @@ async fn anthropic_tool_results_continue_without_thinking_replay() {
         v2["usage"]["cache_creation_input_tokens"],
         s.tok.encode_chat("<｜end▁of▁sentence｜><｜User｜><tool_result>a.c</tool_result><｜Assistant｜><think>").len()
     );
+}
+
+/// A stand-in disk cache: counts the worker's calls and, on `resume`,
+/// "loads" the first 4 tokens of the prompt (by evaluating them).
+struct FakeCache(Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+impl worker::KvCacheHook for FakeCache {
+    fn resume(
+        &mut self,
+        sess: &mut Session,
+        tok: &Tokenizer,
+        rendered: &str,
+        _visible: Option<(&[u8], worker::VisibleKind)>,
+    ) -> Option<(Vec<u32>, usize)> {
+        self.0.lock().unwrap().push("resume");
+        let full = tok.encode_chat(rendered);
+        sess.sync(&full[..4], &mut |_, _| {}).ok()?;
+        Some((full, 4))
+    }
+    fn prefill(
+        &mut self,
+        sess: &mut Session,
+        _tok: &Tokenizer,
+        prompt: &[u32],
+        _cached: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<ds4::session::SyncStats, ds4::SessionError> {
+        self.0.lock().unwrap().push("prefill");
+        sess.sync(prompt, progress)
+    }
+    fn before_decode(&mut self, _sess: &Session, _tok: &Tokenizer) {
+        self.0.lock().unwrap().push("decode");
+    }
+    fn shutdown(
+        &mut self,
+        _sess: &Session,
+        _tok: &Tokenizer,
+        _visible: Option<(&[u8], worker::VisibleKind)>,
+    ) {
+        self.0.lock().unwrap().push("shutdown");
+    }
+}
+
+#[tokio::test]
+async fn the_disk_cache_hook_is_called_at_its_moments() {
+    let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = server_hooked(1 << 20, None, Box::new(FakeCache(calls.clone())));
+    let body = json!({"model":"deepseek-chat","messages":[{"role":"user","content":"hi"}],"ds4_test_script":"ab"});
+    let v = s.post_json("/v1/chat/completions", &body).await;
+    // Rule 7 on an empty session: the hook's hit is reported as cached.
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+    let n_gen = v["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    let state = s.state.clone();
+    tokio::task::spawn_blocking(move || state.queue.shutdown())
+        .await
+        .unwrap();
+    let c = calls.lock().unwrap().clone();
+    let mut expect = vec!["resume", "prefill"];
+    // One before-step call per pick: the generated tokens and the EOS.
+    expect.extend(std::iter::repeat("decode").take(n_gen + 1));
+    expect.push("shutdown");
+    assert_eq!(c, expect);
 }

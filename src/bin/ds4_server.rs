@@ -258,7 +258,7 @@ fn run(a: Args) -> Result<(), String> {
     );
     let metrics = Arc::new(Metrics::default());
     let cache: Box<dyn KvCacheHook> =
-        match DiskHook::open(&kv_cfg, &model, tok.clone(), &metrics, kv_write_limit)? {
+        match DiskHook::open(&kv_cfg, &model, &metrics, kv_write_limit)? {
             Some(h) => {
                 eprintln!(
                     "ds4-server: disk KV cache in {} ({} MiB)",

@@ -2,18 +2,17 @@
 //! one of `kvcache::SaveMoments`' save moments (KVCACHE.md §2 rule 7, §5).
 //! Built from ds4's `--kv-*` flags; absent without `--kv-disk-dir`.
 
-use std::sync::Arc;
-
 use super::metrics::Metrics;
-use super::worker::{KvCacheHook, Visible};
-use crate::kvcache::{routed_quant_bits, DiskCache, KvCacheConfig, SaveMoments, VisibleKey};
+use super::worker::{KvCacheHook, VisibleKind};
+use crate::kvcache::{
+    routed_quant_bits, CacheKey, DiskCache, KvCacheConfig, SaveMoments, VisibleKey,
+};
 use crate::model::ModelFile;
 use crate::session::{Session, SessionError, SyncStats};
 use crate::tokenizer::Tokenizer;
 
 pub struct DiskHook {
     moments: SaveMoments,
-    tok: Arc<Tokenizer>,
 }
 
 impl DiskHook {
@@ -24,7 +23,6 @@ impl DiskHook {
     pub fn open(
         cfg: &KvCacheConfig,
         model: &ModelFile,
-        tok: Arc<Tokenizer>,
         metrics: &Metrics,
         write_limit: Option<u64>,
     ) -> Result<Option<DiskHook>, String> {
@@ -38,15 +36,17 @@ impl DiskHook {
         let _ = metrics.kv_disk.set(cache.metrics());
         Ok(Some(DiskHook {
             moments: SaveMoments::new(cache),
-            tok,
         }))
     }
 }
 
-fn key<'a>(v: &Option<Visible<'a>>) -> Option<VisibleKey<'a>> {
-    v.as_ref().map(|v| VisibleKey {
-        text: v.text.as_bytes(),
-        key: v.key,
+fn key<'a>(v: Option<(&'a [u8], VisibleKind)>) -> Option<VisibleKey<'a>> {
+    v.map(|(text, kind)| VisibleKey {
+        text,
+        key: match kind {
+            VisibleKind::Responses => CacheKey::ResponsesVisible,
+            VisibleKind::Thinking => CacheKey::ThinkingVisible,
+        },
     })
 }
 
@@ -54,31 +54,32 @@ impl KvCacheHook for DiskHook {
     fn resume(
         &mut self,
         sess: &mut Session,
-        text: &str,
-        visible: Option<Visible<'_>>,
+        tok: &Tokenizer,
+        rendered: &str,
+        visible: Option<(&[u8], VisibleKind)>,
     ) -> Option<(Vec<u32>, usize)> {
         let r = self
             .moments
-            .resume_from_disk(sess, &self.tok, text, key(&visible).as_ref());
+            .resume_from_disk(sess, tok, rendered, key(visible).as_ref());
         r.hit.map(|_| (r.effective, r.cached))
     }
 
     fn prefill(
         &mut self,
         sess: &mut Session,
+        tok: &Tokenizer,
         prompt: &[u32],
         cached: usize,
+        progress: &mut dyn FnMut(usize, usize),
     ) -> Result<SyncStats, SessionError> {
-        self.moments
-            .prefill(sess, &self.tok, prompt, cached, &mut |_, _| {})
+        self.moments.prefill(sess, tok, prompt, cached, progress)
     }
 
-    fn before_decode(&mut self, sess: &Session) {
-        self.moments.before_decode(sess, &self.tok);
+    fn before_decode(&mut self, sess: &Session, tok: &Tokenizer) {
+        self.moments.before_decode(sess, tok);
     }
 
-    fn shutdown(&mut self, sess: &Session, visible: Option<Visible<'_>>) {
-        self.moments
-            .shutdown(sess, &self.tok, key(&visible).as_ref());
+    fn shutdown(&mut self, sess: &Session, tok: &Tokenizer, visible: Option<(&[u8], VisibleKind)>) {
+        self.moments.shutdown(sess, tok, key(visible).as_ref());
     }
 }

@@ -19,9 +19,8 @@ use super::request::{Api, GenRequest, Role};
 use crate::generate::{
     self, Finish, Observer, Piece, Sampled, Scripted, Step, ThinkSplit, TokenPicker,
 };
-use crate::kvcache::CacheKey;
 use crate::sampler::Rng;
-use crate::session::{Session, SessionError, SyncStats};
+use crate::session::Session;
 use crate::tokenizer::Tokenizer;
 
 /// Token counts of one response (SERVER.md §4.8).
@@ -111,49 +110,53 @@ enum Work {
     Shutdown(std::sync::mpsc::Sender<()>),
 }
 
-/// A visible transcript remembered at exactly the live frontier (SERVER.md
-/// §9): evict and shutdown saves store it as the cache text, so a client
-/// that resends what it saw (without the hidden reasoning) finds the file.
-#[derive(Clone, Copy, Debug)]
-pub struct Visible<'a> {
-    pub text: &'a str,
-    pub key: CacheKey,
+/// Which remembered transcript a visible cache key is (KVCACHE.md §5.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VisibleKind {
+    Responses,
+    Thinking,
 }
 
 /// Where a disk KV cache hooks into the worker (KVCACHE.md §2 rule 7 and
-/// §5's save moments). The worker calls these at exactly those points; the
-/// default implementations do nothing (and prefill is a plain sync), so
-/// without a cache the server behaves as with `--kv-disk-dir` unset. The
-/// disk implementation is `super::kvdisk::DiskHook`.
+/// §5's save moments). The shape follows `kvcache::SaveMoments`; the
+/// defaults are "no cache", so without one the server behaves as with
+/// `--kv-disk-dir` unset.
 pub trait KvCacheHook: Send {
-    /// Rules 1-6 failed (or the session is empty): the live session is about
-    /// to be replaced. A cache saves it (`evict`, §5.3; `visible` is the
-    /// transcript valid at the live length, if any), then brings the session
-    /// to the longest stored checkpoint whose text is a byte prefix of
-    /// `text` (rule 7). Returns the effective prompt (loaded tokens, then
-    /// the rest of `text` tokenized) and the loaded count, or None.
+    /// Rules 1-6 found nothing: save the live session (evict), then bring
+    /// it to the longest stored prefix of `rendered`. Returns the effective
+    /// prompt and the cached count on a hit. `visible` is the transcript
+    /// remembered at the live length, if any.
     fn resume(
         &mut self,
         _sess: &mut Session,
-        _text: &str,
-        _visible: Option<Visible<'_>>,
+        _tok: &Tokenizer,
+        _rendered: &str,
+        _visible: Option<(&[u8], VisibleKind)>,
     ) -> Option<(Vec<u32>, usize)> {
         None
     }
-    /// Brings the session to `prompt` (instead of `Session::sync`), storing
-    /// the cold (§5.1, `cached == 0`) and continued (§5.2) checkpoints.
+    /// Replaces `Session::sync` (cold and continued saves on the way).
     fn prefill(
         &mut self,
         sess: &mut Session,
+        _tok: &Tokenizer,
         prompt: &[u32],
         _cached: usize,
-    ) -> Result<SyncStats, SessionError> {
-        sess.sync(prompt, &mut |_, _| {})
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<crate::session::SyncStats, crate::session::SessionError> {
+        sess.sync(prompt, progress)
     }
-    /// Before each decode step outside a DSML block (continued, §5.2).
-    fn before_decode(&mut self, _sess: &Session) {}
-    /// Clean shutdown (§5.4).
-    fn shutdown(&mut self, _sess: &Session, _visible: Option<Visible<'_>>) {}
+    /// Before each decode step (continued saves); not called inside the
+    /// DSML block of a request with tools.
+    fn before_decode(&mut self, _sess: &Session, _tok: &Tokenizer) {}
+    /// Clean shutdown, after the last request (§5.4).
+    fn shutdown(
+        &mut self,
+        _sess: &Session,
+        _tok: &Tokenizer,
+        _visible: Option<(&[u8], VisibleKind)>,
+    ) {
+    }
 }
 
 /// No disk cache.
@@ -346,25 +349,6 @@ fn trailing_tool_run(req: &GenRequest) -> Option<(usize, Vec<String>)> {
     Some((first, ids))
 }
 
-/// The visible transcript bound to exactly the live length `n`, if any.
-fn visible_at<'a>(
-    thinking: &'a Option<VisibleBinding>,
-    protocol: &'a Option<ProtocolBinding>,
-    n: usize,
-) -> Option<Visible<'a>> {
-    if let Some(b) = thinking.as_ref().filter(|b| b.live_len == n) {
-        return Some(Visible {
-            text: &b.text,
-            key: CacheKey::ThinkingVisible,
-        });
-    }
-    let b = protocol.as_ref().filter(|b| b.live_len == n)?;
-    Some(Visible {
-        text: b.visible.as_deref()?,
-        key: CacheKey::ResponsesVisible,
-    })
-}
-
 fn same_set(a: &[String], b: &[String]) -> bool {
     let mut a = a.to_vec();
     let mut b = b.to_vec();
@@ -436,9 +420,9 @@ impl Worker {
             let job = match work {
                 Work::Gen(job) => job,
                 Work::Shutdown(ack) => {
-                    let n = self.sess.tokens().len();
-                    let visible = visible_at(&self.thinking_visible, &self.protocol, n);
-                    self.cache.shutdown(&self.sess, visible);
+                    let visible = self.visible_at_live();
+                    let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
+                    self.cache.shutdown(&self.sess, &self.tok, v);
                     let _ = ack.send(());
                     break;
                 }
@@ -456,17 +440,6 @@ impl Worker {
         }
     }
 
-    /// Rule 7 (after the evict save): the disk cache, else rule 8.
-    fn from_disk(&mut self, text: &str, full: Vec<u32>) -> (Vec<u32>, usize, &'static str) {
-        let n = self.sess.tokens().len();
-        let visible = visible_at(&self.thinking_visible, &self.protocol, n);
-        let resumed = self.cache.resume(&mut self.sess, text, visible);
-        match resumed {
-            Some((eff, cached)) if cached > 0 => (eff, cached, "disk-text"),
-            _ => (full, 0, "none"),
-        }
-    }
-
     /// The effective prompt, the cached count and the rule that matched
     /// (KVCACHE.md §2; the names are ds4's trace `cache_source` values).
     fn plan(
@@ -477,7 +450,7 @@ impl Worker {
     ) -> (Vec<u32>, usize, &'static str) {
         let live = self.sess.tokens().to_vec();
         if live.is_empty() {
-            return self.from_disk(text, full);
+            return self.plan_cold(text, full);
         }
         if let Some(b) = self
             .protocol
@@ -536,7 +509,34 @@ impl Worker {
             let n = decoded.len();
             return (extend(n), live.len(), "memory-text");
         }
-        self.from_disk(text, full)
+        self.plan_cold(text, full)
+    }
+
+    /// The visible transcript remembered at exactly the live length.
+    fn visible_at_live(&self) -> Option<(String, VisibleKind)> {
+        let n = self.sess.tokens().len();
+        if let Some(v) = self
+            .protocol
+            .as_ref()
+            .filter(|b| b.live_len == n)
+            .and_then(|b| b.visible.clone())
+        {
+            return Some((v, VisibleKind::Responses));
+        }
+        self.thinking_visible
+            .as_ref()
+            .filter(|b| b.live_len == n)
+            .map(|b| (b.text.clone(), VisibleKind::Thinking))
+    }
+
+    /// Rules 7 and 8: a disk checkpoint through the cache hook, or nothing.
+    fn plan_cold(&mut self, text: &str, full: Vec<u32>) -> (Vec<u32>, usize, &'static str) {
+        let visible = self.visible_at_live();
+        let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
+        match self.cache.resume(&mut self.sess, &self.tok, text, v) {
+            Some((eff, cached)) => (eff, cached, "disk-text"),
+            None => (full, 0, "none"),
+        }
     }
 
     fn serve(&mut self, job: Job) -> Result<(), String> {
@@ -670,7 +670,7 @@ impl Worker {
         }
         let stats = self
             .cache
-            .prefill(&mut self.sess, &eff, cached)
+            .prefill(&mut self.sess, &self.tok, &eff, cached, &mut |_, _| {})
             .map_err(|e| e.to_string())?;
         m.evaluated_prompt_tokens
             .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
@@ -694,19 +694,17 @@ impl Worker {
                 rng: Rng::new(req.seed.unwrap_or_else(|| rng.next_u64())),
             }),
         };
-        let mut obs = Stream::new(&req, thinking, events.clone());
+        let mut obs = Stream::new(
+            &req,
+            thinking,
+            events.clone(),
+            &mut *self.cache,
+            self.tok.clone(),
+        );
         let t1 = Instant::now();
-        let outcome = generate::generate(
-            &mut self.sess,
-            &self.tok,
-            max_new,
-            &mut *picker,
-            &mut SavingObserver {
-                inner: &mut obs,
-                cache: &mut *self.cache,
-            },
-        )
-        .map_err(|e| e.to_string());
+        let outcome =
+            generate::generate(&mut self.sess, &self.tok, max_new, &mut *picker, &mut obs)
+                .map_err(|e| e.to_string());
         let gen_s = t1.elapsed().as_secs_f64();
         let (tokens, finish) = match outcome {
             Ok(o) => (o.tokens, o.finish),
@@ -719,12 +717,19 @@ impl Worker {
         m.generated_tokens
             .fetch_add(tokens.len() as u64, Ordering::Relaxed);
         m.record_speed(tokens.len(), gen_s, t_prefill.as_secs_f64());
-        if obs.stop_hit {
+        obs.flush();
+        let stop_hit = obs.stop_hit;
+        let raw = String::from_utf8_lossy(&obs.raw).into_owned();
+        let saw_close = obs.split.saw_close();
+        let (live_ids, live_closed) = (
+            std::mem::take(&mut obs.live_ids),
+            std::mem::take(&mut obs.live_closed),
+        );
+        drop(obs);
+        if stop_hit {
             // The KV holds tokens past the cut: it no longer matches the text.
             self.sess.reset();
         }
-        obs.flush();
-        let raw = String::from_utf8_lossy(&obs.raw).into_owned();
         let usage = Usage {
             prompt: eff.len(),
             cached,
@@ -734,7 +739,7 @@ impl Worker {
             finish: match finish {
                 Finish::Eos => FinishReason::Stop,
                 Finish::Length => FinishReason::Length,
-                Finish::Stopped if obs.stop_hit => FinishReason::Stop,
+                Finish::Stopped if stop_hit => FinishReason::Stop,
                 Finish::Stopped => FinishReason::ToolCalls,
                 Finish::Cancelled => FinishReason::Error,
             },
@@ -742,7 +747,7 @@ impl Worker {
             reasoning: None,
             content: raw.clone(),
             calls: Vec::new(),
-            saw_think_close: obs.split.saw_close(),
+            saw_think_close: saw_close,
             usage,
         };
         if finish == Finish::Cancelled {
@@ -769,8 +774,8 @@ impl Worker {
                 let block = Arc::new(p.raw_dsml.clone().unwrap_or_default());
                 for (i, c) in p.calls.into_iter().enumerate() {
                     // The ids shown live are the ids of the parsed calls.
-                    let live = obs.live_ids.get(i).cloned();
-                    let streamed = obs.live_closed.get(i).copied().unwrap_or(false);
+                    let live = live_ids.get(i).cloned();
+                    let streamed = live_closed.get(i).copied().unwrap_or(false);
                     let id = live.unwrap_or_else(|| loop {
                         let id = format!("{prefix}{}", random_hex(16, &mut rng));
                         if !self.memory.contains(&id) {
@@ -802,7 +807,7 @@ impl Worker {
                 && !tool_context
                 && fin.saw_think_close
                 && matches!(fin.finish, FinishReason::Stop)
-                && !obs.stop_hit
+                && !stop_hit
             {
                 let base = text.strip_suffix("<think>").unwrap_or(&text);
                 self.thinking_visible = Some(VisibleBinding {
@@ -810,7 +815,7 @@ impl Worker {
                     live_len: self.sess.tokens().len(),
                 });
             }
-            self.bind_protocol(&req, &text, &fin, raw_block, thinking, obs.stop_hit);
+            self.bind_protocol(&req, &text, &fin, raw_block, thinking, stop_hit);
         }
         if let Some(f) = self.trace.as_mut() {
             use std::io::Write;
@@ -917,8 +922,10 @@ impl Worker {
 
 /// Observer of one job: stop sequences, reasoning/text split, the text hold
 /// while a tool block may be forming, DSML greedy structure, cancellation.
-struct Stream {
+struct Stream<'c> {
     events: UnboundedSender<Event>,
+    cache: &'c mut dyn KvCacheHook,
+    tok: Arc<Tokenizer>,
     raw: Vec<u8>,
     /// Bytes of `raw` already given to the splitter.
     fed: usize,
@@ -944,11 +951,19 @@ struct Stream {
 /// Bytes searched back for a forming tool marker (PROMPT.md §8).
 const TOOL_HOLD_WINDOW: usize = 80;
 
-impl Stream {
-    fn new(req: &GenRequest, thinking: bool, events: UnboundedSender<Event>) -> Stream {
+impl<'c> Stream<'c> {
+    fn new(
+        req: &GenRequest,
+        thinking: bool,
+        events: UnboundedSender<Event>,
+        cache: &'c mut dyn KvCacheHook,
+        tok: Arc<Tokenizer>,
+    ) -> Stream<'c> {
         let stop_hold = req.stop.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
         Stream {
             events,
+            cache,
+            tok,
             raw: Vec::new(),
             fed: 0,
             stop: req.stop.clone(),
@@ -1090,34 +1105,14 @@ impl Stream {
     }
 }
 
-/// The job's observer plus the continued saves before decode steps (not
-/// inside a DSML block, where the text is no cacheable transcript).
-struct SavingObserver<'a> {
-    inner: &'a mut Stream,
-    cache: &'a mut dyn KvCacheHook,
-}
-
-impl Observer for SavingObserver<'_> {
+impl Observer for Stream<'_> {
     fn before_step(&mut self, sess: &Session) {
-        if !self.inner.in_block {
-            self.cache.before_decode(sess);
+        // No continued save in the middle of a tool block (KVCACHE.md §5.2).
+        if !(self.tools && self.in_block) {
+            self.cache.before_decode(sess, &self.tok);
         }
     }
 
-    fn greedy_next(&mut self) -> bool {
-        self.inner.greedy_next()
-    }
-
-    fn cancelled(&mut self) -> bool {
-        self.inner.cancelled()
-    }
-
-    fn token(&mut self, id: u32, bytes: &[u8]) -> Step {
-        self.inner.token(id, bytes)
-    }
-}
-
-impl Observer for Stream {
     fn greedy_next(&mut self) -> bool {
         self.tools && dsml::structural_position(&self.raw)
     }
