@@ -314,6 +314,67 @@ fn ds4_bench_writes_one_csv_row_per_frontier() {
 }
 
 #[test]
+fn ds4_bench_restore_mode_stores_and_loads_each_frontier() {
+    let m = common::tiny_model_path(Variant::Q8);
+    let dir = std::env::temp_dir().join(format!("ds4-bench-kv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompt = dir.join("p.txt");
+    std::fs::write(
+        &prompt,
+        "Pack my box with five dozen liquor jugs. ".repeat(40),
+    )
+    .unwrap();
+    let kv = dir.join("kv");
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
+        .args([
+            "-m",
+            m.to_str().unwrap(),
+            "--prompt-file",
+            prompt.to_str().unwrap(),
+        ])
+        .args([
+            "--ctx-start",
+            "48",
+            "--ctx-max",
+            "144",
+            "--step-mul",
+            "3",
+            "-n",
+            "2",
+        ])
+        .args(["--kv-restore-dir", kv.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = String::from_utf8(o.stdout.clone()).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,\
+         prefill_total_s,kv_store_s,kv_restore_s,kv_file_bytes"
+    );
+    let rows: Vec<Vec<&str>> = lines[1..].iter().map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.iter().map(|r| r[0]).collect::<Vec<_>>(), ["48", "144"]);
+    for r in &rows {
+        // A file holds the session payload plus header and text.
+        let payload: u64 = r[5].parse().unwrap();
+        let file: u64 = r[9].parse().unwrap();
+        assert!(file > payload + 52, "{r:?}");
+        let total: f64 = r[6].parse().unwrap();
+        let restore: f64 = r[8].parse().unwrap();
+        assert!(total > 0.0 && restore > 0.0, "{r:?}");
+    }
+    // One store and one hit per frontier (the loaded logits were checked
+    // equal to the stored ones, or the run would have failed); no files left.
+    let err = stderr(&o);
+    assert_eq!(err.matches("kv cache: stored tokens=").count(), 2, "{err}");
+    assert_eq!(err.matches("kv cache: hit tokens=").count(), 2, "{err}");
+    let left: Vec<_> = std::fs::read_dir(&kv).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn repl_commands_check_their_arguments() {
     use std::io::Write;
     use std::process::Stdio;

@@ -8,13 +8,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use argh::FromArgs;
+use ds4::kvcache::{
+    routed_quant_bits, CacheKey, DiskCache, KvCacheConfig, LookupOutcome, SaveReason, StoreOutcome,
+};
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
 /// Measure prefill and generation speed at context frontiers ctx-start,
 /// ctx-start+step, … ctx-max. Per frontier: prefill the new tokens (timed),
-/// generate gen-tokens greedily (timed), restore the frontier.
+/// generate gen-tokens greedily (timed), restore the frontier. With
+/// --kv-restore-dir also: store the frontier as a disk KV checkpoint and
+/// load it back through the server's lookup (timed, restore vs prefill).
 #[derive(FromArgs)]
 struct Args {
     /// raw text, tokenized as plain text (no BOS, no template)
@@ -83,6 +88,10 @@ struct Args {
     /// GPUs, 16 on CPU emulation)
     #[argh(option)]
     bw_rows: Option<String>,
+    /// restore-vs-prefill: per frontier, store a checkpoint in this folder
+    /// and load it back with the server's disk-cache code (files removed after)
+    #[argh(option)]
+    kv_restore_dir: Option<PathBuf>,
 }
 
 /// `--bandwidth`: the table on stdout, the CSV to `--csv` when given.
@@ -110,6 +119,49 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
         std::fs::write(p, csv.join("\n") + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
+}
+
+/// The server's disk cache (`DiskCache::store` / `lookup`), set so that
+/// every frontier is stored whole and nothing is evicted or consumed.
+fn restore_cache(dir: &std::path::Path, model: &ModelFile) -> Result<DiskCache, String> {
+    let cfg = KvCacheConfig {
+        kv_disk_dir: Some(dir.to_path_buf()),
+        kv_disk_space_mb: 1 << 30,
+        kv_cache_min_tokens: 1,
+        kv_cache_cold_max_tokens: 0,
+        ..KvCacheConfig::default()
+    };
+    DiskCache::open(&cfg, routed_quant_bits(model))
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| "no cache folder".to_string())
+}
+
+/// Stores the session (at a frontier) and loads it back into the same
+/// session; returns (store s, restore s, file bytes). The logits after the
+/// load must be the ones before it.
+fn store_and_restore(
+    cache: &DiskCache,
+    sess: &mut Session,
+    text: &[u8],
+) -> Result<(f64, f64, u64), String> {
+    let before = sess.logits().to_vec();
+    let t = Instant::now();
+    let (sha, bytes) = match cache.store(sess, text, CacheKey::Tokens, SaveReason::Unknown, &[]) {
+        StoreOutcome::Stored { sha, bytes } => (sha, bytes),
+        other => return Err(format!("kv store: {other:?}")),
+    };
+    let store_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let hit = match cache.lookup(sess, text) {
+        LookupOutcome::Hit(h) => h,
+        other => return Err(format!("kv restore: {other:?}")),
+    };
+    let restore_s = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(cache.dir().join(format!("{sha}.kv")));
+    if hit.tokens != sess.tokens().len() || sess.logits() != &before[..] {
+        return Err("kv restore: the loaded state differs from the stored one".into());
+    }
+    Ok((store_s, restore_s, bytes))
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -184,11 +236,21 @@ fn run(a: Args) -> Result<(), String> {
         Some(p) => Box::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
         None => Box::new(std::io::stdout()),
     };
+    let cache = match &a.kv_restore_dir {
+        Some(d) => Some(restore_cache(d, &model)?),
+        None => None,
+    };
+    let extra = if cache.is_some() {
+        ",prefill_total_s,kv_store_s,kv_restore_s,kv_file_bytes"
+    } else {
+        ""
+    };
     writeln!(
         out,
-        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes"
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes{extra}"
     )
     .map_err(|e| e.to_string())?;
+    let mut prefill_total_s = 0.0;
     let eos = tok.specials().eos as usize;
     let (mut f, mut prev) = (a.ctx_start, 0usize);
     loop {
@@ -196,6 +258,14 @@ fn run(a: Args) -> Result<(), String> {
         sess.sync(&tokens[..f], &mut |_, _| {})
             .map_err(|e| e.to_string())?;
         let prefill_s = t.elapsed().as_secs_f64();
+        prefill_total_s += prefill_s;
+        let restore = match &cache {
+            Some(c) => {
+                let (st, rs, b) = store_and_restore(c, &mut sess, &tok.decode(&tokens[..f]))?;
+                format!(",{prefill_total_s:.4},{st:.4},{rs:.4},{b}")
+            }
+            None => String::new(),
+        };
         let snap = sess.save_snapshot().map_err(|e| e.to_string())?;
         let t = Instant::now();
         for _ in 0..a.gen_tokens {
@@ -214,13 +284,14 @@ fn run(a: Args) -> Result<(), String> {
         let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         writeln!(
             out,
-            "{},{},{:.2},{},{:.2},{}",
+            "{},{},{:.2},{},{:.2},{}{}",
             f,
             f - prev,
             rate(f - prev, prefill_s),
             a.gen_tokens,
             rate(a.gen_tokens, gen_s),
-            snap.len()
+            snap.len(),
+            restore
         )
         .and_then(|_| out.flush())
         .map_err(|e| e.to_string())?;

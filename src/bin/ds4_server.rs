@@ -9,11 +9,13 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use argh::FromArgs;
+use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
+use ds4::server::kvdisk::DiskHook;
 use ds4::server::metrics::Metrics;
 use ds4::server::routes::{self, HttpOptions, State};
-use ds4::server::worker::{self, WorkerConfig};
+use ds4::server::worker::{self, KvCacheHook, WorkerConfig};
 use ds4::session::{Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
@@ -85,6 +87,30 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
+    /// disk KV cache folder (off unless given; KVCACHE.md)
+    #[argh(option)]
+    kv_disk_dir: Option<PathBuf>,
+    /// disk KV cache budget in MiB (default 4096)
+    #[argh(option, default = "4096")]
+    kv_disk_space_mb: u64,
+    /// shortest prefix worth a checkpoint, in tokens (default 512)
+    #[argh(option, default = "512")]
+    kv_cache_min_tokens: usize,
+    /// longest prompt that gets a cold save; 0 disables (default 30000)
+    #[argh(option, default = "30000")]
+    kv_cache_cold_max_tokens: usize,
+    /// tokens between continued saves; 0 disables (default 10000)
+    #[argh(option, default = "10000")]
+    kv_cache_continued_interval_tokens: usize,
+    /// tokens trimmed off a cold checkpoint's end (default 32)
+    #[argh(option, default = "32")]
+    kv_cache_boundary_trim_tokens: usize,
+    /// checkpoint lengths rounded down to a multiple of this; 0 = none (default 2048)
+    #[argh(option, default = "2048")]
+    kv_cache_boundary_align_tokens: usize,
+    /// skip checkpoints written with other routed-expert quant bits
+    #[argh(switch)]
+    kv_cache_reject_different_quant: bool,
 }
 
 /// Hidden test switch: requests may carry `ds4_test_script` (the sampler
@@ -94,6 +120,34 @@ const SCRIPT_ENV: &str = "DS4_SERVER_TEST_SCRIPTS";
 /// Hidden test switch (with `DS4_SERVER_TEST_SCRIPTS`): a file of outputs
 /// separated by lines `-----`, used in order by requests without a script.
 const SCRIPT_FILE_ENV: &str = "DS4_SERVER_TEST_SCRIPT_FILE";
+
+/// Hidden test switch: disk-cache writes fail with ENOSPC after this many
+/// bytes each (a full disk without privileges; `DiskCache::set_write_limit`).
+const KV_WRITE_LIMIT_ENV: &str = "DS4_KV_TEST_WRITE_LIMIT";
+
+fn kv_config(a: &Args) -> KvCacheConfig {
+    KvCacheConfig {
+        kv_disk_dir: a.kv_disk_dir.clone(),
+        kv_disk_space_mb: a.kv_disk_space_mb,
+        kv_cache_min_tokens: a.kv_cache_min_tokens,
+        kv_cache_cold_max_tokens: a.kv_cache_cold_max_tokens,
+        kv_cache_continued_interval_tokens: a.kv_cache_continued_interval_tokens,
+        kv_cache_boundary_trim_tokens: a.kv_cache_boundary_trim_tokens,
+        kv_cache_boundary_align_tokens: a.kv_cache_boundary_align_tokens,
+        kv_cache_reject_different_quant: a.kv_cache_reject_different_quant,
+        tool_memory_max_ids: a.tool_memory_max_ids,
+    }
+}
+
+fn kv_write_limit() -> Result<Option<u64>, String> {
+    match std::env::var(KV_WRITE_LIMIT_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{KV_WRITE_LIMIT_ENV}: expected a byte count, got {v:?}")),
+    }
+}
 
 fn queued_scripts() -> Result<Vec<String>, String> {
     let (Some(_), Some(f)) = (
@@ -132,6 +186,8 @@ fn model_path(a: &Args) -> Result<PathBuf, String> {
 /// Flag values that are wrong on their face: exit status 2 (SERVER.md §2).
 fn check(a: &Args) -> Result<(), String> {
     host_addr(&a.host)?;
+    kv_config(a).validate()?;
+    kv_write_limit()?;
     if a.ctx < 2 || a.tokens == 0 || a.queue == 0 || a.tool_memory_max_ids == 0 {
         return Err("--ctx must be ≥ 2; --tokens, --queue and --tool-memory-max-ids > 0".into());
     }
@@ -167,6 +223,8 @@ fn take_lock() -> Result<std::fs::File, String> {
 
 fn run(a: Args) -> Result<(), String> {
     let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
+    let kv_cfg = kv_config(&a);
+    let kv_write_limit = kv_write_limit()?;
     let backend = ds4::backend::select::BackendFlags {
         backend: a.backend.clone(),
         cpu: a.cpu,
@@ -204,6 +262,22 @@ fn run(a: Args) -> Result<(), String> {
         a.ctx
     );
     let metrics = Arc::new(Metrics::default());
+    let cache: Box<dyn KvCacheHook> =
+        match DiskHook::open(&kv_cfg, &model, &metrics, kv_write_limit)? {
+            Some(h) => {
+                eprintln!(
+                    "ds4-server: disk KV cache in {} ({} MiB)",
+                    kv_cfg
+                        .kv_disk_dir
+                        .as_deref()
+                        .unwrap_or(Path::new(""))
+                        .display(),
+                    kv_cfg.kv_disk_space_mb
+                );
+                Box::new(h)
+            }
+            None => Box::new(worker::NoCache),
+        };
     let queue = worker::start(
         sess,
         tok,
@@ -216,7 +290,7 @@ fn run(a: Args) -> Result<(), String> {
         },
         metrics.clone(),
         a.queue,
-        Box::new(worker::NoCache),
+        cache,
     );
     let state = Arc::new(State {
         queue: queue.clone(),

@@ -1,5 +1,6 @@
 //! Counters for `GET /metrics` (Prometheus text format): queue depth,
-//! prompt/generated tokens, speed, live prefix reuse.
+//! prompt/generated tokens, speed, live prefix reuse, and the disk KV
+//! cache's counters when `--kv-disk-dir` is set.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -15,6 +16,8 @@ pub struct Metrics {
     pub generated_tokens: AtomicU64,
     pub prefix_hits: AtomicU64,
     pub reused_tokens: AtomicU64,
+    /// The disk cache's counters (set once at start-up, with a cache).
+    pub kv_disk: std::sync::OnceLock<std::sync::Arc<crate::kvcache::KvCacheMetrics>>,
     /// (generated tokens/s, prefill seconds) of the last request.
     last: Mutex<(f64, f64)>,
 }
@@ -101,6 +104,9 @@ impl Metrics {
             "Prefill time of the last request.",
             format!("{prefill:.3}"),
         );
+        if let Some(k) = self.kv_disk.get() {
+            s.push_str(&k.snapshot().prometheus());
+        }
         s
     }
 }

@@ -10,6 +10,7 @@
 pub mod anthropic;
 pub mod dsml;
 pub mod error;
+pub mod kvdisk;
 pub mod metrics;
 pub mod openai;
 pub mod render;

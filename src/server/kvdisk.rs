@@ -1,0 +1,85 @@
+//! The disk KV cache behind the worker's [`KvCacheHook`]: each hook call is
+//! one of `kvcache::SaveMoments`' save moments (KVCACHE.md §2 rule 7, §5).
+//! Built from ds4's `--kv-*` flags; absent without `--kv-disk-dir`.
+
+use super::metrics::Metrics;
+use super::worker::{KvCacheHook, VisibleKind};
+use crate::kvcache::{
+    routed_quant_bits, CacheKey, DiskCache, KvCacheConfig, SaveMoments, VisibleKey,
+};
+use crate::model::ModelFile;
+use crate::session::{Session, SessionError, SyncStats};
+use crate::tokenizer::Tokenizer;
+
+pub struct DiskHook {
+    moments: SaveMoments,
+}
+
+impl DiskHook {
+    /// Opens the cache folder of `cfg` (`Ok(None)` without `--kv-disk-dir`)
+    /// and makes its counters part of `/metrics`. `write_limit` is the
+    /// library's test hook (every write fails with ENOSPC after that many
+    /// bytes: a full disk without privileges).
+    pub fn open(
+        cfg: &KvCacheConfig,
+        model: &ModelFile,
+        metrics: &Metrics,
+        write_limit: Option<u64>,
+    ) -> Result<Option<DiskHook>, String> {
+        cfg.validate()?;
+        let Some(mut cache) =
+            DiskCache::open(cfg, routed_quant_bits(model)).map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        cache.set_write_limit(write_limit);
+        let _ = metrics.kv_disk.set(cache.metrics());
+        Ok(Some(DiskHook {
+            moments: SaveMoments::new(cache),
+        }))
+    }
+}
+
+fn key<'a>(v: Option<(&'a [u8], VisibleKind)>) -> Option<VisibleKey<'a>> {
+    v.map(|(text, kind)| VisibleKey {
+        text,
+        key: match kind {
+            VisibleKind::Responses => CacheKey::ResponsesVisible,
+            VisibleKind::Thinking => CacheKey::ThinkingVisible,
+        },
+    })
+}
+
+impl KvCacheHook for DiskHook {
+    fn resume(
+        &mut self,
+        sess: &mut Session,
+        tok: &Tokenizer,
+        rendered: &str,
+        visible: Option<(&[u8], VisibleKind)>,
+    ) -> Option<(Vec<u32>, usize)> {
+        let r = self
+            .moments
+            .resume_from_disk(sess, tok, rendered, key(visible).as_ref());
+        r.hit.map(|_| (r.effective, r.cached))
+    }
+
+    fn prefill(
+        &mut self,
+        sess: &mut Session,
+        tok: &Tokenizer,
+        prompt: &[u32],
+        cached: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<SyncStats, SessionError> {
+        self.moments.prefill(sess, tok, prompt, cached, progress)
+    }
+
+    fn before_decode(&mut self, sess: &Session, tok: &Tokenizer) {
+        self.moments.before_decode(sess, tok);
+    }
+
+    fn shutdown(&mut self, sess: &Session, tok: &Tokenizer, visible: Option<(&[u8], VisibleKind)>) {
+        self.moments.shutdown(sess, tok, key(visible).as_ref());
+    }
+}
