@@ -1,10 +1,11 @@
 // Matrix × activations with the weights decoded in the shader from the GGUF
-// bytes (quant.wgsl). One workgroup computes one weight row against a tile of
+// bytes (quant.wgsl). Each row group of a workgroup computes one weight row against a tile of
 // up to TILE_TOKENS activation rows: every weight unit is decoded once per
 // tile and reused for each token of the tile (decode: a tile of one token,
-// i.e. a matrix-vector product; prefill: full tiles). The partial sums of the
-// 64 invocations are reduced in workgroup memory, which works on every
-// adapter whatever its subgroup size.
+// i.e. a matrix-vector product; prefill: full tiles). A workgroup of 64
+// invocations takes ROWS rows, LANES invocations per row; their partial sums
+// are reduced in workgroup memory, which works on every adapter whatever its
+// subgroup size.
 //
 // Weights larger than one storage binding are split into chunks of whole rows
 // (whole expert slabs for 3-D tensors); the host records one dispatch per
@@ -52,39 +53,54 @@ struct MmStep {
 override WTYPE: u32 = 0u;
 
 const WG: u32 = 64u;
+// Weight rows per workgroup (1, 2, 4, ..., 64), a pipeline constant so a
+// backend can pick it per device; LANES invocations share one row.
+override ROWS: u32 = 4u;
+override LANES: u32 = WG / ROWS;
 const TILE_TOKENS: u32 = 8u;
 
 var<workgroup> red: array<f32, 512>; // TILE_TOKENS × WG partial sums
 
 // Dots the weight row at byte `rb` with `nt` activation rows (row t starts
-// at X[xbase + t·xstep]); the sum for token t ends in red[t·WG]. Every
-// invocation of the workgroup must call this (it contains barriers); `live`
-// false contributes zeros.
+// at X[xbase + t·xstep]). The LANES invocations of row group lid / LANES
+// share the row; the sum for token t ends in red[t·WG + (lid / LANES)·LANES].
+// Every invocation of the workgroup must call this (it contains barriers);
+// `live` false contributes zeros.
 fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
-    var acc: array<f32, TILE_TOKENS>;
+    let lane = lid % LANES;
+    // The per-token sums live in workgroup memory, not in a private array:
+    // dynamically indexed private arrays are very slow on some drivers
+    // (lavapipe spills them to memory with a check per access).
+    for (var t = 0u; t < TILE_TOKENS; t++) {
+        red[t * WG + lid] = 0.0;
+    }
     if (live) {
         let n_units = (P.n_in + 31u) / 32u;
         var w: array<f32, 32>;
-        for (var u = lid; u < n_units; u += WG) {
+        for (var u = lane; u < n_units; u += LANES) {
             decode32(rb, u, &w);
             let e0 = 32u * u;
             let cnt = min(32u, P.n_in - e0);
             for (var t = 0u; t < nt; t++) {
                 let xb = xbase + t * xstep + e0;
                 var s = 0.0;
-                for (var i = 0u; i < cnt; i++) {
-                    s += w[i] * X[xb + i];
+                if (cnt == 32u) {
+                    // Fixed trip count: unrolled, `w` stays in registers.
+                    for (var i = 0u; i < 32u; i++) {
+                        s += w[i] * X[xb + i];
+                    }
+                } else {
+                    for (var i = 0u; i < cnt; i++) {
+                        s += w[i] * X[xb + i];
+                    }
                 }
-                acc[t] += s;
+                red[t * WG + lid] += s;
             }
         }
     }
-    for (var t = 0u; t < TILE_TOKENS; t++) {
-        red[t * WG + lid] = acc[t];
-    }
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
+    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) {
             for (var t = 0u; t < nt; t++) {
                 red[t * WG + lid] += red[t * WG + lid + s];
             }
@@ -94,23 +110,27 @@ fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
 }
 
 // out[t][row0 + r] = Σ_i W[r][i] · x[t][g·n_in + i], g = (row0 + r) / rows_per_group.
-// Grid: x·y = rows of the chunk, z = token tiles.
+// Grid: x·y = ceil(rows of the chunk / ROWS), z = token tiles.
 @compute @workgroup_size(64)
 fn mm_dense(@builtin(workgroup_id) wid: vec3<u32>,
             @builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
-    let r = wid.x + wid.y * P.grid_x;
+    let lane = lid % LANES;
+    let r = (wid.x + wid.y * P.grid_x) * ROWS + lid / LANES;
     let t0 = wid.z * TILE_TOKENS;
     let n_tokens = STEP.n_tokens;
     let live = r < P.n_rows && t0 < n_tokens;
     var nt = 0u;
-    if (live) {
+    if (t0 < n_tokens) {
         nt = min(TILE_TOKENS, n_tokens - t0);
     }
     let grow = P.row0 + r;
     let g = grow / max(P.rows_per_group, 1u);
-    row_dots(lid, live, r * P.row_bytes, nt, t0 * P.x_stride + g * P.n_in, P.x_stride);
-    if (live && lid < nt) {
-        OUT[(t0 + lid) * P.out_stride + grow] = red[lid * WG];
+    row_dots(lid, live, select(0u, r * P.row_bytes, live), nt,
+             t0 * P.x_stride + g * P.n_in, P.x_stride);
+    if (live) {
+        for (var t = lane; t < nt; t += LANES) {
+            OUT[(t0 + t) * P.out_stride + grow] = red[t * WG + lid - lane];
+        }
     }
 }

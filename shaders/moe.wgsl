@@ -25,12 +25,12 @@ fn swiglu(g: f32, u: f32, c: f32) -> f32 {
     return silu(g) * u;
 }
 
-// Grid: x·y = rows of one expert, z = slots (n_tokens · k).
+// Grid: x·y = ceil(rows of one expert / ROWS), z = slots (n_tokens · k).
 @compute @workgroup_size(64)
 fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>,
             @builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
-    let f = wid.x + wid.y * P.grid_x;
+    let f = (wid.x + wid.y * P.grid_x) * ROWS + lid / LANES;
     let s = wid.z;
     var live = false;
     var e = 0u;
@@ -45,12 +45,12 @@ fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>,
         xrow = s;
     }
     row_dots(lid, live, select(0u, rb, live), 1u, xrow * P.x_stride, P.x_stride);
-    if (live && lid == 0u) {
+    if (live && lid % LANES == 0u) {
         let o = s * P.out_stride + f;
         if (P.mode == MODE_UP) {
-            OUT[o] = RW[s] * swiglu(OUT[o], red[0], P.clamp);
+            OUT[o] = RW[s] * swiglu(OUT[o], red[lid], P.clamp);
         } else {
-            OUT[o] = red[0];
+            OUT[o] = red[lid];
         }
     }
 }

@@ -45,8 +45,11 @@ const TOLERANCE: &[(&str, f32, f32)] = &[
     ("compress", 1e-5, 1e-4),
     ("indexer_topk", 0.0, 0.0),
     ("router", 1e-6, 1e-5),
-    ("matmul", 1e-5, 1e-4),
-    ("moe_experts", 1e-5, 1e-4),
+    // Products sum hundreds of terms of order one: an element near zero by
+    // cancellation carries the absolute error of the whole sum (outputs are
+    // of order 10 here, so 2e-4 is ~1e-5 of their scale).
+    ("matmul", 1e-4, 1e-4),
+    ("moe_experts", 2e-4, 1e-4),
 ];
 
 fn tolerance(op: &str) -> (f32, f32) {
@@ -248,10 +251,10 @@ fn run_case(case: &Case, b: &mut dyn Backend) -> Result<Results, BackendError> {
 /// The device the GPU half of the suite runs on, or `None` (skip) outside
 /// CI. In CI a missing adapter is a failure.
 fn gpu() -> Option<Arc<Gpu>> {
-    match Gpu::open(&AdapterChoice::from_env(true)) {
+    match Gpu::shared(&AdapterChoice::from_env(true)) {
         Ok(g) => {
             eprintln!("wgpu device: {}", g.describe());
-            Some(Arc::new(g))
+            Some(g)
         }
         Err(e) => {
             if std::env::var_os("CI").is_some() {
@@ -797,6 +800,7 @@ fn matmul_cases() -> Vec<Case> {
         (GgmlType::Q2K, 256),
         (GgmlType::Q4K, 512),
         (GgmlType::Iq2Xxs, 256),
+        (GgmlType::Mxfp4, 64),
     ] {
         for &(n_out, groups, n) in &[(1usize, 1usize, 1usize), (17, 1, 5), (6, 3, 2)] {
             let mut w = Weights::default();
@@ -815,6 +819,7 @@ fn matmul_cases() -> Vec<Case> {
         (GgmlType::Q8_0, GgmlType::Q8_0, 64, 32, 5, 2, 4),
         (GgmlType::Iq2Xxs, GgmlType::Q2K, 256, 256, 4, 3, 3),
         (GgmlType::Q4K, GgmlType::Q4K, 256, 256, 3, 2, 2),
+        (GgmlType::Mxfp4, GgmlType::Mxfp4, 96, 64, 4, 2, 3),
     ] {
         let mut w = Weights::default();
         w.add("gate", &[d as u64, ff as u64, e as u64], ty_gu, &rng.vec(d * ff * e, 1.0));

@@ -56,12 +56,57 @@ struct Args {
     /// greedy tokens per frontier (default 128)
     #[argh(option, short = 'n', default = "128")]
     gen_tokens: usize,
-    /// CSV destination (default stdout)
+    /// CSV destination (default stdout; with --bandwidth: only when given)
     #[argh(option)]
     csv: Option<PathBuf>,
+    /// instead of a model run: host and wgpu device bandwidth, then each
+    /// matvec kernel at the Flash shapes as GB/s and fraction of device read
+    #[argh(switch)]
+    bandwidth: bool,
+    /// with --bandwidth: probe buffer size in MiB (default 256)
+    #[argh(option, default = "256")]
+    bw_mib: u64,
+    /// with --bandwidth: timed trials per line, best kept (default 3)
+    #[argh(option, default = "3")]
+    bw_trials: usize,
+    /// with --bandwidth: matvec kernel variants to compare, weight rows per
+    /// workgroup, comma-separated (default: the backend's choice, 4 on
+    /// GPUs, 16 on CPU emulation)
+    #[argh(option)]
+    bw_rows: Option<String>,
+}
+
+/// `--bandwidth`: the table on stdout, the CSV to `--csv` when given.
+fn run_bandwidth(a: &Args) -> Result<(), String> {
+    use ds4::backend::wgpu::{bandwidth, AdapterChoice, Gpu};
+    if a.bw_mib == 0 || a.bw_trials == 0 {
+        return Err("--bw-mib and --bw-trials must be positive".into());
+    }
+    // An explicit benchmark: CPU emulators (lavapipe) are allowed.
+    let gpu = Gpu::open(&AdapterChoice::from_env(true)).map_err(|e| e.to_string())?;
+    let rows = match &a.bw_rows {
+        Some(list) => list
+            .split(',')
+            .map(|r| {
+                r.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("--bw-rows: {r:?} is not a number"))
+            })
+            .collect::<Result<Vec<u32>, String>>()?,
+        None => vec![],
+    };
+    let csv =
+        bandwidth::report(&gpu, a.bw_mib << 20, a.bw_trials, &rows).map_err(|e| e.to_string())?;
+    if let Some(p) = &a.csv {
+        std::fs::write(p, csv.join("\n") + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(())
 }
 
 fn run(a: Args) -> Result<(), String> {
+    if a.bandwidth {
+        return run_bandwidth(&a);
+    }
     let backend = if a.cpu {
         BackendKind::Cpu
     } else {

@@ -122,6 +122,33 @@ impl Op {
         }
     }
 
+    /// Weight tensors this op reads, so a backend can upload (and chunk)
+    /// each once before the first step. Matrices first in each list.
+    pub fn weights(&self) -> Vec<&TensorRef> {
+        match self {
+            Op::Embed(o) => vec![&o.table],
+            Op::RmsNorm(o) => o.weight.iter().collect(),
+            Op::MatMul(o) => vec![&o.w],
+            Op::HcMix(o) => vec![&o.scale, &o.base],
+            Op::Attention(o) => vec![&o.sinks],
+            Op::Compress(o) => vec![&o.ape, &o.norm],
+            Op::Router(o) => o.bias.iter().chain(o.tid2eid.iter()).collect(),
+            Op::MoeExperts(o) => vec![&o.gate, &o.up, &o.down],
+            Op::HcInit(_)
+            | Op::HcCollapse(_)
+            | Op::HcExpand(_)
+            | Op::Rope(_)
+            | Op::KvRound(_)
+            | Op::HadamardFp4(_)
+            | Op::RingWrite(_)
+            | Op::IndexerTopK(_)
+            | Op::SwiGlu(_)
+            | Op::Add(_)
+            | Op::Scale(_)
+            | Op::TakeLast(_) => vec![],
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Op::Embed(_) => "embed",

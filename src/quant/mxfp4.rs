@@ -20,6 +20,17 @@ pub const BLOCK_BYTES: usize = 17;
 /// "−0" in E2M1 and decodes to +0 here, as in gguf-py (an integer 0 table).
 pub const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
+/// [`KVALUES`] as f32 (exact), for the decoder's inner loop.
+const KVALUES_F32: [f32; 16] = {
+    let mut t = [0f32; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = KVALUES[i] as f32;
+        i += 1;
+    }
+    t
+};
+
 /// One MXFP4 block as stored in the file.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
@@ -63,8 +74,12 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     assert!(dst.len() % QK_MXFP4 == 0 && src.len() == dst.len() / QK_MXFP4 * BLOCK_BYTES);
     for (b, out) in blocks(src).zip(dst.chunks_exact_mut(QK_MXFP4)) {
         let d = e8m0_to_f32_half(b.e);
-        for (o, c) in out.iter_mut().zip(codes(&b)) {
-            *o = d * KVALUES[c as usize] as f32;
+        // Both halves of the block at once, in storage order (low nibbles
+        // are elements 0..16, high nibbles 16..32).
+        let (lo, hi) = out.split_at_mut(QK_MXFP4 / 2);
+        for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(&b.qs) {
+            *l = d * KVALUES_F32[(q & 0x0F) as usize];
+            *h = d * KVALUES_F32[(q >> 4) as usize];
         }
     }
 }
@@ -77,7 +92,7 @@ pub fn dot_row(src: &[u8], x: &[f32]) -> f32 {
     for (b, xs) in blocks(src).zip(x.chunks_exact(QK_MXFP4)) {
         let s: f32 = codes(&b)
             .zip(xs)
-            .map(|(c, &v)| KVALUES[c as usize] as f32 * v)
+            .map(|(c, &v)| KVALUES_F32[c as usize] * v)
             .sum();
         acc += e8m0_to_f32_half(b.e) * s;
     }
@@ -93,7 +108,7 @@ pub fn dot_row(src: &[u8], x: &[f32]) -> f32 {
 /// `amax < 2^-125` gguf-py casts a negative number to u8 (platform-defined);
 /// we use the smallest scale, 0, instead — such blocks never occur in weights.
 fn scale_byte(amax: f32) -> u8 {
-    if !(amax > 0.0) {
+    if amax.is_nan() || amax <= 0.0 {
         return 0;
     }
     let l = ((amax as f64).log2() as f32).floor();

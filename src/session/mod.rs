@@ -88,6 +88,23 @@ pub struct Session {
 
 impl Session {
     pub fn new(model: Arc<ModelFile>, opts: SessionOptions) -> Result<Session, SessionError> {
+        match Self::with_backend(model.clone(), opts.clone()) {
+            // `auto` falls back to the CPU when the GPU it picked cannot load
+            // the graphs (a limit, a missing feature), saying so in one line.
+            Err(SessionError::Backend(e)) if opts.backend == BackendKind::Auto => {
+                let cpu = SessionOptions {
+                    backend: BackendKind::Cpu,
+                    ..opts
+                };
+                let mut s = Self::with_backend(model, cpu)?;
+                s.backend_notice = format!("backend: cpu (auto; the GPU could not load the model: {e})");
+                Ok(s)
+            }
+            r => r,
+        }
+    }
+
+    fn with_backend(model: Arc<ModelFile>, opts: SessionOptions) -> Result<Session, SessionError> {
         let cfg = &model.config;
         model.weights.check_tables(&model.file, cfg)?;
         let kv = KvLayout::new(cfg, &model.weights, opts.ctx);

@@ -742,8 +742,10 @@ fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
     w.add_kv("tokenizer.ggml.eos_token_id", MetaValue::U32(1));
 }
 
-/// Random but valid blocks: random quants with small, finite f16 scales.
-fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
+/// Random but valid blocks: random quants with small, finite f16 scales
+/// (MXFP4: scale byte 119). Used for large models and benchmarks, where
+/// quantizing Gaussian data would take minutes.
+pub fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
     let (be, bb) = ty.block_layout();
     let mut out = vec![0u8; n_elems / be * bb];
     for chunk in out.chunks_mut(8) {

@@ -26,6 +26,14 @@ use crate::quant::GgmlType;
 pub const TILE_TOKENS: u32 = 8;
 /// Invocations per workgroup (`WG` in matmul.wgsl).
 pub const WORKGROUP: u32 = 64;
+/// Default weight rows per workgroup (the pipeline constant `ROWS` of
+/// matmul.wgsl; [`MatmulKernels::with_rows`] picks another): 16 lanes per
+/// row on GPUs.
+pub const ROWS_PER_WORKGROUP: u32 = 4;
+/// On CPU emulation (lavapipe) a workgroup runs on one core, so fewer, fuller
+/// workgroups win: 16 rows of 4 lanes measured ~1.3–2× faster than 4 rows
+/// (docs/PERFORMANCE.md).
+pub const ROWS_PER_WORKGROUP_CPU: u32 = 16;
 /// Workgroups along x before rows fold into y.
 const GRID_X: u64 = 32768;
 const MAX_GRID: u64 = 65535;
@@ -91,6 +99,8 @@ pub struct MatmulKernels {
     grid: wgpu::Buffer,
     /// Bound where a kernel ignores a binding.
     dummy: wgpu::Buffer,
+    /// Weight rows per workgroup.
+    rows: u32,
 }
 
 /// A dense product recorded once: one dispatch per weight chunk.
@@ -191,7 +201,11 @@ fn check_range(gpu: &Gpu, what: &str, r: &BufRange, need: u64) -> Result<(), Bac
     if r.size > gpu.max_binding() {
         return Err(device_err(
             gpu,
-            format!("{what}: {} bytes exceed the binding limit {}", r.size, gpu.max_binding()),
+            format!(
+                "{what}: {} bytes exceed the binding limit {}",
+                r.size,
+                gpu.max_binding()
+            ),
         ));
     }
     Ok(())
@@ -207,9 +221,33 @@ fn binding(r: &BufRange) -> wgpu::BindingResource<'_> {
 
 impl MatmulKernels {
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
+        let rows = if gpu.info.device_type == wgpu::DeviceType::Cpu {
+            ROWS_PER_WORKGROUP_CPU
+        } else {
+            ROWS_PER_WORKGROUP
+        };
+        Self::with_rows(gpu, rows)
+    }
+
+    /// Kernels with `rows` weight rows per workgroup (a power of two ≤ 64;
+    /// the benchmark compares them).
+    pub fn with_rows(gpu: &Gpu, rows: u32) -> Result<Self, BackendError> {
+        if !rows.is_power_of_two() || rows > WORKGROUP {
+            return Err(device_err(
+                gpu,
+                format!("{rows} rows per workgroup: need a power of two ≤ {WORKGROUP}"),
+            ));
+        }
         let dev = &gpu.device;
         let mut entries = vec![uniform_entry(0), uniform_entry(1)];
-        for (b, ro) in [(2, true), (3, true), (4, false), (5, true), (6, true), (7, true)] {
+        for (b, ro) in [
+            (2, true),
+            (3, true),
+            (4, false),
+            (5, true),
+            (6, true),
+            (7, true),
+        ] {
             entries.push(storage_entry(b, ro));
         }
         let layout = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -255,7 +293,13 @@ impl MatmulKernels {
             pipelines: Mutex::new(HashMap::new()),
             grid,
             dummy,
+            rows,
         })
+    }
+
+    /// Weight rows per workgroup of these kernels.
+    pub fn rows(&self) -> u32 {
+        self.rows
     }
 
     fn pipeline(
@@ -277,7 +321,7 @@ impl MatmulKernels {
             Entry::MoeRows => (&self.moe_module, "moe_rows"),
             Entry::MoeSum => (&self.moe_module, "moe_sum"),
         };
-        let constants = [("WTYPE", ty.id() as f64)];
+        let constants = [("WTYPE", ty.id() as f64), ("ROWS", self.rows as f64)];
         let p = scoped(gpu, &format!("pipeline {name} for {ty}"), || {
             gpu.device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -375,12 +419,15 @@ impl MatmulKernels {
         check_range(gpu, "matmul input", &x, mt * x_stride * 4)?;
         check_range(gpu, "matmul output", &out, mt * n_out * 4)?;
         if mt.div_ceil(TILE_TOKENS as u64) > MAX_GRID || x_stride * mt > u32::MAX as u64 {
-            return Err(device_err(gpu, format!("{max_tokens} tokens is too many for one step")));
+            return Err(device_err(
+                gpu,
+                format!("{max_tokens} tokens is too many for one step"),
+            ));
         }
         let pipeline = self.pipeline(gpu, Entry::Dense, w.ty)?;
         let mut dispatches = Vec::new();
         for c in &w.chunks {
-            let (gx, gy) = fold(c.count);
+            let (gx, gy) = fold(c.count.div_ceil(self.rows as u64));
             if gy as u64 > MAX_GRID {
                 return Err(device_err(gpu, format!("weight {}: too many rows", w.name)));
             }
@@ -484,7 +531,7 @@ impl MatmulKernels {
         ];
         for (which, t, mode, input, output, n_in) in plan {
             let n_rows = t.ne[1];
-            let (gx, gy) = fold(n_rows);
+            let (gx, gy) = fold(n_rows.div_ceil(self.rows as u64));
             for ch in &t.chunks {
                 let p = MatmulParams {
                     n_in: n_in as u32,
@@ -598,7 +645,9 @@ pub fn read_back(gpu: &Gpu, r: &BufRange) -> Result<Vec<u8>, BackendError> {
     })?;
     let mut enc = gpu
         .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read back") });
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("read back"),
+        });
     enc.copy_buffer_to_buffer(&r.buffer, r.offset, &staging, 0, size);
     gpu.queue.submit(Some(enc.finish()));
     let slice = staging.slice(..);

@@ -9,6 +9,7 @@
 //! and reads back only the logits. Kernels bound-check against the step's
 //! token count, so one recorded list serves every step of its shape class.
 
+pub mod bandwidth;
 pub mod gpu;
 pub mod kernels;
 pub mod matmul;
@@ -97,7 +98,7 @@ struct LoadedGraph {
     slot_of: Vec<usize>,
     slots: Vec<wgpu::Buffer>,
     /// Dispatch lists between flush points.
-    segments: Vec<Vec<Work>>,
+    segments: Vec<Vec<(&'static str, Work)>>,
     /// Live token count of the last step.
     n_tokens: usize,
     /// The logits read back after the last step.
@@ -116,9 +117,6 @@ pub struct WgpuBackend {
     layout: StateLayout,
     states: Vec<wgpu::Buffer>,
     step: wgpu::Buffer,
-    kernels: kernels::Kernels,
-    /// Matrix-product pipelines (created on the first graph with one).
-    matmul: Option<matmul::MatmulKernels>,
     /// Matrices and expert tensors as stored in the file, in chunks of
     /// whole rows (shared by every graph).
     tensors: HashMap<String, Arc<weights::GpuTensor>>,
@@ -143,7 +141,7 @@ impl WgpuBackend {
         file: WeightFile,
         layout: StateLayout,
     ) -> Result<WgpuBackend, BackendError> {
-        Self::new(Arc::new(Gpu::open(choice)?), file, layout)
+        Self::new(Gpu::shared(choice)?, file, layout)
     }
 
     /// A backend on an already open device (tests share one device).
@@ -183,8 +181,6 @@ impl WgpuBackend {
             layout,
             states,
             step,
-            kernels: kernels::Kernels::default(),
-            matmul: None,
             tensors: HashMap::new(),
             small: HashMap::new(),
             tables: HashMap::new(),
@@ -199,6 +195,50 @@ impl WgpuBackend {
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// Uploads every matrix and expert tensor the graph's products read
+    /// (`Op::weights`), streamed from the mmap in chunks of whole rows, with
+    /// a progress bar on a terminal when there is much to move.
+    fn upload_matrices(&mut self, graph: &Graph) -> Result<(), BackendError> {
+        use crate::ops::Op;
+        let mut todo: Vec<&crate::model::TensorRef> = Vec::new();
+        for op in graph.ops() {
+            if matches!(op, Op::MatMul(_) | Op::MoeExperts(_)) {
+                for t in op.weights() {
+                    if !self.tensors.contains_key(&t.name) && !todo.iter().any(|x| x.name == t.name) {
+                        todo.push(t);
+                    }
+                }
+            }
+        }
+        let total: u64 = todo.iter().map(|t| t.n_bytes).sum();
+        let bar = (total > 256 << 20 && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(|| {
+            let b = indicatif::ProgressBar::new(total);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "uploading weights {bytes}/{total_bytes} {wide_bar} {percent}%",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        });
+        let file = self.file.clone();
+        let file: &crate::gguf::GgufFile = (*file).as_ref();
+        let mut done = 0u64;
+        for t in todo {
+            let w = weights::GpuTensor::upload(&self.gpu, &t.name, t.ty, t.ne, t.bytes(file), &mut |n| {
+                if let Some(b) = &bar {
+                    b.set_position(done + n);
+                }
+            })?;
+            done += t.n_bytes;
+            self.tensors.insert(t.name.clone(), Arc::new(w));
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        self.gpu.check()
     }
 
     fn loaded(&self, h: GraphHandle) -> Result<&LoadedGraph, BackendError> {
@@ -220,6 +260,34 @@ impl WgpuBackend {
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, len.next_multiple_of(4));
         self.gpu.queue.submit([enc.finish()]);
         self.map_read(&staging, len)
+    }
+
+    /// `DS4_WGPU_PROFILE`: runs each dispatch alone and waits for it, then
+    /// prints wall time per op kind (stderr). Slow; for finding hot spots.
+    fn profile_segment(&self, seg: &[(&'static str, Work)], n: u32) -> Result<(), BackendError> {
+        let mut t: Vec<(&str, f64, usize)> = Vec::new();
+        for (name, w) in seg {
+            let t0 = std::time::Instant::now();
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                w.encode(&mut pass, n);
+            }
+            self.gpu.queue.submit([enc.finish()]);
+            self.gpu.wait()?;
+            let dt = t0.elapsed().as_secs_f64() * 1e3;
+            match t.iter_mut().find(|e| e.0 == *name) {
+                Some(e) => {
+                    e.1 += dt;
+                    e.2 += 1;
+                }
+                None => t.push((name, dt, 1)),
+            }
+        }
+        for (name, ms, count) in t {
+            eprintln!("wgpu profile: {name:<14} {count:>4} dispatches {ms:>9.2} ms");
+        }
+        Ok(())
     }
 
     fn map_read(&self, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>, BackendError> {
@@ -335,6 +403,7 @@ impl Backend for WgpuBackend {
             n_tokens: 0,
             logits: Vec::new(),
         };
+        self.upload_matrices(&graph)?;
         lg.segments = record::record(self, &lg)?;
         self.gpu.wait()?;
         self.graphs.push(lg);
@@ -370,11 +439,14 @@ impl Backend for WgpuBackend {
             mapped_at_creation: false,
         });
         let last = g.segments.len().saturating_sub(1);
+        let profile = std::env::var_os("DS4_WGPU_PROFILE").is_some();
         for (i, seg) in g.segments.iter().enumerate() {
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            {
+            if profile {
+                self.profile_segment(seg, n)?;
+            } else {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                for w in seg {
+                for (_, w) in seg {
                     w.encode(&mut pass, n);
                 }
             }

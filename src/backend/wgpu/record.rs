@@ -61,12 +61,10 @@ impl Rec<'_> {
 
     /// The matrix-product pipelines (created on first use), the device and
     /// the step uniform.
-    fn matmul(&mut self) -> Result<(&MatmulKernels, &super::Gpu, &wgpu::Buffer), BackendError> {
-        if self.b.matmul.is_none() {
-            self.b.matmul = Some(MatmulKernels::new(&self.b.gpu)?);
-        }
+    fn matmul(&mut self) -> Result<(Arc<MatmulKernels>, &super::Gpu, &wgpu::Buffer), BackendError> {
+        let k = self.b.gpu.matmul_kernels()?;
         let b = &*self.b;
-        Ok((b.matmul.as_ref().expect("created above"), &b.gpu, &b.step))
+        Ok((k, &b.gpu, &b.step))
     }
 
     /// A matrix or expert tensor uploaded as stored (cached by name).
@@ -114,7 +112,13 @@ impl Rec<'_> {
         storage: &[wgpu::Buffer],
         size: Size,
     ) -> Result<Work, BackendError> {
-        let (pipeline, layout) = self.b.kernels.pipeline(&self.b.gpu, family, entry)?;
+        let (pipeline, layout) = self
+            .b
+            .gpu
+            .kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pipeline(&self.b.gpu, family, entry)?;
         let pbuf = self.b.uniform(entry, params);
         let mut entries = vec![
             wgpu::BindGroupEntry {
@@ -344,7 +348,7 @@ impl Rec<'_> {
                     post,
                     comb,
                 ];
-                one(self.kernel("hc_mix", "hc_mix", &p, &s, per_token(1))?)
+                one(self.kernel("hc_mix", "hc_mix", &p, &s, groups_per_token(1))?)
             }
             Op::HcCollapse(o) => {
                 let p = HcParams {
@@ -566,7 +570,7 @@ impl Rec<'_> {
                     self.val(o.selected),
                     self.val(o.weights),
                 ];
-                one(self.kernel("router", "router", &p, &s, per_token(1))?)
+                one(self.kernel("router", "router", &p, &s, groups_per_token(1))?)
             }
             Op::SwiGlu(o) => {
                 let cols = self.cols(o.out);
@@ -614,7 +618,10 @@ impl Rec<'_> {
 }
 
 /// The dispatch lists of `g`, split at its flush points.
-pub(super) fn record(b: &mut WgpuBackend, g: &LoadedGraph) -> Result<Vec<Vec<Work>>, BackendError> {
+pub(super) fn record(
+    b: &mut WgpuBackend,
+    g: &LoadedGraph,
+) -> Result<Vec<Vec<(&'static str, Work)>>, BackendError> {
     let file_arc = b.file.clone();
     let file: &GgufFile = (*file_arc).as_ref();
     let mut r = Rec {
@@ -628,7 +635,11 @@ pub(super) fn record(b: &mut WgpuBackend, g: &LoadedGraph) -> Result<Vec<Vec<Wor
         match node {
             Node::Op(op) => {
                 let w = r.op(op)?;
-                segments.last_mut().expect("one segment").extend(w);
+                let name = op.name();
+                segments
+                    .last_mut()
+                    .expect("one segment")
+                    .extend(w.into_iter().map(|w| (name, w)));
             }
             Node::Flush => {
                 if !segments.last().expect("one segment").is_empty() {

@@ -40,6 +40,8 @@ const FAMILIES: &[(&str, &[&str], &str)] = &[
     // Matrix products (dense) and routed experts; see src/backend/wgpu/matmul.rs.
     ("matmul", &["quant"], include_str!("../../../shaders/matmul.wgsl")),
     ("moe", &["quant", "matmul"], include_str!("../../../shaders/moe.wgsl")),
+    // Device read-bandwidth probe (ds4-bench --bandwidth).
+    family!("bandwidth", &[]),
 ];
 
 /// Names of every kernel family.

@@ -92,11 +92,19 @@ impl GpuTensor {
             });
         }
         let row_bytes = ty.row_bytes(ne[0]).ok_or_else(|| {
-            err(gpu, name, format!("{} elements is not a whole number of {ty} blocks", ne[0]))
+            err(
+                gpu,
+                name,
+                format!("{} elements is not a whole number of {ty} blocks", ne[0]),
+            )
         })?;
         let is_3d = ne[2] > 1 || ne[3] > 1;
         let unit_rows = if is_3d { ne[1] } else { 1 };
-        let units = if is_3d { ne[2] * ne[3] } else { ne[1] * ne[2] * ne[3] };
+        let units = if is_3d {
+            ne[2] * ne[3]
+        } else {
+            ne[1] * ne[2] * ne[3]
+        };
         let unit_bytes = row_bytes * unit_rows;
         let total = unit_bytes.checked_mul(units);
         if total != Some(bytes.len() as u64) || unit_bytes == 0 {
@@ -138,10 +146,18 @@ impl GpuTensor {
                 mapped_at_creation: false,
             });
             if let Some(e) = pollster::block_on(vscope.pop()) {
-                return Err(err(gpu, name, format!("cannot create a buffer of {size} bytes: {e}")));
+                return Err(err(
+                    gpu,
+                    name,
+                    format!("cannot create a buffer of {size} bytes: {e}"),
+                ));
             }
             if let Some(e) = pollster::block_on(scope.pop()) {
-                return Err(err(gpu, name, format!("out of memory for {size} bytes: {e}")));
+                return Err(err(
+                    gpu,
+                    name,
+                    format!("out of memory for {size} bytes: {e}"),
+                ));
             }
             let mut off = 0usize;
             while off < data.len() {
