@@ -6,7 +6,7 @@
 
 #define EMPTY_SCORE (-1e30f)
 
-extern "C" __global__ void compress(const float* kv, const float* gate, const float* ape, const float* norm,
+extern "C" __global__ void __launch_bounds__(1024) compress(const float* kv, const float* gate, const float* ape, const float* norm,
                                     float* state_kv, float* state_score, float* rows, const double* freqs,
                                     u32 ratio, u32 hd, u32 overlapped, u32 n_rot, u32 rounding, float eps,
                                     const Step* st) {

@@ -6,7 +6,7 @@
 // power of two <= 1024), the head in shared memory; one warp per 32-value
 // FP4 block (lanes past a short head add nothing to the block maximum).
 
-extern "C" __global__ void kv_round(const float* x, float* out, u32 dim, u32 n_rot, u32 fp8, u32 to_f16,
+extern "C" __global__ void __launch_bounds__(1024) kv_round(const float* x, float* out, u32 dim, u32 n_rot, u32 fp8, u32 to_f16,
                                     const Step* st) {
     const u32 r = blockIdx.x;
     if (r >= st->n_tokens) return;
@@ -24,7 +24,7 @@ extern "C" __global__ void kv_round(const float* x, float* out, u32 dim, u32 n_r
     if (i1 < dim) out[(u64)r * dim + i1] = b;
 }
 
-extern "C" __global__ void hadamard_fp4(const float* x, float* out, u32 cols, u32 head_dim, const Step* st) {
+extern "C" __global__ void __launch_bounds__(1024) hadamard_fp4(const float* x, float* out, u32 cols, u32 head_dim, const Step* st) {
     extern __shared__ float buf[];
     const u32 heads = cols / head_dim, h = blockIdx.x;
     if (h >= st->n_tokens * heads) return;

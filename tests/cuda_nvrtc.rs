@@ -34,21 +34,28 @@ fn every_family_compiles_to_ptx_for_every_target_without_warnings() {
     eprintln!("NVRTC {}.{} from {}", n.version.0, n.version.1, n.path.display());
     let archs = target_archs(&n);
     assert!(archs.contains(&80) && archs.contains(&90), "archs {archs:?}");
-    for (family, src) in kernels::all_modules() {
+    // One thread per architecture (NVRTC programs are independent).
+    let modules = kernels::all_modules();
+    std::thread::scope(|sc| {
         for &arch in &archs {
-            let c = n
-                .compile(&format!("{family}.cu"), &src, arch)
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert!(c.log.is_empty(), "{family} compute_{arch}: {}", c.log);
-            assert!(c.ptx.contains(&format!(".target sm_{arch}")), "{family} compute_{arch}");
-            for name in kernels::entry_points(family) {
-                assert!(
-                    c.ptx.contains(&format!(".entry {name}(")),
-                    "{family} compute_{arch}: no kernel {name}"
-                );
-            }
+            let (n, modules) = (&n, &modules);
+            sc.spawn(move || {
+                for (family, src) in modules {
+                    let c = n
+                        .compile(&format!("{family}.cu"), src, arch)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    assert!(c.log.is_empty(), "{family} compute_{arch}: {}", c.log);
+                    assert!(c.ptx.contains(&format!(".target sm_{arch}")), "{family} compute_{arch}");
+                    for name in kernels::entry_points(family) {
+                        assert!(
+                            c.ptx.contains(&format!(".entry {name}(")),
+                            "{family} compute_{arch}: no kernel {name}"
+                        );
+                    }
+                }
+            });
         }
-    }
+    });
 }
 
 #[test]

@@ -15,97 +15,133 @@
 namespace emu {
 Dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+// ---- coroutines: a minimal context switch (x86-64: callee-saved registers
+// and the stack pointer; elsewhere ucontext, slower) ----
+#if defined(__x86_64__)
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+.text
+.p2align 4
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+)");
+struct Ctx {
+    void* sp = nullptr;
+};
+static void ctx_init(Ctx& c, char* stack, size_t size, void (*entry)()) {
+    // A frame that `emu_switch` pops into `entry` (6 registers, the return
+    // address), with the stack aligned as after a call.
+    uintptr_t top = ((uintptr_t)(stack + size)) & ~(uintptr_t)15;
+    void** sp = (void**)top;
+    *--sp = nullptr;          // alignment slot: entry sees rsp % 16 == 8
+    *--sp = (void*)entry;     // return address
+    for (int i = 0; i < 6; i++) *--sp = nullptr;
+    c.sp = sp;
+}
+static void ctx_switch(Ctx& from, Ctx& to) { emu_switch(&from.sp, to.sp); }
+#else
+struct Ctx {
+    ucontext_t uc;
+};
+static void ctx_init(Ctx& c, char* stack, size_t size, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = size;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+static void ctx_switch(Ctx& from, Ctx& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
 struct Thread {
-    ucontext_t ctx;
+    Ctx ctx;
     bool done = false;
-    unsigned waiting = 0;  // 0 running, 1 block barrier, 2 warp barrier
-    unsigned long long gen = 0;
 };
 
-static ucontext_t sched_ctx;
+static Ctx sched_ctx;
 static std::vector<Thread> threads;
 static unsigned current = 0;
-static unsigned long long block_gen = 0;
-static std::vector<unsigned long long> warp_gen;
-static std::vector<unsigned long long> warp_slot;
 static void (*body)(void**) = nullptr;
+static void** body_params = nullptr;
 // Coroutine stacks, allocated once and reused by every block (kernels keep
 // a few hundred bytes of locals).
 static const size_t STACK = 64 * 1024;
 static std::vector<char*> stacks;
-static void** body_params = nullptr;
 
-static void yield() { swapcontext(&threads[current].ctx, &sched_ctx); }
-
-// Barrier of `members` threads: those waiting (state `kind`, generation
-// `gen`) are released when every live member has arrived.
-static bool all_arrived(unsigned kind, unsigned first, unsigned count, unsigned long long gen) {
-    for (unsigned t = first; t < first + count && t < threads.size(); t++) {
-        const Thread& th = threads[t];
-        if (th.done) continue;
-        if (th.waiting != kind || th.gen != gen) return false;
-    }
-    return true;
-}
-
-void sync_block() {
-    Thread& me = threads[current];
-    me.waiting = 1;
-    me.gen = block_gen;
-    const unsigned long long g = block_gen;
-    while (block_gen == g) {
-        if (all_arrived(1, 0, (unsigned)threads.size(), g)) {
-            block_gen++;
-            break;
+// Barriers as generation counters: the last live member to arrive opens it;
+// a thread that exits counts as arrived (CUDA's rule for exited threads).
+struct Barrier {
+    unsigned alive = 0, arrived = 0;
+    unsigned long long gen = 0;
+    void open_if_complete() {
+        if (arrived > 0 && arrived >= alive) {
+            arrived = 0;
+            gen++;
         }
-        yield();
     }
-    threads[current].waiting = 0;
+};
+static Barrier block_bar;
+static std::vector<Barrier> warp_bar;
+static std::vector<unsigned long long> warp_slot;
+
+static void yield() { ctx_switch(threads[current].ctx, sched_ctx); }
+
+static void wait(Barrier& b) {
+    const unsigned long long g = b.gen;
+    b.arrived++;
+    b.open_if_complete();
+    while (b.gen == g) yield();
 }
+
+void sync_block() { wait(block_bar); }
 
 unsigned long long warp_exchange(unsigned long long v, unsigned src_lane) {
-    const unsigned w = current / 32, first = w * 32;
-    // Phase 1: publish, wait for the warp.
+    const unsigned w = current / 32;
     warp_slot[current] = v;
-    for (int phase = 0; phase < 2; phase++) {
-        Thread& me = threads[current];
-        me.waiting = 2;
-        me.gen = warp_gen[w];
-        const unsigned long long g = warp_gen[w];
-        while (warp_gen[w] == g) {
-            if (all_arrived(2, first, 32, g)) {
-                warp_gen[w]++;
-                break;
-            }
-            yield();
-        }
-        threads[current].waiting = 0;
-        if (phase == 0) v = warp_slot[first + src_lane];
-    }
+    wait(warp_bar[w]);  // every lane has published
+    v = warp_slot[w * 32 + src_lane];
+    wait(warp_bar[w]);  // every lane has read before the slots are reused
     return v;
 }
 
 static void trampoline() {
     body(body_params);
-    threads[current].done = true;
-    swapcontext(&threads[current].ctx, &sched_ctx);
+    Thread& me = threads[current];
+    me.done = true;
+    block_bar.alive--;
+    block_bar.open_if_complete();
+    Barrier& wb = warp_bar[current / 32];
+    wb.alive--;
+    wb.open_if_complete();
+    ctx_switch(me.ctx, sched_ctx);
+    std::abort();  // a finished coroutine is never resumed
 }
 
 // Runs one block to completion, round-robin over its coroutines.
 static void run_block(unsigned n) {
     threads.assign(n, Thread());
-    warp_gen.assign((n + 31) / 32, 0);
-    warp_slot.assign(((n + 31) / 32) * 32, 0);
-    block_gen = 0;
+    const unsigned warps = (n + 31) / 32;
+    warp_bar.assign(warps, Barrier());
+    for (unsigned w = 0; w < warps; w++) warp_bar[w].alive = min(32u, n - 32 * w);
+    warp_slot.assign(warps * 32, 0);
+    block_bar = Barrier();
+    block_bar.alive = n;
     while (stacks.size() < n) stacks.push_back((char*)std::malloc(STACK));
-    for (unsigned t = 0; t < n; t++) {
-        Thread& th = threads[t];
-        getcontext(&th.ctx);
-        th.ctx.uc_stack.ss_sp = stacks[t];
-        th.ctx.uc_stack.ss_size = STACK;
-        th.ctx.uc_link = nullptr;
-        makecontext(&th.ctx, trampoline, 0);
-    }
+    for (unsigned t = 0; t < n; t++) ctx_init(threads[t].ctx, stacks[t], STACK, trampoline);
     unsigned live = n;
     while (live > 0) {
         live = 0;
@@ -113,7 +149,7 @@ static void run_block(unsigned n) {
             if (threads[t].done) continue;
             current = t;
             threadIdx = Dim3{t, 0, 0};
-            swapcontext(&sched_ctx, &threads[t].ctx);
+            ctx_switch(sched_ctx, threads[t].ctx);
             if (!threads[t].done) live++;
         }
     }

@@ -20,6 +20,7 @@
 #define __constant__
 #define __shared__ static
 #define __forceinline__ inline
+#define __launch_bounds__(n)
 
 struct float4 { float x, y, z, w; };
 struct uint4 { unsigned x, y, z, w; };

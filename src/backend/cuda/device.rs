@@ -144,7 +144,7 @@ pub fn chosen_ordinal() -> Result<usize, BackendError> {
 }
 
 /// An opened device: its primary context, current on the calling thread,
-/// and one stream.
+/// and one stream (blocking, so ordered with synchronous copies).
 pub struct Device {
     pub info: DeviceInfo,
     pub ctx: sys::CUcontext,
@@ -170,7 +170,9 @@ impl Device {
             let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| device_err("cuDevicePrimaryCtxRetain", e))?;
             // SAFETY: a context retained above.
             unsafe { result::ctx::set_current(ctx) }.map_err(|e| device_err("cuCtxSetCurrent", e))?;
-            let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            // A blocking stream: the synchronous copies of weights, states and
+            // values (legacy stream) stay ordered with the kernels.
+            let stream = result::stream::create(result::stream::StreamKind::Default)
                 .map_err(|e| device_err("cuStreamCreate", e))?;
             Ok(Device { info, ctx, stream, dev })
         })

@@ -159,7 +159,7 @@ impl CudaBackend {
             modules,
             file,
             layout,
-            use_graphs: std::env::var("DS4_CUDA_GRAPH").map_or(true, |v| v != "0"),
+            use_graphs: !std::env::var("DS4_CUDA_GRAPH").is_ok_and(|v| v == "0"),
             description,
             dev,
         })
