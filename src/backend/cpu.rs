@@ -4,8 +4,9 @@
 //!
 //! The same op loop serves the fast backend (`cpu`): built with
 //! [`CpuBackend::fast`] it sends the matrix products (dense matmuls, routed
-//! experts) to the quantised SIMD kernels of [`super::cpu_fast`]; every other
-//! op runs the reference twin either way.
+//! experts) to the quantised SIMD kernels of [`super::cpu_fast`], and the
+//! indexer to its SIMD twin there; every other op runs the reference twin
+//! either way.
 
 use std::sync::Arc;
 
@@ -400,14 +401,11 @@ fn run_op(
         }
         Op::IndexerTopK(o) => {
             let mut out = g.take(o.out);
-            o.cpu(
-                g.get(o.q),
-                g.get(o.weights),
-                &states[st(o.rows)],
-                p.pos0,
-                n,
-                as_i32_mut(&mut out),
-            );
+            let (q, w, rows) = (g.get(o.q), g.get(o.weights), &states[st(o.rows)]);
+            match fast {
+                Some(k) => super::cpu_fast::indexer::topk(k, o, q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
+                None => o.cpu(q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
+            }
             g.put(o.out, out);
         }
         Op::Router(o) => {

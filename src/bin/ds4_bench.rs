@@ -29,7 +29,7 @@ struct Args {
     /// model GGUF (default ./ds4flash.gguf)
     #[argh(option, short = 'm', default = "PathBuf::from(\"ds4flash.gguf\")")]
     model: PathBuf,
-    /// backend: cpu, wgpu, cuda
+    /// backend: cpu (fast), cpu-ref (reference), wgpu, cuda
     #[argh(option, default = "String::from(\"cpu\")")]
     backend: String,
     /// same as --backend cpu

@@ -14,6 +14,7 @@ pub mod act;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 pub mod expand;
+pub mod indexer;
 pub mod matmul;
 pub mod portable;
 
@@ -207,6 +208,12 @@ impl Kernels {
             F32 | F16 | Bf16 => Some(ActKind::F32),
             _ => None,
         }
+    }
+
+    /// An f32 dot product (`w` holds f32 values as bytes).
+    #[inline]
+    pub fn dot_f32(&self, w: &[u8], x: &[f32]) -> f32 {
+        (self.f32)(w, x)
     }
 
     /// One dot product of a weight row of `ty` with activation row `r`.
