@@ -5,7 +5,7 @@
 //! The same op loop serves the fast backend (`cpu`): built with
 //! [`CpuBackend::fast`] it sends the matrix products (dense matmuls, routed
 //! experts) to the quantised SIMD kernels of [`super::cpu_fast`], and the
-//! indexer to its SIMD twin there; every other op runs the reference twin
+//! indexer and attention to their SIMD twins there; every other op runs the reference twin
 //! either way.
 
 use std::sync::Arc;
@@ -375,7 +375,10 @@ fn run_op(
                 compressed: o.compressed.map(|c| &states[st(c.rows)][..]),
                 selected: o.selected.map(|v| as_i32(g.get(v))),
             };
-            o.cpu(file, inp, p.pos0, n, &mut out);
+            match fast {
+                Some(k) => super::cpu_fast::attention::attention(k, o, file, inp, p.pos0, n, &mut out),
+                None => o.cpu(file, inp, p.pos0, n, &mut out),
+            }
             g.put(o.out, out);
         }
         Op::RingWrite(o) => o.cpu(g.get(o.kv), p.pos0, n, &mut states[st(o.ring)]),
