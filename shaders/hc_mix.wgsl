@@ -1,6 +1,8 @@
 // Hyper-connection mixer (MODEL.md 3.2): from the mixer logits of a token
 // to the collapse weights `pre`, the write-back weights `post` and the
-// Sinkhorn-normalised stream mixer `comb`. One thread per token.
+// Sinkhorn-normalised stream mixer `comb`. One workgroup per token; the
+// mixer lives in workgroup memory (a dynamically indexed private array is
+// very slow on some drivers) and one thread runs the sequential Sinkhorn.
 
 struct HcMixParams {
     n_hc: u32,
@@ -26,10 +28,13 @@ const MAX_HC: u32 = 8u;
 @group(0) @binding(6) var<storage, read_write> post: array<f32>;
 @group(0) @binding(7) var<storage, read_write> comb: array<f32>;
 
+var<workgroup> c: array<f32, 64>;
+
 @compute @workgroup_size(WG)
-fn hc_mix(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = linear_id(gid, nwg);
-    if (t >= step.n_tokens) { return; }
+fn hc_mix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) tid: u32) {
+    let t = group_id(wid, nwg);
+    if (t >= step.n_tokens || tid != 0u) { return; }
     let n = prm.n_hc;
     let m0 = t * prm.mix_dim;
     for (var s = 0u; s < n; s++) {
@@ -39,7 +44,6 @@ fn hc_mix(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     for (var s = 0u; s < n; s++) {
         post[t * n + s] = 2.0 * sigmoid(logits[m0 + n + s] * hc_scale[1] + hc_base[n + s]);
     }
-    var c: array<f32, 64>;
     for (var i = 0u; i < n * n; i++) {
         c[i] = logits[m0 + 2u * n + i] * hc_scale[2] + hc_base[2u * n + i];
     }

@@ -16,7 +16,6 @@ struct RouterParams {
 
 // Largest expert count the private arrays hold.
 const MAX_EXPERT: u32 = 512u;
-const MAX_K: u32 = 32u;
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
 @group(0) @binding(1) var<uniform> prm: RouterParams;
@@ -52,25 +51,30 @@ fn softplus(x: f32) -> f32 {
     return log1p(exp(x));
 }
 
+var<workgroup> score: array<f32, MAX_EXPERT>;
+var<workgroup> taken: array<u32, 16>;
+
 @compute @workgroup_size(WG)
-fn router(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = linear_id(gid, nwg);
+fn router(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) tid: u32) {
+    let t = group_id(wid, nwg);
     if (t >= step.n_tokens) { return; }
     let e = prm.n_expert;
     let k = prm.k;
-    var taken: array<u32, 16>;
-    var chosen: array<u32, MAX_K>;
-    if (prm.has_table != 0u) {
-        let base = u32(tokens[t]) * prm.table_row;
-        for (var i = 0u; i < k; i++) { chosen[i] = u32(table[base + i]); }
-    } else {
-        for (var i = 0u; i < k; i++) {
-            var best = 0u;
+    for (var x = tid; x < e; x += WG) { score[x] = sqrt(softplus(logits[t * e + x])); }
+    if (tid < 16u) { taken[tid] = 0u; }
+    workgroupBarrier();
+    if (tid != 0u) { return; }
+    for (var i = 0u; i < k; i++) {
+        var best = 0u;
+        if (prm.has_table != 0u) {
+            best = u32(table[u32(tokens[t]) * prm.table_row + i]);
+        } else {
             var best_v = 0.0;
             var found = false;
             for (var x = 0u; x < e; x++) {
                 if ((taken[x / 32u] & (1u << (x % 32u))) != 0u) { continue; }
-                var v = sqrt(softplus(logits[t * e + x]));
+                var v = score[x];
                 if (prm.has_bias != 0u) { v += bias[x]; }
                 if (!found || v > best_v) {
                     best = x;
@@ -78,16 +82,15 @@ fn router(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
                     found = true;
                 }
             }
-            chosen[i] = best;
             taken[best / 32u] |= 1u << (best % 32u);
         }
+        selected[t * k + i] = i32(best);
     }
     var sum = 0.0;
-    for (var i = 0u; i < k; i++) { sum += sqrt(softplus(logits[t * e + chosen[i]])); }
+    for (var i = 0u; i < k; i++) { sum += score[u32(selected[t * k + i])]; }
     var denom = 1.0;
     if (prm.normalize != 0u) { denom = max(sum, 1.0 / 16384.0); }
     for (var i = 0u; i < k; i++) {
-        selected[t * k + i] = i32(chosen[i]);
-        weights[t * k + i] = sqrt(softplus(logits[t * e + chosen[i]])) / denom * prm.scale;
+        weights[t * k + i] = score[u32(selected[t * k + i])] / denom * prm.scale;
     }
 }

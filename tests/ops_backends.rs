@@ -248,10 +248,10 @@ fn run_case(case: &Case, b: &mut dyn Backend) -> Result<Results, BackendError> {
 /// The device the GPU half of the suite runs on, or `None` (skip) outside
 /// CI. In CI a missing adapter is a failure.
 fn gpu() -> Option<Arc<Gpu>> {
-    match Gpu::open(&AdapterChoice::from_env(true)) {
+    match Gpu::shared(&AdapterChoice::from_env(true)) {
         Ok(g) => {
             eprintln!("wgpu device: {}", g.describe());
-            Some(Arc::new(g))
+            Some(g)
         }
         Err(e) => {
             if std::env::var_os("CI").is_some() {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use ds4::graph::ValueName;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
-use ds4::session::{Session, SessionOptions};
+use ds4::session::{BackendKind, Session, SessionOptions};
 use ds4::testmodel::{spec_from_args, write_model, Vocab};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -63,13 +63,36 @@ fn numerics(g: &Value) -> Numerics {
     Numerics::parse(g["reference"]["numerics"].as_str().unwrap()).unwrap()
 }
 
+/// Bounds per backend, each from measured figures with a margin
+/// (docs/VALIDATION.md): (backend, plain max |Δ log-prob| for f32 weights,
+/// for quantised weights, model-numerics median |Δ log-prob|, greedy
+/// agreement in percent, per-layer relative |Δ HC state|). The CPU reference
+/// (`cpu-ref`; the fast `cpu` is held to it in tests/cpu_fast_e2e.rs) measures
+/// ≤ 6.3e-7 plain, ≤ 5.4e-6 model median, 100 % greedy, ≤ 2.2e-6 HC state.
+/// The wgpu row is used with `DS4_GOLDEN_BACKEND=wgpu` (too slow for CI on
+/// a CPU emulator; tests/wgpu_e2e.rs holds wgpu to the CPU instead).
+const TOLERANCE: &[(&str, f64, f64, f64, usize, f64)] = &[
+    ("cpu-ref", 1e-5, 1e-5, 1e-4, 100, 1e-5),
+    ("wgpu", 2e-3, 2e-3, 1e-3, 98, 1e-3),
+];
+
+fn backend() -> (BackendKind, (f64, f64, f64, usize, f64)) {
+    let name = std::env::var("DS4_GOLDEN_BACKEND").unwrap_or_else(|_| "cpu-ref".into());
+    let kind = BackendKind::parse(&name).expect("DS4_GOLDEN_BACKEND: cpu-ref or wgpu");
+    let row = TOLERANCE
+        .iter()
+        .find(|r| r.0 == name)
+        .unwrap_or_else(|| panic!("no tolerance row for backend {name}"));
+    (kind, (row.1, row.2, row.3, row.4, row.5))
+}
+
 fn session(model: Arc<ModelFile>, numerics: Numerics, dump: Vec<ValueName>) -> Session {
     let opts = SessionOptions {
         ctx: 2048,
         prefill_chunk: 512,
         numerics,
         dump,
-        ..Default::default()
+        backend: backend().0,
     };
     Session::new(model, opts).unwrap()
 }
@@ -209,20 +232,22 @@ fn check_plain(file: &str, max_dlp: f64) {
 }
 
 /// `--numerics model` against the reference with the same rounding steps,
-/// which are discontinuous: median |Δ log-prob| ≤ 1e-2, greedy ≥ 90 %.
+/// which are discontinuous (a last-bit difference can cross an FP8/FP4
+/// boundary), so the median and the greedy agreement are bounded.
 fn check_model(file: &str) {
+    let (_, (_, _, median, greedy, _)) = backend();
     let g = load(file);
     let rs = compare_prompts(&g);
     report(file, &rs);
     for r in &rs {
         assert!(
-            r.median_dlp <= 1e-2,
+            r.median_dlp <= median,
             "{file} {}: median |Δ log-prob| {:.2e}",
             r.name,
             r.median_dlp
         );
         assert!(
-            r.greedy_agree * 10 >= r.greedy_checked * 9,
+            r.greedy_agree * 100 >= r.greedy_checked * greedy,
             "{file} {}: greedy agreement {}/{}",
             r.name,
             r.greedy_agree,
@@ -233,7 +258,7 @@ fn check_model(file: &str) {
 
 #[test]
 fn f32_plain_matches_transformers_f64() {
-    check_plain("tiny-f32.plain-f64.json", 1e-3);
+    check_plain("tiny-f32.plain-f64.json", backend().1 .0);
     let (same, n) = check_greedy(&load("tiny-f32.plain-f64.json"));
     eprintln!("greedy continuation: {same}/{n} tokens identical");
     assert!(n >= 16 && same >= 16);
@@ -241,7 +266,7 @@ fn f32_plain_matches_transformers_f64() {
 
 #[test]
 fn f32_plain_matches_transformers_f32() {
-    check_plain("tiny-f32.plain-f32.json", 1e-3);
+    check_plain("tiny-f32.plain-f32.json", backend().1 .0);
 }
 
 #[test]
@@ -251,7 +276,7 @@ fn f32_model_numerics_match_the_reference_with_rounding() {
 
 #[test]
 fn q8_plain_matches_transformers_through_dequantised_weights() {
-    check_plain("tiny-q8.plain-f64.json", 1e-2);
+    check_plain("tiny-q8.plain-f64.json", backend().1 .1);
 }
 
 #[test]
@@ -261,7 +286,7 @@ fn q8_model_numerics_match_the_reference_with_rounding() {
 
 #[test]
 fn q2_plain_matches_transformers_through_dequantised_weights() {
-    check_plain("tiny-q2.plain-f64.json", 1e-2);
+    check_plain("tiny-q2.plain-f64.json", backend().1 .1);
     let (same, n) = check_greedy(&load("tiny-q2.plain-f64.json"));
     eprintln!("q2 greedy continuation: {same}/{n} tokens identical");
 }
@@ -350,7 +375,7 @@ fn hyper_connection_state_matches_per_layer() {
             }
             eprintln!("{file} layer {l}: max relative |Δ HC state| {worst:.2e}");
             assert!(
-                worst < 1e-3,
+                worst < backend().1 .4,
                 "{file}: layer {l} hyper-connection state differs by {worst:.2e}"
             );
         }

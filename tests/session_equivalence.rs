@@ -46,7 +46,8 @@ fn prefill_in_chunks_equals_decoding_one_by_one() {
             .map(|i| max_abs_diff(&per_pos_a[i], &scored[i * v..(i + 1) * v]))
             .fold(0.0, f32::max);
         eprintln!("{numerics:?}: max |Δlogit| chunked {d_chunk:e}, whole {d_whole:e}, every position {d_scored:e}");
-        assert!(d_chunk < 1e-4 && d_whole < 1e-4 && d_scored < 1e-4);
+        // docs/VALIDATION.md: the schedule does not change a single bit.
+        assert_eq!((d_chunk, d_whole, d_scored), (0.0, 0.0, 0.0));
     }
 }
 
@@ -91,7 +92,7 @@ fn sync_reuses_a_matching_prefix() {
     assert_eq!((s2.reused, s2.evaluated), (40, 20));
     let mut b = session(Numerics::Model, 16);
     b.sync(&toks, &mut no_progress()).unwrap();
-    assert!(max_abs_diff(a.logits(), b.logits()) < 1e-4);
+    assert_eq!(a.logits(), b.logits(), "prefix reuse must be bit-identical");
     // A diverging request rebuilds from scratch.
     let mut other = toks.clone();
     other[10] ^= 1;

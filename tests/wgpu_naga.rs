@@ -66,6 +66,27 @@ fn parameter_structs_match_their_rust_twins() {
         }
         assert!(found, "no WGSL struct {name}");
     }
+    // The matmul family's parameter struct (src/backend/wgpu/matmul.rs).
+    {
+        use ds4::backend::wgpu::matmul::MatmulParams;
+        use std::mem::{offset_of, size_of};
+        let src = shaders::module_source("matmul");
+        let m = parse("matmul", &src);
+        let (_, ty) = m
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some("MatmulParams"))
+            .expect("MatmulParams in matmul.wgsl");
+        let naga::TypeInner::Struct { members, span } = &ty.inner else {
+            panic!("MatmulParams is not a struct")
+        };
+        assert_eq!(*span as usize, size_of::<MatmulParams>());
+        let off = |n: &str| members.iter().find(|x| x.name.as_deref() == Some(n)).unwrap().offset as usize;
+        assert_eq!(off("n_in"), offset_of!(MatmulParams, n_in));
+        assert_eq!(off("grid_x"), offset_of!(MatmulParams, grid_x));
+        assert_eq!(off("clamp"), offset_of!(MatmulParams, clamp));
+        assert_eq!(off("mode"), offset_of!(MatmulParams, mode));
+    }
     // The gpu::StepUniform the backend writes has the checked layout too.
     assert_eq!(
         std::mem::size_of::<ds4::backend::wgpu::StepUniform>(),

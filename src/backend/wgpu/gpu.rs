@@ -23,6 +23,10 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// Errors reported by wgpu callbacks since the last [`Gpu::check`].
     errors: Arc<Mutex<Vec<String>>>,
+    /// Pipelines of the WGSL families, shared by every backend on this device.
+    pub(crate) kernels: Mutex<super::kernels::Kernels>,
+    /// Matrix-product pipelines, created on first use.
+    pub(crate) matmul: Mutex<Option<Arc<super::matmul::MatmulKernels>>>,
 }
 
 /// The per-step parameters every kernel reads: written once per step into a
@@ -227,7 +231,33 @@ impl Gpu {
             features,
             info,
             errors,
+            kernels: Mutex::new(Default::default()),
+            matmul: Mutex::new(None),
         })
+    }
+
+    /// One device per adapter choice for the whole process: sessions (and
+    /// tests) opened one after another share it and its compiled pipelines.
+    pub fn shared(choice: &AdapterChoice) -> Result<Arc<Gpu>, BackendError> {
+        static OPEN: Mutex<Vec<(AdapterChoice, Arc<Gpu>)>> = Mutex::new(Vec::new());
+        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, g)) = open.iter().find(|(c, _)| c == choice) {
+            return Ok(g.clone());
+        }
+        let g = Arc::new(Gpu::open(choice)?);
+        open.push((choice.clone(), g.clone()));
+        Ok(g)
+    }
+
+    /// The matrix-product pipelines of this device.
+    pub fn matmul_kernels(&self) -> Result<Arc<super::matmul::MatmulKernels>, BackendError> {
+        let mut m = self.matmul.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = m.as_ref() {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(super::matmul::MatmulKernels::new(self)?);
+        *m = Some(k.clone());
+        Ok(k)
     }
 
     /// One line naming the device (for notices and errors).

@@ -65,7 +65,9 @@ pub enum Work {
         bind: wgpu::BindGroup,
         size: Size,
     },
-    Dense(matmul::DenseMatmul),
+    /// A matrix product; `Some(rows)` for one over a fixed number of rows
+    /// (the last-token head) rather than the step's tokens.
+    Dense(matmul::DenseMatmul, Option<u32>),
     Experts(matmul::RoutedExperts),
 }
 
@@ -83,7 +85,7 @@ impl Work {
                     pass.dispatch_workgroups(x, y, z);
                 }
             }
-            Work::Dense(d) => d.encode(pass, n),
+            Work::Dense(d, fixed) => d.encode(pass, fixed.unwrap_or(n)),
             Work::Experts(e) => e.encode(pass, n),
         }
     }
@@ -95,7 +97,7 @@ struct LoadedGraph {
     slot_of: Vec<usize>,
     slots: Vec<wgpu::Buffer>,
     /// Dispatch lists between flush points.
-    segments: Vec<Vec<Work>>,
+    segments: Vec<Vec<(&'static str, Work)>>,
     /// Live token count of the last step.
     n_tokens: usize,
     /// The logits read back after the last step.
@@ -114,9 +116,6 @@ pub struct WgpuBackend {
     layout: StateLayout,
     states: Vec<wgpu::Buffer>,
     step: wgpu::Buffer,
-    kernels: kernels::Kernels,
-    /// Matrix-product pipelines (created on the first graph with one).
-    matmul: Option<matmul::MatmulKernels>,
     /// Matrices and expert tensors as stored in the file, in chunks of
     /// whole rows (shared by every graph).
     tensors: HashMap<String, Arc<weights::GpuTensor>>,
@@ -141,7 +140,7 @@ impl WgpuBackend {
         file: WeightFile,
         layout: StateLayout,
     ) -> Result<WgpuBackend, BackendError> {
-        Self::new(Arc::new(Gpu::open(choice)?), file, layout)
+        Self::new(Gpu::shared(choice)?, file, layout)
     }
 
     /// A backend on an already open device (tests share one device).
@@ -181,8 +180,6 @@ impl WgpuBackend {
             layout,
             states,
             step,
-            kernels: kernels::Kernels::default(),
-            matmul: None,
             tensors: HashMap::new(),
             small: HashMap::new(),
             tables: HashMap::new(),
@@ -218,6 +215,34 @@ impl WgpuBackend {
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, len.next_multiple_of(4));
         self.gpu.queue.submit([enc.finish()]);
         self.map_read(&staging, len)
+    }
+
+    /// `DS4_WGPU_PROFILE`: runs each dispatch alone and waits for it, then
+    /// prints wall time per op kind (stderr). Slow; for finding hot spots.
+    fn profile_segment(&self, seg: &[(&'static str, Work)], n: u32) -> Result<(), BackendError> {
+        let mut t: Vec<(&str, f64, usize)> = Vec::new();
+        for (name, w) in seg {
+            let t0 = std::time::Instant::now();
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                w.encode(&mut pass, n);
+            }
+            self.gpu.queue.submit([enc.finish()]);
+            self.gpu.wait()?;
+            let dt = t0.elapsed().as_secs_f64() * 1e3;
+            match t.iter_mut().find(|e| e.0 == *name) {
+                Some(e) => {
+                    e.1 += dt;
+                    e.2 += 1;
+                }
+                None => t.push((name, dt, 1)),
+            }
+        }
+        for (name, ms, count) in t {
+            eprintln!("wgpu profile: {name:<14} {count:>4} dispatches {ms:>9.2} ms");
+        }
+        Ok(())
     }
 
     fn map_read(&self, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>, BackendError> {
@@ -368,11 +393,14 @@ impl Backend for WgpuBackend {
             mapped_at_creation: false,
         });
         let last = g.segments.len().saturating_sub(1);
+        let profile = std::env::var_os("DS4_WGPU_PROFILE").is_some();
         for (i, seg) in g.segments.iter().enumerate() {
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            {
+            if profile {
+                self.profile_segment(seg, n)?;
+            } else {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                for w in seg {
+                for (_, w) in seg {
                     w.encode(&mut pass, n);
                 }
             }

@@ -61,12 +61,10 @@ impl Rec<'_> {
 
     /// The matrix-product pipelines (created on first use), the device and
     /// the step uniform.
-    fn matmul(&mut self) -> Result<(&MatmulKernels, &super::Gpu, &wgpu::Buffer), BackendError> {
-        if self.b.matmul.is_none() {
-            self.b.matmul = Some(MatmulKernels::new(&self.b.gpu)?);
-        }
+    fn matmul(&mut self) -> Result<(Arc<MatmulKernels>, &super::Gpu, &wgpu::Buffer), BackendError> {
+        let k = self.b.gpu.matmul_kernels()?;
         let b = &*self.b;
-        Ok((b.matmul.as_ref().expect("created above"), &b.gpu, &b.step))
+        Ok((k, &b.gpu, &b.step))
     }
 
     /// A matrix or expert tensor uploaded as stored (cached by name).
@@ -114,7 +112,13 @@ impl Rec<'_> {
         storage: &[wgpu::Buffer],
         size: Size,
     ) -> Result<Work, BackendError> {
-        let (pipeline, layout) = self.b.kernels.pipeline(&self.b.gpu, family, entry)?;
+        let (pipeline, layout) = self
+            .b
+            .gpu
+            .kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pipeline(&self.b.gpu, family, entry)?;
         let pbuf = self.b.uniform(entry, params);
         let mut entries = vec![
             wgpu::BindGroupEntry {
@@ -265,10 +269,28 @@ impl Rec<'_> {
             Op::MatMul(o) => {
                 let w = self.tensor(&o.w)?;
                 let (x, out) = (self.range(o.x), self.range(o.out));
-                let max_tokens = self.g.graph.max_tokens;
+                let od = self.g.graph.value(o.out);
+                // A product over fixed rows (the last-token head) reads a
+                // constant step uniform saying how many rows there are.
+                let fixed = (!od.per_token).then_some(od.rows as u32);
+                let max_tokens = fixed.map_or(self.g.graph.max_tokens, |r| r as usize);
+                let fixed_step = fixed.map(|r| {
+                    let u = super::StepUniform {
+                        pos0: 0,
+                        n_tokens: r,
+                        _pad: [0; 2],
+                    };
+                    self.b.uniform("fixed rows", &u)
+                });
                 let (mm, gpu, step) = self.matmul()?;
-                let d = mm.dense(gpu, &w, o.groups, x, out, step, max_tokens)?;
-                one(Work::Dense(d))
+                let step = fixed_step.as_ref().unwrap_or(step);
+                let d = mm
+                    .dense(gpu, &w, o.groups, x, out, step, max_tokens)
+                    .map_err(|e| BackendError::Device {
+                        device: gpu.describe(),
+                        msg: format!("matmul {} {:?} groups {}: {e}", w.name, w.ne, o.groups),
+                    })?;
+                one(Work::Dense(d, fixed))
             }
             Op::MoeExperts(o) => {
                 let gate = self.tensor(&o.gate)?;
@@ -326,7 +348,7 @@ impl Rec<'_> {
                     post,
                     comb,
                 ];
-                one(self.kernel("hc_mix", "hc_mix", &p, &s, per_token(1))?)
+                one(self.kernel("hc_mix", "hc_mix", &p, &s, groups_per_token(1))?)
             }
             Op::HcCollapse(o) => {
                 let p = HcParams {
@@ -548,7 +570,7 @@ impl Rec<'_> {
                     self.val(o.selected),
                     self.val(o.weights),
                 ];
-                one(self.kernel("router", "router", &p, &s, per_token(1))?)
+                one(self.kernel("router", "router", &p, &s, groups_per_token(1))?)
             }
             Op::SwiGlu(o) => {
                 let cols = self.cols(o.out);
@@ -596,7 +618,10 @@ impl Rec<'_> {
 }
 
 /// The dispatch lists of `g`, split at its flush points.
-pub(super) fn record(b: &mut WgpuBackend, g: &LoadedGraph) -> Result<Vec<Vec<Work>>, BackendError> {
+pub(super) fn record(
+    b: &mut WgpuBackend,
+    g: &LoadedGraph,
+) -> Result<Vec<Vec<(&'static str, Work)>>, BackendError> {
     let file_arc = b.file.clone();
     let file: &GgufFile = (*file_arc).as_ref();
     let mut r = Rec {
@@ -610,7 +635,11 @@ pub(super) fn record(b: &mut WgpuBackend, g: &LoadedGraph) -> Result<Vec<Vec<Wor
         match node {
             Node::Op(op) => {
                 let w = r.op(op)?;
-                segments.last_mut().expect("one segment").extend(w);
+                let name = op.name();
+                segments
+                    .last_mut()
+                    .expect("one segment")
+                    .extend(w.into_iter().map(|w| (name, w)));
             }
             Node::Flush => {
                 if !segments.last().expect("one segment").is_empty() {
