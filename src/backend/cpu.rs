@@ -4,8 +4,9 @@
 //!
 //! The same op loop serves the fast backend (`cpu`): built with
 //! [`CpuBackend::fast`] it sends the matrix products (dense matmuls, routed
-//! experts) to the quantised SIMD kernels of [`super::cpu_fast`]; every other
-//! op runs the reference twin either way.
+//! experts) to the quantised SIMD kernels of [`super::cpu_fast`], and the
+//! indexer and attention to their SIMD twins there; every other op runs the reference twin
+//! either way.
 
 use std::sync::Arc;
 
@@ -374,7 +375,10 @@ fn run_op(
                 compressed: o.compressed.map(|c| &states[st(c.rows)][..]),
                 selected: o.selected.map(|v| as_i32(g.get(v))),
             };
-            o.cpu(file, inp, p.pos0, n, &mut out);
+            match fast {
+                Some(k) => super::cpu_fast::attention::attention(k, o, file, inp, p.pos0, n, &mut out),
+                None => o.cpu(file, inp, p.pos0, n, &mut out),
+            }
             g.put(o.out, out);
         }
         Op::RingWrite(o) => o.cpu(g.get(o.kv), p.pos0, n, &mut states[st(o.ring)]),
@@ -400,14 +404,11 @@ fn run_op(
         }
         Op::IndexerTopK(o) => {
             let mut out = g.take(o.out);
-            o.cpu(
-                g.get(o.q),
-                g.get(o.weights),
-                &states[st(o.rows)],
-                p.pos0,
-                n,
-                as_i32_mut(&mut out),
-            );
+            let (q, w, rows) = (g.get(o.q), g.get(o.weights), &states[st(o.rows)]);
+            match fast {
+                Some(k) => super::cpu_fast::indexer::topk(k, o, q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
+                None => o.cpu(q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
+            }
             g.put(o.out, out);
         }
         Op::Router(o) => {

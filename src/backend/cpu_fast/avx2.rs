@@ -312,3 +312,21 @@ pub unsafe fn expanded(codes: &[i8], scale: &[f32], y: &[BlockQ8x32]) -> f32 {
     }
     hsum_ps(_mm256_add_ps(acc0, acc1))
 }
+
+/// `y += a·x` (attention's weighted sum of rows).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let av = _mm256_set1_ps(a);
+    let mut i = 0;
+    while i + 8 <= n {
+        let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+        let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+        _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_fmadd_ps(av, xv, yv));
+        i += 8;
+    }
+    while i < n {
+        y[i] += a * x[i];
+        i += 1;
+    }
+}

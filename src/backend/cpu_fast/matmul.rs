@@ -203,13 +203,14 @@ pub fn moe_experts(
     n_tokens: usize,
     out: &mut [f32],
 ) -> bool {
-    // Expanded rows pay off from a few tokens per expert (not per step).
-    let per_expert = n_tokens * o.k / (o.gate.ne[2] as usize).max(1);
-    let (Some(kg), Some(ku), Some(kd)) = (
-        Kernels::act_kind_for(o.gate.ty, per_expert),
-        Kernels::act_kind_for(o.up.ty, per_expert),
-        Kernels::act_kind_for(o.down.ty, per_expert),
-    ) else {
+    // Per expert: decoded rows ([`expand`]) once it has a few tokens, the
+    // direct kernels below that; the step's tokens are quantised once in
+    // each activation format an expert may need.
+    let many = super::PREFILL_TOKENS;
+    let kinds = |ty: GgmlType| (Kernels::act_kind_for(ty, 1), Kernels::act_kind_for(ty, many));
+    let ((Some(kg1), Some(kgn)), (Some(ku1), Some(kun)), (Some(kd1), Some(kdn))) =
+        (kinds(o.gate.ty), kinds(o.up.ty), kinds(o.down.ty))
+    else {
         return false;
     };
     let d = o.gate.ne[0] as usize;
@@ -222,8 +223,15 @@ pub fn moe_experts(
         &bytes[e * n..(e + 1) * n]
     };
     let rows = || (0..n_tokens).map(|t| &x[t * d..(t + 1) * d]);
-    let xg = Acts::quantize(kg, d, rows());
-    let xu = if ku == kg { None } else { Some(Acts::quantize(ku, d, rows())) };
+    // Activation sets by kind, made once: (kind, acts).
+    let mut sets: Vec<(super::act::ActKind, Acts)> = Vec::new();
+    let wanted = if n_tokens * kk >= many { vec![kg1, ku1, kgn, kun] } else { vec![kg1, ku1] };
+    for kind in wanted {
+        if !sets.iter().any(|(k2, _)| *k2 == kind) {
+            sets.push((kind, Acts::quantize(kind, d, rows())));
+        }
+    }
+    let set = |kind| &sets.iter().find(|(k2, _)| *k2 == kind).expect("quantised above").1;
     let mut contrib = vec![0f32; n_tokens * kk * d];
     let mut g = Vec::new();
     let mut u = Vec::new();
@@ -235,8 +243,9 @@ pub fn moe_experts(
             continue;
         }
         let n = users.len();
-        let ag = xg.gather(users.iter().map(|&i| i / kk));
-        let au = xu.as_ref().map(|a| a.gather(users.iter().map(|&i| i / kk)));
+        let (kg, ku, kd) = if n >= many { (kgn, kun, kdn) } else { (kg1, ku1, kd1) };
+        let ag = set(kg).gather(users.iter().map(|&i| i / kk));
+        let au = if ku == kg { None } else { Some(set(ku).gather(users.iter().map(|&i| i / kk))) };
         g.resize(n * ff, 0.0);
         u.resize(n * ff, 0.0);
         matmul_acts(k, o.gate.ty, slab(&o.gate, e), ff, 1, &ag, n, &mut g);

@@ -14,6 +14,8 @@ pub mod act;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 pub mod expand;
+pub mod indexer;
+pub mod attention;
 pub mod matmul;
 pub mod portable;
 
@@ -114,6 +116,8 @@ pub struct Kernels {
     bf16: DotF,
     /// Expanded rows (prefill path of the 2/4-bit formats, [`expand`]).
     pub expanded: DotE,
+    /// `y += a·x`.
+    pub axpy: fn(f32, &[f32], &mut [f32]),
 }
 
 /// Safe wrappers over the AVX2 kernels; only reachable through
@@ -148,6 +152,9 @@ mod avx2_safe {
     pub fn expanded(c: &[i8], s: &[f32], y: &[BlockQ8x32]) -> f32 {
         unsafe { super::avx2::expanded(c, s, y) }
     }
+    pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        unsafe { super::avx2::axpy(a, x, y) }
+    }
 }
 
 impl Kernels {
@@ -168,6 +175,7 @@ impl Kernels {
                 f16: portable::f16,
                 bf16: portable::bf16,
                 expanded: expand::dot_portable,
+                axpy: portable::axpy,
             },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Kernels {
@@ -181,6 +189,7 @@ impl Kernels {
                 f16: avx2_safe::f16,
                 bf16: avx2_safe::bf16,
                 expanded: avx2_safe::expanded,
+                axpy: avx2_safe::axpy,
             },
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => return None,
@@ -207,6 +216,12 @@ impl Kernels {
             F32 | F16 | Bf16 => Some(ActKind::F32),
             _ => None,
         }
+    }
+
+    /// An f32 dot product (`w` holds f32 values as bytes).
+    #[inline]
+    pub fn dot_f32(&self, w: &[u8], x: &[f32]) -> f32 {
+        (self.f32)(w, x)
     }
 
     /// One dot product of a weight row of `ty` with activation row `r`.

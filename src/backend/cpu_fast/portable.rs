@@ -86,3 +86,9 @@ pub fn f16(row: &[u8], x: &[f32]) -> f32 {
 pub fn bf16(row: &[u8], x: &[f32]) -> f32 {
     crate::quant::f16::dot_row_bf16(row, x)
 }
+
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o += a * v;
+    }
+}
