@@ -425,3 +425,55 @@ fn demo_without_n_is_short() {
     assert!(stderr(&o).contains("DEMO MODE"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `/save FILE` in one REPL, `/load FILE` in the next: the second chat goes on
+/// from the saved KV state (only the new turn is evaluated); a missing file is
+/// an error line and the chat goes on.
+#[test]
+fn repl_save_and_load_continue_a_conversation() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let m = common::tiny_model_path(Variant::Q8);
+    let dir = std::env::temp_dir().join(format!("ds4-cli-save-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("chat.kv");
+    let repl = |input: String| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ds4"))
+            .args(["-m", m.to_str().unwrap(), "-n", "3", "--temp", "0", "--nothink"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        let err = stderr(&o);
+        assert!(o.status.success(), "{err}");
+        err
+    };
+    let f = file.display();
+    let err = repl(format!("hello\n/save {f}\n/save\n/quit\n"));
+    assert!(err.contains("ds4: saved "), "{err}");
+    assert!(err.contains("/save: expected a file name"), "{err}");
+    assert!(file.exists());
+    let err = repl(format!("/load {f}.missing\n/load {f}\nand again\n/quit\n"));
+    assert!(err.contains(".missing"), "{err}");
+    let loaded: usize = err
+        .lines()
+        .filter(|l| l.contains(" tokens from "))
+        .find_map(|l| l.strip_prefix("ds4: loaded "))
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no load line: {err}"));
+    assert!(loaded > 3, "{err}");
+    // The only prefill reuses exactly the loaded tokens.
+    let prefills: Vec<&str> = err.lines().filter(|l| l.contains("new tokens")).collect();
+    assert_eq!(prefills.len(), 1, "{err}");
+    assert!(prefills[0].contains(&format!("({loaded} reused)")), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

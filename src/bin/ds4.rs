@@ -502,7 +502,9 @@ impl Generator<'_> {
 }
 
 const REPL_HELP: &str =
-    "commands: /help, /think, /think-max, /nothink, /ctx N, /read FILE, /quit (or /exit)\n\
+    "commands: /help, /think, /think-max, /nothink, /ctx N, /read FILE, /save FILE, /load FILE,\n\
+    /quit (or /exit); /save and /load keep the conversation's KV state in a KVC file (the\n\
+    server's disk-cache format)\n\
     anything else is sent as a user message; Ctrl+C stops an answer, Ctrl+D leaves";
 
 /// The interactive REPL (CLI.md §1.4): one transcript, one KV session; each
@@ -587,6 +589,63 @@ fn repl(
                     },
                     _ => eprintln!("ds4: /ctx: expected a number of tokens ≥ 2, got {n:?}"),
                 }
+                continue;
+            }
+            ("/save", f) if !f.is_empty() => {
+                // The same KVC file and session payload as the server's disk
+                // cache (docs/KVCACHE.md), keyed by the rendered transcript.
+                // The reply's closing EOS is not evaluated yet: sync first so
+                // the file holds the whole transcript and /load can go on.
+                let mut transcript = head.clone();
+                transcript.extend(&turns);
+                if let Err(e) = prefill(sess, &transcript) {
+                    eprintln!("ds4: /save {f}: {e}");
+                    continue;
+                }
+                let text = tok.decode(sess.tokens());
+                match ds4::kvcache::save_file(
+                    Path::new(f),
+                    sess,
+                    &text,
+                    ds4::kvcache::SaveReason::Unknown,
+                ) {
+                    Ok(bytes) => eprintln!(
+                        "ds4: saved {} tokens to {f} ({})",
+                        sess.tokens().len(),
+                        ds4::report::human(bytes)
+                    ),
+                    Err(e) => eprintln!("ds4: /save {f}: {e}"),
+                }
+                continue;
+            }
+            ("/load", f) if !f.is_empty() => {
+                match ds4::kvcache::load_file(Path::new(f), sess) {
+                    Ok(_) => {
+                        // The file must hold this chat's transcript start
+                        // (same system prompt and thinking mode) to go on.
+                        let toks = sess.tokens();
+                        if toks.starts_with(&head) {
+                            turns = toks[head.len()..].to_vec();
+                            eprintln!("ds4: loaded {} tokens from {f}", toks.len());
+                        } else {
+                            // Not this chat's: the current conversation goes
+                            // on (the next turn prefills it again).
+                            sess.reset();
+                            eprintln!(
+                                "ds4: /load {f}: saved with another system prompt or thinking mode; not loaded"
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        // The session is untouched or empty; either way the
+                        // next turn syncs the current conversation again.
+                        eprintln!("ds4: /load: {e}");
+                    }
+                }
+                continue;
+            }
+            (cmd @ ("/save" | "/load"), _) => {
+                eprintln!("ds4: {cmd}: expected a file name");
                 continue;
             }
             ("/read", f) => match std::fs::read(f).map(String::from_utf8) {
