@@ -52,7 +52,9 @@ fn info_mtp(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-pub fn info(path: &Path) -> Result<(), String> {
+/// `--info`: the file, its configuration and weights; with a backend, also
+/// the decode roofline of the device that backend would use.
+pub fn info(path: &Path, roofline_for: Option<crate::backend::BackendKind>) -> Result<(), String> {
     let t0 = Instant::now();
     let m = match ModelFile::open(path) {
         Ok(m) => m,
@@ -173,5 +175,50 @@ pub fn info(path: &Path) -> Result<(), String> {
         "active weight bytes per token: {active} ({})",
         human(active)
     );
+    if let Some(kind) = roofline_for {
+        decode_roofline(kind, active);
+    }
     Ok(())
+}
+
+/// The decode ceiling on the device `kind` would run on: measured read
+/// bandwidth ÷ active weight bytes per token (KV reads come on top at long
+/// context). A device that cannot be measured is named with the reason.
+pub fn decode_roofline(kind: crate::backend::BackendKind, active: u64) {
+    use crate::backend::wgpu::{bandwidth, gpu, AdapterChoice, Gpu};
+    use crate::backend::BackendKind;
+    const PROBE: u64 = 256 << 20;
+    let host = || {
+        let m = bandwidth::host_read(PROBE, 3);
+        ("host memory (cpu backends)".to_string(), m.bytes as f64 / m.seconds)
+    };
+    let measured = match kind {
+        BackendKind::Cpu | BackendKind::CpuRef => Ok(host()),
+        BackendKind::Cuda => Err(
+            "cuda: not measured here (ds4-bench has no CUDA bandwidth mode yet)".to_string(),
+        ),
+        BackendKind::Wgpu | BackendKind::Auto => {
+            // An explicit wgpu choice may measure a CPU emulator; auto only a real GPU.
+            match Gpu::open(&AdapterChoice::from_env(kind == BackendKind::Wgpu)) {
+                Ok(g) => match bandwidth::device_read(&g, PROBE, 3) {
+                    Ok(m) => Ok((gpu::describe(&g.info), m.bytes as f64 / m.seconds)),
+                    Err(e) => Err(format!("wgpu: {e}")),
+                },
+                Err(_) if kind == BackendKind::Auto => Ok(host()),
+                Err(e) => Err(format!("wgpu: {e}")),
+            }
+        }
+    };
+    println!("\n== decode roofline ==");
+    match measured {
+        Ok((device, bw)) => {
+            println!("device                        {device}");
+            println!("read bandwidth (measured)     {:.2} GB/s", bw / 1e9);
+            println!(
+                "decode ceiling                {:.2} tokens/s (active weight bytes / bandwidth; KV reads add to it at long context)",
+                bw / active.max(1) as f64
+            );
+        }
+        Err(why) => println!("not measured: {why}"),
+    }
 }

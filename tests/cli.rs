@@ -64,6 +64,17 @@ fn info_prints_config_and_tensor_table() {
             && out.contains("Q2_K")
     );
     assert!(out.contains("active weight bytes per token:"));
+    // The decode ceiling of the device the default backend would use (the
+    // host here: lavapipe is not a real GPU for `auto`).
+    assert!(out.contains("== decode roofline =="), "{out}");
+    let bw: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("read bandwidth (measured)"))
+        .and_then(|r| r.trim().split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no bandwidth line: {out}"));
+    assert!(bw > 0.0, "{out}");
+    assert!(out.contains("decode ceiling"), "{out}");
 }
 
 #[test]
@@ -476,4 +487,41 @@ fn repl_save_and_load_continue_a_conversation() {
     assert_eq!(prefills.len(), 1, "{err}");
     assert!(prefills[0].contains(&format!("({loaded} reused)")), "{err}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `ds4-bench --bandwidth --bw-decode`: the device lines, the matvec lines and
+/// one whole decode step of the given model as a fraction of device read.
+#[test]
+fn ds4_bench_bandwidth_reports_a_decode_step() {
+    let m = common::tiny_model_path(Variant::Q8);
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
+        .args([
+            "--bandwidth",
+            "--bw-decode",
+            "--bw-decode-steps",
+            "1",
+            "--bw-mib",
+            "8",
+            "--bw-trials",
+            "1",
+            "-m",
+            m.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    assert!(out.contains("device read"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("decode step") && l.contains("tiny-q8.gguf"))
+        .unwrap_or_else(|| panic!("no decode-step line: {out}"));
+    // "... MiB ms GB/s of-read % timer": the share of device read is positive.
+    let pct: f64 = row
+        .split_whitespace()
+        .rev()
+        .nth(2)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no share in {row:?}"));
+    assert!(pct > 0.0, "{row}");
 }

@@ -193,7 +193,15 @@ fn run(a: Args) -> Result<(), String> {
         return Ok(());
     }
     if a.info || a.inspect {
-        return ds4::report::info(&model_path(&a)?);
+        let kind = ds4::backend::select::BackendFlags {
+            backend: a.backend.clone(),
+            cpu: a.cpu,
+            metal: a.metal,
+            vulkan: a.vulkan,
+            cuda: a.cuda,
+        }
+        .resolve()?;
+        return ds4::report::info(&model_path(&a)?, Some(kind));
     }
     let prompt = read_prompt(&a)?;
     let path = model_path(&a)?;

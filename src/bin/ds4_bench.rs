@@ -88,6 +88,14 @@ struct Args {
     /// GPUs, 16 on CPU emulation)
     #[argh(option)]
     bw_rows: Option<String>,
+    /// with --bandwidth: also time whole decode steps of the model given
+    /// with -m on the wgpu device (e.g. the 4-layer Flash-width bench model
+    /// of bench/cpu_forward.rs), as active weight bytes ÷ time ÷ device read
+    #[argh(switch)]
+    bw_decode: bool,
+    /// with --bw-decode: decode steps timed, best kept (default 8)
+    #[argh(option, default = "8")]
+    bw_decode_steps: usize,
     /// restore-vs-prefill: per frontier, store a checkpoint in this folder
     /// and load it back with the server's disk-cache code (files removed after)
     #[argh(option)]
@@ -113,12 +121,60 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
             .collect::<Result<Vec<u32>, String>>()?,
         None => vec![],
     };
-    let csv =
+    let mut csv =
         bandwidth::report(&gpu, a.bw_mib << 20, a.bw_trials, &rows).map_err(|e| e.to_string())?;
+    if a.bw_decode {
+        let read = bandwidth::device_read(&gpu, a.bw_mib << 20, a.bw_trials)
+            .map_err(|e| e.to_string())?
+            .gb_per_s();
+        let m = decode_step(a)?;
+        println!("{}", bandwidth::table_row(&m, Some(read)));
+        csv.push(bandwidth::csv_row(&gpu.describe(), &m, Some(read)));
+    }
     if let Some(p) = &a.csv {
         std::fs::write(p, csv.join("\n") + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
+}
+
+/// One whole decode step of `-m` on the wgpu backend: the best of
+/// `--bw-decode-steps` steps after an 8-token prefill, with the model's active
+/// weight bytes per token as the bytes moved (KV reads at this short
+/// context are negligible).
+fn decode_step(a: &Args) -> Result<ds4::backend::wgpu::bandwidth::Measure, String> {
+    let model = Arc::new(ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?);
+    let active = model.weights.active_bytes_per_token(&model.config);
+    let steps = a.bw_decode_steps.max(1);
+    let opts = SessionOptions {
+        ctx: 64 + steps,
+        backend: ds4::backend::BackendKind::Wgpu,
+        ..Default::default()
+    };
+    let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+    let vocab = model.config.n_vocab as u32;
+    let prompt: Vec<u32> = (0..8u32).map(|i| (1000 + 97 * i) % vocab).collect();
+    sess.sync(&prompt, &mut |_, _| {}).map_err(|e| e.to_string())?;
+    let mut best = f64::INFINITY;
+    for i in 0..steps {
+        let t = Instant::now();
+        sess.eval((2000 + 31 * i as u32) % vocab).map_err(|e| e.to_string())?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(ds4::backend::wgpu::bandwidth::Measure {
+        kind: "decode step".into(),
+        name: a
+            .model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        ty: String::new(),
+        n_in: 0,
+        n_out: 0,
+        bytes: active,
+        seconds: best,
+        timer: "wall",
+        rows: 0,
+    })
 }
 
 /// The server's disk cache (`DiskCache::store` / `lookup`), set so that
