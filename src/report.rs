@@ -190,13 +190,16 @@ pub fn decode_roofline(kind: crate::backend::BackendKind, active: u64) {
     const PROBE: u64 = 256 << 20;
     let host = || {
         let m = bandwidth::host_read(PROBE, 3);
-        ("host memory (cpu backends)".to_string(), m.bytes as f64 / m.seconds)
+        (
+            "host memory (cpu backends)".to_string(),
+            m.bytes as f64 / m.seconds,
+        )
     };
     let measured = match kind {
         BackendKind::Cpu | BackendKind::CpuRef => Ok(host()),
-        BackendKind::Cuda => Err(
-            "cuda: not measured here (ds4-bench has no CUDA bandwidth mode yet)".to_string(),
-        ),
+        BackendKind::Cuda => {
+            Err("cuda: not measured here (ds4-bench has no CUDA bandwidth mode yet)".to_string())
+        }
         BackendKind::Wgpu | BackendKind::Auto => {
             // An explicit wgpu choice may measure a CPU emulator; auto only a real GPU.
             match Gpu::open(&AdapterChoice::from_env(kind == BackendKind::Wgpu)) {

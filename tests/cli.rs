@@ -450,7 +450,15 @@ fn repl_save_and_load_continue_a_conversation() {
     let file = dir.join("chat.kv");
     let repl = |input: String| {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ds4"))
-            .args(["-m", m.to_str().unwrap(), "-n", "3", "--temp", "0", "--nothink"])
+            .args([
+                "-m",
+                m.to_str().unwrap(),
+                "-n",
+                "3",
+                "--temp",
+                "0",
+                "--nothink",
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -61,7 +61,15 @@ fn quantize(ty: GgmlType, values: &[f32], row: usize) -> Vec<u8> {
 
 /// Σ|w·x| per output of a matmul (the scale the errors are measured in).
 #[allow(clippy::too_many_arguments)]
-fn abs_scale(ty: GgmlType, w: &[u8], n_in: usize, n_out: usize, groups: usize, x: &[f32], n_tok: usize) -> Vec<f32> {
+fn abs_scale(
+    ty: GgmlType,
+    w: &[u8],
+    n_in: usize,
+    n_out: usize,
+    groups: usize,
+    x: &[f32],
+    n_tok: usize,
+) -> Vec<f32> {
     let rb = w.len() / n_out;
     let mut wrow = vec![0f32; n_in];
     let mut out = vec![0f32; n_tok * n_out];
@@ -81,7 +89,10 @@ fn check(label: &str, got: &[f32], want: &[f32], scale: &[f32], rel: f32) -> f32
     for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
         assert!(g.is_finite(), "{label}: output {i} is {g}");
         let r = (g - w).abs() / s.max(1e-20);
-        assert!(r <= rel, "{label}: output {i}: {g} vs {w} (|Δ| = {r:e}·Σ|w·x|, bound {rel:e})");
+        assert!(
+            r <= rel,
+            "{label}: output {i}: {g} vs {w} (|Δ| = {r:e}·Σ|w·x|, bound {rel:e})"
+        );
         worst = worst.max(r);
     }
     worst
@@ -105,7 +116,11 @@ fn matmul_matches_the_reference_on_every_path() {
         for &(n_in, n_out, groups, n_tok) in &shapes {
             let wv = rng.vec(n_in * n_out);
             let w = quantize(ty, &wv, n_in);
-            let x: Vec<f32> = rng.vec(n_tok * groups * n_in).iter().map(|v| v * 3.0).collect();
+            let x: Vec<f32> = rng
+                .vec(n_tok * groups * n_in)
+                .iter()
+                .map(|v| v * 3.0)
+                .collect();
             let mut want = vec![f32::NAN; n_tok * n_out];
             matmul_rows(ty, &w, n_in, n_out, groups, &x, n_tok, &mut want);
             let scale = abs_scale(ty, &w, n_in, n_out, groups, &x, n_tok);
@@ -156,9 +171,27 @@ fn routed_experts_match_the_reference_on_every_path() {
     for (gu, dn) in mixes {
         for n_tok in [1usize, 4, 9] {
             let mut wr = GgufWriter::new();
-            tensor(&mut wr, "gate", &[d as u64, ff as u64, n_exp as u64], gu, quantize(gu, &rng.vec(d * ff * n_exp), d));
-            tensor(&mut wr, "up", &[d as u64, ff as u64, n_exp as u64], gu, quantize(gu, &rng.vec(d * ff * n_exp), d));
-            tensor(&mut wr, "down", &[ff as u64, d as u64, n_exp as u64], dn, quantize(dn, &rng.vec(d * ff * n_exp), ff));
+            tensor(
+                &mut wr,
+                "gate",
+                &[d as u64, ff as u64, n_exp as u64],
+                gu,
+                quantize(gu, &rng.vec(d * ff * n_exp), d),
+            );
+            tensor(
+                &mut wr,
+                "up",
+                &[d as u64, ff as u64, n_exp as u64],
+                gu,
+                quantize(gu, &rng.vec(d * ff * n_exp), d),
+            );
+            tensor(
+                &mut wr,
+                "down",
+                &[ff as u64, d as u64, n_exp as u64],
+                dn,
+                quantize(dn, &rng.vec(d * ff * n_exp), ff),
+            );
             let f = GgufFile::from_vec(wr.to_bytes().unwrap()).unwrap();
             let op = MoeExperts {
                 x: ValueId(0),
@@ -195,7 +228,10 @@ fn routed_experts_match_the_reference_on_every_path() {
                         (a - b).abs() / scale
                     })
                     .fold(0f32, f32::max);
-                eprintln!("moe {gu}/{dn} t{n_tok} {:<9} max |Δ|/max|y| = {worst:.2e}", isa.name());
+                eprintln!(
+                    "moe {gu}/{dn} t{n_tok} {:<9} max |Δ|/max|y| = {worst:.2e}",
+                    isa.name()
+                );
                 assert!(worst < 2e-2, "{gu}/{dn} t{n_tok} {}: {worst:e}", isa.name());
             }
         }
@@ -218,7 +254,13 @@ fn isa_names_and_detection() {
 fn expanded_rows_reproduce_the_dequantised_values() {
     use ds4::backend::cpu_fast::expand::{expand, expandable, Expanded};
     let mut rng = Rng(0xe7a9_0001);
-    for ty in [GgmlType::Q2K, GgmlType::Q4K, GgmlType::Iq2Xxs, GgmlType::Mxfp4, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q2K,
+        GgmlType::Q4K,
+        GgmlType::Iq2Xxs,
+        GgmlType::Mxfp4,
+        GgmlType::Q8_0,
+    ] {
         assert!(expandable(ty));
         for n in [256usize, 768] {
             let v: Vec<f32> = rng.vec(n).iter().map(|x| x * 4.0).collect();

@@ -59,11 +59,20 @@ fn compare(got: &[f32], want: &[f32], vocab: usize) -> (f32, f32, f64) {
     let rows = got.len() / vocab;
     for (g, w) in got.chunks(vocab).zip(want.chunks(vocab)) {
         assert!(g.iter().all(|v| v.is_finite()), "non-finite logit");
-        all.extend(log_softmax(g).iter().zip(log_softmax(w)).map(|(a, b)| (a - b).abs()));
+        all.extend(
+            log_softmax(g)
+                .iter()
+                .zip(log_softmax(w))
+                .map(|(a, b)| (a - b).abs()),
+        );
         agree += (argmax(g) == argmax(w)) as usize;
     }
     all.sort_by(f32::total_cmp);
-    (all[all.len() - 1], all[all.len() / 2], agree as f64 / rows as f64)
+    (
+        all[all.len() - 1],
+        all[all.len() / 2],
+        agree as f64 / rows as f64,
+    )
 }
 
 #[test]
@@ -77,7 +86,11 @@ fn fast_cpu_logits_follow_the_reference_on_every_tiny_variant_and_path() {
             let want = r.score(&toks).unwrap();
             let vocab = r.model().config.n_vocab;
             // Token-by-token decode (the one-row kernels) on two variants.
-            let decode: &[u32] = if matches!(v, Variant::Q2 | Variant::Mxfp4) { &decode } else { &[] };
+            let decode: &[u32] = if matches!(v, Variant::Q2 | Variant::Mxfp4) {
+                &decode
+            } else {
+                &[]
+            };
             let mut rd = session(v, numerics, BackendKind::CpuRef, 37);
             let mut want_dec = Vec::new();
             for &t in decode {
@@ -113,5 +126,9 @@ fn fast_cpu_logits_follow_the_reference_on_every_tiny_variant_and_path() {
         }
     }
     std::env::remove_var("DS4_CPU_ISA");
-    assert!(failures.is_empty(), "beyond the bounds:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "beyond the bounds:\n{}",
+        failures.join("\n")
+    );
 }

@@ -22,7 +22,15 @@ fn backend_cuda_without_a_gpu_is_a_clear_error() {
     let m = common::tiny_model_path(Variant::Q8);
     for flags in [&["--backend", "cuda"][..], &["--cuda"][..]] {
         let o = Command::new(env!("CARGO_BIN_EXE_ds4"))
-            .args(["-m", m.to_str().unwrap(), "-p", "Hello", "--nothink", "-n", "1"])
+            .args([
+                "-m",
+                m.to_str().unwrap(),
+                "-p",
+                "Hello",
+                "--nothink",
+                "-n",
+                "1",
+            ])
             .args(flags)
             .output()
             .unwrap();
@@ -34,7 +42,10 @@ fn backend_cuda_without_a_gpu_is_a_clear_error() {
             .find(|l| l.starts_with("ds4: ") && l.contains("backend cuda"))
             .unwrap_or_else(|| panic!("{flags:?}: no ds4: line naming cuda in {err}"));
         assert!(line.contains("not available"), "{line}");
-        assert!(o.stdout.is_empty(), "{flags:?}: generated text without a backend");
+        assert!(
+            o.stdout.is_empty(),
+            "{flags:?}: generated text without a backend"
+        );
     }
 }
 
@@ -47,9 +58,16 @@ fn list_devices_says_why_no_cuda_device_is_listed() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}");
     if cuda_present() {
-        assert!(out.lines().any(|l| l.starts_with("cuda:0 ") && l.contains("sm_")), "{out}");
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("cuda:0 ") && l.contains("sm_")),
+            "{out}"
+        );
     } else {
-        let line = out.lines().find(|l| l.starts_with("cuda: none (")).unwrap_or_else(|| panic!("{out}"));
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("cuda: none ("))
+            .unwrap_or_else(|| panic!("{out}"));
         assert!(line.len() > "cuda: none ()".len(), "{line}");
     }
 }

@@ -29,7 +29,13 @@ fn have_cuda() -> bool {
     }
 }
 
-fn session(v: Variant, numerics: Numerics, backend: BackendKind, ctx: usize, chunk: usize) -> Session {
+fn session(
+    v: Variant,
+    numerics: Numerics,
+    backend: BackendKind,
+    ctx: usize,
+    chunk: usize,
+) -> Session {
     let opts = SessionOptions {
         ctx,
         prefill_chunk: chunk,

@@ -26,7 +26,8 @@ impl Rng {
 }
 
 fn dir(test: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cuda-host-{test}-{}", std::process::id()));
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("cuda-host-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -51,7 +52,15 @@ fn build(d: &Path) -> Option<PathBuf> {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     // No -ffast-math, no FMA contraction: the CPU twins round every step.
     let out = Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-ffp-contract=off", "-Wall", "-Werror", "-Wno-unknown-pragmas", "-o"])
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-ffp-contract=off",
+            "-Wall",
+            "-Werror",
+            "-Wno-unknown-pragmas",
+            "-o",
+        ])
         .arg(&exe)
         .arg(&cpp)
         .output();
@@ -68,7 +77,11 @@ fn build(d: &Path) -> Option<PathBuf> {
 
 fn run(exe: &Path, args: &[String]) {
     let o = Command::new(exe).args(args).output().unwrap();
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 fn read_f32(p: &Path) -> Vec<f32> {
@@ -103,14 +116,22 @@ fn random_rows(ty: GgmlType, n_in: usize, rows: usize, r: &mut Rng) -> Vec<u8> {
         GgmlType::Bf16 => {
             for i in (0..b.len()).step_by(2) {
                 let v = u16::from_le_bytes([b[i], b[i + 1]]);
-                let v = if (v >> 7) & 0xff == 0xff { v & !(1 << 14) } else { v };
+                let v = if (v >> 7) & 0xff == 0xff {
+                    v & !(1 << 14)
+                } else {
+                    v
+                };
                 b[i..i + 2].copy_from_slice(&v.to_le_bytes());
             }
         }
         GgmlType::F32 => {
             for i in (0..b.len()).step_by(4) {
                 let v = u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-                let v = if (v >> 23) & 0xff == 0xff { v & !(1 << 30) } else { v };
+                let v = if (v >> 23) & 0xff == 0xff {
+                    v & !(1 << 30)
+                } else {
+                    v
+                };
                 b[i..i + 4].copy_from_slice(&v.to_le_bytes());
             }
         }
@@ -154,14 +175,17 @@ fn cuda_weight_decoders_equal_the_cpu_twins_bit_for_bit() {
             let bytes = random_rows(ty, n_in, rows, &mut r);
             let (inp, outp) = (d.join("rows.bin"), d.join("rows.f32"));
             std::fs::write(&inp, &bytes).unwrap();
-            run(&exe, &[
-                "decode".into(),
-                id.to_string(),
-                n_in.to_string(),
-                rows.to_string(),
-                inp.display().to_string(),
-                outp.display().to_string(),
-            ]);
+            run(
+                &exe,
+                &[
+                    "decode".into(),
+                    id.to_string(),
+                    n_in.to_string(),
+                    rows.to_string(),
+                    inp.display().to_string(),
+                    outp.display().to_string(),
+                ],
+            );
             let got = read_f32(&outp);
             assert_eq!(got.len(), 2 * rows * n_in);
             let rb = bytes.len() / rows;
@@ -171,7 +195,10 @@ fn cuda_weight_decoders_equal_the_cpu_twins_bit_for_bit() {
                 for (path, base) in [("decode32", row * n_in), ("decode1", (rows + row) * n_in)] {
                     for (i, &w) in want.iter().enumerate() {
                         let g = got[base + i];
-                        assert!(same(g, w), "{ty:?} n_in {n_in} row {row} {path} [{i}]: cuda {g:e} vs cpu {w:e}");
+                        assert!(
+                            same(g, w),
+                            "{ty:?} n_in {n_in} row {row} {path} [{i}]: cuda {g:e} vs cpu {w:e}"
+                        );
                     }
                 }
             }
@@ -205,12 +232,39 @@ fn cuda_small_float_rounding_equals_the_cpu_twins_bit_for_bit() {
     // subnormals, zero, the clamps and beyond.
     for e in -140..20 {
         let p = 2f32.powi(e);
-        xs.extend([p, f32::from_bits(p.to_bits() + 1), f32::from_bits(p.to_bits() - 1), 448.0 * p, 6.0 * p]);
+        xs.extend([
+            p,
+            f32::from_bits(p.to_bits() + 1),
+            f32::from_bits(p.to_bits() - 1),
+            448.0 * p,
+            6.0 * p,
+        ]);
     }
-    xs.extend([0.0, -0.0, 448.0, 449.0, 1e6, 6.0, 7.0, f32::MIN_POSITIVE, 1e-45]);
+    xs.extend([
+        0.0,
+        -0.0,
+        448.0,
+        449.0,
+        1e6,
+        6.0,
+        7.0,
+        f32::MIN_POSITIVE,
+        1e-45,
+    ]);
     let (inp, outp) = (d.join("x.bin"), d.join("x.f32"));
-    std::fs::write(&inp, xs.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-    run(&exe, &["round".into(), inp.display().to_string(), outp.display().to_string()]);
+    std::fs::write(
+        &inp,
+        xs.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    run(
+        &exe,
+        &[
+            "round".into(),
+            inp.display().to_string(),
+            outp.display().to_string(),
+        ],
+    );
     let got = read_f32(&outp);
     assert_eq!(got.len(), 5 * xs.len());
     // The CPU twins' block scale (private in small_float): 2^ceil(log2(amax/fmax)).
@@ -230,7 +284,13 @@ fn cuda_small_float_rounding_equals_the_cpu_twins_bit_for_bit() {
             if k >= 3 && (x == 0.0 || x.is_nan()) {
                 continue;
             }
-            let name = ["round_e4m3", "round_e2m1", "round_f16", "pow2_scale 448", "pow2_scale 6"][k];
+            let name = [
+                "round_e4m3",
+                "round_e2m1",
+                "round_f16",
+                "pow2_scale 448",
+                "pow2_scale 6",
+            ][k];
             assert!(same(g, w), "{name}({x:e}): cuda {g:e} vs cpu {w:e}");
         }
     }

@@ -31,9 +31,17 @@ fn target_archs(n: &Nvrtc) -> Vec<u32> {
 #[test]
 fn every_family_compiles_to_ptx_for_every_target_without_warnings() {
     let Some(n) = nvrtc() else { return };
-    eprintln!("NVRTC {}.{} from {}", n.version.0, n.version.1, n.path.display());
+    eprintln!(
+        "NVRTC {}.{} from {}",
+        n.version.0,
+        n.version.1,
+        n.path.display()
+    );
     let archs = target_archs(&n);
-    assert!(archs.contains(&80) && archs.contains(&90), "archs {archs:?}");
+    assert!(
+        archs.contains(&80) && archs.contains(&90),
+        "archs {archs:?}"
+    );
     // One thread per architecture (NVRTC programs are independent).
     let modules = kernels::all_modules();
     std::thread::scope(|sc| {
@@ -45,7 +53,10 @@ fn every_family_compiles_to_ptx_for_every_target_without_warnings() {
                         .compile(&format!("{family}.cu"), src, arch)
                         .unwrap_or_else(|e| panic!("{e}"));
                     assert!(c.log.is_empty(), "{family} compute_{arch}: {}", c.log);
-                    assert!(c.ptx.contains(&format!(".target sm_{arch}")), "{family} compute_{arch}");
+                    assert!(
+                        c.ptx.contains(&format!(".target sm_{arch}")),
+                        "{family} compute_{arch}"
+                    );
                     for name in kernels::entry_points(family) {
                         assert!(
                             c.ptx.contains(&format!(".entry {name}(")),
@@ -62,7 +73,11 @@ fn every_family_compiles_to_ptx_for_every_target_without_warnings() {
 fn a_broken_kernel_is_reported_with_its_log() {
     let Some(n) = nvrtc() else { return };
     let e = n
-        .compile("bad.cu", "extern \"C\" __global__ void k(float* x) { int unused; x[0] = 1.0f; }", 80)
+        .compile(
+            "bad.cu",
+            "extern \"C\" __global__ void k(float* x) { int unused; x[0] = 1.0f; }",
+            80,
+        )
         .err()
         .expect("a warning must fail the compile");
     assert!(e.contains("bad.cu") && e.contains("unused"), "{e}");

@@ -323,17 +323,34 @@ fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
             eprintln!("{:<60} {what} #{i}: max |Δ| {err:e}", case.label);
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// Runs every case on the CPU twice (fresh backends): the harness itself
 /// must be deterministic and fill every output.
 fn check_cpu_self(cases: &[Case]) {
     for case in cases {
-        let a = run_case(case, &mut CpuBackend::new(case.file.clone(), case.layout.clone())).unwrap();
-        let b = run_case(case, &mut CpuBackend::new(case.file.clone(), case.layout.clone())).unwrap();
+        let a = run_case(
+            case,
+            &mut CpuBackend::new(case.file.clone(), case.layout.clone()),
+        )
+        .unwrap();
+        let b = run_case(
+            case,
+            &mut CpuBackend::new(case.file.clone(), case.layout.clone()),
+        )
+        .unwrap();
         for (x, y) in a.0.iter().zip(&b.0) {
-            assert!(x.iter().all(|v| !v.is_nan()), "{}: NaN left in an output", case.label);
+            assert!(
+                x.iter().all(|v| !v.is_nan()),
+                "{}: NaN left in an output",
+                case.label
+            );
             assert_eq!(
                 x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -359,27 +376,51 @@ const FAST_CPU_TOLERANCE: &[(&str, f32)] =
 fn check_fast_cpu(cases: &[Case]) {
     use ds4::backend::cpu_fast::{Isa, Kernels};
     for case in cases {
-        let want = run_case(case, &mut CpuBackend::new(case.file.clone(), case.layout.clone())).unwrap();
-        let x_norm = case.inputs.first().map_or(0.0, |(_, v)| v.iter().map(|a| a * a).sum::<f32>().sqrt());
+        let want = run_case(
+            case,
+            &mut CpuBackend::new(case.file.clone(), case.layout.clone()),
+        )
+        .unwrap();
+        let x_norm = case
+            .inputs
+            .first()
+            .map_or(0.0, |(_, v)| v.iter().map(|a| a * a).sum::<f32>().sqrt());
         let tol = FAST_CPU_TOLERANCE
             .iter()
             .find(|t| t.0 == case.op_name)
             .map_or(0.0, |t| t.1);
         for isa in Isa::available() {
             let k = Kernels::new(isa).unwrap();
-            let got = run_case(case, &mut CpuBackend::fast(case.file.clone(), case.layout.clone(), k))
-                .unwrap_or_else(|e| panic!("{}: fast cpu {}: {e}", case.label, isa.name()));
+            let got = run_case(
+                case,
+                &mut CpuBackend::fast(case.file.clone(), case.layout.clone(), k),
+            )
+            .unwrap_or_else(|e| panic!("{}: fast cpu {}: {e}", case.label, isa.name()));
             let pairs = got.0.iter().zip(&want.0).chain(got.1.iter().zip(&want.1));
             for (i, (g, w)) in pairs.enumerate() {
-                let scale = w.iter().filter(|v| !v.is_nan()).fold(0f32, |m, v| m.max(v.abs())) + x_norm;
+                let scale = w
+                    .iter()
+                    .filter(|v| !v.is_nan())
+                    .fold(0f32, |m, v| m.max(v.abs()))
+                    + x_norm;
                 let err = g
                     .iter()
                     .zip(w.iter())
-                    .map(|(a, b)| if a.is_nan() != b.is_nan() { f32::INFINITY } else if a.is_nan() { 0.0 } else { (a - b).abs() })
+                    .map(|(a, b)| {
+                        if a.is_nan() != b.is_nan() {
+                            f32::INFINITY
+                        } else if a.is_nan() {
+                            0.0
+                        } else {
+                            (a - b).abs()
+                        }
+                    })
                     .fold(0f32, f32::max);
                 if tol == 0.0 {
                     assert!(
-                        g.iter().map(|v| v.to_bits()).eq(w.iter().map(|v| v.to_bits())),
+                        g.iter()
+                            .map(|v| v.to_bits())
+                            .eq(w.iter().map(|v| v.to_bits())),
                         "{}: fast cpu {} #{i} differs from the reference (max |Δ| {err:e})",
                         case.label,
                         isa.name()
@@ -391,7 +432,12 @@ fn check_fast_cpu(cases: &[Case]) {
                         case.label,
                         isa.name()
                     );
-                    eprintln!("{:<60} fast cpu {:<8} #{i}: max |Δ|/scale {:.2e}", case.label, isa.name(), err / scale.max(1e-30));
+                    eprintln!(
+                        "{:<60} fast cpu {:<8} #{i}: max |Δ|/scale {:.2e}",
+                        case.label,
+                        isa.name(),
+                        err / scale.max(1e-30)
+                    );
                 }
             }
         }
@@ -424,13 +470,24 @@ fn elementwise_cases() -> Vec<Case> {
         );
         let inputs = vec![(x, rng.vec(n * cols, 3.0)), (y, rng.vec(n * cols, 3.0))];
         let (f, _) = Weights::default().build();
-        out.push(b.finish(format!("add {cols}×{n}"), f, Op::Add(basic::Add { a: x, b: y, out: o }), inputs, vec![], 0));
+        out.push(b.finish(
+            format!("add {cols}×{n}"),
+            f,
+            Op::Add(basic::Add { a: x, b: y, out: o }),
+            inputs,
+            vec![],
+            0,
+        ));
         // scale
         let mut b = Builder::new(6, n);
         let (x, o) = (b.rec.tokens_f32("x", cols), b.rec.tokens_f32("out", cols));
         let inputs = vec![(x, rng.vec(n * cols, 3.0))];
         let (f, _) = Weights::default().build();
-        let op = Op::Scale(basic::Scale { x, out: o, factor: 0.37 });
+        let op = Op::Scale(basic::Scale {
+            x,
+            out: o,
+            factor: 0.37,
+        });
         out.push(b.finish(format!("scale {cols}×{n}"), f, op, inputs, vec![], 0));
         // swiglu, with and without the clamp
         for clamp in [0.0f32, 1.5] {
@@ -442,8 +499,20 @@ fn elementwise_cases() -> Vec<Case> {
             );
             let inputs = vec![(g, rng.vec(n * cols, 4.0)), (u, rng.vec(n * cols, 4.0))];
             let (f, _) = Weights::default().build();
-            let op = Op::SwiGlu(moe::SwiGlu { gate: g, up: u, out: o, clamp });
-            out.push(b.finish(format!("swiglu {cols}×{n} clamp {clamp}"), f, op, inputs, vec![], 0));
+            let op = Op::SwiGlu(moe::SwiGlu {
+                gate: g,
+                up: u,
+                out: o,
+                clamp,
+            });
+            out.push(b.finish(
+                format!("swiglu {cols}×{n} clamp {clamp}"),
+                f,
+                op,
+                inputs,
+                vec![],
+                0,
+            ));
         }
         // take_last
         let mut b = Builder::new(6, n);
@@ -459,7 +528,12 @@ fn elementwise_cases() -> Vec<Case> {
         let o = b.rec.tokens_f32("out", 4 * cols);
         let inputs = vec![(x, rng.vec(n * cols, 1.0))];
         let (f, _) = Weights::default().build();
-        let op = Op::HcInit(hc::HcInit { x, out: o, n_hc: 4, dim: cols });
+        let op = Op::HcInit(hc::HcInit {
+            x,
+            out: o,
+            n_hc: 4,
+            dim: cols,
+        });
         out.push(b.finish(format!("hc_init {cols}×{n}"), f, op, inputs, vec![], 0));
     }
     out
@@ -481,15 +555,31 @@ fn embedding_matches_the_cpu_for_every_table_type() {
         (GgmlType::F16, 258, 5, 3),
     ] {
         let mut w = Weights::default();
-        w.add("table", &[dim as u64, vocab as u64], ty, &rng.vec(dim * vocab, 2.0));
+        w.add(
+            "table",
+            &[dim as u64, vocab as u64],
+            ty,
+            &rng.vec(dim * vocab, 2.0),
+        );
         let (f, r) = w.build();
         let mut b = Builder::new(8, n);
         let o = b.rec.tokens_f32("out", dim);
         let toks: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
-        let op = Op::Embed(basic::Embed { table: r[0].clone(), tokens: b.tokens, out: o });
+        let op = Op::Embed(basic::Embed {
+            table: r[0].clone(),
+            tokens: b.tokens,
+            out: o,
+        });
         let tk = b.tokens;
         let inputs = vec![(tk, toks.iter().map(|&t| t as f32).collect())];
-        cases.push(b.finish(format!("embed {ty} {dim}×{vocab} n {n}"), f, op, inputs, toks, 0));
+        cases.push(b.finish(
+            format!("embed {ty} {dim}×{vocab} n {n}"),
+            f,
+            op,
+            inputs,
+            toks,
+            0,
+        ));
     }
     check(cases);
 }
@@ -510,9 +600,15 @@ fn rms_norm_matches_the_cpu() {
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
         let (x, o) = if fixed {
-            (b.rec.fixed_f32("x", 3, dim * heads), b.rec.fixed_f32("out", 3, dim * heads))
+            (
+                b.rec.fixed_f32("x", 3, dim * heads),
+                b.rec.fixed_f32("out", 3, dim * heads),
+            )
         } else {
-            (b.rec.tokens_f32("x", dim * heads), b.rec.tokens_f32("out", dim * heads))
+            (
+                b.rec.tokens_f32("x", dim * heads),
+                b.rec.tokens_f32("out", dim * heads),
+            )
         };
         let len = b.rec.value(x).len();
         let inputs = vec![(x, rng.vec(len, 5.0))];
@@ -523,7 +619,14 @@ fn rms_norm_matches_the_cpu() {
             weight: weighted.then(|| r[0].clone()),
             eps: 1e-6,
         });
-        cases.push(b.finish(format!("rms_norm {dim}×{heads} n {n} w {weighted} fixed {fixed}"), f, op, inputs, vec![], 0));
+        cases.push(b.finish(
+            format!("rms_norm {dim}×{heads} n {n} w {weighted} fixed {fixed}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            0,
+        ));
     }
     check(cases);
 }
@@ -557,15 +660,31 @@ fn hyper_connection_ops_match_the_cpu() {
                 sinkhorn_iters: 20,
                 eps: 1e-6,
             });
-            cases.push(b.finish(format!("hc_mix head {head} n {n}"), f, op, inputs, vec![], 0));
+            cases.push(b.finish(
+                format!("hc_mix head {head} n {n}"),
+                f,
+                op,
+                inputs,
+                vec![],
+                0,
+            ));
         }
         let (f, _) = Weights::default().build();
         let mut b = Builder::new(4, n);
         let state = b.rec.tokens_f32("state", nh * dim);
         let pre = b.rec.tokens_f32("pre", nh);
         let o = b.rec.tokens_f32("out", dim);
-        let inputs = vec![(state, rng.vec(n * nh * dim, 2.0)), (pre, rng.vec(n * nh, 1.0))];
-        let op = Op::HcCollapse(hc::HcCollapse { state, pre, out: o, n_hc: nh, dim });
+        let inputs = vec![
+            (state, rng.vec(n * nh * dim, 2.0)),
+            (pre, rng.vec(n * nh, 1.0)),
+        ];
+        let op = Op::HcCollapse(hc::HcCollapse {
+            state,
+            pre,
+            out: o,
+            n_hc: nh,
+            dim,
+        });
         cases.push(b.finish(format!("hc_collapse {dim} n {n}"), f, op, inputs, vec![], 0));
         let (f, _) = Weights::default().build();
         let mut b = Builder::new(4, n);
@@ -580,7 +699,15 @@ fn hyper_connection_ops_match_the_cpu() {
             (post, rng.vec(n * nh, 1.0)),
             (comb, rng.vec(n * nh * nh, 1.0)),
         ];
-        let op = Op::HcExpand(hc::HcExpand { state, y, post, comb, out: o, n_hc: nh, dim });
+        let op = Op::HcExpand(hc::HcExpand {
+            state,
+            y,
+            post,
+            comb,
+            out: o,
+            n_hc: nh,
+            dim,
+        });
         cases.push(b.finish(format!("hc_expand {dim} n {n}"), f, op, inputs, vec![], 0));
     }
     check(cases);
@@ -614,8 +741,22 @@ fn rope_matches_the_cpu_at_small_and_large_positions() {
         let x = b.rec.tokens_f32("x", heads * hd);
         let o = b.rec.tokens_f32("out", heads * hd);
         let inputs = vec![(x, rng.vec(n * heads * hd, 2.0))];
-        let op = Op::Rope(rope::Rope { x, out: o, heads, head_dim: hd, rope: rope_config(n_rot, yarn), inverse });
-        cases.push(b.finish(format!("rope {heads}×{hd} rot {n_rot} pos {pos0} yarn {yarn} inv {inverse}"), f, op, inputs, vec![], pos0));
+        let op = Op::Rope(rope::Rope {
+            x,
+            out: o,
+            heads,
+            head_dim: hd,
+            rope: rope_config(n_rot, yarn),
+            inverse,
+        });
+        cases.push(b.finish(
+            format!("rope {heads}×{hd} rot {n_rot} pos {pos0} yarn {yarn} inv {inverse}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            pos0,
+        ));
     }
     check(cases);
 }
@@ -641,8 +782,22 @@ fn rounding_ops_match_the_cpu() {
         }
         v[0] = 70000.0;
         let inputs = vec![(x, v)];
-        let op = Op::KvRound(round::KvRound { x, out: o, dim, n_rot, fp8, f16 });
-        cases.push(b.finish(format!("kv_round {dim} rot {n_rot} fp8 {fp8} f16 {f16} n {n}"), f, op, inputs, vec![], 0));
+        let op = Op::KvRound(round::KvRound {
+            x,
+            out: o,
+            dim,
+            n_rot,
+            fp8,
+            f16,
+        });
+        cases.push(b.finish(
+            format!("kv_round {dim} rot {n_rot} fp8 {fp8} f16 {f16} n {n}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            0,
+        ));
     }
     for &(hd, heads, n) in &[(32usize, 2usize, 1usize), (128, 3, 2)] {
         let (f, _) = Weights::default().build();
@@ -650,8 +805,20 @@ fn rounding_ops_match_the_cpu() {
         let x = b.rec.tokens_f32("x", hd * heads);
         let o = b.rec.tokens_f32("out", hd * heads);
         let inputs = vec![(x, rng.vec(n * hd * heads, 3.0))];
-        let op = Op::HadamardFp4(round::HadamardFp4 { x, out: o, cols: hd * heads, head_dim: hd });
-        cases.push(b.finish(format!("hadamard_fp4 {hd}×{heads} n {n}"), f, op, inputs, vec![], 0));
+        let op = Op::HadamardFp4(round::HadamardFp4 {
+            x,
+            out: o,
+            cols: hd * heads,
+            head_dim: hd,
+        });
+        cases.push(b.finish(
+            format!("hadamard_fp4 {hd}×{heads} n {n}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            0,
+        ));
     }
     check(cases);
 }
@@ -687,7 +854,13 @@ fn attention_and_ring_writes_match_the_cpu() {
         if let Some(s) = selected {
             // Some unused (-1) and some not yet visible entries.
             let v = (0..n * top_k)
-                .map(|i| if i % 4 == 3 { -1.0 } else { rng.below(cap) as f32 })
+                .map(|i| {
+                    if i % 4 == 3 {
+                        -1.0
+                    } else {
+                        rng.below(cap) as f32
+                    }
+                })
                 .collect();
             inputs.push((s, v));
         }
@@ -704,7 +877,14 @@ fn attention_and_ring_writes_match_the_cpu() {
             head_dim: hd,
             out: o,
         });
-        cases.push(b.finish(format!("attention {nh}×{hd} n {n} pos {pos0} ratio {ratio} sel {sel}"), f, op, inputs, vec![], pos0));
+        cases.push(b.finish(
+            format!("attention {nh}×{hd} n {n} pos {pos0} ratio {ratio} sel {sel}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            pos0,
+        ));
     }
     for &(dim, n, pos0) in &[(16usize, 1usize, 0usize), (7, 5, 6), (300, 11, 13)] {
         let (f, _) = Weights::default().build();
@@ -712,8 +892,20 @@ fn attention_and_ring_writes_match_the_cpu() {
         let ring = b.state("ring", window, dim, rng.vec(window * dim, 1.0));
         let kv = b.rec.tokens_f32("kv", dim);
         let inputs = vec![(kv, rng.vec(n * dim, 1.0))];
-        let op = Op::RingWrite(attention::RingWrite { kv, ring, window, dim });
-        cases.push(b.finish(format!("ring_write {dim} n {n} pos {pos0}"), f, op, inputs, vec![], pos0));
+        let op = Op::RingWrite(attention::RingWrite {
+            kv,
+            ring,
+            window,
+            dim,
+        });
+        cases.push(b.finish(
+            format!("ring_write {dim} n {n} pos {pos0}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            pos0,
+        ));
     }
     check(cases);
 }
@@ -723,7 +915,14 @@ fn compressor_matches_the_cpu() {
     let mut rng = Rng(0xC0C0);
     let mut cases = Vec::new();
     for &(ratio, hd, overlapped, rounding, n, pos0) in &[
-        (4usize, 32usize, false, compress::RowRounding::None, 1usize, 3usize),
+        (
+            4usize,
+            32usize,
+            false,
+            compress::RowRounding::None,
+            1usize,
+            3usize,
+        ),
         (4, 32, true, compress::RowRounding::Fp8F16, 7, 2),
         (16, 64, false, compress::RowRounding::Fp8F16, 20, 5),
         (4, 128, true, compress::RowRounding::HadamardFp4F16, 9, 0),
@@ -731,7 +930,12 @@ fn compressor_matches_the_cpu() {
         let width = if overlapped { 2 * hd } else { hd };
         let slots = if overlapped { 2 * ratio } else { ratio };
         let mut w = Weights::default();
-        w.add("ape", &[width as u64, ratio as u64], GgmlType::F32, &rng.vec(ratio * width, 1.0));
+        w.add(
+            "ape",
+            &[width as u64, ratio as u64],
+            GgmlType::F32,
+            &rng.vec(ratio * width, 1.0),
+        );
         w.add("norm", &[hd as u64], GgmlType::F32, &rng.vec(hd, 1.5));
         let (f, r) = w.build();
         let mut b = Builder::new(24, n);
@@ -746,7 +950,10 @@ fn compressor_matches_the_cpu() {
         let rows = b.state("crows", cap, hd, rng.vec(cap * hd, 1.0));
         let kv = b.rec.tokens_f32("kv", width);
         let gate = b.rec.tokens_f32("gate", width);
-        let inputs = vec![(kv, rng.vec(n * width, 1.0)), (gate, rng.vec(n * width, 2.0))];
+        let inputs = vec![
+            (kv, rng.vec(n * width, 1.0)),
+            (gate, rng.vec(n * width, 2.0)),
+        ];
         let op = Op::Compress(compress::Compress {
             kv,
             gate,
@@ -762,7 +969,14 @@ fn compressor_matches_the_cpu() {
             rounding,
             eps: 1e-6,
         });
-        cases.push(b.finish(format!("compress r{ratio} {hd} ov {overlapped} {rounding:?} n {n} pos {pos0}"), f, op, inputs, vec![], pos0));
+        cases.push(b.finish(
+            format!("compress r{ratio} {hd} ov {overlapped} {rounding:?} n {n} pos {pos0}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            pos0,
+        ));
     }
     check(cases);
 }
@@ -795,7 +1009,14 @@ fn indexer_matches_the_cpu() {
             head_dim: hd,
             out: o,
         });
-        cases.push(b.finish(format!("indexer r{ratio} k{top_k} {nh}×{hd} n {n} pos {pos0}"), f, op, inputs, vec![], pos0));
+        cases.push(b.finish(
+            format!("indexer r{ratio} k{top_k} {nh}×{hd} n {n} pos {pos0}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            pos0,
+        ));
     }
     check(cases);
 }
@@ -813,7 +1034,9 @@ fn router_matches_the_cpu() {
         let vocab = 11;
         let mut w = Weights::default();
         w.add("bias", &[e as u64], GgmlType::F32, &rng.vec(e, 0.5));
-        let table: Vec<i32> = (0..vocab * k).map(|i| ((i * 7 + i / k) % e) as i32).collect();
+        let table: Vec<i32> = (0..vocab * k)
+            .map(|i| ((i * 7 + i / k) % e) as i32)
+            .collect();
         w.add_i32("tid2eid", &[k as u64, vocab as u64], &table);
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
@@ -838,7 +1061,14 @@ fn router_matches_the_cpu() {
             scale: 1.5,
             normalize,
         });
-        cases.push(b.finish(format!("router e{e} k{k} n {n} bias {bias} hash {hash}"), f, op, inputs, toks, 0));
+        cases.push(b.finish(
+            format!("router e{e} k{k} n {n} bias {bias} hash {hash}"),
+            f,
+            op,
+            inputs,
+            toks,
+            0,
+        ));
     }
     check(cases);
 }
@@ -859,27 +1089,67 @@ fn matmul_cases() -> Vec<Case> {
     ] {
         for &(n_out, groups, n) in &[(1usize, 1usize, 1usize), (17, 1, 5), (6, 3, 2)] {
             let mut w = Weights::default();
-            w.add("w", &[n_in as u64, n_out as u64], ty, &rng.vec(n_in * n_out, 1.0));
+            w.add(
+                "w",
+                &[n_in as u64, n_out as u64],
+                ty,
+                &rng.vec(n_in * n_out, 1.0),
+            );
             let (f, r) = w.build();
             let mut b = Builder::new(6, n);
             let x = b.rec.tokens_f32("x", groups * n_in);
             let o = b.rec.tokens_f32("out", n_out);
             let inputs = vec![(x, rng.vec(n * groups * n_in, 1.0))];
-            let op = Op::MatMul(matmul::MatMul { w: r[0].clone(), x, out: o, groups });
-            cases.push(b.finish(format!("matmul {ty} {n_in}→{n_out} g{groups} n {n}"), f, op, inputs, vec![], 0));
+            let op = Op::MatMul(matmul::MatMul {
+                w: r[0].clone(),
+                x,
+                out: o,
+                groups,
+            });
+            cases.push(b.finish(
+                format!("matmul {ty} {n_in}→{n_out} g{groups} n {n}"),
+                f,
+                op,
+                inputs,
+                vec![],
+                0,
+            ));
         }
     }
     for &(ty_gu, ty_d, d, ff, e, k, n) in &[
-        (GgmlType::F32, GgmlType::F32, 16usize, 8usize, 4usize, 2usize, 1usize),
+        (
+            GgmlType::F32,
+            GgmlType::F32,
+            16usize,
+            8usize,
+            4usize,
+            2usize,
+            1usize,
+        ),
         (GgmlType::Q8_0, GgmlType::Q8_0, 64, 32, 5, 2, 4),
         (GgmlType::Iq2Xxs, GgmlType::Q2K, 256, 256, 4, 3, 3),
         (GgmlType::Q4K, GgmlType::Q4K, 256, 256, 3, 2, 2),
         (GgmlType::Mxfp4, GgmlType::Mxfp4, 96, 64, 4, 2, 3),
     ] {
         let mut w = Weights::default();
-        w.add("gate", &[d as u64, ff as u64, e as u64], ty_gu, &rng.vec(d * ff * e, 1.0));
-        w.add("up", &[d as u64, ff as u64, e as u64], ty_gu, &rng.vec(d * ff * e, 1.0));
-        w.add("down", &[ff as u64, d as u64, e as u64], ty_d, &rng.vec(d * ff * e, 1.0));
+        w.add(
+            "gate",
+            &[d as u64, ff as u64, e as u64],
+            ty_gu,
+            &rng.vec(d * ff * e, 1.0),
+        );
+        w.add(
+            "up",
+            &[d as u64, ff as u64, e as u64],
+            ty_gu,
+            &rng.vec(d * ff * e, 1.0),
+        );
+        w.add(
+            "down",
+            &[ff as u64, d as u64, e as u64],
+            ty_d,
+            &rng.vec(d * ff * e, 1.0),
+        );
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
         let x = b.rec.tokens_f32("x", d);
@@ -889,7 +1159,11 @@ fn matmul_cases() -> Vec<Case> {
         let picks: Vec<f32> = (0..n)
             .flat_map(|t| (0..k).map(move |i| ((t + 2 * i) % e) as f32))
             .collect();
-        let inputs = vec![(x, rng.vec(n * d, 1.0)), (sel, picks), (wts, rng.vec(n * k, 1.0))];
+        let inputs = vec![
+            (x, rng.vec(n * d, 1.0)),
+            (sel, picks),
+            (wts, rng.vec(n * k, 1.0)),
+        ];
         let op = Op::MoeExperts(moe::MoeExperts {
             x,
             selected: sel,
@@ -901,7 +1175,14 @@ fn matmul_cases() -> Vec<Case> {
             k,
             out: o,
         });
-        cases.push(b.finish(format!("moe_experts {ty_gu}/{ty_d} d{d} ff{ff} e{e} k{k} n {n}"), f, op, inputs, vec![], 0));
+        cases.push(b.finish(
+            format!("moe_experts {ty_gu}/{ty_d} d{d} ff{ff} e{e} k{k} n {n}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            0,
+        ));
     }
     cases
 }
@@ -932,7 +1213,9 @@ mod cuda_half {
     pub fn check_on_cuda(cases: &[Case]) {
         match super::cuda_emu::install() {
             Ok(d) => eprintln!("cuda half on {d}"),
-            Err(e) if std::env::var_os("CI").is_some() => panic!("CI: no CUDA driver or emulator: {e}"),
+            Err(e) if std::env::var_os("CI").is_some() => {
+                panic!("CI: no CUDA driver or emulator: {e}")
+            }
             Err(e) => eprintln!("no CUDA emulator: {e}"),
         }
         match ds4::backend::cuda::list_devices() {
@@ -945,7 +1228,8 @@ mod cuda_half {
         let mut failures = Vec::new();
         for case in cases {
             let mut cpu = CpuBackend::new(case.file.clone(), case.layout.clone());
-            let want = run_case(case, &mut cpu).unwrap_or_else(|e| panic!("{}: cpu: {e}", case.label));
+            let want =
+                run_case(case, &mut cpu).unwrap_or_else(|e| panic!("{}: cpu: {e}", case.label));
             let mut cb = CudaBackend::open(case.file.clone(), case.layout.clone())
                 .unwrap_or_else(|e| panic!("{}: {e}", case.label));
             let got = match run_case(case, &mut cb) {
@@ -966,9 +1250,17 @@ mod cuda_half {
                         case.label
                     ));
                 }
-                eprintln!("cuda {:<55} {what} #{i}: worst {r:.3} of the tolerance", case.label);
+                eprintln!(
+                    "cuda {:<55} {what} #{i}: worst {r:.3} of the tolerance",
+                    case.label
+                );
             }
         }
-        assert!(failures.is_empty(), "{} cuda failures:\n{}", failures.len(), failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{} cuda failures:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
     }
 }

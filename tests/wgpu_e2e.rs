@@ -43,7 +43,13 @@ fn have_gpu() -> bool {
     }
 }
 
-fn session(v: Variant, numerics: Numerics, backend: BackendKind, ctx: usize, chunk: usize) -> Session {
+fn session(
+    v: Variant,
+    numerics: Numerics,
+    backend: BackendKind,
+    ctx: usize,
+    chunk: usize,
+) -> Session {
     let opts = SessionOptions {
         ctx,
         prefill_chunk: chunk,
@@ -133,7 +139,13 @@ fn first_divergence(
         let d = x
             .iter()
             .zip(&y)
-            .map(|(p, q)| if p.is_nan() != q.is_nan() { f32::INFINITY } else { (p - q).abs() })
+            .map(|(p, q)| {
+                if p.is_nan() != q.is_nan() {
+                    f32::INFINITY
+                } else {
+                    (p - q).abs()
+                }
+            })
             .fold(0.0, f32::max);
         if d > tol * scale {
             return Some(format!("{n}: max |Δ| {d:e} (scale {scale:e})"));
@@ -147,14 +159,26 @@ fn keep_all_mode_names_the_first_diverging_value() {
     let toks = tokens(9, 4);
     let cpu = |n| (BackendKind::CpuRef, n);
     assert_eq!(
-        first_divergence(Variant::F32, cpu(Numerics::Model), cpu(Numerics::Model), &toks, 0.0),
+        first_divergence(
+            Variant::F32,
+            cpu(Numerics::Model),
+            cpu(Numerics::Model),
+            &toks,
+            0.0
+        ),
         None,
         "the CPU must agree with itself bit for bit"
     );
     // Plain and model numerics first differ where layer 0 rounds its KV
     // rows: the detector must stop there, not at a later value.
-    let d = first_divergence(Variant::F32, cpu(Numerics::Plain), cpu(Numerics::Model), &toks, 0.0)
-        .expect("plain and model numerics differ");
+    let d = first_divergence(
+        Variant::F32,
+        cpu(Numerics::Plain),
+        cpu(Numerics::Model),
+        &toks,
+        0.0,
+    )
+    .expect("plain and model numerics differ");
     eprintln!("plain vs model numerics: first divergence {d}");
     assert!(d.contains("@0"), "{d}");
     if have_gpu() {
@@ -204,8 +228,13 @@ fn check_prefill_then_decode(v: Variant, numerics: Numerics, n: usize, chunk: us
         g.eval(t).unwrap();
         d = d.max(max_dlogprob(g.logits(), c.logits(), vocab));
     }
-    eprintln!("{v:?} {numerics:?}: {n} tokens in chunks of {chunk} + 1 decoded: max |Δ log-prob| {d:e}");
-    assert!(d <= MAX_DLOGPROB, "{v:?} {numerics:?}: max |Δ log-prob| {d:e} > {MAX_DLOGPROB:e}");
+    eprintln!(
+        "{v:?} {numerics:?}: {n} tokens in chunks of {chunk} + 1 decoded: max |Δ log-prob| {d:e}"
+    );
+    assert!(
+        d <= MAX_DLOGPROB,
+        "{v:?} {numerics:?}: max |Δ log-prob| {d:e} > {MAX_DLOGPROB:e}"
+    );
     d
 }
 

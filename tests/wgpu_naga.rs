@@ -81,7 +81,13 @@ fn parameter_structs_match_their_rust_twins() {
             panic!("MatmulParams is not a struct")
         };
         assert_eq!(*span as usize, size_of::<MatmulParams>());
-        let off = |n: &str| members.iter().find(|x| x.name.as_deref() == Some(n)).unwrap().offset as usize;
+        let off = |n: &str| {
+            members
+                .iter()
+                .find(|x| x.name.as_deref() == Some(n))
+                .unwrap()
+                .offset as usize
+        };
         assert_eq!(off("n_in"), offset_of!(MatmulParams, n_in));
         assert_eq!(off("grid_x"), offset_of!(MatmulParams, grid_x));
         assert_eq!(off("clamp"), offset_of!(MatmulParams, clamp));

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::ops::Range;
 
 use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
-use crate::graph::{plan, DType, Graph, Node, Plan, StateId, StateLayout, StepParams, ValueId};
 use crate::graph::ops::attention::AttentionInputs;
 use crate::graph::ops::compress::CompressState;
 use crate::graph::ops::Op;
+use crate::graph::{plan, DType, Graph, Node, Plan, StateId, StateLayout, StepParams, ValueId};
 
 struct LoadedGraph {
     graph: Arc<Graph>,
@@ -46,7 +46,10 @@ impl Drop for CpuBackend {
             let mut v: Vec<_> = p.iter().collect();
             v.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
             for (name, (s, n)) in v {
-                eprintln!("  {name:<14} {s:>8.3} s {:>5.1} % {n:>7} calls", 100.0 * s / total.max(1e-12));
+                eprintln!(
+                    "  {name:<14} {s:>8.3} s {:>5.1} % {n:>7} calls",
+                    100.0 * s / total.max(1e-12)
+                );
             }
         }
     }
@@ -140,7 +143,11 @@ impl Backend for CpuBackend {
 
     fn device(&self) -> String {
         match self.fast {
-            Some(k) => format!("cpu ({} kernels, {} threads)", k.isa.name(), rayon::current_num_threads()),
+            Some(k) => format!(
+                "cpu ({} kernels, {} threads)",
+                k.isa.name(),
+                rayon::current_num_threads()
+            ),
             None => "cpu-ref".into(),
         }
     }
@@ -376,7 +383,9 @@ fn run_op(
                 selected: o.selected.map(|v| as_i32(g.get(v))),
             };
             match fast {
-                Some(k) => super::cpu_fast::attention::attention(k, o, file, inp, p.pos0, n, &mut out),
+                Some(k) => {
+                    super::cpu_fast::attention::attention(k, o, file, inp, p.pos0, n, &mut out)
+                }
                 None => o.cpu(file, inp, p.pos0, n, &mut out),
             }
             g.put(o.out, out);
@@ -406,7 +415,16 @@ fn run_op(
             let mut out = g.take(o.out);
             let (q, w, rows) = (g.get(o.q), g.get(o.weights), &states[st(o.rows)]);
             match fast {
-                Some(k) => super::cpu_fast::indexer::topk(k, o, q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
+                Some(k) => super::cpu_fast::indexer::topk(
+                    k,
+                    o,
+                    q,
+                    w,
+                    rows,
+                    p.pos0,
+                    n,
+                    as_i32_mut(&mut out),
+                ),
                 None => o.cpu(q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
             }
             g.put(o.out, out);

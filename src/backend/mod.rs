@@ -4,10 +4,10 @@
 
 pub mod cpu;
 pub mod cpu_fast;
-pub mod wgpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod select;
+pub mod wgpu;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -136,7 +136,10 @@ pub trait Backend: Send {
 }
 
 /// The layout entry of `s`, or an error for an id outside it.
-pub fn state_desc(layout: &StateLayout, s: StateId) -> Result<&crate::graph::StateDesc, BackendError> {
+pub fn state_desc(
+    layout: &StateLayout,
+    s: StateId,
+) -> Result<&crate::graph::StateDesc, BackendError> {
     layout.states.get(s.0 as usize).ok_or(BackendError::State {
         state: format!("#{}", s.0),
         msg: "no such state".into(),
@@ -185,7 +188,11 @@ pub struct Opened {
 /// Builds the backend `kind` names over `file` with the session state
 /// `layout`. `Auto` takes a real GPU through wgpu when there is one and
 /// falls back to the CPU otherwise (the notice says why).
-pub fn open(kind: BackendKind, file: WeightFile, layout: StateLayout) -> Result<Opened, BackendError> {
+pub fn open(
+    kind: BackendKind,
+    file: WeightFile,
+    layout: StateLayout,
+) -> Result<Opened, BackendError> {
     match kind {
         BackendKind::CpuRef => Ok(Opened {
             backend: Box::new(cpu::CpuBackend::new(file, layout)),
@@ -287,7 +294,10 @@ fn fast_cpu(file: WeightFile, layout: StateLayout) -> Result<cpu::CpuBackend, Ba
     })?;
     let kernels = cpu_fast::Kernels::new(isa).ok_or_else(|| BackendError::Unavailable {
         backend: "cpu".into(),
-        reason: format!("the {} kernels need CPU features this machine lacks", isa.name()),
+        reason: format!(
+            "the {} kernels need CPU features this machine lacks",
+            isa.name()
+        ),
     })?;
     Ok(cpu::CpuBackend::fast(file, layout, kernels))
 }

@@ -189,7 +189,11 @@ fn run(a: Args) -> Result<(), String> {
     if let Some(dir) = &a.dump_shaders {
         let written = ds4::backend::wgpu::shaders::dump(dir)
             .map_err(|e| format!("--dump-shaders {}: {e}", dir.display()))?;
-        eprintln!("ds4: wrote {} WGSL modules to {}", written.len(), dir.display());
+        eprintln!(
+            "ds4: wrote {} WGSL modules to {}",
+            written.len(),
+            dir.display()
+        );
         return Ok(());
     }
     if a.info || a.inspect {

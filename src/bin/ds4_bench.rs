@@ -142,7 +142,8 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
 /// weight bytes per token as the bytes moved (KV reads at this short
 /// context are negligible).
 fn decode_step(a: &Args) -> Result<ds4::backend::wgpu::bandwidth::Measure, String> {
-    let model = Arc::new(ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?);
+    let model =
+        Arc::new(ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?);
     let active = model.weights.active_bytes_per_token(&model.config);
     let steps = a.bw_decode_steps.max(1);
     let opts = SessionOptions {
@@ -153,11 +154,13 @@ fn decode_step(a: &Args) -> Result<ds4::backend::wgpu::bandwidth::Measure, Strin
     let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
     let vocab = model.config.n_vocab as u32;
     let prompt: Vec<u32> = (0..8u32).map(|i| (1000 + 97 * i) % vocab).collect();
-    sess.sync(&prompt, &mut |_, _| {}).map_err(|e| e.to_string())?;
+    sess.sync(&prompt, &mut |_, _| {})
+        .map_err(|e| e.to_string())?;
     let mut best = f64::INFINITY;
     for i in 0..steps {
         let t = Instant::now();
-        sess.eval((2000 + 31 * i as u32) % vocab).map_err(|e| e.to_string())?;
+        sess.eval((2000 + 31 * i as u32) % vocab)
+            .map_err(|e| e.to_string())?;
         best = best.min(t.elapsed().as_secs_f64());
     }
     Ok(ds4::backend::wgpu::bandwidth::Measure {

@@ -7,7 +7,6 @@
 
 use super::state::{KvLayout, LayerState};
 use super::{ModelConfig, TensorRef, Weights};
-use crate::graph::{Graph, Recorder, ValueId, ValueName};
 use crate::graph::ops::attention::{Attention, CompressedRows, RingWrite};
 use crate::graph::ops::basic::{Add, Embed, Scale, TakeLast};
 use crate::graph::ops::compress::{Compress, RowRounding};
@@ -19,6 +18,7 @@ use crate::graph::ops::norm::RmsNorm;
 use crate::graph::ops::rope::Rope;
 use crate::graph::ops::round::{HadamardFp4, KvRound};
 use crate::graph::ops::Op;
+use crate::graph::{Graph, Recorder, ValueId, ValueName};
 
 /// Which rounding steps the graph applies (MODEL.md §3.5.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //! the raw sliding-window ring, compressed rows, and compressor frontiers.
 
 use super::{AttentionKind, ModelConfig, Weights};
-use crate::graph::{StateId, StateLayout};
 use crate::graph::ops::compress::EMPTY_SCORE;
+use crate::graph::{StateId, StateLayout};
 
 /// State buffers of one compressor.
 #[derive(Clone, Copy, Debug)]

@@ -6,13 +6,12 @@
 //! [`TensorRef`]s (type, shape, absolute file extent), so backends can read or
 //! upload them without holding a borrow of the file.
 
-use crate::gguf::{GgufFile, TensorInfo};
 pub use crate::gguf::TensorRef;
+use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::GgmlType;
 
 use super::config::{AttentionKind, ModelConfig};
 use super::ModelError;
-
 
 /// One line of a file's type mix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

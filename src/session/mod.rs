@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::backend::{self, Backend, BackendError, GraphHandle};
 pub use crate::backend::BackendKind;
+use crate::backend::{self, Backend, BackendError, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
 use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;
@@ -97,7 +97,8 @@ impl Session {
                     ..opts
                 };
                 let mut s = Self::with_backend(model, cpu)?;
-                s.backend_notice = format!("backend: cpu (auto; the GPU could not load the model: {e})");
+                s.backend_notice =
+                    format!("backend: cpu (auto; the GPU could not load the model: {e})");
                 Ok(s)
             }
             r => r,

@@ -16,21 +16,42 @@ use std::sync::OnceLock;
 
 /// Families in the order `src/backend/cuda/kernels.rs` lists them.
 const FAMILIES: &[&str] = &[
-    "elementwise", "embed", "norm", "hc_mix", "hc", "rope", "round", "ring", "attention", "compress",
-    "indexer", "router", "matmul", "moe",
+    "elementwise",
+    "embed",
+    "norm",
+    "hc_mix",
+    "hc",
+    "rope",
+    "round",
+    "ring",
+    "attention",
+    "compress",
+    "indexer",
+    "router",
+    "matmul",
+    "moe",
 ];
 
 /// The emulator's source: its header, the CUDA headers, every family (the
 /// one dynamic shared array becomes static storage), the fake driver.
 fn source(root: &Path) -> String {
-    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let read =
+        |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
     let mut s = String::new();
-    for p in ["tests/cuda_emu/emu.h", "cuda/common.cuh", "cuda/iq2xxs_grid.inc", "cuda/quant.cuh"] {
+    for p in [
+        "tests/cuda_emu/emu.h",
+        "cuda/common.cuh",
+        "cuda/iq2xxs_grid.inc",
+        "cuda/quant.cuh",
+    ] {
         s.push_str(&read(p));
         s.push('\n');
     }
     for f in FAMILIES {
-        s.push_str(&read(&format!("cuda/{f}.cu")).replace("extern __shared__ float buf[];", "static float buf[1024];"));
+        s.push_str(
+            &read(&format!("cuda/{f}.cu"))
+                .replace("extern __shared__ float buf[];", "static float buf[1024];"),
+        );
         s.push('\n');
     }
     s.push_str(&read("tests/cuda_emu/driver.cpp"));
@@ -40,7 +61,9 @@ fn source(root: &Path) -> String {
 fn build() -> Result<PathBuf, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = source(root);
-    let hash = src.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let hash = src.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cuda-emu-{hash:016x}"));
     let lib = dir.join("libcuda.so");
     if lib.exists() {
@@ -52,14 +75,30 @@ fn build() -> Result<PathBuf, String> {
     let tmp = dir.join(format!("libcuda.so.{}", std::process::id()));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let o = Command::new(&cxx)
-        .args(["-std=c++17", "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-fvisibility=hidden"])
-        .args(["-Wall", "-Werror", "-Wno-unknown-pragmas", "-Wl,-soname,libcuda.so", "-o"])
+        .args([
+            "-std=c++17",
+            "-O2",
+            "-ffp-contract=off",
+            "-fPIC",
+            "-shared",
+            "-fvisibility=hidden",
+        ])
+        .args([
+            "-Wall",
+            "-Werror",
+            "-Wno-unknown-pragmas",
+            "-Wl,-soname,libcuda.so",
+            "-o",
+        ])
         .arg(&tmp)
         .arg(&cpp)
         .output()
         .map_err(|e| format!("{cxx}: {e}"))?;
     if !o.status.success() {
-        return Err(format!("{cxx} failed:\n{}", String::from_utf8_lossy(&o.stderr)));
+        return Err(format!(
+            "{cxx} failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
     }
     std::fs::rename(&tmp, &lib).map_err(|e| e.to_string())?;
     Ok(lib)
@@ -80,7 +119,8 @@ pub fn install() -> Result<String, String> {
         let lib = build()?;
         // SAFETY: our emulator; kept loaded for the life of the process so
         // that cudarc's dlopen("libcuda.so") finds it by its soname.
-        let l = unsafe { libloading::Library::new(&lib) }.map_err(|e| format!("{}: {e}", lib.display()))?;
+        let l = unsafe { libloading::Library::new(&lib) }
+            .map_err(|e| format!("{}: {e}", lib.display()))?;
         std::mem::forget(l);
         Ok(format!("the host emulator {}", lib.display()))
     })

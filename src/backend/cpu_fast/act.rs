@@ -48,9 +48,18 @@ pub enum ActKind {
 
 /// `rows` activation rows of `n` values each, quantised as `kind`.
 pub enum Acts {
-    Q8K { blocks: Vec<BlockQ8K>, per_row: usize },
-    Q8x32 { blocks: Vec<BlockQ8x32>, per_row: usize },
-    F32 { values: Vec<f32>, per_row: usize },
+    Q8K {
+        blocks: Vec<BlockQ8K>,
+        per_row: usize,
+    },
+    Q8x32 {
+        blocks: Vec<BlockQ8x32>,
+        per_row: usize,
+    },
+    F32 {
+        values: Vec<f32>,
+        per_row: usize,
+    },
 }
 
 impl Acts {

@@ -19,60 +19,65 @@ pub fn attention(
     let (hd, nh, w) = (o.head_dim, o.n_head, o.window);
     let scale = 1.0 / (hd as f32).sqrt();
     let qw = nh * hd;
-    crate::ops::parallel::for_rows(&mut out[..n_tokens * qw], qw, qw * (w + 64), |first, chunk| {
-        let mut rows: Vec<&[f32]> = Vec::new();
-        let mut logits: Vec<f32> = Vec::new();
-        for (i, ot) in chunk.chunks_exact_mut(qw).enumerate() {
-            let t = first + i;
-            let p = pos0 + t;
-            rows.clear();
-            for s in p.saturating_sub(w - 1)..=p {
-                rows.push(if s >= pos0 {
-                    &inp.kv[(s - pos0) * hd..(s - pos0 + 1) * hd]
-                } else {
-                    let r = s % w;
-                    &inp.ring[r * hd..(r + 1) * hd]
-                });
-            }
-            if let (Some(c), Some(comp)) = (o.compressed, inp.compressed) {
-                let n_vis = (p + 1) / c.ratio;
-                match inp.selected {
-                    Some(sel) => {
-                        for &r in &sel[t * o.top_k..(t + 1) * o.top_k] {
-                            if r >= 0 && (r as usize) < n_vis {
-                                let r = r as usize;
+    crate::ops::parallel::for_rows(
+        &mut out[..n_tokens * qw],
+        qw,
+        qw * (w + 64),
+        |first, chunk| {
+            let mut rows: Vec<&[f32]> = Vec::new();
+            let mut logits: Vec<f32> = Vec::new();
+            for (i, ot) in chunk.chunks_exact_mut(qw).enumerate() {
+                let t = first + i;
+                let p = pos0 + t;
+                rows.clear();
+                for s in p.saturating_sub(w - 1)..=p {
+                    rows.push(if s >= pos0 {
+                        &inp.kv[(s - pos0) * hd..(s - pos0 + 1) * hd]
+                    } else {
+                        let r = s % w;
+                        &inp.ring[r * hd..(r + 1) * hd]
+                    });
+                }
+                if let (Some(c), Some(comp)) = (o.compressed, inp.compressed) {
+                    let n_vis = (p + 1) / c.ratio;
+                    match inp.selected {
+                        Some(sel) => {
+                            for &r in &sel[t * o.top_k..(t + 1) * o.top_k] {
+                                if r >= 0 && (r as usize) < n_vis {
+                                    let r = r as usize;
+                                    rows.push(&comp[r * hd..(r + 1) * hd]);
+                                }
+                            }
+                        }
+                        None => {
+                            for r in 0..n_vis {
                                 rows.push(&comp[r * hd..(r + 1) * hd]);
                             }
                         }
                     }
-                    None => {
-                        for r in 0..n_vis {
-                            rows.push(&comp[r * hd..(r + 1) * hd]);
-                        }
+                }
+                for h in 0..nh {
+                    let qh = &inp.q[t * qw + h * hd..t * qw + (h + 1) * hd];
+                    logits.clear();
+                    logits.extend(
+                        rows.iter()
+                            .map(|r| kern.dot_f32(bytemuck::cast_slice(r), qh) * scale),
+                    );
+                    let m = logits.iter().cloned().fold(sinks[h], f32::max);
+                    let mut den = (sinks[h] - m).exp();
+                    let oh = &mut ot[h * hd..(h + 1) * hd];
+                    oh.fill(0.0);
+                    for (l, r) in logits.iter().zip(&rows) {
+                        let e = (l - m).exp();
+                        den += e;
+                        (kern.axpy)(e, r, oh);
+                    }
+                    let inv = 1.0 / den;
+                    for a in oh.iter_mut() {
+                        *a *= inv;
                     }
                 }
             }
-            for h in 0..nh {
-                let qh = &inp.q[t * qw + h * hd..t * qw + (h + 1) * hd];
-                logits.clear();
-                logits.extend(
-                    rows.iter()
-                        .map(|r| kern.dot_f32(bytemuck::cast_slice(r), qh) * scale),
-                );
-                let m = logits.iter().cloned().fold(sinks[h], f32::max);
-                let mut den = (sinks[h] - m).exp();
-                let oh = &mut ot[h * hd..(h + 1) * hd];
-                oh.fill(0.0);
-                for (l, r) in logits.iter().zip(&rows) {
-                    let e = (l - m).exp();
-                    den += e;
-                    (kern.axpy)(e, r, oh);
-                }
-                let inv = 1.0 / den;
-                for a in oh.iter_mut() {
-                    *a *= inv;
-                }
-            }
-        }
-    });
+        },
+    );
 }

@@ -64,8 +64,7 @@ pub unsafe fn q2k(row: &[u8], y: &[BlockQ8K]) -> f32 {
             let mut q = _mm256_loadu_si256(b.add(16 + 32 * h) as *const __m256i);
             for j in 0..4 {
                 let codes = _mm256_and_si256(q, m3);
-                let act =
-                    _mm256_loadu_si256(a.qs.as_ptr().add(128 * h + 32 * j) as *const __m256i);
+                let act = _mm256_loadu_si256(a.qs.as_ptr().add(128 * h + 32 * j) as *const __m256i);
                 let p = _mm256_maddubs_epi16(codes, act);
                 let s = _mm256_shuffle_epi8(scl, masks[4 * h + j]);
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
@@ -212,7 +211,10 @@ pub unsafe fn mxfp4(row: &[u8], y: &[BlockQ8x32]) -> f32 {
     for (i, a) in y.iter().enumerate() {
         let b = row.as_ptr().add(17 * i);
         let q = _mm_loadu_si128(b.add(1) as *const __m128i);
-        let idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+        let idx = _mm256_set_m128i(
+            _mm_and_si128(_mm_srli_epi16(q, 4), m4),
+            _mm_and_si128(q, m4),
+        );
         let w = _mm256_shuffle_epi8(table, idx);
         let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
         let d = e8m0_to_f32_half(*b) * a.d;
@@ -281,8 +283,10 @@ pub unsafe fn bf16(row: &[u8], x: &[f32]) -> f32 {
         _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
     });
     for i in n / 8 * 8..n {
-        s += crate::quant::f16::bf16_bits_to_f32(u16::from_le_bytes([*p.add(2 * i), *p.add(2 * i + 1)]))
-            * x[i];
+        s += crate::quant::f16::bf16_bits_to_f32(u16::from_le_bytes([
+            *p.add(2 * i),
+            *p.add(2 * i + 1),
+        ])) * x[i];
     }
     s
 }
@@ -302,7 +306,11 @@ pub unsafe fn expanded(codes: &[i8], scale: &[f32], y: &[BlockQ8x32]) -> f32 {
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale[i] * y[i].d), dot_i8x32(w0, x0), acc0);
         let w1 = _mm256_loadu_si256(codes.as_ptr().add(32 * i + 32) as *const __m256i);
         let x1 = _mm256_loadu_si256(y[i + 1].qs.as_ptr() as *const __m256i);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(scale[i + 1] * y[i + 1].d), dot_i8x32(w1, x1), acc1);
+        acc1 = _mm256_fmadd_ps(
+            _mm256_set1_ps(scale[i + 1] * y[i + 1].d),
+            dot_i8x32(w1, x1),
+            acc1,
+        );
         i += 2;
     }
     if i < n {

@@ -162,7 +162,11 @@ pub fn sums16(blocks: &[BlockQ8x32]) -> Vec<f32> {
 pub fn dot_portable(codes: &[i8], scale: &[f32], y: &[BlockQ8x32]) -> f32 {
     let mut acc = 0f32;
     for ((c, &s), a) in codes.chunks_exact(32).zip(scale).zip(y) {
-        let i: i32 = c.iter().zip(&a.qs).map(|(&w, &x)| w as i32 * x as i32).sum();
+        let i: i32 = c
+            .iter()
+            .zip(&a.qs)
+            .map(|(&w, &x)| w as i32 * x as i32)
+            .sum();
         acc += s * a.d * i as f32;
     }
     acc

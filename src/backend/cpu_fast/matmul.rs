@@ -121,8 +121,9 @@ fn matmul_expanded(
     split_rows(tmp, n_out, rb, n_tokens, |first, chunk| {
         // A tile of decoded rows (4 × ~1.4 bytes per weight) stays in L1
         // while every token's activations pass once per tile.
-        let mut tile: Vec<expand::Expanded> =
-            (0..EXPANDED_TILE).map(|_| expand::Expanded::new(n_in)).collect();
+        let mut tile: Vec<expand::Expanded> = (0..EXPANDED_TILE)
+            .map(|_| expand::Expanded::new(n_in))
+            .collect();
         let rows = chunk.len() / n_tokens;
         let mut r0 = 0;
         while r0 < rows {
@@ -207,7 +208,12 @@ pub fn moe_experts(
     // direct kernels below that; the step's tokens are quantised once in
     // each activation format an expert may need.
     let many = super::PREFILL_TOKENS;
-    let kinds = |ty: GgmlType| (Kernels::act_kind_for(ty, 1), Kernels::act_kind_for(ty, many));
+    let kinds = |ty: GgmlType| {
+        (
+            Kernels::act_kind_for(ty, 1),
+            Kernels::act_kind_for(ty, many),
+        )
+    };
     let ((Some(kg1), Some(kgn)), (Some(ku1), Some(kun)), (Some(kd1), Some(kdn))) =
         (kinds(o.gate.ty), kinds(o.up.ty), kinds(o.down.ty))
     else {
@@ -225,31 +231,60 @@ pub fn moe_experts(
     let rows = || (0..n_tokens).map(|t| &x[t * d..(t + 1) * d]);
     // Activation sets by kind, made once: (kind, acts).
     let mut sets: Vec<(super::act::ActKind, Acts)> = Vec::new();
-    let wanted = if n_tokens * kk >= many { vec![kg1, ku1, kgn, kun] } else { vec![kg1, ku1] };
+    let wanted = if n_tokens * kk >= many {
+        vec![kg1, ku1, kgn, kun]
+    } else {
+        vec![kg1, ku1]
+    };
     for kind in wanted {
         if !sets.iter().any(|(k2, _)| *k2 == kind) {
             sets.push((kind, Acts::quantize(kind, d, rows())));
         }
     }
-    let set = |kind| &sets.iter().find(|(k2, _)| *k2 == kind).expect("quantised above").1;
+    let set = |kind| {
+        &sets
+            .iter()
+            .find(|(k2, _)| *k2 == kind)
+            .expect("quantised above")
+            .1
+    };
     let mut contrib = vec![0f32; n_tokens * kk * d];
     let mut g = Vec::new();
     let mut u = Vec::new();
     let mut y = Vec::new();
     let mut h = Vec::new();
     for e in 0..n_expert {
-        let users: Vec<usize> = (0..n_tokens * kk).filter(|&i| sel[i] as usize == e).collect();
+        let users: Vec<usize> = (0..n_tokens * kk)
+            .filter(|&i| sel[i] as usize == e)
+            .collect();
         if users.is_empty() {
             continue;
         }
         let n = users.len();
-        let (kg, ku, kd) = if n >= many { (kgn, kun, kdn) } else { (kg1, ku1, kd1) };
+        let (kg, ku, kd) = if n >= many {
+            (kgn, kun, kdn)
+        } else {
+            (kg1, ku1, kd1)
+        };
         let ag = set(kg).gather(users.iter().map(|&i| i / kk));
-        let au = if ku == kg { None } else { Some(set(ku).gather(users.iter().map(|&i| i / kk))) };
+        let au = if ku == kg {
+            None
+        } else {
+            Some(set(ku).gather(users.iter().map(|&i| i / kk)))
+        };
         g.resize(n * ff, 0.0);
         u.resize(n * ff, 0.0);
         matmul_acts(k, o.gate.ty, slab(&o.gate, e), ff, 1, &ag, n, &mut g);
-        matmul_acts(k, o.up.ty, slab(&o.up, e), ff, 1, au.as_ref().unwrap_or(&ag), n, &mut u);
+        matmul_acts(
+            k,
+            o.up.ty,
+            slab(&o.up, e),
+            ff,
+            1,
+            au.as_ref().unwrap_or(&ag),
+            n,
+            &mut u,
+        );
         // g, u are weight-row-major: element (f, j) at f·n + j.
         h.resize(n * ff, 0.0);
         for (j, &slot) in users.iter().enumerate() {
@@ -272,7 +307,10 @@ pub fn moe_experts(
         let ot = &mut out[t * d..(t + 1) * d];
         ot.fill(0.0);
         for i in 0..kk {
-            for (a, &b) in ot.iter_mut().zip(&contrib[(t * kk + i) * d..(t * kk + i + 1) * d]) {
+            for (a, &b) in ot
+                .iter_mut()
+                .zip(&contrib[(t * kk + i) * d..(t * kk + i + 1) * d])
+            {
                 *a += b;
             }
         }

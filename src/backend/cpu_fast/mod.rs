@@ -11,17 +11,17 @@
 //! twins in `crate::graph::ops`.
 
 pub mod act;
+pub mod attention;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 pub mod expand;
 pub mod indexer;
-pub mod attention;
 pub mod matmul;
 pub mod portable;
 
-use act::{ActKind, BlockQ8x32};
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::GgmlType;
+use act::{ActKind, BlockQ8x32};
 
 /// An instruction-set path of the fast kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,8 +81,9 @@ impl Isa {
     pub fn from_env() -> Result<Isa, String> {
         match std::env::var("DS4_CPU_ISA") {
             Ok(v) if v != "auto" && !v.is_empty() => {
-                let isa = Isa::parse(&v)
-                    .ok_or_else(|| format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2)"))?;
+                let isa = Isa::parse(&v).ok_or_else(|| {
+                    format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2)")
+                })?;
                 if !isa.supported() {
                     return Err(format!("DS4_CPU_ISA={v}: this CPU lacks the features"));
                 }

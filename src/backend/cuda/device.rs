@@ -87,7 +87,8 @@ pub fn init_driver() -> Result<(), BackendError> {
         ));
     }
     guarded(|| {
-        result::init().map_err(|e| unavailable(format!("cuInit failed: {e:?} (no usable NVIDIA GPU?)")))?;
+        result::init()
+            .map_err(|e| unavailable(format!("cuInit failed: {e:?} (no usable NVIDIA GPU?)")))?;
         let n = result::device::get_count().map_err(|e| unavailable(format!("{e:?}")))?;
         if n <= 0 {
             return Err(unavailable("the driver reports no CUDA device"));
@@ -98,7 +99,8 @@ pub fn init_driver() -> Result<(), BackendError> {
 
 fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32, BackendError> {
     // SAFETY: `dev` came from cuDeviceGet.
-    unsafe { result::device::get_attribute(dev, a) }.map_err(|e| device_err("cuDeviceGetAttribute", e))
+    unsafe { result::device::get_attribute(dev, a) }
+        .map_err(|e| device_err("cuDeviceGetAttribute", e))
 }
 
 fn info(ordinal: usize) -> Result<DeviceInfo, BackendError> {
@@ -106,7 +108,8 @@ fn info(ordinal: usize) -> Result<DeviceInfo, BackendError> {
     let dev = result::device::get(ordinal as i32).map_err(|e| device_err("cuDeviceGet", e))?;
     let name = result::device::get_name(dev).map_err(|e| device_err("cuDeviceGetName", e))?;
     // SAFETY: as above.
-    let total_mem = unsafe { result::device::total_mem(dev) }.map_err(|e| device_err("cuDeviceTotalMem", e))?;
+    let total_mem =
+        unsafe { result::device::total_mem(dev) }.map_err(|e| device_err("cuDeviceTotalMem", e))?;
     Ok(DeviceInfo {
         ordinal,
         name,
@@ -162,19 +165,29 @@ impl Device {
         guarded(|| {
             let n = result::device::get_count().map_err(|e| device_err("cuDeviceGetCount", e))?;
             if ordinal >= n.max(0) as usize {
-                return Err(unavailable(format!("device {ordinal} requested, {n} present")));
+                return Err(unavailable(format!(
+                    "device {ordinal} requested, {n} present"
+                )));
             }
             let info = info(ordinal)?;
-            let dev = result::device::get(ordinal as i32).map_err(|e| device_err("cuDeviceGet", e))?;
+            let dev =
+                result::device::get(ordinal as i32).map_err(|e| device_err("cuDeviceGet", e))?;
             // SAFETY: retained here, released in Drop.
-            let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| device_err("cuDevicePrimaryCtxRetain", e))?;
+            let ctx = unsafe { result::primary_ctx::retain(dev) }
+                .map_err(|e| device_err("cuDevicePrimaryCtxRetain", e))?;
             // SAFETY: a context retained above.
-            unsafe { result::ctx::set_current(ctx) }.map_err(|e| device_err("cuCtxSetCurrent", e))?;
+            unsafe { result::ctx::set_current(ctx) }
+                .map_err(|e| device_err("cuCtxSetCurrent", e))?;
             // A blocking stream: the synchronous copies of weights, states and
             // values (legacy stream) stay ordered with the kernels.
             let stream = result::stream::create(result::stream::StreamKind::Default)
                 .map_err(|e| device_err("cuStreamCreate", e))?;
-            Ok(Device { info, ctx, stream, dev })
+            Ok(Device {
+                info,
+                ctx,
+                stream,
+                dev,
+            })
         })
     }
 
@@ -186,7 +199,8 @@ impl Device {
 
     pub fn sync(&self) -> Result<(), BackendError> {
         // SAFETY: our stream.
-        unsafe { result::stream::synchronize(self.stream) }.map_err(|e| device_err("cuStreamSynchronize", e))
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| device_err("cuStreamSynchronize", e))
     }
 }
 

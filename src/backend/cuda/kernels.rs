@@ -97,7 +97,10 @@ pub fn cache_name(family: &str, source: &str, arch: u32, nvrtc: (i32, i32)) -> S
     }
     let d = h.finalize();
     let hex: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{family}-compute_{arch}-nvrtc{}.{}-{hex}.ptx", nvrtc.0, nvrtc.1)
+    format!(
+        "{family}-compute_{arch}-nvrtc{}.{}-{hex}.ptx",
+        nvrtc.0, nvrtc.1
+    )
 }
 
 /// PTX of `family` for `compute_<arch>`: from the cache when present, else
@@ -129,7 +132,9 @@ pub fn ptx(nvrtc: &Nvrtc, family: &str, arch: u32, cache: Option<&Path>) -> Resu
 
 /// Weight-type suffixes of the per-type kernels (`matmul_q4_k`, ...), in
 /// the order of `FOR_EACH_WEIGHT_TYPE` in cuda/quant.cuh.
-pub const TYPE_SUFFIXES: &[&str] = &["f32", "f16", "bf16", "q8_0", "q2_k", "q4_k", "iq2_xxs", "mxfp4"];
+pub const TYPE_SUFFIXES: &[&str] = &[
+    "f32", "f16", "bf16", "q8_0", "q2_k", "q4_k", "iq2_xxs", "mxfp4",
+];
 
 /// The kernel entry points of a family (what the backend loads).
 pub fn entry_points(family: &str) -> Vec<String> {

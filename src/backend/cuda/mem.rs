@@ -24,11 +24,12 @@ impl DevBuf {
     pub fn alloc(bytes: usize) -> Result<DevBuf, BackendError> {
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: out-pointer to a local; size at least one byte.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) }).map_err(|e| {
-            BackendError::Device {
-                device: "cuda".into(),
-                msg: format!("allocating {bytes} bytes: {e}"),
-            }
+        check("cuMemAlloc", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, bytes.max(1))
+        })
+        .map_err(|e| BackendError::Device {
+            device: "cuda".into(),
+            msg: format!("allocating {bytes} bytes: {e}"),
         })?;
         Ok(DevBuf { ptr, bytes })
     }
@@ -78,7 +79,11 @@ pub fn download(src: CUdeviceptr, out: &mut [u8]) -> Result<(), BackendError> {
 }
 
 /// Asynchronous host → device copy on `stream` (small per-step parameters).
-pub fn upload_async(dst: CUdeviceptr, data: &[u8], stream: sys::CUstream) -> Result<(), BackendError> {
+pub fn upload_async(
+    dst: CUdeviceptr,
+    data: &[u8],
+    stream: sys::CUstream,
+) -> Result<(), BackendError> {
     // SAFETY: as in `upload`; pageable source memory makes the copy complete
     // before the call returns, so `data` may go out of scope afterwards.
     check("cuMemcpyHtoDAsync", unsafe {

@@ -113,7 +113,8 @@ impl CudaBackend {
         let mut modules = Vec::new();
         let mut funcs = HashMap::new();
         for family in kernels::families() {
-            let ptx = kernels::ptx(&nv, family, arch, cache.as_deref()).map_err(|e| device_err("NVRTC", e))?;
+            let ptx = kernels::ptx(&nv, family, arch, cache.as_deref())
+                .map_err(|e| device_err("NVRTC", e))?;
             let image = std::ffi::CString::new(ptx).map_err(|_| device_err("PTX", "NUL byte"))?;
             let mut m: sys::CUmodule = std::ptr::null_mut();
             // SAFETY: a NUL-terminated PTX image; the module lives in `modules`.
@@ -127,7 +128,9 @@ impl CudaBackend {
                 let cname = std::ffi::CString::new(name.clone()).expect("kernel names have no NUL");
                 let mut f: CUfunction = std::ptr::null_mut();
                 // SAFETY: `m` is a loaded module.
-                checked("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut f, m, cname.as_ptr()) })?;
+                checked("cuModuleGetFunction", unsafe {
+                    sys::cuModuleGetFunction(&mut f, m, cname.as_ptr())
+                })?;
                 funcs.insert(name, f);
             }
         }
@@ -172,9 +175,14 @@ impl CudaBackend {
     /// Enqueues a launch list on the stream for `n` live tokens.
     fn enqueue(&self, launches: &[Launch], n: u32) -> Result<(), BackendError> {
         for l in launches {
-            let Some((gx, gy)) = l.grid.dims(n) else { continue };
+            let Some((gx, gy)) = l.grid.dims(n) else {
+                continue;
+            };
             let mut storage: Vec<u64> = l.args.iter().map(|a| a.bits()).collect();
-            let mut params: Vec<*mut c_void> = storage.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+            let mut params: Vec<*mut c_void> = storage
+                .iter_mut()
+                .map(|s| s as *mut u64 as *mut c_void)
+                .collect();
             // SAFETY: every kernel's parameters are (in order) the recorded
             // args, each read from its own 8-byte cell (little-endian: a u32
             // or f32 argument is the low half); pointers are live device
@@ -249,7 +257,13 @@ impl Backend for CudaBackend {
         let values: Vec<CUdeviceptr> = p
             .slot_of
             .iter()
-            .map(|&s| if s == usize::MAX { arena.ptr } else { arena.ptr + offsets[s] as u64 })
+            .map(|&s| {
+                if s == usize::MAX {
+                    arena.ptr
+                } else {
+                    arena.ptr + offsets[s] as u64
+                }
+            })
             .collect();
         let mut scratch = Vec::new();
         let file = self.file.clone();
@@ -293,7 +307,11 @@ impl Backend for CudaBackend {
             return Err(unsupported(format!("position {} (beyond 2^32)", p.pos0)));
         }
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        upload_async(g.values[graph.tokens.0 as usize], bytemuck::cast_slice(&ids), self.dev.stream)?;
+        upload_async(
+            g.values[graph.tokens.0 as usize],
+            bytemuck::cast_slice(&ids),
+            self.dev.stream,
+        )?;
         let step = StepDev {
             pos0: p.pos0 as u32,
             n_tokens: p.n_tokens as u32,
@@ -307,23 +325,32 @@ impl Backend for CudaBackend {
             let stream = self.dev.stream;
             // SAFETY: our stream; capture ends below on every path.
             checked("cuStreamBeginCapture", unsafe {
-                sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                sys::cuStreamBeginCapture_v2(
+                    stream,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )
             })?;
             let enq = self.enqueue(&g.launches, graph.max_tokens as u32);
             let mut cg: sys::CUgraph = std::ptr::null_mut();
             // SAFETY: ends the capture begun above.
-            let end = checked("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(stream, &mut cg) });
+            let end = checked("cuStreamEndCapture", unsafe {
+                sys::cuStreamEndCapture(stream, &mut cg)
+            });
             enq?;
             end?;
             let mut exec: sys::CUgraphExec = std::ptr::null_mut();
             // SAFETY: `cg` is the graph just captured.
-            checked("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, cg, 0) })?;
+            checked("cuGraphInstantiate", unsafe {
+                sys::cuGraphInstantiateWithFlags(&mut exec, cg, 0)
+            })?;
             self.graphs[h.0].captured = Some(Captured { graph: cg, exec });
         }
         let g = &self.graphs[h.0];
         match &g.captured {
             // SAFETY: an instantiated graph on our stream.
-            Some(c) if capture => checked("cuGraphLaunch", unsafe { sys::cuGraphLaunch(c.exec, self.dev.stream) })?,
+            Some(c) if capture => checked("cuGraphLaunch", unsafe {
+                sys::cuGraphLaunch(c.exec, self.dev.stream)
+            })?,
             _ => self.enqueue(&g.launches, p.n_tokens as u32)?,
         }
         self.dev.sync()?;
@@ -344,7 +371,12 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn write_value(&mut self, h: GraphHandle, v: ValueId, data: &[f32]) -> Result<(), BackendError> {
+    fn write_value(
+        &mut self,
+        h: GraphHandle,
+        v: ValueId,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
         self.dev.bind()?;
         let g = self.loaded(h)?;
         let d = g.graph.value(v);
@@ -365,14 +397,25 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let r = state_range(&self.layout, s, 0, None, Some(rows))?;
         let mut out = vec![0f32; r.len()];
-        download(self.states[s.0 as usize].ptr + (r.start * 4) as u64, bytemuck::cast_slice_mut(&mut out))?;
+        download(
+            self.states[s.0 as usize].ptr + (r.start * 4) as u64,
+            bytemuck::cast_slice_mut(&mut out),
+        )?;
         Ok(out)
     }
 
-    fn write_state_rows(&mut self, s: StateId, first: usize, data: &[f32]) -> Result<(), BackendError> {
+    fn write_state_rows(
+        &mut self,
+        s: StateId,
+        first: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
         self.dev.bind()?;
         let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
-        upload(self.states[s.0 as usize].ptr + (r.start * 4) as u64, bytemuck::cast_slice(data))
+        upload(
+            self.states[s.0 as usize].ptr + (r.start * 4) as u64,
+            bytemuck::cast_slice(data),
+        )
     }
 
     fn reset_states(&mut self) {

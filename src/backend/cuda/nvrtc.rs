@@ -229,7 +229,9 @@ fn wheel_libraries() -> Vec<PathBuf> {
     let Ok(out) = out else { return Vec::new() };
     let mut found = Vec::new();
     for dir in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
         let mut libs: Vec<PathBuf> = entries
             .flatten()
             .map(|e| e.path())

@@ -12,10 +12,10 @@ use std::collections::HashMap;
 use super::mem::DevBuf;
 use super::weights::{Progress, Weights};
 use crate::backend::BackendError;
-use crate::graph::{Graph, Node, ValueId};
 use crate::gguf::TensorRef;
 use crate::graph::ops::compress::RowRounding;
 use crate::graph::ops::Op;
+use crate::graph::{Graph, Node, ValueId};
 use crate::quant::GgmlType;
 
 /// One kernel argument (stored as 8 bytes; the kernel reads its size).
@@ -52,16 +52,28 @@ impl Count {
 }
 
 const fn per_token(k: u32) -> Count {
-    Count { per_token: k, div: 1, fixed: 0 }
+    Count {
+        per_token: k,
+        div: 1,
+        fixed: 0,
+    }
 }
 
 /// One per `div` tokens (rounded up).
 const fn per_tokens(div: u32) -> Count {
-    Count { per_token: 1, div, fixed: 0 }
+    Count {
+        per_token: 1,
+        div,
+        fixed: 0,
+    }
 }
 
 const fn fixed(k: u32) -> Count {
-    Count { per_token: 0, div: 1, fixed: k }
+    Count {
+        per_token: 0,
+        div: 1,
+        fixed: k,
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -147,7 +159,14 @@ struct List<'a> {
 }
 
 impl List<'_> {
-    fn launch(&mut self, kernel: &'static str, grid: Grid, block: u32, shared: u32, mut args: Vec<Arg>) -> Result<(), BackendError> {
+    fn launch(
+        &mut self,
+        kernel: &'static str,
+        grid: Grid,
+        block: u32,
+        shared: u32,
+        mut args: Vec<Arg>,
+    ) -> Result<(), BackendError> {
         args.push(Arg::Ptr(self.step));
         let func = *self
             .funcs
@@ -174,7 +193,10 @@ fn scratch(list: &mut Vec<DevBuf>, bytes: usize) -> Result<CUdeviceptr, BackendE
 
 /// Rope frequencies (ops::rope::frequencies, f64) on the device, once per
 /// configuration.
-fn freqs(map: &mut HashMap<String, DevBuf>, r: &crate::graph::ops::rope::RopeConfig) -> Result<CUdeviceptr, BackendError> {
+fn freqs(
+    map: &mut HashMap<String, DevBuf>,
+    r: &crate::graph::ops::rope::RopeConfig,
+) -> Result<CUdeviceptr, BackendError> {
     let key = format!("{r:?}");
     if let Some(b) = map.get(&key) {
         return Ok(b.ptr);
@@ -188,9 +210,23 @@ fn freqs(map: &mut HashMap<String, DevBuf>, r: &crate::graph::ops::rope::RopeCon
 
 /// The launch list of `graph`.
 pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
-    let Ctx { file, funcs, weights, states, layout, freqs: freq_map, step, values, scratch: scratch_list } = c;
+    let Ctx {
+        file,
+        funcs,
+        weights,
+        states,
+        layout,
+        freqs: freq_map,
+        step,
+        values,
+        scratch: scratch_list,
+    } = c;
     let mut progress = Progress::new(weight_bytes(graph));
-        let mut list = List { funcs, step, out: Vec::new() };
+    let mut list = List {
+        funcs,
+        step,
+        out: Vec::new(),
+    };
     let v = |id: ValueId| Arg::Ptr(values[id.0 as usize]);
     let st = |s: crate::graph::StateId| -> Result<Arg, BackendError> {
         states
@@ -201,9 +237,10 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
     let cols = |id: ValueId| u(graph.value(id).cols);
     for node in &graph.nodes {
         let Node::Op(op) = node else { continue };
-        let mut launch = |kernel: &'static str, grid: Grid, block: u32, shared: u32, args: Vec<Arg>| {
-            list.launch(kernel, grid, block, shared, args)
-        };
+        let mut launch =
+            |kernel: &'static str, grid: Grid, block: u32, shared: u32, args: Vec<Arg>| {
+                list.launch(kernel, grid, block, shared, args)
+            };
         match op {
             Op::Embed(o) => {
                 let ty = o.table.ty;
@@ -211,13 +248,27 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 let d = o.table.ne[0] as usize;
                 let items = if d % 32 == 0 { d / 32 } else { d };
                 let table = weights.tensor(file, &o.table, &mut progress)?;
-                launch(name, Grid::Threads(per_token(u(items))), THREADS, 0, vec![
-                    Arg::Ptr(table), Arg::U32(u(o.table.row_bytes())), Arg::U32(u(d)), v(o.tokens), v(o.out),
-                ])?;
+                launch(
+                    name,
+                    Grid::Threads(per_token(u(items))),
+                    THREADS,
+                    0,
+                    vec![
+                        Arg::Ptr(table),
+                        Arg::U32(u(o.table.row_bytes())),
+                        Arg::U32(u(d)),
+                        v(o.tokens),
+                        v(o.out),
+                    ],
+                )?;
             }
-            Op::HcInit(o) => launch("hc_init", Grid::Threads(per_token(u(o.n_hc * o.dim))), THREADS, 0, vec![
-                v(o.x), v(o.out), Arg::U32(u(o.n_hc)), Arg::U32(u(o.dim)),
-            ])?,
+            Op::HcInit(o) => launch(
+                "hc_init",
+                Grid::Threads(per_token(u(o.n_hc * o.dim))),
+                THREADS,
+                0,
+                vec![v(o.x), v(o.out), Arg::U32(u(o.n_hc)), Arg::U32(u(o.dim))],
+            )?,
             Op::RmsNorm(o) => {
                 let d = graph.value(o.out);
                 let w = match &o.weight {
@@ -229,92 +280,222 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 } else {
                     (0, u(d.rows * d.cols / o.dim))
                 };
-                let grid = if d.per_token { per_token(rows_per_token) } else { fixed(fixed_rows) };
-                launch("rms_norm", Grid::Blocks(grid, fixed(1)), THREADS, 0, vec![
-                    v(o.x), Arg::Ptr(w), v(o.out), Arg::U32(u(o.dim)), Arg::F32(o.eps),
-                    Arg::U32(rows_per_token), Arg::U32(fixed_rows),
-                ])?;
+                let grid = if d.per_token {
+                    per_token(rows_per_token)
+                } else {
+                    fixed(fixed_rows)
+                };
+                launch(
+                    "rms_norm",
+                    Grid::Blocks(grid, fixed(1)),
+                    THREADS,
+                    0,
+                    vec![
+                        v(o.x),
+                        Arg::Ptr(w),
+                        v(o.out),
+                        Arg::U32(u(o.dim)),
+                        Arg::F32(o.eps),
+                        Arg::U32(rows_per_token),
+                        Arg::U32(fixed_rows),
+                    ],
+                )?;
             }
             Op::MatMul(o) => {
                 let name = per_type("matmul_", o.w.ty)?;
                 let (n_in, n_out) = (o.in_dim(), o.out_dim());
                 if o.groups == 0 || n_out % o.groups != 0 {
-                    return Err(unsupported(format!("matmul {} ({n_in} × {n_out}, {} groups)", o.w.name, o.groups)));
+                    return Err(unsupported(format!(
+                        "matmul {} ({n_in} × {n_out}, {} groups)",
+                        o.w.name, o.groups
+                    )));
                 }
                 let d = graph.value(o.out);
                 let fixed_rows = if d.per_token { 0 } else { u(d.rows) };
                 let w = weights.tensor(file, &o.w, &mut progress)?;
                 // y: token tiles of MM_TT = 8.
-                let ty = if d.per_token { per_tokens(8) } else { fixed(u(d.rows).div_ceil(8)) };
-                launch(name, Grid::Blocks(fixed(u(n_out).div_ceil(8)), ty), THREADS, 0, vec![
-                    Arg::Ptr(w), Arg::U32(u(o.w.row_bytes())), Arg::U32(u(n_in)), Arg::U32(u(n_out)),
-                    Arg::U32(u(o.groups)), v(o.x), v(o.out), Arg::U32(fixed_rows),
-                ])?;
+                let ty = if d.per_token {
+                    per_tokens(8)
+                } else {
+                    fixed(u(d.rows).div_ceil(8))
+                };
+                launch(
+                    name,
+                    Grid::Blocks(fixed(u(n_out).div_ceil(8)), ty),
+                    THREADS,
+                    0,
+                    vec![
+                        Arg::Ptr(w),
+                        Arg::U32(u(o.w.row_bytes())),
+                        Arg::U32(u(n_in)),
+                        Arg::U32(u(n_out)),
+                        Arg::U32(u(o.groups)),
+                        v(o.x),
+                        v(o.out),
+                        Arg::U32(fixed_rows),
+                    ],
+                )?;
             }
             Op::HcMix(o) => {
                 let scale = weights.small_f32(file, &o.scale)?;
                 let base = weights.small_f32(file, &o.base)?;
                 if o.n_hc > 8 {
-                    return Err(unsupported(format!("{} hyper-connection streams (at most 8)", o.n_hc)));
+                    return Err(unsupported(format!(
+                        "{} hyper-connection streams (at most 8)",
+                        o.n_hc
+                    )));
                 }
-                launch("hc_mix", Grid::Blocks(per_tokens(64), fixed(1)), 64, 0, vec![
-                    v(o.logits), Arg::Ptr(scale), Arg::Ptr(base), v(o.pre),
-                    o.post.map_or(Arg::Ptr(0), v), o.comb.map_or(Arg::Ptr(0), v),
-                    Arg::U32(u(o.n_hc)), Arg::U32(u(o.mix_dim())), Arg::U32(u(o.sinkhorn_iters)), Arg::F32(o.eps),
-                ])?;
+                launch(
+                    "hc_mix",
+                    Grid::Blocks(per_tokens(64), fixed(1)),
+                    64,
+                    0,
+                    vec![
+                        v(o.logits),
+                        Arg::Ptr(scale),
+                        Arg::Ptr(base),
+                        v(o.pre),
+                        o.post.map_or(Arg::Ptr(0), v),
+                        o.comb.map_or(Arg::Ptr(0), v),
+                        Arg::U32(u(o.n_hc)),
+                        Arg::U32(u(o.mix_dim())),
+                        Arg::U32(u(o.sinkhorn_iters)),
+                        Arg::F32(o.eps),
+                    ],
+                )?;
             }
-            Op::HcCollapse(o) => launch("hc_collapse", Grid::Threads(per_token(u(o.dim))), THREADS, 0, vec![
-                v(o.state), v(o.pre), v(o.out), Arg::U32(u(o.n_hc)), Arg::U32(u(o.dim)),
-            ])?,
-            Op::HcExpand(o) => launch("hc_expand", Grid::Threads(per_token(u(o.n_hc * o.dim))), THREADS, 0, vec![
-                v(o.state), v(o.y), v(o.post), v(o.comb), v(o.out), Arg::U32(u(o.n_hc)), Arg::U32(u(o.dim)),
-            ])?,
+            Op::HcCollapse(o) => launch(
+                "hc_collapse",
+                Grid::Threads(per_token(u(o.dim))),
+                THREADS,
+                0,
+                vec![
+                    v(o.state),
+                    v(o.pre),
+                    v(o.out),
+                    Arg::U32(u(o.n_hc)),
+                    Arg::U32(u(o.dim)),
+                ],
+            )?,
+            Op::HcExpand(o) => launch(
+                "hc_expand",
+                Grid::Threads(per_token(u(o.n_hc * o.dim))),
+                THREADS,
+                0,
+                vec![
+                    v(o.state),
+                    v(o.y),
+                    v(o.post),
+                    v(o.comb),
+                    v(o.out),
+                    Arg::U32(u(o.n_hc)),
+                    Arg::U32(u(o.dim)),
+                ],
+            )?,
             Op::Rope(o) => {
                 let f = freqs(freq_map, &o.rope)?;
-                launch("rope", Grid::Threads(per_token(u(o.heads * o.head_dim))), THREADS, 0, vec![
-                    v(o.x), v(o.out), Arg::Ptr(f), Arg::U32(u(o.rope.n_rot / 2)), Arg::U32(u(o.heads)),
-                    Arg::U32(u(o.head_dim)), Arg::U32(o.inverse as u32),
-                ])?;
+                launch(
+                    "rope",
+                    Grid::Threads(per_token(u(o.heads * o.head_dim))),
+                    THREADS,
+                    0,
+                    vec![
+                        v(o.x),
+                        v(o.out),
+                        Arg::Ptr(f),
+                        Arg::U32(u(o.rope.n_rot / 2)),
+                        Arg::U32(u(o.heads)),
+                        Arg::U32(u(o.head_dim)),
+                        Arg::U32(o.inverse as u32),
+                    ],
+                )?;
             }
             Op::KvRound(o) => {
                 let block = 32 * u(o.dim.div_ceil(64));
                 if block > 1024 {
-                    return Err(unsupported(format!("kv_round of {} dims (at most 2048)", o.dim)));
+                    return Err(unsupported(format!(
+                        "kv_round of {} dims (at most 2048)",
+                        o.dim
+                    )));
                 }
-                launch("kv_round", Grid::Blocks(per_token(1), fixed(1)), block, 0, vec![
-                    v(o.x), v(o.out), Arg::U32(u(o.dim)), Arg::U32(u(o.n_rot)), Arg::U32(o.fp8 as u32), Arg::U32(o.f16 as u32),
-                ])?;
+                launch(
+                    "kv_round",
+                    Grid::Blocks(per_token(1), fixed(1)),
+                    block,
+                    0,
+                    vec![
+                        v(o.x),
+                        v(o.out),
+                        Arg::U32(u(o.dim)),
+                        Arg::U32(u(o.n_rot)),
+                        Arg::U32(o.fp8 as u32),
+                        Arg::U32(o.f16 as u32),
+                    ],
+                )?;
             }
             Op::HadamardFp4(o) => {
                 let hd = o.head_dim;
                 if !hd.is_power_of_two() || hd > 1024 || o.cols % hd != 0 {
                     return Err(unsupported(format!("hadamard_fp4 over heads of {hd}")));
                 }
-                launch("hadamard_fp4", Grid::Blocks(per_token(u(o.cols / hd)), fixed(1)), u(hd.max(32)), u(4 * hd), vec![
-                    v(o.x), v(o.out), Arg::U32(u(o.cols)), Arg::U32(u(hd)),
-                ])?;
+                launch(
+                    "hadamard_fp4",
+                    Grid::Blocks(per_token(u(o.cols / hd)), fixed(1)),
+                    u(hd.max(32)),
+                    u(4 * hd),
+                    vec![v(o.x), v(o.out), Arg::U32(u(o.cols)), Arg::U32(u(hd))],
+                )?;
             }
             Op::Attention(o) => {
                 if o.head_dim > 512 {
-                    return Err(unsupported(format!("attention head dim {} (at most 512)", o.head_dim)));
+                    return Err(unsupported(format!(
+                        "attention head dim {} (at most 512)",
+                        o.head_dim
+                    )));
                 }
                 let sinks = weights.small_f32(file, &o.sinks)?;
                 let (comp, ratio) = match o.compressed {
                     Some(c) => (st(c.rows)?, c.ratio),
                     None => (Arg::Ptr(0), 0),
                 };
-                launch("attention", Grid::Blocks(fixed(u(o.n_head)), per_token(1)), THREADS, 0, vec![
-                    v(o.q), v(o.kv), st(o.ring)?, comp, o.selected.map_or(Arg::Ptr(0), v), Arg::Ptr(sinks), v(o.out),
-                    Arg::U32(u(o.window)), Arg::U32(u(ratio)), Arg::U32(u(o.top_k)), Arg::U32(u(o.n_head)),
-                    Arg::U32(u(o.head_dim)),
-                ])?;
+                launch(
+                    "attention",
+                    Grid::Blocks(fixed(u(o.n_head)), per_token(1)),
+                    THREADS,
+                    0,
+                    vec![
+                        v(o.q),
+                        v(o.kv),
+                        st(o.ring)?,
+                        comp,
+                        o.selected.map_or(Arg::Ptr(0), v),
+                        Arg::Ptr(sinks),
+                        v(o.out),
+                        Arg::U32(u(o.window)),
+                        Arg::U32(u(ratio)),
+                        Arg::U32(u(o.top_k)),
+                        Arg::U32(u(o.n_head)),
+                        Arg::U32(u(o.head_dim)),
+                    ],
+                )?;
             }
-            Op::RingWrite(o) => launch("ring_write", Grid::Threads(per_token(u(o.dim))), THREADS, 0, vec![
-                v(o.kv), st(o.ring)?, Arg::U32(u(o.window)), Arg::U32(u(o.dim)),
-            ])?,
+            Op::RingWrite(o) => launch(
+                "ring_write",
+                Grid::Threads(per_token(u(o.dim))),
+                THREADS,
+                0,
+                vec![
+                    v(o.kv),
+                    st(o.ring)?,
+                    Arg::U32(u(o.window)),
+                    Arg::U32(u(o.dim)),
+                ],
+            )?,
             Op::Compress(o) => {
                 let hd = o.head_dim;
-                if o.width() > 1024 || (o.rounding == RowRounding::HadamardFp4F16 && !hd.is_power_of_two()) {
+                if o.width() > 1024
+                    || (o.rounding == RowRounding::HadamardFp4F16 && !hd.is_power_of_two())
+                {
                     return Err(unsupported(format!("compressor of width {}", o.width())));
                 }
                 let ape = weights.small_f32(file, &o.ape)?;
@@ -325,24 +506,58 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                     RowRounding::Fp8F16 => 1,
                     RowRounding::HadamardFp4F16 => 2,
                 };
-                launch("compress", Grid::Blocks(fixed(1), fixed(1)), 1024, 0, vec![
-                    v(o.kv), v(o.gate), Arg::Ptr(ape), Arg::Ptr(norm), st(o.state_kv)?, st(o.state_score)?, st(o.rows)?,
-                    Arg::Ptr(f), Arg::U32(u(o.ratio)), Arg::U32(u(hd)), Arg::U32(o.overlapped as u32),
-                    Arg::U32(u(o.rope.n_rot)), Arg::U32(rounding), Arg::F32(o.eps),
-                ])?;
+                launch(
+                    "compress",
+                    Grid::Blocks(fixed(1), fixed(1)),
+                    1024,
+                    0,
+                    vec![
+                        v(o.kv),
+                        v(o.gate),
+                        Arg::Ptr(ape),
+                        Arg::Ptr(norm),
+                        st(o.state_kv)?,
+                        st(o.state_score)?,
+                        st(o.rows)?,
+                        Arg::Ptr(f),
+                        Arg::U32(u(o.ratio)),
+                        Arg::U32(u(hd)),
+                        Arg::U32(o.overlapped as u32),
+                        Arg::U32(u(o.rope.n_rot)),
+                        Arg::U32(rounding),
+                        Arg::F32(o.eps),
+                    ],
+                )?;
             }
             Op::IndexerTopK(o) => {
                 let max_rows = layout.get(o.rows).rows;
                 let blocks = u(graph.max_tokens).min(64);
                 let scratch = scratch(scratch_list, blocks as usize * max_rows.max(1) * 4)?;
-                launch("indexer_topk", Grid::Blocks(fixed(blocks), fixed(1)), 256, 0, vec![
-                    v(o.q), v(o.weights), st(o.rows)?, v(o.out), Arg::Ptr(scratch), Arg::U32(u(o.ratio)),
-                    Arg::U32(u(o.top_k)), Arg::U32(u(o.n_head)), Arg::U32(u(o.head_dim)), Arg::U32(u(max_rows)),
-                ])?;
+                launch(
+                    "indexer_topk",
+                    Grid::Blocks(fixed(blocks), fixed(1)),
+                    256,
+                    0,
+                    vec![
+                        v(o.q),
+                        v(o.weights),
+                        st(o.rows)?,
+                        v(o.out),
+                        Arg::Ptr(scratch),
+                        Arg::U32(u(o.ratio)),
+                        Arg::U32(u(o.top_k)),
+                        Arg::U32(u(o.n_head)),
+                        Arg::U32(u(o.head_dim)),
+                        Arg::U32(u(max_rows)),
+                    ],
+                )?;
             }
             Op::Router(o) => {
                 if o.n_expert > 1024 {
-                    return Err(unsupported(format!("router over {} experts (at most 1024)", o.n_expert)));
+                    return Err(unsupported(format!(
+                        "router over {} experts (at most 1024)",
+                        o.n_expert
+                    )));
                 }
                 let bias = match &o.bias {
                     Some(t) => weights.small_f32(file, t)?,
@@ -352,10 +567,25 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                     Some(t) => (weights.tensor(file, t, &mut progress)?, t.ne[0] as u32),
                     None => (0, 0),
                 };
-                launch("router", Grid::Blocks(per_token(1), fixed(1)), 256, 0, vec![
-                    v(o.logits), v(o.tokens), Arg::Ptr(bias), Arg::Ptr(table), Arg::U32(table_cols), v(o.selected),
-                    v(o.weights), Arg::U32(u(o.n_expert)), Arg::U32(u(o.k)), Arg::F32(o.scale), Arg::U32(o.normalize as u32),
-                ])?;
+                launch(
+                    "router",
+                    Grid::Blocks(per_token(1), fixed(1)),
+                    256,
+                    0,
+                    vec![
+                        v(o.logits),
+                        v(o.tokens),
+                        Arg::Ptr(bias),
+                        Arg::Ptr(table),
+                        Arg::U32(table_cols),
+                        v(o.selected),
+                        v(o.weights),
+                        Arg::U32(u(o.n_expert)),
+                        Arg::U32(u(o.k)),
+                        Arg::F32(o.scale),
+                        Arg::U32(o.normalize as u32),
+                    ],
+                )?;
             }
             Op::MoeExperts(o) => {
                 let d = o.gate.ne[0] as usize;
@@ -370,42 +600,100 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 let up = scratch(scratch_list, slots * ff * 4)?;
                 let h = scratch(scratch_list, slots * ff * 4)?;
                 let y = scratch(scratch_list, slots * d * 4)?;
-                let rows = |weights: &mut Weights, progress: &mut Progress, t: &TensorRef, n_in: usize, n_out: usize, x: Arg, per_slot: u32, dst: CUdeviceptr| -> Result<(&'static str, Vec<Arg>), BackendError> {
+                let rows = |weights: &mut Weights,
+                            progress: &mut Progress,
+                            t: &TensorRef,
+                            n_in: usize,
+                            n_out: usize,
+                            x: Arg,
+                            per_slot: u32,
+                            dst: CUdeviceptr|
+                 -> Result<(&'static str, Vec<Arg>), BackendError> {
                     let name = per_type("expert_rows_", t.ty)?;
                     let w = weights.tensor(file, t, progress)?;
                     let slab = t.n_bytes / n_expert as u64;
-                    Ok((name, vec![
-                        Arg::Ptr(w), Arg::U32(u(t.row_bytes())), Arg::U64(slab), Arg::U32(u(n_expert)),
-                        Arg::U32(u(n_in)), Arg::U32(u(n_out)), x, Arg::U32(per_slot), v(o.selected),
-                        Arg::U32(u(k)), Arg::Ptr(dst),
-                    ]))
+                    Ok((
+                        name,
+                        vec![
+                            Arg::Ptr(w),
+                            Arg::U32(u(t.row_bytes())),
+                            Arg::U64(slab),
+                            Arg::U32(u(n_expert)),
+                            Arg::U32(u(n_in)),
+                            Arg::U32(u(n_out)),
+                            x,
+                            Arg::U32(per_slot),
+                            v(o.selected),
+                            Arg::U32(u(k)),
+                            Arg::Ptr(dst),
+                        ],
+                    ))
                 };
-                let grid = |n_out: usize| Grid::Blocks(fixed(u(n_out).div_ceil(8)), per_token(u(k)));
+                let grid =
+                    |n_out: usize| Grid::Blocks(fixed(u(n_out).div_ceil(8)), per_token(u(k)));
                 let (name, args) = rows(weights, &mut progress, &o.gate, d, ff, v(o.x), 0, g)?;
                 launch(name, grid(ff), THREADS, 0, args)?;
                 let (name, args) = rows(weights, &mut progress, &o.up, d, ff, v(o.x), 0, up)?;
                 launch(name, grid(ff), THREADS, 0, args)?;
-                launch("expert_swiglu", Grid::Threads(per_token(u(k * ff))), THREADS, 0, vec![
-                    Arg::Ptr(g), Arg::Ptr(up), v(o.weights), Arg::Ptr(h), Arg::U32(u(ff)), Arg::U32(u(k)), Arg::F32(o.clamp),
-                ])?;
+                launch(
+                    "expert_swiglu",
+                    Grid::Threads(per_token(u(k * ff))),
+                    THREADS,
+                    0,
+                    vec![
+                        Arg::Ptr(g),
+                        Arg::Ptr(up),
+                        v(o.weights),
+                        Arg::Ptr(h),
+                        Arg::U32(u(ff)),
+                        Arg::U32(u(k)),
+                        Arg::F32(o.clamp),
+                    ],
+                )?;
                 let (name, args) = rows(weights, &mut progress, &o.down, ff, d, Arg::Ptr(h), 1, y)?;
                 launch(name, grid(d), THREADS, 0, args)?;
-                launch("expert_sum", Grid::Threads(per_token(u(d))), THREADS, 0, vec![
-                    Arg::Ptr(y), v(o.out), Arg::U32(u(d)), Arg::U32(u(k)),
-                ])?;
+                launch(
+                    "expert_sum",
+                    Grid::Threads(per_token(u(d))),
+                    THREADS,
+                    0,
+                    vec![Arg::Ptr(y), v(o.out), Arg::U32(u(d)), Arg::U32(u(k))],
+                )?;
             }
-            Op::SwiGlu(o) => launch("swiglu_clamped", Grid::Threads(per_token(cols(o.out))), THREADS, 0, vec![
-                v(o.gate), v(o.up), v(o.out), Arg::F32(o.clamp), Arg::U32(cols(o.out)),
-            ])?,
-            Op::Add(o) => launch("add", Grid::Threads(per_token(cols(o.out))), THREADS, 0, vec![
-                v(o.a), v(o.b), v(o.out), Arg::U32(cols(o.out)),
-            ])?,
-            Op::Scale(o) => launch("scale", Grid::Threads(per_token(cols(o.out))), THREADS, 0, vec![
-                v(o.x), v(o.out), Arg::F32(o.factor), Arg::U32(cols(o.out)),
-            ])?,
-            Op::TakeLast(o) => launch("take_last", Grid::Threads(fixed(u(o.cols))), THREADS, 0, vec![
-                v(o.x), v(o.out), Arg::U32(u(o.cols)),
-            ])?,
+            Op::SwiGlu(o) => launch(
+                "swiglu_clamped",
+                Grid::Threads(per_token(cols(o.out))),
+                THREADS,
+                0,
+                vec![
+                    v(o.gate),
+                    v(o.up),
+                    v(o.out),
+                    Arg::F32(o.clamp),
+                    Arg::U32(cols(o.out)),
+                ],
+            )?,
+            Op::Add(o) => launch(
+                "add",
+                Grid::Threads(per_token(cols(o.out))),
+                THREADS,
+                0,
+                vec![v(o.a), v(o.b), v(o.out), Arg::U32(cols(o.out))],
+            )?,
+            Op::Scale(o) => launch(
+                "scale",
+                Grid::Threads(per_token(cols(o.out))),
+                THREADS,
+                0,
+                vec![v(o.x), v(o.out), Arg::F32(o.factor), Arg::U32(cols(o.out))],
+            )?,
+            Op::TakeLast(o) => launch(
+                "take_last",
+                Grid::Threads(fixed(u(o.cols))),
+                THREADS,
+                0,
+                vec![v(o.x), v(o.out), Arg::U32(u(o.cols))],
+            )?,
         }
     }
     progress.finish();

@@ -49,7 +49,11 @@ impl Weights {
         };
         let registered = if try_register { register(file) } else { None };
         Weights {
-            mode: if registered.is_some() { "weights in place (host-registered mmap)" } else { "weights uploaded" },
+            mode: if registered.is_some() {
+                "weights in place (host-registered mmap)"
+            } else {
+                "weights uploaded"
+            },
             registered,
             uploaded: HashMap::new(),
             small: HashMap::new(),
@@ -58,7 +62,12 @@ impl Weights {
 
     /// Device address of a tensor's stored bytes (uploading it the first
     /// time when the file is not registered).
-    pub fn tensor(&mut self, file: &GgufFile, t: &TensorRef, progress: &mut Progress) -> Result<CUdeviceptr, BackendError> {
+    pub fn tensor(
+        &mut self,
+        file: &GgufFile,
+        t: &TensorRef,
+        progress: &mut Progress,
+    ) -> Result<CUdeviceptr, BackendError> {
         if let Some(r) = &self.registered {
             return Ok(r.dev_base + (t.offset - r.offset));
         }
@@ -77,7 +86,11 @@ impl Weights {
     }
 
     /// A small tensor widened to f32 (any stored type), uploaded once.
-    pub fn small_f32(&mut self, file: &GgufFile, t: &TensorRef) -> Result<CUdeviceptr, BackendError> {
+    pub fn small_f32(
+        &mut self,
+        file: &GgufFile,
+        t: &TensorRef,
+    ) -> Result<CUdeviceptr, BackendError> {
         if let Some(b) = self.small.get(&t.name) {
             return Ok(b.ptr);
         }
@@ -112,7 +125,9 @@ fn register(file: &GgufFile) -> Option<Registered> {
     unsafe {
         let host = all.as_ptr().add(start as usize) as *mut std::ffi::c_void;
         let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_READ_ONLY;
-        if sys::cuMemHostRegister_v2(host, (end - start) as usize, flags) != sys::CUresult::CUDA_SUCCESS {
+        if sys::cuMemHostRegister_v2(host, (end - start) as usize, flags)
+            != sys::CUresult::CUDA_SUCCESS
+        {
             return None;
         }
         let mut dev: CUdeviceptr = 0;
@@ -120,7 +135,11 @@ fn register(file: &GgufFile) -> Option<Registered> {
             let _ = sys::cuMemHostUnregister(host);
             return None;
         }
-        Some(Registered { host, dev_base: dev, offset: start })
+        Some(Registered {
+            host,
+            dev_base: dev,
+            offset: start,
+        })
     }
 }
 
@@ -144,8 +163,10 @@ impl Progress {
         let bar = (total > PROGRESS_ABOVE).then(|| {
             let b = indicatif::ProgressBar::new(total);
             b.set_style(
-                indicatif::ProgressStyle::with_template("uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                indicatif::ProgressStyle::with_template(
+                    "uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             b
         });

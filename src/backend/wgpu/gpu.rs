@@ -62,7 +62,9 @@ impl AdapterSummary {
 fn is_real_gpu(info: &wgpu::AdapterInfo) -> bool {
     matches!(
         info.device_type,
-        wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu
+        wgpu::DeviceType::DiscreteGpu
+            | wgpu::DeviceType::IntegratedGpu
+            | wgpu::DeviceType::VirtualGpu
     )
 }
 
@@ -141,7 +143,8 @@ fn pick(list: Vec<wgpu::Adapter>, choice: &AdapterChoice) -> Result<wgpu::Adapte
     };
     if list.is_empty() {
         return Err(unavailable(
-            "no adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers for lavapipe)".into(),
+            "no adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers for lavapipe)"
+                .into(),
         ));
     }
     match choice {
@@ -196,9 +199,8 @@ impl Gpu {
         let adapter = pick(adapters(&inst), choice)?;
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let optional = wgpu::Features::SHADER_F16
-            | wgpu::Features::SUBGROUP
-            | wgpu::Features::TIMESTAMP_QUERY;
+        let optional =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & optional;
         let desc = wgpu::DeviceDescriptor {
             label: Some("ds4"),
@@ -295,7 +297,9 @@ impl Gpu {
 
     /// The largest storage binding this device allows, in bytes.
     pub fn max_binding(&self) -> u64 {
-        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
     }
 }
 

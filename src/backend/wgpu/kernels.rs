@@ -66,10 +66,11 @@ impl Kernels {
                 backend: "wgpu".into(),
                 what: format!("kernel family {name}"),
             })?;
-            let src = shaders::try_module_source(name).ok_or_else(|| BackendError::Unsupported {
-                backend: "wgpu".into(),
-                what: format!("WGSL family {name}"),
-            })?;
+            let src =
+                shaders::try_module_source(name).ok_or_else(|| BackendError::Unsupported {
+                    backend: "wgpu".into(),
+                    what: format!("WGSL family {name}"),
+                })?;
             let mut entries = Vec::new();
             for b in 0..2u32 {
                 entries.push(wgpu::BindGroupLayoutEntry {
@@ -98,12 +99,12 @@ impl Kernels {
                 });
             }
             let fam = scoped(gpu, &format!("shader family {name}"), || {
-                let layout = gpu
-                    .device
-                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                        label: Some(name),
-                        entries: &entries,
-                    });
+                let layout =
+                    gpu.device
+                        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                            label: Some(name),
+                            entries: &entries,
+                        });
                 let pipeline_layout =
                     gpu.device
                         .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {

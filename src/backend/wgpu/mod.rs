@@ -145,9 +145,14 @@ impl WgpuBackend {
     }
 
     /// A backend on an already open device (tests share one device).
-    pub fn new(gpu: Arc<Gpu>, file: WeightFile, layout: StateLayout) -> Result<WgpuBackend, BackendError> {
-        let storage =
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    pub fn new(
+        gpu: Arc<Gpu>,
+        file: WeightFile,
+        layout: StateLayout,
+    ) -> Result<WgpuBackend, BackendError> {
+        let storage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
         let mut states = Vec::new();
         for d in &layout.states {
             let bytes = (d.rows * d.cols * 4).max(4) as u64;
@@ -206,32 +211,42 @@ impl WgpuBackend {
         for op in graph.ops() {
             if matches!(op, Op::MatMul(_) | Op::MoeExperts(_)) {
                 for t in op.weights() {
-                    if !self.tensors.contains_key(&t.name) && !todo.iter().any(|x| x.name == t.name) {
+                    if !self.tensors.contains_key(&t.name) && !todo.iter().any(|x| x.name == t.name)
+                    {
                         todo.push(t);
                     }
                 }
             }
         }
         let total: u64 = todo.iter().map(|t| t.n_bytes).sum();
-        let bar = (total > 256 << 20 && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(|| {
-            let b = indicatif::ProgressBar::new(total);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "uploading weights {bytes}/{total_bytes} {wide_bar} {percent}%",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            b
-        });
+        let bar = (total > 256 << 20 && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(
+            || {
+                let b = indicatif::ProgressBar::new(total);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "uploading weights {bytes}/{total_bytes} {wide_bar} {percent}%",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                b
+            },
+        );
         let file = self.file.clone();
         let file: &crate::gguf::GgufFile = (*file).as_ref();
         let mut done = 0u64;
         for t in todo {
-            let w = weights::GpuTensor::upload(&self.gpu, &t.name, t.ty, t.ne, t.bytes(file), &mut |n| {
-                if let Some(b) = &bar {
-                    b.set_position(done + n);
-                }
-            })?;
+            let w = weights::GpuTensor::upload(
+                &self.gpu,
+                &t.name,
+                t.ty,
+                t.ne,
+                t.bytes(file),
+                &mut |n| {
+                    if let Some(b) = &bar {
+                        b.set_position(done + n);
+                    }
+                },
+            )?;
             done += t.n_bytes;
             self.tensors.insert(t.name.clone(), Arc::new(w));
         }
@@ -246,7 +261,12 @@ impl WgpuBackend {
     }
 
     /// Copies `range` bytes of `buf` to the host (one submit and wait).
-    fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, BackendError> {
+    fn read_bytes(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, BackendError> {
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -428,10 +448,16 @@ impl Backend for WgpuBackend {
             n_tokens: p.n_tokens as u32,
             _pad: [0; 2],
         };
-        self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&u));
+        self.gpu
+            .queue
+            .write_buffer(&self.step, 0, bytemuck::bytes_of(&u));
         let n = p.n_tokens as u32;
         let logits = graph.value(graph.logits);
-        let live = if logits.per_token { p.n_tokens } else { logits.rows } * logits.cols;
+        let live = if logits.per_token {
+            p.n_tokens
+        } else {
+            logits.rows
+        } * logits.cols;
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
             size: (live * 4).max(4) as u64,
@@ -451,7 +477,13 @@ impl Backend for WgpuBackend {
                 }
             }
             if i == last && live > 0 {
-                enc.copy_buffer_to_buffer(g.buffer(graph.logits), 0, &staging, 0, (live * 4) as u64);
+                enc.copy_buffer_to_buffer(
+                    g.buffer(graph.logits),
+                    0,
+                    &staging,
+                    0,
+                    (live * 4) as u64,
+                );
             }
             self.gpu.queue.submit([enc.finish()]);
         }
@@ -473,7 +505,12 @@ impl Backend for WgpuBackend {
         Ok(to_f32(d.dtype, &bytes))
     }
 
-    fn write_value(&mut self, h: GraphHandle, v: ValueId, data: &[f32]) -> Result<(), BackendError> {
+    fn write_value(
+        &mut self,
+        h: GraphHandle,
+        v: ValueId,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
         let g = self.loaded(h)?;
         let d = g.graph.value(v);
         if data.len() > d.len() {
@@ -505,7 +542,12 @@ impl Backend for WgpuBackend {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    fn write_state_rows(&mut self, s: StateId, first: usize, data: &[f32]) -> Result<(), BackendError> {
+    fn write_state_rows(
+        &mut self,
+        s: StateId,
+        first: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
         let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
         if !data.is_empty() {
             self.gpu.queue.write_buffer(

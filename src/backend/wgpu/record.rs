@@ -11,10 +11,10 @@ use super::weights::GpuTensor;
 use super::{check_binding, kernels, LoadedGraph, Size, WgpuBackend, Work};
 use crate::backend::BackendError;
 use crate::gguf::GgufFile;
-use crate::graph::{Node, StateId, ValueId};
 use crate::gguf::TensorRef;
 use crate::graph::ops::compress::RowRounding;
 use crate::graph::ops::{self, Op};
+use crate::graph::{Node, StateId, ValueId};
 use crate::quant::GgmlType;
 
 struct Rec<'a> {
@@ -179,12 +179,13 @@ impl Rec<'_> {
                 mapped_at_creation: true,
             });
             {
-                let mut view = buf.slice(..).get_mapped_range_mut().map_err(|e| {
-                    BackendError::Device {
-                        device: self.b.gpu.describe(),
-                        msg: format!("uploading {}: {e}", t.name),
-                    }
-                })?;
+                let mut view =
+                    buf.slice(..)
+                        .get_mapped_range_mut()
+                        .map_err(|e| BackendError::Device {
+                            device: self.b.gpu.describe(),
+                            msg: format!("uploading {}: {e}", t.name),
+                        })?;
                 let mut padded;
                 let src = if src.len() as u64 == size {
                     src
@@ -212,9 +213,7 @@ impl Rec<'_> {
                     GgmlType::F16 => 1,
                     GgmlType::Bf16 => 2,
                     other => {
-                        return Err(unsupported(format!(
-                            "embedding tables of type {other:?}"
-                        )))
+                        return Err(unsupported(format!("embedding tables of type {other:?}")))
                     }
                 };
                 let dim = o.table.ne[0] as usize;
@@ -305,18 +304,7 @@ impl Rec<'_> {
                 let max_tokens = self.g.graph.max_tokens;
                 let (mm, gpu, step) = self.matmul()?;
                 let e = mm.experts(
-                    gpu,
-                    &gate,
-                    &up,
-                    &down,
-                    o.clamp,
-                    o.k,
-                    x,
-                    sel,
-                    wts,
-                    out,
-                    step,
-                    max_tokens,
+                    gpu, &gate, &up, &down, o.clamp, o.k, x, sel, wts, out, step, max_tokens,
                 )?;
                 one(Work::Experts(e))
             }
@@ -388,7 +376,9 @@ impl Rec<'_> {
                     n_rot: o.rope.n_rot as u32,
                     inverse: o.inverse as u32,
                 };
-                let tb = self.b.storage_init("rope table", bytemuck::cast_slice(&table));
+                let tb = self
+                    .b
+                    .storage_init("rope table", bytemuck::cast_slice(&table));
                 let s = [self.val(o.x), tb, self.val(o.out)];
                 one(self.kernel("rope", "rope", &p, &s, per_token(o.heads * o.head_dim))?)
             }
@@ -417,11 +407,20 @@ impl Rec<'_> {
                     ..Default::default()
                 };
                 let s = [self.val(o.x), self.val(o.out)];
-                one(self.kernel("round", "hadamard_fp4", &p, &s, groups_per_token(o.cols / o.head_dim))?)
+                one(self.kernel(
+                    "round",
+                    "hadamard_fp4",
+                    &p,
+                    &s,
+                    groups_per_token(o.cols / o.head_dim),
+                )?)
             }
             Op::Attention(o) => {
                 if o.head_dim > 1024 {
-                    return Err(unsupported(format!("head_dim {} (at most 1024)", o.head_dim)));
+                    return Err(unsupported(format!(
+                        "head_dim {} (at most 1024)",
+                        o.head_dim
+                    )));
                 }
                 let p = AttnParams {
                     n_head: o.n_head as u32,

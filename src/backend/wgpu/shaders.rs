@@ -38,8 +38,16 @@ const FAMILIES: &[(&str, &[&str], &str)] = &[
     family!("indexer", &["common"]),
     family!("router", &["common"]),
     // Matrix products (dense) and routed experts; see src/backend/wgpu/matmul.rs.
-    ("matmul", &["quant"], include_str!("../../../shaders/matmul.wgsl")),
-    ("moe", &["quant", "matmul"], include_str!("../../../shaders/moe.wgsl")),
+    (
+        "matmul",
+        &["quant"],
+        include_str!("../../../shaders/matmul.wgsl"),
+    ),
+    (
+        "moe",
+        &["quant", "matmul"],
+        include_str!("../../../shaders/moe.wgsl"),
+    ),
     // Device read-bandwidth probe (ds4-bench --bandwidth).
     family!("bandwidth", &[]),
 ];

@@ -2,8 +2,8 @@
 //! per-head sinks (MODEL.md §3.5.2, §3.6); and the raw-window ring update.
 
 use crate::gguf::GgufFile;
-use crate::graph::{StateId, ValueId};
 use crate::gguf::TensorRef;
+use crate::graph::{StateId, ValueId};
 
 /// Where a layer's compressed rows are and which of them a query sees.
 #[derive(Clone, Copy, Debug)]

@@ -1,8 +1,8 @@
 //! Small ops: embedding lookup, element-wise add and scale, last-row select.
 
 use crate::gguf::GgufFile;
-use crate::graph::ValueId;
 use crate::gguf::TensorRef;
+use crate::graph::ValueId;
 use crate::quant;
 
 /// `out[t] = table[tokens[t]]` (table ne `[D, V]`).

@@ -5,9 +5,9 @@
 
 use super::rope;
 use crate::gguf::GgufFile;
-use crate::graph::{StateId, ValueId};
 use crate::gguf::TensorRef;
 use crate::graph::ops::rope::RopeConfig;
+use crate::graph::{StateId, ValueId};
 use crate::quant::small_float;
 
 /// Score of an empty slot (ds4's initial state; weight 0 after softmax).

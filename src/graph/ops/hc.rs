@@ -3,8 +3,8 @@
 //! and writes back through a Sinkhorn-normalised mixing matrix.
 
 use crate::gguf::GgufFile;
-use crate::graph::ValueId;
 use crate::gguf::TensorRef;
+use crate::graph::ValueId;
 
 /// `out[t][s] = x[t]` for every stream `s` (the embedding enters every stream).
 #[derive(Clone, Debug)]

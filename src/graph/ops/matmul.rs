@@ -2,8 +2,8 @@
 
 use super::parallel::for_rows;
 use crate::gguf::GgufFile;
-use crate::graph::ValueId;
 use crate::gguf::TensorRef;
+use crate::graph::ValueId;
 use crate::quant;
 
 /// `out[t][o] = Σ_i W[o][i] · x[t][g·in + i]` for weight rows `o` of group `g`.

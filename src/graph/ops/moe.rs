@@ -3,8 +3,8 @@
 
 use super::matmul::matmul_rows;
 use crate::gguf::GgufFile;
-use crate::graph::ValueId;
 use crate::gguf::TensorRef;
+use crate::graph::ValueId;
 
 /// Smallest routing-weight denominator (ds4's guard, 2⁻¹⁴).
 const MIN_WEIGHT_SUM: f32 = 1.0 / 16384.0;

@@ -1,8 +1,8 @@
 //! RMS normalisation, weighted or not, over rows of `dim` values.
 
 use crate::gguf::GgufFile;
-use crate::graph::ValueId;
 use crate::gguf::TensorRef;
+use crate::graph::ValueId;
 
 /// `out = x / sqrt(mean(x²) + eps) (⊙ w)` for every `dim`-wide row of `x`.
 /// Sums of squares are accumulated in f64 (as ds4 does) so the norm does not
