@@ -19,6 +19,36 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The interactive REPL on the tiny q8 model (greedy, no thinking, `-n`
+/// tokens per answer) fed `input` on stdin; its output once stdin closes.
+fn repl(n: &str, input: &str) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let m = common::tiny_model_path(Variant::Q8);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4"))
+        .args([
+            "-m",
+            m.to_str().unwrap(),
+            "-n",
+            n,
+            "--temp",
+            "0",
+            "--nothink",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn assert_clean_error(o: &Output, what: &str) {
     let err = stderr(o);
     assert_eq!(
@@ -226,31 +256,7 @@ fn bad_input_is_a_clear_error() {
 
 #[test]
 fn repl_reuses_the_session_across_turns() {
-    use std::io::Write;
-    use std::process::Stdio;
-    let m = common::tiny_model_path(Variant::Q8);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4"))
-        .args([
-            "-m",
-            m.to_str().unwrap(),
-            "-n",
-            "3",
-            "--temp",
-            "0",
-            "--nothink",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"hello\n/think\n/bogus\nand again\n/quit\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = repl("3", "hello\n/think\n/bogus\nand again\n/quit\n");
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     let out = String::from_utf8_lossy(&o.stdout);
@@ -387,31 +393,10 @@ fn ds4_bench_restore_mode_stores_and_loads_each_frontier() {
 
 #[test]
 fn repl_commands_check_their_arguments() {
-    use std::io::Write;
-    use std::process::Stdio;
-    let m = common::tiny_model_path(Variant::Q8);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4"))
-        .args([
-            "-m",
-            m.to_str().unwrap(),
-            "-n",
-            "2",
-            "--temp",
-            "0",
-            "--nothink",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"/think x\n/nothink x\n/ctx abc\n/ctx 300\nhello\n/quit\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = repl(
+        "2",
+        "/think x\n/nothink x\n/ctx abc\n/ctx 300\nhello\n/quit\n",
+    );
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     let out = String::from_utf8_lossy(&o.stdout);
@@ -442,45 +427,21 @@ fn demo_without_n_is_short() {
 /// an error line and the chat goes on.
 #[test]
 fn repl_save_and_load_continue_a_conversation() {
-    use std::io::Write;
-    use std::process::Stdio;
-    let m = common::tiny_model_path(Variant::Q8);
     let dir = std::env::temp_dir().join(format!("ds4-cli-save-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("chat.kv");
-    let repl = |input: String| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ds4"))
-            .args([
-                "-m",
-                m.to_str().unwrap(),
-                "-n",
-                "3",
-                "--temp",
-                "0",
-                "--nothink",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let o = child.wait_with_output().unwrap();
+    let run = |input: String| {
+        let o = repl("3", &input);
         let err = stderr(&o);
         assert!(o.status.success(), "{err}");
         err
     };
     let f = file.display();
-    let err = repl(format!("hello\n/save {f}\n/save\n/quit\n"));
+    let err = run(format!("hello\n/save {f}\n/save\n/quit\n"));
     assert!(err.contains("ds4: saved "), "{err}");
     assert!(err.contains("/save: expected a file name"), "{err}");
     assert!(file.exists());
-    let err = repl(format!("/load {f}.missing\n/load {f}\nand again\n/quit\n"));
+    let err = run(format!("/load {f}.missing\n/load {f}\nand again\n/quit\n"));
     assert!(err.contains(".missing"), "{err}");
     let loaded: usize = err
         .lines()
