@@ -1,5 +1,6 @@
 //! Restore from a KVC file vs re-prefill, across prefix lengths
-//! (`cargo bench --bench kv_restore`), on the CPU backend.
+//! (`cargo bench --bench kv_restore`), on the backends `DS4_BENCH_BACKENDS`
+//! names (default `cpu`, the fast CPU backend; `cpu-ref`, `wgpu`).
 //!
 //! The model is generated once into target/bench-models/: Flash's attention
 //! state geometry — 43 layers in Flash's ratio pattern (window, window, then
@@ -11,19 +12,26 @@
 //! bound, and docs/PERFORMANCE.md scales it with the measured Flash-width
 //! prefill rate.
 //!
-//! Per prefix length L: prefill to L (timed, continuing from the previous L,
-//! so each figure is the cumulative time from token 0), write the session as
-//! a KVC file (timed: serialise, write, fsync, rename), then load it into a
-//! fresh session (timed: read, checksum, place the state; the page cache is
-//! warm — a cold read adds file size ÷ disk read speed).
+//! Per backend and prefix length L (1024, 2048, … up to the backend's
+//! maximum): a fresh session with context L + 1 prefills L tokens from token
+//! 0 (timed), writes itself as a KVC file (timed: serialise, write, fsync,
+//! rename), then a second fresh session loads the file (timed: read,
+//! checksum, place the state; the page cache is warm — a cold read adds file
+//! size ÷ disk read speed) and must hold the same logits. Each row has its
+//! own sessions so that a length the backend cannot hold (wgpu on lavapipe:
+//! a buffer over the 128 MiB binding limit) is one row with the error, not
+//! the end of the run; larger lengths of that backend are then skipped.
 //!
-//! Environment: DS4_BENCH_KV_MAX (default 8192), DS4_BENCH_KV_DIR (where the
-//! files go; default target/bench-kv).
+//! Environment: `DS4_BENCH_BACKENDS` (e.g. `cpu,wgpu:4096,cpu-ref:2048`: a
+//! backend name, optionally `:` its own longest prefix), `DS4_BENCH_KV_MAX`
+//! (default longest prefix, 8192), `DS4_BENCH_KV_DIR` (where the files go;
+//! default target/bench-kv).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use ds4::backend::BackendKind;
 use ds4::kvcache::{load_file, save_file, SaveReason};
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
@@ -68,59 +76,148 @@ fn model_path() -> PathBuf {
     path
 }
 
+/// One backend of `DS4_BENCH_BACKENDS`: its kind, the label printed in the
+/// table and the longest prefix to try.
+struct BenchBackend {
+    kind: BackendKind,
+    label: String,
+    max: usize,
+}
+
+/// `DS4_BENCH_BACKENDS=cpu,wgpu:4096,cpu-ref`: comma-separated backend
+/// names (`BackendKind::parse`), each optionally with its own longest
+/// prefix after a colon (default `DS4_BENCH_KV_MAX`).
+fn backends(default_max: usize) -> Result<Vec<BenchBackend>, String> {
+    let spec = std::env::var("DS4_BENCH_BACKENDS").unwrap_or_else(|_| "cpu".into());
+    let mut out = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, max) = match item.split_once(':') {
+            Some((n, m)) => (
+                n,
+                m.parse::<usize>()
+                    .map_err(|_| format!("DS4_BENCH_BACKENDS: bad length in {item:?}"))?,
+            ),
+            None => (item, default_max),
+        };
+        let kind = BackendKind::parse(name).map_err(|e| format!("DS4_BENCH_BACKENDS: {e}"))?;
+        out.push(BenchBackend {
+            kind,
+            label: name.to_string(),
+            max,
+        });
+    }
+    if out.is_empty() {
+        return Err("DS4_BENCH_BACKENDS names no backend".into());
+    }
+    Ok(out)
+}
+
 fn main() {
     let max = env("DS4_BENCH_KV_MAX", 8192);
+    let backends = match backends(max) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("kv_restore: {e}");
+            std::process::exit(2);
+        }
+    };
     let dir = std::env::var_os("DS4_BENCH_KV_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-kv"));
     std::fs::create_dir_all(&dir).expect("bench dir");
     let model = Arc::new(ModelFile::open(model_path()).expect("open"));
     let cfg = &model.config;
-    let opts = SessionOptions {
-        ctx: max + 1,
-        ..Default::default()
-    };
-    let prompt: Vec<u32> = (0..max as u32).map(|i| (i * 7919) % 120_000 + 10).collect();
-    let mut live = Session::new(model.clone(), opts.clone()).expect("session");
-    let mut restored = Session::new(model.clone(), opts).expect("session");
+    let longest = backends.iter().map(|b| b.max).max().unwrap_or(0);
+    let prompt: Vec<u32> = (0..longest as u32)
+        .map(|i| (i * 7919) % 120_000 + 10)
+        .collect();
     println!(
         "model: {} layers, head dim {}, window {}, indexer dim {}, vocab {} (Flash's KV geometry)",
         cfg.n_layer, cfg.head_dim, cfg.sliding_window, cfg.indexer_head_dim, cfg.n_vocab
     );
-    println!("| prefix tokens | re-prefill (this model) | save | restore | restore speedup | file | bytes/token above the fixed part |");
-    println!("|---|---|---|---|---|---|---|");
-    let mut lens = vec![];
-    let mut l = 1024.min(max);
-    while l <= max {
-        lens.push(l);
-        l *= 2;
+    println!("| backend | prefix tokens | re-prefill (this model) | save | restore | restore speedup | file | bytes/token above the first row |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for b in &backends {
+        let mut first: Option<(usize, u64)> = None;
+        let mut l = 1024.min(b.max);
+        while l <= b.max && l > 0 {
+            match row(&model, b.kind, &prompt[..l], &dir) {
+                Ok(r) => {
+                    let per_token = match first {
+                        Some((l0, b0)) => {
+                            format!("{:.0} B", (r.bytes - b0) as f64 / (l - l0) as f64)
+                        }
+                        None => "—".into(),
+                    };
+                    first.get_or_insert((l, r.bytes));
+                    println!(
+                        "| {} | {l} | {:.2} s | {:.0} ms | {:.0} ms | {:.0}× | {:.1} MiB | {per_token} |",
+                        r.device,
+                        r.prefill_s,
+                        r.save_s * 1e3,
+                        r.restore_s * 1e3,
+                        r.prefill_s / r.restore_s,
+                        r.bytes as f64 / (1u64 << 20) as f64
+                    );
+                }
+                Err(e) => {
+                    println!("| {} | {l} | failed: {e} | | | | | |", b.label);
+                    break;
+                }
+            }
+            l *= 2;
+        }
     }
-    let mut prefill_s = 0.0;
-    let mut first: Option<(usize, u64)> = None;
-    for &l in &lens {
-        let t = Instant::now();
-        live.sync(&prompt[..l], &mut |_, _| {}).expect("prefill");
-        prefill_s += t.elapsed().as_secs_f64();
-        let path = dir.join(format!("prefix-{l}.kvc"));
-        let t = Instant::now();
-        let bytes = save_file(&path, &live, b"bench", SaveReason::Unknown).expect("save");
-        let save_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        load_file(&path, &mut restored).expect("restore");
-        let restore_s = t.elapsed().as_secs_f64();
-        assert_eq!(restored.logits(), live.logits());
-        let per_token = match first {
-            Some((l0, b0)) => format!("{:.0} B", (bytes - b0) as f64 / (l - l0) as f64),
-            None => "—".into(),
-        };
-        first.get_or_insert((l, bytes));
-        println!(
-            "| {l} | {prefill_s:.2} s | {:.0} ms | {:.0} ms | {:.0}× | {:.1} MiB | {per_token} |",
-            save_s * 1e3,
-            restore_s * 1e3,
-            prefill_s / restore_s,
-            bytes as f64 / (1u64 << 20) as f64
-        );
-        let _ = std::fs::remove_file(&path);
+}
+
+/// One measured row.
+struct Row {
+    device: String,
+    prefill_s: f64,
+    save_s: f64,
+    restore_s: f64,
+    bytes: u64,
+}
+
+fn row(
+    model: &Arc<ModelFile>,
+    kind: BackendKind,
+    prompt: &[u32],
+    dir: &Path,
+) -> Result<Row, String> {
+    let opts = SessionOptions {
+        ctx: prompt.len() + 1,
+        backend: kind,
+        ..Default::default()
+    };
+    let mut live = Session::new(model.clone(), opts.clone()).map_err(|e| e.to_string())?;
+    let device = live
+        .backend_notice()
+        .trim_start_matches("backend: ")
+        .to_string();
+    let t = Instant::now();
+    live.sync(prompt, &mut |_, _| {})
+        .map_err(|e| e.to_string())?;
+    let prefill_s = t.elapsed().as_secs_f64();
+    let path = dir.join(format!("prefix-{}.kvc", prompt.len()));
+    let t = Instant::now();
+    let bytes =
+        save_file(&path, &live, b"bench", SaveReason::Unknown).map_err(|e| e.to_string())?;
+    let save_s = t.elapsed().as_secs_f64();
+    let mut restored = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let r = load_file(&path, &mut restored).map_err(|e| e.to_string());
+    let restore_s = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&path);
+    r?;
+    if restored.logits() != live.logits() || restored.tokens() != live.tokens() {
+        return Err("the restored session differs from the saved one".into());
     }
+    Ok(Row {
+        device,
+        prefill_s,
+        save_s,
+        restore_s,
+        bytes,
+    })
 }

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use common::{max_abs_diff, tiny_model};
 use ds4::kvcache::file::{self, KvcHeader, NewCheckpoint, SaveReason};
 use ds4::kvcache::{
-    load_file, save_file, CacheKey, DiskCache, KtmEntry, KvCacheConfig, LookupOutcome, SaveMoments,
-    StoreOutcome,
+    load_file, save_file, CacheKey, DiskCache, KtmEntry, KvCacheConfig, LookupOutcome, NoToolIds,
+    SaveMoments, StoreOutcome,
 };
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
@@ -725,7 +725,7 @@ fn a_restarted_worker_resumes_with_only_the_suffix_evaluated() {
     let mut w1 = SaveMoments::new(open(&cfg));
     let mut live = session(CTX);
     let turn1 = rendered(6, 17);
-    let r1 = w1.resume_from_disk(&mut live, &tok, &turn1, None);
+    let r1 = w1.resume_from_disk(&mut live, &tok, &turn1, None, &NoToolIds);
     assert_eq!((r1.cached, r1.hit.is_some()), (0, false));
     let st = w1
         .prefill(
@@ -734,6 +734,7 @@ fn a_restarted_worker_resumes_with_only_the_suffix_evaluated() {
             &r1.effective,
             r1.cached,
             &mut no_progress(),
+            &NoToolIds,
         )
         .unwrap();
     assert_eq!(st.evaluated, r1.effective.len());
@@ -758,12 +759,12 @@ fn a_restarted_worker_resumes_with_only_the_suffix_evaluated() {
     lens.sort();
     assert_eq!(lens, points, "cold + continued checkpoints");
     for _ in 0..6 {
-        w1.before_decode(&live, &tok);
+        w1.before_decode(&live, &tok, &NoToolIds);
         let next = argmax(live.logits());
         live.eval(next).unwrap();
     }
     assert!(matches!(
-        w1.shutdown(&live, &tok, None),
+        w1.shutdown(&live, &tok, None, &NoToolIds),
         Some(StoreOutcome::Stored { .. })
     ));
     let stored = live.tokens().to_vec();
@@ -776,7 +777,7 @@ fn a_restarted_worker_resumes_with_only_the_suffix_evaluated() {
     turn2.push_str("<｜end▁of▁sentence｜><｜User｜>and one more question?<｜Assistant｜></think>");
     let mut w2 = SaveMoments::new(open(&cfg));
     let mut fresh = session(CTX);
-    let r2 = w2.resume_from_disk(&mut fresh, &tok, &turn2, None);
+    let r2 = w2.resume_from_disk(&mut fresh, &tok, &turn2, None, &NoToolIds);
     let hit = r2.hit.clone().expect("the shutdown checkpoint is found");
     assert_eq!(hit.reason, SaveReason::Shutdown);
     assert_eq!(r2.cached, stored.len(), "usage cached_tokens");
@@ -789,6 +790,7 @@ fn a_restarted_worker_resumes_with_only_the_suffix_evaluated() {
             &r2.effective,
             r2.cached,
             &mut no_progress(),
+            &NoToolIds,
         )
         .unwrap();
     assert_eq!(
@@ -803,7 +805,7 @@ fn a_restarted_worker_resumes_with_only_the_suffix_evaluated() {
     // A different conversation replaces the live one: evict save first.
     let other = rendered(2, 99);
     let before = w2.cache.metrics().snapshot().saves;
-    let r3 = w2.resume_from_disk(&mut fresh, &tok, &other, None);
+    let r3 = w2.resume_from_disk(&mut fresh, &tok, &other, None, &NoToolIds);
     assert_eq!(r3.cached, 0);
     assert_eq!(
         w2.cache.metrics().snapshot().saves,
@@ -814,7 +816,7 @@ fn a_restarted_worker_resumes_with_only_the_suffix_evaluated() {
     let mut back = turn2.clone();
     back.push_str("more");
     let mut s3 = session(CTX);
-    let r4 = w2.resume_from_disk(&mut s3, &tok, &back, None);
+    let r4 = w2.resume_from_disk(&mut s3, &tok, &back, None, &NoToolIds);
     assert_eq!(
         r4.hit.map(|h| (h.reason, h.tokens)),
         Some((SaveReason::Evict, r2.effective.len()))

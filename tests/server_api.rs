@@ -872,6 +872,8 @@ async fn anthropic_tool_results_continue_without_thinking_replay() {
     );
 }
 
+use ds4::kvcache::ToolIds;
+
 /// A stand-in disk cache: counts the worker's calls and, on `resume`,
 /// "loads" the first 4 tokens of the prompt (by evaluating them).
 struct FakeCache(Arc<std::sync::Mutex<Vec<&'static str>>>);
@@ -883,11 +885,16 @@ impl worker::KvCacheHook for FakeCache {
         tok: &Tokenizer,
         rendered: &str,
         _visible: Option<(&[u8], worker::VisibleKind)>,
-    ) -> Option<(Vec<u32>, usize)> {
+        _tools: &dyn ToolIds,
+    ) -> Option<worker::DiskResumed> {
         self.0.lock().unwrap().push("resume");
         let full = tok.encode_chat(rendered);
         sess.sync(&full[..4], &mut |_, _| {}).ok()?;
-        Some((full, 4))
+        Some(worker::DiskResumed {
+            effective: full,
+            cached: 4,
+            tool_map: Vec::new(),
+        })
     }
     fn prefill(
         &mut self,
@@ -896,11 +903,12 @@ impl worker::KvCacheHook for FakeCache {
         prompt: &[u32],
         _cached: usize,
         progress: &mut dyn FnMut(usize, usize),
+        _tools: &dyn ToolIds,
     ) -> Result<ds4::session::SyncStats, ds4::SessionError> {
         self.0.lock().unwrap().push("prefill");
         sess.sync(prompt, progress)
     }
-    fn before_decode(&mut self, _sess: &Session, _tok: &Tokenizer) {
+    fn before_decode(&mut self, _sess: &Session, _tok: &Tokenizer, _tools: &dyn ToolIds) {
         self.0.lock().unwrap().push("decode");
     }
     fn shutdown(
@@ -908,6 +916,7 @@ impl worker::KvCacheHook for FakeCache {
         _sess: &Session,
         _tok: &Tokenizer,
         _visible: Option<(&[u8], worker::VisibleKind)>,
+        _tools: &dyn ToolIds,
     ) {
         self.0.lock().unwrap().push("shutdown");
     }

@@ -7,6 +7,7 @@
 //! * [`policy`]: ds4's flags, the cold boundary, the continued frontier.
 //! * [`moments`]: the worker's calls at each save moment (cold, continued,
 //!   evict, shutdown) and at the disk lookup rule.
+//! * [`toolmap`]: which tool ids a checkpoint's KTM map carries.
 //!
 //! The server's worker owns one [`SaveMoments`] (around a [`DiskCache`] from
 //! [`DiskCache::open`]) beside its live session. The CLI and
@@ -17,6 +18,7 @@ pub mod file;
 pub mod moments;
 pub mod policy;
 pub mod store;
+pub mod toolmap;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +33,7 @@ pub use file::{KtmEntry, KvcHeader, SaveReason};
 pub use moments::{DiskResume, SaveMoments, VisibleKey};
 pub use policy::{ContinuedSaves, KvCacheConfig};
 pub use store::{CacheKey, DiskCache, DiskHit, LookupOutcome, StoreOutcome};
+pub use toolmap::{tool_map_for, NoToolIds, ToolIds};
 
 #[derive(Debug, Error)]
 pub enum KvCacheError {

@@ -10,12 +10,18 @@
 //!   saves), except inside a DSML block of a tool request;
 //! * [`SaveMoments::shutdown`] on SIGINT/SIGTERM after the last request.
 //!
+//! Every call that may store takes the caller's tool memory ([`ToolIds`]):
+//! each checkpoint carries the ids of the tool calls in its text (the KTM
+//! map, KVCACHE.md §4.5); pass [`super::NoToolIds`] when there is none or
+//! exact DSML replay is off.
+//!
 //! Stores run on the worker thread between steps, so a save delays a
 //! response by the save itself and nothing else; a failed save is logged
 //! and counted, never returned as a request error.
 
 use super::{
-    CacheKey, ContinuedSaves, DiskCache, DiskHit, LookupOutcome, SaveReason, StoreOutcome,
+    tool_map_for, CacheKey, ContinuedSaves, DiskCache, DiskHit, LookupOutcome, SaveReason,
+    StoreOutcome, ToolIds,
 };
 use crate::session::{Session, SessionError, SyncStats};
 use crate::tokenizer::Tokenizer;
@@ -62,6 +68,7 @@ impl SaveMoments {
         tok: &Tokenizer,
         reason: SaveReason,
         visible: Option<&VisibleKey<'_>>,
+        tools: &dyn ToolIds,
     ) -> StoreOutcome {
         let decoded;
         let (text, key) = match visible {
@@ -71,7 +78,8 @@ impl SaveMoments {
                 (&decoded[..], CacheKey::Tokens)
             }
         };
-        let r = self.cache.store(session, text, key, reason, &[]);
+        let map = tool_map_for(text, tools);
+        let r = self.cache.store(session, text, key, reason, &map);
         if matches!(
             r,
             StoreOutcome::Stored { .. } | StoreOutcome::AlreadyStored { .. }
@@ -90,10 +98,11 @@ impl SaveMoments {
         tok: &Tokenizer,
         rendered: &str,
         visible: Option<&VisibleKey<'_>>,
+        tools: &dyn ToolIds,
     ) -> DiskResume {
         self.frontier.reset();
         if session.tokens().len() >= self.cache.config().kv_cache_min_tokens {
-            self.store_live(session, tok, SaveReason::Evict, visible);
+            self.store_live(session, tok, SaveReason::Evict, visible, tools);
             self.frontier.reset();
         }
         let miss = |tok: &Tokenizer| DiskResume {
@@ -132,6 +141,7 @@ impl SaveMoments {
         prompt: &[u32],
         cached: usize,
         progress: &mut dyn FnMut(usize, usize),
+        tools: &dyn ToolIds,
     ) -> Result<SyncStats, SessionError> {
         let cfg = self.cache.config().clone();
         let sp = tok.specials();
@@ -171,28 +181,28 @@ impl SaveMoments {
             total.evaluated += s.evaluated;
             match reason {
                 Some(SaveReason::Cold) => {
-                    self.store_live(session, tok, SaveReason::Cold, None);
+                    self.store_live(session, tok, SaveReason::Cold, None, tools);
                 }
                 Some(r) if self.frontier.due(&cfg, end) => {
-                    self.store_live(session, tok, r, None);
+                    self.store_live(session, tok, r, None, tools);
                 }
                 _ => {}
             }
         }
         if cold == Some(prompt.len()) {
-            self.store_live(session, tok, SaveReason::Cold, None);
+            self.store_live(session, tok, SaveReason::Cold, None, tools);
         } else if self.frontier.due(&cfg, prompt.len()) {
-            self.store_live(session, tok, SaveReason::Continued, None);
+            self.store_live(session, tok, SaveReason::Continued, None, tools);
         }
         Ok(total)
     }
 
     /// Before each decode step: store the live session if it sits on a
     /// continued frontier.
-    pub fn before_decode(&mut self, session: &Session, tok: &Tokenizer) {
+    pub fn before_decode(&mut self, session: &Session, tok: &Tokenizer, tools: &dyn ToolIds) {
         let cfg = self.cache.config().clone();
         if self.frontier.due(&cfg, session.tokens().len()) {
-            self.store_live(session, tok, SaveReason::Continued, None);
+            self.store_live(session, tok, SaveReason::Continued, None, tools);
         }
     }
 
@@ -202,9 +212,10 @@ impl SaveMoments {
         session: &Session,
         tok: &Tokenizer,
         visible: Option<&VisibleKey<'_>>,
+        tools: &dyn ToolIds,
     ) -> Option<StoreOutcome> {
         (session.tokens().len() >= self.cache.config().kv_cache_min_tokens)
-            .then(|| self.store_live(session, tok, SaveReason::Shutdown, visible))
+            .then(|| self.store_live(session, tok, SaveReason::Shutdown, visible, tools))
     }
 }
 

@@ -344,11 +344,16 @@ impl DiskCache {
                 KvCacheMetrics::add(&self.metrics.saves, 1);
                 KvCacheMetrics::add(&self.metrics.bytes_written, bytes);
                 self.log(&format!(
-                    "stored tokens={n} reason={r} key={} size={:.2} MiB save={:.1} ms file={}",
+                    "stored tokens={n} reason={r} key={}{} size={:.2} MiB save={:.1} ms file={}",
                     match key {
                         CacheKey::Tokens => "token-text",
                         CacheKey::ResponsesVisible => "responses-visible",
                         CacheKey::ThinkingVisible => "thinking-visible",
+                    },
+                    if tool_map.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" tool_ids={}", tool_map.len())
                     },
                     mib(bytes),
                     t0.elapsed().as_secs_f64() * 1e3,
@@ -525,6 +530,9 @@ impl DiskCache {
                     .into_iter()
                     .filter(|k| wanted(&k.id)),
             );
+        }
+        if !out.is_empty() {
+            self.log(&format!("restored {} tool ids from disk", out.len()));
         }
         out
     }

@@ -3,9 +3,10 @@
 //! Built from ds4's `--kv-*` flags; absent without `--kv-disk-dir`.
 
 use super::metrics::Metrics;
-use super::worker::{KvCacheHook, VisibleKind};
+use super::worker::{DiskResumed, KvCacheHook, VisibleKind};
 use crate::kvcache::{
-    routed_quant_bits, CacheKey, DiskCache, KvCacheConfig, SaveMoments, VisibleKey,
+    routed_quant_bits, CacheKey, DiskCache, KtmEntry, KvCacheConfig, SaveMoments, ToolIds,
+    VisibleKey,
 };
 use crate::model::ModelFile;
 use crate::session::{Session, SessionError, SyncStats};
@@ -57,11 +58,16 @@ impl KvCacheHook for DiskHook {
         tok: &Tokenizer,
         rendered: &str,
         visible: Option<(&[u8], VisibleKind)>,
-    ) -> Option<(Vec<u32>, usize)> {
+        tools: &dyn ToolIds,
+    ) -> Option<DiskResumed> {
         let r = self
             .moments
-            .resume_from_disk(sess, tok, rendered, key(visible).as_ref());
-        r.hit.map(|_| (r.effective, r.cached))
+            .resume_from_disk(sess, tok, rendered, key(visible).as_ref(), tools);
+        r.hit.map(|hit| DiskResumed {
+            effective: r.effective,
+            cached: r.cached,
+            tool_map: hit.tool_map,
+        })
     }
 
     fn prefill(
@@ -71,15 +77,28 @@ impl KvCacheHook for DiskHook {
         prompt: &[u32],
         cached: usize,
         progress: &mut dyn FnMut(usize, usize),
+        tools: &dyn ToolIds,
     ) -> Result<SyncStats, SessionError> {
-        self.moments.prefill(sess, tok, prompt, cached, progress)
+        self.moments
+            .prefill(sess, tok, prompt, cached, progress, tools)
     }
 
-    fn before_decode(&mut self, sess: &Session, tok: &Tokenizer) {
-        self.moments.before_decode(sess, tok);
+    fn before_decode(&mut self, sess: &Session, tok: &Tokenizer, tools: &dyn ToolIds) {
+        self.moments.before_decode(sess, tok, tools);
     }
 
-    fn shutdown(&mut self, sess: &Session, tok: &Tokenizer, visible: Option<(&[u8], VisibleKind)>) {
-        self.moments.shutdown(sess, tok, key(visible).as_ref());
+    fn shutdown(
+        &mut self,
+        sess: &Session,
+        tok: &Tokenizer,
+        visible: Option<(&[u8], VisibleKind)>,
+        tools: &dyn ToolIds,
+    ) {
+        self.moments
+            .shutdown(sess, tok, key(visible).as_ref(), tools);
+    }
+
+    fn prefetch_tool_ids(&mut self, wanted: &dyn Fn(&[u8]) -> bool) -> Vec<KtmEntry> {
+        self.moments.cache.prefetch_tool_ids(wanted)
     }
 }

@@ -19,6 +19,7 @@ use super::request::{Api, GenRequest, Role};
 use crate::generate::{
     self, Finish, Observer, Piece, Sampled, Scripted, Step, ThinkSplit, TokenPicker,
 };
+use crate::kvcache::{KtmEntry, NoToolIds, ToolIds};
 use crate::sampler::Rng;
 use crate::session::Session;
 use crate::tokenizer::Tokenizer;
@@ -117,10 +118,20 @@ pub enum VisibleKind {
     Thinking,
 }
 
+/// A disk hit: the effective prompt, the cached count and the checkpoint's
+/// KTM tool-id map (for the tool memory, KVCACHE.md §7 step 5).
+pub struct DiskResumed {
+    pub effective: Vec<u32>,
+    pub cached: usize,
+    pub tool_map: Vec<KtmEntry>,
+}
+
 /// Where a disk KV cache hooks into the worker (KVCACHE.md §2 rule 7 and
 /// §5's save moments). The shape follows `kvcache::SaveMoments`; the
 /// defaults are "no cache", so without one the server behaves as with
-/// `--kv-disk-dir` unset.
+/// `--kv-disk-dir` unset. Every call that may store a checkpoint gets the
+/// worker's tool memory (`tools`), whose ids for the tool calls in the
+/// checkpoint's text go into its KTM map (§4.5).
 pub trait KvCacheHook: Send {
     /// Rules 1-6 found nothing: save the live session (evict), then bring
     /// it to the longest stored prefix of `rendered`. Returns the effective
@@ -132,7 +143,8 @@ pub trait KvCacheHook: Send {
         _tok: &Tokenizer,
         _rendered: &str,
         _visible: Option<(&[u8], VisibleKind)>,
-    ) -> Option<(Vec<u32>, usize)> {
+        _tools: &dyn ToolIds,
+    ) -> Option<DiskResumed> {
         None
     }
     /// Replaces `Session::sync` (cold and continued saves on the way).
@@ -143,19 +155,27 @@ pub trait KvCacheHook: Send {
         prompt: &[u32],
         _cached: usize,
         progress: &mut dyn FnMut(usize, usize),
+        _tools: &dyn ToolIds,
     ) -> Result<crate::session::SyncStats, crate::session::SessionError> {
         sess.sync(prompt, progress)
     }
     /// Before each decode step (continued saves); not called inside the
     /// DSML block of a request with tools.
-    fn before_decode(&mut self, _sess: &Session, _tok: &Tokenizer) {}
+    fn before_decode(&mut self, _sess: &Session, _tok: &Tokenizer, _tools: &dyn ToolIds) {}
     /// Clean shutdown, after the last request (§5.4).
     fn shutdown(
         &mut self,
         _sess: &Session,
         _tok: &Tokenizer,
         _visible: Option<(&[u8], VisibleKind)>,
+        _tools: &dyn ToolIds,
     ) {
+    }
+    /// Tool-id prefetch (§7, last paragraph): the (id, DSML block) pairs
+    /// stored in any checkpoint's KTM map whose id `wanted` accepts. Called
+    /// before a request is rendered, for ids the tool memory lacks.
+    fn prefetch_tool_ids(&mut self, _wanted: &dyn Fn(&[u8]) -> bool) -> Vec<KtmEntry> {
+        Vec::new()
     }
 }
 
@@ -278,6 +298,41 @@ impl ToolMemory {
 
     fn contains(&self, id: &str) -> bool {
         self.map.contains_key(id)
+    }
+
+    /// Adds pairs read back from a checkpoint's KTM map; equal blocks share
+    /// one allocation, as blocks sampled together do. A block that is not
+    /// UTF-8 cannot have been sampled by this server and is skipped.
+    fn restore(&mut self, entries: Vec<KtmEntry>, max: usize) -> usize {
+        let mut blocks: HashMap<Vec<u8>, Arc<String>> = HashMap::new();
+        let mut n = 0;
+        for e in entries {
+            let (Ok(id), Some(block)) = (
+                String::from_utf8(e.id),
+                match blocks.get(&e.dsml) {
+                    Some(b) => Some(b.clone()),
+                    None => String::from_utf8(e.dsml.clone()).ok().map(|b| {
+                        let b = Arc::new(b);
+                        blocks.insert(e.dsml, b.clone());
+                        b
+                    }),
+                },
+            ) else {
+                continue;
+            };
+            self.insert(&id, block, max);
+            n += 1;
+        }
+        n
+    }
+}
+
+/// The KTM map of a checkpoint is written from this memory (KVCACHE.md §4.5).
+impl ToolIds for ToolMemory {
+    fn for_each_tool_id(&self, f: &mut dyn FnMut(&[u8], &[u8])) {
+        for (id, (block, _)) in &self.map {
+            f(id.as_bytes(), block.as_bytes());
+        }
     }
 }
 
@@ -422,7 +477,12 @@ impl Worker {
                 Work::Shutdown(ack) => {
                     let visible = self.visible_at_live();
                     let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
-                    self.cache.shutdown(&self.sess, &self.tok, v);
+                    let tools: &dyn ToolIds = if self.cfg.exact_replay {
+                        &self.memory
+                    } else {
+                        &NoToolIds
+                    };
+                    self.cache.shutdown(&self.sess, &self.tok, v, tools);
                     let _ = ack.send(());
                     break;
                 }
@@ -512,6 +572,33 @@ impl Worker {
         self.plan_cold(text, full)
     }
 
+    /// Before rendering: the ids of the request's tool calls and results
+    /// that the tool memory lacks are looked up in the disk checkpoints' KTM
+    /// maps (KVCACHE.md §7), so that a restarted server renders those calls
+    /// with their exact sampled bytes again.
+    fn prefetch_tool_ids(&mut self, req: &GenRequest) {
+        let missing: std::collections::HashSet<&str> = req
+            .messages
+            .iter()
+            .flat_map(|m| {
+                m.tool_calls
+                    .iter()
+                    .map(|c| c.id.as_str())
+                    .chain(m.tool_result_ids.iter().map(String::as_str))
+            })
+            .filter(|id| !id.is_empty() && !self.memory.contains(id))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let found = self.cache.prefetch_tool_ids(&|id: &[u8]| {
+            std::str::from_utf8(id).is_ok_and(|id| missing.contains(id))
+        });
+        if !found.is_empty() {
+            self.memory.restore(found, self.cfg.tool_memory_max_ids);
+        }
+    }
+
     /// The visible transcript remembered at exactly the live length.
     fn visible_at_live(&self) -> Option<(String, VisibleKind)> {
         let n = self.sess.tokens().len();
@@ -533,8 +620,19 @@ impl Worker {
     fn plan_cold(&mut self, text: &str, full: Vec<u32>) -> (Vec<u32>, usize, &'static str) {
         let visible = self.visible_at_live();
         let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
-        match self.cache.resume(&mut self.sess, &self.tok, text, v) {
-            Some((eff, cached)) => (eff, cached, "disk-text"),
+        let tools: &dyn ToolIds = if self.cfg.exact_replay {
+            &self.memory
+        } else {
+            &NoToolIds
+        };
+        match self.cache.resume(&mut self.sess, &self.tok, text, v, tools) {
+            Some(hit) => {
+                if self.cfg.exact_replay {
+                    self.memory
+                        .restore(hit.tool_map, self.cfg.tool_memory_max_ids);
+                }
+                (hit.effective, hit.cached, "disk-text")
+            }
             None => (full, 0, "none"),
         }
     }
@@ -543,6 +641,9 @@ impl Worker {
         let Job { req, events } = job;
         let t0 = Instant::now();
         let mut rng = Rng::new(now_seed(self.request_seq));
+        if self.cfg.exact_replay {
+            self.prefetch_tool_ids(&req);
+        }
         let text = if self.cfg.exact_replay {
             render::render(&req, &mut self.memory)
         } else {
@@ -668,9 +769,21 @@ impl Worker {
             m.prefix_hits.fetch_add(1, Ordering::Relaxed);
             m.reused_tokens.fetch_add(cached as u64, Ordering::Relaxed);
         }
+        let tools: &dyn ToolIds = if self.cfg.exact_replay {
+            &self.memory
+        } else {
+            &NoToolIds
+        };
         let stats = self
             .cache
-            .prefill(&mut self.sess, &self.tok, &eff, cached, &mut |_, _| {})
+            .prefill(
+                &mut self.sess,
+                &self.tok,
+                &eff,
+                cached,
+                &mut |_, _| {},
+                tools,
+            )
             .map_err(|e| e.to_string())?;
         m.evaluated_prompt_tokens
             .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
@@ -694,11 +807,17 @@ impl Worker {
                 rng: Rng::new(req.seed.unwrap_or_else(|| rng.next_u64())),
             }),
         };
+        let tools: &dyn ToolIds = if self.cfg.exact_replay {
+            &self.memory
+        } else {
+            &NoToolIds
+        };
         let mut obs = Stream::new(
             &req,
             thinking,
             events.clone(),
             &mut *self.cache,
+            tools,
             self.tok.clone(),
         );
         let t1 = Instant::now();
@@ -925,6 +1044,8 @@ impl Worker {
 struct Stream<'c> {
     events: UnboundedSender<Event>,
     cache: &'c mut dyn KvCacheHook,
+    /// The tool memory, for the KTM map of continued saves.
+    tool_ids: &'c dyn ToolIds,
     tok: Arc<Tokenizer>,
     raw: Vec<u8>,
     /// Bytes of `raw` already given to the splitter.
@@ -957,12 +1078,14 @@ impl<'c> Stream<'c> {
         thinking: bool,
         events: UnboundedSender<Event>,
         cache: &'c mut dyn KvCacheHook,
+        tool_ids: &'c dyn ToolIds,
         tok: Arc<Tokenizer>,
     ) -> Stream<'c> {
         let stop_hold = req.stop.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
         Stream {
             events,
             cache,
+            tool_ids,
             tok,
             raw: Vec::new(),
             fed: 0,
@@ -1109,7 +1232,7 @@ impl Observer for Stream<'_> {
     fn before_step(&mut self, sess: &Session) {
         // No continued save in the middle of a tool block (KVCACHE.md §5.2).
         if !(self.tools && self.in_block) {
-            self.cache.before_decode(sess, &self.tok);
+            self.cache.before_decode(sess, &self.tok, self.tool_ids);
         }
     }
 

@@ -1,0 +1,170 @@
+//! What goes into a checkpoint's KTM tool-id map (KVCACHE.md §4.5) and what
+//! comes back out: the pairs (tool id, exact sampled DSML block) of the
+//! caller's tool memory whose block occurs in the checkpoint's cache text.
+//! A client that resends a conversation names its tool calls by id; with the
+//! map a restarted server renders those calls with the exact sampled bytes
+//! again (SERVER.md §7), so the rendered prompt is byte-identical to the
+//! checkpoint's text and the disk lookup hits.
+//!
+//! The byte layout of the section is `file::encode_ktm` / `file::decode_ktm`;
+//! this module only decides the entries.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+
+use super::file::KtmEntry;
+
+/// The caller's tool-call memory as the cache sees it (the server worker's
+/// id → DSML block map).
+pub trait ToolIds {
+    /// Calls `f(id, block)` for every remembered id.
+    fn for_each_tool_id(&self, f: &mut dyn FnMut(&[u8], &[u8]));
+}
+
+/// No tool memory (the CLI, ds4-bench, exact DSML replay disabled): no map.
+pub struct NoToolIds;
+
+impl ToolIds for NoToolIds {
+    fn for_each_tool_id(&self, _f: &mut dyn FnMut(&[u8], &[u8])) {}
+}
+
+/// The DSML block forms ds4 scans a cache text for, in its order: each of
+/// the three syntax variants (PROMPT.md §5.2) with the `\n\n` lead-in first,
+/// so the `\n\n` form wins a tie at the same position.
+const BLOCK_FORMS: [(&str, &str); 6] = [
+    ("\n\n<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"),
+    ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"),
+    ("\n\n<DSML｜tool_calls>", "</DSML｜tool_calls>"),
+    ("<DSML｜tool_calls>", "</DSML｜tool_calls>"),
+    ("\n\n<tool_calls>", "</tool_calls>"),
+    ("<tool_calls>", "</tool_calls>"),
+];
+
+/// Id lengths ds4's reader accepts (longer or empty ids would stop it).
+const MAX_ID_BYTES: usize = 256;
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The DSML tool-call blocks of `text`, in order, as ds4 finds them: the
+/// earliest start of any form that has a close tag after it (ties: the
+/// earlier form), the block ending just after that close tag; the scan goes
+/// on after the block.
+pub fn dsml_blocks(text: &[u8]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut p = 0;
+    loop {
+        let mut best: Option<Range<usize>> = None;
+        for (open, close) in BLOCK_FORMS {
+            let Some(s) = find(&text[p..], open.as_bytes()).map(|s| p + s) else {
+                continue;
+            };
+            if best.as_ref().is_some_and(|b| s >= b.start) {
+                continue;
+            }
+            let Some(e) = find(&text[s..], close.as_bytes()) else {
+                continue;
+            };
+            best = Some(s..s + e + close.len());
+        }
+        match best {
+            Some(b) => {
+                p = b.end;
+                out.push(b);
+            }
+            None => return out,
+        }
+    }
+}
+
+/// The KTM entries for a checkpoint with cache text `text`: for each
+/// distinct block of [`dsml_blocks`] whose exact bytes the memory holds, one
+/// entry per id that maps to it (ids sorted, blocks in text order). Empty
+/// when nothing matches: then the file gets no section.
+pub fn tool_map_for(text: &[u8], tools: &dyn ToolIds) -> Vec<KtmEntry> {
+    let mut blocks: Vec<&[u8]> = Vec::new();
+    let mut seen: HashSet<&[u8]> = HashSet::new();
+    for r in dsml_blocks(text) {
+        let b = &text[r];
+        if seen.insert(b) {
+            blocks.push(b);
+        }
+    }
+    if blocks.is_empty() {
+        return Vec::new();
+    }
+    let mut ids: HashMap<&[u8], Vec<Vec<u8>>> = HashMap::new();
+    tools.for_each_tool_id(&mut |id, block| {
+        if (1..=MAX_ID_BYTES).contains(&id.len()) {
+            if let Some(b) = seen.get(block) {
+                ids.entry(*b).or_default().push(id.to_vec());
+            }
+        }
+    });
+    let mut out = Vec::new();
+    for b in blocks {
+        let Some(mut v) = ids.remove(b) else {
+            continue;
+        };
+        v.sort();
+        out.extend(v.into_iter().map(|id| KtmEntry {
+            id,
+            dsml: b.to_vec(),
+        }));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Mem(Vec<(&'static str, &'static str)>);
+
+    impl ToolIds for Mem {
+        fn for_each_tool_id(&self, f: &mut dyn FnMut(&[u8], &[u8])) {
+            for (id, b) in &self.0 {
+                f(id.as_bytes(), b.as_bytes());
+            }
+        }
+    }
+
+    const A: &str = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    const B: &str = "<tool_calls><invoke name=\"g\"></invoke></tool_calls>";
+
+    #[test]
+    fn blocks_earliest_start_and_the_blank_line_form_first() {
+        let text = format!("x{A}<｜end▁of▁sentence｜>y{B} z <tool_calls> unclosed");
+        let r = dsml_blocks(text.as_bytes());
+        assert_eq!(r.len(), 2);
+        assert_eq!(&text.as_bytes()[r[0].clone()], A.as_bytes());
+        assert_eq!(&text.as_bytes()[r[1].clone()], B.as_bytes());
+        // An open tag without its close tag is no block.
+        assert!(dsml_blocks(b"<tool_calls> no close").is_empty());
+    }
+
+    #[test]
+    fn entries_for_distinct_blocks_in_memory_only() {
+        let text = format!("a{A}b{A}c{B}");
+        let mem = Mem(vec![
+            ("call_2", A),
+            ("call_1", A),
+            ("call_9", "\n\n<tool_calls>other</tool_calls>"),
+            ("toolu_b", B),
+            ("", B),
+        ]);
+        let m = tool_map_for(text.as_bytes(), &mem);
+        let got: Vec<(&[u8], &[u8])> = m.iter().map(|e| (&e.id[..], &e.dsml[..])).collect();
+        assert_eq!(
+            got,
+            vec![
+                (&b"call_1"[..], A.as_bytes()),
+                (&b"call_2"[..], A.as_bytes()),
+                (&b"toolu_b"[..], B.as_bytes()),
+            ]
+        );
+        assert!(tool_map_for(b"no blocks", &mem).is_empty());
+        assert!(tool_map_for(text.as_bytes(), &NoToolIds).is_empty());
+    }
+}
