@@ -1,6 +1,7 @@
 //! The real `ds4-server` with `--kv-disk-dir` on 127.0.0.1 (ephemeral port,
 //! tiny model, scripted outputs): a conversation survives a SIGTERM restart
-//! with only the suffix evaluated; a full disk (injected ENOSPC) leaves the
+//! with only the suffix evaluated, tool calls included (their ids come back
+//! from the checkpoints' KTM maps); a full disk (injected ENOSPC) leaves the
 //! server serving; a corrupt checkpoint is skipped with a log line. Every
 //! server is killed when its test ends.
 
@@ -313,6 +314,133 @@ fn a_corrupt_checkpoint_is_skipped_with_a_log_line() {
         "{log}"
     );
     drop(s2);
+}
+
+/// The sampled tool call: DSML whose bytes differ from what the server
+/// renders for the client's JSON (escaped `&&`, parameters in sampled
+/// order), so only the exact-replay memory reproduces them.
+const BLOCK: &str = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls &amp;&amp; pwd</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+
+fn bash_tool() -> Value {
+    json!([{"type":"function","function":{"name":"bash","description":"Run a shell command.",
+        "parameters":{"type":"object","properties":{"command":{"type":"string"},"timeout":{"type":"integer"}}}}}])
+}
+
+fn tool_chat(messages: Vec<Value>, script: &str) -> Value {
+    json!({
+        "model": "deepseek-v4-flash",
+        "messages": messages,
+        "tools": bash_tool(),
+        "max_tokens": 200,
+        "thinking": {"type": "disabled"},
+        "ds4_test_script": script,
+    })
+}
+
+/// Header fields of a checkpoint and its KTM entries, read by hand from
+/// KVCACHE.md §4.1/§4.5's byte layout: (tokens, ext flags, entries, file
+/// length, where the KTM section starts).
+fn ktm_of(path: &Path) -> (u32, u8, Vec<(String, String)>, usize, usize) {
+    let b = std::fs::read(path).unwrap();
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+    let tokens = u32_at(8);
+    let flags = b[6];
+    let payload = u64::from_le_bytes(b[40..48].try_into().unwrap()) as usize;
+    let start = 52 + u32_at(48) as usize + payload;
+    let mut entries = Vec::new();
+    if flags & 1 != 0 {
+        assert_eq!(&b[start..start + 4], b"KTM\x01");
+        let mut p = start + 8;
+        for _ in 0..u32_at(start + 4) {
+            let (il, dl) = (u32_at(p) as usize, u32_at(p + 4) as usize);
+            let id = String::from_utf8(b[p + 8..p + 8 + il].to_vec()).unwrap();
+            let dsml = String::from_utf8(b[p + 8 + il..p + 8 + il + dl].to_vec()).unwrap();
+            entries.push((id, dsml));
+            p += 8 + il + dl;
+        }
+        assert_eq!(p, b.len(), "the KTM section ends the file");
+    } else {
+        assert_eq!(start, b.len(), "no tool map, nothing after the payload");
+    }
+    (tokens, flags, entries, b.len(), start)
+}
+
+#[test]
+fn a_restarted_server_maps_resent_tool_call_ids_back_through_the_ktm_map() {
+    let dir = fresh_dir("toolids");
+    let s1 = Server::start(&dir, "a", &[]);
+    let user = json!({"role": "user", "content": "List the files here, please."});
+    let r1 = s1.post(&tool_chat(vec![user.clone()], &format!("Sure.{BLOCK}")));
+    let c = &r1["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{r1}");
+    let id = c["message"]["tool_calls"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (p1, _, _) = usage(&r1);
+    let log1 = s1.terminate();
+    assert!(
+        log1.lines()
+            .any(|l| l.contains("reason=shutdown") && l.contains("tool_ids=1")),
+        "{log1}"
+    );
+    // The shutdown checkpoint (the longest) carries exactly the call's id
+    // and sampled block; the cold one (prompt only, no block) has no map.
+    let mut files: Vec<_> = checkpoints(&dir)
+        .iter()
+        .map(|f| (ktm_of(f), f.clone()))
+        .collect();
+    files.sort_by_key(|((tokens, ..), _)| *tokens);
+    let ((shut_tokens, flags, entries, _, _), _) = files.last().unwrap().clone();
+    assert_eq!(flags & 1, 1);
+    assert_eq!(entries, vec![(id.clone(), BLOCK.to_string())]);
+    assert!(shut_tokens as u64 > p1);
+    let ((_, cold_flags, cold_entries, _, _), _) = &files[0];
+    assert_eq!((cold_flags & 1, cold_entries.len()), (0, 0));
+
+    // A copy of the folder without the maps (bit0 cleared, section cut):
+    // the control below.
+    let bare = fresh_dir("toolids_bare");
+    std::fs::create_dir_all(&bare).unwrap();
+    for ((_, flags, _, _, start), f) in &files {
+        let mut b = std::fs::read(f).unwrap();
+        b.truncate(*start);
+        b[6] = flags & !1;
+        std::fs::write(bare.join(f.file_name().unwrap()), b).unwrap();
+    }
+
+    // The client resends the conversation with the call as JSON (its own
+    // key order) and the tool's result.
+    let resend = vec![
+        user,
+        json!({"role": "assistant", "content": "Sure.", "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "bash", "arguments": "{\"timeout\": 10, \"command\": \"ls && pwd\"}"}}]}),
+        json!({"role": "tool", "tool_call_id": id, "content": "a.c\n/srv"}),
+    ];
+    let s2 = Server::start(&dir, "b", &[]);
+    let r2 = s2.post(&tool_chat(resend.clone(), "Done."));
+    let (p2, c2, _) = usage(&r2);
+    assert_eq!(
+        c2, shut_tokens as u64,
+        "the shutdown checkpoint loads: {r2}"
+    );
+    assert_eq!(
+        s2.metric("ds4_prompt_tokens_evaluated_total"),
+        p2 - c2,
+        "only the suffix is evaluated"
+    );
+    assert_eq!(s2.metric("ds4_kv_disk_hits_total"), 1);
+    let log2 = s2.terminate();
+    assert!(log2.contains("restored 1 tool ids from disk"), "{log2}");
+
+    // Without the map the id is unknown, the call renders from the JSON,
+    // and only the cold checkpoint (the prompt before the call) matches.
+    let s3 = Server::start(&bare, "c", &[]);
+    let r3 = s3.post(&tool_chat(resend, "Done."));
+    let (p3, c3, _) = usage(&r3);
+    assert!(c3 <= p1 && c3 < c2, "{c3} cached without the map");
+    assert_ne!(p3, p2, "the call rendered differently");
+    drop(s3);
 }
 
 #[test]
