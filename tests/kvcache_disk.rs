@@ -12,8 +12,8 @@ use std::sync::Arc;
 use common::{max_abs_diff, tiny_model};
 use ds4::kvcache::file::{self, KvcHeader, NewCheckpoint, SaveReason};
 use ds4::kvcache::{
-    load_file, save_file, CacheKey, DiskCache, KtmEntry, KvCacheConfig, LookupOutcome, NoToolIds,
-    SaveMoments, StoreOutcome,
+    load_file, save_file, tool_map_for, CacheKey, DiskCache, KtmEntry, KvCacheConfig,
+    LookupOutcome, NoToolIds, SaveMoments, StoreOutcome, ToolIds,
 };
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
@@ -293,11 +293,12 @@ fn longest_prefix_wins_and_visible_keys_and_tool_maps() {
     };
     assert_eq!((hit.tokens, hit.text_bytes), (150, visible.len()));
     assert_eq!(hit.ext_flags, file::EXT_TOOL_MAP | file::EXT_THINKING_TEXT);
-    assert_eq!(hit.tool_map, map);
+    // The map's block is not in the cache text, so it cannot be one the
+    // writer found there: read back as damaged and dropped (the round trip
+    // is `ktm_section_round_trips_and_damage_is_detected`).
+    assert!(hit.tool_map.is_empty());
     assert_eq!(hit.reason, SaveReason::Shutdown);
-    // Tool-id prefetch reads the map of every file, loaded or not.
-    assert_eq!(cache.prefetch_tool_ids(&|id| id == b"call_7"), map);
-    assert!(cache.prefetch_tool_ids(&|id| id == b"call_8").is_empty());
+    assert!(cache.prefetch_tool_ids(&|id| id == b"call_7").is_empty());
     // Without the visible file, the longest token-text prefix (120) wins.
     fs::remove_file(dir.join(format!("{}.kv", hit.sha))).unwrap();
     let mut c = session(CTX);
@@ -323,6 +324,154 @@ fn longest_prefix_wins_and_visible_keys_and_tool_maps() {
         ),
         StoreOutcome::Skipped(_)
     ));
+}
+
+/// A tool memory: (id, block) pairs.
+struct Memory(Vec<(String, String)>);
+
+impl ToolIds for Memory {
+    fn for_each_tool_id(&self, f: &mut dyn FnMut(&[u8], &[u8])) {
+        for (id, b) in &self.0 {
+            f(id.as_bytes(), b.as_bytes());
+        }
+    }
+}
+
+/// A sampled DSML block calling `name` (seeded argument text).
+fn dsml_block(name: &str, seed: u64) -> String {
+    format!(
+        "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"{name}\">\n<｜DSML｜parameter name=\"n\" string=\"false\">{}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40
+    )
+}
+
+#[test]
+fn ktm_section_round_trips_and_damage_is_detected() {
+    let tok = tokenizer();
+    let dir = fresh_dir("ktm");
+    let mut cfg = config(&dir);
+    // Reader bound: at most 4 × 3 = 12 entries.
+    cfg.tool_memory_max_ids = 3;
+    let cache = open(&cfg);
+    // A conversation with two sampled tool calls (the second made of two
+    // ids, as parallel calls share one block) and the results.
+    let (a, b) = (dsml_block("bash", 11), dsml_block("grep", 12));
+    let prompt = format!(
+        "{}<｜User｜>run it<｜Assistant｜></think>Sure.{a}<｜end▁of▁sentence｜><｜User｜><tool_result>ok</tool_result><｜Assistant｜></think>{b}<｜end▁of▁sentence｜><｜User｜><tool_result>x</tool_result><｜Assistant｜></think>",
+        rendered(1, 21)
+    );
+    let p = tok.encode_chat(&prompt);
+    let text = tok.decode(&p);
+    assert_eq!(text, prompt.as_bytes());
+    let mut s = session(CTX);
+    s.sync(&p, &mut no_progress()).unwrap();
+    let memory = Memory(vec![
+        ("call_b2".into(), b.clone()),
+        ("call_a".into(), a.clone()),
+        ("call_b1".into(), b.clone()),
+        ("call_old".into(), dsml_block("ls", 13)),
+    ]);
+    let map = tool_map_for(&text, &memory);
+    let ids: Vec<&[u8]> = map.iter().map(|e| &e.id[..]).collect();
+    assert_eq!(ids, [&b"call_a"[..], b"call_b1", b"call_b2"]);
+    let StoreOutcome::Stored { sha, bytes } =
+        cache.store(&s, &text, CacheKey::Tokens, SaveReason::Evict, &map)
+    else {
+        panic!()
+    };
+    // The section is ds4's layout, at the end of the file, bit0 set.
+    let path = dir.join(format!("{sha}.kv"));
+    let raw = fs::read(&path).unwrap();
+    assert_eq!(raw.len() as u64, bytes);
+    let mut ktm = b"KTM\x01".to_vec();
+    ktm.extend_from_slice(&3u32.to_le_bytes());
+    for e in &map {
+        ktm.extend_from_slice(&(e.id.len() as u32).to_le_bytes());
+        ktm.extend_from_slice(&(e.dsml.len() as u32).to_le_bytes());
+        ktm.extend_from_slice(&e.id);
+        ktm.extend_from_slice(&e.dsml);
+    }
+    assert!(raw.ends_with(&ktm));
+    assert_eq!(raw[6] & file::EXT_TOOL_MAP, file::EXT_TOOL_MAP);
+    let ktm_at = raw.len() - ktm.len();
+    assert_eq!(file::decode_ktm(&raw[ktm_at..], 12), map);
+    // Round trip through lookup and through the prefetch.
+    let mut fresh = session(CTX);
+    let LookupOutcome::Hit(hit) = cache.lookup(&mut fresh, prompt.as_bytes()) else {
+        panic!()
+    };
+    assert_eq!(hit.tool_map, map);
+    assert_eq!(cache.prefetch_tool_ids(&|_| true), map);
+    assert_eq!(cache.prefetch_tool_ids(&|id| id == b"call_b1"), map[1..2]);
+    let original = fs::read(&path).unwrap();
+
+    // Damage to the section: the session still loads (the map is
+    // auxiliary, outside the checksum); the map keeps only what is sound.
+    let e0 = ktm_at + 8; // first entry
+    let e1 = e0 + 8 + map[0].id.len() + map[0].dsml.len();
+    let put = |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Damage, usize)> = vec![
+        ("magic", Box::new(move |b| b[ktm_at] ^= 0x20), 0),
+        ("version", Box::new(move |b| b[ktm_at + 3] = 2), 0),
+        (
+            "count over 4 x max ids",
+            Box::new(move |b| put(b, ktm_at + 4, 13)),
+            0,
+        ),
+        (
+            "first dsml length over 512 MiB",
+            Box::new(move |b| put(b, e0 + 4, (512 << 20) + 1)),
+            0,
+        ),
+        ("second id length 0", Box::new(move |b| put(b, e1, 0)), 1),
+        (
+            "second id length 257",
+            Box::new(move |b| put(b, e1, 257)),
+            1,
+        ),
+        (
+            "cut inside the second entry",
+            Box::new(move |b| b.truncate(e1 + 12)),
+            1,
+        ),
+        (
+            "cut inside the third entry",
+            Box::new(|b| {
+                let n = b.len() - 3;
+                b.truncate(n)
+            }),
+            2,
+        ),
+        // A flipped byte in a block: not a block of the text any more.
+        (
+            "first block byte",
+            Box::new(move |b| b[e0 + 8 + 6 + 20] ^= 0x01),
+            2,
+        ),
+    ];
+    for (i, (what, damage, left)) in cases.iter().enumerate() {
+        let d = fresh_dir(&format!("ktm-{i}"));
+        let mut bytes = original.clone();
+        damage(&mut bytes);
+        fs::write(d.join(format!("{sha}.kv")), &bytes).unwrap();
+        let c = open(&KvCacheConfig {
+            kv_disk_dir: Some(d.clone()),
+            ..cfg.clone()
+        });
+        let mut s2 = session(CTX);
+        let LookupOutcome::Hit(hit) = c.lookup(&mut s2, prompt.as_bytes()) else {
+            panic!("{what}: the state no longer loads")
+        };
+        assert_eq!(hit.tokens, p.len(), "{what}");
+        assert_eq!(s2.logits(), s.logits(), "{what}");
+        let want: Vec<KtmEntry> = match *what {
+            "first block byte" => map[1..].to_vec(),
+            _ => map[..*left].to_vec(),
+        };
+        assert_eq!(hit.tool_map, want, "{what}");
+        assert_eq!(c.prefetch_tool_ids(&|_| true), want, "{what}");
+    }
 }
 
 #[test]

@@ -468,10 +468,11 @@ impl DiskCache {
             return fail(m, removed, true);
         }
         let tool_map = if header.ext_flags & EXT_TOOL_MAP != 0 {
-            file::decode_ktm(
+            let all = file::decode_ktm(
                 &contents.trailer,
                 self.cfg.tool_memory_max_ids.saturating_mul(4),
-            )
+            );
+            self.checked_tool_map(&e, all, &contents.text)
         } else {
             Vec::new()
         };
@@ -525,16 +526,36 @@ impl DiskCache {
             let Ok(trailer) = file::read_tail(&e.path, start) else {
                 continue;
             };
-            out.extend(
-                file::decode_ktm(&trailer, max)
-                    .into_iter()
-                    .filter(|k| wanted(&k.id)),
-            );
+            let found: Vec<KtmEntry> = file::decode_ktm(&trailer, max)
+                .into_iter()
+                .filter(|k| wanted(&k.id))
+                .collect();
+            if found.is_empty() {
+                continue;
+            }
+            // The text (SHA-1 = name) vouches for the blocks.
+            match read_contents(&e, false, e.text_bytes as usize) {
+                Ok((_, c)) => out.extend(self.checked_tool_map(&e, found, &c.text)),
+                Err(err) => self.log(&format!("tool map of {} not used: {err}", e.path.display())),
+            }
         }
         if !out.is_empty() {
             self.log(&format!("restored {} tool ids from disk", out.len()));
         }
         out
+    }
+
+    /// The KTM entries whose block occurs in the file's text; the others
+    /// are damaged and dropped with a log line.
+    fn checked_tool_map(&self, e: &Entry, entries: Vec<KtmEntry>, text: &[u8]) -> Vec<KtmEntry> {
+        let (kept, dropped) = super::toolmap::entries_in_text(entries, text);
+        if dropped > 0 {
+            self.log(&format!(
+                "tool map of {}: {dropped} entries name a DSML block the cache text does not hold (damaged), skipped",
+                e.path.display()
+            ));
+        }
+        kept
     }
 
     /// Deletes the lowest-scoring files until the folder fits the budget

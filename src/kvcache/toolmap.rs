@@ -116,6 +116,27 @@ pub fn tool_map_for(text: &[u8], tools: &dyn ToolIds) -> Vec<KtmEntry> {
     out
 }
 
+/// Keeps the entries read from a checkpoint's KTM section whose block is a
+/// DSML block of the checkpoint's cache text — the writer only maps blocks
+/// of that text — and returns how many were dropped. ds4 leaves the section
+/// unchecked; its reader only stops at impossible lengths. The text is
+/// verified (its SHA-1 is the file name), so this catches a damaged block,
+/// which would otherwise be rendered into a prompt as the exact "sampled"
+/// bytes, without changing the layout.
+pub fn entries_in_text(entries: Vec<KtmEntry>, text: &[u8]) -> (Vec<KtmEntry>, usize) {
+    if entries.is_empty() {
+        return (entries, 0);
+    }
+    let blocks: HashSet<&[u8]> = dsml_blocks(text).into_iter().map(|r| &text[r]).collect();
+    let n = entries.len();
+    let kept: Vec<KtmEntry> = entries
+        .into_iter()
+        .filter(|e| blocks.contains(&e.dsml[..]))
+        .collect();
+    let dropped = n - kept.len();
+    (kept, dropped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +187,10 @@ mod tests {
         );
         assert!(tool_map_for(b"no blocks", &mem).is_empty());
         assert!(tool_map_for(text.as_bytes(), &NoToolIds).is_empty());
+        // Read back: an entry whose block is not in the text is dropped.
+        let mut back = m.clone();
+        back[1].dsml[30] ^= 1;
+        let (kept, dropped) = entries_in_text(back, text.as_bytes());
+        assert_eq!((kept, dropped), (vec![m[0].clone(), m[2].clone()], 1));
     }
 }
