@@ -12,15 +12,16 @@
 //! bound, and docs/PERFORMANCE.md scales it with the measured Flash-width
 //! prefill rate.
 //!
-//! Per backend and prefix length L (1024, 2048, … up to the backend's
-//! maximum): a fresh session with context L + 1 prefills L tokens from token
-//! 0 (timed), writes itself as a KVC file (timed: serialise, write, fsync,
-//! rename), then a second fresh session loads the file (timed: read,
+//! Per backend, a session with context M + 1 (M = the backend's longest
+//! prefix) and per prefix length L (1024, 2048, … ≤ M): prefill to L (timed,
+//! continuing from the previous L, so each figure is the cumulative time
+//! from token 0), write the session as a KVC file (timed: serialise, write,
+//! fsync, rename), then load it into a second session (timed: read,
 //! checksum, place the state; the page cache is warm — a cold read adds file
-//! size ÷ disk read speed) and must hold the same logits. Each row has its
-//! own sessions so that a length the backend cannot hold (wgpu on lavapipe:
-//! a buffer over the 128 MiB binding limit) is one row with the error, not
-//! the end of the run; larger lengths of that backend are then skipped.
+//! size ÷ disk read speed), which must then hold the same tokens and logits.
+//! A backend that cannot hold M (wgpu on lavapipe: a buffer over the
+//! 128 MiB binding limit) prints one row with the error and the run goes on
+//! with the next backend.
 //!
 //! Environment: `DS4_BENCH_BACKENDS` (e.g. `cpu,wgpu:4096,cpu-ref:2048`: a
 //! backend name, optionally `:` its own longest prefix), `DS4_BENCH_KV_MAX`
@@ -138,86 +139,70 @@ fn main() {
     println!("| backend | prefix tokens | re-prefill (this model) | save | restore | restore speedup | file | bytes/token above the first row |");
     println!("|---|---|---|---|---|---|---|---|");
     for b in &backends {
-        let mut first: Option<(usize, u64)> = None;
-        let mut l = 1024.min(b.max);
-        while l <= b.max && l > 0 {
-            match row(&model, b.kind, &prompt[..l], &dir) {
-                Ok(r) => {
-                    let per_token = match first {
-                        Some((l0, b0)) => {
-                            format!("{:.0} B", (r.bytes - b0) as f64 / (l - l0) as f64)
-                        }
-                        None => "—".into(),
-                    };
-                    first.get_or_insert((l, r.bytes));
-                    println!(
-                        "| {} | {l} | {:.2} s | {:.0} ms | {:.0} ms | {:.0}× | {:.1} MiB | {per_token} |",
-                        r.device,
-                        r.prefill_s,
-                        r.save_s * 1e3,
-                        r.restore_s * 1e3,
-                        r.prefill_s / r.restore_s,
-                        r.bytes as f64 / (1u64 << 20) as f64
-                    );
-                }
-                Err(e) => {
-                    println!("| {} | {l} | failed: {e} | | | | | |", b.label);
-                    break;
-                }
-            }
-            l *= 2;
+        if let Err(e) = run_backend(&model, b, &prompt[..b.max], &dir) {
+            println!("| {} | {} | failed: {e} | | | | | |", b.label, b.max);
         }
     }
 }
 
-/// One measured row.
-struct Row {
-    device: String,
-    prefill_s: f64,
-    save_s: f64,
-    restore_s: f64,
-    bytes: u64,
-}
-
-fn row(
+/// The rows of one backend: a live session sized for the longest prefix
+/// prefills 1024, 2048, … tokens, continuing from the previous length (the
+/// prefill column is cumulative from token 0); after each length it is
+/// saved and loaded into a second session, which must then hold the same
+/// tokens and logits.
+fn run_backend(
     model: &Arc<ModelFile>,
-    kind: BackendKind,
+    b: &BenchBackend,
     prompt: &[u32],
     dir: &Path,
-) -> Result<Row, String> {
+) -> Result<(), String> {
     let opts = SessionOptions {
         ctx: prompt.len() + 1,
-        backend: kind,
+        backend: b.kind,
         ..Default::default()
     };
     let mut live = Session::new(model.clone(), opts.clone()).map_err(|e| e.to_string())?;
+    let mut restored = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
     let device = live
         .backend_notice()
         .trim_start_matches("backend: ")
         .to_string();
-    let t = Instant::now();
-    live.sync(prompt, &mut |_, _| {})
-        .map_err(|e| e.to_string())?;
-    let prefill_s = t.elapsed().as_secs_f64();
-    let path = dir.join(format!("prefix-{}.kvc", prompt.len()));
-    let t = Instant::now();
-    let bytes =
-        save_file(&path, &live, b"bench", SaveReason::Unknown).map_err(|e| e.to_string())?;
-    let save_s = t.elapsed().as_secs_f64();
-    let mut restored = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
-    let t = Instant::now();
-    let r = load_file(&path, &mut restored).map_err(|e| e.to_string());
-    let restore_s = t.elapsed().as_secs_f64();
-    let _ = std::fs::remove_file(&path);
-    r?;
-    if restored.logits() != live.logits() || restored.tokens() != live.tokens() {
-        return Err("the restored session differs from the saved one".into());
+    let mut first: Option<(usize, u64)> = None;
+    let mut prefill_s = 0.0;
+    let mut l = 1024.min(prompt.len());
+    while l <= prompt.len() && l > 0 {
+        let t = Instant::now();
+        live.sync(&prompt[..l], &mut |_, _| {})
+            .map_err(|e| format!("prefill to {l}: {e}"))?;
+        prefill_s += t.elapsed().as_secs_f64();
+        let path = dir.join(format!("prefix-{l}.kvc"));
+        let t = Instant::now();
+        let bytes =
+            save_file(&path, &live, b"bench", SaveReason::Unknown).map_err(|e| e.to_string())?;
+        let save_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let r = load_file(&path, &mut restored).map_err(|e| e.to_string());
+        let restore_s = t.elapsed().as_secs_f64();
+        let _ = std::fs::remove_file(&path);
+        r?;
+        if restored.logits() != live.logits() || restored.tokens() != live.tokens() {
+            return Err(format!(
+                "{l}: the restored session differs from the saved one"
+            ));
+        }
+        let per_token = match first {
+            Some((l0, b0)) => format!("{:.0} B", (bytes - b0) as f64 / (l - l0) as f64),
+            None => "—".into(),
+        };
+        first.get_or_insert((l, bytes));
+        println!(
+            "| {device} | {l} | {prefill_s:.2} s | {:.0} ms | {:.0} ms | {:.0}× | {:.1} MiB | {per_token} |",
+            save_s * 1e3,
+            restore_s * 1e3,
+            prefill_s / restore_s,
+            bytes as f64 / (1u64 << 20) as f64
+        );
+        l *= 2;
     }
-    Ok(Row {
-        device,
-        prefill_s,
-        save_s,
-        restore_s,
-        bytes,
-    })
+    Ok(())
 }
