@@ -1320,4 +1320,38 @@ mod tests {
         m.insert("call_x", Arc::new("other".into()), 20);
         assert_eq!(m.block_for(&["call_49", "call_x"]), None);
     }
+
+    #[test]
+    fn tool_memory_takes_ktm_entries_back_and_lists_its_pairs() {
+        let e = |id: &[u8], dsml: &[u8]| KtmEntry {
+            id: id.to_vec(),
+            dsml: dsml.to_vec(),
+        };
+        let mut m = ToolMemory::default();
+        let n = m.restore(
+            vec![
+                e(b"call_a", b"<tool_calls>1</tool_calls>"),
+                e(b"call_b", b"<tool_calls>1</tool_calls>"),
+                e(b"call_c", b"\xff not utf-8"),
+                e(b"\xfe", b"<tool_calls>2</tool_calls>"),
+            ],
+            20,
+        );
+        assert_eq!(n, 2);
+        assert!(Arc::ptr_eq(&m.map["call_a"].0, &m.map["call_b"].0));
+        assert_eq!(
+            m.block_for(&["call_a", "call_b"]).as_deref(),
+            Some("<tool_calls>1</tool_calls>")
+        );
+        let mut pairs = Vec::new();
+        m.for_each_tool_id(&mut |id, b| pairs.push((id.to_vec(), b.to_vec())));
+        pairs.sort();
+        assert_eq!(
+            pairs,
+            vec![
+                (b"call_a".to_vec(), b"<tool_calls>1</tool_calls>".to_vec()),
+                (b"call_b".to_vec(), b"<tool_calls>1</tool_calls>".to_vec()),
+            ]
+        );
+    }
 }
