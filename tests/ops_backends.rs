@@ -1116,8 +1116,11 @@ fn matmul_cases() -> Vec<Case> {
             ));
         }
     }
-    for &(ty_gu, ty_d, d, ff, e, k, n) in &[
+    // Gate and up of one type take the fused gate+up kernel on CUDA; the
+    // mixed cases (F16 gate, BF16 up; Q8_0 gate, Q4_K up) the unfused path.
+    for &(ty_g, ty_u, ty_d, d, ff, e, k, n) in &[
         (
+            GgmlType::F32,
             GgmlType::F32,
             GgmlType::F32,
             16usize,
@@ -1126,22 +1129,88 @@ fn matmul_cases() -> Vec<Case> {
             2usize,
             1usize,
         ),
-        (GgmlType::Q8_0, GgmlType::Q8_0, 64, 32, 5, 2, 4),
-        (GgmlType::Iq2Xxs, GgmlType::Q2K, 256, 256, 4, 3, 3),
-        (GgmlType::Q4K, GgmlType::Q4K, 256, 256, 3, 2, 2),
-        (GgmlType::Mxfp4, GgmlType::Mxfp4, 96, 64, 4, 2, 3),
+        (
+            GgmlType::Q8_0,
+            GgmlType::Q8_0,
+            GgmlType::Q8_0,
+            64,
+            32,
+            5,
+            2,
+            4,
+        ),
+        (
+            GgmlType::Iq2Xxs,
+            GgmlType::Iq2Xxs,
+            GgmlType::Q2K,
+            256,
+            256,
+            4,
+            3,
+            3,
+        ),
+        (
+            GgmlType::Q4K,
+            GgmlType::Q4K,
+            GgmlType::Q4K,
+            256,
+            256,
+            3,
+            2,
+            2,
+        ),
+        (
+            GgmlType::Mxfp4,
+            GgmlType::Mxfp4,
+            GgmlType::Mxfp4,
+            96,
+            64,
+            4,
+            2,
+            3,
+        ),
+        (
+            GgmlType::Q2K,
+            GgmlType::Q2K,
+            GgmlType::Iq2Xxs,
+            256,
+            256,
+            3,
+            2,
+            2,
+        ),
+        (
+            GgmlType::F16,
+            GgmlType::Bf16,
+            GgmlType::F16,
+            40,
+            24,
+            3,
+            2,
+            3,
+        ),
+        (
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q8_0,
+            256,
+            64,
+            3,
+            2,
+            2,
+        ),
     ] {
         let mut w = Weights::default();
         w.add(
             "gate",
             &[d as u64, ff as u64, e as u64],
-            ty_gu,
+            ty_g,
             &rng.vec(d * ff * e, 1.0),
         );
         w.add(
             "up",
             &[d as u64, ff as u64, e as u64],
-            ty_gu,
+            ty_u,
             &rng.vec(d * ff * e, 1.0),
         );
         w.add(
@@ -1176,7 +1245,7 @@ fn matmul_cases() -> Vec<Case> {
             out: o,
         });
         cases.push(b.finish(
-            format!("moe_experts {ty_gu}/{ty_d} d{d} ff{ff} e{e} k{k} n {n}"),
+            format!("moe_experts {ty_g}+{ty_u}/{ty_d} d{d} ff{ff} e{e} k{k} n {n}"),
             f,
             op,
             inputs,

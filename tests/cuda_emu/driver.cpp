@@ -8,6 +8,7 @@
 #undef blockDim
 #undef gridDim
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
@@ -202,7 +203,8 @@ struct Reg {
 REG(add) REG(scale) REG(swiglu_clamped) REG(take_last) REG(rms_norm) REG(hc_mix) REG(hc_init)
 REG(hc_collapse) REG(hc_expand) REG(rope) REG(kv_round) REG(hadamard_fp4) REG(ring_write)
 REG(attention) REG(compress) REG(indexer_topk) REG(router) REG(expert_swiglu) REG(expert_sum)
-REG_TYPED(embed_) REG_TYPED(matmul_) REG_TYPED(expert_rows_)
+REG(read_all)
+REG_TYPED(embed_) REG_TYPED(matmul_) REG_TYPED(expert_rows_) REG_TYPED(expert_gate_up_)
 
 // ---- the driver API subset ----
 typedef int CUresult;
@@ -328,6 +330,26 @@ API CUresult cuGraphLaunch(void* exec, void*) {
 }
 API CUresult cuGraphDestroy(void* g) { delete (Graph*)g; return 0; }
 API CUresult cuGraphExecDestroy(void* g) { delete (Graph*)g; return 0; }
+// Events: launches run synchronously here, so an event is the wall-clock
+// time at which it was recorded.
+struct Event { std::chrono::steady_clock::time_point t; };
+API CUresult cuEventCreate(void** e, unsigned) { *e = new Event(); return 0; }
+API CUresult cuEventDestroy_v2(void* e) { delete (Event*)e; return 0; }
+API CUresult cuEventRecord(void* e, void*) {
+    if (capturing) return 900;
+    ((Event*)e)->t = std::chrono::steady_clock::now();
+    return 0;
+}
+API CUresult cuEventSynchronize(void*) { return 0; }
+API CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
+    *ms = std::chrono::duration<float, std::milli>(((Event*)b)->t - ((Event*)a)->t).count();
+    return 0;
+}
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) {
+    if (capturing) return 900;
+    std::memcpy((void*)d, (const void*)s, n);
+    return 0;
+}
 API CUresult cuGetErrorString(CUresult, const char** s) { *s = "emulator error"; return 0; }
 API CUresult cuGetErrorName(CUresult, const char** s) { *s = "CUDA_ERROR_EMULATOR"; return 0; }
 
@@ -348,5 +370,6 @@ struct ArityReg {
 ARITY(add) ARITY(scale) ARITY(swiglu_clamped) ARITY(take_last) ARITY(rms_norm) ARITY(hc_mix) ARITY(hc_init)
 ARITY(hc_collapse) ARITY(hc_expand) ARITY(rope) ARITY(kv_round) ARITY(hadamard_fp4) ARITY(ring_write)
 ARITY(attention) ARITY(compress) ARITY(indexer_topk) ARITY(router) ARITY(expert_swiglu) ARITY(expert_sum)
-ARITY_TYPED(embed_) ARITY_TYPED(matmul_) ARITY_TYPED(expert_rows_)
+ARITY(read_all)
+ARITY_TYPED(embed_) ARITY_TYPED(matmul_) ARITY_TYPED(expert_rows_) ARITY_TYPED(expert_gate_up_)
 static unsigned n_params(emu::Run r) { return arity()[r]; }

@@ -30,6 +30,7 @@ const FAMILIES: &[&str] = &[
     "router",
     "matmul",
     "moe",
+    "bandwidth",
 ];
 
 /// The emulator's source: its header, the CUDA headers, every family (the

@@ -596,8 +596,6 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 }
                 let k = o.k;
                 let slots = graph.max_tokens * k;
-                let g = scratch(scratch_list, slots * ff * 4)?;
-                let up = scratch(scratch_list, slots * ff * 4)?;
                 let h = scratch(scratch_list, slots * ff * 4)?;
                 let y = scratch(scratch_list, slots * d * 4)?;
                 let rows = |weights: &mut Weights,
@@ -631,25 +629,56 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 };
                 let grid =
                     |n_out: usize| Grid::Blocks(fixed(u(n_out).div_ceil(8)), per_token(u(k)));
-                let (name, args) = rows(weights, &mut progress, &o.gate, d, ff, v(o.x), 0, g)?;
-                launch(name, grid(ff), THREADS, 0, args)?;
-                let (name, args) = rows(weights, &mut progress, &o.up, d, ff, v(o.x), 0, up)?;
-                launch(name, grid(ff), THREADS, 0, args)?;
-                launch(
-                    "expert_swiglu",
-                    Grid::Threads(per_token(u(k * ff))),
-                    THREADS,
-                    0,
-                    vec![
-                        Arg::Ptr(g),
-                        Arg::Ptr(up),
-                        v(o.weights),
-                        Arg::Ptr(h),
-                        Arg::U32(u(ff)),
-                        Arg::U32(u(k)),
-                        Arg::F32(o.clamp),
-                    ],
-                )?;
+                if o.gate.ty == o.up.ty && o.gate.ne == o.up.ne {
+                    // One launch reads both rows and writes the weighted,
+                    // clamped SwiGLU product (cuda/moe.cu expert_gate_up_*).
+                    let name = per_type("expert_gate_up_", o.gate.ty)?;
+                    let gw = weights.tensor(file, &o.gate, &mut progress)?;
+                    let uw = weights.tensor(file, &o.up, &mut progress)?;
+                    launch(
+                        name,
+                        grid(ff),
+                        THREADS,
+                        0,
+                        vec![
+                            Arg::Ptr(gw),
+                            Arg::Ptr(uw),
+                            Arg::U32(u(o.gate.row_bytes())),
+                            Arg::U64(o.gate.n_bytes / n_expert as u64),
+                            Arg::U32(u(n_expert)),
+                            Arg::U32(u(d)),
+                            Arg::U32(u(ff)),
+                            v(o.x),
+                            v(o.selected),
+                            v(o.weights),
+                            Arg::U32(u(k)),
+                            Arg::F32(o.clamp),
+                            Arg::Ptr(h),
+                        ],
+                    )?;
+                } else {
+                    let g = scratch(scratch_list, slots * ff * 4)?;
+                    let up = scratch(scratch_list, slots * ff * 4)?;
+                    let (name, args) = rows(weights, &mut progress, &o.gate, d, ff, v(o.x), 0, g)?;
+                    launch(name, grid(ff), THREADS, 0, args)?;
+                    let (name, args) = rows(weights, &mut progress, &o.up, d, ff, v(o.x), 0, up)?;
+                    launch(name, grid(ff), THREADS, 0, args)?;
+                    launch(
+                        "expert_swiglu",
+                        Grid::Threads(per_token(u(k * ff))),
+                        THREADS,
+                        0,
+                        vec![
+                            Arg::Ptr(g),
+                            Arg::Ptr(up),
+                            v(o.weights),
+                            Arg::Ptr(h),
+                            Arg::U32(u(ff)),
+                            Arg::U32(u(k)),
+                            Arg::F32(o.clamp),
+                        ],
+                    )?;
+                }
                 let (name, args) = rows(weights, &mut progress, &o.down, ff, d, Arg::Ptr(h), 1, y)?;
                 launch(name, grid(d), THREADS, 0, args)?;
                 launch(
