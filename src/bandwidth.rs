@@ -186,3 +186,29 @@ pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
         m.timer
     )
 }
+
+/// Prints the whole `ds4-bench --bandwidth` report of one device (the
+/// table on stdout line by line) and returns its CSV lines: the device
+/// name, the header, the host's read bandwidth, then every line `measure`
+/// produces, each taken as a fraction of the first "device read" line.
+pub fn print_report<E>(
+    device: &str,
+    host_bytes: u64,
+    trials: usize,
+    measure: impl FnOnce(&mut dyn FnMut(&Measure)) -> Result<(), E>,
+) -> Result<Vec<String>, E> {
+    println!("device: {device}");
+    println!("{}", table_header());
+    let host = host_read(host_bytes, trials.max(3));
+    println!("{}", table_row(&host, None));
+    let mut csv = vec![CSV_HEADER.to_string(), csv_row(device, &host, None)];
+    let mut read_gbps: Option<f64> = None;
+    measure(&mut |m| {
+        if m.kind == "device read" && read_gbps.is_none() {
+            read_gbps = Some(m.gb_per_s());
+        }
+        println!("{}", table_row(m, read_gbps));
+        csv.push(csv_row(device, m, read_gbps));
+    })?;
+    Ok(csv)
+}

@@ -105,6 +105,12 @@ fn build() -> Result<PathBuf, String> {
     Ok(lib)
 }
 
+/// The emulator's `libcuda.so`, built when missing (for child processes:
+/// put its folder on `LD_LIBRARY_PATH`).
+pub fn library() -> Result<PathBuf, String> {
+    build()
+}
+
 /// Loads the emulator when there is no real driver (once per process).
 /// Returns a line saying which driver the CUDA half runs on.
 pub fn install() -> Result<String, String> {

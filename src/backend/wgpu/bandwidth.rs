@@ -382,19 +382,7 @@ pub fn report(
     trials: usize,
     rows: &[u32],
 ) -> Result<Vec<String>, BackendError> {
-    let device = gpu.describe();
-    println!("device: {device}");
-    println!("{}", table_header());
-    let host = host_read(buffer_bytes, trials.max(3));
-    println!("{}", table_row(&host, None));
-    let mut csv = vec![CSV_HEADER.to_string(), csv_row(&device, &host, None)];
-    let mut read_gbps: Option<f64> = None;
-    run(gpu, buffer_bytes, trials, FLASH_MATVECS, rows, &mut |m| {
-        if m.kind == "device read" {
-            read_gbps = Some(m.gb_per_s());
-        }
-        println!("{}", table_row(m, read_gbps));
-        csv.push(csv_row(&device, m, read_gbps));
-    })?;
-    Ok(csv)
+    crate::bandwidth::print_report(&gpu.describe(), buffer_bytes, trials, |each| {
+        run(gpu, buffer_bytes, trials, FLASH_MATVECS, rows, each).map(|_| ())
+    })
 }
