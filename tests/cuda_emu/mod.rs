@@ -107,6 +107,7 @@ fn build() -> Result<PathBuf, String> {
 
 /// The emulator's `libcuda.so`, built when missing (for child processes:
 /// put its folder on `LD_LIBRARY_PATH`).
+#[allow(dead_code)]
 pub fn library() -> Result<PathBuf, String> {
     build()
 }

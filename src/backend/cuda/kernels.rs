@@ -168,6 +168,9 @@ pub fn entry_points(family: &str) -> Vec<String> {
     if family == "moe" {
         v.extend(TYPE_SUFFIXES.iter().map(|s| format!("expert_gate_up_{s}")));
     }
+    if family == "matmul" {
+        v.extend(TYPE_SUFFIXES.iter().map(|s| format!("mma_{s}")));
+    }
     v
 }
 

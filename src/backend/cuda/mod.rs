@@ -81,6 +81,9 @@ pub struct CudaBackend {
     file: WeightFile,
     layout: StateLayout,
     use_graphs: bool,
+    /// Prefill matmuls on tensor cores (`mma_*`): opt-in (`DS4_CUDA_MMA=1`)
+    /// until a GPU run has checked them; sm_80+ only.
+    tensor_cores: bool,
     description: String,
     dev: Device,
 }
@@ -133,9 +136,19 @@ impl CudaBackend {
             file,
             layout,
             use_graphs: !std::env::var("DS4_CUDA_GRAPH").is_ok_and(|v| v == "0"),
+            tensor_cores: dev.info.cc_number() >= 80
+                && std::env::var("DS4_CUDA_MMA").is_ok_and(|v| v == "1"),
             description,
             dev,
         })
+    }
+
+    /// Turns the tensor-core prefill matmul on or off for graphs loaded
+    /// from now on (the default is `DS4_CUDA_MMA=1`); returns whether it is
+    /// on (never below compute capability 8.0).
+    pub fn set_tensor_cores(&mut self, on: bool) -> bool {
+        self.tensor_cores = on && self.dev.info.cc_number() >= 80;
+        self.tensor_cores
     }
 
     fn loaded(&self, h: GraphHandle) -> Result<&LoadedGraph, BackendError> {
@@ -145,6 +158,9 @@ impl CudaBackend {
     /// Enqueues a launch list on the stream for `n` live tokens.
     fn enqueue(&self, launches: &[Launch], n: u32) -> Result<(), BackendError> {
         for l in launches {
+            if !l.tokens.contains(&n) {
+                continue;
+            }
             let Some((gx, gy)) = l.grid.dims(n) else {
                 continue;
             };
@@ -243,6 +259,7 @@ impl Backend for CudaBackend {
                 step: self.step.ptr,
                 values: &values,
                 scratch: &mut scratch,
+                tensor_cores: self.tensor_cores,
             },
             &graph,
         )?;
