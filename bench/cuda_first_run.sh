@@ -39,6 +39,11 @@ set +e
 cargo test --release --features cuda --test ops_backends --test cuda_e2e --test cuda_cli \
     -- --nocapture 2>&1 | tee "$out/tests.txt" | grep -E "^test |test result|cuda device|FAILED|panicked" | tee -a "$log"
 tests=${PIPESTATUS[0]}
+# The tensor-core prefill (off by default until this passes on a GPU).
+say "tensor-core prefill (DS4_CUDA_MMA=1): end-to-end logits"
+DS4_CUDA_MMA=1 cargo test --release --features cuda --test cuda_e2e -- --nocapture 2>&1 \
+    | tee "$out/tests_mma.txt" | grep -E "^test |test result|FAILED|panicked" | tee -a "$log"
+mma_tests=${PIPESTATUS[0]}
 set -e
 if [ "$tests" -ne 0 ]; then
     echo "the CUDA tests FAILED (full output: $out/tests.txt); figures below are not trustworthy" | tee -a "$log"
@@ -63,6 +68,11 @@ DS4_BENCH_MODEL="$model" DS4_BENCH_BACKENDS=cuda,cpu DS4_BENCH_PREFILL=512 DS4_B
     cargo bench --features cuda --bench cpu_forward 2>&1 | grep -E "^(model|read|bytes|cuda|cpu)" \
     | tee "$out/forward.txt" | tee -a "$log"
 
+say "prefill with the tensor-core matmul (DS4_CUDA_MMA=1)"
+DS4_CUDA_MMA=1 DS4_BENCH_MODEL="$model" DS4_BENCH_BACKENDS=cuda DS4_BENCH_PREFILL=512 DS4_BENCH_DECODE=16 \
+    cargo bench --features cuda --bench cpu_forward 2>&1 | grep -E "^cuda" | sed 's/^cuda    /cuda+mma/' \
+    | tee -a "$out/forward.txt" | tee -a "$log"
+
 say "decode roofline as ds4 --info reports it"
 ./target/release/ds4 -m "$model" --info --backend cuda 2>&1 | sed -n '/== decode roofline ==/,$p' | tee -a "$log"
 
@@ -72,6 +82,7 @@ cat <<MSG
 date: $(date -u +%Y-%m-%d\ %H:%M\ UTC); commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)
 tests: $( [ "$tests" -eq 0 ] && echo "ops_backends, cuda_e2e, cuda_cli passed on the device" || echo "FAILED (see $out/tests.txt)")
+tensor-core prefill e2e (DS4_CUDA_MMA=1): $( [ "$mma_tests" -eq 0 ] && echo "passed (the switch may become the default)" || echo "FAILED (keep it off; $out/tests_mma.txt)")
 
 \`\`\`
 $(cat "$out/bandwidth.txt")
