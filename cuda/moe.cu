@@ -4,7 +4,15 @@
 //     x_in = x[slot / k] (per_slot = 0: gate and up) or x[slot] (down).
 //     Launch: grid (ceil(n_out / 8), max_tokens * k), 256 threads, one warp
 //     per output row, lanes over 32-value units, warp-shuffle reduction.
-//   expert_swiglu: h[slot][f] = w[slot] * swiglu(g, u, clamp); grid-stride.
+//   expert_gate_up_<ty> (gate and up of one type, the decode path): one
+//     launch reads the gate row and the up row f of the selected expert and
+//     writes h[slot][f] = w[slot] * swiglu(g, u, clamp) directly.
+//     Launch: grid (ceil(ff / 8), max_tokens * k), 256 threads, one warp per
+//     row pair; each lane decodes gate unit u and up unit u (32 values each)
+//     into two accumulators, reduced with warp shuffles. Same sums in the
+//     same order as two expert_rows launches, so results are identical.
+//   expert_swiglu: h[slot][f] = w[slot] * swiglu(g, u, clamp); grid-stride
+//     (after two expert_rows launches, when gate and up differ in type).
 //   expert_sum: out[t] = sum over slots i in order of y[t*k+i]; grid-stride.
 // An index outside 0..n_expert yields zeros (never a wild read).
 
@@ -42,6 +50,50 @@ __device__ void expert_rows_impl(const u8* w, u32 row_bytes, u64 slab_bytes, u32
         expert_rows_impl<TY>(w, row_bytes, slab_bytes, n_expert, n_in, n_out, x, per_slot, sel, k, y, st);  \
     }
 FOR_EACH_WEIGHT_TYPE(EXPERT_KERNEL)
+
+template <int TY>
+__device__ void expert_gate_up_impl(const u8* gate, const u8* up, u32 row_bytes, u64 slab_bytes, u32 n_expert,
+                                    u32 n_in, u32 ff, const float* x, const int* sel, const float* wts, u32 k,
+                                    float clamp, float* h, const Step* st) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 f = blockIdx.x * EX_ROWS + warp, slot = blockIdx.y;
+    if (f >= ff || slot >= st->n_tokens * k) return;
+    const int e = sel[slot];
+    float ag = 0.0f, au = 0.0f;
+    if (e >= 0 && (u32)e < n_expert) {
+        const u64 off = (u64)e * slab_bytes + (u64)f * row_bytes;
+        const u8* grow = gate + off;
+        const u8* urow = up + off;
+        const float* xin = x + (u64)(slot / k) * n_in;
+        if (n_in % 32 == 0) {
+            for (u32 u = lane; u < n_in / 32; u += 32) {
+                float v[32];
+                decode32<TY>(grow, u, v);
+                ag += dot32(v, xin + 32 * u);
+                decode32<TY>(urow, u, v);
+                au += dot32(v, xin + 32 * u);
+            }
+        } else {
+            for (u32 i = lane; i < n_in; i += 32) {
+                ag += decode1<TY>(grow, i) * xin[i];
+                au += decode1<TY>(urow, i) * xin[i];
+            }
+        }
+    }
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+    if (lane == 0) h[(u64)slot * ff + f] = wts[slot] * swiglu(ag, au, clamp);
+}
+
+#define GATE_UP_KERNEL(name, TY)                                                                              \
+    extern "C" __global__ void expert_gate_up_##name(const u8* gate, const u8* up, u32 row_bytes,             \
+                                                     u64 slab_bytes, u32 n_expert, u32 n_in, u32 ff,          \
+                                                     const float* x, const int* sel, const float* wts, u32 k, \
+                                                     float clamp, float* h, const Step* st) {                 \
+        expert_gate_up_impl<TY>(gate, up, row_bytes, slab_bytes, n_expert, n_in, ff, x, sel, wts, k, clamp,   \
+                                h, st);                                                                       \
+    }
+FOR_EACH_WEIGHT_TYPE(GATE_UP_KERNEL)
 
 extern "C" __global__ void expert_swiglu(const float* g, const float* u, const float* wts, float* h, u32 ff,
                                          u32 k, float clamp, const Step* st) {

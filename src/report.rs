@@ -181,6 +181,20 @@ pub fn info(path: &Path, roofline_for: Option<crate::backend::BackendKind>) -> R
     Ok(())
 }
 
+/// (device, read bytes/s) of the CUDA device (backend/cuda/bandwidth.rs).
+#[cfg(feature = "cuda")]
+fn cuda_read(bytes: u64) -> Result<(String, f64), String> {
+    use crate::backend::cuda::bandwidth::Bench;
+    let b = Bench::open().map_err(|e| format!("cuda: {e}"))?;
+    let m = b.device_read(bytes, 3).map_err(|e| format!("cuda: {e}"))?;
+    Ok((b.describe(), m.bytes as f64 / m.seconds))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_read(_bytes: u64) -> Result<(String, f64), String> {
+    Err("cuda: this binary was built without CUDA support (cargo build --features cuda)".into())
+}
+
 /// The decode ceiling on the device `kind` would run on: measured read
 /// bandwidth ÷ active weight bytes per token (KV reads come on top at long
 /// context). A device that cannot be measured is named with the reason.
@@ -197,9 +211,7 @@ pub fn decode_roofline(kind: crate::backend::BackendKind, active: u64) {
     };
     let measured = match kind {
         BackendKind::Cpu | BackendKind::CpuRef => Ok(host()),
-        BackendKind::Cuda => {
-            Err("cuda: not measured here (ds4-bench has no CUDA bandwidth mode yet)".to_string())
-        }
+        BackendKind::Cuda => cuda_read(PROBE),
         BackendKind::Wgpu | BackendKind::Auto => {
             // An explicit wgpu choice may measure a CPU emulator; auto only a real GPU.
             match Gpu::open(&AdapterChoice::from_env(kind == BackendKind::Wgpu)) {

@@ -1116,8 +1116,11 @@ fn matmul_cases() -> Vec<Case> {
             ));
         }
     }
-    for &(ty_gu, ty_d, d, ff, e, k, n) in &[
+    // Gate and up of one type take the fused gate+up kernel on CUDA; the
+    // mixed cases (F16 gate, BF16 up; Q8_0 gate, Q4_K up) the unfused path.
+    for &(ty_g, ty_u, ty_d, d, ff, e, k, n) in &[
         (
+            GgmlType::F32,
             GgmlType::F32,
             GgmlType::F32,
             16usize,
@@ -1126,22 +1129,88 @@ fn matmul_cases() -> Vec<Case> {
             2usize,
             1usize,
         ),
-        (GgmlType::Q8_0, GgmlType::Q8_0, 64, 32, 5, 2, 4),
-        (GgmlType::Iq2Xxs, GgmlType::Q2K, 256, 256, 4, 3, 3),
-        (GgmlType::Q4K, GgmlType::Q4K, 256, 256, 3, 2, 2),
-        (GgmlType::Mxfp4, GgmlType::Mxfp4, 96, 64, 4, 2, 3),
+        (
+            GgmlType::Q8_0,
+            GgmlType::Q8_0,
+            GgmlType::Q8_0,
+            64,
+            32,
+            5,
+            2,
+            4,
+        ),
+        (
+            GgmlType::Iq2Xxs,
+            GgmlType::Iq2Xxs,
+            GgmlType::Q2K,
+            256,
+            256,
+            4,
+            3,
+            3,
+        ),
+        (
+            GgmlType::Q4K,
+            GgmlType::Q4K,
+            GgmlType::Q4K,
+            256,
+            256,
+            3,
+            2,
+            2,
+        ),
+        (
+            GgmlType::Mxfp4,
+            GgmlType::Mxfp4,
+            GgmlType::Mxfp4,
+            96,
+            64,
+            4,
+            2,
+            3,
+        ),
+        (
+            GgmlType::Q2K,
+            GgmlType::Q2K,
+            GgmlType::Iq2Xxs,
+            256,
+            256,
+            3,
+            2,
+            2,
+        ),
+        (
+            GgmlType::F16,
+            GgmlType::Bf16,
+            GgmlType::F16,
+            40,
+            24,
+            3,
+            2,
+            3,
+        ),
+        (
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q8_0,
+            256,
+            64,
+            3,
+            2,
+            2,
+        ),
     ] {
         let mut w = Weights::default();
         w.add(
             "gate",
             &[d as u64, ff as u64, e as u64],
-            ty_gu,
+            ty_g,
             &rng.vec(d * ff * e, 1.0),
         );
         w.add(
             "up",
             &[d as u64, ff as u64, e as u64],
-            ty_gu,
+            ty_u,
             &rng.vec(d * ff * e, 1.0),
         );
         w.add(
@@ -1176,7 +1245,7 @@ fn matmul_cases() -> Vec<Case> {
             out: o,
         });
         cases.push(b.finish(
-            format!("moe_experts {ty_gu}/{ty_d} d{d} ff{ff} e{e} k{k} n {n}"),
+            format!("moe_experts {ty_g}+{ty_u}/{ty_d} d{d} ff{ff} e{e} k{k} n {n}"),
             f,
             op,
             inputs,
@@ -1199,6 +1268,67 @@ fn matrix_products_match_the_cpu_for_every_weight_type() {
     cuda_half::check_on_cuda(&cases);
 }
 
+/// Prefill-sized matmuls (≥ 32 tokens, the tensor-core threshold, and one
+/// step below it) for every weight type, 64-row tiles that end mid-tile
+/// and a grouped product.
+#[cfg(feature = "cuda")]
+fn prefill_matmul_cases() -> Vec<Case> {
+    let mut rng = Rng(0x7C0);
+    let mut cases = Vec::new();
+    for &(ty, n_in) in &[
+        (GgmlType::F32, 64usize),
+        (GgmlType::F16, 96),
+        (GgmlType::Bf16, 64),
+        (GgmlType::Q8_0, 128),
+        (GgmlType::Q2K, 256),
+        (GgmlType::Q4K, 512),
+        (GgmlType::Iq2Xxs, 256),
+        (GgmlType::Mxfp4, 64),
+    ] {
+        for &(n_out, groups, n) in &[(70usize, 1usize, 33usize), (128, 2, 40), (20, 1, 5)] {
+            let mut w = Weights::default();
+            w.add(
+                "w",
+                &[n_in as u64, n_out as u64],
+                ty,
+                &rng.vec(n_in * n_out, 1.0),
+            );
+            let (f, r) = w.build();
+            let mut b = Builder::new(40, n);
+            let x = b.rec.tokens_f32("x", groups * n_in);
+            let o = b.rec.tokens_f32("out", n_out);
+            let inputs = vec![(x, rng.vec(n * groups * n_in, 1.0))];
+            let op = Op::MatMul(matmul::MatMul {
+                w: r[0].clone(),
+                x,
+                out: o,
+                groups,
+            });
+            cases.push(b.finish(
+                format!("mma {ty} {n_in}→{n_out} g{groups} n {n}"),
+                f,
+                op,
+                inputs,
+                vec![],
+                0,
+            ));
+        }
+    }
+    cases
+}
+
+/// The tensor-core prefill kernels (`mma_<type>`, off by default) against
+/// the CPU, on the device or on the emulator's software `mma.sync`. The
+/// operands are rounded to f16: each product carries at most 2^-10 relative
+/// error and the outputs sum ≤ 512 products of magnitude ≤ 1, so 0.05
+/// absolute (+ 2e-3 relative) covers the rounding ~10× while a fragment
+/// layout error moves outputs by O(1).
+#[cfg(feature = "cuda")]
+#[test]
+fn tensor_core_prefill_matches_the_cpu() {
+    cuda_half::check_tensor_cores(&prefill_matmul_cases(), (5e-2, 2e-3));
+}
+
 #[cfg(feature = "cuda")]
 #[path = "cuda_emu/mod.rs"]
 mod cuda_emu;
@@ -1211,6 +1341,16 @@ mod cuda_half {
     use ds4::backend::cuda::CudaBackend;
 
     pub fn check_on_cuda(cases: &[Case]) {
+        check_with(cases, false, None)
+    }
+
+    /// With the tensor-core prefill matmul (`mma_*`) switched on, compared
+    /// with `tol` (abs, rel) instead of the op's tolerance.
+    pub fn check_tensor_cores(cases: &[Case], tol: (f32, f32)) {
+        check_with(cases, true, Some(tol))
+    }
+
+    fn check_with(cases: &[Case], tensor_cores: bool, tol: Option<(f32, f32)>) {
         match super::cuda_emu::install() {
             Ok(d) => eprintln!("cuda half on {d}"),
             Err(e) if std::env::var_os("CI").is_some() => {
@@ -1232,6 +1372,10 @@ mod cuda_half {
                 run_case(case, &mut cpu).unwrap_or_else(|e| panic!("{}: cpu: {e}", case.label));
             let mut cb = CudaBackend::open(case.file.clone(), case.layout.clone())
                 .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+            if tensor_cores && !cb.set_tensor_cores(true) {
+                eprintln!("skipping tensor cores: the device is below sm_80");
+                return;
+            }
             let got = match run_case(case, &mut cb) {
                 Ok(r) => r,
                 Err(e) => {
@@ -1239,7 +1383,7 @@ mod cuda_half {
                     continue;
                 }
             };
-            let (abs, rel) = tolerance(case.op_name);
+            let (abs, rel) = tol.unwrap_or_else(|| tolerance(case.op_name));
             let pairs = got.0.iter().zip(&want.0).map(|(g, w)| ("output", g, w));
             let spairs = got.1.iter().zip(&want.1).map(|(g, w)| ("state", g, w));
             for (i, (what, g, w)) in pairs.chain(spairs).enumerate() {

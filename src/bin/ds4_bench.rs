@@ -73,8 +73,9 @@ struct Args {
     /// CSV destination (default stdout; with --bandwidth: only when given)
     #[argh(option)]
     csv: Option<PathBuf>,
-    /// instead of a model run: host and wgpu device bandwidth, then each
-    /// matvec kernel at the Flash shapes as GB/s and fraction of device read
+    /// instead of a model run: host and device bandwidth (wgpu, or CUDA
+    /// with --backend cuda), then each matvec kernel at the Flash shapes
+    /// as GB/s and fraction of device read
     #[argh(switch)]
     bandwidth: bool,
     /// with --bandwidth: probe buffer size in MiB (default 256)
@@ -89,10 +90,15 @@ struct Args {
     #[argh(option)]
     bw_rows: Option<String>,
     /// with --bandwidth: also time whole decode steps of the model given
-    /// with -m on the wgpu device (e.g. the 4-layer Flash-width bench model
-    /// of bench/cpu_forward.rs), as active weight bytes ÷ time ÷ device read
+    /// with -m on the device (e.g. the 4-layer Flash-width bench model
+    /// of bench/cpu_forward.rs), as active weight bytes ÷ time ÷ device read;
+    /// on CUDA with the CUDA graph on and off
     #[argh(switch)]
     bw_decode: bool,
+    /// with --bandwidth: at most this many output rows per matvec shape
+    /// (quick checks on emulators; default: the full Flash shapes)
+    #[argh(option)]
+    bw_max_out: Option<u64>,
     /// with --bw-decode: decode steps timed, best kept (default 8)
     #[argh(option, default = "8")]
     bw_decode_steps: usize,
@@ -102,12 +108,46 @@ struct Args {
     kv_restore_dir: Option<PathBuf>,
 }
 
-/// `--bandwidth`: the table on stdout, the CSV to `--csv` when given.
+/// `--bandwidth`: the table on stdout, the CSV to `--csv` when given. The
+/// device is the wgpu adapter, or the CUDA device with `--backend cuda`.
 fn run_bandwidth(a: &Args) -> Result<(), String> {
-    use ds4::backend::wgpu::{bandwidth, AdapterChoice, Gpu};
     if a.bw_mib == 0 || a.bw_trials == 0 {
         return Err("--bw-mib and --bw-trials must be positive".into());
     }
+    if a.bw_max_out == Some(0) {
+        return Err("--bw-max-out must be positive".into());
+    }
+    let backend = ds4::backend::select::BackendFlags {
+        backend: a.backend.clone(),
+        cpu: a.cpu,
+        metal: a.metal,
+        vulkan: a.vulkan,
+        cuda: a.cuda,
+    }
+    .resolve()?;
+    let csv = if backend == ds4::backend::BackendKind::Cuda {
+        bandwidth_cuda(a)?
+    } else {
+        bandwidth_wgpu(a)?
+    };
+    if let Some(p) = &a.csv {
+        std::fs::write(p, csv.join("\n") + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// The Flash matvec shapes, with at most `--bw-max-out` output rows each.
+fn bandwidth_shapes(a: &Args) -> Vec<(&'static str, ds4::quant::GgmlType, u64, u64)> {
+    ds4::bandwidth::FLASH_MATVECS
+        .iter()
+        .map(|&(name, ty, n_in, n_out)| {
+            (name, ty, n_in, a.bw_max_out.map_or(n_out, |m| n_out.min(m)))
+        })
+        .collect()
+}
+
+fn bandwidth_wgpu(a: &Args) -> Result<Vec<String>, String> {
+    use ds4::backend::wgpu::{bandwidth, AdapterChoice, Gpu};
     // An explicit benchmark: CPU emulators (lavapipe) are allowed.
     let gpu = Gpu::open(&AdapterChoice::from_env(true)).map_err(|e| e.to_string())?;
     let rows = match &a.bw_rows {
@@ -121,34 +161,94 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
             .collect::<Result<Vec<u32>, String>>()?,
         None => vec![],
     };
+    let shapes = bandwidth_shapes(a);
+    let mut read = None;
     let mut csv =
-        bandwidth::report(&gpu, a.bw_mib << 20, a.bw_trials, &rows).map_err(|e| e.to_string())?;
+        ds4::bandwidth::print_report(&gpu.describe(), a.bw_mib << 20, a.bw_trials, |each| {
+            bandwidth::run(
+                &gpu,
+                a.bw_mib << 20,
+                a.bw_trials,
+                &shapes,
+                &rows,
+                &mut |m| {
+                    if m.kind == "device read" {
+                        read = Some(m.gb_per_s());
+                    }
+                    each(m)
+                },
+            )
+            .map(|_| ())
+        })
+        .map_err(|e| e.to_string())?;
     if a.bw_decode {
-        let read = bandwidth::device_read(&gpu, a.bw_mib << 20, a.bw_trials)
-            .map_err(|e| e.to_string())?
-            .gb_per_s();
-        let m = decode_step(a)?;
-        println!("{}", bandwidth::table_row(&m, Some(read)));
-        csv.push(bandwidth::csv_row(&gpu.describe(), &m, Some(read)));
+        let model = open_model(a)?;
+        let m = decode_step(a, &model, ds4::backend::BackendKind::Wgpu, "")?;
+        println!("{}", ds4::bandwidth::table_row(&m, read));
+        csv.push(ds4::bandwidth::csv_row(&gpu.describe(), &m, read));
     }
-    if let Some(p) = &a.csv {
-        std::fs::write(p, csv.join("\n") + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
-    }
-    Ok(())
+    Ok(csv)
 }
 
-/// One whole decode step of `-m` on the wgpu backend: the best of
+#[cfg(feature = "cuda")]
+fn bandwidth_cuda(a: &Args) -> Result<Vec<String>, String> {
+    use ds4::backend::cuda::bandwidth::{self, Bench};
+    let bench = Bench::open().map_err(|e| e.to_string())?;
+    let device = bench.describe();
+    let shapes = bandwidth_shapes(a);
+    let mut read = None;
+    let mut csv = ds4::bandwidth::print_report(&device, a.bw_mib << 20, a.bw_trials, |each| {
+        bandwidth::run(&bench, a.bw_mib << 20, a.bw_trials, &shapes, &mut |m| {
+            if m.kind == "device read" {
+                read = Some(m.gb_per_s());
+            }
+            each(m)
+        })
+    })
+    .map_err(|e| e.to_string())?;
+    // The decode sessions open the device themselves.
+    drop(bench);
+    if a.bw_decode {
+        let model = open_model(a)?;
+        // The CUDA graph on (the default) and off: the difference is the
+        // launch overhead the graph removes.
+        for (graph, label) in [("1", "graph on"), ("0", "graph off")] {
+            std::env::set_var("DS4_CUDA_GRAPH", graph);
+            let m = decode_step(a, &model, ds4::backend::BackendKind::Cuda, label)?;
+            println!("{}", ds4::bandwidth::table_row(&m, read));
+            csv.push(ds4::bandwidth::csv_row(&device, &m, read));
+        }
+        std::env::remove_var("DS4_CUDA_GRAPH");
+    }
+    Ok(csv)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn bandwidth_cuda(_a: &Args) -> Result<Vec<String>, String> {
+    Err("backend cuda is not available: this ds4-bench was built without CUDA support (cargo build --features cuda)".into())
+}
+
+fn open_model(a: &Args) -> Result<Arc<ModelFile>, String> {
+    Ok(Arc::new(
+        ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?,
+    ))
+}
+
+/// One whole decode step of `-m` on `backend`: the best of
 /// `--bw-decode-steps` steps after an 8-token prefill, with the model's active
 /// weight bytes per token as the bytes moved (KV reads at this short
-/// context are negligible).
-fn decode_step(a: &Args) -> Result<ds4::backend::wgpu::bandwidth::Measure, String> {
-    let model =
-        Arc::new(ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?);
+/// context are negligible). `label` is added to the shape column.
+fn decode_step(
+    a: &Args,
+    model: &Arc<ModelFile>,
+    backend: ds4::backend::BackendKind,
+    label: &str,
+) -> Result<ds4::bandwidth::Measure, String> {
     let active = model.weights.active_bytes_per_token(&model.config);
     let steps = a.bw_decode_steps.max(1);
     let opts = SessionOptions {
         ctx: 64 + steps,
-        backend: ds4::backend::BackendKind::Wgpu,
+        backend,
         ..Default::default()
     };
     let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
@@ -163,13 +263,18 @@ fn decode_step(a: &Args) -> Result<ds4::backend::wgpu::bandwidth::Measure, Strin
             .map_err(|e| e.to_string())?;
         best = best.min(t.elapsed().as_secs_f64());
     }
-    Ok(ds4::backend::wgpu::bandwidth::Measure {
+    let file = a
+        .model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(ds4::bandwidth::Measure {
         kind: "decode step".into(),
-        name: a
-            .model
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        name: if label.is_empty() {
+            file
+        } else {
+            format!("{file} {label}")
+        },
         ty: String::new(),
         n_in: 0,
         n_out: 0,

@@ -8,6 +8,7 @@
 #undef blockDim
 #undef gridDim
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
@@ -118,6 +119,17 @@ unsigned long long warp_exchange(unsigned long long v, unsigned src_lane) {
     return v;
 }
 
+static std::vector<unsigned char> gather_slot;  // 64 bytes per thread
+
+void warp_gather(const void* mine, unsigned bytes, void* all) {
+    const unsigned w = current / 32;
+    std::memcpy(&gather_slot[current * 64], mine, bytes);
+    wait(warp_bar[w]);  // every lane has published
+    for (unsigned l = 0; l < 32; l++)
+        std::memcpy((unsigned char*)all + l * bytes, &gather_slot[(w * 32 + l) * 64], bytes);
+    wait(warp_bar[w]);  // every lane has read before the slots are reused
+}
+
 static void trampoline() {
     body(body_params);
     Thread& me = threads[current];
@@ -138,6 +150,7 @@ static void run_block(unsigned n) {
     warp_bar.assign(warps, Barrier());
     for (unsigned w = 0; w < warps; w++) warp_bar[w].alive = min(32u, n - 32 * w);
     warp_slot.assign(warps * 32, 0);
+    gather_slot.assign(warps * 32 * 64, 0);
     block_bar = Barrier();
     block_bar.alive = n;
     while (stacks.size() < n) stacks.push_back((char*)std::malloc(STACK));
@@ -202,7 +215,8 @@ struct Reg {
 REG(add) REG(scale) REG(swiglu_clamped) REG(take_last) REG(rms_norm) REG(hc_mix) REG(hc_init)
 REG(hc_collapse) REG(hc_expand) REG(rope) REG(kv_round) REG(hadamard_fp4) REG(ring_write)
 REG(attention) REG(compress) REG(indexer_topk) REG(router) REG(expert_swiglu) REG(expert_sum)
-REG_TYPED(embed_) REG_TYPED(matmul_) REG_TYPED(expert_rows_)
+REG(read_all)
+REG_TYPED(embed_) REG_TYPED(matmul_) REG_TYPED(expert_rows_) REG_TYPED(expert_gate_up_) REG_TYPED(mma_)
 
 // ---- the driver API subset ----
 typedef int CUresult;
@@ -328,6 +342,26 @@ API CUresult cuGraphLaunch(void* exec, void*) {
 }
 API CUresult cuGraphDestroy(void* g) { delete (Graph*)g; return 0; }
 API CUresult cuGraphExecDestroy(void* g) { delete (Graph*)g; return 0; }
+// Events: launches run synchronously here, so an event is the wall-clock
+// time at which it was recorded.
+struct Event { std::chrono::steady_clock::time_point t; };
+API CUresult cuEventCreate(void** e, unsigned) { *e = new Event(); return 0; }
+API CUresult cuEventDestroy_v2(void* e) { delete (Event*)e; return 0; }
+API CUresult cuEventRecord(void* e, void*) {
+    if (capturing) return 900;
+    ((Event*)e)->t = std::chrono::steady_clock::now();
+    return 0;
+}
+API CUresult cuEventSynchronize(void*) { return 0; }
+API CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
+    *ms = std::chrono::duration<float, std::milli>(((Event*)b)->t - ((Event*)a)->t).count();
+    return 0;
+}
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) {
+    if (capturing) return 900;
+    std::memcpy((void*)d, (const void*)s, n);
+    return 0;
+}
 API CUresult cuGetErrorString(CUresult, const char** s) { *s = "emulator error"; return 0; }
 API CUresult cuGetErrorName(CUresult, const char** s) { *s = "CUDA_ERROR_EMULATOR"; return 0; }
 
@@ -348,5 +382,6 @@ struct ArityReg {
 ARITY(add) ARITY(scale) ARITY(swiglu_clamped) ARITY(take_last) ARITY(rms_norm) ARITY(hc_mix) ARITY(hc_init)
 ARITY(hc_collapse) ARITY(hc_expand) ARITY(rope) ARITY(kv_round) ARITY(hadamard_fp4) ARITY(ring_write)
 ARITY(attention) ARITY(compress) ARITY(indexer_topk) ARITY(router) ARITY(expert_swiglu) ARITY(expert_sum)
-ARITY_TYPED(embed_) ARITY_TYPED(matmul_) ARITY_TYPED(expert_rows_)
+ARITY(read_all)
+ARITY_TYPED(embed_) ARITY_TYPED(matmul_) ARITY_TYPED(expert_rows_) ARITY_TYPED(expert_gate_up_) ARITY_TYPED(mma_)
 static unsigned n_params(emu::Run r) { return arity()[r]; }

@@ -31,7 +31,47 @@ extern Dim3 threadIdx, blockIdx, blockDim, gridDim;
 void sync_block();
 // Exchanges 8 bytes with lane `src_lane` of the calling warp.
 unsigned long long warp_exchange(unsigned long long v, unsigned src_lane);
+// Every lane of the calling warp publishes `bytes` (at most 64); `all`
+// receives lane 0's, then lane 1's, ... (all 32 lanes must take part).
+void warp_gather(const void* mine, unsigned bytes, void* all);
 }  // namespace emu
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 in software (d += A B):
+// the warp's fragments are gathered, A (16x16) and B (16x8) rebuilt with the
+// PTX ISA's fragment layout (see cuda/matmul.cu), and each lane computes its
+// own four results in k order with f32 products and sums.
+inline void emu_mma_16816(float* d, const unsigned* a, const unsigned* b) {
+    unsigned mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    unsigned all[32][6];
+    emu::warp_gather(mine, sizeof mine, all);
+    auto half = [](unsigned reg, int hi) {
+        unsigned short h = (unsigned short)(hi ? reg >> 16 : reg & 0xffffu);
+        _Float16 v;
+        std::memcpy(&v, &h, 2);
+        return (float)v;
+    };
+    float A[16][16], B[16][8];
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane >> 2, q = lane & 3;
+        for (int i = 0; i < 8; i++) {
+            const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+            const int col = 2 * q + (i & 1) + (i >= 4 ? 8 : 0);
+            A[row][col] = half(all[lane][i / 2], i & 1);
+        }
+        for (int i = 0; i < 4; i++) {
+            const int k = 2 * q + (i & 1) + (i >= 2 ? 8 : 0);
+            B[k][g] = half(all[lane][4 + i / 2], i & 1);
+        }
+    }
+    const unsigned lane = emu::threadIdx.x & 31;
+    const int g = lane >> 2, q = lane & 3;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i >> 1) * 8, col = 2 * q + (i & 1);
+        float s = 0.0f;
+        for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col];
+        d[i] += s;
+    }
+}
 
 #define threadIdx emu::threadIdx
 #define blockIdx emu::blockIdx

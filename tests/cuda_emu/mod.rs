@@ -30,6 +30,7 @@ const FAMILIES: &[&str] = &[
     "router",
     "matmul",
     "moe",
+    "bandwidth",
 ];
 
 /// The emulator's source: its header, the CUDA headers, every family (the
@@ -102,6 +103,13 @@ fn build() -> Result<PathBuf, String> {
     }
     std::fs::rename(&tmp, &lib).map_err(|e| e.to_string())?;
     Ok(lib)
+}
+
+/// The emulator's `libcuda.so`, built when missing (for child processes:
+/// put its folder on `LD_LIBRARY_PATH`).
+#[allow(dead_code)]
+pub fn library() -> Result<PathBuf, String> {
+    build()
 }
 
 /// Loads the emulator when there is no real driver (once per process).

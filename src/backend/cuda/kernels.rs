@@ -43,6 +43,7 @@ const FAMILIES: &[(&str, &[&str], &str)] = &[
     family!("router", &["common"]),
     family!("matmul", &["common", "iq2xxs_grid", "quant"]),
     family!("moe", &["common", "iq2xxs_grid", "quant"]),
+    family!("bandwidth", &["common"]),
 ];
 
 /// Names of every kernel family.
@@ -151,6 +152,7 @@ pub fn entry_points(family: &str) -> Vec<String> {
         "indexer" => &["indexer_topk"],
         "router" => &["router"],
         "moe" => &["expert_swiglu", "expert_sum"],
+        "bandwidth" => &["read_all"],
         _ => &[],
     };
     let mut v: Vec<String> = fixed.iter().map(|s| s.to_string()).collect();
@@ -162,6 +164,12 @@ pub fn entry_points(family: &str) -> Vec<String> {
     };
     if let Some(p) = per_type {
         v.extend(TYPE_SUFFIXES.iter().map(|s| format!("{p}{s}")));
+    }
+    if family == "moe" {
+        v.extend(TYPE_SUFFIXES.iter().map(|s| format!("expert_gate_up_{s}")));
+    }
+    if family == "matmul" {
+        v.extend(TYPE_SUFFIXES.iter().map(|s| format!("mma_{s}")));
     }
     v
 }

@@ -11,9 +11,11 @@
 //! captured into a CUDA graph on its first step and replayed afterwards, so a
 //! decode step costs one graph launch. See docs/CUDA.md.
 
+pub mod bandwidth;
 pub mod device;
 pub mod kernels;
 pub mod mem;
+pub mod modules;
 pub mod nvrtc;
 pub mod record;
 pub mod weights;
@@ -23,14 +25,15 @@ use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
+use cudarc::driver::sys::{self, CUdeviceptr};
 
 pub use device::{list_devices, DeviceInfo};
 
 use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
 use crate::graph::{plan, DType, Graph, StateId, StateLayout, StepParams, ValueId};
-use device::{device_err, unavailable, Device};
+use device::Device;
 use mem::{checked, download, upload, upload_async, DevBuf};
+use modules::Modules;
 use record::{Launch, THREADS};
 
 /// Per-step parameters in device memory (twin of `struct Step` in
@@ -74,11 +77,13 @@ pub struct CudaBackend {
     step: DevBuf,
     freqs: HashMap<String, DevBuf>,
     weights: weights::Weights,
-    funcs: HashMap<String, CUfunction>,
-    modules: Vec<sys::CUmodule>,
+    modules: Modules,
     file: WeightFile,
     layout: StateLayout,
     use_graphs: bool,
+    /// Prefill matmuls on tensor cores (`mma_*`): opt-in (`DS4_CUDA_MMA=1`)
+    /// until a GPU run has checked them; sm_80+ only.
+    tensor_cores: bool,
     description: String,
     dev: Device,
 }
@@ -101,39 +106,8 @@ impl CudaBackend {
     pub fn open(file: WeightFile, layout: StateLayout) -> Result<CudaBackend, BackendError> {
         let ordinal = device::chosen_ordinal()?;
         let dev = Device::open(ordinal)?;
-        let nv = nvrtc::Nvrtc::load().map_err(unavailable)?;
-        let cc = dev.info.cc_number();
-        let arch = nv.arch_for(cc).ok_or_else(|| {
-            unavailable(format!(
-                "NVRTC {}.{} cannot target sm_{cc} (it knows {:?})",
-                nv.version.0, nv.version.1, nv.archs
-            ))
-        })?;
-        let cache = kernels::cache_dir();
-        let mut modules = Vec::new();
-        let mut funcs = HashMap::new();
-        for family in kernels::families() {
-            let ptx = kernels::ptx(&nv, family, arch, cache.as_deref())
-                .map_err(|e| device_err("NVRTC", e))?;
-            let image = std::ffi::CString::new(ptx).map_err(|_| device_err("PTX", "NUL byte"))?;
-            let mut m: sys::CUmodule = std::ptr::null_mut();
-            // SAFETY: a NUL-terminated PTX image; the module lives in `modules`.
-            checked("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void) })
-                .map_err(|e| BackendError::Device {
-                    device: "cuda".into(),
-                    msg: format!("loading {family} (compute_{arch}, NVRTC {}.{}): {e}; a driver older than the NVRTC rejects its PTX", nv.version.0, nv.version.1),
-                })?;
-            modules.push(m);
-            for name in kernels::entry_points(family) {
-                let cname = std::ffi::CString::new(name.clone()).expect("kernel names have no NUL");
-                let mut f: CUfunction = std::ptr::null_mut();
-                // SAFETY: `m` is a loaded module.
-                checked("cuModuleGetFunction", unsafe {
-                    sys::cuModuleGetFunction(&mut f, m, cname.as_ptr())
-                })?;
-                funcs.insert(name, f);
-            }
-        }
+        let modules = Modules::load(&dev, &kernels::families())?;
+        let (arch, nv_version) = (modules.arch, modules.nvrtc);
         let gf: &crate::gguf::GgufFile = (*file).as_ref();
         let weights = weights::Weights::new(gf, &dev.info);
         let description = format!(
@@ -142,8 +116,8 @@ impl CudaBackend {
             dev.info.cc.0,
             dev.info.cc.1,
             dev.info.total_mem as f64 / (1u64 << 30) as f64,
-            nv.version.0,
-            nv.version.1,
+            nv_version.0,
+            nv_version.1,
             weights.mode
         );
         let mut states = Vec::new();
@@ -158,14 +132,23 @@ impl CudaBackend {
             step: DevBuf::alloc(std::mem::size_of::<StepDev>())?,
             freqs: HashMap::new(),
             weights,
-            funcs,
             modules,
             file,
             layout,
             use_graphs: !std::env::var("DS4_CUDA_GRAPH").is_ok_and(|v| v == "0"),
+            tensor_cores: dev.info.cc_number() >= 80
+                && std::env::var("DS4_CUDA_MMA").is_ok_and(|v| v == "1"),
             description,
             dev,
         })
+    }
+
+    /// Turns the tensor-core prefill matmul on or off for graphs loaded
+    /// from now on (the default is `DS4_CUDA_MMA=1`); returns whether it is
+    /// on (never below compute capability 8.0).
+    pub fn set_tensor_cores(&mut self, on: bool) -> bool {
+        self.tensor_cores = on && self.dev.info.cc_number() >= 80;
+        self.tensor_cores
     }
 
     fn loaded(&self, h: GraphHandle) -> Result<&LoadedGraph, BackendError> {
@@ -175,6 +158,9 @@ impl CudaBackend {
     /// Enqueues a launch list on the stream for `n` live tokens.
     fn enqueue(&self, launches: &[Launch], n: u32) -> Result<(), BackendError> {
         for l in launches {
+            if !l.tokens.contains(&n) {
+                continue;
+            }
             let Some((gx, gy)) = l.grid.dims(n) else {
                 continue;
             };
@@ -222,12 +208,7 @@ impl Drop for CudaBackend {
             }
         }
         self.graphs.clear();
-        for m in self.modules.drain(..) {
-            // SAFETY: loaded in `open`, unloaded once.
-            unsafe {
-                let _ = sys::cuModuleUnload(m);
-            }
-        }
+        // The modules unload when the field drops (before the device).
     }
 }
 
@@ -270,7 +251,7 @@ impl Backend for CudaBackend {
         let launches = record::record(
             record::Ctx {
                 file: (*file).as_ref(),
-                funcs: &self.funcs,
+                funcs: &self.modules.funcs,
                 weights: &mut self.weights,
                 states: &self.states,
                 layout: &self.layout,
@@ -278,6 +259,7 @@ impl Backend for CudaBackend {
                 step: self.step.ptr,
                 values: &values,
                 scratch: &mut scratch,
+                tensor_cores: self.tensor_cores,
             },
             &graph,
         )?;

@@ -107,7 +107,15 @@ pub struct Launch {
     pub block: u32,
     pub shared: u32,
     pub args: Vec<Arg>,
+    /// Steps whose token count lies in this range run the launch (the
+    /// tensor-core prefill and the CUDA-core matmul split a graph's steps).
+    pub tokens: std::ops::RangeInclusive<u32>,
 }
+
+/// Prefill steps of at least this many tokens take the tensor-core matmul
+/// (when enabled): below it a 32-token tile is mostly padding, and decode
+/// (1 token) stays on the bandwidth-bound CUDA-core kernel.
+pub const MMA_MIN_TOKENS: u32 = 32;
 
 fn unsupported(what: String) -> BackendError {
     BackendError::Unsupported {
@@ -150,6 +158,8 @@ pub struct Ctx<'a> {
     pub values: &'a [CUdeviceptr],
     /// Scratch allocations of the graph (kept alive with it).
     pub scratch: &'a mut Vec<DevBuf>,
+    /// Record the tensor-core prefill matmul (sm_80+, opt-in).
+    pub tensor_cores: bool,
 }
 
 struct List<'a> {
@@ -179,8 +189,16 @@ impl List<'_> {
             block,
             shared,
             args,
+            tokens: 0..=u32::MAX,
         });
         Ok(())
+    }
+
+    /// Limits the last launch to steps with a token count in `tokens`.
+    fn only_for(&mut self, tokens: std::ops::RangeInclusive<u32>) {
+        if let Some(l) = self.out.last_mut() {
+            l.tokens = tokens;
+        }
     }
 }
 
@@ -220,6 +238,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
         step,
         values,
         scratch: scratch_list,
+        tensor_cores,
     } = c;
     let mut progress = Progress::new(weight_bytes(graph));
     let mut list = List {
@@ -319,22 +338,43 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 } else {
                     fixed(u(d.rows).div_ceil(8))
                 };
+                let args = vec![
+                    Arg::Ptr(w),
+                    Arg::U32(u(o.w.row_bytes())),
+                    Arg::U32(u(n_in)),
+                    Arg::U32(u(n_out)),
+                    Arg::U32(u(o.groups)),
+                    v(o.x),
+                    v(o.out),
+                ];
+                let mut cuda_core = args.clone();
+                cuda_core.push(Arg::U32(fixed_rows));
                 launch(
                     name,
                     Grid::Blocks(fixed(u(n_out).div_ceil(8)), ty),
                     THREADS,
                     0,
-                    vec![
-                        Arg::Ptr(w),
-                        Arg::U32(u(o.w.row_bytes())),
-                        Arg::U32(u(n_in)),
-                        Arg::U32(u(n_out)),
-                        Arg::U32(u(o.groups)),
-                        v(o.x),
-                        v(o.out),
-                        Arg::U32(fixed_rows),
-                    ],
+                    cuda_core,
                 )?;
+                // Tensor cores for prefill steps: whole 32-value units and
+                // 64-row tiles that never straddle an output group.
+                let per_group = n_out / o.groups;
+                if tensor_cores
+                    && d.per_token
+                    && u(graph.max_tokens) >= MMA_MIN_TOKENS
+                    && n_in % 32 == 0
+                    && (o.groups == 1 || per_group % 64 == 0)
+                {
+                    list.only_for(0..=MMA_MIN_TOKENS - 1);
+                    list.launch(
+                        per_type("mma_", o.w.ty)?,
+                        Grid::Blocks(fixed(u(n_out).div_ceil(64)), per_tokens(32)),
+                        128,
+                        0,
+                        args,
+                    )?;
+                    list.only_for(MMA_MIN_TOKENS..=u32::MAX);
+                }
             }
             Op::HcMix(o) => {
                 let scale = weights.small_f32(file, &o.scale)?;
@@ -596,8 +636,6 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 }
                 let k = o.k;
                 let slots = graph.max_tokens * k;
-                let g = scratch(scratch_list, slots * ff * 4)?;
-                let up = scratch(scratch_list, slots * ff * 4)?;
                 let h = scratch(scratch_list, slots * ff * 4)?;
                 let y = scratch(scratch_list, slots * d * 4)?;
                 let rows = |weights: &mut Weights,
@@ -631,25 +669,56 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 };
                 let grid =
                     |n_out: usize| Grid::Blocks(fixed(u(n_out).div_ceil(8)), per_token(u(k)));
-                let (name, args) = rows(weights, &mut progress, &o.gate, d, ff, v(o.x), 0, g)?;
-                launch(name, grid(ff), THREADS, 0, args)?;
-                let (name, args) = rows(weights, &mut progress, &o.up, d, ff, v(o.x), 0, up)?;
-                launch(name, grid(ff), THREADS, 0, args)?;
-                launch(
-                    "expert_swiglu",
-                    Grid::Threads(per_token(u(k * ff))),
-                    THREADS,
-                    0,
-                    vec![
-                        Arg::Ptr(g),
-                        Arg::Ptr(up),
-                        v(o.weights),
-                        Arg::Ptr(h),
-                        Arg::U32(u(ff)),
-                        Arg::U32(u(k)),
-                        Arg::F32(o.clamp),
-                    ],
-                )?;
+                if o.gate.ty == o.up.ty && o.gate.ne == o.up.ne {
+                    // One launch reads both rows and writes the weighted,
+                    // clamped SwiGLU product (cuda/moe.cu expert_gate_up_*).
+                    let name = per_type("expert_gate_up_", o.gate.ty)?;
+                    let gw = weights.tensor(file, &o.gate, &mut progress)?;
+                    let uw = weights.tensor(file, &o.up, &mut progress)?;
+                    launch(
+                        name,
+                        grid(ff),
+                        THREADS,
+                        0,
+                        vec![
+                            Arg::Ptr(gw),
+                            Arg::Ptr(uw),
+                            Arg::U32(u(o.gate.row_bytes())),
+                            Arg::U64(o.gate.n_bytes / n_expert as u64),
+                            Arg::U32(u(n_expert)),
+                            Arg::U32(u(d)),
+                            Arg::U32(u(ff)),
+                            v(o.x),
+                            v(o.selected),
+                            v(o.weights),
+                            Arg::U32(u(k)),
+                            Arg::F32(o.clamp),
+                            Arg::Ptr(h),
+                        ],
+                    )?;
+                } else {
+                    let g = scratch(scratch_list, slots * ff * 4)?;
+                    let up = scratch(scratch_list, slots * ff * 4)?;
+                    let (name, args) = rows(weights, &mut progress, &o.gate, d, ff, v(o.x), 0, g)?;
+                    launch(name, grid(ff), THREADS, 0, args)?;
+                    let (name, args) = rows(weights, &mut progress, &o.up, d, ff, v(o.x), 0, up)?;
+                    launch(name, grid(ff), THREADS, 0, args)?;
+                    launch(
+                        "expert_swiglu",
+                        Grid::Threads(per_token(u(k * ff))),
+                        THREADS,
+                        0,
+                        vec![
+                            Arg::Ptr(g),
+                            Arg::Ptr(up),
+                            v(o.weights),
+                            Arg::Ptr(h),
+                            Arg::U32(u(ff)),
+                            Arg::U32(u(k)),
+                            Arg::F32(o.clamp),
+                        ],
+                    )?;
+                }
                 let (name, args) = rows(weights, &mut progress, &o.down, ff, d, Arg::Ptr(h), 1, y)?;
                 launch(name, grid(d), THREADS, 0, args)?;
                 launch(

@@ -19,7 +19,11 @@ use super::shaders;
 use super::weights::GpuTensor;
 use super::StepUniform;
 use crate::backend::BackendError;
-use crate::quant::{self, GgmlType};
+use crate::quant::GgmlType;
+
+pub use crate::bandwidth::{
+    bench_weights, csv_row, host_read, table_header, table_row, Measure, CSV_HEADER, FLASH_MATVECS,
+};
 
 /// Parameters of shaders/bandwidth.wgsl (same layout as its `BandwidthParams`).
 #[repr(C)]
@@ -32,46 +36,6 @@ pub struct BandwidthParams {
     pub pad0: u32,
     pub pad1: u32,
 }
-
-/// One measured line of the table.
-#[derive(Clone, Debug)]
-pub struct Measure {
-    /// What was measured ("device read", "matvec", ...).
-    pub kind: String,
-    /// The shape's name at Flash width ("q-lora", "head", ...), empty otherwise.
-    pub name: String,
-    /// Weight type of a matvec, empty otherwise.
-    pub ty: String,
-    pub n_in: u64,
-    pub n_out: u64,
-    /// Bytes read (for a copy: bytes copied) per run.
-    pub bytes: u64,
-    /// Seconds per run.
-    pub seconds: f64,
-    /// "timestamp" or "wall".
-    pub timer: &'static str,
-    /// Matvec: weight rows per workgroup of the kernel (0 otherwise).
-    pub rows: u32,
-}
-
-impl Measure {
-    pub fn gb_per_s(&self) -> f64 {
-        self.bytes as f64 / self.seconds / 1e9
-    }
-}
-
-/// The matvec shapes of DeepSeek V4 Flash the benchmark runs:
-/// (name, type, n_in, n_out).
-pub const FLASH_MATVECS: &[(&str, GgmlType, u64, u64)] = &[
-    ("q-lora (attn_q_a)", GgmlType::Q8_0, 4096, 1024),
-    ("q-up (attn_q_b)", GgmlType::Q8_0, 1024, 32768),
-    ("expert down", GgmlType::Iq2Xxs, 2048, 4096),
-    ("expert down", GgmlType::Q2K, 2048, 4096),
-    ("expert down", GgmlType::Q4K, 2048, 4096),
-    ("expert down", GgmlType::Mxfp4, 2048, 4096),
-    ("expert gate/up", GgmlType::Iq2Xxs, 4096, 2048),
-    ("output head", GgmlType::Q8_0, 4096, 129280),
-];
 
 fn device_err(gpu: &Gpu, msg: String) -> BackendError {
     BackendError::Device {
@@ -315,37 +279,6 @@ pub fn device_copy(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
     })
 }
 
-/// Weight bytes for a benchmark: a pool of rows made by the real quantizer,
-/// repeated (decode speed does not depend on the values, only on them
-/// being ordinary numbers).
-pub fn bench_weights(ty: GgmlType, n_in: u64, n_out: u64) -> Result<Vec<u8>, String> {
-    let rb = ty
-        .row_bytes(n_in)
-        .ok_or_else(|| format!("{n_in} is not a whole number of {ty} blocks"))?
-        as usize;
-    let pool_rows = 16usize.min(n_out as usize);
-    let mut pool = vec![0u8; rb * pool_rows];
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    for r in 0..pool_rows {
-        let v: Vec<f32> = (0..n_in)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect();
-        quant::quantize_row(ty, &v, &mut pool[r * rb..(r + 1) * rb], None)
-            .map_err(|e| e.to_string())?;
-    }
-    let mut out = Vec::with_capacity(rb * n_out as usize);
-    for r in 0..n_out as usize {
-        let p = (r * 7) % pool_rows;
-        out.extend_from_slice(&pool[p * rb..(p + 1) * rb]);
-    }
-    Ok(out)
-}
-
 /// One decode-token matvec (`n_tokens` = 1) of the given shape.
 pub fn matvec(
     gpu: &Gpu,
@@ -441,89 +374,6 @@ pub fn run(
     Ok(all)
 }
 
-/// The host's read bandwidth (src/bandwidth.rs) as a table line: the ceiling
-/// of the CPU backend.
-pub fn host_read(bytes: u64, reps: usize) -> Measure {
-    let bw = crate::bandwidth::read_bandwidth(bytes as usize, reps);
-    Measure {
-        kind: "host read (CPU)".into(),
-        name: String::new(),
-        ty: String::new(),
-        n_in: 0,
-        n_out: 0,
-        bytes,
-        seconds: bytes as f64 / bw,
-        timer: "wall",
-        rows: 0,
-    }
-}
-
-/// Header of the terminal table.
-pub fn table_header() -> String {
-    format!(
-        "{:<16} {:<20} {:<8} {:>13} {:>4} {:>8} {:>10} {:>8} {:>8}  {}",
-        "what", "shape", "type", "in x out", "rows", "MiB", "ms", "GB/s", "of read", "timer"
-    )
-}
-
-/// One line of the terminal table; `read_gbps` is the device read bandwidth
-/// the fraction is taken of (None for the lines measured before it).
-pub fn table_row(m: &Measure, read_gbps: Option<f64>) -> String {
-    let dims = if m.n_in > 0 {
-        format!("{}x{}", m.n_in, m.n_out)
-    } else {
-        String::new()
-    };
-    let frac = match read_gbps {
-        Some(r) if m.kind != "host read (CPU)" => format!("{:.1} %", 100.0 * m.gb_per_s() / r),
-        _ => String::new(),
-    };
-    let rows = if m.rows > 0 {
-        m.rows.to_string()
-    } else {
-        String::new()
-    };
-    format!(
-        "{:<16} {:<20} {:<8} {:>13} {:>4} {:>8.1} {:>10.3} {:>8.2} {:>8}  {}",
-        m.kind,
-        m.name,
-        m.ty,
-        dims,
-        rows,
-        m.bytes as f64 / (1u64 << 20) as f64,
-        m.seconds * 1e3,
-        m.gb_per_s(),
-        frac,
-        m.timer
-    )
-}
-
-pub const CSV_HEADER: &str =
-    "device,what,shape,type,n_in,n_out,rows_per_workgroup,bytes,seconds,gb_per_s,fraction_of_device_read,timer";
-
-pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
-    let frac = match read_gbps {
-        Some(r) if m.kind != "host read (CPU)" => format!("{:.4}", m.gb_per_s() / r),
-        _ => String::new(),
-    };
-    let q = |s: &str| format!("\"{}\"", s.replace('"', "'"));
-    format!(
-        "{},{},{},{},{},{},{},{},{:.6e},{:.3},{},{}",
-        q(device),
-        q(&m.kind),
-        q(&m.name),
-        m.ty,
-        m.n_in,
-        m.n_out,
-        m.rows,
-        m.bytes,
-        m.seconds,
-        m.gb_per_s(),
-        frac,
-        m.timer
-    )
-}
-
 /// The whole report as `ds4-bench --bandwidth` prints it: the table on
 /// stdout line by line, the CSV lines returned.
 pub fn report(
@@ -532,19 +382,7 @@ pub fn report(
     trials: usize,
     rows: &[u32],
 ) -> Result<Vec<String>, BackendError> {
-    let device = gpu.describe();
-    println!("device: {device}");
-    println!("{}", table_header());
-    let host = host_read(buffer_bytes, trials.max(3));
-    println!("{}", table_row(&host, None));
-    let mut csv = vec![CSV_HEADER.to_string(), csv_row(&device, &host, None)];
-    let mut read_gbps: Option<f64> = None;
-    run(gpu, buffer_bytes, trials, FLASH_MATVECS, rows, &mut |m| {
-        if m.kind == "device read" {
-            read_gbps = Some(m.gb_per_s());
-        }
-        println!("{}", table_row(m, read_gbps));
-        csv.push(csv_row(&device, m, read_gbps));
-    })?;
-    Ok(csv)
+    crate::bandwidth::print_report(&gpu.describe(), buffer_bytes, trials, |each| {
+        run(gpu, buffer_bytes, trials, FLASH_MATVECS, rows, each).map(|_| ())
+    })
 }
