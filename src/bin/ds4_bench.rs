@@ -93,6 +93,12 @@ struct Args {
     /// of bench/cpu_forward.rs), as active weight bytes ÷ time ÷ device read
     #[argh(switch)]
     bw_decode: bool,
+    /// with --bandwidth: kernel variants to compare in one run, as
+    /// DS4_WGPU_FEATURES values separated by `/` (default `all/none` when the
+    /// adapter has subgroups: subgroup kernels, then the workgroup-memory
+    /// fallback; else `all`)
+    #[argh(option)]
+    bw_features: Option<String>,
     /// with --bw-decode: decode steps timed, best kept (default 8)
     #[argh(option, default = "8")]
     bw_decode_steps: usize,
@@ -104,12 +110,24 @@ struct Args {
 
 /// `--bandwidth`: the table on stdout, the CSV to `--csv` when given.
 fn run_bandwidth(a: &Args) -> Result<(), String> {
-    use ds4::backend::wgpu::{bandwidth, AdapterChoice, Gpu};
+    use ds4::backend::wgpu::{bandwidth, gpu, AdapterChoice, Gpu};
     if a.bw_mib == 0 || a.bw_trials == 0 {
         return Err("--bw-mib and --bw-trials must be positive".into());
     }
     // An explicit benchmark: CPU emulators (lavapipe) are allowed.
-    let gpu = Gpu::open(&AdapterChoice::from_env(true)).map_err(|e| e.to_string())?;
+    let choice = AdapterChoice::from_env(true);
+    let first = Gpu::open(&choice).map_err(|e| e.to_string())?;
+    let sets: Vec<String> = match &a.bw_features {
+        Some(list) => list.split('/').map(|x| x.trim().to_string()).collect(),
+        None if first.shader_variant().subgroups => vec!["all".into(), "none".into()],
+        None => vec!["all".into()],
+    };
+    let mut gpus = Vec::new();
+    for set in &sets {
+        let allow = gpu::parse_features(set).map_err(|e| format!("--bw-features: {e}"))?;
+        gpus.push((set.clone(), Gpu::open_with(&choice, allow).map_err(|e| e.to_string())?));
+    }
+    drop(first);
     let rows = match &a.bw_rows {
         Some(list) => list
             .split(',')
@@ -121,15 +139,18 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
             .collect::<Result<Vec<u32>, String>>()?,
         None => vec![],
     };
+    let refs: Vec<&Gpu> = gpus.iter().map(|(_, g)| g).collect();
     let mut csv =
-        bandwidth::report(&gpu, a.bw_mib << 20, a.bw_trials, &rows).map_err(|e| e.to_string())?;
+        bandwidth::report(&refs, a.bw_mib << 20, a.bw_trials, &rows).map_err(|e| e.to_string())?;
     if a.bw_decode {
-        let read = bandwidth::device_read(&gpu, a.bw_mib << 20, a.bw_trials)
+        let read = bandwidth::device_read(refs[0], a.bw_mib << 20, a.bw_trials)
             .map_err(|e| e.to_string())?
             .gb_per_s();
-        let m = decode_step(a)?;
-        println!("{}", bandwidth::table_row(&m, Some(read)));
-        csv.push(bandwidth::csv_row(&gpu.describe(), &m, Some(read)));
+        for (set, g) in &gpus {
+            let m = decode_step(a, set, g.shader_variant().name())?;
+            println!("{}", bandwidth::table_row(&m, Some(read)));
+            csv.push(bandwidth::csv_row(&g.describe(), &m, Some(read)));
+        }
     }
     if let Some(p) = &a.csv {
         std::fs::write(p, csv.join("\n") + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
@@ -140,8 +161,16 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
 /// One whole decode step of `-m` on the wgpu backend: the best of
 /// `--bw-decode-steps` steps after an 8-token prefill, with the model's active
 /// weight bytes per token as the bytes moved (KV reads at this short
-/// context are negligible).
-fn decode_step(a: &Args) -> Result<ds4::backend::wgpu::bandwidth::Measure, String> {
+/// context are negligible). `features`: the DS4_WGPU_FEATURES value the
+/// session's device is opened with (the session opens its device from the
+/// environment; this binary is single-threaded here), `kernels` its
+/// variant's name for the table.
+fn decode_step(
+    a: &Args,
+    features: &str,
+    kernels: &str,
+) -> Result<ds4::backend::wgpu::bandwidth::Measure, String> {
+    std::env::set_var(ds4::backend::wgpu::gpu::FEATURES_ENV, features);
     let model =
         Arc::new(ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?);
     let active = model.weights.active_bytes_per_token(&model.config);
@@ -177,6 +206,7 @@ fn decode_step(a: &Args) -> Result<ds4::backend::wgpu::bandwidth::Measure, Strin
         seconds: best,
         timer: "wall",
         rows: 0,
+        kernels: kernels.into(),
     })
 }
 

@@ -52,6 +52,9 @@ pub struct Measure {
     pub timer: &'static str,
     /// Matvec: weight rows per workgroup of the kernel (0 otherwise).
     pub rows: u32,
+    /// Matvec and decode step: the kernel variant (`plain` or `subgroups`,
+    /// see shaders::Variant); empty otherwise.
+    pub kernels: String,
 }
 
 impl Measure {
@@ -246,6 +249,7 @@ pub fn device_read(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
         seconds,
         timer,
         rows: 0,
+        kernels: String::new(),
     })
 }
 
@@ -312,6 +316,7 @@ pub fn device_copy(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
         seconds: best,
         timer: "wall",
         rows: 0,
+        kernels: String::new(),
     })
 }
 
@@ -404,37 +409,46 @@ pub fn matvec(
         seconds,
         timer,
         rows: kernels.rows(),
+        kernels: gpu.shader_variant().name().into(),
     })
 }
 
-/// Runs the whole benchmark: device read and copy, then every Flash matvec
-/// with each kernel variant in `rows` (weight rows per workgroup; empty:
-/// the backend's default);
-/// `each` sees every line as soon as it is measured.
+/// Runs the whole benchmark: device read and copy (on the first device),
+/// then every Flash matvec on each device in `gpus` (the same adapter opened
+/// with different optional features: subgroup and fallback kernels side by
+/// side) with each kernel variant in `rows` (weight rows per workgroup;
+/// empty: the backend's default); `each` sees every line as soon as it is
+/// measured.
 pub fn run(
-    gpu: &Gpu,
+    gpus: &[&Gpu],
     buffer_bytes: u64,
     trials: usize,
     shapes: &[(&str, GgmlType, u64, u64)],
     rows: &[u32],
     each: &mut dyn FnMut(&Measure),
 ) -> Result<Vec<Measure>, BackendError> {
+    let Some(&first) = gpus.first() else {
+        return Ok(Vec::new());
+    };
     let mut all = Vec::new();
     let mut push = |m: Measure, all: &mut Vec<Measure>| {
         each(&m);
         all.push(m);
     };
-    push(device_read(gpu, buffer_bytes, trials)?, &mut all);
-    push(device_copy(gpu, buffer_bytes, trials)?, &mut all);
-    let kernels = if rows.is_empty() {
-        vec![MatmulKernels::new(gpu)?]
-    } else {
-        rows.iter()
-            .map(|&r| MatmulKernels::with_rows(gpu, r))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    push(device_read(first, buffer_bytes, trials)?, &mut all);
+    push(device_copy(first, buffer_bytes, trials)?, &mut all);
+    let mut kernels = Vec::new();
+    for &gpu in gpus {
+        if rows.is_empty() {
+            kernels.push((gpu, MatmulKernels::new(gpu)?));
+        } else {
+            for &r in rows {
+                kernels.push((gpu, MatmulKernels::with_rows(gpu, r)?));
+            }
+        }
+    }
     for &(name, ty, n_in, n_out) in shapes {
-        for k in &kernels {
+        for (gpu, k) in &kernels {
             push(matvec(gpu, k, name, ty, n_in, n_out, trials)?, &mut all);
         }
     }
@@ -455,14 +469,25 @@ pub fn host_read(bytes: u64, reps: usize) -> Measure {
         seconds: bytes as f64 / bw,
         timer: "wall",
         rows: 0,
+        kernels: String::new(),
     }
 }
 
 /// Header of the terminal table.
 pub fn table_header() -> String {
     format!(
-        "{:<16} {:<20} {:<8} {:>13} {:>4} {:>8} {:>10} {:>8} {:>8}  {}",
-        "what", "shape", "type", "in x out", "rows", "MiB", "ms", "GB/s", "of read", "timer"
+        "{:<16} {:<20} {:<8} {:>13} {:>4} {:<9} {:>8} {:>10} {:>8} {:>8}  {}",
+        "what",
+        "shape",
+        "type",
+        "in x out",
+        "rows",
+        "kernels",
+        "MiB",
+        "ms",
+        "GB/s",
+        "of read",
+        "timer"
     )
 }
 
@@ -484,12 +509,13 @@ pub fn table_row(m: &Measure, read_gbps: Option<f64>) -> String {
         String::new()
     };
     format!(
-        "{:<16} {:<20} {:<8} {:>13} {:>4} {:>8.1} {:>10.3} {:>8.2} {:>8}  {}",
+        "{:<16} {:<20} {:<8} {:>13} {:>4} {:<9} {:>8.1} {:>10.3} {:>8.2} {:>8}  {}",
         m.kind,
         m.name,
         m.ty,
         dims,
         rows,
+        m.kernels,
         m.bytes as f64 / (1u64 << 20) as f64,
         m.seconds * 1e3,
         m.gb_per_s(),
@@ -499,7 +525,7 @@ pub fn table_row(m: &Measure, read_gbps: Option<f64>) -> String {
 }
 
 pub const CSV_HEADER: &str =
-    "device,what,shape,type,n_in,n_out,rows_per_workgroup,bytes,seconds,gb_per_s,fraction_of_device_read,timer";
+    "device,what,shape,type,n_in,n_out,rows_per_workgroup,bytes,seconds,gb_per_s,fraction_of_device_read,timer,kernels";
 
 pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
     let frac = match read_gbps {
@@ -508,7 +534,7 @@ pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
     };
     let q = |s: &str| format!("\"{}\"", s.replace('"', "'"));
     format!(
-        "{},{},{},{},{},{},{},{},{:.6e},{:.3},{},{}",
+        "{},{},{},{},{},{},{},{},{:.6e},{:.3},{},{},{}",
         q(device),
         q(&m.kind),
         q(&m.name),
@@ -520,26 +546,31 @@ pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
         m.seconds,
         m.gb_per_s(),
         frac,
-        m.timer
+        m.timer,
+        m.kernels
     )
 }
 
 /// The whole report as `ds4-bench --bandwidth` prints it: the table on
-/// stdout line by line, the CSV lines returned.
+/// stdout line by line, the CSV lines returned. `gpus`: one adapter opened
+/// once per kernel variant to compare (see [`run`]).
 pub fn report(
-    gpu: &Gpu,
+    gpus: &[&Gpu],
     buffer_bytes: u64,
     trials: usize,
     rows: &[u32],
 ) -> Result<Vec<String>, BackendError> {
-    let device = gpu.describe();
+    let Some(first) = gpus.first() else {
+        return Ok(Vec::new());
+    };
+    let device = first.describe();
     println!("device: {device}");
     println!("{}", table_header());
     let host = host_read(buffer_bytes, trials.max(3));
     println!("{}", table_row(&host, None));
     let mut csv = vec![CSV_HEADER.to_string(), csv_row(&device, &host, None)];
     let mut read_gbps: Option<f64> = None;
-    run(gpu, buffer_bytes, trials, FLASH_MATVECS, rows, &mut |m| {
+    run(gpus, buffer_bytes, trials, FLASH_MATVECS, rows, &mut |m| {
         if m.kind == "device read" {
             read_gbps = Some(m.gb_per_s());
         }
