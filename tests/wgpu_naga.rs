@@ -164,3 +164,24 @@ fn dump_writes_every_module() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `DS4_WGPU_FEATURES` values: all, none, lists, and a clear error naming
+/// the variable and the bad word.
+#[test]
+fn feature_lists_parse_and_bad_words_are_errors() {
+    use ds4::backend::wgpu::gpu::{parse_features, OPTIONAL_FEATURES};
+    use wgpu::Features as F;
+    assert_eq!(parse_features("all").unwrap(), OPTIONAL_FEATURES);
+    assert_eq!(parse_features("none").unwrap(), F::empty());
+    assert_eq!(parse_features("").unwrap(), F::empty());
+    assert_eq!(
+        parse_features(" f16 , Subgroups").unwrap(),
+        F::SHADER_F16 | F::SUBGROUP
+    );
+    assert_eq!(parse_features("timestamps").unwrap(), F::TIMESTAMP_QUERY);
+    let e = parse_features("f16,warp-drive").unwrap_err().to_string();
+    assert!(
+        e.contains("DS4_WGPU_FEATURES") && e.contains("warp-drive"),
+        "{e}"
+    );
+}

@@ -403,7 +403,9 @@ pub fn devices_report() -> String {
         ));
     }
     out.push_str(&format!(
-        "{ADAPTER_ENV}=INDEX|NAME picks one; --backend auto uses the first real GPU.\n"
+        "{ADAPTER_ENV}=INDEX|NAME picks one; --backend auto uses the first real GPU.\n\
+         {FEATURES_ENV}=none (or a list of f16,subgroups,timestamps) limits the optional \
+         features used; subgroup kernels run where SUBGROUP is listed and allowed.\n"
     ));
     out
 }
