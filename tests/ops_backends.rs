@@ -339,7 +339,10 @@ fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
                 .filter(|(a, b)| !a.is_nan() || !b.is_nan())
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
-            eprintln!("{:<60} [{variant}] {what} #{i}: max |Δ| {err:e}", case.label);
+            eprintln!(
+                "{:<60} [{variant}] {what} #{i}: max |Δ| {err:e}",
+                case.label
+            );
         }
     }
     assert!(

@@ -76,7 +76,10 @@ fn subgroup_variants_cover_the_decode_reductions() {
         let names_subgroup = src
             .lines()
             .any(|l| l.split("//").next().unwrap_or("").contains("subgroup"));
-        assert!(!names_subgroup, "{family}: the fallback names a subgroup builtin");
+        assert!(
+            !names_subgroup,
+            "{family}: the fallback names a subgroup builtin"
+        );
     }
 }
 
@@ -153,7 +156,10 @@ fn dump_writes_every_module() {
     let written = shaders::dump(&dir).unwrap();
     let variants = shaders::all_variants();
     assert_eq!(written.len(), variants.len());
-    assert!(written.len() > shaders::families().len(), "no subgroup variant written");
+    assert!(
+        written.len() > shaders::families().len(),
+        "no subgroup variant written"
+    );
     for ((f, v, src), p) in variants.iter().zip(&written) {
         assert_eq!(
             p.file_name().unwrap().to_str().unwrap(),

@@ -94,11 +94,15 @@ struct Args {
     #[argh(switch)]
     bw_decode: bool,
     /// with --bandwidth: kernel variants to compare in one run, as
-    /// DS4_WGPU_FEATURES values separated by `/` (default `all/none` when the
-    /// adapter has subgroups: subgroup kernels, then the workgroup-memory
-    /// fallback; else `all`)
+    /// DS4_WGPU_FEATURES values separated by `/` (default
+    /// `all/f16,timestamps` when the adapter has subgroups: subgroup kernels,
+    /// then the workgroup-memory fallback; else `all`)
     #[argh(option)]
     bw_features: Option<String>,
+    /// with --bandwidth: only the matvec shapes whose name or type contains
+    /// one of these comma-separated words (`none`: no matvec lines)
+    #[argh(option)]
+    bw_shapes: Option<String>,
     /// with --bw-decode: decode steps timed, best kept (default 8)
     #[argh(option, default = "8")]
     bw_decode_steps: usize,
@@ -119,13 +123,18 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
     let first = Gpu::open(&choice).map_err(|e| e.to_string())?;
     let sets: Vec<String> = match &a.bw_features {
         Some(list) => list.split('/').map(|x| x.trim().to_string()).collect(),
-        None if first.shader_variant().subgroups => vec!["all".into(), "none".into()],
+        // Only subgroups differ between the two devices (timestamps kept, so
+        // both variants are timed the same way).
+        None if first.shader_variant().subgroups => vec!["all".into(), "f16,timestamps".into()],
         None => vec!["all".into()],
     };
     let mut gpus = Vec::new();
     for set in &sets {
         let allow = gpu::parse_features(set).map_err(|e| format!("--bw-features: {e}"))?;
-        gpus.push((set.clone(), Gpu::open_with(&choice, allow).map_err(|e| e.to_string())?));
+        gpus.push((
+            set.clone(),
+            Gpu::open_with(&choice, allow).map_err(|e| e.to_string())?,
+        ));
     }
     drop(first);
     let rows = match &a.bw_rows {
@@ -140,8 +149,24 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
         None => vec![],
     };
     let refs: Vec<&Gpu> = gpus.iter().map(|(_, g)| g).collect();
-    let mut csv =
-        bandwidth::report(&refs, a.bw_mib << 20, a.bw_trials, &rows).map_err(|e| e.to_string())?;
+    let shapes: Vec<_> = match &a.bw_shapes {
+        None => bandwidth::FLASH_MATVECS.to_vec(),
+        Some(list) => {
+            let words: Vec<String> = list.split(',').map(|w| w.trim().to_lowercase()).collect();
+            bandwidth::FLASH_MATVECS
+                .iter()
+                .filter(|(name, ty, _, _)| {
+                    let (name, ty) = (name.to_lowercase(), ty.name().to_lowercase());
+                    words
+                        .iter()
+                        .any(|w| !w.is_empty() && (name.contains(w.as_str()) || ty == *w))
+                })
+                .copied()
+                .collect()
+        }
+    };
+    let mut csv = bandwidth::report_shapes(&refs, a.bw_mib << 20, a.bw_trials, &rows, &shapes)
+        .map_err(|e| e.to_string())?;
     if a.bw_decode {
         let read = bandwidth::device_read(refs[0], a.bw_mib << 20, a.bw_trials)
             .map_err(|e| e.to_string())?

@@ -560,6 +560,18 @@ pub fn report(
     trials: usize,
     rows: &[u32],
 ) -> Result<Vec<String>, BackendError> {
+    report_shapes(gpus, buffer_bytes, trials, rows, FLASH_MATVECS)
+}
+
+/// [`report`] over the matvec shapes in `shapes` (a subset of
+/// [`FLASH_MATVECS`]).
+pub fn report_shapes(
+    gpus: &[&Gpu],
+    buffer_bytes: u64,
+    trials: usize,
+    rows: &[u32],
+    shapes: &[(&str, GgmlType, u64, u64)],
+) -> Result<Vec<String>, BackendError> {
     let Some(first) = gpus.first() else {
         return Ok(Vec::new());
     };
@@ -570,7 +582,7 @@ pub fn report(
     println!("{}", table_row(&host, None));
     let mut csv = vec![CSV_HEADER.to_string(), csv_row(&device, &host, None)];
     let mut read_gbps: Option<f64> = None;
-    run(gpus, buffer_bytes, trials, FLASH_MATVECS, rows, &mut |m| {
+    run(gpus, buffer_bytes, trials, shapes, rows, &mut |m| {
         if m.kind == "device read" {
             read_gbps = Some(m.gb_per_s());
         }

@@ -158,8 +158,7 @@ pub fn try_module_source(family: &str) -> Option<String> {
 /// The complete WGSL module of `family` for `variant` (panics on a name not
 /// in [`families`]: family names are compile-time constants of this crate).
 pub fn module_source_for(family: &str, variant: Variant) -> String {
-    try_module_source_for(family, variant)
-        .unwrap_or_else(|| panic!("unknown WGSL family {family}"))
+    try_module_source_for(family, variant).unwrap_or_else(|| panic!("unknown WGSL family {family}"))
 }
 
 /// The fallback module of `family`.
