@@ -15,7 +15,7 @@ fn main() {
             return;
         }
     };
-    if let Err(e) = bandwidth::report(&gpu, 256 << 20, 3, &[]) {
+    if let Err(e) = bandwidth::report(&[&gpu], 256 << 20, 3, &[]) {
         eprintln!("gpu_bandwidth: {e}");
         std::process::exit(1);
     }

@@ -2,8 +2,9 @@
 // compressed rows (all of them, or the indexer's selection), MODEL.md
 // 3.5.2 and 3.6. One workgroup per (token, head). Candidates are taken in
 // chunks of WG: one thread computes one logit, then the chunk joins a
-// running (max, denominator, accumulator) softmax; each thread owns up to
-// 4 of the head's dims. K = V = the cached row.
+// running (max, denominator, accumulator) softmax (the chunk's max and sum
+// through reduce.wgsl); each thread owns up to 4 of the head's dims.
+// K = V = the cached row.
 
 struct AttnParams {
     n_head: u32,
@@ -37,21 +38,6 @@ var<workgroup> qs: array<f32, MAXHD>;
 var<workgroup> lg: array<f32, WG>;
 var<workgroup> src: array<u32, WG>;
 var<workgroup> off: array<u32, WG>;
-var<workgroup> red: array<f32, WG>;
-
-fn wg_reduce(v: f32, tid: u32, is_max: bool) -> f32 {
-    red[tid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            if (is_max) { red[tid] = max(red[tid], red[tid + s]); } else { red[tid] += red[tid + s]; }
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
 
 fn load(s: u32, o: u32) -> f32 {
     if (s == SRC_KV) { return kv[o]; }
@@ -61,7 +47,8 @@ fn load(s: u32, o: u32) -> f32 {
 
 @compute @workgroup_size(WG)
 fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) tid: u32) {
+             ids: ReduceIds) {
+    let tid = reduce_enter(ids);
     let g = group_id(wid, nwg);
     let nh = prm.n_head;
     let hd = prm.head_dim;
@@ -116,11 +103,11 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         }
         src[tid] = s;
         off[tid] = o;
-        let m_new = max(m, wg_reduce(l, tid, true));
+        let m_new = max(m, wg_max(l));
         let e = select(0.0, exp(l - m_new), s != SRC_NONE);
         lg[tid] = e;
         let alpha = exp(m - m_new);
-        den = den * alpha + wg_reduce(e, tid, false);
+        den = den * alpha + wg_sum(e);
         m = m_new;
         let n_here = min(WG, total - base);
         for (var k = 0u; k < 4u; k++) {

@@ -3,9 +3,10 @@
 // up to TILE_TOKENS activation rows: every weight unit is decoded once per
 // tile and reused for each token of the tile (decode: a tile of one token,
 // i.e. a matrix-vector product; prefill: full tiles). A workgroup of 64
-// invocations takes ROWS rows, LANES invocations per row; their partial sums
-// are reduced in workgroup memory, which works on every adapter whatever its
-// subgroup size.
+// invocations takes ROWS rows. Fallback: LANES invocations per row, their
+// partial sums reduced in workgroup memory. Subgroup variant (devices with
+// Features::SUBGROUP): one subgroup per row at a time, reduced with
+// subgroupAdd. Neither assumes a subgroup size.
 //
 // Weights larger than one storage binding are split into chunks of whole rows
 // (whole expert slabs for 3-D tensors); the host records one dispatch per
@@ -61,13 +62,14 @@ const TILE_TOKENS: u32 = 8u;
 
 var<workgroup> red: array<f32, 512>; // TILE_TOKENS × WG partial sums
 
-// Dots the weight row at byte `rb` with `nt` activation rows (row t starts
-// at X[xbase + t·xstep]). The LANES invocations of row group lid / LANES
-// share the row; the sum for token t ends in red[t·WG + (lid / LANES)·LANES].
-// Every invocation of the workgroup must call this (it contains barriers);
-// `live` false contributes zeros.
-fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
-    let lane = lid % LANES;
+// Accumulates this invocation's share of the dot of the weight row at byte
+// `rb` with `nt` activation rows (row t starts at X[xbase + t·xstep]): the
+// row's `nlanes` invocations take every nlanes-th 32-element unit starting
+// at `lane`; the partial sum for token t ends in red[t·WG + lid] (each
+// invocation owns its slots, so no barrier is needed here). `live` false
+// contributes zeros.
+fn accumulate(lid: u32, lane: u32, nlanes: u32, live: bool, rb: u32, nt: u32,
+              xbase: u32, xstep: u32) {
     // The per-token sums live in workgroup memory, not in a private array:
     // dynamically indexed private arrays are very slow on some drivers
     // (lavapipe spills them to memory with a check per access).
@@ -77,7 +79,7 @@ fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
     if (live) {
         let n_units = (P.n_in + 31u) / 32u;
         var w: array<f32, 32>;
-        for (var u = lane; u < n_units; u += LANES) {
+        for (var u = lane; u < n_units; u += nlanes) {
             decode32(rb, u, &w);
             let e0 = 32u * u;
             let cnt = min(32u, P.n_in - e0);
@@ -98,6 +100,30 @@ fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
             }
         }
     }
+}
+
+//#if subgroups
+// Subgroup path: each weight row belongs to one whole subgroup, whatever its
+// size (4 … 128; it may even differ between pipelines): subgroup `sg` of the
+// workgroup takes rows sg, sg + n_sg, … of the workgroup's ROWS rows, its
+// invocations stride over the row's units and `subgroupAdd` finishes each
+// dot. No workgroup barrier, no assumption about which local invocations
+// form a subgroup.
+struct Ids {
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) n_sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+}
+//#else
+// Dots the weight row at byte `rb` with `nt` activation rows. The LANES
+// invocations of row group lid / LANES share the row; the sum for token t
+// ends in red[t·WG + (lid / LANES)·LANES]. Every invocation of the workgroup
+// must call this (it contains barriers).
+fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
+    let lane = lid % LANES;
+    accumulate(lid, lane, LANES, live, rb, nt, xbase, xstep);
     workgroupBarrier();
     for (var s = LANES / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
@@ -108,9 +134,35 @@ fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
         workgroupBarrier();
     }
 }
+//#endif
 
 // out[t][row0 + r] = Σ_i W[r][i] · x[t][g·n_in + i], g = (row0 + r) / rows_per_group.
 // Grid: x·y = ceil(rows of the chunk / ROWS), z = token tiles.
+//#if subgroups
+@compute @workgroup_size(64)
+fn mm_dense(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
+    let t0 = wid.z * TILE_TOKENS;
+    let n_tokens = STEP.n_tokens;
+    var nt = 0u;
+    if (t0 < n_tokens) {
+        nt = min(TILE_TOKENS, n_tokens - t0);
+    }
+    for (var j = ids.sg; j < ROWS; j += ids.n_sg) {
+        let r = (wid.x + wid.y * P.grid_x) * ROWS + j;
+        let live = r < P.n_rows && nt > 0u;
+        let grow = P.row0 + r;
+        let g = grow / max(P.rows_per_group, 1u);
+        accumulate(ids.lid, ids.lane, ids.sg_size, live, select(0u, r * P.row_bytes, live), nt,
+                   t0 * P.x_stride + g * P.n_in, P.x_stride);
+        for (var t = 0u; t < nt; t++) {
+            let s = subgroupAdd(red[t * WG + ids.lid]);
+            if (live && ids.lane == 0u) {
+                OUT[(t0 + t) * P.out_stride + grow] = s;
+            }
+        }
+    }
+}
+//#else
 @compute @workgroup_size(64)
 fn mm_dense(@builtin(workgroup_id) wid: vec3<u32>,
             @builtin(local_invocation_id) lid3: vec3<u32>) {
@@ -134,3 +186,4 @@ fn mm_dense(@builtin(workgroup_id) wid: vec3<u32>,
         }
     }
 }
+//#endif

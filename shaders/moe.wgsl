@@ -26,6 +26,38 @@ fn swiglu(g: f32, u: f32, c: f32) -> f32 {
 }
 
 // Grid: x·y = ceil(rows of one expert / ROWS), z = slots (n_tokens · k).
+//#if subgroups
+@compute @workgroup_size(64)
+fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
+    let s = wid.z;
+    for (var j = ids.sg; j < ROWS; j += ids.n_sg) {
+        let f = (wid.x + wid.y * P.grid_x) * ROWS + j;
+        var live = false;
+        var e = 0u;
+        if (f < P.n_rows && s < STEP.n_tokens * P.k) {
+            let ei = SEL[s];
+            e = u32(ei);
+            live = ei >= 0 && e >= P.expert0 && e < P.expert0 + P.n_experts;
+        }
+        let rb = ((e - P.expert0) * P.n_rows + f) * P.row_bytes;
+        var xrow = s / max(P.k, 1u);
+        if (P.mode == MODE_DOWN) {
+            xrow = s;
+        }
+        accumulate(ids.lid, ids.lane, ids.sg_size, live, select(0u, rb, live), 1u,
+                   xrow * P.x_stride, P.x_stride);
+        let dot = subgroupAdd(red[ids.lid]);
+        if (live && ids.lane == 0u) {
+            let o = s * P.out_stride + f;
+            if (P.mode == MODE_UP) {
+                OUT[o] = RW[s] * swiglu(OUT[o], dot, P.clamp);
+            } else {
+                OUT[o] = dot;
+            }
+        }
+    }
+}
+//#else
 @compute @workgroup_size(64)
 fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>,
             @builtin(local_invocation_id) lid3: vec3<u32>) {
@@ -54,6 +86,7 @@ fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>,
         }
     }
 }
+//#endif
 
 // out[t][o] = Σ_slot X[(t·k + slot)·n_rows + o]. Grid: x·y = ceil(n_rows / 64), z = tokens.
 @compute @workgroup_size(64)

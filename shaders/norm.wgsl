@@ -1,6 +1,7 @@
 // RMS normalisation of `dim`-wide rows, one workgroup per row:
 // out = x / sqrt(mean(x^2) + eps) (* w). The CPU twin sums squares in f64;
-// here the sum is an f32 tree (the tolerance table records the difference).
+// here the sum is an f32 reduction (reduce.wgsl: subgroups or a tree; the
+// tolerance table records the difference).
 
 struct NormParams {
     dim: u32,
@@ -20,11 +21,10 @@ struct NormParams {
 @group(0) @binding(3) var<storage, read> w: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
-var<workgroup> red: array<f32, WG>;
-
 @compute @workgroup_size(WG)
 fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) tid: u32) {
+            ids: ReduceIds) {
+    let tid = reduce_enter(ids);
     let row = group_id(wid, nwg);
     let rows = step.n_tokens * prm.rows_per_token + prm.fixed_rows;
     if (row >= rows) { return; }
@@ -34,13 +34,7 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         let v = x[base + j];
         ss += v * v;
     }
-    red[tid] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) { red[tid] += red[tid + s]; }
-        workgroupBarrier();
-    }
-    let scale = 1.0 / sqrt(red[0] / f32(prm.dim) + prm.eps);
+    let scale = 1.0 / sqrt(wg_sum(ss) / f32(prm.dim) + prm.eps);
     for (var j = tid; j < prm.dim; j += WG) {
         var v = x[base + j] * scale;
         if (prm.has_weight != 0u) { v *= w[j]; }

@@ -52,6 +52,9 @@ pub struct Measure {
     pub timer: &'static str,
     /// Matvec: weight rows per workgroup of the kernel (0 otherwise).
     pub rows: u32,
+    /// Matvec and decode step: the kernel variant (wgpu: `plain` or
+    /// `subgroups`, see backend::wgpu::shaders::Variant); empty otherwise.
+    pub kernels: String,
 }
 
 impl Measure {
@@ -118,14 +121,25 @@ pub fn host_read(bytes: u64, reps: usize) -> Measure {
         seconds: bytes as f64 / bw,
         timer: "wall",
         rows: 0,
+        kernels: String::new(),
     }
 }
 
 /// Header of the terminal table.
 pub fn table_header() -> String {
     format!(
-        "{:<16} {:<20} {:<8} {:>13} {:>4} {:>8} {:>10} {:>8} {:>8}  {}",
-        "what", "shape", "type", "in x out", "rows", "MiB", "ms", "GB/s", "of read", "timer"
+        "{:<16} {:<20} {:<8} {:>13} {:>4} {:<9} {:>8} {:>10} {:>8} {:>8}  {}",
+        "what",
+        "shape",
+        "type",
+        "in x out",
+        "rows",
+        "kernels",
+        "MiB",
+        "ms",
+        "GB/s",
+        "of read",
+        "timer"
     )
 }
 
@@ -147,12 +161,13 @@ pub fn table_row(m: &Measure, read_gbps: Option<f64>) -> String {
         String::new()
     };
     format!(
-        "{:<16} {:<20} {:<8} {:>13} {:>4} {:>8.1} {:>10.3} {:>8.2} {:>8}  {}",
+        "{:<16} {:<20} {:<8} {:>13} {:>4} {:<9} {:>8.1} {:>10.3} {:>8.2} {:>8}  {}",
         m.kind,
         m.name,
         m.ty,
         dims,
         rows,
+        m.kernels,
         m.bytes as f64 / (1u64 << 20) as f64,
         m.seconds * 1e3,
         m.gb_per_s(),
@@ -162,7 +177,7 @@ pub fn table_row(m: &Measure, read_gbps: Option<f64>) -> String {
 }
 
 pub const CSV_HEADER: &str =
-    "device,what,shape,type,n_in,n_out,rows_per_workgroup,bytes,seconds,gb_per_s,fraction_of_device_read,timer";
+    "device,what,shape,type,n_in,n_out,rows_per_workgroup,bytes,seconds,gb_per_s,fraction_of_device_read,timer,kernels";
 
 pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
     let frac = match read_gbps {
@@ -171,7 +186,7 @@ pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
     };
     let q = |s: &str| format!("\"{}\"", s.replace('"', "'"));
     format!(
-        "{},{},{},{},{},{},{},{},{:.6e},{:.3},{},{}",
+        "{},{},{},{},{},{},{},{},{:.6e},{:.3},{},{},{}",
         q(device),
         q(&m.kind),
         q(&m.name),
@@ -183,7 +198,8 @@ pub fn csv_row(device: &str, m: &Measure, read_gbps: Option<f64>) -> String {
         m.seconds,
         m.gb_per_s(),
         frac,
-        m.timer
+        m.timer,
+        m.kernels
     )
 }
 

@@ -248,20 +248,38 @@ fn run_case(case: &Case, b: &mut dyn Backend) -> Result<Results, BackendError> {
     Ok((outs, states))
 }
 
-/// The device the GPU half of the suite runs on, or `None` (skip) outside
-/// CI. In CI a missing adapter is a failure.
-fn gpu() -> Option<Arc<Gpu>> {
-    match Gpu::shared(&AdapterChoice::from_env(true)) {
+/// The devices the GPU half of the suite runs on: the adapter with every
+/// optional feature it has (and `DS4_WGPU_FEATURES` allows), and, when that
+/// device uses subgroups, the same adapter without them, so the subgroup
+/// kernels and their workgroup-memory fallbacks are both checked in one run.
+/// Empty (skip) outside CI when no adapter opens; in CI that is a failure.
+fn gpus() -> Vec<Arc<Gpu>> {
+    let choice = AdapterChoice::from_env(true);
+    match Gpu::shared(&choice) {
         Ok(g) => {
-            eprintln!("wgpu device: {}", g.describe());
-            Some(g)
+            let mut out = vec![g.clone()];
+            if g.shader_variant().subgroups {
+                let plain = g.features - wgpu::Features::SUBGROUP;
+                match Gpu::shared_with(&choice, plain) {
+                    Ok(p) => out.push(p),
+                    Err(e) => panic!("the same adapter without subgroups: {e}"),
+                }
+            }
+            for g in &out {
+                eprintln!(
+                    "wgpu device: {} ({} kernels)",
+                    g.describe(),
+                    g.shader_variant().name()
+                );
+            }
+            out
         }
         Err(e) => {
             if std::env::var_os("CI").is_some() {
                 panic!("CI is set but no wgpu adapter opened: {e}");
             }
             eprintln!("skipping the wgpu half: {e}");
-            None
+            Vec::new()
         }
     }
 }
@@ -291,6 +309,7 @@ fn worst(got: &[f32], want: &[f32], abs: f32, rel: f32) -> (f64, usize, f32, f32
 
 fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
     let mut failures = Vec::new();
+    let variant = gpu.shader_variant().name();
     for case in cases {
         let mut cpu = CpuBackend::new(case.file.clone(), case.layout.clone());
         let want = run_case(case, &mut cpu).unwrap_or_else(|e| panic!("{}: cpu: {e}", case.label));
@@ -299,7 +318,7 @@ fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
         let got = match run_case(case, &mut wg) {
             Ok(r) => r,
             Err(e) => {
-                failures.push(format!("{}: {e}", case.label));
+                failures.push(format!("{} [{variant}]: {e}", case.label));
                 continue;
             }
         };
@@ -310,7 +329,7 @@ fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
             let (r, at, gv, wv) = worst(g, w, abs, rel);
             if r > 1.0 {
                 failures.push(format!(
-                    "{}: {what} #{i} element {at}: wgpu {gv} vs cpu {wv} ({r:.2}× the tolerance)",
+                    "{} [{variant}]: {what} #{i} element {at}: wgpu {gv} vs cpu {wv} ({r:.2}× the tolerance)",
                     case.label
                 ));
             }
@@ -320,7 +339,10 @@ fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
                 .filter(|(a, b)| !a.is_nan() || !b.is_nan())
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
-            eprintln!("{:<60} {what} #{i}: max |Δ| {err:e}", case.label);
+            eprintln!(
+                "{:<60} [{variant}] {what} #{i}: max |Δ| {err:e}",
+                case.label
+            );
         }
     }
     assert!(
@@ -448,7 +470,7 @@ fn check(cases: Vec<Case>) {
     assert!(!cases.is_empty());
     check_cpu_self(&cases);
     check_fast_cpu(&cases);
-    if let Some(g) = gpu() {
+    for g in gpus() {
         check_on_gpu(&g, &cases);
     }
     #[cfg(feature = "cuda")]
@@ -1261,7 +1283,7 @@ fn matrix_products_match_the_cpu_for_every_weight_type() {
     let cases = matmul_cases();
     check_cpu_self(&cases);
     check_fast_cpu(&cases);
-    if let Some(g) = gpu() {
+    for g in gpus() {
         check_on_gpu(&g, &cases);
     }
     #[cfg(feature = "cuda")]

@@ -75,6 +75,24 @@ fn ctx() -> Option<&'static Ctx> {
     .as_ref()
 }
 
+/// The devices whose kernel variants the tests compare: the default one and,
+/// when it uses subgroups, the same adapter opened without them (the
+/// workgroup-memory fallback).
+fn devices(c: &'static Ctx) -> Vec<&'static Gpu> {
+    static PLAIN: OnceLock<Option<Gpu>> = OnceLock::new();
+    let plain = PLAIN.get_or_init(|| {
+        if !c.gpu.shader_variant().subgroups {
+            return None;
+        }
+        let allow = c.gpu.features - wgpu::Features::SUBGROUP;
+        Some(
+            Gpu::open_with(&AdapterChoice::from_env(true), allow)
+                .expect("the same adapter without subgroups opens"),
+        )
+    });
+    std::iter::once(&c.gpu).chain(plain.as_ref()).collect()
+}
+
 /// SplitMix64 with Box–Muller normals: inputs depend only on the seed.
 struct Rng(u64);
 
@@ -426,9 +444,18 @@ fn dense_flash_shapes() {
 fn dense_every_rows_per_workgroup_variant() {
     let Some(c) = ctx() else { return };
     // The pipeline constant ROWS (1…64 rows per workgroup, 64…1 lanes per
-    // row), including fewer lanes than the token tile.
+    // row), including fewer lanes than the token tile; with subgroups (one
+    // subgroup per row) fewer rows than subgroups, as many, and several rows
+    // per subgroup. Each on both kernel variants.
+    for gpu in devices(c) {
+        eprintln!("{} kernels", gpu.shader_variant().name());
+        rows_variants(gpu);
+    }
+}
+
+fn rows_variants(gpu: &Gpu) {
     for rows in [1u32, 2, 8, 16, 64] {
-        let k = MatmulKernels::with_rows(&c.gpu, rows).expect("kernels");
+        let k = MatmulKernels::with_rows(gpu, rows).expect("kernels");
         for (ty, n_in) in [
             (GgmlType::Q8_0, 96usize),
             (GgmlType::Iq2Xxs, 512),
@@ -436,7 +463,7 @@ fn dense_every_rows_per_workgroup_variant() {
         ] {
             for &(n_out, n_tokens) in &[(1usize, 1usize), (67, 9), (130, 17)] {
                 dense_case_with(
-                    &c.gpu,
+                    gpu,
                     &k,
                     &Dense {
                         ty,
@@ -451,10 +478,10 @@ fn dense_every_rows_per_workgroup_variant() {
             }
         }
     }
-    for rows in [1u32, 4] {
-        let k = MatmulKernels::with_rows(&c.gpu, rows).expect("kernels");
+    for rows in [1u32, 4, 16] {
+        let k = MatmulKernels::with_rows(gpu, rows).expect("kernels");
         experts_case_with(
-            &c.gpu,
+            gpu,
             &k,
             &Experts {
                 gate_ty: GgmlType::Iq2Xxs,
@@ -471,7 +498,7 @@ fn dense_every_rows_per_workgroup_variant() {
         );
     }
     assert!(
-        MatmulKernels::with_rows(&c.gpu, 3).is_err(),
+        MatmulKernels::with_rows(gpu, 3).is_err(),
         "3 rows per workgroup accepted"
     );
 }

@@ -9,27 +9,76 @@ fn parse(family: &str, src: &str) -> naga::Module {
         .unwrap_or_else(|e| panic!("{family}.wgsl: {}", e.emit_to_string(src)))
 }
 
+/// A validator with the capabilities a device of `variant` is created with.
+/// Fallback: none of the optional features (kernels must not need
+/// shader-f16 or subgroups; unpack2x16float, which naga files under
+/// SHADER_FLOAT16_IN_FLOAT32, is core WGSL that wgpu allows on every Vulkan,
+/// Metal and DX12 device). Subgroup variant: also SUBGROUP in compute with
+/// the operation classes wgpu's Features::SUBGROUP guarantees.
+fn validator(variant: shaders::Variant) -> naga::valid::Validator {
+    use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet};
+    let mut caps = Capabilities::default() | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    if variant.subgroups {
+        caps |= Capabilities::SUBGROUP;
+    }
+    let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+    if variant.subgroups {
+        v.subgroup_stages(ShaderStages::COMPUTE);
+        v.subgroup_operations(
+            SubgroupOperationSet::BASIC
+                | SubgroupOperationSet::VOTE
+                | SubgroupOperationSet::ARITHMETIC
+                | SubgroupOperationSet::BALLOT
+                | SubgroupOperationSet::SHUFFLE
+                | SubgroupOperationSet::SHUFFLE_RELATIVE,
+        );
+    }
+    v
+}
+
 #[test]
 fn every_module_parses_and_validates() {
-    let modules = shaders::all_modules();
+    let modules = shaders::all_variants();
     assert!(modules.len() >= 12, "only {} modules", modules.len());
-    for (family, src) in modules {
+    for (family, variant, src) in modules {
         let module = parse(family, &src);
-        // The capabilities a device without optional features has: kernels
-        // must not need shader-f16 or subgroups. (unpack2x16float, which
-        // naga files under SHADER_FLOAT16_IN_FLOAT32, is core WGSL that wgpu
-        // allows on every Vulkan, Metal and DX12 device.)
-        let mut v = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::default()
-                | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
-        );
-        if let Err(e) = v.validate(&module) {
-            panic!("{family}.wgsl: {}", e.emit_to_string(&src));
+        if let Err(e) = validator(variant).validate(&module) {
+            panic!("{family} ({}): {}", variant.name(), e.emit_to_string(&src));
         }
         assert!(
             !module.entry_points.is_empty(),
             "{family}.wgsl has no entry point"
+        );
+    }
+}
+
+/// The subgroup variant exists where the issue asks for it (matrix products,
+/// routed experts, RMS norm, attention), and the fallback of every family
+/// names no subgroup operation: a device without the feature must accept it.
+#[test]
+fn subgroup_variants_cover_the_decode_reductions() {
+    let variants = shaders::all_variants();
+    for family in ["matmul", "moe", "norm", "attention"] {
+        let (_, _, src) = variants
+            .iter()
+            .find(|(f, v, _)| *f == family && v.subgroups)
+            .unwrap_or_else(|| panic!("{family} has no subgroup variant"));
+        assert!(src.contains("subgroupAdd"), "{family}: no subgroupAdd");
+        // The strict validator (no SUBGROUP capability) must reject it, so the
+        // test above really checks the capability path.
+        let m = parse(family, src);
+        assert!(
+            validator(shaders::Variant::FALLBACK).validate(&m).is_err(),
+            "{family}: subgroup variant validates without the capability"
+        );
+    }
+    for (family, src) in shaders::all_modules() {
+        let names_subgroup = src
+            .lines()
+            .any(|l| l.split("//").next().unwrap_or("").contains("subgroup"));
+        assert!(
+            !names_subgroup,
+            "{family}: the fallback names a subgroup builtin"
         );
     }
 }
@@ -105,11 +154,40 @@ fn parameter_structs_match_their_rust_twins() {
 fn dump_writes_every_module() {
     let dir = std::env::temp_dir().join(format!("ds4-shaders-{}", std::process::id()));
     let written = shaders::dump(&dir).unwrap();
-    assert_eq!(written.len(), shaders::families().len());
-    for p in &written {
-        let text = std::fs::read_to_string(p).unwrap();
-        let fam = p.file_stem().unwrap().to_str().unwrap();
-        assert_eq!(text, shaders::module_source(fam));
+    let variants = shaders::all_variants();
+    assert_eq!(written.len(), variants.len());
+    assert!(
+        written.len() > shaders::families().len(),
+        "no subgroup variant written"
+    );
+    for ((f, v, src), p) in variants.iter().zip(&written) {
+        assert_eq!(
+            p.file_name().unwrap().to_str().unwrap(),
+            shaders::dump_name(f, *v)
+        );
+        assert_eq!(&std::fs::read_to_string(p).unwrap(), src);
+        assert_eq!(src, &shaders::module_source_for(f, *v));
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `DS4_WGPU_FEATURES` values: all, none, lists, and a clear error naming
+/// the variable and the bad word.
+#[test]
+fn feature_lists_parse_and_bad_words_are_errors() {
+    use ds4::backend::wgpu::gpu::{parse_features, OPTIONAL_FEATURES};
+    use wgpu::Features as F;
+    assert_eq!(parse_features("all").unwrap(), OPTIONAL_FEATURES);
+    assert_eq!(parse_features("none").unwrap(), F::empty());
+    assert_eq!(parse_features("").unwrap(), F::empty());
+    assert_eq!(
+        parse_features(" f16 , Subgroups").unwrap(),
+        F::SHADER_F16 | F::SUBGROUP
+    );
+    assert_eq!(parse_features("timestamps").unwrap(), F::TIMESTAMP_QUERY);
+    let e = parse_features("f16,warp-drive").unwrap_err().to_string();
+    assert!(
+        e.contains("DS4_WGPU_FEATURES") && e.contains("warp-drive"),
+        "{e}"
+    );
 }

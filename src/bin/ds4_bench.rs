@@ -99,6 +99,16 @@ struct Args {
     /// (quick checks on emulators; default: the full Flash shapes)
     #[argh(option)]
     bw_max_out: Option<u64>,
+    /// with --bandwidth (wgpu): kernel variants to compare in one run, as
+    /// DS4_WGPU_FEATURES values separated by `/` (default
+    /// `all/f16,timestamps` when the adapter has subgroups: subgroup kernels,
+    /// then the workgroup-memory fallback; else `all`)
+    #[argh(option)]
+    bw_features: Option<String>,
+    /// with --bandwidth: only the matvec shapes whose name or type contains
+    /// one of these comma-separated words (`none`: no matvec lines)
+    #[argh(option)]
+    bw_shapes: Option<String>,
     /// with --bw-decode: decode steps timed, best kept (default 8)
     #[argh(option, default = "8")]
     bw_decode_steps: usize,
@@ -136,10 +146,24 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// The Flash matvec shapes, with at most `--bw-max-out` output rows each.
+/// The Flash matvec shapes picked by `--bw-shapes`, with at most
+/// `--bw-max-out` output rows each.
 fn bandwidth_shapes(a: &Args) -> Vec<(&'static str, ds4::quant::GgmlType, u64, u64)> {
+    let words: Option<Vec<String>> = a
+        .bw_shapes
+        .as_ref()
+        .map(|list| list.split(',').map(|w| w.trim().to_lowercase()).collect());
     ds4::bandwidth::FLASH_MATVECS
         .iter()
+        .filter(|(name, ty, _, _)| match &words {
+            None => true,
+            Some(words) => {
+                let (name, ty) = (name.to_lowercase(), ty.name().to_lowercase());
+                words
+                    .iter()
+                    .any(|w| !w.is_empty() && (name.contains(w.as_str()) || ty == *w))
+            }
+        })
         .map(|&(name, ty, n_in, n_out)| {
             (name, ty, n_in, a.bw_max_out.map_or(n_out, |m| n_out.min(m)))
         })
@@ -147,9 +171,26 @@ fn bandwidth_shapes(a: &Args) -> Vec<(&'static str, ds4::quant::GgmlType, u64, u
 }
 
 fn bandwidth_wgpu(a: &Args) -> Result<Vec<String>, String> {
-    use ds4::backend::wgpu::{bandwidth, AdapterChoice, Gpu};
+    use ds4::backend::wgpu::{bandwidth, gpu, AdapterChoice, Gpu};
     // An explicit benchmark: CPU emulators (lavapipe) are allowed.
-    let gpu = Gpu::open(&AdapterChoice::from_env(true)).map_err(|e| e.to_string())?;
+    let choice = AdapterChoice::from_env(true);
+    let first = Gpu::open(&choice).map_err(|e| e.to_string())?;
+    let sets: Vec<String> = match &a.bw_features {
+        Some(list) => list.split('/').map(|x| x.trim().to_string()).collect(),
+        // Only subgroups differ between the two devices (timestamps kept, so
+        // both variants are timed the same way).
+        None if first.shader_variant().subgroups => vec!["all".into(), "f16,timestamps".into()],
+        None => vec!["all".into()],
+    };
+    let mut gpus = Vec::new();
+    for set in &sets {
+        let allow = gpu::parse_features(set).map_err(|e| format!("--bw-features: {e}"))?;
+        gpus.push((
+            set.clone(),
+            Gpu::open_with(&choice, allow).map_err(|e| e.to_string())?,
+        ));
+    }
+    drop(first);
     let rows = match &a.bw_rows {
         Some(list) => list
             .split(',')
@@ -161,31 +202,43 @@ fn bandwidth_wgpu(a: &Args) -> Result<Vec<String>, String> {
             .collect::<Result<Vec<u32>, String>>()?,
         None => vec![],
     };
+    let refs: Vec<&Gpu> = gpus.iter().map(|(_, g)| g).collect();
+    let device = refs[0].describe();
     let shapes = bandwidth_shapes(a);
     let mut read = None;
-    let mut csv =
-        ds4::bandwidth::print_report(&gpu.describe(), a.bw_mib << 20, a.bw_trials, |each| {
-            bandwidth::run(
-                &gpu,
-                a.bw_mib << 20,
-                a.bw_trials,
-                &shapes,
-                &rows,
-                &mut |m| {
-                    if m.kind == "device read" {
-                        read = Some(m.gb_per_s());
-                    }
-                    each(m)
-                },
-            )
-            .map(|_| ())
-        })
-        .map_err(|e| e.to_string())?;
+    let mut csv = ds4::bandwidth::print_report(&device, a.bw_mib << 20, a.bw_trials, |each| {
+        bandwidth::run(
+            &refs,
+            a.bw_mib << 20,
+            a.bw_trials,
+            &shapes,
+            &rows,
+            &mut |m| {
+                if m.kind == "device read" && read.is_none() {
+                    read = Some(m.gb_per_s());
+                }
+                each(m)
+            },
+        )
+        .map(|_| ())
+    })
+    .map_err(|e| e.to_string())?;
     if a.bw_decode {
         let model = open_model(a)?;
-        let m = decode_step(a, &model, ds4::backend::BackendKind::Wgpu, "")?;
-        println!("{}", ds4::bandwidth::table_row(&m, read));
-        csv.push(ds4::bandwidth::csv_row(&gpu.describe(), &m, read));
+        for (set, g) in &gpus {
+            // The session opens its device from the environment; this
+            // binary is single-threaded here.
+            std::env::set_var(gpu::FEATURES_ENV, set);
+            let m = decode_step(
+                a,
+                &model,
+                ds4::backend::BackendKind::Wgpu,
+                "",
+                g.shader_variant().name(),
+            )?;
+            println!("{}", ds4::bandwidth::table_row(&m, read));
+            csv.push(ds4::bandwidth::csv_row(&g.describe(), &m, read));
+        }
     }
     Ok(csv)
 }
@@ -214,7 +267,7 @@ fn bandwidth_cuda(a: &Args) -> Result<Vec<String>, String> {
         // launch overhead the graph removes.
         for (graph, label) in [("1", "graph on"), ("0", "graph off")] {
             std::env::set_var("DS4_CUDA_GRAPH", graph);
-            let m = decode_step(a, &model, ds4::backend::BackendKind::Cuda, label)?;
+            let m = decode_step(a, &model, ds4::backend::BackendKind::Cuda, label, "")?;
             println!("{}", ds4::bandwidth::table_row(&m, read));
             csv.push(ds4::bandwidth::csv_row(&device, &m, read));
         }
@@ -237,12 +290,14 @@ fn open_model(a: &Args) -> Result<Arc<ModelFile>, String> {
 /// One whole decode step of `-m` on `backend`: the best of
 /// `--bw-decode-steps` steps after an 8-token prefill, with the model's active
 /// weight bytes per token as the bytes moved (KV reads at this short
-/// context are negligible). `label` is added to the shape column.
+/// context are negligible). `label` is added to the shape column, `kernels`
+/// names the kernel variant.
 fn decode_step(
     a: &Args,
     model: &Arc<ModelFile>,
     backend: ds4::backend::BackendKind,
     label: &str,
+    kernels: &str,
 ) -> Result<ds4::bandwidth::Measure, String> {
     let active = model.weights.active_bytes_per_token(&model.config);
     let steps = a.bw_decode_steps.max(1);
@@ -282,6 +337,7 @@ fn decode_step(
         seconds: best,
         timer: "wall",
         rows: 0,
+        kernels: kernels.into(),
     })
 }
 

@@ -324,6 +324,7 @@ fn line(
         seconds,
         timer: "event",
         rows,
+        kernels: String::new(),
     }
 }
 

@@ -210,6 +210,7 @@ pub fn device_read(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
         seconds,
         timer,
         rows: 0,
+        kernels: String::new(),
     })
 }
 
@@ -276,6 +277,7 @@ pub fn device_copy(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
         seconds: best,
         timer: "wall",
         rows: 0,
+        kernels: String::new(),
     })
 }
 
@@ -337,37 +339,46 @@ pub fn matvec(
         seconds,
         timer,
         rows: kernels.rows(),
+        kernels: gpu.shader_variant().name().into(),
     })
 }
 
-/// Runs the whole benchmark: device read and copy, then every Flash matvec
-/// with each kernel variant in `rows` (weight rows per workgroup; empty:
-/// the backend's default);
-/// `each` sees every line as soon as it is measured.
+/// Runs the whole benchmark: device read and copy (on the first device),
+/// then every Flash matvec on each device in `gpus` (the same adapter opened
+/// with different optional features: subgroup and fallback kernels side by
+/// side) with each kernel variant in `rows` (weight rows per workgroup;
+/// empty: the backend's default); `each` sees every line as soon as it is
+/// measured.
 pub fn run(
-    gpu: &Gpu,
+    gpus: &[&Gpu],
     buffer_bytes: u64,
     trials: usize,
     shapes: &[(&str, GgmlType, u64, u64)],
     rows: &[u32],
     each: &mut dyn FnMut(&Measure),
 ) -> Result<Vec<Measure>, BackendError> {
+    let Some(&first) = gpus.first() else {
+        return Ok(Vec::new());
+    };
     let mut all = Vec::new();
     let mut push = |m: Measure, all: &mut Vec<Measure>| {
         each(&m);
         all.push(m);
     };
-    push(device_read(gpu, buffer_bytes, trials)?, &mut all);
-    push(device_copy(gpu, buffer_bytes, trials)?, &mut all);
-    let kernels = if rows.is_empty() {
-        vec![MatmulKernels::new(gpu)?]
-    } else {
-        rows.iter()
-            .map(|&r| MatmulKernels::with_rows(gpu, r))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    push(device_read(first, buffer_bytes, trials)?, &mut all);
+    push(device_copy(first, buffer_bytes, trials)?, &mut all);
+    let mut kernels = Vec::new();
+    for &gpu in gpus {
+        if rows.is_empty() {
+            kernels.push((gpu, MatmulKernels::new(gpu)?));
+        } else {
+            for &r in rows {
+                kernels.push((gpu, MatmulKernels::with_rows(gpu, r)?));
+            }
+        }
+    }
     for &(name, ty, n_in, n_out) in shapes {
-        for k in &kernels {
+        for (gpu, k) in &kernels {
             push(matvec(gpu, k, name, ty, n_in, n_out, trials)?, &mut all);
         }
     }
@@ -375,14 +386,18 @@ pub fn run(
 }
 
 /// The whole report as `ds4-bench --bandwidth` prints it: the table on
-/// stdout line by line, the CSV lines returned.
+/// stdout line by line, the CSV lines returned. `gpus`: one adapter opened
+/// once per kernel variant to compare (see [`run`]).
 pub fn report(
-    gpu: &Gpu,
+    gpus: &[&Gpu],
     buffer_bytes: u64,
     trials: usize,
     rows: &[u32],
 ) -> Result<Vec<String>, BackendError> {
-    crate::bandwidth::print_report(&gpu.describe(), buffer_bytes, trials, |each| {
-        run(gpu, buffer_bytes, trials, FLASH_MATVECS, rows, each).map(|_| ())
+    let Some(first) = gpus.first() else {
+        return Ok(Vec::new());
+    };
+    crate::bandwidth::print_report(&first.describe(), buffer_bytes, trials, |each| {
+        run(gpus, buffer_bytes, trials, FLASH_MATVECS, rows, each).map(|_| ())
     })
 }

@@ -11,6 +11,46 @@ use crate::backend::BackendError;
 /// `ds4 --list-devices` or a case-insensitive substring of the adapter name.
 pub const ADAPTER_ENV: &str = "DS4_WGPU_ADAPTER";
 
+/// Environment variable limiting the optional features a device is created
+/// with: `all` (the default), `none`, or a comma list of `f16`, `subgroups`,
+/// `timestamps`. `DS4_WGPU_FEATURES=none` runs every kernel's fallback path
+/// on an adapter that has the features (CI tests both on lavapipe).
+pub const FEATURES_ENV: &str = "DS4_WGPU_FEATURES";
+
+/// The optional features ds4 uses where the adapter has them.
+pub const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::TIMESTAMP_QUERY);
+
+/// Parses a [`FEATURES_ENV`] value into the optional features it allows.
+pub fn parse_features(s: &str) -> Result<wgpu::Features, BackendError> {
+    let mut f = wgpu::Features::empty();
+    for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        f |= match word.to_ascii_lowercase().as_str() {
+            "all" => OPTIONAL_FEATURES,
+            "none" => wgpu::Features::empty(),
+            "f16" | "shader-f16" => wgpu::Features::SHADER_F16,
+            "subgroups" | "subgroup" => wgpu::Features::SUBGROUP,
+            "timestamps" | "timestamp" => wgpu::Features::TIMESTAMP_QUERY,
+            other => {
+                return Err(unavailable(format!(
+                    "{FEATURES_ENV}={s}: unknown feature {other:?} \
+                     (use all, none, or a comma list of f16, subgroups, timestamps)"
+                )))
+            }
+        };
+    }
+    Ok(f)
+}
+
+/// The optional features [`FEATURES_ENV`] allows (all when unset).
+pub fn features_from_env() -> Result<wgpu::Features, BackendError> {
+    match std::env::var(FEATURES_ENV) {
+        Ok(s) if !s.trim().is_empty() => parse_features(&s),
+        _ => Ok(OPTIONAL_FEATURES),
+    }
+}
+
 /// One open device and what it was created with.
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -18,7 +58,8 @@ pub struct Gpu {
     /// The limits the device was created with (the adapter's own).
     pub limits: wgpu::Limits,
     /// Optional features turned on (shader-f16, subgroups, timestamps) where
-    /// the adapter has them; kernels must work without each of them.
+    /// the adapter has them and [`FEATURES_ENV`] allows them; kernels must
+    /// work without each of them.
     pub features: wgpu::Features,
     pub info: wgpu::AdapterInfo,
     /// Errors reported by wgpu callbacks since the last [`Gpu::check`].
@@ -193,15 +234,25 @@ fn pick(list: Vec<wgpu::Adapter>, choice: &AdapterChoice) -> Result<wgpu::Adapte
 
 impl Gpu {
     /// Opens the chosen adapter with its own limits and the optional features
-    /// it has, and installs the error handlers.
+    /// it has that [`FEATURES_ENV`] allows, and installs the error handlers.
     pub fn open(choice: &AdapterChoice) -> Result<Gpu, BackendError> {
+        Self::open_with(choice, features_from_env()?)
+    }
+
+    /// Opens the chosen adapter with the optional features in `allow` that it
+    /// has (tests open one device per variant in one process).
+    pub fn open_with(choice: &AdapterChoice, allow: wgpu::Features) -> Result<Gpu, BackendError> {
         let inst = instance();
         let adapter = pick(adapters(&inst), choice)?;
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let optional =
-            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
-        let features = adapter.features() & optional;
+        let mut features = adapter.features() & OPTIONAL_FEATURES & allow;
+        // Subgroup kernels size their per-subgroup scratch for subgroups of
+        // at least 4 invocations (WebGPU's minimum); an adapter reporting
+        // less runs the fallback.
+        if info.subgroup_min_size < 4 || info.subgroup_max_size < info.subgroup_min_size {
+            features.remove(wgpu::Features::SUBGROUP);
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some("ds4"),
             required_features: features,
@@ -241,14 +292,31 @@ impl Gpu {
     /// One device per adapter choice for the whole process: sessions (and
     /// tests) opened one after another share it and its compiled pipelines.
     pub fn shared(choice: &AdapterChoice) -> Result<Arc<Gpu>, BackendError> {
-        static OPEN: Mutex<Vec<(AdapterChoice, Arc<Gpu>)>> = Mutex::new(Vec::new());
+        Self::shared_with(choice, features_from_env()?)
+    }
+
+    /// [`Gpu::shared`] with the optional features limited to `allow`.
+    pub fn shared_with(
+        choice: &AdapterChoice,
+        allow: wgpu::Features,
+    ) -> Result<Arc<Gpu>, BackendError> {
+        type Open = Vec<((AdapterChoice, wgpu::Features), Arc<Gpu>)>;
+        static OPEN: Mutex<Open> = Mutex::new(Vec::new());
+        let key = (choice.clone(), allow & OPTIONAL_FEATURES);
         let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, g)) = open.iter().find(|(c, _)| c == choice) {
+        if let Some((_, g)) = open.iter().find(|(k, _)| *k == key) {
             return Ok(g.clone());
         }
-        let g = Arc::new(Gpu::open(choice)?);
-        open.push((choice.clone(), g.clone()));
+        let g = Arc::new(Gpu::open_with(choice, key.1)?);
+        open.push((key, g.clone()));
         Ok(g)
+    }
+
+    /// The WGSL variant this device's kernels are assembled for.
+    pub fn shader_variant(&self) -> super::shaders::Variant {
+        super::shaders::Variant {
+            subgroups: self.features.contains(wgpu::Features::SUBGROUP),
+        }
     }
 
     /// The matrix-product pipelines of this device.
@@ -318,7 +386,7 @@ pub fn devices_report() -> String {
         out.push_str(&format!(
             "{}: {}{}\n    driver: {} {}\n    max_storage_buffer_binding_size {} B, max_buffer_size {} B, \
              max_storage_buffers_per_shader_stage {}, max_compute_workgroup_storage_size {} B, \
-             max_compute_invocations_per_workgroup {}\n    features: {:?}\n",
+             max_compute_invocations_per_workgroup {}, subgroup size {}..{}\n    features: {:?}\n",
             a.index,
             describe(&a.info),
             if a.is_real_gpu() { "" } else { " — not picked by --backend auto" },
@@ -329,11 +397,15 @@ pub fn devices_report() -> String {
             l.max_storage_buffers_per_shader_stage,
             l.max_compute_workgroup_storage_size,
             l.max_compute_invocations_per_workgroup,
+            a.info.subgroup_min_size,
+            a.info.subgroup_max_size,
             a.features,
         ));
     }
     out.push_str(&format!(
-        "{ADAPTER_ENV}=INDEX|NAME picks one; --backend auto uses the first real GPU.\n"
+        "{ADAPTER_ENV}=INDEX|NAME picks one; --backend auto uses the first real GPU.\n\
+         {FEATURES_ENV}=none (or a list of f16,subgroups,timestamps) limits the optional \
+         features used; subgroup kernels run where SUBGROUP is listed and allowed.\n"
     ));
     out
 }

@@ -66,10 +66,14 @@ impl Kernels {
                 backend: "wgpu".into(),
                 what: format!("kernel family {name}"),
             })?;
+            // The variant follows the device's features: subgroup reductions
+            // where the device was created with SUBGROUP, else the fallback.
             let src =
-                shaders::try_module_source(name).ok_or_else(|| BackendError::Unsupported {
-                    backend: "wgpu".into(),
-                    what: format!("WGSL family {name}"),
+                shaders::try_module_source_for(name, gpu.shader_variant()).ok_or_else(|| {
+                    BackendError::Unsupported {
+                        backend: "wgpu".into(),
+                        what: format!("WGSL family {name}"),
+                    }
                 })?;
             let mut entries = Vec::new();
             for b in 0..2u32 {

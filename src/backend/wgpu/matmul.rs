@@ -221,11 +221,17 @@ fn binding(r: &BufRange) -> wgpu::BindingResource<'_> {
 
 impl MatmulKernels {
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
-        let rows = if gpu.info.device_type == wgpu::DeviceType::Cpu {
+        let mut rows = if gpu.info.device_type == wgpu::DeviceType::Cpu {
             ROWS_PER_WORKGROUP_CPU
         } else {
             ROWS_PER_WORKGROUP
         };
+        if gpu.shader_variant().subgroups {
+            // One subgroup per row: at least as many rows as the workgroup
+            // can have subgroups, so none idles.
+            let most = WORKGROUP / gpu.info.subgroup_min_size.clamp(1, WORKGROUP);
+            rows = rows.max(most.next_power_of_two()).min(WORKGROUP);
+        }
         Self::with_rows(gpu, rows)
     }
 
@@ -260,7 +266,7 @@ impl MatmulKernels {
             immediate_size: 0,
         });
         let module = |family: &str| {
-            let src = shaders::module_source(family);
+            let src = shaders::module_source_for(family, gpu.shader_variant());
             scoped(gpu, &format!("WGSL module {family}"), || {
                 dev.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(family),
