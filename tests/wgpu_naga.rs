@@ -19,11 +19,19 @@ fn every_module_parses_and_validates() {
         // must not need shader-f16 or subgroups. (unpack2x16float, which
         // naga files under SHADER_FLOAT16_IN_FLOAT32, is core WGSL that wgpu
         // allows on every Vulkan, Metal and DX12 device.)
-        let mut v = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::default()
-                | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
-        );
+        // The `<family>_f16` modules (cached rows stored as f16) are used
+        // only where the device has shader-f16: they get SHADER_FLOAT16,
+        // every other module must validate without it.
+        let mut caps = naga::valid::Capabilities::default()
+            | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        let (_, f16) = shaders::base_family(family);
+        if f16 {
+            caps |= naga::valid::Capabilities::SHADER_FLOAT16;
+            assert!(src.starts_with("enable f16;"), "{family}: no enable f16");
+        } else {
+            assert!(!src.contains("enable f16"), "{family}: needs shader-f16");
+        }
+        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
         if let Err(e) = v.validate(&module) {
             panic!("{family}.wgsl: {}", e.emit_to_string(&src));
         }
