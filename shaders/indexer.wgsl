@@ -13,7 +13,8 @@ struct IndexerParams {
     max_rows: u32,
     // Rows per chunk binding of the indexer rows (krows0..krows7).
     chunk_rows: u32,
-    _pad1: u32,
+    // First token of this dispatch's block (scratch row 0 is this token's).
+    t0: u32,
     _pad2: u32,
 }
 
@@ -87,7 +88,7 @@ fn key(f: f32) -> u32 {
 @compute @workgroup_size(WG)
 fn indexer_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) tid: u32) {
-    let t = group_id(wid, nwg);
+    let t = prm.t0 + group_id(wid, nwg);
     if (t >= step.n_tokens) { return; }
     let k = prm.top_k;
     let nh = prm.n_head;
@@ -98,7 +99,7 @@ fn indexer_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         for (var i = tid; i < k; i += WG) { out[o + i] = select(-1, i32(i), i < n); }
         return;
     }
-    let sb = t * prm.max_rows;
+    let sb = (t - prm.t0) * prm.max_rows;
     for (var r = tid; r < n; r += WG) {
         var s = 0.0;
         let kc = r / prm.chunk_rows;

@@ -198,7 +198,9 @@ fn logits_and_snapshots_match_the_cpu_with_state_in_chunks() {
     // per chunk, 3 chunks), 38 HCA rows (f32: 2 chunks), 146 indexer rows of
     // 32 (f32: 2 chunks). 540 tokens fill 135 CSA rows, 33 HCA rows and 135
     // indexer rows, so with f32 storage every kind is written and read across
-    // a chunk boundary, with f16 storage the CSA rows.
+    // a chunk boundary, with f16 storage the CSA rows. The indexer's score
+    // scratch (146 scores per token) holds 17 tokens under the same cap, so
+    // a 200-token chunk runs the indexer in 12 blocks.
     let (ctx, chunk) = (576, 200);
     let model = tiny_model(Variant::Q8);
     let mut kv = KvLayout::new(&model.config, &model.weights, ctx);

@@ -37,6 +37,9 @@ pub enum Size {
     Threads { per_token: u32, fixed: u32 },
     /// One workgroup per item.
     Groups { per_token: u32, fixed: u32 },
+    /// One workgroup per live token in `first..first + count` (a kernel run
+    /// in token blocks so that its scratch fits one binding).
+    TokenBlock { first: u32, count: u32 },
 }
 
 /// Environment variable capping the bytes of one binding of a state buffer
@@ -56,7 +59,8 @@ pub fn set_state_chunk_cap(bytes: Option<u64>) {
     STATE_CHUNK_CAP.store(bytes.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
 }
 
-/// The largest binding of a state chunk on `gpu`, with the caps applied.
+/// The largest binding of a state chunk (or of state-sized scratch) on
+/// `gpu`, with the caps applied.
 fn state_chunk_bytes(gpu: &Gpu) -> u64 {
     let set = STATE_CHUNK_CAP.load(std::sync::atomic::Ordering::SeqCst);
     let env = std::env::var(STATE_CHUNK_ENV)
@@ -174,6 +178,7 @@ impl Size {
         let groups = match self {
             Size::Threads { per_token, fixed } => (per_token * n + fixed).div_ceil(WG),
             Size::Groups { per_token, fixed } => per_token * n + fixed,
+            Size::TokenBlock { first, count } => n.saturating_sub(first).min(count),
         };
         if groups == 0 {
             return None;

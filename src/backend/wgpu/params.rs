@@ -57,7 +57,7 @@ params! {
     }
     IndexerParams {
         ratio: u32, top_k: u32, n_head: u32, head_dim: u32,
-        max_rows: u32, chunk_rows: u32, _pad1: u32, _pad2: u32,
+        max_rows: u32, chunk_rows: u32, t0: u32, _pad2: u32,
     }
     RouterParams {
         n_expert: u32, k: u32, scale: f32, normalize: u32,

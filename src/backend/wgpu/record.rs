@@ -586,7 +586,15 @@ impl Rec<'_> {
             }
             Op::IndexerTopK(o) => {
                 let max_rows = self.b.layout.get(o.rows).rows;
-                let need = (self.g.graph.max_tokens * max_rows * 4).max(4) as u64;
+                // Score rows of a block of tokens: the step's tokens run in
+                // blocks (one dispatch each) small enough that the block's
+                // scratch fits one binding; decode is one block of one.
+                let row_bytes = (max_rows * 4).max(4) as u64;
+                check_binding(&self.b.gpu, "one token's indexer scores", row_bytes)?;
+                let max_tokens = self.g.graph.max_tokens.max(1);
+                let block = ((super::state_chunk_bytes(&self.b.gpu) / row_bytes) as usize)
+                    .clamp(1, max_tokens);
+                let need = block as u64 * row_bytes;
                 let scratch = match &self.scratch {
                     Some(s) if s.size() >= need => s.clone(),
                     _ => {
@@ -620,7 +628,19 @@ impl Rec<'_> {
                 ];
                 s.extend_from_slice(&krows[1..]);
                 let fam = self.kv_family("indexer", &[o.rows])?;
-                one(self.kernel(&fam, "indexer_topk", &p, &s, groups_per_token(1))?)
+                let mut out = Vec::new();
+                for first in (0..max_tokens).step_by(block) {
+                    let p = IndexerParams {
+                        t0: first as u32,
+                        ..p
+                    };
+                    let size = Size::TokenBlock {
+                        first: first as u32,
+                        count: block as u32,
+                    };
+                    out.push(self.kernel(&fam, "indexer_topk", &p, &s, size)?);
+                }
+                Ok(out)
             }
             Op::Router(o) => {
                 if o.n_expert > 512 || o.k > 32 {
