@@ -15,23 +15,48 @@ struct AttnParams {
     ratio: u32,
     has_sel: u32,
     scale: f32,
-    _pad0: u32,
+    // Compressed rows per chunk binding (comp0..comp7).
+    chunk_rows: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
 @group(0) @binding(1) var<uniform> prm: AttnParams;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> kv: array<f32>;
-@group(0) @binding(4) var<storage, read> ring: array<f32>;
-@group(0) @binding(5) var<storage, read> comp: array<f32>;
+@group(0) @binding(4) var<storage, read> ring: array<kvt>;
+@group(0) @binding(5) var<storage, read> comp0: array<kvt>;
 @group(0) @binding(6) var<storage, read> sel: array<i32>;
 @group(0) @binding(7) var<storage, read> sinks: array<f32>;
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;
+// Compressed rows beyond one binding: chunks of chunk_rows whole rows.
+@group(0) @binding(9) var<storage, read> comp1: array<kvt>;
+@group(0) @binding(10) var<storage, read> comp2: array<kvt>;
+@group(0) @binding(11) var<storage, read> comp3: array<kvt>;
+@group(0) @binding(12) var<storage, read> comp4: array<kvt>;
+@group(0) @binding(13) var<storage, read> comp5: array<kvt>;
+@group(0) @binding(14) var<storage, read> comp6: array<kvt>;
+@group(0) @binding(15) var<storage, read> comp7: array<kvt>;
+@group(0) @binding(16) var<storage, read> row_table: array<RowRecord>;
+
+// Value `o` of chunk `c` of the chunked comp rows.
+fn comp_load(c: u32, o: u32) -> f32 {
+    switch c {
+        case 1u: { return f32(comp1[o]); }
+        case 2u: { return f32(comp2[o]); }
+        case 3u: { return f32(comp3[o]); }
+        case 4u: { return f32(comp4[o]); }
+        case 5u: { return f32(comp5[o]); }
+        case 6u: { return f32(comp6[o]); }
+        case 7u: { return f32(comp7[o]); }
+        default: { return f32(comp0[o]); }
+    }
+}
 
 const MAXHD: u32 = 1024u;
 const SRC_NONE: u32 = 0u;
 const SRC_KV: u32 = 1u;
 const SRC_RING: u32 = 2u;
+// SRC_COMP + c: chunk c of the compressed rows.
 const SRC_COMP: u32 = 3u;
 
 var<workgroup> qs: array<f32, MAXHD>;
@@ -41,8 +66,8 @@ var<workgroup> off: array<u32, WG>;
 
 fn load(s: u32, o: u32) -> f32 {
     if (s == SRC_KV) { return kv[o]; }
-    if (s == SRC_RING) { return ring[o]; }
-    return comp[o];
+    if (s == SRC_RING) { return f32(ring[o]); }
+    return comp_load(s - SRC_COMP, o);
 }
 
 @compute @workgroup_size(WG)
@@ -55,7 +80,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     if (g >= step.n_tokens * nh) { return; }
     let t = g / nh;
     let h = g % nh;
-    let p = step.pos0 + t;
+    let p = row_table[t].pos;
     let w = prm.window;
     let lo = select(0u, p + 1u - w, p + 1u > w);
     let n_raw = p - lo + 1u;
@@ -91,8 +116,8 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             var r = i32(c - n_raw);
             if (prm.has_sel != 0u) { r = sel[t * prm.top_k + (c - n_raw)]; }
             if (r >= 0 && u32(r) < n_vis) {
-                s = SRC_COMP;
-                o = u32(r) * hd;
+                s = SRC_COMP + u32(r) / prm.chunk_rows;
+                o = (u32(r) % prm.chunk_rows) * hd;
             }
         }
         var l = NEG_BIG;

@@ -10,6 +10,15 @@ struct StepUniform {
     _pad1: u32,
 }
 
+// One row of the step (twin of `RowRecord` in src/backend/wgpu/gpu.rs): its
+// absolute position and its session state (0 today). Kernels take a row's
+// own position from `row_table[t].pos`; `StepUniform.pos0` only tells which
+// raw rows attention finds in the step itself rather than in the ring.
+struct RowRecord {
+    pos: u32,
+    state: u32,
+}
+
 // Threads per workgroup of every kernel here. Kernels never assume a
 // subgroup size; reductions go through workgroup memory.
 const WG: u32 = 256u;

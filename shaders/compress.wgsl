@@ -15,7 +15,8 @@ struct CompressParams {
     // 0 none, 1 FP8 + f16, 2 Hadamard + FP4 + f16.
     rounding: u32,
     eps: f32,
-    _pad0: u32,
+    // Rows per chunk binding of the output rows (rows0..rows7).
+    chunk_rows: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
@@ -26,7 +27,30 @@ struct CompressParams {
 @group(0) @binding(4) var<storage, read> consts: array<f32>;
 @group(0) @binding(5) var<storage, read_write> st_kv: array<f32>;
 @group(0) @binding(6) var<storage, read_write> st_score: array<f32>;
-@group(0) @binding(7) var<storage, read_write> rows: array<f32>;
+@group(0) @binding(7) var<storage, read_write> rows0: array<kvt>;
+// Rows beyond one binding: chunks of chunk_rows whole rows.
+@group(0) @binding(8) var<storage, read_write> rows1: array<kvt>;
+@group(0) @binding(9) var<storage, read_write> rows2: array<kvt>;
+@group(0) @binding(10) var<storage, read_write> rows3: array<kvt>;
+@group(0) @binding(11) var<storage, read_write> rows4: array<kvt>;
+@group(0) @binding(12) var<storage, read_write> rows5: array<kvt>;
+@group(0) @binding(13) var<storage, read_write> rows6: array<kvt>;
+@group(0) @binding(14) var<storage, read_write> rows7: array<kvt>;
+@group(0) @binding(15) var<storage, read> row_table: array<RowRecord>;
+
+// Stores `v` at value `o` of chunk `c` of the chunked rows.
+fn rows_store(c: u32, o: u32, v: f32) {
+    switch c {
+        case 1u: { rows1[o] = kvt(v); }
+        case 2u: { rows2[o] = kvt(v); }
+        case 3u: { rows3[o] = kvt(v); }
+        case 4u: { rows4[o] = kvt(v); }
+        case 5u: { rows5[o] = kvt(v); }
+        case 6u: { rows6[o] = kvt(v); }
+        case 7u: { rows7[o] = kvt(v); }
+        default: { rows0[o] = kvt(v); }
+    }
+}
 
 const EMPTY_SCORE: f32 = -1e30;
 
@@ -57,7 +81,7 @@ fn compress(@builtin(local_invocation_index) tid: u32) {
     let norm_at = m * c;
     let rope_at = norm_at + hd;
     for (var t = 0u; t < step.n_tokens; t++) {
-        let p = step.pos0 + t;
+        let p = row_table[t].pos;
         let i = p % m;
         let slot = cur + i;
         for (var j = tid; j < c; j += WG) {
@@ -115,7 +139,9 @@ fn compress(@builtin(local_invocation_index) tid: u32) {
             row_fp4(hd, tid);
             row_f16(hd, tid);
         }
-        for (var j = tid; j < hd; j += WG) { rows[w * hd + j] = row[j]; }
+        let wc = w / prm.chunk_rows;
+        let wo = (w % prm.chunk_rows) * hd;
+        for (var j = tid; j < hd; j += WG) { rows_store(wc, wo + j, row[j]); }
         // The finished window becomes the previous one; its slots are reset.
         storageBarrier();
         workgroupBarrier();

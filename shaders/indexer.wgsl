@@ -11,8 +11,10 @@ struct IndexerParams {
     head_dim: u32,
     // Scratch floats per token (the capacity of the indexer rows).
     max_rows: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // Rows per chunk binding of the indexer rows (krows0..krows7).
+    chunk_rows: u32,
+    // First token of this dispatch's block (scratch row 0 is this token's).
+    t0: u32,
     _pad2: u32,
 }
 
@@ -20,9 +22,32 @@ struct IndexerParams {
 @group(0) @binding(1) var<uniform> prm: IndexerParams;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> wts: array<f32>;
-@group(0) @binding(4) var<storage, read> krows: array<f32>;
+@group(0) @binding(4) var<storage, read> krows0: array<kvt>;
 @group(0) @binding(5) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<i32>;
+// Rows beyond one binding: chunks of chunk_rows whole rows.
+@group(0) @binding(7) var<storage, read> krows1: array<kvt>;
+@group(0) @binding(8) var<storage, read> krows2: array<kvt>;
+@group(0) @binding(9) var<storage, read> krows3: array<kvt>;
+@group(0) @binding(10) var<storage, read> krows4: array<kvt>;
+@group(0) @binding(11) var<storage, read> krows5: array<kvt>;
+@group(0) @binding(12) var<storage, read> krows6: array<kvt>;
+@group(0) @binding(13) var<storage, read> krows7: array<kvt>;
+@group(0) @binding(14) var<storage, read> row_table: array<RowRecord>;
+
+// Value `o` of chunk `c` of the chunked krows rows.
+fn krows_load(c: u32, o: u32) -> f32 {
+    switch c {
+        case 1u: { return f32(krows1[o]); }
+        case 2u: { return f32(krows2[o]); }
+        case 3u: { return f32(krows3[o]); }
+        case 4u: { return f32(krows4[o]); }
+        case 5u: { return f32(krows5[o]); }
+        case 6u: { return f32(krows6[o]); }
+        case 7u: { return f32(krows7[o]); }
+        default: { return f32(krows0[o]); }
+    }
+}
 
 var<workgroup> cnt: array<u32, WG>;
 
@@ -63,24 +88,26 @@ fn key(f: f32) -> u32 {
 @compute @workgroup_size(WG)
 fn indexer_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) tid: u32) {
-    let t = group_id(wid, nwg);
+    let t = prm.t0 + group_id(wid, nwg);
     if (t >= step.n_tokens) { return; }
     let k = prm.top_k;
     let nh = prm.n_head;
     let hd = prm.head_dim;
-    let n = (step.pos0 + t + 1u) / prm.ratio;
+    let n = (row_table[t].pos + 1u) / prm.ratio;
     let o = t * k;
     if (n <= k) {
         for (var i = tid; i < k; i += WG) { out[o + i] = select(-1, i32(i), i < n); }
         return;
     }
-    let sb = t * prm.max_rows;
+    let sb = (t - prm.t0) * prm.max_rows;
     for (var r = tid; r < n; r += WG) {
         var s = 0.0;
+        let kc = r / prm.chunk_rows;
+        let ko = (r % prm.chunk_rows) * hd;
         for (var h = 0u; h < nh; h++) {
             var d = 0.0;
             let qb = t * nh * hd + h * hd;
-            for (var j = 0u; j < hd; j++) { d += q[qb + j] * krows[r * hd + j]; }
+            for (var j = 0u; j < hd; j++) { d += q[qb + j] * krows_load(kc, ko + j); }
             s += wts[t * nh + h] * max(d, 0.0);
         }
         scratch[sb + r] = key(s);

@@ -11,7 +11,8 @@ struct RingParams {
 @group(0) @binding(0) var<uniform> step: StepUniform;
 @group(0) @binding(1) var<uniform> prm: RingParams;
 @group(0) @binding(2) var<storage, read> kv: array<f32>;
-@group(0) @binding(3) var<storage, read_write> ring: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ring: array<kvt>;
+@group(0) @binding(4) var<storage, read> row_table: array<RowRecord>;
 
 @compute @workgroup_size(WG)
 fn ring_write(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -22,6 +23,6 @@ fn ring_write(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     if (i >= (n - first) * d) { return; }
     let t = first + i / d;
     let j = i % d;
-    let r = (step.pos0 + t) % prm.window;
-    ring[r * d + j] = kv[t * d + j];
+    let r = row_table[t].pos % prm.window;
+    ring[r * d + j] = kvt(kv[t * d + j]);
 }

@@ -20,6 +20,7 @@ struct RopeParams {
 // 3 floats per pair: turns per position hi, mid, lo.
 @group(0) @binding(3) var<storage, read> freqs: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> row_table: array<RowRecord>;
 
 fn centered_fract(v: f32) -> f32 {
     return v - round(v);
@@ -53,7 +54,7 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let k = (d - tail) / 2u;
     let first = i - ((d - tail) & 1u);
-    let cs = rope_cos_sin(k, step.pos0 + t);
+    let cs = rope_cos_sin(k, row_table[t].pos);
     var s = cs.y;
     if (prm.inverse != 0u) { s = -s; }
     let x0 = x[first];

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use ds4::backend::cpu::CpuBackend;
-use ds4::backend::wgpu::{AdapterChoice, Gpu, WgpuBackend};
+use ds4::backend::wgpu::{AdapterChoice, Gpu, RowRecord, WgpuBackend};
 use ds4::backend::{Backend, BackendError};
 use ds4::gguf::{GgufFile, GgufWriter};
 use ds4::graph::{Recorder, StateId, StateLayout, StepParams, ValueId};
@@ -781,6 +781,68 @@ fn rope_matches_the_cpu_at_small_and_large_positions() {
         ));
     }
     check(cases);
+}
+
+/// The row table: one GPU step whose rows carry unrelated positions (as rows
+/// of several sessions would) against the CPU twin run once per row at that
+/// row's position (the CPU twins take consecutive positions only). RoPE is
+/// the op whose rows are independent; the KV ops need per-session state
+/// selection first (docs/ARCHITECTURE.md, "Per-row parameters").
+#[test]
+fn rope_rows_carry_their_own_positions() {
+    let mut rng = Rng(0x70E5);
+    let positions = [1_000_003u32, 7, 100_000, 0, 65_537];
+    let (heads, hd, n_rot) = (2usize, 24usize, 16usize);
+    let n = positions.len();
+    for (gpu, inverse) in gpus()
+        .into_iter()
+        .flat_map(|g| [(g.clone(), false), (g, true)])
+    {
+        let (f, _) = Weights::default().build();
+        let mut b = Builder::new(n, n);
+        let x = b.rec.tokens_f32("x", heads * hd);
+        let o = b.rec.tokens_f32("out", heads * hd);
+        let input = rng.vec(n * heads * hd, 2.0);
+        let op = Op::Rope(rope::Rope {
+            x,
+            out: o,
+            heads,
+            head_dim: hd,
+            rope: rope_config(n_rot, true),
+            inverse,
+        });
+        let case = b.finish(format!("rope rows inv {inverse}"), f, op, vec![], vec![], 0);
+        let mut wg = WgpuBackend::new(gpu.clone(), case.file.clone(), case.layout.clone()).unwrap();
+        let h = wg.load_graph(case.graph.clone()).unwrap();
+        wg.write_value(h, x, &input).unwrap();
+        wg.write_value(h, o, &vec![f32::NAN; n * heads * hd])
+            .unwrap();
+        let rows: Vec<RowRecord> = positions
+            .iter()
+            .map(|&pos| RowRecord { pos, state: 0 })
+            .collect();
+        wg.run_rows(h, &vec![0; n], &rows).unwrap();
+        let got = wg.read_value(h, o).unwrap();
+        let mut cpu = CpuBackend::new(case.file.clone(), case.layout.clone());
+        let hc = cpu.load_graph(case.graph.clone()).unwrap();
+        let (abs, rel) = tolerance("rope");
+        let w = heads * hd;
+        for (t, &pos) in positions.iter().enumerate() {
+            cpu.write_value(hc, x, &input[t * w..(t + 1) * w]).unwrap();
+            let step = StepParams {
+                pos0: pos as usize,
+                n_tokens: 1,
+            };
+            cpu.run(hc, &[0], step).unwrap();
+            let want = cpu.read_value(hc, o).unwrap();
+            for (j, (&g, &e)) in got[t * w..(t + 1) * w].iter().zip(&want).enumerate() {
+                assert!(
+                    (g - e).abs() <= abs + rel * e.abs(),
+                    "row {t} at position {pos}, value {j}: wgpu {g} cpu {e} (inverse {inverse})"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -16,8 +16,16 @@ fn parse(family: &str, src: &str) -> naga::Module {
 /// Metal and DX12 device). Subgroup variant: also SUBGROUP in compute with
 /// the operation classes wgpu's Features::SUBGROUP guarantees.
 fn validator(variant: shaders::Variant) -> naga::valid::Validator {
+    validator_with(variant, false)
+}
+
+/// [`validator`], plus SHADER_FLOAT16 for the `<family>_f16` modules.
+fn validator_with(variant: shaders::Variant, f16: bool) -> naga::valid::Validator {
     use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet};
     let mut caps = Capabilities::default() | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    if f16 {
+        caps |= Capabilities::SHADER_FLOAT16;
+    }
     if variant.subgroups {
         caps |= Capabilities::SUBGROUP;
     }
@@ -42,7 +50,17 @@ fn every_module_parses_and_validates() {
     assert!(modules.len() >= 12, "only {} modules", modules.len());
     for (family, variant, src) in modules {
         let module = parse(family, &src);
-        if let Err(e) = validator(variant).validate(&module) {
+        // The `<family>_f16` modules (cached rows stored as f16) are used
+        // only where the device has shader-f16: they get SHADER_FLOAT16,
+        // every other module must validate without it.
+        let (_, f16) = shaders::base_family(family);
+        let mut v = validator_with(variant, f16);
+        if f16 {
+            assert!(src.starts_with("enable f16;"), "{family}: no enable f16");
+        } else {
+            assert!(!src.contains("enable f16"), "{family}: needs shader-f16");
+        }
+        if let Err(e) = v.validate(&module) {
             panic!("{family} ({}): {}", variant.name(), e.emit_to_string(&src));
         }
         assert!(

@@ -96,6 +96,10 @@ pub struct StateDesc {
     pub rows: usize,
     pub cols: usize,
     pub init: f32,
+    /// Every value ever written here is an f16 value (cached rows under
+    /// model numerics): a backend may store it as f16 without loss. Reads
+    /// and writes through the `Backend` API stay f32.
+    pub f16_values: bool,
 }
 
 /// One entry of the tape.
@@ -140,8 +144,16 @@ impl StateLayout {
             rows,
             cols,
             init,
+            f16_values: false,
         });
         StateId(self.states.len() as u32 - 1)
+    }
+
+    /// Declares that every value written to `s` is an f16 value.
+    pub fn mark_f16_values(&mut self, s: StateId) {
+        if let Some(d) = self.states.get_mut(s.0 as usize) {
+            d.f16_values = true;
+        }
     }
 
     pub fn get(&self, s: StateId) -> &StateDesc {

@@ -31,6 +31,21 @@ pub struct KvLayout {
     pub layers: Vec<LayerState>,
 }
 
+impl KvLayout {
+    /// Marks the cached rows (raw ring, compressed and indexer rows) as
+    /// holding only f16 values: true under model numerics, where every row
+    /// is rounded to f16 before it is stored (MODEL.md, model numerics).
+    /// Compressor frontiers hold unrounded values and stay f32.
+    pub fn mark_f16_rows(&mut self) {
+        for l in &self.layers {
+            self.layout.mark_f16_values(l.ring);
+            for c in [l.compressor, l.indexer].into_iter().flatten() {
+                self.layout.mark_f16_values(c.rows);
+            }
+        }
+    }
+}
+
 /// Compressed-row capacity for `ctx` tokens at `ratio` (ds4's allocation).
 pub fn compressed_capacity(ctx: usize, ratio: usize) -> usize {
     ctx / ratio + 2

@@ -108,7 +108,10 @@ impl Session {
     fn with_backend(model: Arc<ModelFile>, opts: SessionOptions) -> Result<Session, SessionError> {
         let cfg = &model.config;
         model.weights.check_tables(&model.file, cfg)?;
-        let kv = KvLayout::new(cfg, &model.weights, opts.ctx);
+        let mut kv = KvLayout::new(cfg, &model.weights, opts.ctx);
+        if opts.numerics == Numerics::Model {
+            kv.mark_f16_rows();
+        }
         let opened = backend::open(opts.backend, model.clone(), kv.layout.clone())?;
         let mut backend = opened.backend;
         let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));

@@ -72,8 +72,8 @@ pub struct Gpu {
 
 /// The per-step parameters every kernel reads: written once per step into a
 /// uniform buffer (the WGSL twin is `StepUniform` in `shaders/common.wgsl`).
-/// One step carries the rows of one session today; the fields are per step so
-/// that a row table can be added beside them later.
+/// Per-row values (position, session state) are in the row table
+/// ([`RowRecord`]) beside it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct StepUniform {
@@ -82,6 +82,19 @@ pub struct StepUniform {
     /// Live tokens in this step (kernels bound-check against it).
     pub n_tokens: u32,
     pub _pad: [u32; 2],
+}
+
+/// One row of a step in the row table every position-dependent kernel reads
+/// (`row_table[t]`; WGSL twin `RowRecord` in `shaders/common.wgsl`): the
+/// row's absolute position and which session state it belongs to. Written
+/// per step beside the [`StepUniform`]; `state` is always 0 today (one
+/// session per step), the field is there so that a step can later carry the
+/// rows of several sessions without changing a kernel's bindings.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RowRecord {
+    pub pos: u32,
+    pub state: u32,
 }
 
 /// What `ds4 --list-devices` prints for one adapter.

@@ -20,17 +20,29 @@ use Access::{Read as R, Write as W};
 
 /// The storage bindings of each family (after the two uniforms).
 pub fn storage_layout(family: &str) -> Option<&'static [Access]> {
-    Some(match family {
-        "elementwise" | "embed" | "norm" | "rope" => &[R, R, W],
+    Some(match shaders::base_family(family).0 {
+        "elementwise" | "embed" | "norm" => &[R, R, W],
+        // The row table (last binding) of every position-dependent family.
+        "rope" => &[R, R, W, R],
         "hc_mix" => &[R, R, R, W, W, W],
         "hc" => &[R, R, R, R, W],
-        "round" | "ring" => &[R, W],
-        "attention" => &[R, R, R, R, R, R, W],
-        "compress" => &[R, R, R, W, W, W],
-        "indexer" => &[R, R, R, W, W],
+        "round" => &[R, W],
+        "ring" => &[R, W, R],
+        // The chunked cached rows: chunk 0 in place, chunks 1..8 appended.
+        "attention" => &[R, R, R, R, R, R, W, R, R, R, R, R, R, R, R],
+        "compress" => &[R, R, R, W, W, W, W, W, W, W, W, W, W, R],
+        "indexer" => &[R, R, R, W, W, R, R, R, R, R, R, R, R],
         "router" => &[R, R, R, R, W, W],
         _ => return None,
     })
+}
+
+/// Families that read the step's row table (bound last).
+pub fn uses_row_table(family: &str) -> bool {
+    matches!(
+        shaders::base_family(family).0,
+        "rope" | "ring" | "attention" | "compress" | "indexer"
+    )
 }
 
 struct Family {

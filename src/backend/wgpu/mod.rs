@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-pub use gpu::{AdapterChoice, Gpu, StepUniform};
+pub use gpu::{AdapterChoice, Gpu, RowRecord, StepUniform};
 
 use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
 use crate::graph::{plan, DType, Graph, StateId, StateLayout, StepParams, ValueId};
@@ -37,6 +37,134 @@ pub enum Size {
     Threads { per_token: u32, fixed: u32 },
     /// One workgroup per item.
     Groups { per_token: u32, fixed: u32 },
+    /// One workgroup per live token in `first..first + count` (a kernel run
+    /// in token blocks so that its scratch fits one binding).
+    TokenBlock { first: u32, count: u32 },
+}
+
+/// Environment variable capping the bytes of one binding of a state buffer
+/// below the device's limit (tests set it so that the tiny models' cached
+/// rows span several chunks; see [`set_state_chunk_cap`]).
+pub const STATE_CHUNK_ENV: &str = "DS4_WGPU_STATE_CHUNK_BYTES";
+
+/// Bindings a kernel has for one chunked state (`comp0..comp7` etc. in the
+/// WGSL): a state may span at most this many chunks of whole rows.
+pub const MAX_STATE_CHUNKS: usize = 8;
+
+static STATE_CHUNK_CAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Caps the bytes of one state chunk binding for backends created after
+/// this call (`None`: [`STATE_CHUNK_ENV`] or the device limit).
+pub fn set_state_chunk_cap(bytes: Option<u64>) {
+    STATE_CHUNK_CAP.store(bytes.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The largest binding of a state chunk (or of state-sized scratch) on
+/// `gpu`, with the caps applied.
+fn state_chunk_bytes(gpu: &Gpu) -> u64 {
+    let set = STATE_CHUNK_CAP.load(std::sync::atomic::Ordering::SeqCst);
+    let env = std::env::var(STATE_CHUNK_ENV)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let cap = if set > 0 { set } else { env };
+    if cap > 0 {
+        cap.min(gpu.max_binding())
+    } else {
+        gpu.max_binding()
+    }
+}
+
+/// Environment variable forcing f32 storage of the cached rows even where
+/// the adapter has `shader-f16` (`1`/`true`; see [`set_kv_f16`]).
+pub const KV_F32_ENV: &str = "DS4_WGPU_KV_F32";
+
+/// 0: auto (f16 where allowed), 1: f16 allowed, 2: f32 forced.
+static KV_F16: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether backends created after this call may store f16-valued states as
+/// f16 (`Some(false)`: always f32; `None`: [`KV_F32_ENV`] decides).
+pub fn set_kv_f16(allow: Option<bool>) {
+    let v = match allow {
+        None => 0,
+        Some(true) => 1,
+        Some(false) => 2,
+    };
+    KV_F16.store(v, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether f16 storage is allowed by the override or the environment.
+fn kv_f16_allowed() -> bool {
+    match KV_F16.load(std::sync::atomic::Ordering::SeqCst) {
+        1 => true,
+        2 => false,
+        _ => !matches!(
+            std::env::var(KV_F32_ENV).as_deref().map(str::trim),
+            Ok("1") | Ok("true") | Ok("yes")
+        ),
+    }
+}
+
+/// One state buffer on the device: chunks of `chunk_rows` whole rows each
+/// (one chunk when the state fits one binding), f32 or f16 values.
+pub struct GpuState {
+    pub chunks: Vec<wgpu::Buffer>,
+    pub chunk_rows: usize,
+    /// Values per row.
+    pub cols: usize,
+    /// Stored as f16 (the state holds only f16 values and the device has
+    /// `shader-f16`); converted at the `Backend` API boundary.
+    pub f16: bool,
+}
+
+impl GpuState {
+    /// Bytes per stored value.
+    fn value_bytes(&self) -> usize {
+        if self.f16 {
+            2
+        } else {
+            4
+        }
+    }
+
+    /// `data` as stored.
+    fn encode(&self, data: &[f32]) -> Vec<u8> {
+        if self.f16 {
+            data.iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect()
+        } else {
+            bytes_of_f32(data).to_vec()
+        }
+    }
+
+    /// Stored bytes as f32 values.
+    fn decode(&self, bytes: &[u8]) -> Vec<f32> {
+        if self.f16 {
+            bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect()
+        } else {
+            bytemuck::pod_collect_to_vec(bytes)
+        }
+    }
+
+    /// (chunk, value offset inside it, values) pieces of the value range
+    /// `r` of the whole state, in order.
+    fn pieces(&self, r: Range<usize>) -> Vec<(usize, usize, usize)> {
+        let per = self.chunk_rows * self.cols;
+        let mut out = Vec::new();
+        let mut i = r.start;
+        while i < r.end {
+            let c = i / per;
+            let off = i % per;
+            let n = (per - off).min(r.end - i);
+            out.push((c, off, n));
+            i += n;
+        }
+        out
+    }
 }
 
 /// Threads per workgroup (`WG` in shaders/common.wgsl).
@@ -50,6 +178,7 @@ impl Size {
         let groups = match self {
             Size::Threads { per_token, fixed } => (per_token * n + fixed).div_ceil(WG),
             Size::Groups { per_token, fixed } => per_token * n + fixed,
+            Size::TokenBlock { first, count } => n.saturating_sub(first).min(count),
         };
         if groups == 0 {
             return None;
@@ -97,6 +226,8 @@ struct LoadedGraph {
     /// Buffer of every value (values sharing a plan slot share a buffer).
     slot_of: Vec<usize>,
     slots: Vec<wgpu::Buffer>,
+    /// The row table: one [`RowRecord`] per token row, written per step.
+    rows: wgpu::Buffer,
     /// Dispatch lists between flush points.
     segments: Vec<Vec<(&'static str, Work)>>,
     /// Live token count of the last step.
@@ -115,7 +246,7 @@ pub struct WgpuBackend {
     gpu: Arc<Gpu>,
     file: WeightFile,
     layout: StateLayout,
-    states: Vec<wgpu::Buffer>,
+    states: Vec<GpuState>,
     step: wgpu::Buffer,
     /// Matrices and expert tensors as stored in the file, in chunks of
     /// whole rows (shared by every graph).
@@ -126,7 +257,9 @@ pub struct WgpuBackend {
     tables: HashMap<String, Vec<(wgpu::Buffer, u32, u32)>>,
     /// Bound where an op has no such input (read-only), or no such output.
     dummy_read: wgpu::Buffer,
-    dummy_write: [wgpu::Buffer; 2],
+    /// Distinct per writable binding: wgpu refuses one buffer bound
+    /// writable twice in a bind group.
+    dummy_write: Vec<wgpu::Buffer>,
     graphs: Vec<LoadedGraph>,
 }
 
@@ -153,16 +286,49 @@ impl WgpuBackend {
         let storage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST;
+        let cap = state_chunk_bytes(&gpu);
+        // f16 rows need shader-f16 and whole u32 words per row (buffer
+        // copies and writes move 4-byte multiples).
+        let f16_ok = kv_f16_allowed() && gpu.features.contains(wgpu::Features::SHADER_F16);
         let mut states = Vec::new();
         for d in &layout.states {
-            let bytes = (d.rows * d.cols * 4).max(4) as u64;
-            check_binding(&gpu, &format!("state {}", d.name), bytes)?;
-            states.push(gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(&d.name.to_string()),
-                size: bytes,
-                usage: storage,
-                mapped_at_creation: false,
-            }));
+            let f16 = f16_ok && d.f16_values && d.cols % 2 == 0;
+            let vb = if f16 { 2 } else { 4 };
+            let row_bytes = (d.cols * vb).max(4) as u64;
+            check_binding(&gpu, &format!("a row of state {}", d.name), row_bytes)?;
+            // Whole rows per chunk; every chunk but the last is full.
+            let chunk_rows = ((cap / row_bytes) as usize).clamp(1, d.rows.max(1));
+            let n_chunks = d.rows.div_ceil(chunk_rows).max(1);
+            if n_chunks > MAX_STATE_CHUNKS {
+                return Err(BackendError::Device {
+                    device: gpu.describe(),
+                    msg: format!(
+                        "state {} needs {} bytes, {n_chunks} bindings of at most {cap} bytes; \
+                         kernels bind at most {MAX_STATE_CHUNKS} (max_storage_buffer_binding_size {}); \
+                         use a smaller --ctx",
+                        d.name,
+                        d.rows * d.cols * vb,
+                        gpu.limits.max_storage_buffer_binding_size
+                    ),
+                });
+            }
+            let chunks = (0..n_chunks)
+                .map(|c| {
+                    let rows = chunk_rows.min(d.rows - (c * chunk_rows).min(d.rows));
+                    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(&format!("{} chunk {c}", d.name)),
+                        size: (rows * d.cols * vb).next_multiple_of(4).max(4) as u64,
+                        usage: storage,
+                        mapped_at_creation: false,
+                    })
+                })
+                .collect();
+            states.push(GpuState {
+                chunks,
+                chunk_rows,
+                cols: d.cols,
+                f16,
+            });
         }
         let step = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("step"),
@@ -179,7 +345,9 @@ impl WgpuBackend {
             })
         };
         let dummy_read = small_buf("dummy read");
-        let dummy_write = [small_buf("dummy write 0"), small_buf("dummy write 1")];
+        let dummy_write = (0..MAX_STATE_CHUNKS + 1)
+            .map(|i| small_buf(&format!("dummy write {i}")))
+            .collect();
         let mut b = WgpuBackend {
             gpu,
             file,
@@ -200,6 +368,18 @@ impl WgpuBackend {
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// Whether state `s` is stored as f16 on the device.
+    pub fn state_is_f16(&self, s: StateId) -> bool {
+        self.states.get(s.0 as usize).is_some_and(|st| st.f16)
+    }
+
+    /// How many bindings (chunks of whole rows) state `s` spans.
+    pub fn state_chunks(&self, s: StateId) -> usize {
+        self.states
+            .get(s.0 as usize)
+            .map_or(0, |st| st.chunks.len())
     }
 
     /// Uploads every matrix and expert tensor the graph's products read
@@ -356,6 +536,106 @@ impl WgpuBackend {
                 usage: wgpu::BufferUsages::STORAGE,
             })
     }
+
+    /// One step whose rows carry the positions in `rows` (the row table);
+    /// `p.pos0` is the position of the step's first raw row (what attention
+    /// finds in the step rather than in the ring).
+    fn run_step(
+        &mut self,
+        h: GraphHandle,
+        tokens: &[u32],
+        p: StepParams,
+        rows: &[RowRecord],
+    ) -> Result<(), BackendError> {
+        let g = self.loaded(h)?;
+
+        let graph = g.graph.clone();
+        if p.n_tokens > graph.max_tokens || tokens.len() != p.n_tokens || p.n_tokens == 0 {
+            return Err(BackendError::TooManyTokens {
+                n_tokens: p.n_tokens,
+                capacity: graph.max_tokens,
+            });
+        }
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        self.gpu
+            .queue
+            .write_buffer(g.buffer(graph.tokens), 0, bytemuck::cast_slice(&ids));
+        let u = StepUniform {
+            pos0: p.pos0 as u32,
+            n_tokens: p.n_tokens as u32,
+            _pad: [0; 2],
+        };
+        self.gpu
+            .queue
+            .write_buffer(&self.step, 0, bytemuck::bytes_of(&u));
+        self.gpu
+            .queue
+            .write_buffer(&g.rows, 0, bytemuck::cast_slice(rows));
+        let n = p.n_tokens as u32;
+        let logits = graph.value(graph.logits);
+        let live = if logits.per_token {
+            p.n_tokens
+        } else {
+            logits.rows
+        } * logits.cols;
+        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits readback"),
+            size: (live * 4).max(4) as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let last = g.segments.len().saturating_sub(1);
+        let profile = std::env::var_os("DS4_WGPU_PROFILE").is_some();
+        for (i, seg) in g.segments.iter().enumerate() {
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            if profile {
+                self.profile_segment(seg, n)?;
+            } else {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for (_, w) in seg {
+                    w.encode(&mut pass, n);
+                }
+            }
+            if i == last && live > 0 {
+                enc.copy_buffer_to_buffer(
+                    g.buffer(graph.logits),
+                    0,
+                    &staging,
+                    0,
+                    (live * 4) as u64,
+                );
+            }
+            self.gpu.queue.submit([enc.finish()]);
+        }
+        let bytes = self.map_read(&staging, (live * 4) as u64)?;
+        let g = &mut self.graphs[h.0];
+        g.logits = to_f32(logits.dtype, &bytes);
+        g.n_tokens = p.n_tokens;
+        Ok(())
+    }
+
+    /// Runs graph `h` over rows with explicit positions (the row table):
+    /// row `t` is at `rows[t].pos`. Rows of one step that depend on each
+    /// other through the KV state must be consecutive (what `run` passes);
+    /// ops that treat rows independently (RoPE) accept any positions.
+    pub fn run_rows(
+        &mut self,
+        h: GraphHandle,
+        tokens: &[u32],
+        rows: &[RowRecord],
+    ) -> Result<(), BackendError> {
+        if rows.len() != tokens.len() {
+            return Err(BackendError::Value {
+                value: "row table".into(),
+                msg: format!("{} rows for {} tokens", rows.len(), tokens.len()),
+            });
+        }
+        let p = StepParams {
+            pos0: rows.first().map_or(0, |r| r.pos as usize),
+            n_tokens: rows.len(),
+        };
+        self.run_step(h, tokens, p, rows)
+    }
 }
 
 /// Values read back, i32 ones converted to f32 numbers (as the CPU does).
@@ -415,10 +695,17 @@ impl Backend for WgpuBackend {
                 mapped_at_creation: false,
             }));
         }
+        let rows = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("row table"),
+            size: (graph.max_tokens.max(1) * std::mem::size_of::<RowRecord>()) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let mut lg = LoadedGraph {
             graph: graph.clone(),
             slot_of: p.slot_of,
             slots,
+            rows,
             segments: Vec::new(),
             n_tokens: 0,
             logits: Vec::new(),
@@ -431,67 +718,14 @@ impl Backend for WgpuBackend {
     }
 
     fn run(&mut self, h: GraphHandle, tokens: &[u32], p: StepParams) -> Result<(), BackendError> {
-        let g = self.loaded(h)?;
-        let graph = g.graph.clone();
-        if p.n_tokens > graph.max_tokens || tokens.len() != p.n_tokens || p.n_tokens == 0 {
-            return Err(BackendError::TooManyTokens {
-                n_tokens: p.n_tokens,
-                capacity: graph.max_tokens,
-            });
-        }
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        self.gpu
-            .queue
-            .write_buffer(g.buffer(graph.tokens), 0, bytemuck::cast_slice(&ids));
-        let u = StepUniform {
-            pos0: p.pos0 as u32,
-            n_tokens: p.n_tokens as u32,
-            _pad: [0; 2],
-        };
-        self.gpu
-            .queue
-            .write_buffer(&self.step, 0, bytemuck::bytes_of(&u));
-        let n = p.n_tokens as u32;
-        let logits = graph.value(graph.logits);
-        let live = if logits.per_token {
-            p.n_tokens
-        } else {
-            logits.rows
-        } * logits.cols;
-        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("logits readback"),
-            size: (live * 4).max(4) as u64,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let last = g.segments.len().saturating_sub(1);
-        let profile = std::env::var_os("DS4_WGPU_PROFILE").is_some();
-        for (i, seg) in g.segments.iter().enumerate() {
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            if profile {
-                self.profile_segment(seg, n)?;
-            } else {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                for (_, w) in seg {
-                    w.encode(&mut pass, n);
-                }
-            }
-            if i == last && live > 0 {
-                enc.copy_buffer_to_buffer(
-                    g.buffer(graph.logits),
-                    0,
-                    &staging,
-                    0,
-                    (live * 4) as u64,
-                );
-            }
-            self.gpu.queue.submit([enc.finish()]);
-        }
-        let bytes = self.map_read(&staging, (live * 4) as u64)?;
-        let g = &mut self.graphs[h.0];
-        g.logits = to_f32(logits.dtype, &bytes);
-        g.n_tokens = p.n_tokens;
-        Ok(())
+        // One session per step today: consecutive positions, state 0.
+        let rows: Vec<RowRecord> = (0..p.n_tokens)
+            .map(|t| RowRecord {
+                pos: (p.pos0 + t) as u32,
+                state: 0,
+            })
+            .collect();
+        self.run_step(h, tokens, p, &rows)
     }
 
     fn read_value(&self, h: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
@@ -534,12 +768,14 @@ impl Backend for WgpuBackend {
 
     fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
         let r = state_range(&self.layout, s, 0, None, Some(rows))?;
-        let bytes = self.read_bytes(
-            &self.states[s.0 as usize],
-            (r.start * 4) as u64,
-            (r.len() * 4) as u64,
-        )?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        let st = &self.states[s.0 as usize];
+        let mut out = Vec::with_capacity(r.len());
+        let vb = st.value_bytes();
+        for (c, off, n) in st.pieces(r) {
+            let bytes = self.read_bytes(&st.chunks[c], (off * vb) as u64, (n * vb) as u64)?;
+            out.extend(st.decode(&bytes));
+        }
+        Ok(out)
     }
 
     fn write_state_rows(
@@ -549,23 +785,27 @@ impl Backend for WgpuBackend {
         data: &[f32],
     ) -> Result<(), BackendError> {
         let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
-        if !data.is_empty() {
-            self.gpu.queue.write_buffer(
-                &self.states[s.0 as usize],
-                (r.start * 4) as u64,
-                bytes_of_f32(data),
-            );
+        let st = &self.states[s.0 as usize];
+        let mut at = 0;
+        let vb = st.value_bytes();
+        for (c, off, n) in st.pieces(r) {
+            let bytes = st.encode(&data[at..at + n]);
+            self.gpu
+                .queue
+                .write_buffer(&st.chunks[c], (off * vb) as u64, &bytes);
+            at += n;
         }
         Ok(())
     }
 
     fn reset_states(&mut self) {
-        for (buf, d) in self.states.iter().zip(&self.layout.states) {
-            let n = d.rows * d.cols;
-            if n > 0 {
+        for (st, d) in self.states.iter().zip(&self.layout.states) {
+            let vb = st.value_bytes();
+            for (c, off, n) in st.pieces(0..d.rows * d.cols) {
+                let bytes = st.encode(&vec![d.init; n]);
                 self.gpu
                     .queue
-                    .write_buffer(buf, 0, bytes_of_f32(&vec![d.init; n]));
+                    .write_buffer(&st.chunks[c], (off * vb) as u64, &bytes);
             }
         }
     }

@@ -28,6 +28,8 @@ params! {
     /// shaders/common.wgsl (the Rust side is `gpu::StepUniform`; mirrored
     /// here so the layout check covers it).
     StepUniform { pos0: u32, n_tokens: u32, _pad0: u32, _pad1: u32 }
+    /// shaders/common.wgsl (the Rust side is `gpu::RowRecord`).
+    RowRecord { pos: u32, state: u32 }
     EltParams { cols: u32, factor: f32, clamp: f32, n_hc: u32 }
     EmbedParams { dim: u32, ty: u32, row0: u32, n_rows: u32 }
     NormParams {
@@ -47,15 +49,15 @@ params! {
     RingParams { window: u32, dim: u32, _pad0: u32, _pad1: u32 }
     AttnParams {
         n_head: u32, head_dim: u32, window: u32, top_k: u32,
-        ratio: u32, has_sel: u32, scale: f32, _pad0: u32,
+        ratio: u32, has_sel: u32, scale: f32, chunk_rows: u32,
     }
     CompressParams {
         ratio: u32, head_dim: u32, width: u32, overlapped: u32,
-        n_rot: u32, rounding: u32, eps: f32, _pad0: u32,
+        n_rot: u32, rounding: u32, eps: f32, chunk_rows: u32,
     }
     IndexerParams {
         ratio: u32, top_k: u32, n_head: u32, head_dim: u32,
-        max_rows: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+        max_rows: u32, chunk_rows: u32, t0: u32, _pad2: u32,
     }
     RouterParams {
         n_expert: u32, k: u32, scale: f32, normalize: u32,

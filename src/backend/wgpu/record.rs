@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::matmul::{BufRange, MatmulKernels};
 use super::params::*;
 use super::weights::GpuTensor;
-use super::{check_binding, kernels, LoadedGraph, Size, WgpuBackend, Work};
+use super::{check_binding, kernels, LoadedGraph, Size, WgpuBackend, Work, MAX_STATE_CHUNKS};
 use crate::backend::BackendError;
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
@@ -23,6 +23,8 @@ struct Rec<'a> {
     file: &'a GgufFile,
     /// Indexer score scratch of this graph (created on first use).
     scratch: Option<wgpu::Buffer>,
+    /// Values holding only f16 numbers (outputs of an f16 `KvRound`).
+    f16_values: Vec<ValueId>,
 }
 
 fn unsupported(what: String) -> BackendError {
@@ -51,8 +53,71 @@ impl Rec<'_> {
         self.g.buffer(v).clone()
     }
 
-    fn state(&self, s: StateId) -> wgpu::Buffer {
-        self.b.states[s.0 as usize].clone()
+    /// A state bound whole (ring, compressor frontier: sizes that do not
+    /// grow with the context).
+    fn state(&self, s: StateId) -> Result<wgpu::Buffer, BackendError> {
+        let st = &self.b.states[s.0 as usize];
+        if st.chunks.len() != 1 {
+            return Err(BackendError::Device {
+                device: self.b.gpu.describe(),
+                msg: format!(
+                    "state {} spans {} bindings but its kernel binds it whole; use a smaller --ctx",
+                    self.b.layout.get(s).name,
+                    st.chunks.len()
+                ),
+            });
+        }
+        Ok(st.chunks[0].clone())
+    }
+
+    /// The module of KV family `base` for the storage of `states` (all f32
+    /// or all f16; the f16 module is `<base>_f16`).
+    fn kv_family(&self, base: &str, states: &[StateId]) -> Result<String, BackendError> {
+        let f16: Vec<bool> = states.iter().map(|&s| self.b.state_is_f16(s)).collect();
+        if f16.iter().all(|&x| x) {
+            Ok(format!("{base}{}", super::shaders::F16_SUFFIX))
+        } else if f16.iter().all(|&x| !x) {
+            Ok(base.to_string())
+        } else {
+            Err(unsupported(format!(
+                "{base} over states of mixed f16/f32 storage ({})",
+                states
+                    .iter()
+                    .map(|&s| self.b.layout.get(s).name.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )))
+        }
+    }
+
+    /// Refuses a write of unrounded values into a state stored as f16
+    /// (the layout promised f16 values only; storing would round them).
+    fn check_f16_write(&self, s: StateId, rounded: bool, op: &str) -> Result<(), BackendError> {
+        if self.b.state_is_f16(s) && !rounded {
+            return Err(BackendError::State {
+                state: self.b.layout.get(s).name.to_string(),
+                msg: format!(
+                    "stored as f16 (marked f16-valued) but {op} writes values not rounded to f16"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// A state of cached rows bound as `MAX_STATE_CHUNKS` bindings of whole
+    /// rows (unused ones repeat chunk 0, or get a dummy when writable), and
+    /// the rows per chunk.
+    fn state_chunks(&self, s: StateId, writable: bool) -> (Vec<wgpu::Buffer>, u32) {
+        let st = &self.b.states[s.0 as usize];
+        let mut out = st.chunks.clone();
+        for i in out.len()..MAX_STATE_CHUNKS {
+            out.push(if writable {
+                self.b.dummy_write[i].clone()
+            } else {
+                st.chunks[0].clone()
+            });
+        }
+        (out, st.chunk_rows as u32)
     }
 
     fn range(&self, v: ValueId) -> BufRange {
@@ -134,6 +199,12 @@ impl Rec<'_> {
             entries.push(wgpu::BindGroupEntry {
                 binding: 2 + i as u32,
                 resource: s.as_entire_binding(),
+            });
+        }
+        if kernels::uses_row_table(family) {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 2 + storage.len() as u32,
+                resource: self.g.rows.as_entire_binding(),
             });
         }
         let gpu = &self.b.gpu;
@@ -430,26 +501,31 @@ impl Rec<'_> {
                     ratio: o.compressed.map_or(0, |c| c.ratio as u32),
                     has_sel: o.selected.is_some() as u32,
                     scale: 1.0 / (o.head_dim as f32).sqrt(),
-                    _pad0: 0,
+                    chunk_rows: 0,
                 };
-                let comp = match o.compressed {
-                    Some(c) => self.state(c.rows),
-                    None => self.dummy(),
+                let (comp, chunk_rows) = match o.compressed {
+                    Some(c) => self.state_chunks(c.rows, false),
+                    None => (vec![self.dummy(); MAX_STATE_CHUNKS], 1),
                 };
+                let p = AttnParams { chunk_rows, ..p };
                 let sel = match o.selected {
                     Some(v) => self.val(v),
                     None => self.dummy(),
                 };
-                let s = [
+                let mut s = vec![
                     self.val(o.q),
                     self.val(o.kv),
-                    self.state(o.ring),
-                    comp,
+                    self.state(o.ring)?,
+                    comp[0].clone(),
                     sel,
                     self.small(&o.sinks)?,
                     self.val(o.out),
                 ];
-                one(self.kernel("attention", "attention", &p, &s, groups_per_token(o.n_head))?)
+                s.extend_from_slice(&comp[1..]);
+                let mut kv_states = vec![o.ring];
+                kv_states.extend(o.compressed.map(|c| c.rows));
+                let fam = self.kv_family("attention", &kv_states)?;
+                one(self.kernel(&fam, "attention", &p, &s, groups_per_token(o.n_head))?)
             }
             Op::RingWrite(o) => {
                 let p = RingParams {
@@ -457,8 +533,10 @@ impl Rec<'_> {
                     dim: o.dim as u32,
                     ..Default::default()
                 };
-                let s = [self.val(o.kv), self.state(o.ring)];
-                one(self.kernel("ring", "ring_write", &p, &s, per_token(o.dim))?)
+                self.check_f16_write(o.ring, self.f16_values.contains(&o.kv), "ring_write")?;
+                let s = [self.val(o.kv), self.state(o.ring)?];
+                let fam = self.kv_family("ring", &[o.ring])?;
+                one(self.kernel(&fam, "ring_write", &p, &s, per_token(o.dim))?)
             }
             Op::Compress(o) => {
                 if o.head_dim > 1024 {
@@ -483,28 +561,40 @@ impl Rec<'_> {
                         RowRounding::HadamardFp4F16 => 2,
                     },
                     eps: o.eps,
-                    _pad0: 0,
+                    chunk_rows: 0,
                 };
+                let (rows, chunk_rows) = self.state_chunks(o.rows, true);
+                let p = CompressParams { chunk_rows, ..p };
                 let cb = self
                     .b
                     .storage_init("compressor constants", bytemuck::cast_slice(&consts));
-                let s = [
+                let mut s = vec![
                     self.val(o.kv),
                     self.val(o.gate),
                     cb,
-                    self.state(o.state_kv),
-                    self.state(o.state_score),
-                    self.state(o.rows),
+                    self.state(o.state_kv)?,
+                    self.state(o.state_score)?,
                 ];
+                s.extend(rows);
                 let size = Size::Groups {
                     per_token: 0,
                     fixed: 1,
                 };
-                one(self.kernel("compress", "compress", &p, &s, size)?)
+                self.check_f16_write(o.rows, o.rounding != RowRounding::None, "compress")?;
+                let fam = self.kv_family("compress", &[o.rows])?;
+                one(self.kernel(&fam, "compress", &p, &s, size)?)
             }
             Op::IndexerTopK(o) => {
                 let max_rows = self.b.layout.get(o.rows).rows;
-                let need = (self.g.graph.max_tokens * max_rows * 4).max(4) as u64;
+                // Score rows of a block of tokens: the step's tokens run in
+                // blocks (one dispatch each) small enough that the block's
+                // scratch fits one binding; decode is one block of one.
+                let row_bytes = (max_rows * 4).max(4) as u64;
+                check_binding(&self.b.gpu, "one token's indexer scores", row_bytes)?;
+                let max_tokens = self.g.graph.max_tokens.max(1);
+                let block = ((super::state_chunk_bytes(&self.b.gpu) / row_bytes) as usize)
+                    .clamp(1, max_tokens);
+                let need = block as u64 * row_bytes;
                 let scratch = match &self.scratch {
                     Some(s) if s.size() >= need => s.clone(),
                     _ => {
@@ -527,14 +617,30 @@ impl Rec<'_> {
                     max_rows: max_rows as u32,
                     ..Default::default()
                 };
-                let s = [
+                let (krows, chunk_rows) = self.state_chunks(o.rows, false);
+                let p = IndexerParams { chunk_rows, ..p };
+                let mut s = vec![
                     self.val(o.q),
                     self.val(o.weights),
-                    self.state(o.rows),
+                    krows[0].clone(),
                     scratch,
                     self.val(o.out),
                 ];
-                one(self.kernel("indexer", "indexer_topk", &p, &s, groups_per_token(1))?)
+                s.extend_from_slice(&krows[1..]);
+                let fam = self.kv_family("indexer", &[o.rows])?;
+                let mut out = Vec::new();
+                for first in (0..max_tokens).step_by(block) {
+                    let p = IndexerParams {
+                        t0: first as u32,
+                        ..p
+                    };
+                    let size = Size::TokenBlock {
+                        first: first as u32,
+                        count: block as u32,
+                    };
+                    out.push(self.kernel(&fam, "indexer_topk", &p, &s, size)?);
+                }
+                Ok(out)
             }
             Op::Router(o) => {
                 if o.n_expert > 512 || o.k > 32 {
@@ -628,6 +734,14 @@ pub(super) fn record(
         g,
         file,
         scratch: None,
+        f16_values: g
+            .graph
+            .ops()
+            .filter_map(|op| match op {
+                Op::KvRound(k) if k.f16 => Some(k.out),
+                _ => None,
+            })
+            .collect(),
     };
     let mut segments = vec![Vec::new()];
     for node in &g.graph.nodes {

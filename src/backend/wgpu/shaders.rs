@@ -128,16 +128,47 @@ fn preprocess(family: &str, src: &str, variant: Variant) -> String {
     out
 }
 
-/// Names of every kernel family.
+
+/// Families that read or write cached KV rows through the type `kvt`:
+/// each has an f32 module (`kvt` = f32) and an `<family>_f16` module
+/// (`enable f16;`, `kvt` = f16) used where the rows are stored as f16.
+const KV_FAMILIES: &[(&str, &str)] = &[
+    ("ring", "ring_f16"),
+    ("attention", "attention_f16"),
+    ("compress", "compress_f16"),
+    ("indexer", "indexer_f16"),
+];
+
+/// Suffix of the f16-storage variant of a KV family.
+pub const F16_SUFFIX: &str = "_f16";
+
+/// Names of every kernel family (the f16-storage variants included).
 pub fn families() -> Vec<&'static str> {
-    FAMILIES.iter().map(|f| f.0).collect()
+    let mut out: Vec<&'static str> = FAMILIES.iter().map(|f| f.0).collect();
+    out.extend(KV_FAMILIES.iter().map(|f| f.1));
+    out
+}
+
+/// `family` without the f16-storage suffix, and whether it had it.
+pub fn base_family(family: &str) -> (&str, bool) {
+    match family.strip_suffix(F16_SUFFIX) {
+        Some(b) if KV_FAMILIES.iter().any(|f| f.0 == b) => (b, true),
+        _ => (family, false),
+    }
 }
 
 /// The complete WGSL module of `family` for `variant` as handed to wgpu, or
-/// `None` for an unknown family.
+/// `None` for an unknown family. `<family>_f16` names the f16-storage
+/// variant of a KV family.
 pub fn try_module_source_for(family: &str, variant: Variant) -> Option<String> {
-    let (_, helpers, src) = FAMILIES.iter().find(|f| f.0 == family)?;
+    let (base, f16) = base_family(family);
+    let (_, helpers, src) = FAMILIES.iter().find(|f| f.0 == base)?;
+    let kv = KV_FAMILIES.iter().any(|f| f.0 == base);
     let mut out = String::new();
+    if f16 {
+        // Directives come before any declaration.
+        out.push_str("enable f16;\n");
+    }
     for (name, text) in HELPERS {
         if helpers.contains(name) {
             out.push_str(&format!("// ---- shaders/{name}.wgsl ----\n"));
@@ -145,8 +176,16 @@ pub fn try_module_source_for(family: &str, variant: Variant) -> Option<String> {
             out.push('\n');
         }
     }
-    out.push_str(&format!("// ---- shaders/{family}.wgsl ----\n"));
-    out.push_str(&preprocess(family, src, variant));
+    if kv {
+        out.push_str("// Element type of the cached KV rows (storage only; math is f32).\n");
+        out.push_str(if f16 {
+            "alias kvt = f16;\n"
+        } else {
+            "alias kvt = f32;\n"
+        });
+    }
+    out.push_str(&format!("// ---- shaders/{base}.wgsl ----\n"));
+    out.push_str(&preprocess(base, src, variant));
     Some(out)
 }
 
