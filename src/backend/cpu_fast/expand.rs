@@ -43,6 +43,44 @@ pub fn expandable(ty: GgmlType) -> bool {
     )
 }
 
+/// Whether rows of `ty` carry per-16 offsets (the K-quants' min terms).
+pub fn has_offsets(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q2K | GgmlType::Q4K)
+}
+
+/// `KSIGNS_IQ2XS` as byte masks: 0xFF where the value is negated.
+static SIGN_MASK: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut s = 0;
+    while s < 128 {
+        let mut v = 0u64;
+        let mut i = 0;
+        while i < 8 {
+            if KSIGNS_IQ2XS[s] & (1 << i) != 0 {
+                v |= 0xFF << (8 * i);
+            }
+            i += 1;
+        }
+        t[s] = v;
+        s += 1;
+    }
+    t
+};
+
+const LOW_BYTES: u64 = 0x0101_0101_0101_0101;
+
+/// Writes 8 codes held as the bytes of `v` (little-endian) at `c[..8]`.
+#[inline]
+fn put8(c: &mut [i8], v: u64) {
+    let c: &mut [i8; 8] = (&mut c[..8]).try_into().expect("8 codes");
+    *c = bytemuck::cast(v.to_le_bytes());
+}
+
+#[inline]
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
 #[inline]
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16_bits_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
@@ -55,9 +93,7 @@ pub fn expand(ty: GgmlType, row: &[u8], e: &mut Expanded) {
             e.has_off = false;
             for (i, b) in row.chunks_exact(34).enumerate() {
                 e.scale[i] = f16_at(b, 0);
-                for (c, &q) in e.codes[32 * i..32 * i + 32].iter_mut().zip(&b[2..34]) {
-                    *c = q as i8;
-                }
+                e.codes[32 * i..32 * i + 32].copy_from_slice(bytemuck::cast_slice(&b[2..34]));
             }
         }
         GgmlType::Mxfp4 => {
@@ -79,14 +115,14 @@ pub fn expand(ty: GgmlType, row: &[u8], e: &mut Expanded) {
                     let q = &b[2 + 8 * g..2 + 8 * g + 8];
                     let a1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
                     e.scale[8 * i + g] = d * (2 * (a1 >> 28) + 1) as f32;
+                    // Per 8 values: the grid's magnitudes (all positive),
+                    // negated bytewise where the sign mask says so: −m is
+                    // (m ^ 0xFF) + 1, and no byte carries (m ≥ 8).
                     for k in 0..4 {
-                        let grid = IQ2XXS_GRID[q[k] as usize].to_le_bytes();
-                        let signs = KSIGNS_IQ2XS[((a1 >> (7 * k)) & 127) as usize];
-                        let c = &mut e.codes[256 * i + 32 * g + 8 * k..][..8];
-                        for j in 0..8 {
-                            let m = grid[j] as i8;
-                            c[j] = if signs & (1 << j) != 0 { -m } else { m };
-                        }
+                        let grid = IQ2XXS_GRID[q[k] as usize];
+                        let m = SIGN_MASK[((a1 >> (7 * k)) & 127) as usize];
+                        let v = (grid ^ m).wrapping_add(m & LOW_BYTES);
+                        put8(&mut e.codes[256 * i + 32 * g + 8 * k..], v);
                     }
                 }
             }
@@ -109,9 +145,10 @@ pub fn expand(ty: GgmlType, row: &[u8], e: &mut Expanded) {
                     e.off[2 * j1] = m1;
                     e.off[2 * j1 + 1] = m1;
                     let base = 256 * i + 64 * c;
-                    for l in 0..32 {
-                        e.codes[base + l] = (q[l] & 15) as i8;
-                        e.codes[base + 32 + l] = (q[l] >> 4) as i8;
+                    for l in (0..32).step_by(8) {
+                        let v = u64_at(q, l);
+                        put8(&mut e.codes[base + l..], v & (15 * LOW_BYTES));
+                        put8(&mut e.codes[base + 32 + l..], (v >> 4) & (15 * LOW_BYTES));
                     }
                 }
             }
@@ -131,10 +168,11 @@ pub fn expand(ty: GgmlType, row: &[u8], e: &mut Expanded) {
                             let sub = 8 * h + 2 * j + part;
                             let s = b[sub];
                             e.off[16 * i + sub] = -dmin * (s >> 4) as f32;
-                            let sc = s & 15;
-                            let c = &mut e.codes[256 * i + 16 * sub..][..16];
-                            for l in 0..16 {
-                                c[l] = (sc * ((qs[16 * part + l] >> (2 * j)) & 3)) as i8;
+                            // sc·q ≤ 45 per byte: the product never carries.
+                            let sc = (s & 15) as u64;
+                            for l in (0..16).step_by(8) {
+                                let v = (u64_at(qs, 16 * part + l) >> (2 * j)) & (3 * LOW_BYTES);
+                                put8(&mut e.codes[256 * i + 16 * sub + l..], v * sc);
                             }
                         }
                     }
