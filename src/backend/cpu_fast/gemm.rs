@@ -11,7 +11,7 @@
 //! the same products as the per-pair kernels, summed in another order.
 //!
 //! Paths ([`Isa`]):
-//! * **avx512** (AVX-512 F/BW + VNNI): 4 rows × 4 tokens, 64 values per
+//! * **avx512** (AVX-512 F/BW + VNNI): 4 rows × 3 tokens, 64 values per
 //!   step, `vpdpbusd` (u8 × i8 → i32 with no intermediate saturation). The
 //!   weights become the unsigned operand by flipping their sign bit
 //!   (`w + 128`); the resulting `128·Σx` is removed exactly by starting each
@@ -36,7 +36,7 @@ pub const NR_MAX: usize = 4;
 /// Tokens per micro-kernel call on `isa`.
 pub fn nr(isa: Isa) -> usize {
     match isa {
-        Isa::Avx512 => 4,
+        Isa::Avx512 => 3,
         Isa::Avx2 => 2,
         Isa::Portable => 4,
     }
@@ -222,7 +222,7 @@ mod x86 {
         toks: &[usize],
         out: &mut [[f32; NR_MAX]; MR],
     ) {
-        dispatch!(mk_avx512, rows, acts, toks, out, [1, 2, 3, 4]);
+        dispatch!(mk_avx512, rows, acts, toks, out, [1, 2, 3]);
     }
 
     #[inline]
@@ -284,6 +284,43 @@ mod x86 {
         _mm512_permutexvar_ps(idx, _mm512_zextps128_ps512(v))
     }
 
+    /// One step of 64 values (32 when `half`: masked loads, zeros above).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn step512<const R: usize, const T: usize>(
+        c: usize,
+        half: bool,
+        w: &[*const i8; R],
+        ws: &[*const f32; R],
+        x: &[*const i8; T],
+        xd: &[*const f32; T],
+        xb: &[*const i32; T],
+        acc: &mut [[__m512; T]; R],
+    ) {
+        let flip = _mm512_set1_epi8(-128);
+        let (mb, mi): (__mmask64, __mmask16) = if half {
+            (u32::MAX as u64, 0xFF)
+        } else {
+            (u64::MAX, 0xFFFF)
+        };
+        let mut wv = [_mm512_setzero_si512(); R];
+        let mut sv = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            wv[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mb, w[r].add(64 * c)), flip);
+            sv[r] = scales2(ws[r].add(2 * c), half);
+        }
+        for t in 0..T {
+            let xv = _mm512_maskz_loadu_epi8(mb, x[t].add(64 * c));
+            let bv = _mm512_maskz_loadu_epi32(mi, xb[t].add(16 * c));
+            let dv = scales2(xd[t].add(2 * c), half);
+            for r in 0..R {
+                let i = _mm512_dpbusd_epi32(bv, wv[r], xv);
+                acc[r][t] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sv[r], dv), acc[r][t]);
+            }
+        }
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
     unsafe fn mk_avx512<const R: usize, const T: usize>(
         rows: &[Expanded],
@@ -297,31 +334,12 @@ mod x86 {
         let x: [*const i8; T] = std::array::from_fn(|t| acts.qs.as_ptr().add(toks[t] * n));
         let xd: [*const f32; T] = std::array::from_fn(|t| acts.d.as_ptr().add(toks[t] * n / 32));
         let xb: [*const i32; T] = std::array::from_fn(|t| acts.bias.as_ptr().add(toks[t] * n / 4));
-        let flip = _mm512_set1_epi8(-128);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        let steps = n.div_ceil(64);
-        for c in 0..steps {
-            // A last step of 32 values loads half vectors (masked, zeros above).
-            let half = 64 * c + 32 == n;
-            let (mb, mi): (__mmask64, __mmask16) = if half {
-                (u32::MAX as u64, 0xFF)
-            } else {
-                (u64::MAX, 0xFFFF)
-            };
-            let wv: [__m512i; R] = std::array::from_fn(|r| {
-                _mm512_xor_si512(_mm512_maskz_loadu_epi8(mb, w[r].add(64 * c)), flip)
-            });
-            let sv: [__m512; R] = std::array::from_fn(|r| scales2(ws[r].add(2 * c), half));
-            for t in 0..T {
-                let xv = _mm512_maskz_loadu_epi8(mb, x[t].add(64 * c));
-                let bv = _mm512_maskz_loadu_epi32(mi, xb[t].add(16 * c));
-                let dv = scales2(xd[t].add(2 * c), half);
-                for r in 0..R {
-                    let i = _mm512_dpbusd_epi32(bv, wv[r], xv);
-                    acc[r][t] =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sv[r], dv), acc[r][t]);
-                }
-            }
+        for c in 0..n / 64 {
+            step512(c, false, &w, &ws, &x, &xd, &xb, &mut acc);
+        }
+        if n % 64 != 0 {
+            step512(n / 64, true, &w, &ws, &x, &xd, &xb, &mut acc);
         }
         for r in 0..R {
             for t in 0..T {
