@@ -111,13 +111,23 @@ fn main() {
             let p = best(reps, || {
                 pair_path(&k, ty, &w, n_in, n_out, &x, n_tok, &mut out)
             });
+            // The share of the GEMM's time spent decoding rows (once each).
+            let rb = w.len() / n_out;
+            let mut e = Expanded::new(n_in);
+            let dec = best(reps, || {
+                for o in 0..n_out {
+                    expand(ty, &w[o * rb..(o + 1) * rb], &mut e);
+                }
+                std::hint::black_box(&e);
+            });
             println!(
-                "{:<34} {:>9} {:>16.2} {:>16.2} {:>6.2}x",
+                "{:<34} {:>9} {:>16.2} {:>16.2} {:>6.2}x {:>7.0}%",
                 format!("{what} {n_in}->{n_out} x{n_tok}"),
                 isa.name(),
                 macs / g / 1e9,
                 macs / p / 1e9,
-                p / g
+                p / g,
+                100.0 * dec / g
             );
         }
     }

@@ -160,9 +160,10 @@ fn matmul_expanded(
                             gemm::tile(k.isa, sub, packed, toks, &mut out);
                             for (i, e) in sub.iter().enumerate() {
                                 for (j, &a) in toks.iter().enumerate() {
+                                    // The K-quants' min terms: an f32 dot of n/16.
                                     let off = if e.has_off {
-                                        expand::offsets(
-                                            e,
+                                        k.dot_f32(
+                                            bytemuck::cast_slice(&e.off),
                                             &sums[2 * a * per_row..2 * (a + 1) * per_row],
                                         )
                                     } else {
