@@ -11,7 +11,7 @@
 //! DS4_BENCH_REPS (default 3; the best is reported).
 
 use ds4::backend::cpu_fast::act::{ActKind, Acts};
-use ds4::backend::cpu_fast::expand::{expand, offsets, sums16, Expanded};
+use ds4::backend::cpu_fast::expand::{expand, expand_isa, offsets, sums16, Expanded};
 use ds4::backend::cpu_fast::matmul::matmul;
 use ds4::backend::cpu_fast::{Isa, Kernels};
 use ds4::quant::GgmlType;
@@ -116,7 +116,7 @@ fn main() {
             let mut e = Expanded::new(n_in);
             let dec = best(reps, || {
                 for o in 0..n_out {
-                    expand(ty, &w[o * rb..(o + 1) * rb], &mut e);
+                    expand_isa(isa, ty, &w[o * rb..(o + 1) * rb], &mut e);
                 }
                 std::hint::black_box(&e);
             });

@@ -276,6 +276,20 @@ fn expanded_rows_reproduce_the_dequantised_values() {
             let mut e = Expanded::new(n);
             e.codes.fill(99);
             expand(ty, &row, &mut e);
+            // Every path's decoder writes the same bytes as the scalar one.
+            for isa in Isa::available() {
+                let mut f = Expanded::new(n);
+                f.codes.fill(-99);
+                f.scale.fill(f32::NAN);
+                f.off.fill(f32::NAN);
+                ds4::backend::cpu_fast::expand::expand_isa(isa, ty, &row, &mut f);
+                assert_eq!(f.codes, e.codes, "{ty} n={n} {} codes", isa.name());
+                assert_eq!(f.has_off, e.has_off);
+                assert_eq!(f.scale, e.scale, "{ty} n={n} {} scales", isa.name());
+                if e.has_off {
+                    assert_eq!(f.off, e.off, "{ty} n={n} {} offsets", isa.name());
+                }
+            }
             let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             for i in 0..n {
                 let off = if e.has_off { e.off[i / 16] } else { 0.0 };

@@ -139,7 +139,7 @@ fn matmul_expanded(
                     let r1 = (r0 + tile.len()).min(rows);
                     for (e, r) in tile.iter_mut().zip(r0..r1) {
                         let o = first + r;
-                        expand::expand(ty, &w[o * rb..(o + 1) * rb], e);
+                        expand::expand_isa(k.isa, ty, &w[o * rb..(o + 1) * rb], e);
                     }
                     let mut t0 = 0;
                     while t0 < n_tokens {
