@@ -11,7 +11,7 @@
 //! the same products as the per-pair kernels, summed in another order.
 //!
 //! Paths ([`Isa`]):
-//! * **avx512** (AVX-512 F/BW + VNNI): 4 rows × 3 tokens, 64 values per
+//! * **avx512** (AVX-512 F/BW + VNNI): 4 rows × 4 tokens, 64 values per
 //!   step, `vpdpbusd` (u8 × i8 → i32 with no intermediate saturation). The
 //!   weights become the unsigned operand by flipping their sign bit
 //!   (`w + 128`); the resulting `128·Σx` is removed exactly by starting each
@@ -36,7 +36,7 @@ pub const NR_MAX: usize = 4;
 /// Tokens per micro-kernel call on `isa`.
 pub fn nr(isa: Isa) -> usize {
     match isa {
-        Isa::Avx512 => 3,
+        Isa::Avx512 => 4,
         Isa::Avx2 => 2,
         Isa::Portable => 4,
     }
@@ -165,14 +165,12 @@ fn portable(rows: &[Expanded], acts: &Packed, toks: &[usize], out: &mut [[f32; N
             let qs = &acts.qs[a * n..(a + 1) * n];
             let d = &acts.d[a * n / 32..(a + 1) * n / 32];
             let mut acc = 0f32;
-            for (b, (w, x)) in e
-                .codes
-                .chunks_exact(32)
-                .zip(qs.chunks_exact(32))
-                .enumerate()
-            {
-                let i: i32 = w.iter().zip(x).map(|(&w, &x)| w as i32 * x as i32).sum();
-                acc += e.scale[b] * d[b] * i as f32;
+            let blocks = e.codes.chunks_exact(32).zip(qs.chunks_exact(32));
+            for ((w, x), (&s, &d)) in blocks.zip(e.scale.iter().zip(d)) {
+                let (w, x): (&[i8; 32], &[i8; 32]) =
+                    (w.try_into().expect("32"), x.try_into().expect("32"));
+                let i: i32 = (0..32).map(|k| w[k] as i32 * x[k] as i32).sum();
+                acc += s * d * i as f32;
             }
             out[r][t] = acc;
         }
@@ -222,7 +220,7 @@ mod x86 {
         toks: &[usize],
         out: &mut [[f32; NR_MAX]; MR],
     ) {
-        dispatch!(mk_avx512, rows, acts, toks, out, [1, 2, 3]);
+        dispatch!(mk_avx512, rows, acts, toks, out, [1, 2, 3, 4]);
     }
 
     #[inline]
