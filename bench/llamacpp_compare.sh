@@ -31,12 +31,33 @@ PEER=${PEER:-../shared/peers/llamacpp.sh}
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)); threads $THREADS; prefill $PP tokens, decode $TG tokens"
 cargo build --release --bench cpu_forward >/dev/null 2>&1 || cargo bench --no-run --bench cpu_forward
+# llama.cpp reads a metadata-patched copy; use one made beside the model
+# (MODEL with .llamacpp.gguf; make it once with `bash $PEER compat MODEL COPY`)
+# when present, else the peer script makes its own under /tmp.
+LLAMA_MODEL=${LLAMA_MODEL:-${MODEL%.gguf}.llamacpp.gguf}
+[ -f "$LLAMA_MODEL" ] || LLAMA_MODEL=$MODEL
+echo "llama.cpp model: $LLAMA_MODEL"
+ROWS=()
 for rep in $(seq 1 "$REPS"); do
-    echo "--- round $rep: ds4 (fast cpu) ---"
-    RAYON_NUM_THREADS=$THREADS DS4_BENCH_MODEL=$MODEL DS4_BENCH_BACKENDS=cpu \
+    echo "--- round $rep: ds4 (fast cpu, ${DS4_CPU_ISA:-auto} kernels) ---"
+    OURS=$(RAYON_NUM_THREADS=$THREADS DS4_BENCH_MODEL=$MODEL DS4_BENCH_BACKENDS=cpu \
         DS4_BENCH_PREFILL=$PP DS4_BENCH_DECODE=$TG cargo bench --bench cpu_forward 2>/dev/null \
-        | grep -E '^(cpu |read bandwidth|bytes/token)'
+        | grep -E '^(cpu |read bandwidth|bytes/token)' || true)
+    echo "$OURS"
     echo "--- round $rep: llama.cpp ---"
-    bash "$PEER" bench "$MODEL" --threads "$THREADS" --pp "$PP" --tg "$TG" --reps 1 --md 2>/dev/null \
-        | grep -E '^\|' || echo "(llama-bench failed; is llama.cpp built?)"
+    THEIRS=$(bash "$PEER" bench "$LLAMA_MODEL" --threads "$THREADS" --pp "$PP" --tg "$TG" --reps 1 --md 2>/dev/null \
+        | grep -E '^\|' || echo "(llama-bench failed; is llama.cpp built?)")
+    echo "$THEIRS"
+    our_pp=$(echo "$OURS" | sed -n 's/^cpu .*prefill [0-9]* tokens in [0-9.]* s = \([0-9.]*\) tokens\/s.*/\1/p')
+    our_tg=$(echo "$OURS" | sed -n 's/^cpu .*decode [0-9]* tokens in [0-9.]* s = \([0-9.]*\) tokens\/s.*/\1/p')
+    their_pp=$(echo "$THEIRS" | grep -E "\| *pp$PP *\|" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+    their_tg=$(echo "$THEIRS" | grep -E "\| *tg$TG *\|" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+    ROWS+=("$rep ${our_pp:-nan} ${their_pp:-nan} ${our_tg:-nan} ${their_tg:-nan} $(cut -d' ' -f1 /proc/loadavg)")
+done
+echo
+echo "| round | load | ds4 prefill t/s | llama.cpp prefill t/s | ratio | ds4 decode t/s | llama.cpp decode t/s | ratio |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+for r in "${ROWS[@]}"; do
+    echo "$r" | awk '{ rp = ($3 > 0) ? $2 / $3 : 0; rt = ($5 > 0) ? $4 / $5 : 0;
+        printf "| %s | %s | %s | %s | %.2fx | %s | %s | %.2fx |\n", $1, $6, $2, $3, rp, $4, $5, rt }'
 done

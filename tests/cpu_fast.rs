@@ -107,7 +107,12 @@ fn matmul_matches_the_reference_on_every_path() {
         let block = ty.block_elems();
         // (n_in, n_out, groups, tokens): odd rows and token counts, a grouped
         // projection, a row that is not a multiple of 256 where the format allows.
-        let mut shapes = vec![(512, 37, 1, 1), (256, 64, 2, 3), (1024, 19, 1, 7)];
+        let mut shapes = vec![
+            (512, 37, 1, 1),
+            (256, 64, 2, 3),
+            (1024, 19, 1, 7),
+            (256, 50, 2, 9),
+        ];
         if block == 32 {
             shapes.push((96, 33, 1, 5));
         } else if block == 1 {
@@ -243,6 +248,7 @@ fn isa_names_and_detection() {
     assert!(Isa::available().contains(&Isa::Portable));
     assert_eq!(Isa::parse("avx2"), Some(Isa::Avx2));
     assert_eq!(Isa::parse("portable"), Some(Isa::Portable));
+    assert_eq!(Isa::parse("avx512"), Some(Isa::Avx512));
     assert_eq!(Isa::parse("sse9"), None);
     assert!(Isa::available().contains(&Isa::detect()));
 }
@@ -270,6 +276,20 @@ fn expanded_rows_reproduce_the_dequantised_values() {
             let mut e = Expanded::new(n);
             e.codes.fill(99);
             expand(ty, &row, &mut e);
+            // Every path's decoder writes the same bytes as the scalar one.
+            for isa in Isa::available() {
+                let mut f = Expanded::new(n);
+                f.codes.fill(-99);
+                f.scale.fill(f32::NAN);
+                f.off.fill(f32::NAN);
+                ds4::backend::cpu_fast::expand::expand_isa(isa, ty, &row, &mut f);
+                assert_eq!(f.codes, e.codes, "{ty} n={n} {} codes", isa.name());
+                assert_eq!(f.has_off, e.has_off);
+                assert_eq!(f.scale, e.scale, "{ty} n={n} {} scales", isa.name());
+                if e.has_off {
+                    assert_eq!(f.off, e.off, "{ty} n={n} {} offsets", isa.name());
+                }
+            }
             let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             for i in 0..n {
                 let off = if e.has_off { e.off[i / 16] } else { 0.0 };
@@ -279,6 +299,127 @@ fn expanded_rows_reproduce_the_dequantised_values() {
                     "{ty} n={n} element {i}: {got} vs {}",
                     want[i]
                 );
+            }
+        }
+    }
+}
+
+/// The prefill GEMM's micro-kernels (`gemm::tile`: up to MR rows × nr
+/// tokens per call) against the per-(row, token) kernel of the same path and
+/// against the f32 reference, on every path: odd row and token counts, one
+/// token, tokens not a multiple of nr, rows not a multiple of MR, widths with
+/// a half (32-value) last step.
+#[test]
+fn gemm_tiles_match_the_pair_kernel_and_the_reference() {
+    use ds4::backend::cpu_fast::act::{ActKind, Acts};
+    use ds4::backend::cpu_fast::expand::{expand, Expanded};
+    use ds4::backend::cpu_fast::gemm::{self, Packed, MR, NR_MAX};
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+        | 1;
+    eprintln!("seed {seed:#x}");
+    let mut rng = Rng(seed);
+    for &(ty, _) in REL {
+        if !ds4::backend::cpu_fast::expand::expandable(ty) {
+            continue;
+        }
+        let widths: &[usize] = if ty.block_elems() == 32 {
+            &[32, 96, 544]
+        } else {
+            &[256, 768]
+        };
+        for &n_in in widths {
+            for &(n_out, n_tok) in &[(1usize, 1usize), (7, 1), (5, 3), (9, 6), (4, 4), (13, 11)] {
+                let wv = rng.vec(n_in * n_out);
+                let w = quantize(ty, &wv, n_in);
+                let rb = w.len() / n_out;
+                let x: Vec<f32> = rng.vec(n_tok * n_in).iter().map(|v| v * 3.0).collect();
+                let mut want = vec![f32::NAN; n_tok * n_out];
+                matmul_rows(ty, &w, n_in, n_out, 1, &x, n_tok, &mut want);
+                let scale = abs_scale(ty, &w, n_in, n_out, 1, &x, n_tok);
+                // The rigorous int8 budget: each activation is off by at most
+                // half a step (block max / 254), so |Δ| ≤ Σ_b max_b/254 · Σ_b|w|
+                // (plus f32 rounding): the bound holds for any seed.
+                let mut budget = vec![0f32; n_tok * n_out];
+                let mut wrow = vec![0f32; n_in];
+                for o in 0..n_out {
+                    quant::dequantize_row(ty, &w[o * rb..(o + 1) * rb], &mut wrow).unwrap();
+                    for t in 0..n_tok {
+                        let xt = &x[t * n_in..(t + 1) * n_in];
+                        let mut b = 1e-5 * scale[t * n_out + o];
+                        for (wb, xb) in wrow.chunks_exact(32).zip(xt.chunks_exact(32)) {
+                            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                            b += amax / 254.0 * wb.iter().map(|v| v.abs()).sum::<f32>() * 1.001;
+                        }
+                        budget[t * n_out + o] = b;
+                    }
+                }
+                let acts = Acts::quantize(ActKind::Q8x32, n_in, x.chunks_exact(n_in));
+                let Acts::Q8x32 { blocks, per_row } = &acts else {
+                    unreachable!()
+                };
+                let sums = ds4::backend::cpu_fast::expand::sums16(blocks);
+                let rows: Vec<Expanded> = (0..n_out)
+                    .map(|o| {
+                        let mut e = Expanded::new(n_in);
+                        expand(ty, &w[o * rb..(o + 1) * rb], &mut e);
+                        e
+                    })
+                    .collect();
+                let offset = |o: usize, t: usize| {
+                    ds4::backend::cpu_fast::expand::offsets(
+                        &rows[o],
+                        &sums[2 * t * per_row..2 * (t + 1) * per_row],
+                    )
+                };
+                for isa in Isa::available() {
+                    let k = Kernels::new(isa).unwrap();
+                    let mut packed = Packed::default();
+                    packed.pack(isa, blocks, *per_row);
+                    let nr = gemm::nr(isa);
+                    let mut got = vec![f32::NAN; n_tok * n_out];
+                    let mut pair = vec![f32::NAN; n_tok * n_out];
+                    for r0 in (0..n_out).step_by(MR) {
+                        let r1 = (r0 + MR).min(n_out);
+                        for t0 in (0..n_tok).step_by(nr) {
+                            let t1 = (t0 + nr).min(n_tok);
+                            let toks: Vec<usize> = (t0..t1).collect();
+                            let mut out = [[f32::NAN; NR_MAX]; MR];
+                            gemm::tile(isa, &rows[r0..r1], &packed, &toks, &mut out);
+                            for o in r0..r1 {
+                                for t in t0..t1 {
+                                    got[t * n_out + o] = out[o - r0][t - t0] + offset(o, t);
+                                }
+                            }
+                        }
+                    }
+                    for o in 0..n_out {
+                        for t in 0..n_tok {
+                            let y = &blocks[t * per_row..(t + 1) * per_row];
+                            pair[t * n_out + o] =
+                                (k.expanded)(&rows[o].codes, &rows[o].scale, y) + offset(o, t);
+                        }
+                    }
+                    let label = format!("gemm {ty} {n_in}x{n_out} t{n_tok} {}", isa.name());
+                    let e = check(&label, &got, &want, &scale, f32::INFINITY);
+                    check(
+                        &format!("{label} vs int8 budget"),
+                        &got,
+                        &want,
+                        &budget,
+                        1.0,
+                    );
+                    check(
+                        &format!("{label} vs pair kernel"),
+                        &got,
+                        &pair,
+                        &scale,
+                        PATH_REL,
+                    );
+                    eprintln!("{label:<40} max |Δ|/Σ|w·x| = {e:.2e}");
+                }
             }
         }
     }

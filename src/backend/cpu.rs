@@ -191,7 +191,18 @@ impl Backend for CpuBackend {
             let t0 = profile.then(std::time::Instant::now);
             run_op(g, op, file, states, p, n, self.fast.as_ref());
             if let (Some(t0), Some(prof)) = (t0, self.profile.as_mut()) {
-                let e = prof.entry(op.name()).or_insert((0.0, 0));
+                // Dense products split by weight format (their kernels differ).
+                let name = match op {
+                    Op::MatMul(o) => match o.w.ty {
+                        crate::quant::GgmlType::F16 => "matmul f16",
+                        crate::quant::GgmlType::F32 => "matmul f32",
+                        crate::quant::GgmlType::Bf16 => "matmul bf16",
+                        crate::quant::GgmlType::Q8_0 => "matmul q8_0",
+                        _ => "matmul other",
+                    },
+                    _ => op.name(),
+                };
+                let e = prof.entry(name).or_insert((0.0, 0));
                 e.0 += t0.elapsed().as_secs_f64();
                 e.1 += 1;
             }

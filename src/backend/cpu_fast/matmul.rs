@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::act::{Acts, BlockQ8x32};
-use super::{expand, Kernels};
+use super::{expand, gemm, Kernels};
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts};
@@ -20,8 +20,9 @@ use crate::quant::GgmlType;
 /// activations fit L1).
 const ROW_TILE: usize = 4;
 
-/// Decoded rows per tile on the prefill path.
-const EXPANDED_TILE: usize = 4;
+/// Decoded rows per block on the prefill path (16 Flash rows of 4096: 64 KiB
+/// of codes and 8 KiB of scales, in L2 beside the token group's activations).
+const ROW_BLOCK: usize = 16;
 
 /// `tmp[o·n_tokens + t] = W[o] · act[t·groups + o / (n_out/groups)]`
 /// (weight-row-major).
@@ -100,8 +101,9 @@ fn split_rows(
         .for_each(|(i, c)| work(i * chunk_rows, c));
 }
 
-/// The prefill path of the 2/4-bit formats: each weight row decoded once
-/// ([`expand::expand`]), then dotted with every token.
+/// The prefill path ([`gemm`]): rows decoded ([`expand::expand`]) in blocks
+/// of [`ROW_BLOCK`] into per-thread scratch, then every group of tokens meets
+/// the block in micro-kernel calls of [`gemm::MR`] rows × [`gemm::nr`] tokens.
 #[allow(clippy::too_many_arguments)]
 fn matmul_expanded(
     k: &Kernels,
@@ -115,33 +117,69 @@ fn matmul_expanded(
     tmp: &mut [f32],
 ) {
     let rb = w.len() / n_out;
-    let rows_per_group = n_out / groups.max(1);
+    let groups = groups.max(1);
+    let rows_per_group = n_out / groups;
     let n_in = per_row * 32;
-    let sums = expand::sums16(blocks);
-    split_rows(tmp, n_out, rb, n_tokens, |first, chunk| {
-        // A tile of decoded rows (4 × ~1.4 bytes per weight) stays in L1
-        // while every token's activations pass once per tile.
-        let mut tile: Vec<expand::Expanded> = (0..EXPANDED_TILE)
-            .map(|_| expand::Expanded::new(n_in))
-            .collect();
-        let rows = chunk.len() / n_tokens;
-        let mut r0 = 0;
-        while r0 < rows {
-            let r1 = (r0 + EXPANDED_TILE).min(rows);
-            for (e, r) in tile.iter_mut().zip(r0..r1) {
-                let o = first + r;
-                expand::expand(ty, &w[o * rb..(o + 1) * rb], e);
-            }
-            for t in 0..n_tokens {
-                for (e, r) in tile.iter().zip(r0..r1) {
-                    let a = t * groups + (first + r) / rows_per_group;
-                    let y = &blocks[a * per_row..(a + 1) * per_row];
-                    chunk[r * n_tokens + t] = (k.expanded)(&e.codes, &e.scale, y)
-                        + expand::offsets(e, &sums[2 * a * per_row..2 * (a + 1) * per_row]);
+    let sums = if expand::has_offsets(ty) {
+        expand::sums16(blocks)
+    } else {
+        Vec::new()
+    };
+    let nr = gemm::nr(k.isa);
+    gemm::with_packed(k.isa, blocks, per_row, |packed| {
+        split_rows(tmp, n_out, rb, n_tokens, |first, chunk| {
+            let rows = chunk.len() / n_tokens;
+            gemm::with_tile(ROW_BLOCK.min(rows), n_in, |tile| {
+                let mut out = [[0f32; gemm::NR_MAX]; gemm::MR];
+                let mut r0 = 0;
+                while r0 < rows {
+                    // A block of decoded rows (ROW_BLOCK × ~1.1 bytes per
+                    // weight: L2) meets every token group in turn; a token
+                    // group's activations stay in L1 across the block.
+                    let r1 = (r0 + tile.len()).min(rows);
+                    for (e, r) in tile.iter_mut().zip(r0..r1) {
+                        let o = first + r;
+                        expand::expand_isa(k.isa, ty, &w[o * rb..(o + 1) * rb], e);
+                    }
+                    let mut t0 = 0;
+                    while t0 < n_tokens {
+                        let t1 = (t0 + nr).min(n_tokens);
+                        let mut s0 = r0;
+                        while s0 < r1 {
+                            // Rows of one call share their group's activations.
+                            let g = (first + s0) / rows_per_group;
+                            let s1 = (s0 + gemm::MR)
+                                .min(r1)
+                                .min((g + 1) * rows_per_group - first);
+                            let mut toks = [0usize; gemm::NR_MAX];
+                            for (a, t) in toks.iter_mut().zip(t0..t1) {
+                                *a = t * groups + g;
+                            }
+                            let toks = &toks[..t1 - t0];
+                            let sub = &tile[s0 - r0..s1 - r0];
+                            gemm::tile(k.isa, sub, packed, toks, &mut out);
+                            for (i, e) in sub.iter().enumerate() {
+                                for (j, &a) in toks.iter().enumerate() {
+                                    // The K-quants' min terms: an f32 dot of n/16.
+                                    let off = if e.has_off {
+                                        k.dot_f32(
+                                            bytemuck::cast_slice(&e.off),
+                                            &sums[2 * a * per_row..2 * (a + 1) * per_row],
+                                        )
+                                    } else {
+                                        0.0
+                                    };
+                                    chunk[(s0 + i) * n_tokens + t0 + j] = out[i][j] + off;
+                                }
+                            }
+                            s0 = s1;
+                        }
+                        t0 = t1;
+                    }
+                    r0 = r1;
                 }
-            }
-            r0 = r1;
-        }
+            })
+        });
     });
 }
 

@@ -15,6 +15,7 @@ pub mod attention;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 pub mod expand;
+pub mod gemm;
 pub mod indexer;
 pub mod matmul;
 pub mod portable;
@@ -30,6 +31,9 @@ pub enum Isa {
     Portable,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX-512 F/BW/VL + VNNI (and AVX2): the prefill GEMM uses
+    /// `vpdpbusd` ([`gemm`]); the per-format dot products are the AVX2 ones.
+    Avx512,
 }
 
 impl Isa {
@@ -37,6 +41,7 @@ impl Isa {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
         }
     }
 
@@ -44,6 +49,7 @@ impl Isa {
         match s {
             "portable" | "scalar" => Some(Isa::Portable),
             "avx2" => Some(Isa::Avx2),
+            "avx512" => Some(Isa::Avx512),
             _ => None,
         }
     }
@@ -58,14 +64,22 @@ impl Isa {
                     && is_x86_feature_detected!("fma")
                     && is_x86_feature_detected!("f16c")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 => false,
+            Isa::Avx2 | Isa::Avx512 => false,
         }
     }
 
     /// Every path this CPU can run, the portable one first.
     pub fn available() -> Vec<Isa> {
-        [Isa::Portable, Isa::Avx2]
+        [Isa::Portable, Isa::Avx2, Isa::Avx512]
             .into_iter()
             .filter(|i| i.supported())
             .collect()
@@ -82,7 +96,7 @@ impl Isa {
         match std::env::var("DS4_CPU_ISA") {
             Ok(v) if v != "auto" && !v.is_empty() => {
                 let isa = Isa::parse(&v).ok_or_else(|| {
-                    format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2)")
+                    format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2, avx512)")
                 })?;
                 if !isa.supported() {
                     return Err(format!("DS4_CPU_ISA={v}: this CPU lacks the features"));
@@ -179,7 +193,7 @@ impl Kernels {
                 axpy: portable::axpy,
             },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => Kernels {
+            Isa::Avx2 | Isa::Avx512 => Kernels {
                 isa,
                 q2k: avx2_safe::q2k,
                 q4k: avx2_safe::q4k,
@@ -193,7 +207,7 @@ impl Kernels {
                 axpy: avx2_safe::axpy,
             },
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 => return None,
+            Isa::Avx2 | Isa::Avx512 => return None,
         })
     }
 
