@@ -14,6 +14,8 @@ pub mod act;
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 pub mod expand;
 pub mod indexer;
 pub mod matmul;
@@ -30,6 +32,9 @@ pub enum Isa {
     Portable,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX-512 F/BW/VL (+ AVX2/FMA/F16C); `vpdpbusd` where the CPU
+    /// has AVX512-VNNI.
+    Avx512,
 }
 
 impl Isa {
@@ -37,6 +42,7 @@ impl Isa {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
         }
     }
 
@@ -44,6 +50,7 @@ impl Isa {
         match s {
             "portable" | "scalar" => Some(Isa::Portable),
             "avx2" => Some(Isa::Avx2),
+            "avx512" => Some(Isa::Avx512),
             _ => None,
         }
     }
@@ -58,14 +65,21 @@ impl Isa {
                     && is_x86_feature_detected!("fma")
                     && is_x86_feature_detected!("f16c")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+            }
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 => false,
+            Isa::Avx2 | Isa::Avx512 => false,
         }
     }
 
     /// Every path this CPU can run, the portable one first.
     pub fn available() -> Vec<Isa> {
-        [Isa::Portable, Isa::Avx2]
+        [Isa::Portable, Isa::Avx2, Isa::Avx512]
             .into_iter()
             .filter(|i| i.supported())
             .collect()
@@ -82,7 +96,7 @@ impl Isa {
         match std::env::var("DS4_CPU_ISA") {
             Ok(v) if v != "auto" && !v.is_empty() => {
                 let isa = Isa::parse(&v).ok_or_else(|| {
-                    format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2)")
+                    format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2, avx512)")
                 })?;
                 if !isa.supported() {
                     return Err(format!("DS4_CPU_ISA={v}: this CPU lacks the features"));
@@ -158,7 +172,92 @@ mod avx2_safe {
     }
 }
 
+/// Safe wrappers over one AVX-512 variant's kernels; only reachable through
+/// [`Kernels::new`] / [`Kernels::avx512`] after the features were detected.
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx512_safe {
+    ($name:ident, $m:path) => {
+        mod $name {
+            use super::*;
+            use $m as k;
+            pub fn q2k(r: &[u8], y: &[BlockQ8K]) -> f32 {
+                unsafe { k::q2k(r, y) }
+            }
+            pub fn q4k(r: &[u8], y: &[BlockQ8K]) -> f32 {
+                unsafe { k::q4k(r, y) }
+            }
+            pub fn iq2xxs(r: &[u8], y: &[BlockQ8K]) -> f32 {
+                unsafe { k::iq2xxs(r, y) }
+            }
+            pub fn q8_0(r: &[u8], y: &[BlockQ8x32]) -> f32 {
+                unsafe { k::q8_0(r, y) }
+            }
+            pub fn mxfp4(r: &[u8], y: &[BlockQ8x32]) -> f32 {
+                unsafe { k::mxfp4(r, y) }
+            }
+            pub fn f32(r: &[u8], x: &[f32]) -> f32 {
+                unsafe { k::f32(r, x) }
+            }
+            pub fn f16(r: &[u8], x: &[f32]) -> f32 {
+                unsafe { k::f16(r, x) }
+            }
+            pub fn bf16(r: &[u8], x: &[f32]) -> f32 {
+                unsafe { k::bf16(r, x) }
+            }
+            pub fn expanded(c: &[i8], s: &[f32], y: &[BlockQ8x32]) -> f32 {
+                unsafe { k::expanded(c, s, y) }
+            }
+            pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+                unsafe { k::axpy(a, x, y) }
+            }
+            pub fn kernels() -> Kernels {
+                Kernels {
+                    isa: Isa::Avx512,
+                    q2k,
+                    q4k,
+                    iq2xxs,
+                    q8_0,
+                    mxfp4,
+                    f32,
+                    f16,
+                    bf16,
+                    expanded,
+                    axpy,
+                }
+            }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+avx512_safe!(avx512_vnni_safe, super::avx512::vnni);
+#[cfg(target_arch = "x86_64")]
+avx512_safe!(avx512_bw_safe, super::avx512::bw);
+
 impl Kernels {
+    /// The AVX-512 kernels, with `vpdpbusd` if `vnni` (else the BW
+    /// route); `None` if this CPU cannot run them. [`Kernels::new`] picks
+    /// VNNI when the CPU has it; tests run both.
+    pub fn avx512(vnni: bool) -> Option<Kernels> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !Isa::Avx512.supported() {
+                return None;
+            }
+            if !vnni {
+                return Some(avx512_bw_safe::kernels());
+            }
+            if is_x86_feature_detected!("avx512vnni") {
+                return Some(avx512_vnni_safe::kernels());
+            }
+            None
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = vnni;
+            None
+        }
+    }
+
     /// The kernels of `isa`; `None` if this CPU cannot run it.
     pub fn new(isa: Isa) -> Option<Kernels> {
         if !isa.supported() {
@@ -192,6 +291,9 @@ impl Kernels {
                 expanded: avx2_safe::expanded,
                 axpy: avx2_safe::axpy,
             },
+            Isa::Avx512 => {
+                return Kernels::avx512(true).or_else(|| Kernels::avx512(false));
+            }
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => return None,
         })
