@@ -36,7 +36,8 @@ const PATH_REL: f32 = 1e-5;
 
 /// Every kernel set this machine runs, the portable one first: each
 /// available path, plus AVX-512's BW variant (no `vpdpbusd`) beside the
-/// VNNI one that `Kernels::new` picks on a VNNI CPU.
+/// VNNI one that `Kernels::new` picks on a VNNI CPU, and plain NEON beside
+/// the dotprod one on a dotprod CPU.
 fn all_kernels() -> Vec<(String, Kernels)> {
     let mut v: Vec<(String, Kernels)> = Isa::available()
         .into_iter()
@@ -44,6 +45,9 @@ fn all_kernels() -> Vec<(String, Kernels)> {
         .collect();
     if let (Some(_), Some(bw)) = (Kernels::avx512(true), Kernels::avx512(false)) {
         v.push(("avx512-bw".to_string(), bw));
+    }
+    if let (Some(_), Some(plain)) = (Kernels::neon(true), Kernels::neon(false)) {
+        v.push(("neon-plain".to_string(), plain));
     }
     v
 }

@@ -16,6 +16,8 @@ pub mod attention;
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 pub mod expand;
 pub mod indexer;
 pub mod matmul;
@@ -35,6 +37,8 @@ pub enum Isa {
     /// x86-64 AVX-512 F/BW/VL (+ AVX2/FMA/F16C); `vpdpbusd` where the CPU
     /// has AVX512-VNNI.
     Avx512,
+    /// AArch64 NEON; `sdot` where the CPU has the dotprod extension.
+    Neon,
 }
 
 impl Isa {
@@ -43,6 +47,7 @@ impl Isa {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 
@@ -51,6 +56,7 @@ impl Isa {
             "portable" | "scalar" => Some(Isa::Portable),
             "avx2" => Some(Isa::Avx2),
             "avx512" => Some(Isa::Avx512),
+            "neon" => Some(Isa::Neon),
             _ => None,
         }
     }
@@ -74,12 +80,16 @@ impl Isa {
             }
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 | Isa::Avx512 => false,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::Neon => false,
         }
     }
 
     /// Every path this CPU can run, the portable one first.
     pub fn available() -> Vec<Isa> {
-        [Isa::Portable, Isa::Avx2, Isa::Avx512]
+        [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Neon]
             .into_iter()
             .filter(|i| i.supported())
             .collect()
@@ -96,7 +106,7 @@ impl Isa {
         match std::env::var("DS4_CPU_ISA") {
             Ok(v) if v != "auto" && !v.is_empty() => {
                 let isa = Isa::parse(&v).ok_or_else(|| {
-                    format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2, avx512)")
+                    format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2, avx512, neon)")
                 })?;
                 if !isa.supported() {
                     return Err(format!("DS4_CPU_ISA={v}: this CPU lacks the features"));
@@ -172,11 +182,12 @@ mod avx2_safe {
     }
 }
 
-/// Safe wrappers over one AVX-512 variant's kernels; only reachable through
-/// [`Kernels::new`] / [`Kernels::avx512`] after the features were detected.
-#[cfg(target_arch = "x86_64")]
-macro_rules! avx512_safe {
-    ($name:ident, $m:path) => {
+/// Safe wrappers over one SIMD variant's kernels (AVX-512, NEON); only
+/// reachable through [`Kernels::new`], [`Kernels::avx512`] or
+/// [`Kernels::neon`] after the features were detected.
+#[allow(unused_macros)]
+macro_rules! simd_safe {
+    ($name:ident, $m:path, $isa:expr) => {
         mod $name {
             use super::*;
             use $m as k;
@@ -212,7 +223,7 @@ macro_rules! avx512_safe {
             }
             pub fn kernels() -> Kernels {
                 Kernels {
-                    isa: Isa::Avx512,
+                    isa: $isa,
                     q2k,
                     q4k,
                     iq2xxs,
@@ -229,9 +240,13 @@ macro_rules! avx512_safe {
     };
 }
 #[cfg(target_arch = "x86_64")]
-avx512_safe!(avx512_vnni_safe, super::avx512::vnni);
+simd_safe!(avx512_vnni_safe, super::avx512::vnni, Isa::Avx512);
 #[cfg(target_arch = "x86_64")]
-avx512_safe!(avx512_bw_safe, super::avx512::bw);
+simd_safe!(avx512_bw_safe, super::avx512::bw, Isa::Avx512);
+#[cfg(target_arch = "aarch64")]
+simd_safe!(neon_dotprod_safe, super::neon::dotprod, Isa::Neon);
+#[cfg(target_arch = "aarch64")]
+simd_safe!(neon_plain_safe, super::neon::plain, Isa::Neon);
 
 impl Kernels {
     /// The AVX-512 kernels, with `vpdpbusd` if `vnni` (else the BW
@@ -254,6 +269,30 @@ impl Kernels {
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = vnni;
+            None
+        }
+    }
+
+    /// The NEON kernels, with `sdot` if `dotprod` (else plain NEON);
+    /// `None` if this CPU cannot run them. [`Kernels::new`] picks dotprod
+    /// when the CPU has it; tests run both.
+    pub fn neon(dotprod: bool) -> Option<Kernels> {
+        #[cfg(target_arch = "aarch64")]
+        {
+            if !Isa::Neon.supported() {
+                return None;
+            }
+            if !dotprod {
+                return Some(neon_plain_safe::kernels());
+            }
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                return Some(neon_dotprod_safe::kernels());
+            }
+            None
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        {
+            let _ = dotprod;
             None
         }
     }
@@ -294,6 +333,7 @@ impl Kernels {
             Isa::Avx512 => {
                 return Kernels::avx512(true).or_else(|| Kernels::avx512(false));
             }
+            Isa::Neon => return Kernels::neon(true).or_else(|| Kernels::neon(false)),
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => return None,
         })
