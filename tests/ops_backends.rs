@@ -990,6 +990,8 @@ fn indexer_matches_the_cpu() {
         (4, 5, 2, 16, 6, 30),
         (4, 16, 3, 32, 3, 1500),
         (16, 1, 1, 8, 2, 600),
+        // 17 heads: one past the fast CPU twin's 16-head vector chunk.
+        (4, 8, 17, 24, 3, 203),
     ] {
         let (f, _) = Weights::default().build();
         let mut b = Builder::new(8, n);
