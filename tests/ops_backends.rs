@@ -992,6 +992,9 @@ fn indexer_matches_the_cpu() {
         (16, 1, 1, 8, 2, 600),
         // 17 heads: one past the fast CPU twin's 16-head vector chunk.
         (4, 8, 17, 24, 3, 203),
+        // One token over 750 rows: the fast twin splits a decode token's
+        // rows across threads (256 per task, a partial last one).
+        (4, 16, 3, 32, 1, 3000),
     ] {
         let (f, _) = Weights::default().build();
         let mut b = Builder::new(8, n);
