@@ -834,13 +834,16 @@ fn attention_and_ring_writes_match_the_cpu() {
         (3, 64, 4, 21, 4, false),
         (2, 32, 3, 40, 4, true),
         (1, 300, 2, 9, 4, false),
+        // Decode over 400 compressed rows: the fast twin splits the heads
+        // of a lone token across threads.
+        (5, 48, 1, 1600, 4, false),
     ] {
         let mut w = Weights::default();
         w.add("sinks", &[nh as u64], GgmlType::F32, &rng.vec(nh, 2.0));
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
         let ring = b.state("ring", window, hd, rng.vec(window * hd, 1.0));
-        let cap = 32;
+        let cap = 32.max((pos0 + n) / ratio.max(1) + 1);
         let compressed = (ratio > 0).then(|| attention::CompressedRows {
             rows: b.state("comp", cap, hd, rng.vec(cap * hd, 1.0)),
             ratio,
