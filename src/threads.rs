@@ -19,7 +19,10 @@ pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
     let mut out = Vec::new();
     for part in s.trim().split(',').filter(|p| !p.is_empty()) {
         let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a.trim().parse::<usize>().ok()?, b.trim().parse::<usize>().ok()?),
+            Some((a, b)) => (
+                a.trim().parse::<usize>().ok()?,
+                b.trim().parse::<usize>().ok()?,
+            ),
             None => {
                 let v = part.trim().parse::<usize>().ok()?;
                 (v, v)
@@ -91,6 +94,8 @@ pub fn physical_cores() -> usize {
 /// in a process configures the pool; later ones report its size.
 pub fn init_global_pool(requested: Option<usize>) -> usize {
     let n = requested.unwrap_or_else(physical_cores).max(1);
-    let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global();
     rayon::current_num_threads()
 }

@@ -120,7 +120,10 @@ fn check(label: &str, got: &[f32], want: &[f32], scale: &[f32], rel: f32) -> f32
 fn matmul_matches_the_reference_on_every_path() {
     let mut rng = Rng(0x5eed_1234_abcd);
     let paths = all_kernels();
-    eprintln!("paths: {:?}", paths.iter().map(|p| &p.0).collect::<Vec<_>>());
+    eprintln!(
+        "paths: {:?}",
+        paths.iter().map(|p| &p.0).collect::<Vec<_>>()
+    );
     for &(ty, rel) in REL {
         let block = ty.block_elems();
         // (n_in, n_out, groups, tokens): odd rows and token counts, a grouped
@@ -244,9 +247,7 @@ fn routed_experts_match_the_reference_on_every_path() {
                         (a - b).abs() / scale
                     })
                     .fold(0f32, f32::max);
-                eprintln!(
-                    "moe {gu}/{dn} t{n_tok} {name:<9} max |Δ|/max|y| = {worst:.2e}"
-                );
+                eprintln!("moe {gu}/{dn} t{n_tok} {name:<9} max |Δ|/max|y| = {worst:.2e}");
                 assert!(worst < 2e-2, "{gu}/{dn} t{n_tok} {name}: {worst:e}");
             }
         }
@@ -314,7 +315,11 @@ fn f32_dot_and_axpy_on_every_path() {
         let w = rng.vec(n);
         let x = rng.vec(n);
         let want: f64 = w.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
-        let mag: f64 = w.iter().zip(&x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+        let mag: f64 = w
+            .iter()
+            .zip(&x)
+            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+            .sum();
         let y0 = rng.vec(n);
         let a = rng.f();
         for (name, k) in all_kernels() {
@@ -328,7 +333,10 @@ fn f32_dot_and_axpy_on_every_path() {
             (k.axpy)(a, &x, &mut y[..n]);
             for i in 0..n {
                 let e = y0[i] + a * x[i];
-                assert!((y[i] - e).abs() <= 1e-6 * (e.abs() + 1.0), "{name} axpy n={n} i={i}");
+                assert!(
+                    (y[i] - e).abs() <= 1e-6 * (e.abs() + 1.0),
+                    "{name} axpy n={n} i={i}"
+                );
             }
             assert!(y[n].is_nan(), "{name} axpy n={n} wrote past the end");
         }

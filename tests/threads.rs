@@ -6,7 +6,10 @@ use ds4::threads::{count_cores, init_global_pool, parse_cpu_list, physical_cores
 
 #[test]
 fn cpu_lists() {
-    assert_eq!(parse_cpu_list("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+    assert_eq!(
+        parse_cpu_list("0-3,8,10-11\n"),
+        Some(vec![0, 1, 2, 3, 8, 10, 11])
+    );
     assert_eq!(parse_cpu_list("5"), Some(vec![5]));
     assert_eq!(parse_cpu_list("3-1"), None);
     assert_eq!(parse_cpu_list("x"), None);
@@ -57,5 +60,9 @@ fn default_is_physical_cores_within_the_allowed_cpus() {
         }
     }
     assert_eq!(init_global_pool(Some(3)), 3);
-    assert_eq!(init_global_pool(None), 3, "a second call keeps the first pool");
+    assert_eq!(
+        init_global_pool(None),
+        3,
+        "a second call keeps the first pool"
+    );
 }

@@ -165,9 +165,8 @@ macro_rules! avx512_kernels {
                     let qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
                     for jp in 0..2 {
                         let codes = _mm512_and_si512(_mm512_srlv_epi64(qq, shifts[jp]), m3);
-                        let act = _mm512_loadu_si512(
-                            a.qs.as_ptr().add(128 * h + 64 * jp) as *const _,
-                        );
+                        let act =
+                            _mm512_loadu_si512(a.qs.as_ptr().add(128 * h + 64 * jp) as *const _);
                         let scale = _mm512_permutexvar_epi32(lanes[2 * h + jp], scales);
                         sumi = dot4_scaled(sumi, codes, act, scale);
                     }
@@ -238,7 +237,8 @@ macro_rules! avx512_kernels {
                     let mut neg = 0u64;
                     for k in 0..4 {
                         neg |= (KSIGNS_IQ2XS[((a0 >> (7 * k)) & 127) as usize] as u64) << (8 * k);
-                        neg |= (KSIGNS_IQ2XS[((a1 >> (7 * k)) & 127) as usize] as u64) << (8 * k + 32);
+                        neg |=
+                            (KSIGNS_IQ2XS[((a1 >> (7 * k)) & 127) as usize] as u64) << (8 * k + 32);
                     }
                     let x = _mm512_loadu_si512(a.qs.as_ptr().add(32 * g) as *const _);
                     let xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
@@ -290,7 +290,8 @@ macro_rules! avx512_kernels {
         #[target_feature(enable = $features)]
         pub unsafe fn mxfp4(row: &[u8], y: &[BlockQ8x32]) -> f32 {
             assert_eq!(row.len(), y.len() * 17);
-            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(MXFP4_ABS.as_ptr() as *const __m128i));
+            let table =
+                _mm512_broadcast_i32x4(_mm_loadu_si128(MXFP4_ABS.as_ptr() as *const __m128i));
             let m4 = _mm512_set1_epi8(0xF);
             let bit3 = _mm512_set1_epi8(8);
             let n = y.len();
@@ -324,7 +325,11 @@ macro_rules! avx512_kernels {
                 );
                 let xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
                 let p = _mm512_cvtepi32_ps(dot4(_mm512_setzero_si512(), mag, xs));
-                let d1 = if two { e8m0_to_f32_half(*b1) * y[i + 1].d } else { 0.0 };
+                let d1 = if two {
+                    e8m0_to_f32_half(*b1) * y[i + 1].d
+                } else {
+                    0.0
+                };
                 acc = _mm512_fmadd_ps(pair_ps(e8m0_to_f32_half(*b0) * y[i].d, d1), p, acc);
                 i += 2;
             }

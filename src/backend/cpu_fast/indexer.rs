@@ -107,14 +107,35 @@ mod x86 {
         super::score_rows::<true>(q, w, r, hd, r0, o)
     }
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    unsafe fn avx512(q: &[f32], w: &[f32], r: &[f32], hd: usize, r0: usize, o: &mut [(f32, usize)]) {
+    unsafe fn avx512(
+        q: &[f32],
+        w: &[f32],
+        r: &[f32],
+        hd: usize,
+        r0: usize,
+        o: &mut [(f32, usize)],
+    ) {
         super::score_rows::<true>(q, w, r, hd, r0, o)
     }
     // Installed by `score_fn` only when the path's features were detected.
-    pub fn avx2_safe(q: &[f32], w: &[f32], r: &[f32], hd: usize, r0: usize, o: &mut [(f32, usize)]) {
+    pub fn avx2_safe(
+        q: &[f32],
+        w: &[f32],
+        r: &[f32],
+        hd: usize,
+        r0: usize,
+        o: &mut [(f32, usize)],
+    ) {
         unsafe { avx2(q, w, r, hd, r0, o) }
     }
-    pub fn avx512_safe(q: &[f32], w: &[f32], r: &[f32], hd: usize, r0: usize, o: &mut [(f32, usize)]) {
+    pub fn avx512_safe(
+        q: &[f32],
+        w: &[f32],
+        r: &[f32],
+        hd: usize,
+        r0: usize,
+        o: &mut [(f32, usize)],
+    ) {
         unsafe { avx512(q, w, r, hd, r0, o) }
     }
 }
@@ -126,7 +147,14 @@ mod arm {
         super::score_rows::<true>(q, w, r, hd, r0, o)
     }
     // Installed by `score_fn` only when NEON was detected.
-    pub fn neon_safe(q: &[f32], w: &[f32], r: &[f32], hd: usize, r0: usize, o: &mut [(f32, usize)]) {
+    pub fn neon_safe(
+        q: &[f32],
+        w: &[f32],
+        r: &[f32],
+        hd: usize,
+        r0: usize,
+        o: &mut [(f32, usize)],
+    ) {
         unsafe { neon(q, w, r, hd, r0, o) }
     }
 }

@@ -4,11 +4,13 @@
 //!
 //! Activations are quantised per block ([`act`]); each weight format has a
 //! dot product against its activation format, in a portable version
-//! ([`portable`]) and, where the CPU has them, SIMD versions ([`avx2`]). The
-//! path is picked at run time ([`Isa::detect`]) or forced for tests
-//! ([`Isa::from_env`], `DS4_CPU_ISA=portable|avx2`). Everything else (norms,
-//! attention, compressors, indexer, hyper-connections) runs the reference
-//! twins in `crate::graph::ops`.
+//! ([`portable`]) and, where the CPU has them, SIMD versions (`avx2`,
+//! `avx512` on x86-64, `neon` on AArch64). The path is picked at run time
+//! ([`Isa::detect`]) or forced ([`Isa::from_env`],
+//! `DS4_CPU_ISA=portable|avx2|avx512|neon`). Attention and the indexer have
+//! fast twins ([`attention`], [`indexer`]); everything else (norms,
+//! compressors, hyper-connections) runs the reference twins in
+//! `crate::graph::ops`.
 
 pub mod act;
 pub mod attention;
@@ -16,11 +18,11 @@ pub mod attention;
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
-#[cfg(target_arch = "aarch64")]
-pub mod neon;
 pub mod expand;
 pub mod indexer;
 pub mod matmul;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 pub mod portable;
 
 use crate::quant::q8_k::BlockQ8K;

@@ -156,7 +156,8 @@ macro_rules! neon_kernels {
                     let hi1 = vreinterpretq_s8_u8(vshrq_n_u8::<4>(q1));
                     let lo = dot16(dot16(z, lo0, vld1q_s8(x)), lo1, vld1q_s8(x.add(16)));
                     let hi = dot16(dot16(z, hi0, vld1q_s8(x.add(32))), hi1, vld1q_s8(x.add(48)));
-                    sumi += sc[2 * c] as i32 * vaddvq_s32(lo) + sc[2 * c + 1] as i32 * vaddvq_s32(hi);
+                    sumi +=
+                        sc[2 * c] as i32 * vaddvq_s32(lo) + sc[2 * c + 1] as i32 * vaddvq_s32(hi);
                 }
                 acc += d * sumi as f32 - dmin * sum_m as f32;
             }
@@ -176,7 +177,8 @@ macro_rules! neon_kernels {
                     let q = b.add(2 + 8 * g);
                     let aux = u32::from_le_bytes([*q.add(4), *q.add(5), *q.add(6), *q.add(7)]);
                     let grid = |k: usize| vcreate_s8(IQ2XXS_GRID[*q.add(k) as usize]);
-                    let sign = |k: usize| vcreate_s8(super::SIGNS_PM1[((aux >> (7 * k)) & 127) as usize]);
+                    let sign =
+                        |k: usize| vcreate_s8(super::SIGNS_PM1[((aux >> (7 * k)) & 127) as usize]);
                     let w0 = vmulq_s8(vcombine_s8(grid(0), grid(1)), vcombine_s8(sign(0), sign(1)));
                     let w1 = vmulq_s8(vcombine_s8(grid(2), grid(3)), vcombine_s8(sign(2), sign(3)));
                     let x = a.qs.as_ptr().add(32 * g);
@@ -302,7 +304,10 @@ macro_rules! neon_kernels {
             let mut i = 0;
             while i + 4 <= n {
                 let yv = vld1q_f32(y.as_ptr().add(i));
-                vst1q_f32(y.as_mut_ptr().add(i), vfmaq_f32(yv, av, vld1q_f32(x.as_ptr().add(i))));
+                vst1q_f32(
+                    y.as_mut_ptr().add(i),
+                    vfmaq_f32(yv, av, vld1q_f32(x.as_ptr().add(i))),
+                );
                 i += 4;
             }
             while i < n {
