@@ -43,6 +43,7 @@ pub mod sampler;
 pub mod server;
 pub mod session;
 pub mod testmodel;
+pub mod threads;
 pub mod tokenizer;
 
 pub use chat::ThinkMode;

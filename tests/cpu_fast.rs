@@ -34,6 +34,24 @@ const REL: &[(GgmlType, f32)] = &[
 ];
 const PATH_REL: f32 = 1e-5;
 
+/// Every kernel set this machine runs, the portable one first: each
+/// available path, plus AVX-512's BW variant (no `vpdpbusd`) beside the
+/// VNNI one that `Kernels::new` picks on a VNNI CPU, and plain NEON beside
+/// the dotprod one on a dotprod CPU.
+fn all_kernels() -> Vec<(String, Kernels)> {
+    let mut v: Vec<(String, Kernels)> = Isa::available()
+        .into_iter()
+        .map(|isa| (isa.name().to_string(), Kernels::new(isa).unwrap()))
+        .collect();
+    if let (Some(_), Some(bw)) = (Kernels::avx512(true), Kernels::avx512(false)) {
+        v.push(("avx512-bw".to_string(), bw));
+    }
+    if let (Some(_), Some(plain)) = (Kernels::neon(true), Kernels::neon(false)) {
+        v.push(("neon-plain".to_string(), plain));
+    }
+    v
+}
+
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -101,8 +119,11 @@ fn check(label: &str, got: &[f32], want: &[f32], scale: &[f32], rel: f32) -> f32
 #[test]
 fn matmul_matches_the_reference_on_every_path() {
     let mut rng = Rng(0x5eed_1234_abcd);
-    let paths = Isa::available();
-    eprintln!("paths: {:?}", paths);
+    let paths = all_kernels();
+    eprintln!(
+        "paths: {:?}",
+        paths.iter().map(|p| &p.0).collect::<Vec<_>>()
+    );
     for &(ty, rel) in REL {
         let block = ty.block_elems();
         // (n_in, n_out, groups, tokens): odd rows and token counts, a grouped
@@ -130,17 +151,16 @@ fn matmul_matches_the_reference_on_every_path() {
             matmul_rows(ty, &w, n_in, n_out, groups, &x, n_tok, &mut want);
             let scale = abs_scale(ty, &w, n_in, n_out, groups, &x, n_tok);
             let mut outs = Vec::new();
-            for &isa in &paths {
-                let k = Kernels::new(isa).unwrap();
+            for (name, k) in &paths {
                 let mut got = vec![f32::NAN; n_tok * n_out];
-                assert!(matmul(&k, ty, &w, n_in, n_out, groups, &x, n_tok, &mut got));
-                let label = format!("{ty} {n_in}x{n_out} g{groups} t{n_tok} {}", isa.name());
+                assert!(matmul(k, ty, &w, n_in, n_out, groups, &x, n_tok, &mut got));
+                let label = format!("{ty} {n_in}x{n_out} g{groups} t{n_tok} {name}");
                 let e = check(&label, &got, &want, &scale, rel);
                 eprintln!("{label:<40} max |Δ|/Σ|w·x| = {e:.2e}");
                 outs.push(got);
             }
             for (i, o) in outs.iter().enumerate().skip(1) {
-                let label = format!("{ty} {n_in}x{n_out} {} vs portable", paths[i].name());
+                let label = format!("{ty} {n_in}x{n_out} {} vs portable", paths[i].0);
                 check(&label, o, &outs[0], &scale, PATH_REL);
             }
         }
@@ -219,8 +239,7 @@ fn routed_experts_match_the_reference_on_every_path() {
             op.cpu(&f, &x, &sel, &wts, n_tok, &mut want);
             let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max);
             let f = Arc::new(f);
-            for isa in Isa::available() {
-                let kern = Kernels::new(isa).unwrap();
+            for (name, kern) in all_kernels() {
                 let mut got = vec![f32::NAN; n_tok * d];
                 assert!(moe_experts(&kern, &op, &f, &x, &sel, &wts, n_tok, &mut got));
                 // Two quantised layers (x, then the SwiGLU output): the error
@@ -229,15 +248,12 @@ fn routed_experts_match_the_reference_on_every_path() {
                     .iter()
                     .zip(&want)
                     .map(|(a, b)| {
-                        assert!(a.is_finite(), "{gu}/{dn} {}: non-finite output", isa.name());
+                        assert!(a.is_finite(), "{gu}/{dn} {name}: non-finite output");
                         (a - b).abs() / scale
                     })
                     .fold(0f32, f32::max);
-                eprintln!(
-                    "moe {gu}/{dn} t{n_tok} {:<9} max |Δ|/max|y| = {worst:.2e}",
-                    isa.name()
-                );
-                assert!(worst < 2e-2, "{gu}/{dn} t{n_tok} {}: {worst:e}", isa.name());
+                eprintln!("moe {gu}/{dn} t{n_tok} {name:<9} max |Δ|/max|y| = {worst:.2e}");
+                assert!(worst < 2e-2, "{gu}/{dn} t{n_tok} {name}: {worst:e}");
             }
         }
     }
@@ -247,8 +263,12 @@ fn routed_experts_match_the_reference_on_every_path() {
 fn isa_names_and_detection() {
     assert!(Isa::available().contains(&Isa::Portable));
     assert_eq!(Isa::parse("avx2"), Some(Isa::Avx2));
-    assert_eq!(Isa::parse("portable"), Some(Isa::Portable));
     assert_eq!(Isa::parse("avx512"), Some(Isa::Avx512));
+    for isa in Isa::available() {
+        assert_eq!(Isa::parse(isa.name()), Some(isa));
+        assert_eq!(Kernels::new(isa).map(|k| k.isa), Some(isa));
+    }
+    assert_eq!(Isa::parse("portable"), Some(Isa::Portable));
     assert_eq!(Isa::parse("sse9"), None);
     assert!(Isa::available().contains(&Isa::detect()));
 }
@@ -421,6 +441,44 @@ fn gemm_tiles_match_the_pair_kernel_and_the_reference() {
                     eprintln!("{label:<40} max |Δ|/Σ|w·x| = {e:.2e}");
                 }
             }
+        }
+    }
+}
+
+/// The f32 kernels attention and the indexer use directly: the dot product
+/// and `y += a·x`, against plain f64 sums, on lengths around every vector
+/// width (tails of 1..15 lanes), output poisoned where it must be written.
+#[test]
+fn f32_dot_and_axpy_on_every_path() {
+    let mut rng = Rng(0xf32d_07a9);
+    for n in [1usize, 7, 8, 15, 16, 17, 31, 33, 64, 100, 513] {
+        let w = rng.vec(n);
+        let x = rng.vec(n);
+        let want: f64 = w.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+        let mag: f64 = w
+            .iter()
+            .zip(&x)
+            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+            .sum();
+        let y0 = rng.vec(n);
+        let a = rng.f();
+        for (name, k) in all_kernels() {
+            let got = k.dot_f32(bytemuck::cast_slice(&w), &x);
+            assert!(
+                ((got as f64) - want).abs() <= 1e-6 * mag + 1e-30,
+                "{name} dot n={n}: {got} vs {want}"
+            );
+            let mut y = y0.clone();
+            y.push(f32::NAN); // past the end: must stay untouched
+            (k.axpy)(a, &x, &mut y[..n]);
+            for i in 0..n {
+                let e = y0[i] + a * x[i];
+                assert!(
+                    (y[i] - e).abs() <= 1e-6 * (e.abs() + 1.0),
+                    "{name} axpy n={n} i={i}"
+                );
+            }
+            assert!(y[n].is_nan(), "{name} axpy n={n} wrote past the end");
         }
     }
 }

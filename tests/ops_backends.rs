@@ -918,13 +918,16 @@ fn attention_and_ring_writes_match_the_cpu() {
         (3, 64, 4, 21, 4, false),
         (2, 32, 3, 40, 4, true),
         (1, 300, 2, 9, 4, false),
+        // Decode over 400 compressed rows: the fast twin splits the heads
+        // of a lone token across threads.
+        (5, 48, 1, 1600, 4, false),
     ] {
         let mut w = Weights::default();
         w.add("sinks", &[nh as u64], GgmlType::F32, &rng.vec(nh, 2.0));
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
         let ring = b.state("ring", window, hd, rng.vec(window * hd, 1.0));
-        let cap = 32;
+        let cap = 32.max((pos0 + n) / ratio.max(1) + 1);
         let compressed = (ratio > 0).then(|| attention::CompressedRows {
             rows: b.state("comp", cap, hd, rng.vec(cap * hd, 1.0)),
             ratio,
@@ -1074,6 +1077,11 @@ fn indexer_matches_the_cpu() {
         (4, 5, 2, 16, 6, 30),
         (4, 16, 3, 32, 3, 1500),
         (16, 1, 1, 8, 2, 600),
+        // 17 heads: one past the fast CPU twin's 16-head vector chunk.
+        (4, 8, 17, 24, 3, 203),
+        // One token over 750 rows: the fast twin splits a decode token's
+        // rows across threads (256 per task, a partial last one).
+        (4, 16, 3, 32, 1, 3000),
     ] {
         let (f, _) = Weights::default().build();
         let mut b = Builder::new(8, n);

@@ -104,7 +104,7 @@ struct Args {
     /// read every weight page once before starting (shows progress)
     #[argh(switch)]
     warm_weights: bool,
-    /// CPU threads (default: all cores)
+    /// CPU threads (default: physical cores)
     #[argh(option, short = 't')]
     threads: Option<usize>,
     /// tokens per prefill step (default 2048)
@@ -256,18 +256,13 @@ fn run(a: Args) -> Result<(), String> {
             ValueName::parse(d).ok_or_else(|| format!("--dump: expected NAME@LAYER, got {d:?}"))
         })
         .collect::<Result<_, _>>()?;
-    if let Some(t) = a.threads {
-        // Only the first call configures the global pool; ignore a second.
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build_global();
-    }
+    let threads = ds4::threads::init_global_pool(a.threads);
 
     let t0 = Instant::now();
     let model = Arc::new(ModelFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
     let tok = Tokenizer::from_gguf(&model.file).map_err(|e| format!("{}: {e}", path.display()))?;
     eprintln!(
-        "ds4: loaded {} ({}, {} layers) in {:.0} ms",
+        "ds4: loaded {} ({}, {} layers) in {:.0} ms; {threads} CPU threads",
         path.display(),
         ds4::report::human(model.file.file_len()),
         model.config.n_layer,

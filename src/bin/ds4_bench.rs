@@ -49,7 +49,7 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
-    /// CPU threads
+    /// CPU threads (default: physical cores)
     #[argh(option, short = 't')]
     threads: Option<usize>,
     /// first frontier (default 2048)
@@ -409,11 +409,7 @@ fn run(a: Args) -> Result<(), String> {
             a.ctx_max + a.gen_tokens
         ));
     }
-    if let Some(t) = a.threads {
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build_global();
-    }
+    let threads = ds4::threads::init_global_pool(a.threads);
     let model =
         Arc::new(ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?);
     let tok =
@@ -449,7 +445,7 @@ fn run(a: Args) -> Result<(), String> {
     };
     let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
     eprintln!(
-        "ds4-bench: context buffers {:.1} MiB for {ctx} tokens",
+        "ds4-bench: context buffers {:.1} MiB for {ctx} tokens; {threads} CPU threads",
         sess.state_bytes() as f64 / (1u64 << 20) as f64
     );
     let mut out: Box<dyn Write> = match &a.csv {

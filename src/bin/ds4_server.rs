@@ -44,7 +44,7 @@ struct Args {
     /// max output tokens when a request gives none (default 393216)
     #[argh(option, short = 'n', default = "393216")]
     tokens: usize,
-    /// CPU threads (default: all cores)
+    /// CPU threads (default: physical cores)
     #[argh(option, short = 't')]
     threads: Option<usize>,
     /// add CORS headers to every response
@@ -235,11 +235,7 @@ fn run(a: Args) -> Result<(), String> {
     .resolve()?;
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
-    if let Some(t) = a.threads {
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build_global();
-    }
+    let threads = ds4::threads::init_global_pool(a.threads);
     let path = model_path(&a)?;
     let model = Arc::new(ModelFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
     let tok = Arc::new(
@@ -256,7 +252,7 @@ fn run(a: Args) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     eprintln!(
-        "ds4-server: {} loaded; context buffers {} for {} tokens",
+        "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
         path.display(),
         ds4::report::human(sess.state_bytes() as u64),
         a.ctx

@@ -1,6 +1,9 @@
 //! The fast twin of `ops::attention::Attention`: the same rows, sinks and
 //! softmax, with the query·row dots and the weighted row sums through the
 //! path's f32 kernels (FMA) instead of the reference's fixed-order sums.
+//! Prefill splits the tokens across threads; decode (fewer tokens than
+//! threads) splits each token's heads instead, so a long context's
+//! compressed rows are read by every core.
 
 use super::Kernels;
 use crate::gguf::GgufFile;
@@ -19,6 +22,7 @@ pub fn attention(
     let (hd, nh, w) = (o.head_dim, o.n_head, o.window);
     let scale = 1.0 / (hd as f32).sqrt();
     let qw = nh * hd;
+    let split_heads = n_tokens < rayon::current_num_threads();
     crate::ops::parallel::for_rows(
         &mut out[..n_tokens * qw],
         qw,
@@ -56,7 +60,7 @@ pub fn attention(
                         }
                     }
                 }
-                for h in 0..nh {
+                let head = |h: usize, oh: &mut [f32], logits: &mut Vec<f32>| {
                     let qh = &inp.q[t * qw + h * hd..t * qw + (h + 1) * hd];
                     logits.clear();
                     logits.extend(
@@ -65,7 +69,6 @@ pub fn attention(
                     );
                     let m = logits.iter().cloned().fold(sinks[h], f32::max);
                     let mut den = (sinks[h] - m).exp();
-                    let oh = &mut ot[h * hd..(h + 1) * hd];
                     oh.fill(0.0);
                     for (l, r) in logits.iter().zip(&rows) {
                         let e = (l - m).exp();
@@ -75,6 +78,16 @@ pub fn attention(
                     let inv = 1.0 / den;
                     for a in oh.iter_mut() {
                         *a *= inv;
+                    }
+                };
+                if split_heads && nh > 1 && rows.len() * hd >= 1 << 14 {
+                    use rayon::prelude::*;
+                    ot.par_chunks_mut(hd)
+                        .enumerate()
+                        .for_each_init(Vec::new, |lg, (h, oh)| head(h, oh, lg));
+                } else {
+                    for (h, oh) in ot.chunks_exact_mut(hd).enumerate() {
+                        head(h, oh, &mut logits);
                     }
                 }
             }

@@ -33,12 +33,36 @@ pub const MR: usize = 4;
 /// Largest token count per micro-kernel call on any path.
 pub const NR_MAX: usize = 4;
 
+/// The micro-kernel a kernel set's path runs: the avx512 tile needs
+/// AVX512-VNNI (`vpdpbusd`), which the avx512 decode path does not (its BW
+/// variant serves AVX-512 CPUs without VNNI): those get the AVX2 tile. NEON
+/// has no GEMM tile yet and runs the portable one.
+pub fn path(isa: Isa) -> Isa {
+    match isa {
+        Isa::Avx512 if vnni() => Isa::Avx512,
+        Isa::Avx512 => Isa::Avx2,
+        Isa::Neon => Isa::Portable,
+        other => other,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn vnni() -> bool {
+    use std::sync::OnceLock;
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    *VNNI.get_or_init(|| Isa::Avx512.supported() && is_x86_feature_detected!("avx512vnni"))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vnni() -> bool {
+    false
+}
+
 /// Tokens per micro-kernel call on `isa`.
 pub fn nr(isa: Isa) -> usize {
-    match isa {
-        Isa::Avx512 => 4,
+    match path(isa) {
         Isa::Avx2 => 2,
-        Isa::Portable => 4,
+        _ => 4,
     }
 }
 
@@ -57,6 +81,7 @@ impl Packed {
     /// Packs all rows of `blocks` (`per_row` Q8x32 blocks each), reusing
     /// this set's buffers.
     pub fn pack(&mut self, isa: Isa, blocks: &[BlockQ8x32], per_row: usize) {
+        let isa = path(isa);
         self.n = per_row * 32;
         self.qs.clear();
         self.d.clear();
@@ -127,6 +152,7 @@ pub fn tile(
     toks: &[usize],
     out: &mut [[f32; NR_MAX]; MR],
 ) {
+    let isa = path(isa);
     let n = acts.n;
     assert!(rows.len() <= MR && toks.len() <= nr(isa) && n % 32 == 0);
     for e in rows {
@@ -149,11 +175,10 @@ pub fn tile(
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
-            assert!(Isa::Avx512.supported());
+            assert!(vnni());
             // SAFETY: as above.
             unsafe { x86::avx512(rows, acts, toks, out) }
         }
-        #[cfg(not(target_arch = "x86_64"))]
         _ => portable(rows, acts, toks, out),
     }
 }

@@ -4,20 +4,26 @@
 //!
 //! Activations are quantised per block ([`act`]); each weight format has a
 //! dot product against its activation format, in a portable version
-//! ([`portable`]) and, where the CPU has them, SIMD versions ([`avx2`]). The
-//! path is picked at run time ([`Isa::detect`]) or forced for tests
-//! ([`Isa::from_env`], `DS4_CPU_ISA=portable|avx2`). Everything else (norms,
-//! attention, compressors, indexer, hyper-connections) runs the reference
-//! twins in `crate::graph::ops`.
+//! ([`portable`]) and, where the CPU has them, SIMD versions (`avx2`,
+//! `avx512` on x86-64, `neon` on AArch64). The path is picked at run time
+//! ([`Isa::detect`]) or forced ([`Isa::from_env`],
+//! `DS4_CPU_ISA=portable|avx2|avx512|neon`). Attention and the indexer have
+//! fast twins ([`attention`], [`indexer`]); everything else (norms,
+//! compressors, hyper-connections) runs the reference twins in
+//! `crate::graph::ops`.
 
 pub mod act;
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 pub mod expand;
 pub mod gemm;
 pub mod indexer;
 pub mod matmul;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 pub mod portable;
 
 use crate::quant::q8_k::BlockQ8K;
@@ -31,9 +37,12 @@ pub enum Isa {
     Portable,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86-64 AVX-512 F/BW/VL + VNNI (and AVX2): the prefill GEMM uses
-    /// `vpdpbusd` ([`gemm`]); the per-format dot products are the AVX2 ones.
+    /// x86-64 AVX-512 F/BW/VL (+ AVX2/FMA/F16C); `vpdpbusd` where the CPU
+    /// has AVX512-VNNI (the prefill GEMM's avx512 tile needs it, see
+    /// [`gemm::path`]).
     Avx512,
+    /// AArch64 NEON; `sdot` where the CPU has the dotprod extension.
+    Neon,
 }
 
 impl Isa {
@@ -42,6 +51,7 @@ impl Isa {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 
@@ -50,6 +60,7 @@ impl Isa {
             "portable" | "scalar" => Some(Isa::Portable),
             "avx2" => Some(Isa::Avx2),
             "avx512" => Some(Isa::Avx512),
+            "neon" => Some(Isa::Neon),
             _ => None,
         }
     }
@@ -70,16 +81,19 @@ impl Isa {
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
-                    && is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 | Isa::Avx512 => false,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::Neon => false,
         }
     }
 
     /// Every path this CPU can run, the portable one first.
     pub fn available() -> Vec<Isa> {
-        [Isa::Portable, Isa::Avx2, Isa::Avx512]
+        [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Neon]
             .into_iter()
             .filter(|i| i.supported())
             .collect()
@@ -96,7 +110,7 @@ impl Isa {
         match std::env::var("DS4_CPU_ISA") {
             Ok(v) if v != "auto" && !v.is_empty() => {
                 let isa = Isa::parse(&v).ok_or_else(|| {
-                    format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2, avx512)")
+                    format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2, avx512, neon)")
                 })?;
                 if !isa.supported() {
                     return Err(format!("DS4_CPU_ISA={v}: this CPU lacks the features"));
@@ -172,7 +186,121 @@ mod avx2_safe {
     }
 }
 
+/// Safe wrappers over one SIMD variant's kernels (AVX-512, NEON); only
+/// reachable through [`Kernels::new`], [`Kernels::avx512`] or
+/// [`Kernels::neon`] after the features were detected.
+#[allow(unused_macros)]
+macro_rules! simd_safe {
+    ($name:ident, $m:path, $isa:expr) => {
+        mod $name {
+            use super::*;
+            use $m as k;
+            pub fn q2k(r: &[u8], y: &[BlockQ8K]) -> f32 {
+                unsafe { k::q2k(r, y) }
+            }
+            pub fn q4k(r: &[u8], y: &[BlockQ8K]) -> f32 {
+                unsafe { k::q4k(r, y) }
+            }
+            pub fn iq2xxs(r: &[u8], y: &[BlockQ8K]) -> f32 {
+                unsafe { k::iq2xxs(r, y) }
+            }
+            pub fn q8_0(r: &[u8], y: &[BlockQ8x32]) -> f32 {
+                unsafe { k::q8_0(r, y) }
+            }
+            pub fn mxfp4(r: &[u8], y: &[BlockQ8x32]) -> f32 {
+                unsafe { k::mxfp4(r, y) }
+            }
+            pub fn f32(r: &[u8], x: &[f32]) -> f32 {
+                unsafe { k::f32(r, x) }
+            }
+            pub fn f16(r: &[u8], x: &[f32]) -> f32 {
+                unsafe { k::f16(r, x) }
+            }
+            pub fn bf16(r: &[u8], x: &[f32]) -> f32 {
+                unsafe { k::bf16(r, x) }
+            }
+            pub fn expanded(c: &[i8], s: &[f32], y: &[BlockQ8x32]) -> f32 {
+                unsafe { k::expanded(c, s, y) }
+            }
+            pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+                unsafe { k::axpy(a, x, y) }
+            }
+            pub fn kernels() -> Kernels {
+                Kernels {
+                    isa: $isa,
+                    q2k,
+                    q4k,
+                    iq2xxs,
+                    q8_0,
+                    mxfp4,
+                    f32,
+                    f16,
+                    bf16,
+                    expanded,
+                    axpy,
+                }
+            }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+simd_safe!(avx512_vnni_safe, super::avx512::vnni, Isa::Avx512);
+#[cfg(target_arch = "x86_64")]
+simd_safe!(avx512_bw_safe, super::avx512::bw, Isa::Avx512);
+#[cfg(target_arch = "aarch64")]
+simd_safe!(neon_dotprod_safe, super::neon::dotprod, Isa::Neon);
+#[cfg(target_arch = "aarch64")]
+simd_safe!(neon_plain_safe, super::neon::plain, Isa::Neon);
+
 impl Kernels {
+    /// The AVX-512 kernels, with `vpdpbusd` if `vnni` (else the BW
+    /// route); `None` if this CPU cannot run them. [`Kernels::new`] picks
+    /// VNNI when the CPU has it; tests run both.
+    pub fn avx512(vnni: bool) -> Option<Kernels> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !Isa::Avx512.supported() {
+                return None;
+            }
+            if !vnni {
+                return Some(avx512_bw_safe::kernels());
+            }
+            if is_x86_feature_detected!("avx512vnni") {
+                return Some(avx512_vnni_safe::kernels());
+            }
+            None
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = vnni;
+            None
+        }
+    }
+
+    /// The NEON kernels, with `sdot` if `dotprod` (else plain NEON);
+    /// `None` if this CPU cannot run them. [`Kernels::new`] picks dotprod
+    /// when the CPU has it; tests run both.
+    pub fn neon(dotprod: bool) -> Option<Kernels> {
+        #[cfg(target_arch = "aarch64")]
+        {
+            if !Isa::Neon.supported() {
+                return None;
+            }
+            if !dotprod {
+                return Some(neon_plain_safe::kernels());
+            }
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                return Some(neon_dotprod_safe::kernels());
+            }
+            None
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        {
+            let _ = dotprod;
+            None
+        }
+    }
+
     /// The kernels of `isa`; `None` if this CPU cannot run it.
     pub fn new(isa: Isa) -> Option<Kernels> {
         if !isa.supported() {
@@ -193,7 +321,7 @@ impl Kernels {
                 axpy: portable::axpy,
             },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512 => Kernels {
+            Isa::Avx2 => Kernels {
                 isa,
                 q2k: avx2_safe::q2k,
                 q4k: avx2_safe::q4k,
@@ -206,8 +334,12 @@ impl Kernels {
                 expanded: avx2_safe::expanded,
                 axpy: avx2_safe::axpy,
             },
+            Isa::Avx512 => {
+                return Kernels::avx512(true).or_else(|| Kernels::avx512(false));
+            }
+            Isa::Neon => return Kernels::neon(true).or_else(|| Kernels::neon(false)),
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 => return None,
+            Isa::Avx2 => return None,
         })
     }
 
