@@ -161,8 +161,15 @@ fn run_backend(
         backend: b.kind,
         ..Default::default()
     };
+    let t = Instant::now();
     let mut live = Session::new(model.clone(), opts.clone()).map_err(|e| e.to_string())?;
     let mut restored = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+    eprintln!(
+        "{}: two sessions with ctx {} ready in {:.1} s",
+        b.label,
+        prompt.len() + 1,
+        t.elapsed().as_secs_f64()
+    );
     let device = live
         .backend_notice()
         .trim_start_matches("backend: ")

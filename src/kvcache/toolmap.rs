@@ -50,20 +50,37 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// The DSML tool-call blocks of `text`, in order, as ds4 finds them: the
 /// earliest start of any form that has a close tag after it (ties: the
 /// earlier form), the block ending just after that close tag; the scan goes
-/// on after the block.
+/// on after the block. Each form's next start is remembered between blocks
+/// (and a form whose close tag no longer occurs is dropped), so an agent
+/// transcript with many calls is scanned in about one pass per form, not
+/// one per block.
 pub fn dsml_blocks(text: &[u8]) -> Vec<Range<usize>> {
+    // Per form: the next start at or after `p` (None: none left).
+    let mut next: [Option<usize>; BLOCK_FORMS.len()] = [Some(0); BLOCK_FORMS.len()];
+    let mut searched_from = [usize::MAX; BLOCK_FORMS.len()];
     let mut out = Vec::new();
     let mut p = 0;
     loop {
         let mut best: Option<Range<usize>> = None;
-        for (open, close) in BLOCK_FORMS {
-            let Some(s) = find(&text[p..], open.as_bytes()).map(|s| p + s) else {
-                continue;
+        for (i, (open, close)) in BLOCK_FORMS.iter().enumerate() {
+            let s = match next[i] {
+                Some(s) if s >= p && searched_from[i] != usize::MAX => s,
+                Some(_) => {
+                    searched_from[i] = p;
+                    next[i] = find(&text[p..], open.as_bytes()).map(|s| p + s);
+                    match next[i] {
+                        Some(s) => s,
+                        None => continue,
+                    }
+                }
+                None => continue,
             };
             if best.as_ref().is_some_and(|b| s >= b.start) {
                 continue;
             }
             let Some(e) = find(&text[s..], close.as_bytes()) else {
+                // No close tag after this start: none after any later one.
+                next[i] = None;
                 continue;
             };
             best = Some(s..s + e + close.len());
@@ -163,6 +180,63 @@ mod tests {
         assert_eq!(&text.as_bytes()[r[1].clone()], B.as_bytes());
         // An open tag without its close tag is no block.
         assert!(dsml_blocks(b"<tool_calls> no close").is_empty());
+    }
+
+    /// ds4's scan as written: every form searched again after each block.
+    fn naive(text: &[u8]) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        let mut p = 0;
+        loop {
+            let mut best: Option<Range<usize>> = None;
+            for (open, close) in BLOCK_FORMS {
+                let Some(s) = find(&text[p..], open.as_bytes()).map(|s| p + s) else {
+                    continue;
+                };
+                if best.as_ref().is_some_and(|b| s >= b.start) {
+                    continue;
+                }
+                let Some(e) = find(&text[s..], close.as_bytes()) else {
+                    continue;
+                };
+                best = Some(s..s + e + close.len());
+            }
+            match best {
+                Some(b) => {
+                    p = b.end;
+                    out.push(b);
+                }
+                None => return out,
+            }
+        }
+    }
+
+    #[test]
+    fn the_remembered_scan_equals_ds4s_scan() {
+        let pieces = [
+            A,
+            B,
+            "<tool_calls>",
+            "</tool_calls>",
+            "\n\n<DSML｜tool_calls>",
+            "</DSML｜tool_calls>",
+            "<｜DSML｜tool_calls>",
+            "</｜DSML｜tool_calls>",
+            "\n",
+            "text ",
+        ];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for len in [0, 1, 7, 40, 300] {
+            for _ in 0..50 {
+                let mut t = String::new();
+                for _ in 0..len {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    t.push_str(pieces[(x % pieces.len() as u64) as usize]);
+                }
+                assert_eq!(dsml_blocks(t.as_bytes()), naive(t.as_bytes()), "{t:?}");
+            }
+        }
     }
 
     #[test]
