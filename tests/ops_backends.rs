@@ -249,17 +249,19 @@ fn run_case(case: &Case, b: &mut dyn Backend) -> Result<Results, BackendError> {
 }
 
 /// The devices the GPU half of the suite runs on: the adapter with every
-/// optional feature it has (and `DS4_WGPU_FEATURES` allows), and, when that
-/// device uses subgroups, the same adapter without them, so the subgroup
-/// kernels and their workgroup-memory fallbacks are both checked in one run.
-/// Empty (skip) outside CI when no adapter opens; in CI that is a failure.
+/// optional feature it has and, when that device uses subgroups, the same
+/// adapter without them, so the subgroup kernels and their workgroup-memory
+/// fallbacks are both checked in one run (whatever the default policy or
+/// `DS4_WGPU_FEATURES` would pick). Empty (skip) outside CI when no adapter
+/// opens; in CI that is a failure.
 fn gpus() -> Vec<Arc<Gpu>> {
+    use ds4::backend::wgpu::gpu::OPTIONAL_FEATURES;
     let choice = AdapterChoice::from_env(true);
-    match Gpu::shared(&choice) {
+    match Gpu::shared_with(&choice, OPTIONAL_FEATURES) {
         Ok(g) => {
             let mut out = vec![g.clone()];
             if g.shader_variant().subgroups {
-                let plain = g.features - wgpu::Features::SUBGROUP;
+                let plain = OPTIONAL_FEATURES - wgpu::Features::SUBGROUP;
                 match Gpu::shared_with(&choice, plain) {
                     Ok(p) => out.push(p),
                     Err(e) => panic!("the same adapter without subgroups: {e}"),

@@ -75,22 +75,24 @@ fn ctx() -> Option<&'static Ctx> {
     .as_ref()
 }
 
-/// The devices whose kernel variants the tests compare: the default one and,
-/// when it uses subgroups, the same adapter opened without them (the
-/// workgroup-memory fallback).
+/// The devices whose kernel variants the tests compare: the default one and
+/// the same adapter opened with subgroups toggled (on lavapipe the default
+/// is the fallback, so the other is the subgroup variant), when the adapter
+/// has them.
 fn devices(c: &'static Ctx) -> Vec<&'static Gpu> {
-    static PLAIN: OnceLock<Option<Gpu>> = OnceLock::new();
-    let plain = PLAIN.get_or_init(|| {
-        if !c.gpu.shader_variant().subgroups {
-            return None;
-        }
-        let allow = c.gpu.features - wgpu::Features::SUBGROUP;
-        Some(
-            Gpu::open_with(&AdapterChoice::from_env(true), allow)
-                .expect("the same adapter without subgroups opens"),
-        )
+    use ds4::backend::wgpu::gpu::OPTIONAL_FEATURES;
+    static OTHER: OnceLock<Option<Gpu>> = OnceLock::new();
+    let other = OTHER.get_or_init(|| {
+        let allow = if c.gpu.shader_variant().subgroups {
+            OPTIONAL_FEATURES - wgpu::Features::SUBGROUP
+        } else {
+            OPTIONAL_FEATURES
+        };
+        let g = Gpu::open_with(&AdapterChoice::from_env(true), allow)
+            .expect("the same adapter opens again");
+        (g.shader_variant() != c.gpu.shader_variant()).then_some(g)
     });
-    std::iter::once(&c.gpu).chain(plain.as_ref()).collect()
+    std::iter::once(&c.gpu).chain(other.as_ref()).collect()
 }
 
 /// SplitMix64 with Box–Muller normals: inputs depend only on the seed.

@@ -174,7 +174,7 @@ fn bandwidth_wgpu(a: &Args) -> Result<Vec<String>, String> {
     use ds4::backend::wgpu::{bandwidth, gpu, AdapterChoice, Gpu};
     // An explicit benchmark: CPU emulators (lavapipe) are allowed.
     let choice = AdapterChoice::from_env(true);
-    let first = Gpu::open(&choice).map_err(|e| e.to_string())?;
+    let first = Gpu::open_with(&choice, gpu::OPTIONAL_FEATURES).map_err(|e| e.to_string())?;
     let sets: Vec<String> = match &a.bw_features {
         Some(list) => list.split('/').map(|x| x.trim().to_string()).collect(),
         // Only subgroups differ between the two devices (timestamps kept, so

@@ -11,10 +11,12 @@ use crate::backend::BackendError;
 /// `ds4 --list-devices` or a case-insensitive substring of the adapter name.
 pub const ADAPTER_ENV: &str = "DS4_WGPU_ADAPTER";
 
-/// Environment variable limiting the optional features a device is created
-/// with: `all` (the default), `none`, or a comma list of `f16`, `subgroups`,
-/// `timestamps`. `DS4_WGPU_FEATURES=none` runs every kernel's fallback path
-/// on an adapter that has the features (CI tests both on lavapipe).
+/// Environment variable choosing the optional features a device is created
+/// with (those the adapter has): `all`, `none`, or a comma list of `f16`,
+/// `subgroups`, `timestamps`; unset: [`default_features`].
+/// `DS4_WGPU_FEATURES=none` runs every kernel's fallback path on an adapter
+/// that has the features, `all` the subgroup kernels on lavapipe (CI runs
+/// both).
 pub const FEATURES_ENV: &str = "DS4_WGPU_FEATURES";
 
 /// The optional features ds4 uses where the adapter has them.
@@ -43,11 +45,24 @@ pub fn parse_features(s: &str) -> Result<wgpu::Features, BackendError> {
     Ok(f)
 }
 
-/// The optional features [`FEATURES_ENV`] allows (all when unset).
-pub fn features_from_env() -> Result<wgpu::Features, BackendError> {
+/// The optional features [`FEATURES_ENV`] allows; `None` when it is unset:
+/// the default policy of [`default_features`].
+pub fn features_from_env() -> Result<Option<wgpu::Features>, BackendError> {
     match std::env::var(FEATURES_ENV) {
-        Ok(s) if !s.trim().is_empty() => parse_features(&s),
-        _ => Ok(OPTIONAL_FEATURES),
+        Ok(s) if !s.trim().is_empty() => parse_features(&s).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The optional features used when [`FEATURES_ENV`] is unset: all of them,
+/// except subgroups on CPU emulation (lavapipe), where the subgroup matrix
+/// kernels measured up to 1.7× slower than the workgroup-memory fallback
+/// (docs/PERFORMANCE.md). `DS4_WGPU_FEATURES=all` turns them on there too.
+pub fn default_features(info: &wgpu::AdapterInfo) -> wgpu::Features {
+    if info.device_type == wgpu::DeviceType::Cpu {
+        OPTIONAL_FEATURES - wgpu::Features::SUBGROUP
+    } else {
+        OPTIONAL_FEATURES
     }
 }
 
@@ -249,16 +264,25 @@ impl Gpu {
     /// Opens the chosen adapter with its own limits and the optional features
     /// it has that [`FEATURES_ENV`] allows, and installs the error handlers.
     pub fn open(choice: &AdapterChoice) -> Result<Gpu, BackendError> {
-        Self::open_with(choice, features_from_env()?)
+        Self::open_inner(choice, features_from_env()?)
     }
 
     /// Opens the chosen adapter with the optional features in `allow` that it
     /// has (tests open one device per variant in one process).
     pub fn open_with(choice: &AdapterChoice, allow: wgpu::Features) -> Result<Gpu, BackendError> {
+        Self::open_inner(choice, Some(allow))
+    }
+
+    /// `allow`: `None` for [`default_features`].
+    fn open_inner(
+        choice: &AdapterChoice,
+        allow: Option<wgpu::Features>,
+    ) -> Result<Gpu, BackendError> {
         let inst = instance();
         let adapter = pick(adapters(&inst), choice)?;
         let info = adapter.get_info();
         let limits = adapter.limits();
+        let allow = allow.unwrap_or_else(|| default_features(&info));
         let mut features = adapter.features() & OPTIONAL_FEATURES & allow;
         // Subgroup kernels size their per-subgroup scratch for subgroups of
         // at least 4 invocations (WebGPU's minimum); an adapter reporting
@@ -305,7 +329,7 @@ impl Gpu {
     /// One device per adapter choice for the whole process: sessions (and
     /// tests) opened one after another share it and its compiled pipelines.
     pub fn shared(choice: &AdapterChoice) -> Result<Arc<Gpu>, BackendError> {
-        Self::shared_with(choice, features_from_env()?)
+        Self::shared_inner(choice, features_from_env()?)
     }
 
     /// [`Gpu::shared`] with the optional features limited to `allow`.
@@ -313,14 +337,21 @@ impl Gpu {
         choice: &AdapterChoice,
         allow: wgpu::Features,
     ) -> Result<Arc<Gpu>, BackendError> {
-        type Open = Vec<((AdapterChoice, wgpu::Features), Arc<Gpu>)>;
+        Self::shared_inner(choice, Some(allow))
+    }
+
+    fn shared_inner(
+        choice: &AdapterChoice,
+        allow: Option<wgpu::Features>,
+    ) -> Result<Arc<Gpu>, BackendError> {
+        type Open = Vec<((AdapterChoice, Option<wgpu::Features>), Arc<Gpu>)>;
         static OPEN: Mutex<Open> = Mutex::new(Vec::new());
-        let key = (choice.clone(), allow & OPTIONAL_FEATURES);
+        let key = (choice.clone(), allow.map(|a| a & OPTIONAL_FEATURES));
         let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, g)) = open.iter().find(|(k, _)| *k == key) {
             return Ok(g.clone());
         }
-        let g = Arc::new(Gpu::open_with(choice, key.1)?);
+        let g = Arc::new(Gpu::open_inner(choice, key.1)?);
         open.push((key, g.clone()));
         Ok(g)
     }
@@ -417,8 +448,8 @@ pub fn devices_report() -> String {
     }
     out.push_str(&format!(
         "{ADAPTER_ENV}=INDEX|NAME picks one; --backend auto uses the first real GPU.\n\
-         {FEATURES_ENV}=none (or a list of f16,subgroups,timestamps) limits the optional \
-         features used; subgroup kernels run where SUBGROUP is listed and allowed.\n"
+         {FEATURES_ENV}=all|none|f16,subgroups,timestamps picks the optional features used \
+         (default: all, but no subgroups on CPU emulation).\n"
     ));
     out
 }

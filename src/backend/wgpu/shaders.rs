@@ -102,7 +102,7 @@ fn preprocess(family: &str, src: &str, variant: Variant) -> String {
     let mut out = String::with_capacity(src.len());
     for (n, line) in src.lines().enumerate() {
         let t = line.trim();
-        let keep_outer = stack.last().map_or(true, |&(k, o)| k && o);
+        let keep_outer = stack.last().is_none_or(|&(k, o)| k && o);
         if let Some(name) = t.strip_prefix("//#if ") {
             let on = variant
                 .flag(name.trim())
