@@ -128,7 +128,6 @@ fn preprocess(family: &str, src: &str, variant: Variant) -> String {
     out
 }
 
-
 /// Families that read or write cached KV rows through the type `kvt`:
 /// each has an f32 module (`kvt` = f32) and an `<family>_f16` module
 /// (`enable f16;`, `kvt` = f16) used where the rows are stored as f16.
