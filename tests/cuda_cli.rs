@@ -145,7 +145,7 @@ fn bandwidth_mode_runs_on_cuda() {
         .map(|l| {
             // Quoted fields hold no commas here except the device name,
             // which is the first field: split it off first.
-            let rest = l.rsplitn(12, ',').collect::<Vec<_>>();
+            let rest = l.rsplitn(13, ',').collect::<Vec<_>>();
             rest.into_iter().rev().skip(1).map(str::to_string).collect()
         })
         .collect();

@@ -60,6 +60,10 @@ fn source(root: &Path) -> String {
 }
 
 fn build() -> Result<PathBuf, String> {
+    // Tests of one binary run on several threads of one process: build once
+    // (the temporary names below are per process, not per thread).
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = source(root);
     let hash = src.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -101,7 +105,13 @@ fn build() -> Result<PathBuf, String> {
             String::from_utf8_lossy(&o.stderr)
         ));
     }
-    std::fs::rename(&tmp, &lib).map_err(|e| e.to_string())?;
+    // Another test process may have finished the same library first.
+    if let Err(e) = std::fs::rename(&tmp, &lib) {
+        if !lib.exists() {
+            return Err(format!("{}: {e}", lib.display()));
+        }
+    }
+    std::fs::remove_file(&cpp).ok();
     Ok(lib)
 }
 
