@@ -107,7 +107,7 @@ fn finite_f16(r: &mut Rng) -> u16 {
 fn random_rows(ty: GgmlType, n_in: usize, rows: usize, r: &mut Rng) -> Vec<u8> {
     let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
     let mut b: Vec<u8> = (0..rb * rows).map(|_| r.next() as u8).collect();
-    let mut put16 = |b: &mut [u8], at: usize, r: &mut Rng| {
+    let put16 = |b: &mut [u8], at: usize, r: &mut Rng| {
         let h = finite_f16(r).to_le_bytes();
         b[at..at + 2].copy_from_slice(&h);
     };

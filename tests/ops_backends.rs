@@ -1167,6 +1167,48 @@ fn router_matches_the_cpu() {
     check(cases);
 }
 
+/// One `MatMul` case: an `n_out × n_in` weight of type `ty` made by the
+/// real quantizer, `groups` grouped projections, `n` tokens (graph capacity
+/// `cap`), seeded inputs.
+#[allow(clippy::too_many_arguments)]
+fn matmul_case(
+    rng: &mut Rng,
+    label: &str,
+    ty: GgmlType,
+    n_in: usize,
+    n_out: usize,
+    groups: usize,
+    n: usize,
+    cap: usize,
+) -> Case {
+    let mut w = Weights::default();
+    w.add(
+        "w",
+        &[n_in as u64, n_out as u64],
+        ty,
+        &rng.vec(n_in * n_out, 1.0),
+    );
+    let (f, r) = w.build();
+    let mut b = Builder::new(cap, n);
+    let x = b.rec.tokens_f32("x", groups * n_in);
+    let o = b.rec.tokens_f32("out", n_out);
+    let inputs = vec![(x, rng.vec(n * groups * n_in, 1.0))];
+    let op = Op::MatMul(matmul::MatMul {
+        w: r[0].clone(),
+        x,
+        out: o,
+        groups,
+    });
+    b.finish(
+        format!("{label} {ty} {n_in}→{n_out} g{groups} n {n}"),
+        f,
+        op,
+        inputs,
+        vec![],
+        0,
+    )
+}
+
 /// The matrix products (MatMul, MoeExperts) for every weight type.
 fn matmul_cases() -> Vec<Case> {
     let mut rng = Rng(0x3A7);
@@ -1182,31 +1224,8 @@ fn matmul_cases() -> Vec<Case> {
         (GgmlType::Mxfp4, 64),
     ] {
         for &(n_out, groups, n) in &[(1usize, 1usize, 1usize), (17, 1, 5), (6, 3, 2)] {
-            let mut w = Weights::default();
-            w.add(
-                "w",
-                &[n_in as u64, n_out as u64],
-                ty,
-                &rng.vec(n_in * n_out, 1.0),
-            );
-            let (f, r) = w.build();
-            let mut b = Builder::new(6, n);
-            let x = b.rec.tokens_f32("x", groups * n_in);
-            let o = b.rec.tokens_f32("out", n_out);
-            let inputs = vec![(x, rng.vec(n * groups * n_in, 1.0))];
-            let op = Op::MatMul(matmul::MatMul {
-                w: r[0].clone(),
-                x,
-                out: o,
-                groups,
-            });
-            cases.push(b.finish(
-                format!("matmul {ty} {n_in}→{n_out} g{groups} n {n}"),
-                f,
-                op,
-                inputs,
-                vec![],
-                0,
+            cases.push(matmul_case(
+                &mut rng, "matmul", ty, n_in, n_out, groups, n, 6,
             ));
         }
     }
@@ -1380,32 +1399,7 @@ fn prefill_matmul_cases() -> Vec<Case> {
         (GgmlType::Mxfp4, 64),
     ] {
         for &(n_out, groups, n) in &[(70usize, 1usize, 33usize), (128, 2, 40), (20, 1, 5)] {
-            let mut w = Weights::default();
-            w.add(
-                "w",
-                &[n_in as u64, n_out as u64],
-                ty,
-                &rng.vec(n_in * n_out, 1.0),
-            );
-            let (f, r) = w.build();
-            let mut b = Builder::new(40, n);
-            let x = b.rec.tokens_f32("x", groups * n_in);
-            let o = b.rec.tokens_f32("out", n_out);
-            let inputs = vec![(x, rng.vec(n * groups * n_in, 1.0))];
-            let op = Op::MatMul(matmul::MatMul {
-                w: r[0].clone(),
-                x,
-                out: o,
-                groups,
-            });
-            cases.push(b.finish(
-                format!("mma {ty} {n_in}→{n_out} g{groups} n {n}"),
-                f,
-                op,
-                inputs,
-                vec![],
-                0,
-            ));
+            cases.push(matmul_case(&mut rng, "mma", ty, n_in, n_out, groups, n, 40));
         }
     }
     cases

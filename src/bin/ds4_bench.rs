@@ -118,6 +118,21 @@ struct Args {
     kv_restore_dir: Option<PathBuf>,
 }
 
+impl Args {
+    /// The backend the flags name (`--backend`, `--cpu`, `--metal`,
+    /// `--vulkan`, `--cuda`), resolved as ds4 and ds4-server do.
+    fn backend_kind(&self) -> Result<ds4::backend::BackendKind, String> {
+        ds4::backend::select::BackendFlags {
+            backend: self.backend.clone(),
+            cpu: self.cpu,
+            metal: self.metal,
+            vulkan: self.vulkan,
+            cuda: self.cuda,
+        }
+        .resolve()
+    }
+}
+
 /// `--bandwidth`: the table on stdout, the CSV to `--csv` when given. The
 /// device is the wgpu adapter, or the CUDA device with `--backend cuda`.
 fn run_bandwidth(a: &Args) -> Result<(), String> {
@@ -127,14 +142,7 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
     if a.bw_max_out == Some(0) {
         return Err("--bw-max-out must be positive".into());
     }
-    let backend = ds4::backend::select::BackendFlags {
-        backend: a.backend.clone(),
-        cpu: a.cpu,
-        metal: a.metal,
-        vulkan: a.vulkan,
-        cuda: a.cuda,
-    }
-    .resolve()?;
+    let backend = a.backend_kind()?;
     let csv = if backend == ds4::backend::BackendKind::Cuda {
         bandwidth_cuda(a)?
     } else {
@@ -388,14 +396,7 @@ fn run(a: Args) -> Result<(), String> {
     if a.bandwidth {
         return run_bandwidth(&a);
     }
-    let backend = ds4::backend::select::BackendFlags {
-        backend: a.backend.clone(),
-        cpu: a.cpu,
-        metal: a.metal,
-        vulkan: a.vulkan,
-        cuda: a.cuda,
-    }
-    .resolve()?;
+    let backend = a.backend_kind()?;
     if a.ctx_start == 0 || a.ctx_start > a.ctx_max {
         return Err("--ctx-start must be in 1..=ctx-max".into());
     }
