@@ -10,12 +10,13 @@
 //! f32 backends; the bounds are the measured figures with a margin.
 
 mod common;
+use common::{argmax, log_softmax};
 
-use common::{tiny_model, tokens};
+use common::tokens;
 use ds4::backend::cpu_fast::Isa;
 use ds4::backend::BackendKind;
 use ds4::model::forward::Numerics;
-use ds4::session::{Session, SessionOptions};
+use ds4::session::Session;
 use ds4::testmodel::Variant;
 
 /// Max |Δ log-prob| over every position and vocabulary entry.
@@ -26,29 +27,7 @@ const MEDIAN_DLOGPROB: f32 = 0.01;
 const MIN_GREEDY_AGREEMENT: f64 = 0.9;
 
 fn session(v: Variant, numerics: Numerics, backend: BackendKind, chunk: usize) -> Session {
-    let opts = SessionOptions {
-        ctx: 256,
-        prefill_chunk: chunk,
-        numerics,
-        backend,
-        ..Default::default()
-    };
-    Session::new(tiny_model(v), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
-}
-
-fn log_softmax(l: &[f32]) -> Vec<f32> {
-    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
-    let ls = s.ln() as f32;
-    l.iter().map(|&x| x - m - ls).collect()
-}
-
-fn argmax(l: &[f32]) -> usize {
-    l.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-        .map(|(i, _)| i)
-        .unwrap_or(0)
+    common::session_on(v, numerics, backend, 256, chunk)
 }
 
 /// (max |Δ log-prob|, median |Δ log-prob|, greedy agreement).

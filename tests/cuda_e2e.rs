@@ -7,11 +7,11 @@
 #![cfg(feature = "cuda")]
 
 mod common;
+use common::{max_dlogprob, session_on as session};
 
-use common::{tiny_model, tokens};
+use common::tokens;
 use ds4::backend::BackendKind;
 use ds4::model::forward::Numerics;
-use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
 
 const MAX_DLOGPROB: f32 = 2e-3;
@@ -27,44 +27,6 @@ fn have_cuda() -> bool {
             false
         }
     }
-}
-
-fn session(
-    v: Variant,
-    numerics: Numerics,
-    backend: BackendKind,
-    ctx: usize,
-    chunk: usize,
-) -> Session {
-    let opts = SessionOptions {
-        ctx,
-        prefill_chunk: chunk,
-        numerics,
-        backend,
-        ..Default::default()
-    };
-    Session::new(tiny_model(v), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
-}
-
-fn log_softmax(l: &[f32]) -> Vec<f32> {
-    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
-    let ls = s.ln() as f32;
-    l.iter().map(|&x| x - m - ls).collect()
-}
-
-fn max_dlogprob(a: &[f32], b: &[f32], vocab: usize) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.chunks(vocab)
-        .zip(b.chunks(vocab))
-        .map(|(x, y)| {
-            log_softmax(x)
-                .iter()
-                .zip(log_softmax(y))
-                .map(|(p, q)| (p - q).abs())
-                .fold(0.0, f32::max)
-        })
-        .fold(0.0, f32::max)
 }
 
 #[test]

@@ -23,7 +23,7 @@ use ds4::backend::{Backend, BackendKind, WeightFile};
 use ds4::graph::{StateId, StateLayout};
 use ds4::model::forward::Numerics;
 use ds4::model::state::KvLayout;
-use ds4::session::{Session, SessionOptions};
+use ds4::session::Session;
 use ds4::testmodel::Variant;
 
 /// Same bound as tests/wgpu_e2e.rs (docs/VALIDATION.md).
@@ -56,30 +56,12 @@ fn has_f16(gpu: &Gpu) -> bool {
 }
 
 fn session(backend: BackendKind, ctx: usize, chunk: usize) -> Session {
-    let opts = SessionOptions {
-        ctx,
-        prefill_chunk: chunk,
-        numerics: Numerics::Model,
-        backend,
-        ..Default::default()
-    };
-    Session::new(tiny_model(Variant::Q8), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+    common::session_on(Variant::Q8, Numerics::Model, backend, ctx, chunk)
 }
 
-fn log_softmax(l: &[f32]) -> Vec<f32> {
-    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
-    let ls = s.ln() as f32;
-    l.iter().map(|&x| x - m - ls).collect()
-}
-
+/// Max |Δ log-prob| of one row of logits.
 fn max_dlogprob(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    log_softmax(a)
-        .iter()
-        .zip(log_softmax(b))
-        .map(|(p, q)| (p - q).abs())
-        .fold(0.0, f32::max)
+    common::max_dlogprob(a, b, a.len())
 }
 
 /// A small deterministic generator (no dependency on the library's).

@@ -12,6 +12,7 @@
 //! not differ more.
 
 mod common;
+use common::{argmax, max_dlogprob, session_on as session};
 
 use std::sync::Arc;
 
@@ -41,53 +42,6 @@ fn have_gpu() -> bool {
             false
         }
     }
-}
-
-fn session(
-    v: Variant,
-    numerics: Numerics,
-    backend: BackendKind,
-    ctx: usize,
-    chunk: usize,
-) -> Session {
-    let opts = SessionOptions {
-        ctx,
-        prefill_chunk: chunk,
-        numerics,
-        backend,
-        ..Default::default()
-    };
-    Session::new(tiny_model(v), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
-}
-
-fn log_softmax(l: &[f32]) -> Vec<f32> {
-    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
-    let ls = s.ln() as f32;
-    l.iter().map(|&x| x - m - ls).collect()
-}
-
-/// Max |Δ log-prob| between two runs of `vocab`-wide logit rows.
-fn max_dlogprob(a: &[f32], b: &[f32], vocab: usize) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.chunks(vocab)
-        .zip(b.chunks(vocab))
-        .map(|(x, y)| {
-            log_softmax(x)
-                .iter()
-                .zip(log_softmax(y))
-                .map(|(p, q)| (p - q).abs())
-                .fold(0.0, f32::max)
-        })
-        .fold(0.0, f32::max)
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    l.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-        .map(|(i, _)| i as u32)
-        .unwrap_or(0)
 }
 
 /// Keep-all mode: runs `toks` on the CPU and on wgpu with every value of the

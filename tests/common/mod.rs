@@ -5,7 +5,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use ds4::backend::BackendKind;
+use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
+use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
 
 /// The tiny model of `variant`, generated once per build tree (the generator
@@ -54,4 +57,55 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// A session on the tiny model of `variant` for the end-to-end backend
+/// comparisons: context `ctx`, prefill in chunks of `chunk`.
+pub fn session_on(
+    variant: Variant,
+    numerics: Numerics,
+    backend: BackendKind,
+    ctx: usize,
+    chunk: usize,
+) -> Session {
+    let opts = SessionOptions {
+        ctx,
+        prefill_chunk: chunk,
+        numerics,
+        backend,
+        ..Default::default()
+    };
+    Session::new(tiny_model(variant), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+}
+
+/// Log-probabilities of one row of logits (sums in f64).
+pub fn log_softmax(l: &[f32]) -> Vec<f32> {
+    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    let ls = s.ln() as f32;
+    l.iter().map(|&x| x - m - ls).collect()
+}
+
+/// Max |Δ log-prob| between two runs of `vocab`-wide logit rows.
+pub fn max_dlogprob(a: &[f32], b: &[f32], vocab: usize) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.chunks(vocab)
+        .zip(b.chunks(vocab))
+        .map(|(x, y)| {
+            log_softmax(x)
+                .iter()
+                .zip(log_softmax(y))
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f32::max)
+        })
+        .fold(0.0, f32::max)
+}
+
+/// The greedy token of one row of logits (ties to the lower id).
+pub fn argmax(l: &[f32]) -> u32 {
+    l.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+        .map(|(i, _)| i as u32)
+        .unwrap_or(0)
 }
