@@ -47,6 +47,16 @@ fn mkfifo(p: &Path) {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
 }
 
+fn chown(p: &Path, uid: u32) {
+    let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; the group is left as it is.
+    assert_eq!(
+        unsafe { libc::chown(c.as_ptr(), uid, u32::MAX) },
+        0,
+        "chown"
+    );
+}
+
 fn config(dir: &Path) -> KvCacheConfig {
     KvCacheConfig {
         kv_disk_dir: Some(dir.to_path_buf()),
@@ -208,6 +218,20 @@ fn a_folder_others_can_write_is_refused_with_the_folder_and_the_fix() {
         let canon = fs::canonicalize(&dir).unwrap();
         assert!(m.contains(&canon.display().to_string()), "{m}");
         assert!(m.contains(fix) && m.contains("every user"), "{m}");
+    }
+    // Another user's folder: only root can make one here, so this part
+    // runs only as root (CI containers often are).
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        for mode in [0o755, 0o775] {
+            let dir = fresh_dir("foreign");
+            chown(&dir, 4242);
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).unwrap();
+            let Err(e) = DiskCache::open(&config(&dir), 2) else {
+                panic!("a folder of uid 4242 accepted")
+            };
+            assert!(e.to_string().contains("belongs to uid 4242"), "{e}");
+        }
     }
     // Group-writable and ours (umask 002, or a group we chose) is accepted.
     let dir = fresh_dir("group-writable");
@@ -496,6 +520,18 @@ fn the_default_lock_is_per_user_private_and_still_exclusive() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("mode 0777"), "{err}");
     fs::remove_dir(&folder).unwrap();
+
+    // Another user's folder under our name (root only can stage it).
+    if me == 0 {
+        fs::create_dir(&folder).unwrap();
+        fs::set_permissions(&folder, fs::Permissions::from_mode(0o700)).unwrap();
+        chown(&folder, 4242);
+        let o = run_to_exit(default_lock_cmd(&tmp));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("uid 4242"), "{err}");
+        fs::remove_dir(&folder).unwrap();
+    }
 
     // The ordinary case: the folder is made 0700, the lock file 0600, and
     // a second server of the same user exits 2 while the first runs (the
