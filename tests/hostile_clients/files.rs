@@ -294,8 +294,25 @@ fn require_checksum_skips_an_unmarked_file_and_loads_a_marked_one() {
         logs.contains(&sha_long) && logs.contains("no checksum mark"),
         "{logs}"
     );
-    // The unmarked file is kept (ds4 may still use it), only not loaded.
+    // The unmarked file is kept (ds4 may still use it), only not loaded...
     assert!(p.exists());
+    // ...until this server stores the same text: then it is replaced by a
+    // marked file instead of counting as already stored.
+    assert!(matches!(
+        strict.store(&s_long, &long, CacheKey::Tokens, SaveReason::Evict, &[]),
+        StoreOutcome::Stored { .. }
+    ));
+    assert_eq!(fs::read(&p).unwrap()[7], 0xC5, "marked now");
+    let mut s = session(0, 0);
+    let LookupOutcome::Hit(h) = strict.lookup(&mut s, &prompt) else {
+        panic!("the replaced file loads")
+    };
+    assert_eq!(h.sha, sha_long);
+    // Back to unmarked for the last case.
+    let mut raw = fs::read(&p).unwrap();
+    raw[7] = 0;
+    raw[20..24].fill(0);
+    fs::write(&p, &raw).unwrap();
     // Only the unmarked one matching: a miss.
     let mut s = session(0, 0);
     fs::remove_file(dir.join(format!("{sha_short}.kv"))).unwrap();
