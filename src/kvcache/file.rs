@@ -2,7 +2,9 @@
 //! text length, the rendered cache text, ds4's session payload and the
 //! optional KTM tool-id map. Writing is crash safe (temp file in the same
 //! folder, fsync, rename, fsync of the folder); reading checks every length
-//! against the file before trusting it.
+//! against the file before trusting it. Every open goes through
+//! [`super::guard`]: no symlinks followed, no FIFO waited on, temp files
+//! created new with mode 0600.
 //!
 //! One addition to ds4's layout, invisible to ds4: header byte 7 and bytes
 //! 20..24 are reserved in ds4 (written 0, ignored on read, re-zeroed when ds4
@@ -11,11 +13,13 @@
 //! text or the 13+ MB of state is caught before it reaches a session. A file
 //! without the mark (written or touched by ds4) is read unchecked, as ds4 does.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use sha1::{Digest, Sha1};
+
+use super::guard;
 
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = 48;
@@ -311,8 +315,13 @@ pub fn write_atomic(
     c: &NewCheckpoint<'_>,
     write_limit: Option<u64>,
 ) -> io::Result<u64> {
+    let text_len = u32::try_from(c.text.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cache text over 4 GiB"))?;
     let tmp = temp_path(final_path);
-    let r = write_then_rename(&tmp, final_path, c, write_limit);
+    // Only a temp file we created is ours to remove on error: a symlink or
+    // FIFO that was in the way stays for the operator to look at.
+    let file = guard::create_temp(&tmp)?;
+    let r = write_then_rename(file, &tmp, final_path, c, text_len, write_limit);
     if r.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -320,18 +329,13 @@ pub fn write_atomic(
 }
 
 fn write_then_rename(
+    file: File,
     tmp: &Path,
     final_path: &Path,
     c: &NewCheckpoint<'_>,
+    text_len: u32,
     write_limit: Option<u64>,
 ) -> io::Result<u64> {
-    let text_len = u32::try_from(c.text.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cache text over 4 GiB"))?;
-    let mut opts = OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let file = opts.open(tmp)?;
     let mut w = LimitedWriter {
         inner: io::BufWriter::with_capacity(1 << 20, &file),
         left: write_limit,
@@ -390,7 +394,7 @@ pub enum Probe {
 
 /// Reads the header and text length of `path` (named `<sha>.kv`).
 pub fn probe(path: &Path, sha: &str) -> io::Result<Probe> {
-    let mut f = File::open(path)?;
+    let mut f = guard::open_read(path)?;
     let size = f.metadata()?.len();
     if size < PREFIX_BYTES {
         return Ok(Probe::BadHeader);
@@ -467,7 +471,7 @@ pub fn read_contents(
     with_payload: bool,
     max_text: usize,
 ) -> Result<(KvcHeader, Contents), ContentError> {
-    let mut f = File::open(&e.path).map_err(ContentError::Io)?;
+    let mut f = guard::open_read(&e.path).map_err(ContentError::Io)?;
     let size = f.metadata().map_err(ContentError::Io)?.len();
     let mut b = [0u8; PREFIX_BYTES as usize];
     f.read_exact(&mut b).map_err(ContentError::Io)?;
@@ -511,7 +515,7 @@ pub fn read_contents(
 
 /// The bytes of `path` from `start` to the end (a KTM section).
 pub fn read_tail(path: &Path, start: u64) -> io::Result<Vec<u8>> {
-    let mut f = File::open(path)?;
+    let mut f = guard::open_read(path)?;
     f.seek(SeekFrom::Start(start))?;
     let mut b = Vec::new();
     f.read_to_end(&mut b)?;
@@ -521,7 +525,7 @@ pub fn read_tail(path: &Path, start: u64) -> io::Result<Vec<u8>> {
 /// Rewrites only the header in place (hit count and last-used time). The
 /// 48 bytes lie in the first page, so a killed process leaves old or new.
 pub fn rewrite_header(path: &Path, h: &KvcHeader) -> io::Result<()> {
-    let mut f = OpenOptions::new().write(true).open(path)?;
+    let mut f = guard::open_write(path)?;
     f.write_all(&h.encode())?;
     f.sync_data()
 }

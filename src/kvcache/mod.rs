@@ -8,6 +8,8 @@
 //! * [`moments`]: the worker's calls at each save moment (cold, continued,
 //!   evict, shutdown) and at the disk lookup rule.
 //! * [`toolmap`]: which tool ids a checkpoint's KTM map carries.
+//! * [`guard`]: the folder's permission check and the safe opens (no
+//!   symlinks, no FIFOs, temp files created new).
 //!
 //! The server's worker owns one [`SaveMoments`] (around a [`DiskCache`] from
 //! [`DiskCache::open`]) beside its live session. The CLI and
@@ -15,6 +17,7 @@
 //! for one file at a path of the user's choosing.
 
 pub mod file;
+pub mod guard;
 pub mod moments;
 pub mod policy;
 pub mod store;
@@ -44,6 +47,9 @@ pub enum KvCacheError {
     },
     #[error("kv cache: {0}")]
     Config(String),
+    /// The folder is not safe to load from (`guard::check_folder`).
+    #[error("{0}")]
+    UnsafeFolder(String),
     #[error("{path}: not a usable KVC checkpoint: {why}")]
     BadFile { path: PathBuf, why: String },
     #[error(transparent)]
@@ -220,7 +226,10 @@ pub fn load_file(path: &Path, session: &mut Session) -> Result<(KvcHeader, Vec<u
         .and_then(|n| n.to_str())
         .and_then(file::checkpoint_stem)
         .unwrap_or_default();
-    let e = match file::probe(path, &sha).map_err(|e| KvCacheError::io(path, e))? {
+    // The user named this path, so a symlink is followed here, once: the
+    // reads below go to the resolved file and never follow one themselves.
+    let real = std::fs::canonicalize(path).map_err(|e| KvCacheError::io(path, e))?;
+    let e = match file::probe(&real, &sha).map_err(|e| KvCacheError::io(path, e))? {
         file::Probe::Valid(e) => e,
         file::Probe::BadHeader => return Err(bad("invalid KVC header".into())),
         file::Probe::Truncated { declared, actual } => {

@@ -24,6 +24,9 @@ pub struct KvCacheConfig {
     pub kv_cache_boundary_align_tokens: usize,
     /// `--kv-cache-reject-different-quant` (default off).
     pub kv_cache_reject_different_quant: bool,
+    /// `--kv-cache-require-checksum` (default off): load only files whose
+    /// header carries our CRC-32 mark, i.e. skip files ds4 wrote or touched.
+    pub kv_cache_require_checksum: bool,
     /// `--tool-memory-max-ids` (default 100000): bounds a KTM section.
     pub tool_memory_max_ids: usize,
 }
@@ -39,6 +42,7 @@ impl Default for KvCacheConfig {
             kv_cache_boundary_trim_tokens: 32,
             kv_cache_boundary_align_tokens: 2048,
             kv_cache_reject_different_quant: false,
+            kv_cache_require_checksum: false,
             tool_memory_max_ids: 100_000,
         }
     }

@@ -14,7 +14,7 @@ use super::file::{
     self, checkpoint_stem, read_contents, sha1_hex, ContentError, Entry, KtmEntry, KvcHeader,
     NewCheckpoint, Probe, SaveReason, EXT_RESPONSES_TEXT, EXT_THINKING_TEXT, EXT_TOOL_MAP,
 };
-use super::{KvCacheConfig, KvCacheError, KvCacheMetrics};
+use super::{guard, KvCacheConfig, KvCacheError, KvCacheMetrics};
 use crate::session::Session;
 
 /// What the cache text of a checkpoint is (§4.2).
@@ -125,7 +125,8 @@ fn process_alive(pid: u32) -> bool {
 
 impl DiskCache {
     /// Opens the cache named by `cfg.kv_disk_dir` (`Ok(None)` when the flag
-    /// is absent): creates the folder (mode 0700, parents too), removes temp
+    /// is absent): creates the folder (mode 0700, parents too), refuses it
+    /// if other users can write it ([`guard::check_folder`]), removes temp
     /// files of writers that died, and runs eviction. `quant_bits` is the
     /// routed-expert quant of the loaded model ([`super::routed_quant_bits`]).
     pub fn open(cfg: &KvCacheConfig, quant_bits: u8) -> Result<Option<DiskCache>, KvCacheError> {
@@ -143,6 +144,10 @@ impl DiskCache {
         #[cfg(unix)]
         std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
         b.create(&dir).map_err(|e| KvCacheError::io(&dir, e))?;
+        // The folder is checked and then used by its resolved path, so a
+        // symlink given as --kv-disk-dir cannot be re-pointed afterwards.
+        let dir = fs::canonicalize(&dir).map_err(|e| KvCacheError::io(&dir, e))?;
+        guard::check_folder(&dir).map_err(KvCacheError::UnsafeFolder)?;
         let c = DiskCache {
             dir,
             cfg: cfg.clone(),
@@ -153,6 +158,7 @@ impl DiskCache {
             log: Arc::new(|m| eprintln!("ds4: kv cache: {m}")),
         };
         c.remove_stale_temps();
+        c.log_odd_entries();
         c.evict(None);
         Ok(Some(c))
     }
@@ -204,6 +210,9 @@ impl DiskCache {
             return;
         };
         for de in rd.flatten() {
+            if !is_regular(&de) {
+                continue;
+            }
             let name = de.file_name();
             let Some(name) = name.to_str() else { continue };
             let Some((base, pid)) = name.rsplit_once(".tmp.") else {
@@ -218,6 +227,29 @@ impl DiskCache {
             if fs::remove_file(de.path()).is_ok() {
                 self.log(&format!("removed {name} left by a writer that died"));
             }
+        }
+    }
+
+    /// One log line at open per checkpoint-named entry that is not a
+    /// regular file (a symlink, FIFO, folder): the scan skips them silently
+    /// afterwards, and nothing ever opens, follows or deletes them.
+    fn log_odd_entries(&self) {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for de in rd.flatten() {
+            let name = de.file_name();
+            if name.to_str().and_then(checkpoint_stem).is_none() || is_regular(&de) {
+                continue;
+            }
+            let kind = de
+                .file_type()
+                .map(|t| guard::kind_name(&t))
+                .unwrap_or("unreadable");
+            self.log(&format!(
+                "ignoring {}: {kind}, not a regular file (never opened, followed or deleted)",
+                de.path().display()
+            ));
         }
     }
 
@@ -239,12 +271,18 @@ impl DiskCache {
     /// All checkpoints with a valid header and the size it declares (§3).
     /// Truncated files (a valid header but shorter) can never load and are
     /// removed; files with an invalid header are ignored and kept, as in ds4.
+    /// Only regular files count: a symlink, FIFO or folder under a
+    /// checkpoint name is skipped (`probe` re-checks on the open descriptor,
+    /// in case one was swapped in after the directory read).
     pub fn scan(&self) -> Vec<Entry> {
         let mut out = Vec::new();
         let Ok(rd) = fs::read_dir(&self.dir) else {
             return out;
         };
         for de in rd.flatten() {
+            if !is_regular(&de) {
+                continue;
+            }
             let name = de.file_name();
             let Some(sha) = name.to_str().and_then(checkpoint_stem) else {
                 continue;
@@ -266,6 +304,11 @@ impl DiskCache {
 
     fn quant_ok(&self, h: &KvcHeader) -> bool {
         !self.cfg.kv_cache_reject_different_quant || h.quant_bits == self.quant_bits
+    }
+
+    /// `--kv-cache-require-checksum`: only files with our CRC mark load.
+    fn checksum_ok(&self, h: &KvcHeader) -> bool {
+        !self.cfg.kv_cache_require_checksum || h.checksum.is_some()
     }
 
     /// Stores the whole live session under `text` (§5 steps 1–6). The caller
@@ -378,7 +421,10 @@ impl DiskCache {
         let Ok(Probe::Valid(e)) = file::probe(path, sha) else {
             return false;
         };
-        if !self.quant_ok(&e.header) || e.header.ctx as usize > ctx {
+        // An unmarked file would never load under --kv-cache-require-checksum:
+        // replace it with a marked one rather than keep it.
+        if !self.quant_ok(&e.header) || e.header.ctx as usize > ctx || !self.checksum_ok(&e.header)
+        {
             return false;
         }
         matches!(read_contents(&e, false, text.len()), Ok((_, c)) if c.text == text)
@@ -418,7 +464,19 @@ impl DiskCache {
             let want = prefix_sha
                 .entry(e.text_bytes)
                 .or_insert_with(|| sha1_hex(&rendered[..e.text_bytes as usize]));
-            *want == e.sha
+            if *want != e.sha {
+                return false;
+            }
+            // Checked after the prefix match so only a file that would
+            // have loaded earns a log line; a shorter marked one may follow.
+            if !self.checksum_ok(&e.header) {
+                self.log(&format!(
+                    "skipped file={}: no checksum mark (written or touched by ds4) and --kv-cache-require-checksum is set",
+                    e.path.display()
+                ));
+                return false;
+            }
+            true
         }) else {
             return LookupOutcome::Miss;
         };
@@ -444,7 +502,7 @@ impl DiskCache {
             }
             Err(err) => return fail(err.to_string(), false, false),
         };
-        if header.ctx as usize > ctx || !self.quant_ok(&header) {
+        if header.ctx as usize > ctx || !self.quant_ok(&header) || !self.checksum_ok(&header) {
             return fail("the header changed since the scan".into(), false, false);
         }
         if !rendered.starts_with(&contents.text) {
@@ -517,7 +575,7 @@ impl DiskCache {
         let max = self.cfg.tool_memory_max_ids.saturating_mul(4);
         let mut out = Vec::new();
         for e in self.scan() {
-            if e.header.ext_flags & EXT_TOOL_MAP == 0 {
+            if e.header.ext_flags & EXT_TOOL_MAP == 0 || !self.checksum_ok(&e.header) {
                 continue;
             }
             let Some(start) = e.header.payload_end(e.text_bytes) else {
@@ -643,6 +701,12 @@ pub fn eviction_score(e: &Entry, protected: Option<&str>, now: u64) -> f64 {
         }
     }
     (eff + 1.0) * h.tokens as f64 / e.file_size as f64
+}
+
+/// Whether a directory entry is a regular file, judged without following
+/// a symlink (`DirEntry::file_type` is `lstat`'s answer).
+fn is_regular(de: &fs::DirEntry) -> bool {
+    de.file_type().is_ok_and(|t| t.is_file())
 }
 
 fn mib(b: u64) -> f64 {

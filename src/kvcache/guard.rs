@@ -1,0 +1,181 @@
+//! The file-system rules of the cache folder (docs/SECURITY-files.md): who
+//! may write the folder, and how a file in it is opened. Everything here
+//! exists because the folder's contents decide what state a session loads:
+//! a file another user planted there is a forged model state, a FIFO named
+//! like a checkpoint blocks a plain `open` for ever, and a symlink turns a
+//! header rewrite or a temp-file write into a write somewhere else.
+//!
+//! * [`check_folder`]: refuse a folder others can write (at open).
+//! * [`open_read`] / [`open_write`]: an existing checkpoint, never through a
+//!   symlink, never blocking, and only if it is a regular file.
+//! * [`create_temp`]: a new temp file, `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::Path;
+
+/// Why the cache folder is refused; the message names the fix.
+pub fn check_folder(dir: &Path) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if !md.is_dir() {
+            return Err(format!("{} is not a directory", dir.display()));
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let mode = md.mode() & 0o7777;
+        let d = dir.display();
+        // World-writable is refused even with the sticky bit (a /tmp-like
+        // folder): sticky only stops others deleting our files, not adding
+        // theirs under a checkpoint name we would load.
+        if mode & 0o002 != 0 {
+            return Err(format!(
+                "the disk KV cache folder {d} is writable by every user (mode {mode:04o}): \
+                 anyone could plant a checkpoint this server would load; \
+                 run `chmod o-w {d}` or give --kv-disk-dir a folder of your own"
+            ));
+        }
+        // Another user's folder is theirs to fill (root excepted: root can
+        // replace our files anywhere).
+        if md.uid() != me && md.uid() != 0 {
+            return Err(format!(
+                "the disk KV cache folder {d} belongs to uid {}, not to this user (uid {me}): \
+                 its owner could plant checkpoints this server would load; \
+                 give --kv-disk-dir a folder you own",
+                md.uid()
+            ));
+        }
+        // Group write is accepted only on a folder we own: with a
+        // user-private group (umask 002) it is the default, and sharing a
+        // folder with a group we chose (replicas) is deliberate. On a folder
+        // someone else owns, the group is not ours to vouch for.
+        if mode & 0o020 != 0 && md.uid() != me {
+            return Err(format!(
+                "the disk KV cache folder {d} is group-writable (mode {mode:04o}) and owned by uid {}: \
+                 members of its group could plant checkpoints; \
+                 run `chmod g-w {d}` or give --kv-disk-dir a folder you own",
+                md.uid()
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+/// Flags for opening an existing checkpoint: never through a symlink (the
+/// scan does not follow them, so neither may a later open of the same name),
+/// and never blocking (a FIFO swapped in after the scan would otherwise hang
+/// the worker until someone writes to it).
+fn existing_flags(o: &mut OpenOptions) {
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(o, libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    #[cfg(not(unix))]
+    let _ = o;
+}
+
+fn regular_only(path: &Path, f: File) -> io::Result<File> {
+    if f.metadata()?.is_file() {
+        Ok(f)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ))
+    }
+}
+
+/// A symlink met by `O_NOFOLLOW` reads as `ELOOP`; say what it means.
+fn name_symlink(path: &Path, e: io::Error) -> io::Error {
+    #[cfg(unix)]
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        return io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is a symlink; not following it", path.display()),
+        );
+    }
+    let _ = path;
+    e
+}
+
+/// Opens an existing checkpoint for reading (see [`existing_flags`]).
+pub fn open_read(path: &Path) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    existing_flags(&mut o);
+    regular_only(path, o.open(path).map_err(|e| name_symlink(path, e))?)
+}
+
+/// Opens an existing checkpoint for an in-place header rewrite.
+pub fn open_write(path: &Path) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.write(true);
+    existing_flags(&mut o);
+    regular_only(path, o.open(path).map_err(|e| name_symlink(path, e))?)
+}
+
+fn create_new(path: &Path) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    }
+    o.open(path)
+}
+
+/// Creates the temp file a checkpoint is written to: a new file, mode
+/// 0600, never an existing name and never through a symlink. A regular file
+/// already there is a leftover of a dead writer whose pid we now have (the
+/// name holds the pid); it is removed and the create tried once more.
+/// Anything else there (a symlink, a FIFO) is refused: writing must not go
+/// through it, and it is not ours to delete.
+pub fn create_temp(path: &Path) -> io::Result<File> {
+    match create_new(path) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let md = std::fs::symlink_metadata(path)?;
+            if !md.file_type().is_file() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} exists and is not a regular file ({}); not writing through it",
+                        path.display(),
+                        kind_name(&md.file_type())
+                    ),
+                ));
+            }
+            std::fs::remove_file(path)?;
+            create_new(path)
+        }
+        r => r.map_err(|e| name_symlink(path, e)),
+    }
+}
+
+/// A word for a file type in error messages.
+pub fn kind_name(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_block_device() || t.is_char_device() {
+            return "a device";
+        }
+    }
+    if t.is_symlink() {
+        "a symlink"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
+    }
+}
