@@ -66,10 +66,10 @@ pub fn user_turn(tok: &Tokenizer, text: &str, mode: ThinkMode) -> Vec<u32> {
 }
 
 /// The one-shot prompt of `ds4 -p`: each piece tokenized on its own. A prompt
-/// that starts with the BOS string is taken as already rendered.
+/// that starts with the BOS string is taken as already rendered: its
+/// markers are meant (the operator's own input, not client text).
 pub fn one_shot_prompt(tok: &Tokenizer, system: &str, prompt: &str, mode: ThinkMode) -> Vec<u32> {
-    let bos = tok.token_str(tok.specials().bos).unwrap_or_default();
-    if !bos.is_empty() && prompt.starts_with(bos) {
+    if prompt.starts_with(template::BOS) {
         return tok.encode_chat(prompt);
     }
     let mut out = transcript_start(tok, system, mode);
