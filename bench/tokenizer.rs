@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use ds4::testmodel::vocab::EMBEDDED_TOKENIZER_JSON;
+use ds4::testmodel::vocab::default_tokenizer_json_bytes;
 use ds4::tokenizer::Tokenizer;
 
 /// A deterministic coding-agent prompt: system text, tool schemas, a file
@@ -60,7 +60,8 @@ fn agent_prompt() -> String {
 }
 
 fn main() {
-    let tok = Tokenizer::from_tokenizer_json(EMBEDDED_TOKENIZER_JSON).expect("tokenizer");
+    let tok = Tokenizer::from_tokenizer_json(&default_tokenizer_json_bytes().unwrap())
+        .expect("tokenizer");
     let text = agent_prompt();
     let n_tokens = tok.encode(&text).len();
     let reps = 20;

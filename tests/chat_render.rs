@@ -1,12 +1,12 @@
 //! CLI chat rendering (PROMPT.md §2, §10): exact bytes and thinking modes.
 
 use ds4::chat::{one_shot_prompt, render_one_shot, ThinkMode, THINK_MAX_MIN_CTX, THINK_MAX_PREFIX};
-use ds4::testmodel::vocab::EMBEDDED_TOKENIZER_JSON;
+use ds4::testmodel::vocab::default_tokenizer_json_bytes;
 use ds4::tokenizer::Tokenizer;
 
 #[test]
 fn one_shot_tokens_decode_to_the_rendered_bytes() {
-    let tok = Tokenizer::from_tokenizer_json(EMBEDDED_TOKENIZER_JSON).unwrap();
+    let tok = Tokenizer::from_tokenizer_json(&default_tokenizer_json_bytes().unwrap()).unwrap();
     for mode in [ThinkMode::None, ThinkMode::High, ThinkMode::Max] {
         for system in ["", "You are a helpful assistant"] {
             let ids = one_shot_prompt(&tok, system, "What is 2+2?", mode);
@@ -47,7 +47,7 @@ fn think_max_prefix_and_context_rule() {
 
 #[test]
 fn a_prompt_starting_with_bos_is_used_as_rendered() {
-    let tok = Tokenizer::from_tokenizer_json(EMBEDDED_TOKENIZER_JSON).unwrap();
+    let tok = Tokenizer::from_tokenizer_json(&default_tokenizer_json_bytes().unwrap()).unwrap();
     let pre = "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜></think>";
     assert_eq!(
         one_shot_prompt(&tok, "ignored", pre, ThinkMode::High),

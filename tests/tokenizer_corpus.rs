@@ -5,11 +5,11 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use ds4::testmodel::vocab::EMBEDDED_TOKENIZER_JSON;
+use ds4::testmodel::vocab::default_tokenizer_json_bytes;
 use ds4::tokenizer::{StreamDecoder, Tokenizer};
 
 fn tokenizer() -> Tokenizer {
-    Tokenizer::from_tokenizer_json(EMBEDDED_TOKENIZER_JSON).unwrap()
+    Tokenizer::from_tokenizer_json(&default_tokenizer_json_bytes().unwrap()).unwrap()
 }
 
 fn corpus() -> Vec<(String, Vec<u32>)> {

@@ -206,8 +206,21 @@ fn json_str(s: &str) -> String {
     Value::String(s.to_string()).to_string()
 }
 
+/// Deepest parameter nesting [`parse_output`] accepts. The text it parses
+/// is model output, which a client can steer (or script in tests), and the
+/// nested-parameter parse recurses once per level: without a bound, 100k
+/// nested tags overflow the worker's stack. Deeper blocks fail to parse and
+/// come back as plain content, like any other malformed block. The value
+/// stays below serde_json's own nesting limit (128), so every accepted
+/// block also survives `compact_arguments`.
+pub const MAX_PARAM_DEPTH: usize = 100;
+
 /// One parameter (leaf or nested object) → (name, JSON value text, rest).
-fn parse_param<'a>(s: &'a str, t: &Tags) -> Result<(String, String, &'a str), ()> {
+/// `depth` counts the enclosing parameters.
+fn parse_param<'a>(s: &'a str, t: &Tags, depth: usize) -> Result<(String, String, &'a str), ()> {
+    if depth >= MAX_PARAM_DEPTH {
+        return Err(());
+    }
     let s = s.strip_prefix(t.param).ok_or(())?;
     let gt = s.find('>').ok_or(())?;
     let tag = &s[..gt];
@@ -218,7 +231,7 @@ fn parse_param<'a>(s: &'a str, t: &Tags) -> Result<(String, String, &'a str), ()
         let mut rest = skip_ws(body);
         let mut members = Vec::new();
         while rest.starts_with(t.param) {
-            let (n, v, r) = parse_param(rest, t)?;
+            let (n, v, r) = parse_param(rest, t, depth + 1)?;
             members.push(format!("{}:{v}", json_str(&n)));
             rest = skip_ws(r);
         }
@@ -263,7 +276,7 @@ fn parse_block(s: &str, t: &Tags) -> Result<(Vec<ParsedCall>, usize), ()> {
                 rest = r;
                 break;
             }
-            let (n, v, r) = parse_param(rest, t)?;
+            let (n, v, r) = parse_param(rest, t, 0)?;
             members.push(format!("{}:{}", json_str(&n), v));
             rest = r;
         }

@@ -1,31 +1,27 @@
-//! Rendering a normalised request into the exact prompt text (PROMPT.md §3,
-//! §4.2, §5.3): system block with the tools prompt first, turns, tool
-//! results, assistant tool calls as exact replayed DSML or canonical DSML.
+//! The mapping from a normalised request to its exact prompt text
+//! (PROMPT.md §3, §4.2, §5.3): system block with the tools prompt first,
+//! turns, tool results, assistant tool calls as exact replayed DSML or
+//! canonical DSML. The template pieces and the escapes come from
+//! `chat::template`; this file only decides which piece goes where.
+//!
+//! Client text (user and system content, tool results, tool schemas, the
+//! completions prompt) goes through `esc_markers`, so a chat marker inside
+//! it never becomes a control token. Assistant content, reasoning and tool
+//! calls are the model's own output replayed and are written as given:
+//! escaping them would change the tokens the live session and the disk
+//! checkpoints hold for them (docs/SECURITY-prompt.md).
 
 use serde_json::Value;
 
 use super::request::{Api, GenRequest, Message, Role, ToolCall};
-use crate::chat::{ThinkMode, DEFAULT_SYSTEM, THINK_MAX_PREFIX};
+use crate::chat::template::{
+    self, assistant_prefix, esc_markers, tools_prompt, ASSISTANT, THINK_CLOSE, THINK_OPEN, USER,
+};
+use crate::chat::{ThinkMode, DEFAULT_SYSTEM};
 
-pub const BOS: &str = "<｜begin▁of▁sentence｜>";
-pub const EOS: &str = "<｜end▁of▁sentence｜>";
-pub const USER: &str = "<｜User｜>";
-pub const ASSISTANT: &str = "<｜Assistant｜>";
-
-const TOOLS_HEADER: &str = "## Tools\n\nYou have access to a set of tools to help answer the user question. You can invoke tools by writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\n<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be specified as raw text and set `string=\"true\"`. Preserve characters such as `>`, `&`, and `&&` exactly; never replace normal string characters with XML or HTML entity escapes. Only if a string value itself contains the exact closing parameter tag `</｜DSML｜parameter>`, write that tag as `&lt;/｜DSML｜parameter>` inside the value. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n";
-const TOOLS_FOOTER: &str = "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls. Use the exact parameter names from the schemas.";
+pub use crate::chat::template::{BOS, EOS};
 
 const PARAM_CLOSE: &str = "</｜DSML｜parameter>";
-
-/// `TOOLS_PROMPT(schemas)`.
-pub fn tools_prompt(lines: &[String]) -> String {
-    format!("{TOOLS_HEADER}{}{TOOLS_FOOTER}", lines.join("\n"))
-}
-
-/// Tool result text: only `</tool_result>` is escaped (its first `<`).
-pub fn esc_result(s: &str) -> String {
-    s.replace("</tool_result>", "&lt;/tool_result>")
-}
 
 fn attr(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -101,16 +97,13 @@ fn tool_calls_text(calls: &[ToolCall], replay: &mut dyn ReplayLookup) -> String 
 pub fn render(req: &GenRequest, replay: &mut dyn ReplayLookup) -> String {
     let mode = req.mode;
     if req.api == Api::Completions {
-        let mut s = String::from(BOS);
-        if mode == ThinkMode::Max {
-            s.push_str(THINK_MAX_PREFIX);
-        }
-        s.push_str(DEFAULT_SYSTEM);
-        s.push_str(USER);
-        s.push_str(req.prompt.as_deref().unwrap_or(""));
-        s.push_str(ASSISTANT);
-        s.push_str(if mode.thinks() { "<think>" } else { "</think>" });
-        return s;
+        let prompt = esc_markers(req.prompt.as_deref().unwrap_or(""));
+        return template::single_turn(
+            mode == ThinkMode::Max,
+            mode.thinks(),
+            DEFAULT_SYSTEM,
+            &prompt,
+        );
     }
     render_messages(&req.messages, req, replay)
 }
@@ -129,23 +122,19 @@ fn render_messages(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
         if !system.is_empty() {
             system.push_str("\n\n");
         }
-        system.push_str(&m.content);
+        system.push_str(&esc_markers(&m.content));
     }
     let last_user = msgs
         .iter()
         .rposition(|m| matches!(m.role, Role::User | Role::Tool));
-    let mut out = String::from(BOS);
-    if req.mode == ThinkMode::Max {
-        out.push_str(THINK_MAX_PREFIX);
-    }
-    out.push_str(&system);
+    let mut out = template::start(req.mode == ThinkMode::Max, &system);
     let (mut pending_assistant, mut pending_tool) = (false, false);
     for (i, m) in msgs.iter().enumerate() {
         match m.role {
             Role::System => {}
             Role::User => {
                 out.push_str(USER);
-                out.push_str(&m.content);
+                user_body(m, &mut out);
                 pending_assistant = true;
                 pending_tool = false;
             }
@@ -153,9 +142,7 @@ fn render_messages(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
                 if !pending_tool {
                     out.push_str(USER);
                 }
-                out.push_str("<tool_result>");
-                out.push_str(&esc_result(&m.content));
-                out.push_str("</tool_result>");
+                out.push_str(&template::tool_result(&m.content));
                 pending_assistant = true;
                 pending_tool = true;
             }
@@ -163,12 +150,10 @@ fn render_messages(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
                 if pending_assistant {
                     out.push_str(ASSISTANT);
                     if think && (tool_context || last_user.is_none_or(|l| i > l)) {
-                        out.push_str("<think>");
+                        out.push_str(THINK_OPEN);
                         out.push_str(m.reasoning.as_deref().unwrap_or(""));
-                        out.push_str("</think>");
-                    } else {
-                        out.push_str("</think>");
                     }
+                    out.push_str(THINK_CLOSE);
                 }
                 out.push_str(&m.content);
                 out.push_str(&tool_calls_text(&m.tool_calls, replay));
@@ -179,8 +164,7 @@ fn render_messages(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
         }
     }
     if pending_assistant {
-        out.push_str(ASSISTANT);
-        out.push_str(if think { "<think>" } else { "</think>" });
+        out.push_str(&assistant_prefix(think));
     }
     out
 }
@@ -197,25 +181,23 @@ pub fn render_tail(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
             Role::System => {}
             Role::User => {
                 out.push_str(USER);
-                out.push_str(&m.content);
+                user_body(m, &mut out);
                 pending_tool = false;
             }
             Role::Tool => {
                 if !pending_tool {
                     out.push_str(USER);
                 }
-                out.push_str("<tool_result>");
-                out.push_str(&esc_result(&m.content));
-                out.push_str("</tool_result>");
+                out.push_str(&template::tool_result(&m.content));
                 pending_tool = true;
             }
             Role::Assistant => {
                 out.push_str(ASSISTANT);
                 if think {
-                    out.push_str("<think>");
+                    out.push_str(THINK_OPEN);
                     out.push_str(m.reasoning.as_deref().unwrap_or(""));
                 }
-                out.push_str("</think>");
+                out.push_str(THINK_CLOSE);
                 out.push_str(&m.content);
                 out.push_str(&tool_calls_text(&m.tool_calls, replay));
                 out.push_str(EOS);
@@ -223,9 +205,23 @@ pub fn render_tail(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
             }
         }
     }
-    out.push_str(ASSISTANT);
-    out.push_str(if think { "<think>" } else { "</think>" });
+    out.push_str(&assistant_prefix(think));
     out
+}
+
+/// A user message's body: its text, with any Anthropic tool results
+/// wrapped at the offsets where they stood among the text blocks.
+fn user_body(m: &Message, out: &mut String) {
+    let mut at = 0;
+    for r in &m.tool_results {
+        // `at` came from the parser's own `content.len()`; `get` keeps a
+        // hand-built message with a bad offset from panicking.
+        let upto = r.at.clamp(at, m.content.len());
+        out.push_str(&esc_markers(m.content.get(at..upto).unwrap_or("")));
+        out.push_str(&template::tool_result(&r.text));
+        at = upto;
+    }
+    out.push_str(&esc_markers(m.content.get(at..).unwrap_or("")));
 }
 
 #[cfg(test)]
@@ -252,8 +248,8 @@ mod tests {
         let r = parse_chat(body.as_bytes(), PC).unwrap();
         let text = render(&r, &mut NoReplay);
         assert!(text.starts_with("<｜begin▁of▁sentence｜>## Tools\n\nYou have access"));
-        assert_eq!(TOOLS_HEADER.len(), 1183);
-        assert_eq!(TOOLS_FOOTER.len(), 146);
+        assert_eq!(template::TOOLS_HEADER.len(), 1183);
+        assert_eq!(template::TOOLS_FOOTER.len(), 146);
         assert!(text.contains("### Available Tool Schemas\n\n{\"name\":\"bash\",\"description\":\"Run a shell command.\",\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":{\"type\":\"string\"},\"timeout\":{\"type\":\"integer\"}},\"required\":[\"command\"]}}\n\nYou MUST"));
         assert!(text.ends_with("...from the schemas.\n\nYou are a coding agent.<｜User｜>How many lines in a.c?<｜Assistant｜><think>I should count the lines.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">wc -l a.c</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>42 a.c</tool_result><｜Assistant｜><think>".trim_start_matches("...")));
     }

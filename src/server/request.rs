@@ -35,14 +35,27 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+/// An Anthropic `tool_result` block inside a user message, kept raw: the
+/// renderer wraps and escapes it (`chat::template::tool_result`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolResultBlock {
+    /// Byte offset in the message's `content` where the block stands (the
+    /// text blocks before it end there), so block order is kept.
+    pub at: usize,
+    pub text: String,
+}
+
 #[derive(Clone, Debug)]
 pub struct Message {
     pub role: Role,
+    /// The message's text (Anthropic: its text blocks, concatenated).
     pub content: String,
     pub reasoning: Option<String>,
     pub tool_calls: Vec<ToolCall>,
     /// Ids of the tool results this message carries.
     pub tool_result_ids: Vec<String>,
+    /// Anthropic `tool_result` blocks, in order (empty for other APIs).
+    pub tool_results: Vec<ToolResultBlock>,
 }
 
 impl Message {
@@ -53,6 +66,7 @@ impl Message {
             reasoning: None,
             tool_calls: Vec::new(),
             tool_result_ids: Vec::new(),
+            tool_results: Vec::new(),
         }
     }
 }
@@ -244,6 +258,54 @@ impl Thinking {
     }
 }
 
+/// The thinking mode of a request, from the fields its API reads
+/// (SERVER.md §4.2), plus whether a Responses client opted into reasoning
+/// summaries. Chat and completions read `thinking`, `think` and
+/// `reasoning_effort`; Anthropic reads `thinking`, `output_config.effort`
+/// and `reasoning_effort`; Responses reads only `reasoning.effort` and
+/// `reasoning.summary`. The model-name defaults and the Think Max context
+/// rule then apply alike.
+fn thinking(
+    m: &Map<String, Value>,
+    model: &str,
+    api: Api,
+    ctx: usize,
+) -> Result<(ThinkMode, bool), ApiError> {
+    let mut th = Thinking::new();
+    let mut summary = false;
+    if api == Api::Responses {
+        match m.get("reasoning") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(r)) => {
+                if let Some(e) = r.get("effort").filter(|e| !e.is_null()) {
+                    th.explicit = true;
+                    if e.as_str() == Some("none") {
+                        th.enabled = false;
+                    }
+                    th.effort(Some(e))?;
+                }
+                summary = matches!(
+                    r.get("summary").and_then(Value::as_str),
+                    Some("auto" | "concise" | "detailed")
+                );
+            }
+            Some(_) => return Err(bad()),
+        }
+        return Ok((th.mode(model, ctx), summary));
+    }
+    th.thinking_field(m)?;
+    if api == Api::Messages {
+        if let Some(Value::Object(oc)) = m.get("output_config") {
+            th.effort(oc.get("effort"))?;
+        }
+    } else if let Some(b) = opt_bool(m, "think")? {
+        th.enabled = b;
+        th.explicit = true;
+    }
+    th.effort(m.get("reasoning_effort"))?;
+    Ok((th.mode(model, ctx), summary))
+}
+
 /// Sampling fields; thinking modes use the fixed official values.
 fn sampling(
     m: &Map<String, Value>,
@@ -395,14 +457,7 @@ fn model(m: &Map<String, Value>) -> Result<String, ApiError> {
 pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
     let m = object(body)?;
     let model = model(&m)?;
-    let mut th = Thinking::new();
-    th.thinking_field(&m)?;
-    if let Some(b) = opt_bool(&m, "think")? {
-        th.enabled = b;
-        th.explicit = true;
-    }
-    th.effort(m.get("reasoning_effort"))?;
-    let mode = th.mode(&model, pc.ctx);
+    let (mode, _) = thinking(&m, &model, Api::Chat, pc.ctx)?;
     let Some(msgs) = m.get("messages") else {
         return Err(ApiError::invalid("missing messages"));
     };
@@ -472,14 +527,7 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
 pub fn parse_completions(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
     let m = object(body)?;
     let model = model(&m)?;
-    let mut th = Thinking::new();
-    th.thinking_field(&m)?;
-    if let Some(b) = opt_bool(&m, "think")? {
-        th.enabled = b;
-        th.explicit = true;
-    }
-    th.effort(m.get("reasoning_effort"))?;
-    let mode = th.mode(&model, pc.ctx);
+    let (mode, _) = thinking(&m, &model, Api::Completions, pc.ctx)?;
     let prompt = match m.get("prompt") {
         None => return Err(ApiError::invalid("missing prompt")),
         Some(Value::String(s)) => s.clone(),
@@ -535,13 +583,7 @@ fn anthropic_system(v: Option<&Value>) -> Result<Option<String>, ApiError> {
 pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
     let m = object(body)?;
     let model = model(&m)?;
-    let mut th = Thinking::new();
-    th.thinking_field(&m)?;
-    if let Some(Value::Object(oc)) = m.get("output_config") {
-        th.effort(oc.get("effort"))?;
-    }
-    th.effort(m.get("reasoning_effort"))?;
-    let mode = th.mode(&model, pc.ctx);
+    let (mode, _) = thinking(&m, &model, Api::Messages, pc.ctx)?;
     let Some(msgs) = m.get("messages") else {
         return Err(ApiError::invalid("missing messages"));
     };
@@ -585,10 +627,10 @@ pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiEr
                                 .unwrap_or_else(|| "{}".into()),
                         }),
                         Some("tool_result") => {
-                            let c = content_text(b.get("content"));
-                            msg.content.push_str("<tool_result>");
-                            msg.content.push_str(&super::render::esc_result(&c));
-                            msg.content.push_str("</tool_result>");
+                            msg.tool_results.push(ToolResultBlock {
+                                at: msg.content.len(),
+                                text: content_text(b.get("content")),
+                            });
                             if let Some(id) = b.get("tool_use_id").and_then(Value::as_str) {
                                 msg.tool_result_ids.push(id.into());
                             }
@@ -652,26 +694,7 @@ fn responses_content(v: Option<&Value>) -> Result<String, ApiError> {
 pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
     let m = object(body)?;
     let model = model(&m)?;
-    let mut th = Thinking::new();
-    let mut summary = false;
-    match m.get("reasoning") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(r)) => {
-            if let Some(e) = r.get("effort").filter(|e| !e.is_null()) {
-                th.explicit = true;
-                if e.as_str() == Some("none") {
-                    th.enabled = false;
-                }
-                th.effort(Some(e))?;
-            }
-            summary = matches!(
-                r.get("summary").and_then(Value::as_str),
-                Some("auto" | "concise" | "detailed")
-            );
-        }
-        Some(_) => return Err(bad()),
-    }
-    let mode = th.mode(&model, pc.ctx);
+    let (mode, summary) = thinking(&m, &model, Api::Responses, pc.ctx)?;
     for k in ["previous_response_id", "conversation"] {
         if m.get(k).is_some_and(|v| !v.is_null()) {
             let what = if k == "conversation" {

@@ -1,23 +1,14 @@
-//! The real DeepSeek V4 vocabulary, read from a HF `tokenizer.json`, in the
-//! form GGUF stores it (`tokenizer.ggml.tokens`, `merges`, `token_type`).
+//! The real DeepSeek V4 vocabulary for test models and the demo: the
+//! committed `tokenizer.json`, embedded in the binary when the `demo`
+//! feature is on (the default; docs/ARCHITECTURE.md says why), read from
+//! the source tree otherwise. The parser itself is `tokenizer::vocab`.
 
-use std::collections::HashMap;
+pub use crate::tokenizer::vocab::{
+    Vocab, TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_USER_DEFINED,
+};
 
-use serde_json::Value;
-
-/// Token-type values of the llama.cpp convention.
-pub const TOKEN_TYPE_NORMAL: i32 = 1;
-pub const TOKEN_TYPE_CONTROL: i32 = 3;
-pub const TOKEN_TYPE_USER_DEFINED: i32 = 4;
-
-#[derive(Clone, Debug)]
-pub struct Vocab {
-    pub tokens: Vec<String>,
-    pub merges: Vec<String>,
-    pub token_types: Vec<i32>,
-}
-
-/// The committed V4 `tokenizer.json`, embedded at build time.
+/// The committed V4 `tokenizer.json`, embedded at build time (6.4 MB).
+#[cfg(feature = "demo")]
 pub static EMBEDDED_TOKENIZER_JSON: &[u8] =
     include_bytes!("../../tests/data/deepseek-v4-tokenizer.json");
 
@@ -27,79 +18,29 @@ pub fn default_tokenizer_json() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek-v4-tokenizer.json")
 }
 
-impl Vocab {
-    pub fn from_tokenizer_json(bytes: &[u8]) -> Result<Vocab, String> {
-        let j: Value = serde_json::from_slice(bytes).map_err(|e| format!("tokenizer.json: {e}"))?;
-        let model = &j["model"];
-        let vocab = model["vocab"]
-            .as_object()
-            .ok_or("tokenizer.json: model.vocab missing")?;
-        let mut by_id: HashMap<usize, String> = HashMap::new();
-        for (tok, id) in vocab {
-            let id = id.as_u64().ok_or("tokenizer.json: non-integer vocab id")? as usize;
-            by_id.insert(id, tok.clone());
-        }
-        let mut added: Vec<(usize, String, bool)> = Vec::new();
-        for a in j["added_tokens"]
-            .as_array()
-            .ok_or("tokenizer.json: added_tokens missing")?
-        {
-            let id = a["id"]
-                .as_u64()
-                .ok_or("tokenizer.json: added token without id")? as usize;
-            let content = a["content"]
-                .as_str()
-                .ok_or("tokenizer.json: added token without content")?;
-            added.push((
-                id,
-                content.to_string(),
-                a["special"].as_bool().unwrap_or(false),
-            ));
-            by_id.insert(id, content.to_string());
-        }
-        let n = by_id.keys().max().map_or(0, |m| m + 1);
-        let mut tokens = Vec::with_capacity(n);
-        for id in 0..n {
-            tokens.push(
-                by_id
-                    .remove(&id)
-                    .ok_or_else(|| format!("tokenizer.json: id {id} has no token"))?,
-            );
-        }
-        let mut token_types = vec![TOKEN_TYPE_NORMAL; n];
-        for (id, content, special) in &added {
-            let bars = (content.starts_with("<｜") && content.ends_with("｜>"))
-                || (content.starts_with("<|") && content.ends_with("|>"));
-            token_types[*id] = if *special || bars {
-                TOKEN_TYPE_CONTROL
-            } else {
-                TOKEN_TYPE_USER_DEFINED
-            };
-        }
-        let merges = model["merges"]
-            .as_array()
-            .ok_or("tokenizer.json: model.merges missing")?
-            .iter()
-            .map(|m| match m {
-                Value::String(s) => Ok(s.clone()),
-                Value::Array(p) if p.len() == 2 => Ok(format!(
-                    "{} {}",
-                    p[0].as_str().unwrap_or_default(),
-                    p[1].as_str().unwrap_or_default()
-                )),
-                _ => Err("tokenizer.json: malformed merge".to_string()),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Vocab {
-            tokens,
-            merges,
-            token_types,
+/// The V4 `tokenizer.json` bytes: embedded with the `demo` feature (so
+/// `ds4 --demo` works from any directory), else read from the source tree
+/// this binary was built from.
+pub fn default_tokenizer_json_bytes() -> Result<std::borrow::Cow<'static, [u8]>, String> {
+    #[cfg(feature = "demo")]
+    {
+        Ok(std::borrow::Cow::Borrowed(EMBEDDED_TOKENIZER_JSON))
+    }
+    #[cfg(not(feature = "demo"))]
+    {
+        let p = default_tokenizer_json();
+        std::fs::read(&p).map(std::borrow::Cow::Owned).map_err(|e| {
+            format!(
+                "built without the `demo` feature, and the V4 tokenizer.json is not at {}: {e}",
+                p.display()
+            )
         })
     }
+}
 
-    /// The V4 vocabulary built into the binary (so `ds4 --demo` works from
-    /// any directory).
+impl Vocab {
+    /// The V4 vocabulary ([`default_tokenizer_json_bytes`]).
     pub fn load_default() -> Result<Vocab, String> {
-        Vocab::from_tokenizer_json(EMBEDDED_TOKENIZER_JSON)
+        Vocab::from_tokenizer_json(&default_tokenizer_json_bytes()?)
     }
 }

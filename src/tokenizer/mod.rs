@@ -12,6 +12,7 @@ pub mod bpe;
 pub mod byte_level;
 mod decode;
 pub mod pretokenize;
+pub mod vocab;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -58,16 +59,29 @@ pub struct SpecialTokens {
     pub dsml: u32,
 }
 
+/// The seven chat markers, spelled once here (the lowest room that needs
+/// them: the tokenizer matches them in rendered text). `chat::template`
+/// re-exports them for the renderers.
+pub mod markers {
+    pub const BOS: &str = "<｜begin▁of▁sentence｜>";
+    pub const EOS: &str = "<｜end▁of▁sentence｜>";
+    pub const USER: &str = "<｜User｜>";
+    pub const ASSISTANT: &str = "<｜Assistant｜>";
+    pub const THINK_OPEN: &str = "<think>";
+    pub const THINK_CLOSE: &str = "</think>";
+    pub const DSML: &str = "｜DSML｜";
+}
+
 /// The seven strings recognised inside rendered chat text, in the order they
 /// are tested at each position (PROMPT.md §1.1).
 pub const CHAT_MARKERS: [&str; 7] = [
-    "<｜begin▁of▁sentence｜>",
-    "<｜end▁of▁sentence｜>",
-    "<｜User｜>",
-    "<｜Assistant｜>",
-    "<think>",
-    "</think>",
-    "｜DSML｜",
+    markers::BOS,
+    markers::EOS,
+    markers::USER,
+    markers::ASSISTANT,
+    markers::THINK_OPEN,
+    markers::THINK_CLOSE,
+    markers::DSML,
 ];
 
 /// Piece cache size limit (entries) before it is cleared.
@@ -223,8 +237,7 @@ impl Tokenizer {
 
     /// From a HF `tokenizer.json` (tests and tools).
     pub fn from_tokenizer_json(bytes: &[u8]) -> Result<Tokenizer, TokenizerError> {
-        let v =
-            crate::testmodel::Vocab::from_tokenizer_json(bytes).map_err(TokenizerError::Json)?;
+        let v = vocab::Vocab::from_tokenizer_json(bytes).map_err(TokenizerError::Json)?;
         Tokenizer::from_vocab(v.tokens, v.merges, Some(v.token_types))
     }
 

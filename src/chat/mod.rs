@@ -1,18 +1,20 @@
-//! Chat rendering for the CLI (PROMPT.md §2, §10): the token sequence of a
-//! one-shot prompt or of a REPL transcript, with the three thinking modes.
+//! Chat for the CLI (PROMPT.md §2, §10): the thinking modes, and the token
+//! sequence of a one-shot prompt or of a REPL transcript. The template text
+//! itself lives in [`template`], shared with the server's renderer.
+//!
+//! The CLI tokenizes each piece on its own: markers come from their ids and
+//! the user's and system text go through `encode_plain`, so a marker typed
+//! in a prompt is ordinary text and needs no escaping here (the server,
+//! which keys its caches on one rendered text, escapes instead).
+
+pub mod template;
+
+pub use template::{DEFAULT_SYSTEM, THINK_MAX_PREFIX};
 
 use crate::tokenizer::Tokenizer;
 
 /// Think Max needs at least this context; below it `max` acts as `high`.
 pub const THINK_MAX_MIN_CTX: usize = 393_216;
-
-/// Inserted right after BOS in Think Max mode (476 bytes, ends in `\n\n`).
-pub const THINK_MAX_PREFIX: &str = "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n\
-You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\n\
-Explicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
-
-/// The CLI's default system text (no trailing period, as ds4).
-pub const DEFAULT_SYSTEM: &str = "You are a helpful assistant";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ThinkMode {
@@ -64,10 +66,10 @@ pub fn user_turn(tok: &Tokenizer, text: &str, mode: ThinkMode) -> Vec<u32> {
 }
 
 /// The one-shot prompt of `ds4 -p`: each piece tokenized on its own. A prompt
-/// that starts with the BOS string is taken as already rendered.
+/// that starts with the BOS string is taken as already rendered: its
+/// markers are meant (the operator's own input, not client text).
 pub fn one_shot_prompt(tok: &Tokenizer, system: &str, prompt: &str, mode: ThinkMode) -> Vec<u32> {
-    let bos = tok.token_str(tok.specials().bos).unwrap_or_default();
-    if !bos.is_empty() && prompt.starts_with(bos) {
+    if prompt.starts_with(template::BOS) {
         return tok.encode_chat(prompt);
     }
     let mut out = transcript_start(tok, system, mode);
@@ -77,14 +79,5 @@ pub fn one_shot_prompt(tok: &Tokenizer, system: &str, prompt: &str, mode: ThinkM
 
 /// The same prompt as text (exact bytes; the tokens above decode to it).
 pub fn render_one_shot(system: &str, prompt: &str, mode: ThinkMode) -> String {
-    let mut s = String::from("<｜begin▁of▁sentence｜>");
-    if mode == ThinkMode::Max {
-        s.push_str(THINK_MAX_PREFIX);
-    }
-    s.push_str(system);
-    s.push_str("<｜User｜>");
-    s.push_str(prompt);
-    s.push_str("<｜Assistant｜>");
-    s.push_str(if mode.thinks() { "<think>" } else { "</think>" });
-    s
+    template::single_turn(mode == ThinkMode::Max, mode.thinks(), system, prompt)
 }
