@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ds4::server::render;
@@ -41,13 +41,6 @@ fn post(addr: &str, path: &str, body: &Value) -> String {
         .as_bytes(),
         false,
     )
-}
-
-fn status(resp: &str) -> u16 {
-    resp.split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]
