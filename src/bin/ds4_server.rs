@@ -27,7 +27,11 @@ use ds4::tokenizer::Tokenizer;
 #[argh(note = "Examples:
   {command_name} -m ds4flash.gguf
   {command_name} --demo --port 8000       random tiny model, no download
-Clients: docs/CLIENTS.md (Claude Code, Codex CLI, opencode)")]
+  DS4_API_KEY=... {command_name} --host 0.0.0.0   serve the network, with a key
+Without a key only local clients are answered: Host localhost, 127.0.0.1 or
+[::1], and JSON POSTs; browser pages only from --cors origins.
+Clients: docs/CLIENTS.md (Claude Code, Codex CLI, opencode)
+Security, keys and every limit: docs/SECURITY.md")]
 struct Args {
     /// model GGUF (default ./ds4flash.gguf)
     #[argh(option, short = 'm')]
@@ -58,8 +62,9 @@ struct Args {
     #[argh(option)]
     trace: Option<PathBuf>,
     /// require this key (Authorization: Bearer KEY or x-api-key: KEY);
-    /// visible to other local users in the process list: prefer
-    /// --api-key-file or the environment variable DS4_API_KEY
+    /// shown to other local users in the process list: prefer
+    /// --api-key-file, or the environment variable DS4_API_KEY (used when
+    /// neither flag is given)
     #[argh(option)]
     api_key: Option<String>,
     /// read the key from the first line of FILE
