@@ -157,6 +157,9 @@ const KV_WRITE_LIMIT_ENV: &str = "DS4_KV_TEST_WRITE_LIMIT";
 /// (read once, in `main`; a key there stays out of the process list).
 const API_KEY_ENV: &str = "DS4_API_KEY";
 
+/// Far above any descriptor limit; keeps the semaphore's count in range.
+const MAX_CONNECTIONS: usize = 1 << 20;
+
 /// The HTTP layer's flags, resolved and checked once.
 struct HttpFlags {
     api_key: Option<String>,
@@ -190,8 +193,12 @@ fn http_flags(a: &Args, env_key: Option<String>) -> Result<HttpFlags, String> {
     if api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err(format!("the API key from {key_source} is empty"));
     }
-    if a.max_connections == Some(0) {
-        return Err("--max-connections must be > 0".into());
+    if a.max_connections
+        .is_some_and(|n| n == 0 || n > MAX_CONNECTIONS)
+    {
+        return Err(format!(
+            "--max-connections must be in 1..={MAX_CONNECTIONS}"
+        ));
     }
     Ok(HttpFlags {
         cors: CorsOrigins::parse(&a.cors, api_key.is_some())?,

@@ -89,7 +89,10 @@ pub fn default_max_connections() -> usize {
     };
     // SAFETY: getrlimit writes into the struct we pass.
     let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-        lim.rlim_cur as u64
+        // `rlim_t` is 32 bits wide on some 32-bit targets.
+        #[allow(clippy::unnecessary_cast)]
+        let cur = lim.rlim_cur as u64;
+        cur
     } else {
         1024
     };

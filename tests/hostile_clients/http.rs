@@ -142,6 +142,21 @@ fn keep_alive_outlives_the_header_timeout_then_idles_out() {
 }
 
 #[test]
+fn a_slow_head_on_a_kept_alive_connection_gets_the_header_deadline() {
+    let s = start(&["--header-timeout", "1", "--idle-timeout", "30"]);
+    let mut c = connect(&s);
+    c.write_all(HEALTH).unwrap();
+    assert_eq!(status(&read_response(&mut c)), 200);
+    c.write_all(b"GET /health HTTP/1.1\r\nHo").unwrap();
+    let (got, took) = read_until_closed(&mut c);
+    assert!(got.is_empty(), "{got}");
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
+}
+
+#[test]
 fn the_connection_cap_refuses_with_503_and_frees_slots() {
     let s = start(&["--max-connections", "3", "--header-timeout", "30"]);
     let held: Vec<TcpStream> = (0..3).map(|_| connect(&s)).collect();
@@ -414,6 +429,7 @@ fn cors_star_needs_a_key_and_bad_limits_exit_2() {
         &["--body-timeout", "-1"],
         &["--idle-timeout", "nan"],
         &["--max-connections", "0"],
+        &["--max-connections", "99999999999"],
     ] {
         let (code, err) = exit_status(args, &[]);
         assert_eq!(code, Some(2), "{args:?}: {err}");
