@@ -311,8 +311,13 @@ where
     };
     // A prompt that cannot fit is refused here, before it queues and before
     // the worker tokenizes it (tokenizing megabytes would hold the engine).
-    let bytes = render::render(&req, &mut render::NoReplay).len();
-    if bytes > state.opts.max_prompt_bytes {
+    let max = state.opts.max_prompt_bytes;
+    let bytes = if max == usize::MAX {
+        0
+    } else {
+        render::render(&req, &mut render::NoReplay).len()
+    };
+    if bytes > max {
         return error_response(ApiError::prompt_bytes(
             bytes,
             state.opts.max_prompt_bytes,
