@@ -178,6 +178,19 @@ fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
+/// A key file other users may read is no better than `--api-key`: say so.
+fn warn_if_shared(p: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(p) {
+        if m.permissions().mode() & 0o077 != 0 {
+            eprintln!(
+                "ds4-server: warning: {} can be read by other users (chmod 600 it)",
+                p.display()
+            );
+        }
+    }
+}
+
 fn http_flags(a: &Args, env_key: Option<String>) -> Result<HttpFlags, String> {
     let (api_key, key_source) = match (&a.api_key, &a.api_key_file) {
         (Some(_), Some(_)) => return Err("give --api-key or --api-key-file, not both".into()),
@@ -185,12 +198,15 @@ fn http_flags(a: &Args, env_key: Option<String>) -> Result<HttpFlags, String> {
         (None, Some(p)) => {
             let text = std::fs::read_to_string(p)
                 .map_err(|e| format!("--api-key-file {}: {e}", p.display()))?;
-            let key = text.lines().next().unwrap_or("").trim().to_string();
+            let key = text.lines().next().unwrap_or("").to_string();
+            warn_if_shared(p);
             (Some(key), "--api-key-file")
         }
         (None, None) => (env_key.filter(|k| !k.is_empty()), API_KEY_ENV),
     };
-    if api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+    // Clients' keys are compared trimmed (routes), so the server's is too.
+    let api_key = api_key.map(|k| k.trim().to_string());
+    if api_key.as_deref().is_some_and(str::is_empty) {
         return Err(format!("the API key from {key_source} is empty"));
     }
     if a.max_connections

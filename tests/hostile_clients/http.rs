@@ -449,6 +449,10 @@ fn cors_star_needs_a_key_and_bad_limits_exit_2() {
 fn the_key_comes_from_a_file_or_the_environment() {
     let file = temp_path("key");
     std::fs::write(&file, "fil3-key\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let f = file.to_str().unwrap();
     let by_file = start(&["--api-key-file", f]);
     let by_env = start_server(&[], &[("DS4_API_KEY", "env-key")], &lock_file());
@@ -474,10 +478,32 @@ fn the_key_comes_from_a_file_or_the_environment() {
         assert_eq!(status(&raw(&s.addr, req.as_bytes(), false)), 200, "{key}");
     }
     assert!(by_file.stderr_text().contains("--api-key-file"));
+    assert!(
+        !by_file.stderr_text().contains("warning"),
+        "{}",
+        by_file.stderr_text()
+    );
     assert!(by_env.stderr_text().contains("DS4_API_KEY"));
     // The key never shows in the process list (only the file's path does).
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", by_env.child.id())).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains("env-key"));
+    // A key file others can read still works, with a warning.
+    let shared = temp_path("key");
+    std::fs::write(&shared, "  spaced-key  \n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let s = start(&["--api-key-file", shared.to_str().unwrap()]);
+    assert!(
+        s.stderr_text().contains("can be read by other users"),
+        "{}",
+        s.stderr_text()
+    );
+    let req = "GET /v1/models HTTP/1.1\r\nHost: localhost\r\nx-api-key: spaced-key\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&raw(&s.addr, req.as_bytes(), false)), 200);
+    drop(s);
+    std::fs::remove_file(&shared).ok();
     // A missing or empty file, or two sources at once: exit 2.
     let empty = temp_path("key");
     std::fs::write(&empty, "\n").unwrap();
