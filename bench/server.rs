@@ -100,7 +100,7 @@ fn http(addr: &str, n: usize, content: &str) -> (f64, f64, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
     write!(
         s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .expect("send");
@@ -178,10 +178,10 @@ fn main() {
         opts: HttpOptions {
             ctx: CTX,
             default_tokens: n,
-            cors: false,
             api_key: None,
             max_body_bytes: 1 << 20,
             allow_script: false,
+            ..HttpOptions::default()
         },
         counter: AtomicU64::new(0),
     });

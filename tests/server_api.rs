@@ -65,10 +65,10 @@ fn server_hooked(
         opts: HttpOptions {
             ctx: CTX,
             default_tokens: 24,
-            cors: false,
             api_key: api_key.map(String::from),
             max_body_bytes: max_body,
             allow_script: true,
+            ..HttpOptions::default()
         },
         counter: AtomicU64::new(0),
     });
@@ -90,6 +90,7 @@ impl Server {
         let r = warp::test::request()
             .method(method)
             .path(path)
+            .header("content-type", "application/json")
             .body(body.to_vec())
             .reply(&routes::routes(self.state.clone()))
             .await;
@@ -623,8 +624,8 @@ async fn bad_input_gets_the_error_body_and_the_next_request_is_served() {
         (
             "/v1/chat/completions",
             vec![b' '; 5000],
-            400,
-            "bad HTTP request",
+            413,
+            "request body larger than 4096 bytes (--max-body-bytes)",
         ),
     ];
     for (path, body, status, msg) in cases {

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ds4::server::render;
@@ -16,32 +16,10 @@ use ds4::testmodel::Variant;
 use ds4::Tokenizer;
 use serde_json::{json, Value};
 
-const CTX: usize = 2048;
-
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::server::{lock_file, raw, start_server, status, Server, CTX};
 
 fn start() -> Server {
     start_with(&[])
-}
-
-/// A lock file of its own, so the tests' servers can run side by side.
-fn lock_file() -> String {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    std::env::temp_dir()
-        .join(format!("ds4-test-{}-{n}.lock", std::process::id()))
-        .to_string_lossy()
-        .into_owned()
 }
 
 fn start_with(extra: &[&str]) -> Server {
@@ -49,52 +27,7 @@ fn start_with(extra: &[&str]) -> Server {
 }
 
 fn start_locked(extra: &[&str], lock: &str) -> Server {
-    let m = common::tiny_model_path(Variant::Q8);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4-server"))
-        .env("DS4_LOCK_FILE", lock)
-        .args(extra)
-        .args([
-            "-m",
-            m.to_str().unwrap(),
-            "--port",
-            "0",
-            "--ctx",
-            &CTX.to_string(),
-            "-n",
-            "64",
-        ])
-        .env("DS4_SERVER_TEST_SCRIPTS", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "server exited early");
-        if let Some(url) = line.trim().strip_prefix("ds4-server: listening on http://") {
-            break url.to_string();
-        }
-    };
-    // Keep draining stdout so the server never blocks on a full pipe.
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut out, &mut std::io::sink());
-    });
-    Server { child, addr }
-}
-
-/// One raw HTTP exchange; returns the whole response text.
-fn raw(addr: &str, bytes: &[u8], close_write: bool) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(bytes).unwrap();
-    if close_write {
-        s.shutdown(std::net::Shutdown::Write).unwrap();
-    }
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8(out).expect("valid UTF-8 response")
+    start_server(extra, &[], lock)
 }
 
 fn post(addr: &str, path: &str, body: &Value) -> String {
@@ -102,19 +35,12 @@ fn post(addr: &str, path: &str, body: &Value) -> String {
     raw(
         addr,
         format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
             b.len()
         )
         .as_bytes(),
         false,
     )
-}
-
-fn status(resp: &str) -> u16 {
-    resp.split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -171,7 +97,7 @@ fn a_client_that_leaves_mid_stream_frees_the_worker() {
     let mut c = TcpStream::connect(&s.addr).unwrap();
     write!(
         c,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -195,7 +121,7 @@ fn a_client_that_leaves_mid_stream_frees_the_worker() {
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
     let m = raw(
         &s.addr,
-        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
         false,
     );
     assert!(m.contains("ds4_cancelled_total 1"), "{m}");
@@ -210,14 +136,14 @@ fn malformed_truncated_and_slow_requests() {
     // A body shorter than its Content-Length, then the client stops sending.
     let r = raw(
         &s.addr,
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"messa",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"messa",
         true,
     );
     assert_eq!(status(&r), 400, "{r}");
     assert!(r.contains("bad HTTP request"), "{r}");
     // A slow client holding a half-sent request does not block others.
     let mut slow = TcpStream::connect(&s.addr).unwrap();
-    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nCont")
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nCont")
         .unwrap();
     let r = post(
         &s.addr,
@@ -232,7 +158,7 @@ fn malformed_truncated_and_slow_requests() {
     // Invalid UTF-8 in a request body.
     let r = raw(
         &s.addr,
-        b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"model\":\"\xff\"}",
+        b"POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"model\":\"\xff\"}",
         false,
     );
     assert_eq!(status(&r), 400, "{r}");

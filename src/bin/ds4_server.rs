@@ -7,12 +7,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::Duration;
 
 use argh::FromArgs;
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
+use ds4::server::guard::CorsOrigins;
 use ds4::server::kvdisk::DiskHook;
+use ds4::server::listen::{self, ServerLimits};
 use ds4::server::metrics::Metrics;
 use ds4::server::routes::{self, HttpOptions, State};
 use ds4::server::worker::{self, KvCacheHook, WorkerConfig};
@@ -24,7 +27,11 @@ use ds4::tokenizer::Tokenizer;
 #[argh(note = "Examples:
   {command_name} -m ds4flash.gguf
   {command_name} --demo --port 8000       random tiny model, no download
-Clients: docs/CLIENTS.md (Claude Code, Codex CLI, opencode)")]
+  DS4_API_KEY=... {command_name} --host 0.0.0.0   serve the network, with a key
+Without a key only local clients are answered: Host localhost, 127.0.0.1 or
+[::1], and JSON POSTs; browser pages only from --cors origins.
+Clients: docs/CLIENTS.md (Claude Code, Codex CLI, opencode)
+Security, keys and every limit: docs/SECURITY.md")]
 struct Args {
     /// model GGUF (default ./ds4flash.gguf)
     #[argh(option, short = 'm')]
@@ -47,18 +54,39 @@ struct Args {
     /// CPU threads (default: physical cores)
     #[argh(option, short = 't')]
     threads: Option<usize>,
-    /// add CORS headers to every response
-    #[argh(switch)]
-    cors: bool,
+    /// let web pages from ORIGIN (e.g. http://localhost:3000) call the
+    /// server, with CORS headers; repeatable; '*' (any page) needs a key
+    #[argh(option)]
+    cors: Vec<String>,
     /// write a human-readable record of every request to FILE
     #[argh(option)]
     trace: Option<PathBuf>,
-    /// require this key (Authorization: Bearer KEY or x-api-key: KEY)
+    /// require this key (Authorization: Bearer KEY or x-api-key: KEY);
+    /// shown to other local users in the process list: prefer
+    /// --api-key-file, or the environment variable DS4_API_KEY (used when
+    /// neither flag is given)
     #[argh(option)]
     api_key: Option<String>,
+    /// read the key from the first line of FILE
+    #[argh(option)]
+    api_key_file: Option<PathBuf>,
     /// largest request body in bytes (default 67108864)
     #[argh(option, default = "64 << 20")]
     max_body_bytes: usize,
+    /// seconds a client may take to send a request's headers (default 10)
+    #[argh(option, default = "10.0")]
+    header_timeout: f64,
+    /// seconds a request body may stall without a byte (default 10)
+    #[argh(option, default = "10.0")]
+    body_timeout: f64,
+    /// seconds an open connection may sit idle between requests, or a
+    /// response wait for the client to read (default 60)
+    #[argh(option, default = "60.0")]
+    idle_timeout: f64,
+    /// open connections at once; one more gets 503 (default: from the
+    /// open-file limit, at most 256)
+    #[argh(option)]
+    max_connections: Option<usize>,
     /// requests that may wait for the engine before 503 (default 64)
     #[argh(option, default = "64")]
     queue: usize,
@@ -127,6 +155,84 @@ const SCRIPT_FILE_ENV: &str = "DS4_SERVER_TEST_SCRIPT_FILE";
 /// Hidden test switch: disk-cache writes fail with ENOSPC after this many
 /// bytes each (a full disk without privileges; `DiskCache::set_write_limit`).
 const KV_WRITE_LIMIT_ENV: &str = "DS4_KV_TEST_WRITE_LIMIT";
+
+/// The API key, when neither `--api-key` nor `--api-key-file` is given
+/// (read once, in `main`; a key there stays out of the process list).
+const API_KEY_ENV: &str = "DS4_API_KEY";
+
+/// Far above any descriptor limit; keeps the semaphore's count in range.
+const MAX_CONNECTIONS: usize = 1 << 20;
+
+/// The HTTP layer's flags, resolved and checked once.
+struct HttpFlags {
+    api_key: Option<String>,
+    /// Where the key came from, for the banner.
+    key_source: &'static str,
+    cors: CorsOrigins,
+    limits: ServerLimits,
+    body_idle: Duration,
+}
+
+/// A timeout flag: seconds, more than 0 and at most a day.
+fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
+    if !(v.is_finite() && v > 0.0 && v <= 86400.0) {
+        return Err(format!("--{flag}: expected seconds in (0, 86400], got {v}"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// A key file other users may read is no better than `--api-key`: say so.
+fn warn_if_shared(p: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(p) {
+        if m.permissions().mode() & 0o077 != 0 {
+            eprintln!(
+                "ds4-server: warning: {} can be read by other users (chmod 600 it)",
+                p.display()
+            );
+        }
+    }
+}
+
+fn http_flags(a: &Args, env_key: Option<String>) -> Result<HttpFlags, String> {
+    let (api_key, key_source) = match (&a.api_key, &a.api_key_file) {
+        (Some(_), Some(_)) => return Err("give --api-key or --api-key-file, not both".into()),
+        (Some(k), None) => (Some(k.clone()), "--api-key"),
+        (None, Some(p)) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| format!("--api-key-file {}: {e}", p.display()))?;
+            let key = text.lines().next().unwrap_or("").to_string();
+            warn_if_shared(p);
+            (Some(key), "--api-key-file")
+        }
+        (None, None) => (env_key.filter(|k| !k.is_empty()), API_KEY_ENV),
+    };
+    // Clients' keys are compared trimmed (routes), so the server's is too.
+    let api_key = api_key.map(|k| k.trim().to_string());
+    if api_key.as_deref().is_some_and(str::is_empty) {
+        return Err(format!("the API key from {key_source} is empty"));
+    }
+    if a.max_connections
+        .is_some_and(|n| n == 0 || n > MAX_CONNECTIONS)
+    {
+        return Err(format!(
+            "--max-connections must be in 1..={MAX_CONNECTIONS}"
+        ));
+    }
+    Ok(HttpFlags {
+        cors: CorsOrigins::parse(&a.cors, api_key.is_some())?,
+        api_key,
+        key_source,
+        limits: ServerLimits {
+            header_read: seconds("header-timeout", a.header_timeout)?,
+            keep_alive_idle: seconds("idle-timeout", a.idle_timeout)?,
+            max_connections: a
+                .max_connections
+                .unwrap_or_else(listen::default_max_connections),
+        },
+        body_idle: seconds("body-timeout", a.body_timeout)?,
+    })
+}
 
 fn kv_config(a: &Args) -> KvCacheConfig {
     KvCacheConfig {
@@ -287,7 +393,7 @@ fn take_lock() -> Result<std::fs::File, String> {
     Ok(f)
 }
 
-fn run(a: Args) -> Result<(), String> {
+fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
     let kv_cfg = kv_config(&a);
     let kv_write_limit = kv_write_limit()?;
@@ -323,6 +429,10 @@ fn run(a: Args) -> Result<(), String> {
         ds4::report::human(sess.state_bytes() as u64),
         a.ctx
     );
+    let longest_token = (0..tok.vocab_size() as u32)
+        .filter_map(|id| tok.token_bytes(id).map(<[u8]>::len))
+        .max()
+        .unwrap_or(1);
     let metrics = Arc::new(Metrics::default());
     let cache: Box<dyn KvCacheHook> =
         match DiskHook::open(&kv_cfg, &model, &metrics, kv_write_limit)? {
@@ -360,9 +470,11 @@ fn run(a: Args) -> Result<(), String> {
         opts: HttpOptions {
             ctx: a.ctx,
             default_tokens: a.tokens,
-            cors: a.cors,
-            api_key: a.api_key.clone(),
+            cors: hf.cors,
+            api_key: hf.api_key.clone(),
             max_body_bytes: a.max_body_bytes,
+            body_idle: hf.body_idle,
+            max_prompt_bytes: routes::prompt_byte_bound(a.ctx, longest_token),
             allow_script: std::env::var_os(SCRIPT_ENV).is_some(),
         },
         counter: AtomicU64::new(0),
@@ -372,30 +484,41 @@ fn run(a: Args) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("tokio: {e}"))?;
+    let keyed = hf.api_key.is_some();
     rt.block_on(async move {
         // Handlers are installed here, before the banner, so a signal that
         // arrives right after start-up still shuts down cleanly.
         use tokio::signal::unix::{signal, SignalKind};
         let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("signal: {e}"))?;
         let mut term = signal(SignalKind::terminate()).map_err(|e| format!("signal: {e}"))?;
-        let (bound, server) = warp::serve(routes::routes(state))
-            .try_bind_with_graceful_shutdown(addr, async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        if keyed {
+            eprintln!("ds4-server: API key required (from {})", hf.key_source);
+        }
+        if let Some(w) = listen::exposure_warning(addr.ip(), keyed) {
+            eprintln!("ds4-server: {w}");
+        }
+        let shutdown = async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            // A second signal does not wait for the drain.
+            tokio::spawn(async move {
                 tokio::select! {
                     _ = int.recv() => {}
                     _ = term.recv() => {}
                 }
-                // A second signal does not wait for the drain.
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = int.recv() => {}
-                        _ = term.recv() => {}
-                    }
-                    std::process::exit(130);
-                });
-            })
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        print_banner(bound, a.api_key.is_some());
-        server.await;
+                std::process::exit(130);
+            });
+        };
+        print_banner(bound, keyed);
+        listen::serve(listener, state, hf.limits, shutdown).await;
         Ok::<(), String>(())
     })?;
     // Listener closed: queued jobs finish, then the cache may save.
@@ -407,7 +530,7 @@ fn run(a: Args) -> Result<(), String> {
 /// The URL and ready-to-paste client settings (docs/CLIENTS.md).
 fn print_banner(addr: SocketAddr, keyed: bool) {
     let url = format!("http://{addr}");
-    let key = if keyed { "<your --api-key>" } else { "ds4" };
+    let key = if keyed { "<your API key>" } else { "ds4" };
     println!("ds4-server: listening on {url}");
     println!("  Claude Code: ANTHROPIC_BASE_URL={url} ANTHROPIC_AUTH_TOKEN={key} ANTHROPIC_MODEL=deepseek-v4-flash claude");
     println!(
@@ -421,10 +544,14 @@ fn print_banner(addr: SocketAddr, keyed: bool) {
 fn main() -> ExitCode {
     match ds4::cli::parse_args::<Args>("ds4-server") {
         Ok(a) => {
-            if let Err(e) = check(&a) {
-                eprintln!("ds4-server: {e}");
-                return ExitCode::from(2);
-            }
+            let hf = match check(&a).and_then(|()| http_flags(&a, std::env::var(API_KEY_ENV).ok()))
+            {
+                Ok(hf) => hf,
+                Err(e) => {
+                    eprintln!("ds4-server: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let _lock = match take_lock() {
                 Ok(f) => f,
                 Err(e) => {
@@ -432,7 +559,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            ds4::cli::exit_with("ds4-server", run(a))
+            ds4::cli::exit_with("ds4-server", run(a, hf))
         }
         Err(code) => code,
     }

@@ -30,6 +30,31 @@ impl ApiError {
     pub fn context(prompt: usize, ctx: usize, param: &str, anthropic: bool) -> ApiError {
         let msg =
             format!("Prompt has {prompt} tokens, but the configured context size is {ctx} tokens");
+        ApiError::context_msg(&msg, json!(prompt), ctx, param, anthropic)
+    }
+
+    /// The context-length error for a prompt refused by its byte length,
+    /// before it was tokenized (`n_prompt_tokens` is then unknown: null).
+    pub fn prompt_bytes(
+        bytes: usize,
+        limit: usize,
+        ctx: usize,
+        param: &str,
+        anthropic: bool,
+    ) -> ApiError {
+        let msg = format!(
+            "Prompt has {bytes} bytes; no prompt over {limit} bytes fits the configured context size of {ctx} tokens"
+        );
+        ApiError::context_msg(&msg, serde_json::Value::Null, ctx, param, anthropic)
+    }
+
+    fn context_msg(
+        msg: &str,
+        prompt: serde_json::Value,
+        ctx: usize,
+        param: &str,
+        anthropic: bool,
+    ) -> ApiError {
         let body = if anthropic {
             json!({"type": "error", "error": {"type": "invalid_request_error", "message": msg,
                 "n_prompt_tokens": prompt, "n_ctx": ctx}})

@@ -2,7 +2,8 @@
 //! over warp + tokio (SERVER.md). Data flow of a request:
 //!
 //! ```text
-//! HTTP (routes: auth, body cap, routing) ─► request (wire JSON → GenRequest)
+//! TCP (listen: connection cap, header and idle deadlines)
+//!   ─► HTTP (routes: Host/Origin/auth checks, body cap, routing) ─► request (wire JSON → GenRequest)
 //!   ─► worker queue (bounded, FIFO) ─► worker thread (render, reuse, prefill, generate)
 //!   ─► events over a channel ─► openai / anthropic / responses (JSON body or SSE)
 //! ```
@@ -10,7 +11,9 @@
 pub mod anthropic;
 pub mod dsml;
 pub mod error;
+pub mod guard;
 pub mod kvdisk;
+pub mod listen;
 pub mod metrics;
 pub mod openai;
 pub mod render;

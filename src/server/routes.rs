@@ -1,6 +1,7 @@
-//! The HTTP layer: one warp filter that reads the request (body capped),
-//! checks the API key, routes, and turns a job's events into a JSON body or
-//! an SSE stream. Nothing here touches the engine.
+//! The HTTP layer: one warp filter that checks the request's `Host`,
+//! `Origin` and API key from its headers, then reads the body (capped, with
+//! an idle deadline), routes, and turns a job's events into a JSON body or an
+//! SSE stream. Nothing here touches the engine; `listen` serves the filter.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -12,16 +13,18 @@ use bytes::{Buf, Bytes};
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use warp::http::header::HeaderValue;
 use warp::http::{HeaderMap, Method, Response, StatusCode};
 use warp::hyper::Body;
 use warp::Filter;
 
 use super::error::ApiError;
+use super::guard::{self, CorsOrigins};
 use super::metrics::Metrics;
 use super::openai::Meta;
 use super::request::{self, Api, ParseContext};
 use super::worker::{Event, Final, Job, Queue};
-use super::{anthropic, openai, responses, StreamFormat};
+use super::{anthropic, openai, render, responses, StreamFormat};
 
 /// The model id ds4 serves and lists.
 pub const MODEL_ID: &str = "deepseek-v4-flash";
@@ -29,14 +32,44 @@ pub const MODEL_ID: &str = "deepseek-v4-flash";
 /// SSE comment sent while nothing else was sent for this long (prefill).
 const KEEPALIVE: Duration = Duration::from_secs(5);
 
+/// What the filter enforces (flags of `ds4-server`; docs/SECURITY.md).
 #[derive(Clone, Debug)]
 pub struct HttpOptions {
     pub ctx: usize,
     pub default_tokens: usize,
-    pub cors: bool,
+    /// Browser origins allowed to call (`--cors`).
+    pub cors: CorsOrigins,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
+    /// Longest wait for the next piece of a request body (`--body-timeout`).
+    pub body_idle: Duration,
+    /// Rendered prompts longer than this cannot fit `ctx` and are refused
+    /// before they queue (`ctx` × the longest token's bytes; see
+    /// [`prompt_byte_bound`]).
+    pub max_prompt_bytes: usize,
     pub allow_script: bool,
+}
+
+impl Default for HttpOptions {
+    fn default() -> HttpOptions {
+        HttpOptions {
+            ctx: 32768,
+            default_tokens: 393216,
+            cors: CorsOrigins::default(),
+            api_key: None,
+            max_body_bytes: 64 << 20,
+            body_idle: Duration::from_secs(10),
+            max_prompt_bytes: usize::MAX,
+            allow_script: false,
+        }
+    }
+}
+
+/// The byte length over which a rendered prompt has at least `ctx` tokens
+/// whatever its text: no token covers more bytes than the vocabulary's
+/// longest one. (The worker refuses prompts of `ctx` tokens or more.)
+pub fn prompt_byte_bound(ctx: usize, longest_token_bytes: usize) -> usize {
+    ctx.saturating_mul(longest_token_bytes.max(1))
 }
 
 pub struct State {
@@ -46,7 +79,7 @@ pub struct State {
     pub counter: AtomicU64,
 }
 
-/// The whole server as one filter (used by the binary and by `warp::test`).
+/// The whole server as one filter (used by `listen` and by `warp::test`).
 pub fn routes(
     state: Arc<State>,
 ) -> impl Filter<Extract = (Response<Body>,), Error = warp::Rejection> + Clone {
@@ -61,43 +94,49 @@ pub fn routes(
              headers: HeaderMap,
              body,
              state: Arc<State>| async move {
-                let limit = state.opts.max_body_bytes;
-                let body = read_body(body, limit).await;
-                let cors = state.opts.cors;
-                let mut resp = handle(method, path.as_str(), &headers, body, state).await;
-                if cors {
-                    let h = resp.headers_mut();
-                    h.insert(
-                        "access-control-allow-origin",
-                        "*".parse().unwrap_or_else(|_| unreachable!()),
-                    );
-                    h.insert(
-                        "access-control-allow-methods",
-                        "GET, POST, OPTIONS"
-                            .parse()
-                            .unwrap_or_else(|_| unreachable!()),
-                    );
-                    h.insert(
-                        "access-control-allow-headers",
-                        "*".parse().unwrap_or_else(|_| unreachable!()),
-                    );
+                let opts = &state.opts;
+                let origin = guard::admit(&headers, opts.api_key.is_some(), &opts.cors);
+                let mut resp = match &origin {
+                    // Refused on its headers: the body is never read, so the
+                    // connection cannot be reused.
+                    Err(e) => closing(error_response(e.clone())),
+                    Ok(_) => handle(method.clone(), path.as_str(), &headers, body, state).await,
+                };
+                if let Ok(Some(allow)) = origin {
+                    guard::add_cors(resp.headers_mut(), allow, &method, &headers);
                 }
                 resp
             },
         )
 }
 
-async fn read_body<S, B>(body: S, limit: usize) -> Result<Vec<u8>, ()>
+/// Why a request body was not read whole.
+#[derive(Debug, PartialEq, Eq)]
+enum BodyError {
+    /// Over `--max-body-bytes`.
+    TooLarge,
+    /// No bytes for `--body-timeout`.
+    Stalled,
+    /// The client closed early or sent a broken chunked body.
+    Broken,
+}
+
+async fn read_body<S, B>(body: S, limit: usize, idle: Duration) -> Result<Vec<u8>, BodyError>
 where
     S: Stream<Item = Result<B, warp::Error>>,
     B: Buf,
 {
     let mut body = Box::pin(body);
     let mut out = Vec::new();
-    while let Some(chunk) = body.next().await {
-        let mut chunk = chunk.map_err(|_| ())?;
+    loop {
+        let chunk = match tokio::time::timeout(idle, body.next()).await {
+            Err(_) => return Err(BodyError::Stalled),
+            Ok(None) => return Ok(out),
+            Ok(Some(c)) => c,
+        };
+        let mut chunk = chunk.map_err(|_| BodyError::Broken)?;
         if out.len() + chunk.remaining() > limit {
-            return Err(());
+            return Err(BodyError::TooLarge);
         }
         while chunk.has_remaining() {
             let c = chunk.chunk();
@@ -106,7 +145,30 @@ where
             chunk.advance(n);
         }
     }
-    Ok(out)
+}
+
+/// Asks hyper to close the connection after this response (the request
+/// body was not read whole, so the next request's start is unknown).
+fn closing(mut r: Response<Body>) -> Response<Body> {
+    r.headers_mut()
+        .insert("connection", HeaderValue::from_static("close"));
+    r
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        413,
+        &format!("request body larger than {limit} bytes (--max-body-bytes)"),
+    )
+}
+
+/// The request field that holds the prompt, for the context errors.
+pub fn param_of(api: Api) -> &'static str {
+    match api {
+        Api::Chat | Api::Messages => "messages",
+        Api::Completions => "prompt",
+        Api::Responses => "input",
+    }
 }
 
 fn json_response(status: u16, body: String) -> Response<Body> {
@@ -157,28 +219,34 @@ pub fn model_object(opts: &HttpOptions) -> serde_json::Value {
             "top_k", "min_p", "stop", "seed", "stream", "reasoning_effort"]})
 }
 
-async fn handle(
+async fn handle<S, B>(
     method: Method,
     path: &str,
     headers: &HeaderMap,
-    body: Result<Vec<u8>, ()>,
+    body: S,
     state: Arc<State>,
-) -> Response<Body> {
+) -> Response<Body>
+where
+    S: Stream<Item = Result<B, warp::Error>>,
+    B: Buf,
+{
     if method == Method::OPTIONS {
         return Response::builder()
             .status(StatusCode::NO_CONTENT)
             .body(Body::empty())
             .unwrap_or_else(|_| Response::new(Body::empty()));
     }
-    let Ok(body) = body else {
-        return error_response(ApiError::invalid("bad HTTP request"));
-    };
     if method == Method::GET && path == "/health" {
         return json_response(200, "{\"status\":\"ok\"}\n".into());
     }
+    // From the headers alone, before any body byte is read: an
+    // unauthenticated client cannot make the server take in a large body.
     if let Some(key) = &state.opts.api_key {
         if !authorized(headers, key) {
-            return error_response(ApiError::new(401, "invalid or missing API key"));
+            return closing(error_response(ApiError::new(
+                401,
+                "invalid or missing API key",
+            )));
         }
     }
     let api = match (method.clone(), path) {
@@ -199,7 +267,33 @@ async fn handle(
         (Method::POST, "/v1/completions") => Api::Completions,
         (Method::POST, "/v1/responses") => Api::Responses,
         (Method::POST, "/v1/messages") => Api::Messages,
-        _ => return error_response(ApiError::new(404, "unknown endpoint")),
+        _ => return closing(error_response(ApiError::new(404, "unknown endpoint"))),
+    };
+    if state.opts.api_key.is_none() && !guard::json_content_type(headers) {
+        return closing(error_response(ApiError::new(
+            415,
+            "Content-Type must be application/json (without an API key other types are refused, so that web pages cannot post here)",
+        )));
+    }
+    let limit = state.opts.max_body_bytes;
+    let declared = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return closing(error_response(too_large(limit)));
+    }
+    let body = match read_body(body, limit, state.opts.body_idle).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => return closing(error_response(too_large(limit))),
+        Err(BodyError::Stalled) => {
+            let secs = state.opts.body_idle.as_secs_f64();
+            let msg = format!("request body stalled: no bytes for {secs} s (--body-timeout)");
+            return closing(error_response(ApiError::new(408, &msg)));
+        }
+        Err(BodyError::Broken) => {
+            return closing(error_response(ApiError::invalid("bad HTTP request")))
+        }
     };
     let pc = ParseContext {
         ctx: state.opts.ctx,
@@ -215,6 +309,23 @@ async fn handle(
         Ok(r) => r,
         Err(e) => return error_response(e),
     };
+    // A prompt that cannot fit is refused here, before it queues and before
+    // the worker tokenizes it (tokenizing megabytes would hold the engine).
+    let max = state.opts.max_prompt_bytes;
+    let bytes = if max == usize::MAX {
+        0
+    } else {
+        render::render(&req, &mut render::NoReplay).len()
+    };
+    if bytes > max {
+        return error_response(ApiError::prompt_bytes(
+            bytes,
+            state.opts.max_prompt_bytes,
+            state.opts.ctx,
+            param_of(api),
+            api == Api::Messages,
+        ));
+    }
     req.raw = body;
     let n = state.counter.fetch_add(1, Ordering::Relaxed) + 1;
     let meta = Meta {

@@ -1,0 +1,127 @@
+//! The real `ds4-server` binary for tests: started on 127.0.0.1 with an
+//! ephemeral port, the tiny model, the scripted test mode and a lock file of
+//! its own (so servers run side by side); killed when dropped. Plus raw
+//! HTTP/1.1 exchanges over `TcpStream`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ds4::testmodel::Variant;
+
+/// Context of the test servers unless `--ctx` is given.
+pub const CTX: usize = 2048;
+
+pub struct Server {
+    pub child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    stderr: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stderr);
+    }
+}
+
+impl Server {
+    /// Everything the server wrote to stderr so far.
+    pub fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+/// A fresh path in the temporary folder, unique in this process.
+pub fn temp_path(what: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    std::env::temp_dir().join(format!("ds4-test-{}-{n}.{what}", std::process::id()))
+}
+
+/// A lock file of its own, so the tests' servers can run side by side.
+pub fn lock_file() -> String {
+    temp_path("lock").to_string_lossy().into_owned()
+}
+
+/// Starts the server with `args` (after `-m TINY --port 0 -n 64`, and
+/// `--ctx 2048` unless `args` sets it) and `env`; returns once it listens.
+pub fn start_server(args: &[&str], env: &[(&str, &str)], lock: &str) -> Server {
+    let m = super::tiny_model_path(Variant::Q8);
+    let stderr = temp_path("stderr");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
+    cmd.env("DS4_LOCK_FILE", lock)
+        .env("DS4_SERVER_TEST_SCRIPTS", "1")
+        .env_remove("DS4_API_KEY")
+        .args(args)
+        .args(["-m", m.to_str().unwrap(), "--port", "0", "-n", "64"]);
+    if !args.contains(&"--ctx") {
+        cmd.args(["--ctx", &CTX.to_string()]);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let _ = child.wait();
+            panic!(
+                "server exited early: {}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            );
+        }
+        if let Some(url) = line.trim().strip_prefix("ds4-server: listening on http://") {
+            break url.to_string();
+        }
+    };
+    // Keep draining stdout so the server never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut out, &mut std::io::sink());
+    });
+    Server {
+        child,
+        addr,
+        stderr,
+    }
+}
+
+/// One raw HTTP exchange; returns the whole response text.
+pub fn raw(addr: &str, bytes: &[u8], close_write: bool) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(bytes).unwrap();
+    if close_write {
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8(out).expect("valid UTF-8 response")
+}
+
+/// The status code of a raw response (0 when there is none).
+pub fn status(resp: &str) -> u16 {
+    resp.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The value of header `name` (any case) in a raw response.
+pub fn header<'a>(resp: &'a str, name: &str) -> Option<&'a str> {
+    let head = resp.split("\r\n\r\n").next()?;
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
