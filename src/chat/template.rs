@@ -4,7 +4,7 @@
 //! server (`server::render`) both build their prompts from these pieces, so
 //! the protocol is spelled in one place.
 //!
-//! Escaping, and why it is done in the text (docs/SECURITY-prompt.md):
+//! Escaping, and why it is done in the text (docs/SECURITY.md § Prompt content):
 //!
 //! * [`esc_result`]: `</tool_result>` inside a tool result (PROMPT.md §3.3).
 //! * [`esc_markers`]: a chat marker inside client text (user, system, tool

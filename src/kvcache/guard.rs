@@ -1,4 +1,4 @@
-//! The file-system rules of the cache folder (docs/SECURITY-files.md): who
+//! The file-system rules of the cache folder (docs/SECURITY.md § Files): who
 //! may write the folder, and how a file in it is opened. Everything here
 //! exists because the folder's contents decide what state a session loads:
 //! a file another user planted there is a forged model state, a FIFO named

@@ -9,7 +9,7 @@
 //! it never becomes a control token. Assistant content, reasoning and tool
 //! calls are the model's own output replayed and are written as given:
 //! escaping them would change the tokens the live session and the disk
-//! checkpoints hold for them (docs/SECURITY-prompt.md).
+//! checkpoints hold for them (docs/SECURITY.md § Prompt content).
 
 use serde_json::Value;
 

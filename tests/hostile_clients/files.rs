@@ -1,4 +1,4 @@
-//! Hostile files (issue 25 item 6, docs/SECURITY-files.md): what another
+//! Hostile files (issue 25 item 6, docs/SECURITY.md § Files): what another
 //! process or user can leave in the disk KV cache folder or at the lock
 //! path. A FIFO named like a checkpoint (start-up and requests complete in
 //! bounded time); a symlink named like a checkpoint (never followed, loaded,

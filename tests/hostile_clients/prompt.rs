@@ -1,4 +1,4 @@
-//! Prompt content a client controls (docs/SECURITY-prompt.md):
+//! Prompt content a client controls (docs/SECURITY.md § Prompt content):
 //!
 //! * a chat marker inside user text, system text, a tool result, a tool
 //!   schema or a completions prompt stays text: the request's tokens carry
