@@ -174,7 +174,9 @@ async fn handle(
         return error_response(ApiError::invalid("bad HTTP request"));
     };
     if method == Method::GET && path == "/health" {
-        return json_response(200, "{\"status\":\"ok\"}\n".into());
+        // 503 once the worker thread is gone, so a supervisor restarts us.
+        let (status, body) = state.queue.health().report();
+        return json_response(status, format!("{body}\n"));
     }
     if let Some(key) = &state.opts.api_key {
         if !authorized(headers, key) {

@@ -11,6 +11,8 @@ use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
 
+pub mod server;
+
 /// The tiny model of `variant`, generated once per build tree (the generator
 /// is deterministic, so a cached file is identical to a fresh one).
 pub fn tiny_model_path(variant: Variant) -> PathBuf {
