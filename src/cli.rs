@@ -37,7 +37,8 @@ pub fn exit_with(name: &str, r: Result<(), String>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{name}: {e}");
+            // The server's stderr may be closed by now.
+            stderr_line(format_args!("{name}: {e}"));
             ExitCode::FAILURE
         }
     }

@@ -92,7 +92,9 @@ pub struct Job {
 
 /// What the queue carries.
 pub(super) enum Work {
-    Gen(Job),
+    /// Boxed: a request is a few hundred bytes and every queue slot would
+    /// otherwise be that large.
+    Gen(Box<Job>),
     /// Ends the worker after the jobs queued before it; acknowledged once
     /// the cache had its shutdown call.
     Shutdown(std::sync::mpsc::Sender<()>),

@@ -58,7 +58,7 @@ impl Starts {
         Starts {
             markers: dsml::start_markers()
                 .iter()
-                .map(|m| Finder::new(*m, from))
+                .map(|m| Finder::new(m, from))
                 .collect(),
         }
     }

@@ -7,7 +7,8 @@
 //! `catch_unwind`: a panic fails that job alone and resets the session.
 //! The pieces live beside it: the job contract in `job.rs`, the reuse
 //! decision in `plan.rs`, the tool memory and bindings in `memory.rs`, the
-//! token observer in `stream.rs`, `--trace` in `trace.rs`.
+//! token observer in `stream.rs`, `--trace` in `trace.rs`, liveness and
+//! caught panics in `health.rs`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -71,7 +72,7 @@ impl Queue {
     /// Enqueues a job; a full queue is `503` with `Retry-After`.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send(Work::Gen(job)) {
+        match self.tx.try_send(Work::Gen(Box::new(job))) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
@@ -213,7 +214,7 @@ impl Worker {
     fn run(mut self, rx: Receiver<Work>) {
         while let Ok(work) = rx.recv() {
             let job = match work {
-                Work::Gen(job) => job,
+                Work::Gen(job) => *job,
                 Work::Shutdown(ack) => {
                     let visible = self.visible_at_live();
                     let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));

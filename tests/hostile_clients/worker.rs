@@ -405,3 +405,46 @@ fn a_server_whose_log_reader_left_keeps_serving() {
     assert!(s.child.try_wait().unwrap().is_none(), "the server exited");
     assert_eq!(server::status(&server::get(&s.addr, "/health")), 200);
 }
+
+/// `/health` is 503 once the worker thread is gone (here: after shutdown),
+/// so a supervisor restarts a server whose engine no longer runs.
+#[test]
+fn health_is_503_when_the_worker_thread_is_gone() {
+    use ds4::server::metrics::Metrics;
+    use ds4::server::worker::{self, WorkerConfig};
+    use ds4::session::{Session, SessionOptions};
+    use std::sync::Arc;
+
+    let model = common::tiny_model(Variant::Q8);
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    let opts = SessionOptions {
+        ctx: 256,
+        ..SessionOptions::default()
+    };
+    let sess = Session::new(model, opts).unwrap();
+    let cfg = WorkerConfig {
+        queued_scripts: Vec::new(),
+        trace: None,
+        default_tokens: 8,
+        exact_replay: true,
+        tool_memory_max_ids: 100,
+        debug_panic_on_prompt: None,
+    };
+    let metrics = Arc::new(Metrics::default());
+    let q = worker::start(sess, tok, cfg, metrics, 4, Box::new(worker::NoCache));
+    let (status, body) = q.health().report();
+    assert_eq!(
+        (status, body["worker"]["alive"].clone()),
+        (200, json!(true))
+    );
+    q.shutdown();
+    // The thread marks itself dead as it ends; give it a bounded moment.
+    let t0 = std::time::Instant::now();
+    while q.health().alive() && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let (status, body) = q.health().report();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["status"], "unavailable");
+    assert_eq!(body["worker"]["alive"], false);
+}
