@@ -167,6 +167,7 @@ fn main() {
             default_tokens: n,
             exact_replay: true,
             tool_memory_max_ids: 1000,
+            debug_panic_on_prompt: None,
         },
         metrics.clone(),
         64,

@@ -17,7 +17,7 @@ pub fn demo_model() -> Result<PathBuf, String> {
     let path = dir.join("demo-tiny-q8.gguf");
     if !path.exists() {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        eprintln!(
+        crate::log_line!(
             "ds4: generating the demo model (random weights) at {}",
             path.display()
         );
@@ -29,6 +29,8 @@ pub fn demo_model() -> Result<PathBuf, String> {
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    eprintln!("ds4: DEMO MODE — tiny model with random weights; the text it writes is noise");
+    crate::log_line!(
+        "ds4: DEMO MODE — tiny model with random weights; the text it writes is noise"
+    );
     Ok(path)
 }

@@ -1,9 +1,10 @@
 //! `ds4-server` against hostile and unlucky clients (issue 25): every case
 //! found when the server was tried as an adversary, replayed — on the real
 //! binary over loopback sockets where the case is about the wire. One module
-//! per area: `http` limits and browser checks; `files` the cache folder,
-//! temp and lock files; `prompt` what a client can put into the prompt (chat
-//! markers in its text, deeply nested DSML).
+//! per area: `http` limits and browser checks; `worker` the live-reuse crash,
+//! panics, closed pipes; `files` the cache folder, temp and lock files;
+//! `prompt` what a client can put into the prompt (chat markers in its text,
+//! deeply nested DSML).
 
 mod common;
 
@@ -13,3 +14,5 @@ mod files;
 mod http;
 #[path = "hostile_clients/prompt.rs"]
 mod prompt;
+#[path = "hostile_clients/worker.rs"]
+mod worker;

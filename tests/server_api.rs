@@ -54,6 +54,7 @@ fn server_hooked(
             default_tokens: 24,
             exact_replay: true,
             tool_memory_max_ids: 1000,
+            debug_panic_on_prompt: None,
         },
         metrics.clone(),
         16,

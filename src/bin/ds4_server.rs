@@ -142,6 +142,9 @@ struct Args {
     /// load only checkpoints carrying our CRC-32 mark (not ds4's files)
     #[argh(switch)]
     kv_cache_require_checksum: bool,
+    /// test hook: a job whose prompt contains this text panics
+    #[argh(option, hidden_help)]
+    debug_panic_on_prompt: Option<String>,
 }
 
 /// Hidden test switch: requests may carry `ds4_test_script` (the sampler
@@ -423,7 +426,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         },
     )
     .map_err(|e| e.to_string())?;
-    eprintln!(
+    ds4::log_line!(
         "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
         path.display(),
         ds4::report::human(sess.state_bytes() as u64),
@@ -437,7 +440,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let cache: Box<dyn KvCacheHook> =
         match DiskHook::open(&kv_cfg, &model, &metrics, kv_write_limit)? {
             Some(h) => {
-                eprintln!(
+                ds4::log_line!(
                     "ds4-server: disk KV cache in {} ({} MiB)",
                     kv_cfg
                         .kv_disk_dir
@@ -459,6 +462,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
             default_tokens: a.tokens,
             exact_replay: !a.disable_exact_dsml_tool_replay,
             tool_memory_max_ids: a.tool_memory_max_ids,
+            debug_panic_on_prompt: a.debug_panic_on_prompt.clone(),
         },
         metrics.clone(),
         a.queue,
@@ -522,7 +526,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         Ok::<(), String>(())
     })?;
     // Listener closed: queued jobs finish, then the cache may save.
-    eprintln!("ds4-server: shutting down");
+    ds4::log_line!("ds4-server: shutting down");
     queue.shutdown();
     Ok(())
 }
@@ -531,31 +535,35 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
 fn print_banner(addr: SocketAddr, keyed: bool) {
     let url = format!("http://{addr}");
     let key = if keyed { "<your API key>" } else { "ds4" };
-    println!("ds4-server: listening on {url}");
-    println!("  Claude Code: ANTHROPIC_BASE_URL={url} ANTHROPIC_AUTH_TOKEN={key} ANTHROPIC_MODEL=deepseek-v4-flash claude");
-    println!(
+    // Nobody may be reading stdout: a failed write is dropped.
+    ds4::cli::stdout_line(format_args!("ds4-server: listening on {url}"));
+    ds4::cli::stdout_line(format_args!("  Claude Code: ANTHROPIC_BASE_URL={url} ANTHROPIC_AUTH_TOKEN={key} ANTHROPIC_MODEL=deepseek-v4-flash claude"));
+    ds4::cli::stdout_line(format_args!(
         "  Codex CLI:   OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={key} codex -m deepseek-v4-flash"
-    );
-    println!("  opencode:    provider baseURL {url}/v1, model deepseek-v4-flash (docs/CLIENTS.md)");
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
+    ));
+    ds4::cli::stdout_line(format_args!(
+        "  opencode:    provider baseURL {url}/v1, model deepseek-v4-flash (docs/CLIENTS.md)"
+    ));
 }
 
 fn main() -> ExitCode {
     match ds4::cli::parse_args::<Args>("ds4-server") {
         Ok(a) => {
+            // After parsing (which restores SIGPIPE's default for --help
+            // piped into a pager): a server outlives its log readers.
+            ds4::cli::ignore_closed_pipes();
             let hf = match check(&a).and_then(|()| http_flags(&a, std::env::var(API_KEY_ENV).ok()))
             {
                 Ok(hf) => hf,
                 Err(e) => {
-                    eprintln!("ds4-server: {e}");
+                    ds4::log_line!("ds4-server: {e}");
                     return ExitCode::from(2);
                 }
             };
             let _lock = match take_lock() {
                 Ok(f) => f,
                 Err(e) => {
-                    eprintln!("ds4-server: {e}");
+                    ds4::log_line!("ds4-server: {e}");
                     return ExitCode::from(2);
                 }
             };

@@ -3,8 +3,8 @@
 
 use serde_json::{json, Value};
 
+use super::job::{Final, FinishReason, Usage};
 use super::openai::Meta;
-use super::worker::{Final, FinishReason, Usage};
 use super::StreamFormat;
 
 pub fn stop_reason(f: FinishReason) -> &'static str {

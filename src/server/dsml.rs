@@ -72,6 +72,22 @@ pub fn block_close(v: usize) -> &'static str {
     VARIANTS[v].close
 }
 
+/// The block start markers in priority order, for the stream's incremental
+/// scanner (`server/scan.rs`), which must agree with [`block_start`].
+pub(crate) fn start_markers() -> &'static [&'static str] {
+    &STARTS
+}
+
+/// The parameter open and close tags of the block variant `v`.
+pub(crate) fn param_tags(v: usize) -> (&'static str, &'static str) {
+    (VARIANTS[v].param, VARIANTS[v].param_close)
+}
+
+/// Whether a parameter tag's body is a string (not `string="false"`).
+pub(crate) fn string_param(tag: &str) -> bool {
+    attr_value(tag, "string").as_deref() != Some("false")
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParsedCall {
     pub name: String,

@@ -2,8 +2,8 @@
 //! one of `kvcache::SaveMoments`' save moments (KVCACHE.md §2 rule 7, §5).
 //! Built from ds4's `--kv-*` flags; absent without `--kv-disk-dir`.
 
+use super::job::{DiskResumed, KvCacheHook, VisibleKind};
 use super::metrics::Metrics;
-use super::worker::{DiskResumed, KvCacheHook, VisibleKind};
 use crate::kvcache::{
     routed_quant_bits, CacheKey, DiskCache, KtmEntry, KvCacheConfig, SaveMoments, ToolIds,
     VisibleKey,
@@ -34,6 +34,9 @@ impl DiskHook {
             return Ok(None);
         };
         cache.set_write_limit(write_limit);
+        // The library's logger is `eprintln!`, which a closed stderr turns
+        // into a panic; the server's log lines never fail.
+        let cache = cache.with_logger(|m| crate::log_line!("ds4: kv cache: {m}"));
         let _ = metrics.kv_disk.set(cache.metrics());
         Ok(Some(DiskHook {
             moments: SaveMoments::new(cache),

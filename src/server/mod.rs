@@ -7,22 +7,34 @@
 //!   ─► worker queue (bounded, FIFO) ─► worker thread (render, reuse, prefill, generate)
 //!   ─► events over a channel ─► openai / anthropic / responses (JSON body or SSE)
 //! ```
+//!
+//! The worker's pieces: `job` (the job / event contract and the disk-cache
+//! hook), `health` (liveness and caught panics for `/health`), `plan` (the live-reuse decision), `memory` (tool memory, bindings,
+//! ids), `stream` (the token observer) with `scan` (its incremental DSML
+//! detection), `trace` (`--trace`).
 
 pub mod anthropic;
 pub mod dsml;
 pub mod error;
 pub mod guard;
+pub mod health;
+pub mod job;
 pub mod kvdisk;
 pub mod listen;
+mod memory;
 pub mod metrics;
 pub mod openai;
+pub mod plan;
 pub mod render;
 pub mod request;
 pub mod responses;
 pub mod routes;
+mod scan;
+mod stream;
+mod trace;
 pub mod worker;
 
-use worker::Final;
+use job::Final;
 
 /// One API's SSE projection of a job's events.
 pub trait StreamFormat: Send {

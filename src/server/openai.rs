@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::worker::{Final, FinishReason, Usage};
+use super::job::{Final, FinishReason, Usage};
 use super::StreamFormat;
 
 /// Per-response fields shared by every chunk.

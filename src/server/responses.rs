@@ -3,8 +3,8 @@
 
 use serde_json::{json, Value};
 
+use super::job::{Final, FinishReason, Usage};
 use super::openai::Meta;
-use super::worker::{Final, FinishReason, Usage};
 use super::StreamFormat;
 
 fn usage_json(u: &Usage) -> Value {
@@ -40,7 +40,7 @@ fn status(f: &Final) -> (&'static str, &'static str) {
     }
 }
 
-fn call_item(id: &str, status: &str, c: &super::worker::OutCall, args: &str) -> Value {
+fn call_item(id: &str, status: &str, c: &super::job::OutCall, args: &str) -> Value {
     json!({"id": id, "type": "function_call", "status": status, "name": c.name,
         "call_id": c.id, "arguments": args})
 }

@@ -237,7 +237,9 @@ where
             .unwrap_or_else(|_| Response::new(Body::empty()));
     }
     if method == Method::GET && path == "/health" {
-        return json_response(200, "{\"status\":\"ok\"}\n".into());
+        // 503 once the worker thread is gone, so a supervisor restarts us.
+        let (status, body) = state.queue.health().report();
+        return json_response(status, format!("{body}\n"));
     }
     // From the headers alone, before any body byte is read: an
     // unauthenticated client cannot make the server take in a large body.

@@ -7,9 +7,10 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ds4::testmodel::Variant;
+use serde_json::Value;
 
 /// Context of the test servers unless `--ctx` is given.
 pub const CTX: usize = 2048;
@@ -124,4 +125,74 @@ pub fn header<'a>(resp: &'a str, name: &str) -> Option<&'a str> {
         let (k, v) = l.split_once(':')?;
         k.eq_ignore_ascii_case(name).then(|| v.trim())
     })
+}
+
+/// The server command on the tiny model with the scripted test mode, a lock
+/// file of its own and no inherited key, for tests that start the process
+/// themselves (pipes, chosen ports).
+pub fn command(extra: &[&str], port: u16) -> Command {
+    let m = super::tiny_model_path(Variant::Q8);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
+    cmd.env("DS4_LOCK_FILE", lock_file())
+        .env("DS4_SERVER_TEST_SCRIPTS", "1")
+        .env_remove("DS4_API_KEY")
+        .args(extra)
+        .args(["-m", m.to_str().unwrap(), "--port", &port.to_string()])
+        .args(["--ctx", &CTX.to_string(), "-n", "64"]);
+    cmd
+}
+
+/// Starts the server with `extra` flags and a lock file of its own.
+pub fn start(extra: &[&str]) -> Server {
+    start_server(extra, &[], &lock_file())
+}
+
+/// A port that was free a moment ago (for servers whose banner the test
+/// cannot read).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (bounded) until `addr` accepts connections; panics if the child
+/// exits first.
+pub fn wait_ready(child: &mut Child, addr: &str) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("server exited early: {st}");
+        }
+        if TcpStream::connect(addr).is_ok() {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "server never listened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A JSON POST from a loopback client (passes the browser guards).
+pub fn post(addr: &str, path: &str, body: &Value) -> String {
+    let b = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+        b.len()
+    );
+    raw(addr, req.as_bytes(), false)
+}
+
+pub fn get(addr: &str, path: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    raw(addr, req.as_bytes(), false)
+}
+
+/// The JSON body of a non-streamed response.
+pub fn json_body(resp: &str) -> Value {
+    let body = &resp[resp.find("\r\n\r\n").map_or(resp.len(), |i| i + 4)..];
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {resp}"))
 }
