@@ -628,9 +628,11 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 )?;
             }
             Op::MoeExperts(o) => {
-                let d = o.gate.ne[0] as usize;
-                let ff = o.gate.ne[1] as usize;
-                let n_expert = o.gate.ne[2] as usize;
+                let crate::graph::ops::moe::ExpertDims {
+                    dim: d,
+                    hidden: ff,
+                    n_expert,
+                } = o.dims();
                 if n_expert == 0 {
                     return Err(unsupported(format!("experts {d} × {ff}")));
                 }
