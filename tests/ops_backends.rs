@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use ds4::backend::cpu::CpuBackend;
 use ds4::backend::wgpu::{AdapterChoice, Gpu, RowRecord, WgpuBackend};
-use ds4::backend::{Backend, BackendError};
+use ds4::backend::{Backend, BackendError, BackendOptions};
 use ds4::gguf::{GgufFile, GgufWriter};
 use ds4::graph::{Recorder, StateId, StateLayout, StepParams, ValueId};
 use ds4::model::{RopeConfig, TensorRef, Yarn};
@@ -256,7 +256,7 @@ fn run_case(case: &Case, b: &mut dyn Backend) -> Result<Results, BackendError> {
 /// opens; in CI that is a failure.
 fn gpus() -> Vec<Arc<Gpu>> {
     use ds4::backend::wgpu::gpu::OPTIONAL_FEATURES;
-    let choice = AdapterChoice::from_env(true);
+    let choice = AdapterChoice::new(&BackendOptions::from_env(), true);
     match Gpu::shared_with(&choice, OPTIONAL_FEATURES) {
         Ok(g) => {
             let mut out = vec![g.clone()];
@@ -1458,8 +1458,12 @@ mod cuda_half {
             let mut cpu = CpuBackend::new(case.file.clone(), case.layout.clone());
             let want =
                 run_case(case, &mut cpu).unwrap_or_else(|e| panic!("{}: cpu: {e}", case.label));
-            let mut cb = CudaBackend::open(case.file.clone(), case.layout.clone())
-                .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+            let mut cb = CudaBackend::open(
+                case.file.clone(),
+                case.layout.clone(),
+                &BackendOptions::from_env(),
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", case.label));
             if tensor_cores && !cb.set_tensor_cores(true) {
                 eprintln!("skipping tensor cores: the device is below sm_80");
                 return;

@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use argh::FromArgs;
+use ds4::backend::BackendOptions;
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
@@ -247,6 +248,7 @@ fn run(a: Args) -> Result<(), String> {
             ctx: a.ctx,
             numerics,
             backend,
+            backend_options: BackendOptions::from_env(),
             ..SessionOptions::default()
         },
     )

@@ -592,8 +592,7 @@ impl Rec<'_> {
                 let row_bytes = (max_rows * 4).max(4) as u64;
                 check_binding(&self.b.gpu, "one token's indexer scores", row_bytes)?;
                 let max_tokens = self.g.graph.max_tokens.max(1);
-                let block = ((super::state_chunk_bytes(&self.b.gpu) / row_bytes) as usize)
-                    .clamp(1, max_tokens);
+                let block = ((self.b.chunk_bytes / row_bytes) as usize).clamp(1, max_tokens);
                 let need = block as u64 * row_bytes;
                 let scratch = match &self.scratch {
                     Some(s) if s.size() >= need => s.clone(),
