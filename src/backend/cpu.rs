@@ -480,7 +480,7 @@ fn run_op(
         Op::Add(o) => {
             let cols = g.graph.value(o.out).cols;
             let mut out = g.take(o.out);
-            crate::graph::ops::basic::Add::cpu(
+            o.cpu(
                 &g.get(o.a)[..n * cols],
                 &g.get(o.b)[..n * cols],
                 &mut out[..n * cols],

@@ -38,6 +38,12 @@ pub fn softplus(x: f32) -> f32 {
 }
 
 impl Router {
+    /// Entries per row of the hash table (`tid2eid`, one row per token id);
+    /// 0 without one.
+    pub fn table_cols(&self) -> usize {
+        self.tid2eid.as_ref().map_or(0, |t| t.ne[0] as usize)
+    }
+
     pub fn cpu(
         &self,
         file: &GgufFile,
