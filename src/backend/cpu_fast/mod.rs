@@ -111,7 +111,7 @@ impl Isa {
     pub fn choose(name: Option<&str>) -> Result<Isa, String> {
         match name {
             Some(v) if v != "auto" && !v.is_empty() => {
-                let isa = Isa::parse(&v).ok_or_else(|| {
+                let isa = Isa::parse(v).ok_or_else(|| {
                     format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2, avx512, neon)")
                 })?;
                 if !isa.supported() {
