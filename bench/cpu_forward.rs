@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ds4::backend::BackendOptions;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::session::{BackendKind, Session, SessionOptions};
@@ -92,6 +93,7 @@ fn main() {
             prefill_chunk: 2048,
             numerics: Numerics::Model,
             backend,
+            backend_options: BackendOptions::from_env(),
             ..Default::default()
         };
         let mut sess = Session::new(model.clone(), opts).expect("session");

@@ -5,10 +5,11 @@
 //! allowed. With no adapter it says so and exits successfully (a benchmark,
 //! not a test).
 
-use ds4::backend::wgpu::{bandwidth, AdapterChoice, Gpu};
+use ds4::backend::wgpu::{bandwidth, Gpu};
+use ds4::backend::BackendOptions;
 
 fn main() {
-    let gpu = match Gpu::open(&AdapterChoice::from_env(true)) {
+    let gpu = match Gpu::open(&BackendOptions::from_env(), true) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("gpu_bandwidth: no wgpu adapter: {e}");

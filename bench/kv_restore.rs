@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ds4::backend::BackendKind;
+use ds4::backend::{BackendKind, BackendOptions};
 use ds4::kvcache::{load_file, save_file, SaveReason};
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
@@ -159,6 +159,7 @@ fn run_backend(
     let opts = SessionOptions {
         ctx: prompt.len() + 1,
         backend: b.kind,
+        backend_options: BackendOptions::from_env(),
         ..Default::default()
     };
     let t = Instant::now();

@@ -54,7 +54,10 @@ fn info_mtp(path: &Path) -> Result<(), String> {
 
 /// `--info`: the file, its configuration and weights; with a backend, also
 /// the decode roofline of the device that backend would use.
-pub fn info(path: &Path, roofline_for: Option<crate::backend::BackendKind>) -> Result<(), String> {
+pub fn info(
+    path: &Path,
+    roofline_for: Option<(crate::backend::BackendKind, &crate::backend::BackendOptions)>,
+) -> Result<(), String> {
     let t0 = Instant::now();
     let m = match ModelFile::open(path) {
         Ok(m) => m,
@@ -175,31 +178,35 @@ pub fn info(path: &Path, roofline_for: Option<crate::backend::BackendKind>) -> R
         "active weight bytes per token: {active} ({})",
         human(active)
     );
-    if let Some(kind) = roofline_for {
-        decode_roofline(kind, active);
+    if let Some((kind, opts)) = roofline_for {
+        decode_roofline(kind, opts, active);
     }
     Ok(())
 }
 
 /// (device, read bytes/s) of the CUDA device (backend/cuda/bandwidth.rs).
 #[cfg(feature = "cuda")]
-fn cuda_read(bytes: u64) -> Result<(String, f64), String> {
+fn cuda_read(opts: &crate::backend::BackendOptions, bytes: u64) -> Result<(String, f64), String> {
     use crate::backend::cuda::bandwidth::Bench;
-    let b = Bench::open().map_err(|e| format!("cuda: {e}"))?;
+    let b = Bench::open(opts).map_err(|e| format!("cuda: {e}"))?;
     let m = b.device_read(bytes, 3).map_err(|e| format!("cuda: {e}"))?;
     Ok((b.describe(), m.bytes as f64 / m.seconds))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_read(_bytes: u64) -> Result<(String, f64), String> {
+fn cuda_read(_opts: &crate::backend::BackendOptions, _bytes: u64) -> Result<(String, f64), String> {
     Err("cuda: this binary was built without CUDA support (cargo build --features cuda)".into())
 }
 
 /// The decode ceiling on the device `kind` would run on: measured read
 /// bandwidth ÷ active weight bytes per token (KV reads come on top at long
 /// context). A device that cannot be measured is named with the reason.
-pub fn decode_roofline(kind: crate::backend::BackendKind, active: u64) {
-    use crate::backend::wgpu::{bandwidth, gpu, AdapterChoice, Gpu};
+pub fn decode_roofline(
+    kind: crate::backend::BackendKind,
+    opts: &crate::backend::BackendOptions,
+    active: u64,
+) {
+    use crate::backend::wgpu::{bandwidth, gpu, Gpu};
     use crate::backend::BackendKind;
     const PROBE: u64 = 256 << 20;
     let host = || {
@@ -211,10 +218,10 @@ pub fn decode_roofline(kind: crate::backend::BackendKind, active: u64) {
     };
     let measured = match kind {
         BackendKind::Cpu | BackendKind::CpuRef => Ok(host()),
-        BackendKind::Cuda => cuda_read(PROBE),
+        BackendKind::Cuda => cuda_read(opts, PROBE),
         BackendKind::Wgpu | BackendKind::Auto => {
             // An explicit wgpu choice may measure a CPU emulator; auto only a real GPU.
-            match Gpu::open(&AdapterChoice::from_env(kind == BackendKind::Wgpu)) {
+            match Gpu::open(opts, kind == BackendKind::Wgpu) {
                 Ok(g) => match bandwidth::device_read(&g, PROBE, 3) {
                     Ok(m) => Ok((gpu::describe(&g.info), m.bytes as f64 / m.seconds)),
                     Err(e) => Err(format!("wgpu: {e}")),

@@ -10,6 +10,9 @@
 //! 1/127 of the block maximum per value). Paths differ only in f32
 //! summation order: `PATH_REL · Σ|w·x|` between any two of them.
 
+mod common;
+use common::rng::Rng;
+
 use std::sync::Arc;
 
 use ds4::backend::cpu_fast::matmul::{matmul, moe_experts};
@@ -50,22 +53,6 @@ fn all_kernels() -> Vec<(String, Kernels)> {
         v.push(("neon-plain".to_string(), plain));
     }
     v
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
 }
 
 fn quantize(ty: GgmlType, values: &[f32], row: usize) -> Vec<u8> {

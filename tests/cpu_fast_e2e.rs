@@ -1,8 +1,8 @@
 //! End to end: the fast CPU backend's logits against the reference
 //! backend's on every tiny model, at every position (chunked prefill and
 //! token-by-token decode), with and without the official rounding steps, on
-//! every kernel path this machine can run (`DS4_CPU_ISA`, set by this single
-//! test in turn). Reports max and median |Δ log-prob| and greedy agreement.
+//! every kernel path this machine can run (`BackendOptions::cpu_isa`, each
+//! in turn). Reports max and median |Δ log-prob| and greedy agreement.
 //!
 //! Bounds (docs/CPU_FAST.md): the fast path quantises the activations of
 //! every matrix product to int8, as llama.cpp's and ds4's CPU paths do, so
@@ -14,7 +14,7 @@ use common::{argmax, log_softmax};
 
 use common::tokens;
 use ds4::backend::cpu_fast::Isa;
-use ds4::backend::BackendKind;
+use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::session::Session;
 use ds4::testmodel::Variant;
@@ -28,6 +28,15 @@ const MIN_GREEDY_AGREEMENT: f64 = 0.9;
 
 fn session(v: Variant, numerics: Numerics, backend: BackendKind, chunk: usize) -> Session {
     common::session_on(v, numerics, backend, 256, chunk)
+}
+
+/// A fast CPU session on the kernel path `isa`.
+fn fast(v: Variant, numerics: Numerics, isa: Isa, chunk: usize) -> Session {
+    let opts = BackendOptions {
+        cpu_isa: Some(isa.name().to_string()),
+        ..BackendOptions::from_env()
+    };
+    common::session_with(v, numerics, BackendKind::Cpu, 256, chunk, opts)
 }
 
 /// (max |Δ log-prob|, median |Δ log-prob|, greedy agreement).
@@ -77,10 +86,9 @@ fn fast_cpu_logits_follow_the_reference_on_every_tiny_variant_and_path() {
                 want_dec.extend_from_slice(rd.logits());
             }
             for isa in Isa::available() {
-                std::env::set_var("DS4_CPU_ISA", isa.name());
-                let mut f = session(v, numerics, BackendKind::Cpu, 37);
+                let mut f = fast(v, numerics, isa, 37);
                 let got = f.score(&toks).unwrap();
-                let mut fd = session(v, numerics, BackendKind::Cpu, 37);
+                let mut fd = fast(v, numerics, isa, 37);
                 let mut got_dec = Vec::new();
                 for &t in decode {
                     fd.eval(t).unwrap();
@@ -104,7 +112,6 @@ fn fast_cpu_logits_follow_the_reference_on_every_tiny_variant_and_path() {
             }
         }
     }
-    std::env::remove_var("DS4_CPU_ISA");
     assert!(
         failures.is_empty(),
         "beyond the bounds:\n{}",

@@ -2,7 +2,7 @@
 //! skipped with a message otherwise — CI has no NVIDIA GPU): logits equal
 //! the CPU backend's at every position on every tiny model, both numerics,
 //! through chunked prefill; token-by-token decode (the captured CUDA graph)
-//! and the same decode with capture off (`DS4_CUDA_GRAPH=0`) match the CPU.
+//! and the same decode with capture off (`BackendOptions::cuda_graph`) match the CPU.
 //! Tolerance as in tests/wgpu_e2e.rs (docs/VALIDATION.md).
 #![cfg(feature = "cuda")]
 
@@ -10,7 +10,7 @@ mod common;
 use common::{max_dlogprob, session_on as session};
 
 use common::tokens;
-use ds4::backend::BackendKind;
+use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::testmodel::Variant;
 
@@ -53,14 +53,17 @@ fn decode_with_and_without_the_cuda_graph_matches_the_cpu() {
     if !have_cuda() {
         return;
     }
-    for capture in ["1", "0"] {
-        // Read when a backend opens; the other test is indifferent to it.
-        std::env::set_var("DS4_CUDA_GRAPH", capture);
+    for capture in [true, false] {
+        let opts = BackendOptions {
+            cuda_graph: capture,
+            ..BackendOptions::from_env()
+        };
         for v in [Variant::F32, Variant::Q2, Variant::Q4] {
             let toks = tokens(60, 8);
             let (head, tail) = toks.split_at(40);
             let mut c = session(v, Numerics::Model, BackendKind::CpuRef, 256, 16);
-            let mut g = session(v, Numerics::Model, BackendKind::Cuda, 256, 16);
+            let mut g =
+                common::session_with(v, Numerics::Model, BackendKind::Cuda, 256, 16, opts.clone());
             c.sync(head, &mut |_, _| {}).unwrap();
             g.sync(head, &mut |_, _| {}).unwrap();
             let vocab = c.model().config.n_vocab;
@@ -74,5 +77,4 @@ fn decode_with_and_without_the_cuda_graph_matches_the_cpu() {
             assert!(worst <= MAX_DLOGPROB, "{v:?} graph {capture}: {worst:e}");
         }
     }
-    std::env::remove_var("DS4_CUDA_GRAPH");
 }

@@ -9,21 +9,13 @@
 //! Needs no GPU and no CUDA; without a C++ compiler the test fails under
 //! CI=true and is skipped with a message elsewhere.
 
+mod common;
+use common::rng::Rng;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ds4::quant::{self, small_float, GgmlType};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 fn dir(test: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))

@@ -6,9 +6,10 @@
 #![cfg(feature = "cuda")]
 
 use ds4::backend::cuda::{kernels, nvrtc::Nvrtc};
+use ds4::backend::BackendOptions;
 
 fn nvrtc() -> Option<Nvrtc> {
-    match Nvrtc::load() {
+    match Nvrtc::load(BackendOptions::from_env().nvrtc.as_deref()) {
         Ok(n) => Some(n),
         Err(e) if std::env::var_os("CI").is_none() => {
             eprintln!("skipped: {e}");

@@ -2,482 +2,26 @@
 //! through `Recorder`, fed seeded random inputs (weights made with the real
 //! quantizers) and random state, its outputs poisoned with NaN, run on every
 //! backend present and compared with the CPU twin under the per-op
-//! tolerance below. Sizes include 1, odd widths and widths that are not a
+//! tolerance of the harness (tests/common/oneop.rs). Sizes include 1, odd widths and widths that are not a
 //! multiple of the 256-thread workgroup.
 //!
 //! With `CI` set, a missing wgpu adapter fails the suite instead of
 //! skipping it.
 
-use std::sync::Arc;
+mod common;
+#[path = "common/oneop.rs"]
+mod oneop;
+
+use common::rng::Rng;
+use oneop::*;
 
 use ds4::backend::cpu::CpuBackend;
-use ds4::backend::wgpu::{AdapterChoice, Gpu, RowRecord, WgpuBackend};
-use ds4::backend::{Backend, BackendError};
-use ds4::gguf::{GgufFile, GgufWriter};
-use ds4::graph::{Recorder, StateId, StateLayout, StepParams, ValueId};
-use ds4::model::{RopeConfig, TensorRef, Yarn};
+use ds4::backend::wgpu::{RowRecord, WgpuBackend};
+use ds4::backend::Backend;
+use ds4::graph::StepParams;
+use ds4::model::{RopeConfig, Yarn};
 use ds4::ops::{attention, basic, compress, hc, indexer, matmul, moe, norm, rope, round, Op};
-use ds4::quant::{self, GgmlType};
-
-/// Per-op tolerance of a GPU backend against the CPU twin: |got − want| ≤
-/// abs + rel·|want|. Selections (indexer, router indices) must be equal.
-/// Why each is not zero: f32 tree reductions instead of the CPU's f64 or
-/// 8-lane sums (norm, attention, compressor, indexer scores), the GPU's own
-/// exp/log/sin/cos (hc_mix, rope, router, attention), fused multiply-adds.
-const TOLERANCE: &[(&str, f32, f32)] = &[
-    ("embed", 0.0, 0.0),
-    ("hc_init", 0.0, 0.0),
-    ("add", 0.0, 0.0),
-    ("scale", 0.0, 0.0),
-    ("take_last", 0.0, 0.0),
-    ("ring_write", 0.0, 0.0),
-    ("swiglu", 1e-6, 1e-5),
-    ("rms_norm", 1e-6, 1e-5),
-    ("hc_mix", 1e-6, 1e-5),
-    ("hc_collapse", 1e-6, 1e-6),
-    ("hc_expand", 1e-6, 1e-6),
-    ("rope", 1e-5, 1e-5),
-    // Rounded values: a one-ulp difference before the rounding may move a
-    // value to the neighbouring grid point (rare; compared by count below).
-    ("kv_round", 1e-6, 1e-5),
-    ("hadamard_fp4", 1e-6, 1e-5),
-    ("attention", 1e-5, 1e-4),
-    ("compress", 1e-5, 1e-4),
-    ("indexer_topk", 0.0, 0.0),
-    ("router", 1e-6, 1e-5),
-    // Products sum hundreds of terms of order one: an element near zero by
-    // cancellation carries the absolute error of the whole sum (outputs are
-    // of order 10 here, so 2e-4 is ~1e-5 of their scale).
-    ("matmul", 1e-4, 1e-4),
-    ("moe_experts", 2e-4, 1e-4),
-];
-
-fn tolerance(op: &str) -> (f32, f32) {
-    TOLERANCE
-        .iter()
-        .find(|t| t.0 == op)
-        .map(|t| (t.1, t.2))
-        .unwrap_or_else(|| panic!("no tolerance for {op}"))
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f() * scale).collect()
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-/// Weights of one case, written with the real quantizers into a GGUF in
-/// memory.
-#[derive(Default)]
-struct Weights {
-    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
-}
-
-impl Weights {
-    fn add(&mut self, name: &str, ne: &[u64], ty: GgmlType, values: &[f32]) {
-        let row = ne[0] as usize;
-        let rb = ty.row_bytes(ne[0]).unwrap() as usize;
-        let mut bytes = vec![0u8; values.len() / row * rb];
-        for (src, dst) in values.chunks_exact(row).zip(bytes.chunks_exact_mut(rb)) {
-            quant::quantize_row(ty, src, dst, None).unwrap();
-        }
-        self.tensors.push((name.into(), ne.to_vec(), ty, bytes));
-    }
-
-    fn add_i32(&mut self, name: &str, ne: &[u64], values: &[i32]) {
-        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.tensors
-            .push((name.into(), ne.to_vec(), GgmlType::I32, bytes));
-    }
-
-    fn build(self) -> (Arc<GgufFile>, Vec<TensorRef>) {
-        let mut w = GgufWriter::new();
-        for (n, ne, ty, b) in &self.tensors {
-            w.add_tensor(n, ne, *ty, b.clone()).unwrap();
-        }
-        let f = GgufFile::from_vec(w.to_bytes().unwrap()).unwrap();
-        let refs = self
-            .tensors
-            .iter()
-            .map(|(n, ne, ty, _)| {
-                let info = f.tensor_info(n).unwrap();
-                let mut a = [1u64; 4];
-                a[..ne.len()].copy_from_slice(ne);
-                TensorRef {
-                    name: n.clone(),
-                    ty: *ty,
-                    ne: a,
-                    offset: f.data_offset() + info.offset,
-                    n_bytes: info.n_bytes,
-                }
-            })
-            .collect();
-        (Arc::new(f), refs)
-    }
-}
-
-/// One op in a graph of its own, with its inputs and starting state.
-struct Case {
-    label: String,
-    op_name: &'static str,
-    file: Arc<GgufFile>,
-    layout: StateLayout,
-    states: Vec<Vec<f32>>,
-    graph: Arc<ds4::graph::Graph>,
-    inputs: Vec<(ValueId, Vec<f32>)>,
-    outputs: Vec<ValueId>,
-    tokens: Vec<u32>,
-    pos0: usize,
-}
-
-/// Builds a case: `make` records the op (given the weight refs) and returns
-/// (op, inputs, outputs).
-struct Builder {
-    rec: Recorder,
-    layout: StateLayout,
-    states: Vec<Vec<f32>>,
-    tokens: ValueId,
-    n: usize,
-}
-
-impl Builder {
-    fn new(max_tokens: usize, n: usize) -> Builder {
-        let mut rec = Recorder::new(max_tokens);
-        let tokens = rec.tokens_i32("tokens", 1);
-        Builder {
-            rec,
-            layout: StateLayout::default(),
-            states: Vec::new(),
-            tokens,
-            n,
-        }
-    }
-
-    fn state(&mut self, name: &str, rows: usize, cols: usize, init: Vec<f32>) -> StateId {
-        assert_eq!(init.len(), rows * cols);
-        self.states.push(init);
-        self.layout.add(name, None, rows, cols, 0.0)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn finish(
-        mut self,
-        label: String,
-        file: Arc<GgufFile>,
-        op: Op,
-        inputs: Vec<(ValueId, Vec<f32>)>,
-        tokens: Vec<u32>,
-        pos0: usize,
-    ) -> Case {
-        let op_name = op.name();
-        let outputs = op.outputs();
-        self.rec.op(op);
-        let logits = outputs.first().copied().unwrap_or(self.tokens);
-        let graph = Arc::new(self.rec.finish(self.tokens, logits, outputs.clone()));
-        let tokens = if tokens.is_empty() {
-            vec![0; self.n]
-        } else {
-            tokens
-        };
-        Case {
-            label,
-            op_name,
-            file,
-            layout: self.layout,
-            states: self.states,
-            graph,
-            inputs,
-            outputs,
-            tokens,
-            pos0,
-        }
-    }
-}
-
-/// Outputs (live rows) and final states of one case on one backend.
-type Results = (Vec<Vec<f32>>, Vec<Vec<f32>>);
-
-fn run_case(case: &Case, b: &mut dyn Backend) -> Result<Results, BackendError> {
-    let h = b.load_graph(case.graph.clone())?;
-    for (i, s) in case.states.iter().enumerate() {
-        b.write_state(StateId(i as u32), s)?;
-    }
-    for (v, data) in &case.inputs {
-        b.write_value(h, *v, data)?;
-    }
-    for &v in &case.outputs {
-        let d = case.graph.value(v);
-        let poison = match d.dtype {
-            ds4::graph::DType::F32 => f32::NAN,
-            ds4::graph::DType::I32 => -12345.0,
-        };
-        b.write_value(h, v, &vec![poison; d.len()])?;
-    }
-    let n = case.tokens.len();
-    b.run(
-        h,
-        &case.tokens,
-        StepParams {
-            pos0: case.pos0,
-            n_tokens: n,
-        },
-    )?;
-    let outs = case
-        .outputs
-        .iter()
-        .map(|&v| b.read_value(h, v))
-        .collect::<Result<_, _>>()?;
-    let states = (0..case.states.len())
-        .map(|i| b.read_state(StateId(i as u32)))
-        .collect::<Result<_, _>>()?;
-    Ok((outs, states))
-}
-
-/// The devices the GPU half of the suite runs on: the adapter with every
-/// optional feature it has and, when that device uses subgroups, the same
-/// adapter without them, so the subgroup kernels and their workgroup-memory
-/// fallbacks are both checked in one run (whatever the default policy or
-/// `DS4_WGPU_FEATURES` would pick). Empty (skip) outside CI when no adapter
-/// opens; in CI that is a failure.
-fn gpus() -> Vec<Arc<Gpu>> {
-    use ds4::backend::wgpu::gpu::OPTIONAL_FEATURES;
-    let choice = AdapterChoice::from_env(true);
-    match Gpu::shared_with(&choice, OPTIONAL_FEATURES) {
-        Ok(g) => {
-            let mut out = vec![g.clone()];
-            if g.shader_variant().subgroups {
-                let plain = OPTIONAL_FEATURES - wgpu::Features::SUBGROUP;
-                match Gpu::shared_with(&choice, plain) {
-                    Ok(p) => out.push(p),
-                    Err(e) => panic!("the same adapter without subgroups: {e}"),
-                }
-            }
-            for g in &out {
-                eprintln!(
-                    "wgpu device: {} ({} kernels)",
-                    g.describe(),
-                    g.shader_variant().name()
-                );
-            }
-            out
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set but no wgpu adapter opened: {e}");
-            }
-            eprintln!("skipping the wgpu half: {e}");
-            Vec::new()
-        }
-    }
-}
-
-/// Largest |got − want| / (abs + rel·|want|) over every element; > 1 fails.
-fn worst(got: &[f32], want: &[f32], abs: f32, rel: f32) -> (f64, usize, f32, f32) {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    let mut w = (0f64, 0usize, 0f32, 0f32);
-    for (i, (&g, &x)) in got.iter().zip(want).enumerate() {
-        let err = (g - x).abs() as f64;
-        let bound = abs as f64 + rel as f64 * x.abs() as f64;
-        let r = if g.is_nan() != x.is_nan() {
-            f64::INFINITY
-        } else if g.is_nan() || err == 0.0 {
-            0.0
-        } else if bound == 0.0 {
-            f64::INFINITY
-        } else {
-            err / bound
-        };
-        if r > w.0 {
-            w = (r, i, g, x);
-        }
-    }
-    w
-}
-
-fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
-    let mut failures = Vec::new();
-    let variant = gpu.shader_variant().name();
-    for case in cases {
-        let mut cpu = CpuBackend::new(case.file.clone(), case.layout.clone());
-        let want = run_case(case, &mut cpu).unwrap_or_else(|e| panic!("{}: cpu: {e}", case.label));
-        let mut wg = WgpuBackend::new(gpu.clone(), case.file.clone(), case.layout.clone())
-            .unwrap_or_else(|e| panic!("{}: {e}", case.label));
-        let got = match run_case(case, &mut wg) {
-            Ok(r) => r,
-            Err(e) => {
-                failures.push(format!("{} [{variant}]: {e}", case.label));
-                continue;
-            }
-        };
-        let (abs, rel) = tolerance(case.op_name);
-        let pairs = got.0.iter().zip(&want.0).map(|(g, w)| ("output", g, w));
-        let spairs = got.1.iter().zip(&want.1).map(|(g, w)| ("state", g, w));
-        for (i, (what, g, w)) in pairs.chain(spairs).enumerate() {
-            let (r, at, gv, wv) = worst(g, w, abs, rel);
-            if r > 1.0 {
-                failures.push(format!(
-                    "{} [{variant}]: {what} #{i} element {at}: wgpu {gv} vs cpu {wv} ({r:.2}× the tolerance)",
-                    case.label
-                ));
-            }
-            let err = g
-                .iter()
-                .zip(w.iter())
-                .filter(|(a, b)| !a.is_nan() || !b.is_nan())
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            eprintln!(
-                "{:<60} [{variant}] {what} #{i}: max |Δ| {err:e}",
-                case.label
-            );
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-}
-
-/// Runs every case on the CPU twice (fresh backends): the harness itself
-/// must be deterministic and fill every output.
-fn check_cpu_self(cases: &[Case]) {
-    for case in cases {
-        let a = run_case(
-            case,
-            &mut CpuBackend::new(case.file.clone(), case.layout.clone()),
-        )
-        .unwrap();
-        let b = run_case(
-            case,
-            &mut CpuBackend::new(case.file.clone(), case.layout.clone()),
-        )
-        .unwrap();
-        for (x, y) in a.0.iter().zip(&b.0) {
-            assert!(
-                x.iter().all(|v| !v.is_nan()),
-                "{}: NaN left in an output",
-                case.label
-            );
-            assert_eq!(
-                x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{}",
-                case.label
-            );
-        }
-    }
-}
-
-/// Tolerance of the fast CPU backend (`cpu`) against the reference
-/// (`cpu-ref`), as max |Δ| / (max |want| + ‖x‖₂) over an output (‖x‖₂ of
-/// the activation input stands in for Σ|w·x| when outputs cancel): the matrix products
-/// quantise their activations to int8 (the tight per-format bounds, in units
-/// of Σ|w·x|, are in tests/cpu_fast.rs); attention sums with FMA in another
-/// order; the indexer must choose the same rows; every other op is the same
-/// twin and must be bit-identical.
-const FAST_CPU_TOLERANCE: &[(&str, f32)] =
-    &[("matmul", 2e-2), ("moe_experts", 3e-2), ("attention", 1e-5)];
-
-/// Runs every case on the fast CPU backend on each kernel path this machine
-/// has (the portable one included) and compares with the reference.
-fn check_fast_cpu(cases: &[Case]) {
-    use ds4::backend::cpu_fast::{Isa, Kernels};
-    for case in cases {
-        let want = run_case(
-            case,
-            &mut CpuBackend::new(case.file.clone(), case.layout.clone()),
-        )
-        .unwrap();
-        let x_norm = case
-            .inputs
-            .first()
-            .map_or(0.0, |(_, v)| v.iter().map(|a| a * a).sum::<f32>().sqrt());
-        let tol = FAST_CPU_TOLERANCE
-            .iter()
-            .find(|t| t.0 == case.op_name)
-            .map_or(0.0, |t| t.1);
-        for isa in Isa::available() {
-            let k = Kernels::new(isa).unwrap();
-            let got = run_case(
-                case,
-                &mut CpuBackend::fast(case.file.clone(), case.layout.clone(), k),
-            )
-            .unwrap_or_else(|e| panic!("{}: fast cpu {}: {e}", case.label, isa.name()));
-            let pairs = got.0.iter().zip(&want.0).chain(got.1.iter().zip(&want.1));
-            for (i, (g, w)) in pairs.enumerate() {
-                let scale = w
-                    .iter()
-                    .filter(|v| !v.is_nan())
-                    .fold(0f32, |m, v| m.max(v.abs()))
-                    + x_norm;
-                let err = g
-                    .iter()
-                    .zip(w.iter())
-                    .map(|(a, b)| {
-                        if a.is_nan() != b.is_nan() {
-                            f32::INFINITY
-                        } else if a.is_nan() {
-                            0.0
-                        } else {
-                            (a - b).abs()
-                        }
-                    })
-                    .fold(0f32, f32::max);
-                if tol == 0.0 {
-                    assert!(
-                        g.iter()
-                            .map(|v| v.to_bits())
-                            .eq(w.iter().map(|v| v.to_bits())),
-                        "{}: fast cpu {} #{i} differs from the reference (max |Δ| {err:e})",
-                        case.label,
-                        isa.name()
-                    );
-                } else {
-                    assert!(
-                        err <= tol * scale.max(1e-30),
-                        "{}: fast cpu {} #{i}: max |Δ| {err:e} > {tol:e} · {scale:e}",
-                        case.label,
-                        isa.name()
-                    );
-                    eprintln!(
-                        "{:<60} fast cpu {:<8} #{i}: max |Δ|/scale {:.2e}",
-                        case.label,
-                        isa.name(),
-                        err / scale.max(1e-30)
-                    );
-                }
-            }
-        }
-    }
-}
-
-fn check(cases: Vec<Case>) {
-    assert!(!cases.is_empty());
-    check_cpu_self(&cases);
-    check_fast_cpu(&cases);
-    for g in gpus() {
-        check_on_gpu(&g, &cases);
-    }
-    #[cfg(feature = "cuda")]
-    cuda_half::check_on_cuda(&cases);
-}
+use ds4::quant::GgmlType;
 
 // ---------------------------------------------------------------- cases
 
@@ -492,7 +36,10 @@ fn elementwise_cases() -> Vec<Case> {
             b.rec.tokens_f32("b", cols),
             b.rec.tokens_f32("out", cols),
         );
-        let inputs = vec![(x, rng.vec(n * cols, 3.0)), (y, rng.vec(n * cols, 3.0))];
+        let inputs = vec![
+            (x, rng.scaled(n * cols, 3.0)),
+            (y, rng.scaled(n * cols, 3.0)),
+        ];
         let (f, _) = Weights::default().build();
         out.push(b.finish(
             format!("add {cols}×{n}"),
@@ -505,7 +52,7 @@ fn elementwise_cases() -> Vec<Case> {
         // scale
         let mut b = Builder::new(6, n);
         let (x, o) = (b.rec.tokens_f32("x", cols), b.rec.tokens_f32("out", cols));
-        let inputs = vec![(x, rng.vec(n * cols, 3.0))];
+        let inputs = vec![(x, rng.scaled(n * cols, 3.0))];
         let (f, _) = Weights::default().build();
         let op = Op::Scale(basic::Scale {
             x,
@@ -521,7 +68,10 @@ fn elementwise_cases() -> Vec<Case> {
                 b.rec.tokens_f32("u", cols),
                 b.rec.tokens_f32("out", cols),
             );
-            let inputs = vec![(g, rng.vec(n * cols, 4.0)), (u, rng.vec(n * cols, 4.0))];
+            let inputs = vec![
+                (g, rng.scaled(n * cols, 4.0)),
+                (u, rng.scaled(n * cols, 4.0)),
+            ];
             let (f, _) = Weights::default().build();
             let op = Op::SwiGlu(moe::SwiGlu {
                 gate: g,
@@ -542,7 +92,7 @@ fn elementwise_cases() -> Vec<Case> {
         let mut b = Builder::new(6, n);
         let x = b.rec.tokens_f32("x", cols);
         let o = b.rec.fixed_f32("out", 1, cols);
-        let inputs = vec![(x, rng.vec(n * cols, 1.0))];
+        let inputs = vec![(x, rng.scaled(n * cols, 1.0))];
         let (f, _) = Weights::default().build();
         let op = Op::TakeLast(basic::TakeLast { x, out: o, cols });
         out.push(b.finish(format!("take_last {cols}×{n}"), f, op, inputs, vec![], 0));
@@ -550,7 +100,7 @@ fn elementwise_cases() -> Vec<Case> {
         let mut b = Builder::new(6, n);
         let x = b.rec.tokens_f32("x", cols);
         let o = b.rec.tokens_f32("out", 4 * cols);
-        let inputs = vec![(x, rng.vec(n * cols, 1.0))];
+        let inputs = vec![(x, rng.scaled(n * cols, 1.0))];
         let (f, _) = Weights::default().build();
         let op = Op::HcInit(hc::HcInit {
             x,
@@ -583,7 +133,7 @@ fn embedding_matches_the_cpu_for_every_table_type() {
             "table",
             &[dim as u64, vocab as u64],
             ty,
-            &rng.vec(dim * vocab, 2.0),
+            &rng.scaled(dim * vocab, 2.0),
         );
         let (f, r) = w.build();
         let mut b = Builder::new(8, n);
@@ -620,7 +170,7 @@ fn rms_norm_matches_the_cpu() {
         (1000, 1, 2, true, false),
     ] {
         let mut w = Weights::default();
-        w.add("w", &[dim as u64], GgmlType::F32, &rng.vec(dim, 1.5));
+        w.add("w", &[dim as u64], GgmlType::F32, &rng.scaled(dim, 1.5));
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
         let (x, o) = if fixed {
@@ -635,7 +185,7 @@ fn rms_norm_matches_the_cpu() {
             )
         };
         let len = b.rec.value(x).len();
-        let inputs = vec![(x, rng.vec(len, 5.0))];
+        let inputs = vec![(x, rng.scaled(len, 5.0))];
         let op = Op::RmsNorm(norm::RmsNorm {
             x,
             out: o,
@@ -664,15 +214,15 @@ fn hyper_connection_ops_match_the_cpu() {
         for head in [false, true] {
             let mix = if head { nh } else { (2 + nh) * nh };
             let mut w = Weights::default();
-            w.add("scale", &[3], GgmlType::F32, &rng.vec(3, 1.0));
-            w.add("base", &[mix as u64], GgmlType::F32, &rng.vec(mix, 1.0));
+            w.add("scale", &[3], GgmlType::F32, &rng.scaled(3, 1.0));
+            w.add("base", &[mix as u64], GgmlType::F32, &rng.scaled(mix, 1.0));
             let (f, r) = w.build();
             let mut b = Builder::new(4, n);
             let logits = b.rec.tokens_f32("mix", mix);
             let pre = b.rec.tokens_f32("pre", nh);
             let post = (!head).then(|| b.rec.tokens_f32("post", nh));
             let comb = (!head).then(|| b.rec.tokens_f32("comb", nh * nh));
-            let inputs = vec![(logits, rng.vec(n * mix, 3.0))];
+            let inputs = vec![(logits, rng.scaled(n * mix, 3.0))];
             let op = Op::HcMix(hc::HcMix {
                 logits,
                 scale: r[0].clone(),
@@ -699,8 +249,8 @@ fn hyper_connection_ops_match_the_cpu() {
         let pre = b.rec.tokens_f32("pre", nh);
         let o = b.rec.tokens_f32("out", dim);
         let inputs = vec![
-            (state, rng.vec(n * nh * dim, 2.0)),
-            (pre, rng.vec(n * nh, 1.0)),
+            (state, rng.scaled(n * nh * dim, 2.0)),
+            (pre, rng.scaled(n * nh, 1.0)),
         ];
         let op = Op::HcCollapse(hc::HcCollapse {
             state,
@@ -718,10 +268,10 @@ fn hyper_connection_ops_match_the_cpu() {
         let comb = b.rec.tokens_f32("comb", nh * nh);
         let o = b.rec.tokens_f32("out", nh * dim);
         let inputs = vec![
-            (state, rng.vec(n * nh * dim, 2.0)),
-            (y, rng.vec(n * dim, 2.0)),
-            (post, rng.vec(n * nh, 1.0)),
-            (comb, rng.vec(n * nh * nh, 1.0)),
+            (state, rng.scaled(n * nh * dim, 2.0)),
+            (y, rng.scaled(n * dim, 2.0)),
+            (post, rng.scaled(n * nh, 1.0)),
+            (comb, rng.scaled(n * nh * nh, 1.0)),
         ];
         let op = Op::HcExpand(hc::HcExpand {
             state,
@@ -764,7 +314,7 @@ fn rope_matches_the_cpu_at_small_and_large_positions() {
         let mut b = Builder::new(6, n);
         let x = b.rec.tokens_f32("x", heads * hd);
         let o = b.rec.tokens_f32("out", heads * hd);
-        let inputs = vec![(x, rng.vec(n * heads * hd, 2.0))];
+        let inputs = vec![(x, rng.scaled(n * heads * hd, 2.0))];
         let op = Op::Rope(rope::Rope {
             x,
             out: o,
@@ -804,7 +354,7 @@ fn rope_rows_carry_their_own_positions() {
         let mut b = Builder::new(n, n);
         let x = b.rec.tokens_f32("x", heads * hd);
         let o = b.rec.tokens_f32("out", heads * hd);
-        let input = rng.vec(n * heads * hd, 2.0);
+        let input = rng.scaled(n * heads * hd, 2.0);
         let op = Op::Rope(rope::Rope {
             x,
             out: o,
@@ -861,7 +411,7 @@ fn rounding_ops_match_the_cpu() {
         let mut b = Builder::new(4, n);
         let x = b.rec.tokens_f32("x", dim);
         let o = b.rec.tokens_f32("out", dim);
-        let mut v = rng.vec(n * dim, 1.0);
+        let mut v = rng.scaled(n * dim, 1.0);
         // Spread magnitudes over many binades (and f16 overflow).
         for (i, x) in v.iter_mut().enumerate() {
             *x *= 10f32.powi((i % 13) as i32 - 7);
@@ -890,7 +440,7 @@ fn rounding_ops_match_the_cpu() {
         let mut b = Builder::new(4, n);
         let x = b.rec.tokens_f32("x", hd * heads);
         let o = b.rec.tokens_f32("out", hd * heads);
-        let inputs = vec![(x, rng.vec(n * hd * heads, 3.0))];
+        let inputs = vec![(x, rng.scaled(n * hd * heads, 3.0))];
         let op = Op::HadamardFp4(round::HadamardFp4 {
             x,
             out: o,
@@ -925,13 +475,13 @@ fn attention_and_ring_writes_match_the_cpu() {
         (5, 48, 1, 1600, 4, false),
     ] {
         let mut w = Weights::default();
-        w.add("sinks", &[nh as u64], GgmlType::F32, &rng.vec(nh, 2.0));
+        w.add("sinks", &[nh as u64], GgmlType::F32, &rng.scaled(nh, 2.0));
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
-        let ring = b.state("ring", window, hd, rng.vec(window * hd, 1.0));
+        let ring = b.state("ring", window, hd, rng.scaled(window * hd, 1.0));
         let cap = 32.max((pos0 + n) / ratio.max(1) + 1);
         let compressed = (ratio > 0).then(|| attention::CompressedRows {
-            rows: b.state("comp", cap, hd, rng.vec(cap * hd, 1.0)),
+            rows: b.state("comp", cap, hd, rng.scaled(cap * hd, 1.0)),
             ratio,
         });
         let top_k = 5;
@@ -939,7 +489,10 @@ fn attention_and_ring_writes_match_the_cpu() {
         let kv = b.rec.tokens_f32("kv", hd);
         let o = b.rec.tokens_f32("out", nh * hd);
         let selected = sel.then(|| b.rec.tokens_i32("sel", top_k));
-        let mut inputs = vec![(q, rng.vec(n * nh * hd, 1.0)), (kv, rng.vec(n * hd, 1.0))];
+        let mut inputs = vec![
+            (q, rng.scaled(n * nh * hd, 1.0)),
+            (kv, rng.scaled(n * hd, 1.0)),
+        ];
         if let Some(s) = selected {
             // Some unused (-1) and some not yet visible entries.
             let v = (0..n * top_k)
@@ -978,9 +531,9 @@ fn attention_and_ring_writes_match_the_cpu() {
     for &(dim, n, pos0) in &[(16usize, 1usize, 0usize), (7, 5, 6), (300, 11, 13)] {
         let (f, _) = Weights::default().build();
         let mut b = Builder::new(12, n);
-        let ring = b.state("ring", window, dim, rng.vec(window * dim, 1.0));
+        let ring = b.state("ring", window, dim, rng.scaled(window * dim, 1.0));
         let kv = b.rec.tokens_f32("kv", dim);
-        let inputs = vec![(kv, rng.vec(n * dim, 1.0))];
+        let inputs = vec![(kv, rng.scaled(n * dim, 1.0))];
         let op = Op::RingWrite(attention::RingWrite {
             kv,
             ring,
@@ -1023,25 +576,25 @@ fn compressor_matches_the_cpu() {
             "ape",
             &[width as u64, ratio as u64],
             GgmlType::F32,
-            &rng.vec(ratio * width, 1.0),
+            &rng.scaled(ratio * width, 1.0),
         );
-        w.add("norm", &[hd as u64], GgmlType::F32, &rng.vec(hd, 1.5));
+        w.add("norm", &[hd as u64], GgmlType::F32, &rng.scaled(hd, 1.5));
         let (f, r) = w.build();
         let mut b = Builder::new(24, n);
         let cap = 16;
-        let mut score = rng.vec(slots * width, 2.0);
+        let mut score = rng.scaled(slots * width, 2.0);
         // Empty slots are part of every real state.
         for s in score.iter_mut().step_by(3) {
             *s = compress::EMPTY_SCORE;
         }
-        let state_kv = b.state("ckv", slots, width, rng.vec(slots * width, 1.0));
+        let state_kv = b.state("ckv", slots, width, rng.scaled(slots * width, 1.0));
         let state_score = b.state("cscore", slots, width, score);
-        let rows = b.state("crows", cap, hd, rng.vec(cap * hd, 1.0));
+        let rows = b.state("crows", cap, hd, rng.scaled(cap * hd, 1.0));
         let kv = b.rec.tokens_f32("kv", width);
         let gate = b.rec.tokens_f32("gate", width);
         let inputs = vec![
-            (kv, rng.vec(n * width, 1.0)),
-            (gate, rng.vec(n * width, 2.0)),
+            (kv, rng.scaled(n * width, 1.0)),
+            (gate, rng.scaled(n * width, 2.0)),
         ];
         let op = Op::Compress(compress::Compress {
             kv,
@@ -1088,11 +641,14 @@ fn indexer_matches_the_cpu() {
         let (f, _) = Weights::default().build();
         let mut b = Builder::new(8, n);
         let cap = (pos0 + n) / ratio + 1;
-        let rows = b.state("irows", cap, hd, rng.vec(cap * hd, 1.0));
+        let rows = b.state("irows", cap, hd, rng.scaled(cap * hd, 1.0));
         let q = b.rec.tokens_f32("q", nh * hd);
         let wts = b.rec.tokens_f32("w", nh);
         let o = b.rec.tokens_i32("out", top_k);
-        let inputs = vec![(q, rng.vec(n * nh * hd, 1.0)), (wts, rng.vec(n * nh, 1.0))];
+        let inputs = vec![
+            (q, rng.scaled(n * nh * hd, 1.0)),
+            (wts, rng.scaled(n * nh, 1.0)),
+        ];
         let op = Op::IndexerTopK(indexer::IndexerTopK {
             q,
             weights: wts,
@@ -1127,7 +683,7 @@ fn router_matches_the_cpu() {
     ] {
         let vocab = 11;
         let mut w = Weights::default();
-        w.add("bias", &[e as u64], GgmlType::F32, &rng.vec(e, 0.5));
+        w.add("bias", &[e as u64], GgmlType::F32, &rng.scaled(e, 0.5));
         let table: Vec<i32> = (0..vocab * k)
             .map(|i| ((i * 7 + i / k) % e) as i32)
             .collect();
@@ -1140,7 +696,7 @@ fn router_matches_the_cpu() {
         let toks: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
         let tk = b.tokens;
         let inputs = vec![
-            (logits, rng.vec(n * e, 30.0)),
+            (logits, rng.scaled(n * e, 30.0)),
             (tk, toks.iter().map(|&t| t as f32).collect()),
         ];
         let op = Op::Router(moe::Router {
@@ -1186,13 +742,13 @@ fn matmul_case(
         "w",
         &[n_in as u64, n_out as u64],
         ty,
-        &rng.vec(n_in * n_out, 1.0),
+        &rng.scaled(n_in * n_out, 1.0),
     );
     let (f, r) = w.build();
     let mut b = Builder::new(cap, n);
     let x = b.rec.tokens_f32("x", groups * n_in);
     let o = b.rec.tokens_f32("out", n_out);
-    let inputs = vec![(x, rng.vec(n * groups * n_in, 1.0))];
+    let inputs = vec![(x, rng.scaled(n * groups * n_in, 1.0))];
     let op = Op::MatMul(matmul::MatMul {
         w: r[0].clone(),
         x,
@@ -1318,19 +874,19 @@ fn matmul_cases() -> Vec<Case> {
             "gate",
             &[d as u64, ff as u64, e as u64],
             ty_g,
-            &rng.vec(d * ff * e, 1.0),
+            &rng.scaled(d * ff * e, 1.0),
         );
         w.add(
             "up",
             &[d as u64, ff as u64, e as u64],
             ty_u,
-            &rng.vec(d * ff * e, 1.0),
+            &rng.scaled(d * ff * e, 1.0),
         );
         w.add(
             "down",
             &[ff as u64, d as u64, e as u64],
             ty_d,
-            &rng.vec(d * ff * e, 1.0),
+            &rng.scaled(d * ff * e, 1.0),
         );
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
@@ -1342,9 +898,9 @@ fn matmul_cases() -> Vec<Case> {
             .flat_map(|t| (0..k).map(move |i| ((t + 2 * i) % e) as f32))
             .collect();
         let inputs = vec![
-            (x, rng.vec(n * d, 1.0)),
+            (x, rng.scaled(n * d, 1.0)),
             (sel, picks),
-            (wts, rng.vec(n * k, 1.0)),
+            (wts, rng.scaled(n * k, 1.0)),
         ];
         let op = Op::MoeExperts(moe::MoeExperts {
             x,
@@ -1420,79 +976,3 @@ fn tensor_core_prefill_matches_the_cpu() {
 #[cfg(feature = "cuda")]
 #[path = "cuda_emu/mod.rs"]
 mod cuda_emu;
-
-/// The same cases on the CUDA backend (feature `cuda`): on the GPU when
-/// there is one, else on the host emulator of tests/cuda_emu (CI).
-#[cfg(feature = "cuda")]
-mod cuda_half {
-    use super::*;
-    use ds4::backend::cuda::CudaBackend;
-
-    pub fn check_on_cuda(cases: &[Case]) {
-        check_with(cases, false, None)
-    }
-
-    /// With the tensor-core prefill matmul (`mma_*`) switched on, compared
-    /// with `tol` (abs, rel) instead of the op's tolerance.
-    pub fn check_tensor_cores(cases: &[Case], tol: (f32, f32)) {
-        check_with(cases, true, Some(tol))
-    }
-
-    fn check_with(cases: &[Case], tensor_cores: bool, tol: Option<(f32, f32)>) {
-        match super::cuda_emu::install() {
-            Ok(d) => eprintln!("cuda half on {d}"),
-            Err(e) if std::env::var_os("CI").is_some() => {
-                panic!("CI: no CUDA driver or emulator: {e}")
-            }
-            Err(e) => eprintln!("no CUDA emulator: {e}"),
-        }
-        match ds4::backend::cuda::list_devices() {
-            Ok(d) => eprintln!("cuda device: {}", d[0].line()),
-            Err(e) => {
-                eprintln!("skipping the cuda half: {e}");
-                return;
-            }
-        }
-        let mut failures = Vec::new();
-        for case in cases {
-            let mut cpu = CpuBackend::new(case.file.clone(), case.layout.clone());
-            let want =
-                run_case(case, &mut cpu).unwrap_or_else(|e| panic!("{}: cpu: {e}", case.label));
-            let mut cb = CudaBackend::open(case.file.clone(), case.layout.clone())
-                .unwrap_or_else(|e| panic!("{}: {e}", case.label));
-            if tensor_cores && !cb.set_tensor_cores(true) {
-                eprintln!("skipping tensor cores: the device is below sm_80");
-                return;
-            }
-            let got = match run_case(case, &mut cb) {
-                Ok(r) => r,
-                Err(e) => {
-                    failures.push(format!("{}: {e}", case.label));
-                    continue;
-                }
-            };
-            let (abs, rel) = tol.unwrap_or_else(|| tolerance(case.op_name));
-            let pairs = got.0.iter().zip(&want.0).map(|(g, w)| ("output", g, w));
-            let spairs = got.1.iter().zip(&want.1).map(|(g, w)| ("state", g, w));
-            for (i, (what, g, w)) in pairs.chain(spairs).enumerate() {
-                let (r, at, gv, wv) = worst(g, w, abs, rel);
-                if r > 1.0 {
-                    failures.push(format!(
-                        "{}: {what} #{i} element {at}: cuda {gv} vs cpu {wv} ({r:.2}× the tolerance)",
-                        case.label
-                    ));
-                }
-                eprintln!(
-                    "cuda {:<55} {what} #{i}: worst {r:.3} of the tolerance",
-                    case.label
-                );
-            }
-        }
-        assert!(
-            failures.is_empty(),
-            "{} cuda failures:\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
-    }
-}

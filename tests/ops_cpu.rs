@@ -3,6 +3,9 @@
 //! ones. (The whole model is checked against transformers elsewhere; these
 //! pin each op down on its own, and are what GPU kernels will be held to.)
 
+mod common;
+use common::rng::Rng;
+
 use ds4::gguf::{GgufFile, GgufWriter};
 use ds4::graph::{StateId, ValueId};
 use ds4::model::{RopeConfig, TensorRef, Yarn};
@@ -14,23 +17,6 @@ use ds4::ops::matmul::matmul_rows;
 use ds4::ops::moe::{softplus, Router};
 use ds4::ops::rope::{frequencies, rotate};
 use ds4::quant::{self, GgmlType};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
 
 /// A GGUF in memory holding F32 tensors, and refs to them.
 fn weights(tensors: &[(&str, Vec<u64>, Vec<f32>)]) -> (GgufFile, Vec<TensorRef>) {

@@ -12,6 +12,9 @@
 //!   prints the figures recorded in docs/QUANTS.md.
 //! * Importance weights lower the weighted error they are meant to lower.
 
+mod common;
+use common::rng::Normal as Rng;
+
 use ds4::quant::iq2_xxs::{BlockIq2Xxs, Group};
 use ds4::quant::iq2xxs_tables::IQ2XXS_GRID;
 use ds4::quant::q2_k::BlockQ2K;
@@ -19,30 +22,6 @@ use ds4::quant::q4_k::{pack_scales, BlockQ4K};
 use ds4::quant::{
     can_compute, dequantize_row, dot_row, f16, q8_k, quantize_row, GgmlType, QuantError,
 };
-
-/// splitmix64 + Box–Muller: deterministic, no extra crates.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn gauss(&mut self) -> f32 {
-        let u1 = self.uniform().max(1e-300);
-        let u2 = self.uniform();
-        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-    }
-    fn gauss_vec(&mut self, n: usize, sigma: f32) -> Vec<f32> {
-        (0..n).map(|_| sigma * self.gauss()).collect()
-    }
-}
 
 const COMPUTE: [GgmlType; 8] = [
     GgmlType::F32,

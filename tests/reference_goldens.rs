@@ -93,6 +93,7 @@ fn session(model: Arc<ModelFile>, numerics: Numerics, dump: Vec<ValueName>) -> S
         numerics,
         dump,
         backend: backend().0,
+        backend_options: ds4::backend::BackendOptions::from_env(),
     };
     Session::new(model, opts).unwrap()
 }

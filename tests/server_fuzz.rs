@@ -2,6 +2,9 @@
 //! parser: mutated valid bodies and random JSON never panic, and every
 //! refusal is a 400 with the generic error body.
 
+mod common;
+use common::rng::Rng;
+
 use ds4::server::dsml;
 use ds4::server::render;
 use ds4::server::request::{self, ParseContext};
@@ -31,20 +34,6 @@ const FRAGMENTS: [&str; 16] = [
     "\"\\ud800\"",
     "0.5",
 ];
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 fn mutate(r: &mut Rng, s: &[u8]) -> Vec<u8> {
     let mut b = s.to_vec();

@@ -1,25 +1,23 @@
 //! State buffers larger than one binding: the wgpu backend splits a state
 //! into chunks of whole rows, one binding each (docs/ARCHITECTURE.md,
 //! "Chunked state bindings"). Here the chunk size is capped far below the
-//! device's limit (`set_state_chunk_cap`) so that the tiny models' cached
+//! device's limit (`BackendOptions::state_chunk_cap`) so that the tiny models' cached
 //! rows span several chunks, and
 //! - row-range reads and writes across chunk boundaries round-trip exactly;
 //! - logits equal the CPU's after a chunked prefill and at every decoded
 //!   position, with compressed and indexer rows in several chunks;
 //! - a snapshot saved from chunked state restores on the GPU and on the CPU;
 //! each with the cached rows stored as f16 (where the adapter has
-//! shader-f16, as lavapipe does) and with f32 storage forced.
-//!
-//! The cap and the f16 switch are process-wide, so this file is its own test
-//! binary and its tests run one at a time.
+//! shader-f16, as lavapipe does) and with f32 storage forced
+//! (`BackendOptions::kv_f32`).
 
 mod common;
 
+use common::rng::Rng;
 use common::{tiny_model, tokens};
-use std::sync::Mutex;
 
-use ds4::backend::wgpu::{set_kv_f16, set_state_chunk_cap, AdapterChoice, Gpu, WgpuBackend};
-use ds4::backend::{Backend, BackendKind, WeightFile};
+use ds4::backend::wgpu::{Gpu, WgpuBackend};
+use ds4::backend::{Backend, BackendKind, BackendOptions, WeightFile};
 use ds4::graph::{StateId, StateLayout};
 use ds4::model::forward::Numerics;
 use ds4::model::state::KvLayout;
@@ -34,11 +32,18 @@ const MAX_DLOGPROB: f32 = 2e-3;
 /// rows (of 32) do not.
 const CAP: u64 = 32 * 80 * 4;
 
-static SERIAL: Mutex<()> = Mutex::new(());
+/// The environment's options with the chunk cap, and the cached rows
+/// stored as f16 where the device allows (`f16`) or always as f32.
+fn options(f16: bool) -> BackendOptions {
+    BackendOptions {
+        state_chunk_cap: Some(CAP),
+        kv_f32: !f16,
+        ..BackendOptions::from_env()
+    }
+}
 
 fn gpu() -> Option<std::sync::Arc<Gpu>> {
-    set_state_chunk_cap(Some(CAP));
-    match Gpu::shared(&AdapterChoice::from_env(true)) {
+    match Gpu::shared(&BackendOptions::from_env(), true) {
         Ok(g) => Some(g),
         Err(e) => {
             if std::env::var_os("CI").is_some() {
@@ -55,8 +60,15 @@ fn has_f16(gpu: &Gpu) -> bool {
     gpu.features.contains(wgpu::Features::SHADER_F16)
 }
 
-fn session(backend: BackendKind, ctx: usize, chunk: usize) -> Session {
-    common::session_on(Variant::Q8, Numerics::Model, backend, ctx, chunk)
+fn session(backend: BackendKind, ctx: usize, chunk: usize, f16: bool) -> Session {
+    common::session_with(
+        Variant::Q8,
+        Numerics::Model,
+        backend,
+        ctx,
+        chunk,
+        options(f16),
+    )
 }
 
 /// Max |Δ log-prob| of one row of logits.
@@ -64,31 +76,17 @@ fn max_dlogprob(a: &[f32], b: &[f32]) -> f32 {
     common::max_dlogprob(a, b, a.len())
 }
 
-/// A small deterministic generator (no dependency on the library's).
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
 #[test]
 fn state_rows_round_trip_across_chunk_boundaries() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(gpu) = gpu() else { return };
     for f16 in [false, true] {
-        set_kv_f16(Some(f16));
-        round_trip(gpu.clone(), f16 && has_f16(&gpu));
+        round_trip(gpu.clone(), f16, f16 && has_f16(&gpu));
     }
-    set_kv_f16(None);
 }
 
-/// Row-range I/O of chunked states; `f16`: an f16-valued state is stored as f16.
-fn round_trip(gpu: std::sync::Arc<Gpu>, f16: bool) {
+/// Row-range I/O of chunked states; `allow_f16`: f16 storage allowed;
+/// `f16`: an f16-valued state is stored as f16.
+fn round_trip(gpu: std::sync::Arc<Gpu>, allow_f16: bool, f16: bool) {
     // Rows of 182 f32 values (728 bytes) or 362 f16 values (724 bytes): CAP
     // holds 14 whole rows, so 100 rows span 8 chunks (the most a kernel
     // binds), the last one of 2 rows. Both states hold only f16 values.
@@ -100,7 +98,7 @@ fn round_trip(gpu: std::sync::Arc<Gpu>, f16: bool) {
     // Odd rows are not whole u32 words of f16: stored as f32.
     layout.mark_f16_values(narrow);
     let file: WeightFile = tiny_model(Variant::F32);
-    let mut b = WgpuBackend::new(gpu, file, layout).unwrap();
+    let mut b = WgpuBackend::with_options(gpu, file, layout, &options(allow_f16)).unwrap();
     assert_eq!(b.state_is_f16(wide), f16);
     assert!(!b.state_is_f16(narrow));
     assert_eq!(b.state_chunks(wide), 8);
@@ -115,7 +113,7 @@ fn round_trip(gpu: std::sync::Arc<Gpu>, f16: bool) {
         .unwrap()
         .iter()
         .all(|&x| x == -1.0));
-    let mut rng = Lcg(7 + f16 as u64);
+    let mut rng = Rng(7 + f16 as u64);
     let mut want = vec![0.5f32; 100 * cols];
     // Ranges that start, end and lie inside chunks, and span several.
     for (first, n) in [
@@ -130,7 +128,7 @@ fn round_trip(gpu: std::sync::Arc<Gpu>, f16: bool) {
     ] {
         // f16-valued states receive f16 values (exact either way).
         let data: Vec<f32> = (0..n * cols)
-            .map(|_| half::f16::from_f32(rng.next()).to_f32())
+            .map(|_| half::f16::from_f32(rng.f()).to_f32())
             .collect();
         b.write_state_rows(wide, first, &data).unwrap();
         want[first * cols..(first + n) * cols].copy_from_slice(&data);
@@ -161,10 +159,11 @@ fn round_trip(gpu: std::sync::Arc<Gpu>, f16: bool) {
     // A state that needs more chunks than a kernel binds is refused clearly.
     let mut big = StateLayout::default();
     let _: StateId = big.add("too big", Some(3), 1000, cols, 0.0);
-    let err = WgpuBackend::new(
-        Gpu::shared(&AdapterChoice::from_env(true)).unwrap(),
+    let err = WgpuBackend::with_options(
+        Gpu::shared(&BackendOptions::from_env(), true).unwrap(),
         tiny_model(Variant::F32),
         big,
+        &options(allow_f16),
     )
     .err()
     .expect("a state of 72 chunks is refused");
@@ -174,7 +173,6 @@ fn round_trip(gpu: std::sync::Arc<Gpu>, f16: bool) {
 
 #[test]
 fn logits_and_snapshots_match_the_cpu_with_state_in_chunks() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(gpu) = gpu() else { return };
     // ctx 576: 146 CSA rows of 80 (f32: 32 per chunk, 5 chunks; f16: 64
     // per chunk, 3 chunks), 38 HCA rows (f32: 2 chunks), 146 indexer rows of
@@ -188,8 +186,9 @@ fn logits_and_snapshots_match_the_cpu_with_state_in_chunks() {
     let mut kv = KvLayout::new(&model.config, &model.weights, ctx);
     kv.mark_f16_rows();
     for f16 in [true, false] {
-        set_kv_f16(Some(f16));
-        let b = WgpuBackend::new(gpu.clone(), model.clone(), kv.layout.clone()).unwrap();
+        let b =
+            WgpuBackend::with_options(gpu.clone(), model.clone(), kv.layout.clone(), &options(f16))
+                .unwrap();
         let want_f16 = f16 && has_f16(&gpu);
         for l in &kv.layers {
             assert_eq!(b.state_is_f16(l.ring), want_f16);
@@ -207,7 +206,7 @@ fn logits_and_snapshots_match_the_cpu_with_state_in_chunks() {
     let (head, tail) = toks.split_at(540);
     // The CPU reference once: logits after the prefill and after each
     // decoded token.
-    let mut c = session(BackendKind::CpuRef, ctx, chunk);
+    let mut c = session(BackendKind::CpuRef, ctx, chunk, true);
     c.sync(head, &mut |_, _| {}).unwrap();
     let mut want = vec![c.logits().to_vec()];
     for &t in tail {
@@ -215,9 +214,8 @@ fn logits_and_snapshots_match_the_cpu_with_state_in_chunks() {
         want.push(c.logits().to_vec());
     }
     for f16 in [true, false] {
-        set_kv_f16(Some(f16));
         let storage = if f16 && has_f16(&gpu) { "f16" } else { "f32" };
-        let mut g = session(BackendKind::Wgpu, ctx, chunk);
+        let mut g = session(BackendKind::Wgpu, ctx, chunk, f16);
         g.sync(head, &mut |_, _| {}).unwrap();
         let snap = g.save_snapshot().unwrap();
         let mut worst = max_dlogprob(g.logits(), &want[0]);
@@ -230,7 +228,7 @@ fn logits_and_snapshots_match_the_cpu_with_state_in_chunks() {
         // The snapshot of chunked GPU state restores on the GPU and on the
         // CPU (same byte format) and continues like the CPU session did.
         for backend in [BackendKind::Wgpu, BackendKind::CpuRef] {
-            let mut r = session(backend, ctx, chunk);
+            let mut r = session(backend, ctx, chunk, f16);
             r.load_snapshot(&snap).unwrap();
             let mut d = 0.0f32;
             for (&t, w) in tail.iter().zip(&want[1..]) {
@@ -246,5 +244,4 @@ fn logits_and_snapshots_match_the_cpu_with_state_in_chunks() {
             );
         }
     }
-    set_kv_f16(None);
 }

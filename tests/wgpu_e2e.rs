@@ -17,8 +17,8 @@ use common::{argmax, max_dlogprob, session_on as session};
 use std::sync::Arc;
 
 use common::{tiny_model, tokens};
-use ds4::backend::wgpu::{AdapterChoice, Gpu};
-use ds4::backend::BackendKind;
+use ds4::backend::wgpu::Gpu;
+use ds4::backend::{BackendKind, BackendOptions};
 use ds4::graph::ValueName;
 use ds4::model::forward::{self, ForwardOptions, Logits, Numerics};
 use ds4::model::state::KvLayout;
@@ -29,7 +29,7 @@ const MAX_DLOGPROB: f32 = 2e-3;
 
 /// Whether the GPU half runs (`CI` set and no adapter: panic).
 fn have_gpu() -> bool {
-    match Gpu::shared(&AdapterChoice::from_env(true)) {
+    match Gpu::shared(&BackendOptions::from_env(), true) {
         Ok(g) => {
             eprintln!("wgpu device: {}", g.describe());
             true
@@ -80,6 +80,7 @@ fn first_divergence(
             prefill_chunk: toks.len(),
             numerics,
             backend: k,
+            backend_options: BackendOptions::from_env(),
             dump: names.clone(),
         };
         let mut s = Session::new(model.clone(), opts).unwrap();

@@ -16,11 +16,15 @@
 //! being the scale every reordering error is proportional to. The routed
 //! experts add the GPU's `exp` (SwiGLU), bounded against the largest output.
 
+mod common;
+use common::rng::Normal as Rng;
+
 use std::sync::OnceLock;
 
 use ds4::backend::wgpu::matmul::{read_back, BufRange, MatmulKernels};
 use ds4::backend::wgpu::weights::GpuTensor;
 use ds4::backend::wgpu::{AdapterChoice, Gpu, StepUniform};
+use ds4::backend::BackendOptions;
 use ds4::gguf::{GgufFile, GgufWriter};
 use ds4::model::TensorRef;
 use ds4::ops::matmul::matmul_rows;
@@ -59,7 +63,7 @@ struct Ctx {
 fn ctx() -> Option<&'static Ctx> {
     static CTX: OnceLock<Option<Ctx>> = OnceLock::new();
     CTX.get_or_init(|| {
-        let gpu = match Gpu::open(&AdapterChoice::from_env(true)) {
+        let gpu = match Gpu::open(&BackendOptions::from_env(), true) {
             Ok(g) => g,
             Err(e) => {
                 if std::env::var_os("CI").is_some() {
@@ -88,41 +92,14 @@ fn devices(c: &'static Ctx) -> Vec<&'static Gpu> {
         } else {
             OPTIONAL_FEATURES
         };
-        let g = Gpu::open_with(&AdapterChoice::from_env(true), allow)
-            .expect("the same adapter opens again");
+        let g = Gpu::open_with(
+            &AdapterChoice::new(&BackendOptions::from_env(), true),
+            allow,
+        )
+        .expect("the same adapter opens again");
         (g.shader_variant() != c.gpu.shader_variant()).then_some(g)
     });
     std::iter::once(&c.gpu).chain(other.as_ref()).collect()
-}
-
-/// SplitMix64 with Box–Muller normals: inputs depend only on the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn for_name(seed: u64, name: &str) -> Rng {
-        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        Rng(seed ^ h)
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let u1 = self.uniform().max(1e-300);
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
 }
 
 fn randn(rng: &mut Rng, n: usize, scale: f64) -> Vec<f32> {

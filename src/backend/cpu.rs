@@ -33,7 +33,7 @@ pub struct CpuBackend {
     graphs: Vec<LoadedGraph>,
     /// `Some`: the fast backend's matrix kernels; `None`: the reference.
     fast: Option<super::cpu_fast::Kernels>,
-    /// Seconds and calls per op name when `DS4_CPU_PROFILE` is set (printed
+    /// Seconds and calls per op name when profiling (`DS4_CPU_PROFILE`; printed
     /// to stderr when the backend is dropped).
     profile: Option<std::collections::BTreeMap<&'static str, (f64, usize)>>,
 }
@@ -70,8 +70,15 @@ impl CpuBackend {
             states,
             graphs: Vec::new(),
             fast: None,
-            profile: std::env::var_os("DS4_CPU_PROFILE").map(|_| Default::default()),
+            profile: None,
         }
+    }
+
+    /// Prints seconds and calls per op name when the backend drops
+    /// ([`super::BackendOptions::cpu_profile`]).
+    pub fn with_profile(mut self, on: bool) -> CpuBackend {
+        self.profile = on.then(Default::default);
+        self
     }
 
     /// The fast CPU backend: the reference op loop with the matrix products
@@ -173,12 +180,7 @@ impl Backend for CpuBackend {
             .get_mut(h.0)
             .ok_or(BackendError::UnknownGraph(h.0))?;
         let graph = g.graph.clone();
-        if p.n_tokens > graph.max_tokens || tokens.len() != p.n_tokens || p.n_tokens == 0 {
-            return Err(BackendError::TooManyTokens {
-                n_tokens: p.n_tokens,
-                capacity: graph.max_tokens,
-            });
-        }
+        super::check_step(&graph, tokens, &p)?;
         let mut tok = g.take(graph.tokens);
         for (d, &t) in as_i32_mut(&mut tok).iter_mut().zip(tokens) {
             *d = t as i32;
@@ -478,7 +480,7 @@ fn run_op(
         Op::Add(o) => {
             let cols = g.graph.value(o.out).cols;
             let mut out = g.take(o.out);
-            crate::graph::ops::basic::Add::cpu(
+            o.cpu(
                 &g.get(o.a)[..n * cols],
                 &g.get(o.b)[..n * cols],
                 &mut out[..n * cols],

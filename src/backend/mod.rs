@@ -9,6 +9,8 @@ pub mod cuda;
 pub mod select;
 pub mod wgpu;
 
+pub use select::BackendOptions;
+
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -23,8 +25,14 @@ pub enum BackendError {
     Unavailable { backend: String, reason: String },
     #[error("{backend} cannot run {what}")]
     Unsupported { backend: String, what: String },
-    #[error("step of {n_tokens} tokens exceeds the graph capacity {capacity}")]
-    TooManyTokens { n_tokens: usize, capacity: usize },
+    /// A step of no tokens, more than the graph holds, or a token list
+    /// whose length is not the step's token count.
+    #[error("bad step: {n_tokens} tokens ({given} ids given) for a graph of at most {capacity}")]
+    BadStep {
+        n_tokens: usize,
+        given: usize,
+        capacity: usize,
+    },
     #[error("state {state}: {msg}")]
     State { state: String, msg: String },
     #[error("value {value}: {msg}")]
@@ -44,11 +52,11 @@ pub enum BackendKind {
     /// A real GPU through wgpu if there is one, else the CPU (one-line notice).
     Auto,
     /// The fast CPU backend: quantised activations, integer SIMD kernels
-    /// (`DS4_CPU_ISA` forces a path).
+    /// ([`BackendOptions::cpu_isa`] forces a path).
     Cpu,
     /// The CPU reference backend (f32, dequantise-then-dot): the oracle.
     CpuRef,
-    /// wgpu on the adapter `DS4_WGPU_ADAPTER` names, else the best one
+    /// wgpu on the adapter [`BackendOptions::wgpu_adapter`] names, else the best one
     /// (CPU emulators such as lavapipe included).
     Wgpu,
     Cuda,
@@ -135,6 +143,19 @@ pub trait Backend: Send {
     fn reset_states(&mut self);
 }
 
+/// Checks a step against the graph it runs: at least one token, at most the
+/// graph's capacity, and one id per token. Every backend calls it first.
+pub fn check_step(graph: &Graph, tokens: &[u32], p: &StepParams) -> Result<(), BackendError> {
+    if p.n_tokens == 0 || p.n_tokens > graph.max_tokens || tokens.len() != p.n_tokens {
+        return Err(BackendError::BadStep {
+            n_tokens: p.n_tokens,
+            given: tokens.len(),
+            capacity: graph.max_tokens,
+        });
+    }
+    Ok(())
+}
+
 /// The layout entry of `s`, or an error for an id outside it.
 pub fn state_desc(
     layout: &StateLayout,
@@ -186,20 +207,21 @@ pub struct Opened {
 }
 
 /// Builds the backend `kind` names over `file` with the session state
-/// `layout`. `Auto` takes a real GPU through wgpu when there is one and
-/// falls back to the CPU otherwise (the notice says why).
+/// `layout`, as `opts` says. `Auto` takes a real GPU through wgpu when there
+/// is one and falls back to the CPU otherwise (the notice says why).
 pub fn open(
     kind: BackendKind,
     file: WeightFile,
     layout: StateLayout,
+    opts: &BackendOptions,
 ) -> Result<Opened, BackendError> {
     match kind {
         BackendKind::CpuRef => Ok(Opened {
-            backend: Box::new(cpu::CpuBackend::new(file, layout)),
+            backend: Box::new(cpu::CpuBackend::new(file, layout).with_profile(opts.cpu_profile)),
             notice: "backend: cpu-ref".into(),
         }),
         BackendKind::Cpu => {
-            let b = fast_cpu(file, layout)?;
+            let b = fast_cpu(file, layout, opts)?;
             let notice = format!("backend: {}", b.device());
             Ok(Opened {
                 backend: Box::new(b),
@@ -207,8 +229,7 @@ pub fn open(
             })
         }
         BackendKind::Wgpu => {
-            let choice = self::wgpu::AdapterChoice::from_env(true);
-            let b = self::wgpu::WgpuBackend::open(&choice, file, layout)?;
+            let b = self::wgpu::WgpuBackend::open(opts, true, file, layout)?;
             let notice = format!("backend: wgpu on {}", b.device());
             Ok(Opened {
                 backend: Box::new(b),
@@ -216,8 +237,7 @@ pub fn open(
             })
         }
         BackendKind::Auto => {
-            let choice = self::wgpu::AdapterChoice::from_env(false);
-            match self::wgpu::WgpuBackend::open(&choice, file.clone(), layout.clone()) {
+            match self::wgpu::WgpuBackend::open(opts, false, file.clone(), layout.clone()) {
                 Ok(b) => {
                     let notice = format!("backend: wgpu on {} (auto)", b.device());
                     Ok(Opened {
@@ -226,13 +246,13 @@ pub fn open(
                     })
                 }
                 // No real GPU adapter: CUDA next (when built), then the fast CPU backend.
-                Err(e) => match open_cuda(file.clone(), layout.clone()) {
+                Err(e) => match open_cuda(file.clone(), layout.clone(), opts) {
                     Ok(mut o) => {
                         o.notice.push_str(" (auto)");
                         Ok(o)
                     }
                     Err(ce) => {
-                        let b = fast_cpu(file, layout)?;
+                        let b = fast_cpu(file, layout, opts)?;
                         let notice = format!(
                             "backend: {} (auto; wgpu not used: {e}; cuda not used: {ce})",
                             b.device()
@@ -245,16 +265,20 @@ pub fn open(
                 },
             }
         }
-        BackendKind::Cuda => open_cuda(file, layout),
+        BackendKind::Cuda => open_cuda(file, layout, opts),
     }
 }
 
-/// The CUDA backend on `DS4_CUDA_DEVICE` (default 0); a clear error when
+/// The CUDA backend on `opts.cuda_device` (default 0); a clear error when
 /// the binary was built without the `cuda` feature or there is no driver,
 /// device or NVRTC.
 #[cfg(feature = "cuda")]
-fn open_cuda(file: WeightFile, layout: StateLayout) -> Result<Opened, BackendError> {
-    let b = cuda::CudaBackend::open(file, layout)?;
+fn open_cuda(
+    file: WeightFile,
+    layout: StateLayout,
+    opts: &BackendOptions,
+) -> Result<Opened, BackendError> {
+    let b = cuda::CudaBackend::open(file, layout, opts)?;
     let notice = format!("backend: cuda on {}", b.device());
     Ok(Opened {
         backend: Box::new(b),
@@ -263,7 +287,11 @@ fn open_cuda(file: WeightFile, layout: StateLayout) -> Result<Opened, BackendErr
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda(_file: WeightFile, _layout: StateLayout) -> Result<Opened, BackendError> {
+fn open_cuda(
+    _file: WeightFile,
+    _layout: StateLayout,
+    _opts: &BackendOptions,
+) -> Result<Opened, BackendError> {
     Err(BackendError::Unavailable {
         backend: "cuda".into(),
         reason: "this binary was built without CUDA support (cargo build --features cuda); use --backend cpu or wgpu".into(),
@@ -286,11 +314,17 @@ pub fn cuda_device_lines() -> Result<Vec<String>, BackendError> {
     }
 }
 
-/// The fast CPU backend on the path `DS4_CPU_ISA` names, else the best one.
-fn fast_cpu(file: WeightFile, layout: StateLayout) -> Result<cpu::CpuBackend, BackendError> {
-    let isa = cpu_fast::Isa::from_env().map_err(|reason| BackendError::Unavailable {
-        backend: "cpu".into(),
-        reason,
+/// The fast CPU backend on the path `opts.cpu_isa` names, else the best one.
+fn fast_cpu(
+    file: WeightFile,
+    layout: StateLayout,
+    opts: &BackendOptions,
+) -> Result<cpu::CpuBackend, BackendError> {
+    let isa = cpu_fast::Isa::choose(opts.cpu_isa.as_deref()).map_err(|reason| {
+        BackendError::Unavailable {
+            backend: "cpu".into(),
+            reason,
+        }
     })?;
     let kernels = cpu_fast::Kernels::new(isa).ok_or_else(|| BackendError::Unavailable {
         backend: "cpu".into(),
@@ -299,5 +333,5 @@ fn fast_cpu(file: WeightFile, layout: StateLayout) -> Result<cpu::CpuBackend, Ba
             isa.name()
         ),
     })?;
-    Ok(cpu::CpuBackend::fast(file, layout, kernels))
+    Ok(cpu::CpuBackend::fast(file, layout, kernels).with_profile(opts.cpu_profile))
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use argh::FromArgs;
+use ds4::backend::BackendOptions;
 use ds4::chat::{self, ThinkMode};
 use ds4::generate::{generate, Observer, Piece, Sampled, Step, ThinkSplit};
 use ds4::graph::ValueName;
@@ -178,6 +179,7 @@ fn dump_tokens(tok: &Tokenizer, prompt: &str) {
 }
 
 fn run(a: Args) -> Result<(), String> {
+    let bo = BackendOptions::from_env();
     if a.list_devices {
         print!("{}", ds4::backend::wgpu::gpu::devices_report());
         match ds4::backend::cuda_device_lines() {
@@ -205,7 +207,7 @@ fn run(a: Args) -> Result<(), String> {
             cuda: a.cuda,
         }
         .resolve()?;
-        return ds4::report::info(&model_path(&a)?, Some(kind));
+        return ds4::report::info(&model_path(&a)?, Some((kind, &bo)));
     }
     let prompt = read_prompt(&a)?;
     let path = model_path(&a)?;
@@ -295,6 +297,7 @@ fn run(a: Args) -> Result<(), String> {
         prefill_chunk: a.prefill_chunk.max(1),
         numerics,
         backend,
+        backend_options: bo.clone(),
         dump: dumps.clone(),
     };
     let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
@@ -333,6 +336,7 @@ fn run(a: Args) -> Result<(), String> {
                 prefill_chunk: a.prefill_chunk.max(1),
                 numerics,
                 backend,
+                backend_options: bo.clone(),
                 dump: Vec::new(),
             };
             Session::new(model.clone(), opts).map_err(|e| e.to_string())

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use argh::FromArgs;
+use ds4::backend::BackendOptions;
 use ds4::kvcache::{
     routed_quant_bits, CacheKey, DiskCache, KvCacheConfig, LookupOutcome, SaveReason, StoreOutcome,
 };
@@ -135,7 +136,7 @@ impl Args {
 
 /// `--bandwidth`: the table on stdout, the CSV to `--csv` when given. The
 /// device is the wgpu adapter, or the CUDA device with `--backend cuda`.
-fn run_bandwidth(a: &Args) -> Result<(), String> {
+fn run_bandwidth(a: &Args, bo: &BackendOptions) -> Result<(), String> {
     if a.bw_mib == 0 || a.bw_trials == 0 {
         return Err("--bw-mib and --bw-trials must be positive".into());
     }
@@ -144,9 +145,9 @@ fn run_bandwidth(a: &Args) -> Result<(), String> {
     }
     let backend = a.backend_kind()?;
     let csv = if backend == ds4::backend::BackendKind::Cuda {
-        bandwidth_cuda(a)?
+        bandwidth_cuda(a, bo)?
     } else {
-        bandwidth_wgpu(a)?
+        bandwidth_wgpu(a, bo)?
     };
     if let Some(p) = &a.csv {
         std::fs::write(p, csv.join("\n") + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
@@ -178,10 +179,10 @@ fn bandwidth_shapes(a: &Args) -> Vec<(&'static str, ds4::quant::GgmlType, u64, u
         .collect()
 }
 
-fn bandwidth_wgpu(a: &Args) -> Result<Vec<String>, String> {
+fn bandwidth_wgpu(a: &Args, bo: &BackendOptions) -> Result<Vec<String>, String> {
     use ds4::backend::wgpu::{bandwidth, gpu, AdapterChoice, Gpu};
     // An explicit benchmark: CPU emulators (lavapipe) are allowed.
-    let choice = AdapterChoice::from_env(true);
+    let choice = AdapterChoice::new(bo, true);
     let first = Gpu::open_with(&choice, gpu::OPTIONAL_FEATURES).map_err(|e| e.to_string())?;
     let sets: Vec<String> = match &a.bw_features {
         Some(list) => list.split('/').map(|x| x.trim().to_string()).collect(),
@@ -234,13 +235,16 @@ fn bandwidth_wgpu(a: &Args) -> Result<Vec<String>, String> {
     if a.bw_decode {
         let model = open_model(a)?;
         for (set, g) in &gpus {
-            // The session opens its device from the environment; this
-            // binary is single-threaded here.
-            std::env::set_var(gpu::FEATURES_ENV, set);
+            // The session opens its own device with these features.
+            let bo = BackendOptions {
+                wgpu_features: Some(set.clone()),
+                ..bo.clone()
+            };
             let m = decode_step(
                 a,
                 &model,
                 ds4::backend::BackendKind::Wgpu,
+                &bo,
                 "",
                 g.shader_variant().name(),
             )?;
@@ -252,9 +256,9 @@ fn bandwidth_wgpu(a: &Args) -> Result<Vec<String>, String> {
 }
 
 #[cfg(feature = "cuda")]
-fn bandwidth_cuda(a: &Args) -> Result<Vec<String>, String> {
+fn bandwidth_cuda(a: &Args, bo: &BackendOptions) -> Result<Vec<String>, String> {
     use ds4::backend::cuda::bandwidth::{self, Bench};
-    let bench = Bench::open().map_err(|e| e.to_string())?;
+    let bench = Bench::open(bo).map_err(|e| e.to_string())?;
     let device = bench.describe();
     let shapes = bandwidth_shapes(a);
     let mut read = None;
@@ -273,19 +277,21 @@ fn bandwidth_cuda(a: &Args) -> Result<Vec<String>, String> {
         let model = open_model(a)?;
         // The CUDA graph on (the default) and off: the difference is the
         // launch overhead the graph removes.
-        for (graph, label) in [("1", "graph on"), ("0", "graph off")] {
-            std::env::set_var("DS4_CUDA_GRAPH", graph);
-            let m = decode_step(a, &model, ds4::backend::BackendKind::Cuda, label, "")?;
+        for (cuda_graph, label) in [(true, "graph on"), (false, "graph off")] {
+            let bo = BackendOptions {
+                cuda_graph,
+                ..bo.clone()
+            };
+            let m = decode_step(a, &model, ds4::backend::BackendKind::Cuda, &bo, label, "")?;
             println!("{}", ds4::bandwidth::table_row(&m, read));
             csv.push(ds4::bandwidth::csv_row(&device, &m, read));
         }
-        std::env::remove_var("DS4_CUDA_GRAPH");
     }
     Ok(csv)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn bandwidth_cuda(_a: &Args) -> Result<Vec<String>, String> {
+fn bandwidth_cuda(_a: &Args, _bo: &BackendOptions) -> Result<Vec<String>, String> {
     Err("backend cuda is not available: this ds4-bench was built without CUDA support (cargo build --features cuda)".into())
 }
 
@@ -304,6 +310,7 @@ fn decode_step(
     a: &Args,
     model: &Arc<ModelFile>,
     backend: ds4::backend::BackendKind,
+    bo: &BackendOptions,
     label: &str,
     kernels: &str,
 ) -> Result<ds4::bandwidth::Measure, String> {
@@ -312,6 +319,7 @@ fn decode_step(
     let opts = SessionOptions {
         ctx: 64 + steps,
         backend,
+        backend_options: bo.clone(),
         ..Default::default()
     };
     let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
@@ -393,8 +401,9 @@ fn store_and_restore(
 }
 
 fn run(a: Args) -> Result<(), String> {
+    let bo = BackendOptions::from_env();
     if a.bandwidth {
-        return run_bandwidth(&a);
+        return run_bandwidth(&a, &bo);
     }
     let backend = a.backend_kind()?;
     if a.ctx_start == 0 || a.ctx_start > a.ctx_max {
@@ -442,6 +451,7 @@ fn run(a: Args) -> Result<(), String> {
     let opts = SessionOptions {
         ctx,
         backend,
+        backend_options: bo,
         ..Default::default()
     };
     let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use argh::FromArgs;
+use ds4::backend::BackendOptions;
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
@@ -422,6 +423,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
             ctx: a.ctx,
             numerics,
             backend,
+            backend_options: BackendOptions::from_env(),
             ..SessionOptions::default()
         },
     )

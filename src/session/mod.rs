@@ -10,7 +10,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 pub use crate::backend::BackendKind;
-use crate::backend::{self, Backend, BackendError, GraphHandle};
+use crate::backend::{self, Backend, BackendError, BackendOptions, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
 use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;
@@ -45,6 +45,9 @@ pub struct SessionOptions {
     pub prefill_chunk: usize,
     pub numerics: Numerics,
     pub backend: BackendKind,
+    /// How the backend opens (adapter, kernel path, caps); the binaries
+    /// take it from [`BackendOptions::from_env`], tests set fields.
+    pub backend_options: BackendOptions,
     /// Values readable with [`Session::dump`] after each step.
     pub dump: Vec<ValueName>,
 }
@@ -56,6 +59,7 @@ impl Default for SessionOptions {
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             numerics: Numerics::Model,
             backend: BackendKind::CpuRef,
+            backend_options: BackendOptions::default(),
             dump: Vec::new(),
         }
     }
@@ -112,7 +116,12 @@ impl Session {
         if opts.numerics == Numerics::Model {
             kv.mark_f16_rows();
         }
-        let opened = backend::open(opts.backend, model.clone(), kv.layout.clone())?;
+        let opened = backend::open(
+            opts.backend,
+            model.clone(),
+            kv.layout.clone(),
+            &opts.backend_options,
+        )?;
         let mut backend = opened.backend;
         let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
         let fo = |logits| ForwardOptions {
@@ -259,7 +268,7 @@ impl Session {
                 ctx: self.opts.ctx,
             });
         }
-        self.run(self.decode, &[token])
+        self.run(self.decode, &[token]).map(drop)
     }
 
     fn eval_tokens(
@@ -289,7 +298,9 @@ impl Session {
         Ok(())
     }
 
-    fn run(&mut self, g: GraphHandle, tokens: &[u32]) -> Result<(), SessionError> {
+    /// One step of `g` over `tokens`; keeps the last row of logits and
+    /// returns every row the graph produced (one per token for scoring).
+    fn run(&mut self, g: GraphHandle, tokens: &[u32]) -> Result<Vec<f32>, SessionError> {
         let params = StepParams {
             pos0: self.tokens.len(),
             n_tokens: tokens.len(),
@@ -305,7 +316,7 @@ impl Session {
         let all = self.backend.read_value(g, graph_logits)?;
         let v = self.model.config.n_vocab;
         self.logits = all[all.len() - v..].to_vec();
-        Ok(())
+        Ok(all)
     }
 
     fn graph(&self, g: GraphHandle) -> &Graph {
@@ -354,9 +365,7 @@ impl Session {
         self.reset();
         let mut out = Vec::with_capacity(tokens.len() * self.model.config.n_vocab);
         for c in tokens.chunks(self.opts.prefill_chunk) {
-            self.run(g, c)?;
-            let id = self.logits_value(g);
-            out.extend(self.backend.read_value(g, id)?);
+            out.extend(self.run(g, c)?);
         }
         Ok(out)
     }

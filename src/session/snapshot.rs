@@ -3,6 +3,7 @@
 //! fields, then tokens, logits, per-layer row counts and per-layer state.
 
 use super::{Session, SessionError};
+use crate::backend::state_desc;
 use crate::model::AttentionKind;
 
 /// `D S V 4` little-endian.
@@ -126,7 +127,9 @@ impl Session {
             );
         }
         for (l, ls) in self.kv.layers.iter().enumerate() {
-            let ring = self.backend.read_state(ls.ring)?;
+            // The live ring slots are 0..raw_live (all of them once the
+            // window is full), in position order from slot t % w.
+            let ring = self.backend.read_state_rows(ls.ring, 0..raw_live)?;
             for pos in t - raw_live..t {
                 let s = pos % w;
                 put_f32s(&mut out, &ring[s * hd..(s + 1) * hd]);
@@ -135,8 +138,11 @@ impl Session {
             for (c, dim) in [(ls.compressor, hd), (ls.indexer, ihd)] {
                 let Some(c) = c else { continue };
                 let n = t / ratio;
-                let rows = self.backend.read_state(c.rows)?;
-                put_f32s(&mut out, &rows[..n * dim]);
+                if n > 0 {
+                    let rows = self.backend.read_state_rows(c.rows, 0..n)?;
+                    debug_assert_eq!(rows.len(), n * dim);
+                    put_f32s(&mut out, &rows);
+                }
                 put_f32s(&mut out, &self.backend.read_state(c.kv)?);
                 put_f32s(&mut out, &self.backend.read_state(c.score)?);
             }
@@ -212,12 +218,14 @@ impl Session {
         let layers = self.kv.layers.clone();
         for (l, ls) in layers.iter().enumerate() {
             let rows = r.f32s(raw_live * hd, "raw rows")?;
-            let mut ring = self.backend.read_state(ls.ring)?;
+            // Positions t - raw_live..t fill ring slots 0..raw_live; the
+            // rest keep their fresh value.
+            let mut ring = vec![0.0; raw_live * hd];
             for (i, pos) in (t - raw_live..t).enumerate() {
                 let s = pos % w;
                 ring[s * hd..(s + 1) * hd].copy_from_slice(&rows[i * hd..(i + 1) * hd]);
             }
-            self.backend.write_state(ls.ring, &ring)?;
+            self.backend.write_state_rows(ls.ring, 0, &ring)?;
             let kind = self.model.weights.layers[l].kind;
             let ratio = kind.ratio();
             for (c, dim, count) in [
@@ -238,15 +246,16 @@ impl Session {
                         "layer {l}: {n} compressed rows for {t} tokens at ratio {ratio}"
                     )));
                 }
-                let mut buf = self.backend.read_state(c.rows)?;
-                if n * dim > buf.len() {
+                if n > state_desc(self.backend.state_layout(), c.rows)?.rows {
                     return Err(bad(format!("layer {l}: {n} rows exceed the capacity")));
                 }
-                buf[..n * dim].copy_from_slice(&r.f32s(n * dim, "compressed rows")?);
-                self.backend.write_state(c.rows, &buf)?;
+                let rows = r.f32s(n * dim, "compressed rows")?;
+                if n > 0 {
+                    self.backend.write_state_rows(c.rows, 0, &rows)?;
+                }
                 for s in [c.kv, c.score] {
-                    let len = self.backend.read_state(s)?.len();
-                    let v = r.f32s(len, "compressor state")?;
+                    let d = state_desc(self.backend.state_layout(), s)?;
+                    let v = r.f32s(d.rows * d.cols, "compressor state")?;
                     self.backend.write_state(s, &v)?;
                 }
             }

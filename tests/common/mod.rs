@@ -2,12 +2,13 @@
 
 #![allow(dead_code)]
 
+pub mod rng;
 pub mod server;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ds4::backend::BackendKind;
+use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
@@ -62,7 +63,8 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// A session on the tiny model of `variant` for the end-to-end backend
-/// comparisons: context `ctx`, prefill in chunks of `chunk`.
+/// comparisons: context `ctx`, prefill in chunks of `chunk`, the backend
+/// opened as the environment says (CI picks wgpu features that way).
 pub fn session_on(
     variant: Variant,
     numerics: Numerics,
@@ -70,11 +72,31 @@ pub fn session_on(
     ctx: usize,
     chunk: usize,
 ) -> Session {
+    session_with(
+        variant,
+        numerics,
+        backend,
+        ctx,
+        chunk,
+        BackendOptions::from_env(),
+    )
+}
+
+/// [`session_on`] with the backend opened as `backend_options` says.
+pub fn session_with(
+    variant: Variant,
+    numerics: Numerics,
+    backend: BackendKind,
+    ctx: usize,
+    chunk: usize,
+    backend_options: BackendOptions,
+) -> Session {
     let opts = SessionOptions {
         ctx,
         prefill_chunk: chunk,
         numerics,
         backend,
+        backend_options,
         ..Default::default()
     };
     Session::new(tiny_model(variant), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))

@@ -31,6 +31,16 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// Takes over a server the test started itself (its stderr went
+    /// elsewhere, so `stderr_text` is empty).
+    pub fn adopt(child: Child, addr: String) -> Server {
+        Server {
+            child,
+            addr,
+            stderr: temp_path("stderr"),
+        }
+    }
+
     /// Everything the server wrote to stderr so far.
     pub fn stderr_text(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()

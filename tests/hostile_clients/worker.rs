@@ -387,7 +387,7 @@ fn a_server_whose_log_reader_left_keeps_serving() {
         .unwrap();
     let addr = format!("127.0.0.1:{port}");
     server::wait_ready(&mut child, &addr);
-    let s = server::Server { child, addr };
+    let s = server::Server::adopt(child, addr);
     for i in 0..3 {
         let want = format!("line {i}");
         let r = server::post(

@@ -32,34 +32,7 @@ pub fn attention(
             let mut logits: Vec<f32> = Vec::new();
             for (i, ot) in chunk.chunks_exact_mut(qw).enumerate() {
                 let t = first + i;
-                let p = pos0 + t;
-                rows.clear();
-                for s in p.saturating_sub(w - 1)..=p {
-                    rows.push(if s >= pos0 {
-                        &inp.kv[(s - pos0) * hd..(s - pos0 + 1) * hd]
-                    } else {
-                        let r = s % w;
-                        &inp.ring[r * hd..(r + 1) * hd]
-                    });
-                }
-                if let (Some(c), Some(comp)) = (o.compressed, inp.compressed) {
-                    let n_vis = (p + 1) / c.ratio;
-                    match inp.selected {
-                        Some(sel) => {
-                            for &r in &sel[t * o.top_k..(t + 1) * o.top_k] {
-                                if r >= 0 && (r as usize) < n_vis {
-                                    let r = r as usize;
-                                    rows.push(&comp[r * hd..(r + 1) * hd]);
-                                }
-                            }
-                        }
-                        None => {
-                            for r in 0..n_vis {
-                                rows.push(&comp[r * hd..(r + 1) * hd]);
-                            }
-                        }
-                    }
-                }
+                o.visible_rows(&inp, pos0, t, &mut rows);
                 let head = |h: usize, oh: &mut [f32], logits: &mut Vec<f32>| {
                     let qh = &inp.q[t * qw + h * hd..t * qw + (h + 1) * hd];
                     logits.clear();

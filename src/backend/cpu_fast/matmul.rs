@@ -257,15 +257,13 @@ pub fn moe_experts(
     else {
         return false;
     };
-    let d = o.gate.ne[0] as usize;
-    let ff = o.gate.ne[1] as usize;
-    let n_expert = o.gate.ne[2] as usize;
+    let crate::graph::ops::moe::ExpertDims {
+        dim: d,
+        hidden: ff,
+        n_expert,
+    } = o.dims();
     let kk = o.k;
-    let slab = |t: &TensorRef, e: usize| {
-        let bytes = t.bytes(file);
-        let n = bytes.len() / n_expert;
-        &bytes[e * n..(e + 1) * n]
-    };
+    let slab = |t: &TensorRef, e: usize| o.expert_slab(file, t, e);
     let rows = || (0..n_tokens).map(|t| &x[t * d..(t + 1) * d]);
     // Activation sets by kind, made once: (kind, acts).
     let mut sets: Vec<(super::act::ActKind, Acts)> = Vec::new();
@@ -292,9 +290,7 @@ pub fn moe_experts(
     let mut y = Vec::new();
     let mut h = Vec::new();
     for e in 0..n_expert {
-        let users: Vec<usize> = (0..n_tokens * kk)
-            .filter(|&i| sel[i] as usize == e)
-            .collect();
+        let users = o.users(sel, n_tokens, e);
         if users.is_empty() {
             continue;
         }

@@ -6,7 +6,7 @@
 //! dot product against its activation format, in a portable version
 //! ([`portable`]) and, where the CPU has them, SIMD versions (`avx2`,
 //! `avx512` on x86-64, `neon` on AArch64). The path is picked at run time
-//! ([`Isa::detect`]) or forced ([`Isa::from_env`],
+//! ([`Isa::detect`]) or forced ([`Isa::choose`],
 //! `DS4_CPU_ISA=portable|avx2|avx512|neon`). Attention and the indexer have
 //! fast twins ([`attention`], [`indexer`]); everything else (norms,
 //! compressors, hyper-connections) runs the reference twins in
@@ -104,12 +104,14 @@ impl Isa {
         *Isa::available().last().unwrap_or(&Isa::Portable)
     }
 
-    /// `DS4_CPU_ISA` if set (an error names an unknown or unsupported
-    /// path), else the best path.
-    pub fn from_env() -> Result<Isa, String> {
-        match std::env::var("DS4_CPU_ISA") {
-            Ok(v) if v != "auto" && !v.is_empty() => {
-                let isa = Isa::parse(&v).ok_or_else(|| {
+    /// The path `name` names (`DS4_CPU_ISA`, [`BackendOptions::cpu_isa`];
+    /// an error names an unknown or unsupported path), else the best path.
+    ///
+    /// [`BackendOptions::cpu_isa`]: crate::backend::BackendOptions::cpu_isa
+    pub fn choose(name: Option<&str>) -> Result<Isa, String> {
+        match name {
+            Some(v) if v != "auto" && !v.is_empty() => {
+                let isa = Isa::parse(v).ok_or_else(|| {
                     format!("DS4_CPU_ISA={v:?} is unknown (auto, portable, avx2, avx512, neon)")
                 })?;
                 if !isa.supported() {

@@ -35,11 +35,11 @@ pub struct Bench {
 }
 
 impl Bench {
-    /// Opens device `DS4_CUDA_DEVICE` (default 0) and loads the bandwidth,
+    /// Opens device `opts.cuda_device` (default 0) and loads the bandwidth,
     /// matmul and moe kernels; errors say plainly why CUDA is not usable.
-    pub fn open() -> Result<Bench, BackendError> {
-        let dev = Device::open(device::chosen_ordinal()?)?;
-        let modules = Modules::load(&dev, &["bandwidth", "matmul", "moe"])?;
+    pub fn open(opts: &crate::backend::BackendOptions) -> Result<Bench, BackendError> {
+        let dev = Device::open(device::chosen_ordinal(opts)?)?;
+        let modules = Modules::load(&dev, &["bandwidth", "matmul", "moe"], opts)?;
         let step = DevBuf::from_bytes(bytemuck::bytes_of(&StepDev {
             pos0: 0,
             n_tokens: 1,

@@ -135,14 +135,15 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>, BackendError> {
     })
 }
 
-/// The device the backend runs on: `DS4_CUDA_DEVICE` (an ordinal) or 0.
-pub fn chosen_ordinal() -> Result<usize, BackendError> {
-    match std::env::var("DS4_CUDA_DEVICE") {
-        Ok(s) => s
+/// The device the backend runs on: `opts.cuda_device` (an ordinal,
+/// `DS4_CUDA_DEVICE`) or 0.
+pub fn chosen_ordinal(opts: &crate::backend::BackendOptions) -> Result<usize, BackendError> {
+    match &opts.cuda_device {
+        Some(s) => s
             .trim()
             .parse()
             .map_err(|_| unavailable(format!("DS4_CUDA_DEVICE={s:?} is not a device number"))),
-        Err(_) => Ok(0),
+        None => Ok(0),
     }
 }
 

@@ -75,11 +75,12 @@ pub fn all_modules() -> Vec<(&'static str, String)> {
         .collect()
 }
 
-/// Where PTX is cached: `DS4_CUDA_CACHE`, else `$XDG_CACHE_HOME/ds4/cuda`,
-/// else `~/.cache/ds4/cuda`; `None` disables the cache.
-pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("DS4_CUDA_CACHE") {
-        return Some(PathBuf::from(d));
+/// Where PTX is cached: `dir` (`DS4_CUDA_CACHE`), else
+/// `$XDG_CACHE_HOME/ds4/cuda`, else `~/.cache/ds4/cuda`; `None` disables the
+/// cache.
+pub fn cache_dir(dir: Option<&std::path::Path>) -> Option<PathBuf> {
+    if let Some(d) = dir {
+        return Some(d.to_path_buf());
     }
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return Some(PathBuf::from(d).join("ds4").join("cuda"));

@@ -29,7 +29,7 @@ use cudarc::driver::sys::{self, CUdeviceptr};
 
 pub use device::{list_devices, DeviceInfo};
 
-use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
+use super::{state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile};
 use crate::graph::{plan, DType, Graph, StateId, StateLayout, StepParams, ValueId};
 use device::Device;
 use mem::{checked, download, upload, upload_async, DevBuf};
@@ -100,16 +100,20 @@ fn unsupported(what: String) -> BackendError {
 }
 
 impl CudaBackend {
-    /// Opens device `DS4_CUDA_DEVICE` (default 0), compiles or loads the
+    /// Opens device `opts.cuda_device` (default 0), compiles or loads the
     /// kernels for it, allocates the state. Errors say plainly why CUDA is
     /// not usable (no driver, no device, no NVRTC).
-    pub fn open(file: WeightFile, layout: StateLayout) -> Result<CudaBackend, BackendError> {
-        let ordinal = device::chosen_ordinal()?;
+    pub fn open(
+        file: WeightFile,
+        layout: StateLayout,
+        opts: &BackendOptions,
+    ) -> Result<CudaBackend, BackendError> {
+        let ordinal = device::chosen_ordinal(opts)?;
         let dev = Device::open(ordinal)?;
-        let modules = Modules::load(&dev, &kernels::families())?;
+        let modules = Modules::load(&dev, &kernels::families(), opts)?;
         let (arch, nv_version) = (modules.arch, modules.nvrtc);
         let gf: &crate::gguf::GgufFile = (*file).as_ref();
-        let weights = weights::Weights::new(gf, &dev.info);
+        let weights = weights::Weights::new(gf, &dev.info, opts.cuda_weights.as_deref());
         let description = format!(
             "{} (sm_{}{}, {:.1} GiB, PTX compute_{arch} by NVRTC {}.{}; {})",
             dev.info.name,
@@ -135,9 +139,8 @@ impl CudaBackend {
             modules,
             file,
             layout,
-            use_graphs: !std::env::var("DS4_CUDA_GRAPH").is_ok_and(|v| v == "0"),
-            tensor_cores: dev.info.cc_number() >= 80
-                && std::env::var("DS4_CUDA_MMA").is_ok_and(|v| v == "1"),
+            use_graphs: opts.cuda_graph,
+            tensor_cores: dev.info.cc_number() >= 80 && opts.cuda_mma,
             description,
             dev,
         })
@@ -279,12 +282,7 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let g = self.loaded(h)?;
         let graph = g.graph.clone();
-        if p.n_tokens > graph.max_tokens || tokens.len() != p.n_tokens || p.n_tokens == 0 {
-            return Err(BackendError::TooManyTokens {
-                n_tokens: p.n_tokens,
-                capacity: graph.max_tokens,
-            });
-        }
+        super::check_step(&graph, tokens, &p)?;
         if p.pos0 + p.n_tokens > u32::MAX as usize {
             return Err(unsupported(format!("position {} (beyond 2^32)", p.pos0)));
         }

@@ -25,8 +25,12 @@ pub struct Modules {
 
 impl Modules {
     /// Compiles (or reads from the cache) and loads `families` for `dev`.
-    pub fn load(dev: &Device, families: &[&str]) -> Result<Modules, BackendError> {
-        let nv = nvrtc::Nvrtc::load().map_err(unavailable)?;
+    pub fn load(
+        dev: &Device,
+        families: &[&str],
+        opts: &crate::backend::BackendOptions,
+    ) -> Result<Modules, BackendError> {
+        let nv = nvrtc::Nvrtc::load(opts.nvrtc.as_deref()).map_err(unavailable)?;
         let cc = dev.info.cc_number();
         let arch = nv.arch_for(cc).ok_or_else(|| {
             unavailable(format!(
@@ -34,7 +38,7 @@ impl Modules {
                 nv.version.0, nv.version.1, nv.archs
             ))
         })?;
-        let cache = kernels::cache_dir();
+        let cache = kernels::cache_dir(opts.cuda_cache.as_deref());
         let mut out = Modules {
             modules: Vec::new(),
             funcs: HashMap::new(),

@@ -58,10 +58,11 @@ const SONAMES: &[&str] = &[
 ];
 
 impl Nvrtc {
-    /// Loads NVRTC from `DS4_NVRTC`, the loader path, or a PyPI wheel.
-    pub fn load() -> Result<Nvrtc, String> {
-        if let Some(p) = std::env::var_os("DS4_NVRTC") {
-            return Nvrtc::load_from(Path::new(&p));
+    /// Loads NVRTC from `path` (`DS4_NVRTC`), else the loader path, else a
+    /// PyPI wheel.
+    pub fn load(path: Option<&Path>) -> Result<Nvrtc, String> {
+        if let Some(p) = path {
+            return Nvrtc::load_from(p);
         }
         let mut tried = Vec::new();
         for name in SONAMES {

@@ -264,7 +264,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
             Op::Embed(o) => {
                 let ty = o.table.ty;
                 let name = per_type("embed_", ty)?;
-                let d = o.table.ne[0] as usize;
+                let d = o.dim();
                 let items = if d % 32 == 0 { d / 32 } else { d };
                 let table = weights.tensor(file, &o.table, &mut progress)?;
                 launch(
@@ -283,7 +283,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
             }
             Op::HcInit(o) => launch(
                 "hc_init",
-                Grid::Threads(per_token(u(o.n_hc * o.dim))),
+                Grid::Threads(per_token(u(o.items()))),
                 THREADS,
                 0,
                 vec![v(o.x), v(o.out), Arg::U32(u(o.n_hc)), Arg::U32(u(o.dim))],
@@ -406,7 +406,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
             }
             Op::HcCollapse(o) => launch(
                 "hc_collapse",
-                Grid::Threads(per_token(u(o.dim))),
+                Grid::Threads(per_token(u(o.items()))),
                 THREADS,
                 0,
                 vec![
@@ -419,7 +419,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
             )?,
             Op::HcExpand(o) => launch(
                 "hc_expand",
-                Grid::Threads(per_token(u(o.n_hc * o.dim))),
+                Grid::Threads(per_token(u(o.items()))),
                 THREADS,
                 0,
                 vec![
@@ -436,7 +436,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 let f = freqs(freq_map, &o.rope)?;
                 launch(
                     "rope",
-                    Grid::Threads(per_token(u(o.heads * o.head_dim))),
+                    Grid::Threads(per_token(u(o.items()))),
                     THREADS,
                     0,
                     vec![
@@ -480,7 +480,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 }
                 launch(
                     "hadamard_fp4",
-                    Grid::Blocks(per_token(u(o.cols / hd)), fixed(1)),
+                    Grid::Blocks(per_token(u(o.blocks())), fixed(1)),
                     u(hd.max(32)),
                     u(4 * hd),
                     vec![v(o.x), v(o.out), Arg::U32(u(o.cols)), Arg::U32(u(hd))],
@@ -604,7 +604,10 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                     None => 0,
                 };
                 let (table, table_cols) = match &o.tid2eid {
-                    Some(t) => (weights.tensor(file, t, &mut progress)?, t.ne[0] as u32),
+                    Some(t) => (
+                        weights.tensor(file, t, &mut progress)?,
+                        o.table_cols() as u32,
+                    ),
                     None => (0, 0),
                 };
                 launch(
@@ -628,9 +631,11 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 )?;
             }
             Op::MoeExperts(o) => {
-                let d = o.gate.ne[0] as usize;
-                let ff = o.gate.ne[1] as usize;
-                let n_expert = o.gate.ne[2] as usize;
+                let crate::graph::ops::moe::ExpertDims {
+                    dim: d,
+                    hidden: ff,
+                    n_expert,
+                } = o.dims();
                 if n_expert == 0 {
                     return Err(unsupported(format!("experts {d} × {ff}")));
                 }

@@ -39,10 +39,10 @@ pub struct Weights {
 unsafe impl Send for Weights {}
 
 impl Weights {
-    /// Registers the file's mapping on unified-memory devices when allowed.
-    pub fn new(file: &GgufFile, info: &DeviceInfo) -> Weights {
-        let want = std::env::var("DS4_CUDA_WEIGHTS").unwrap_or_default();
-        let try_register = match want.as_str() {
+    /// Registers the file's mapping on unified-memory devices when allowed;
+    /// `force` (`upload` or `register`, `DS4_CUDA_WEIGHTS`) picks one way.
+    pub fn new(file: &GgufFile, info: &DeviceInfo, force: Option<&str>) -> Weights {
+        let try_register = match force.unwrap_or_default() {
             "upload" => false,
             "register" => true,
             _ => info.integrated && info.can_map_host,

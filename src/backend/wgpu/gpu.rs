@@ -5,10 +5,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::backend::BackendError;
+use crate::backend::{BackendError, BackendOptions};
 
 /// Environment variable naming the adapter to use: an index into
-/// `ds4 --list-devices` or a case-insensitive substring of the adapter name.
+/// `ds4 --list-devices` or a case-insensitive substring of the adapter name
+/// ([`BackendOptions::wgpu_adapter`]; named in messages).
 pub const ADAPTER_ENV: &str = "DS4_WGPU_ADAPTER";
 
 /// Environment variable choosing the optional features a device is created
@@ -16,7 +17,7 @@ pub const ADAPTER_ENV: &str = "DS4_WGPU_ADAPTER";
 /// `subgroups`, `timestamps`; unset: [`default_features`].
 /// `DS4_WGPU_FEATURES=none` runs every kernel's fallback path on an adapter
 /// that has the features, `all` the subgroup kernels on lavapipe (CI runs
-/// both).
+/// both). Read into [`BackendOptions::wgpu_features`].
 pub const FEATURES_ENV: &str = "DS4_WGPU_FEATURES";
 
 /// The optional features ds4 uses where the adapter has them.
@@ -45,13 +46,13 @@ pub fn parse_features(s: &str) -> Result<wgpu::Features, BackendError> {
     Ok(f)
 }
 
-/// The optional features [`FEATURES_ENV`] allows; `None` when it is unset:
-/// the default policy of [`default_features`].
-pub fn features_from_env() -> Result<Option<wgpu::Features>, BackendError> {
-    match std::env::var(FEATURES_ENV) {
-        Ok(s) if !s.trim().is_empty() => parse_features(&s).map(Some),
-        _ => Ok(None),
-    }
+/// The optional features `opts` allows; `None` when it names none: the
+/// default policy of [`default_features`].
+pub fn allowed_features(opts: &BackendOptions) -> Result<Option<wgpu::Features>, BackendError> {
+    opts.wgpu_features
+        .as_deref()
+        .map(parse_features)
+        .transpose()
 }
 
 /// The optional features used when [`FEATURES_ENV`] is unset: all of them,
@@ -186,10 +187,10 @@ pub enum AdapterChoice {
 }
 
 impl AdapterChoice {
-    /// `DS4_WGPU_ADAPTER` when set, else `Best`.
-    pub fn from_env(allow_emulation: bool) -> AdapterChoice {
-        match std::env::var(ADAPTER_ENV) {
-            Ok(s) if !s.trim().is_empty() => AdapterChoice::Named(s.trim().to_string()),
+    /// The adapter `opts` names, else `Best`.
+    pub fn new(opts: &BackendOptions, allow_emulation: bool) -> AdapterChoice {
+        match opts.wgpu_adapter.as_deref().map(str::trim) {
+            Some(s) if !s.is_empty() => AdapterChoice::Named(s.to_string()),
             _ => AdapterChoice::Best { allow_emulation },
         }
     }
@@ -261,10 +262,14 @@ fn pick(list: Vec<wgpu::Adapter>, choice: &AdapterChoice) -> Result<wgpu::Adapte
 }
 
 impl Gpu {
-    /// Opens the chosen adapter with its own limits and the optional features
-    /// it has that [`FEATURES_ENV`] allows, and installs the error handlers.
-    pub fn open(choice: &AdapterChoice) -> Result<Gpu, BackendError> {
-        Self::open_inner(choice, features_from_env()?)
+    /// Opens the adapter `opts` names (CPU emulators among the best only if
+    /// `allow_emulation`) with its own limits and the optional features it
+    /// has that `opts` allows, and installs the error handlers.
+    pub fn open(opts: &BackendOptions, allow_emulation: bool) -> Result<Gpu, BackendError> {
+        Self::open_inner(
+            &AdapterChoice::new(opts, allow_emulation),
+            allowed_features(opts)?,
+        )
     }
 
     /// Opens the chosen adapter with the optional features in `allow` that it
@@ -328,8 +333,11 @@ impl Gpu {
 
     /// One device per adapter choice for the whole process: sessions (and
     /// tests) opened one after another share it and its compiled pipelines.
-    pub fn shared(choice: &AdapterChoice) -> Result<Arc<Gpu>, BackendError> {
-        Self::shared_inner(choice, features_from_env()?)
+    pub fn shared(opts: &BackendOptions, allow_emulation: bool) -> Result<Arc<Gpu>, BackendError> {
+        Self::shared_inner(
+            &AdapterChoice::new(opts, allow_emulation),
+            allowed_features(opts)?,
+        )
     }
 
     /// [`Gpu::shared`] with the optional features limited to `allow`.

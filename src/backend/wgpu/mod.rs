@@ -27,7 +27,7 @@ use wgpu::util::DeviceExt;
 
 pub use gpu::{AdapterChoice, Gpu, RowRecord, StepUniform};
 
-use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
+use super::{state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile};
 use crate::graph::{plan, DType, Graph, StateId, StateLayout, StepParams, ValueId};
 
 /// How many workgroups a dispatch needs for `n` live tokens.
@@ -42,68 +42,9 @@ pub enum Size {
     TokenBlock { first: u32, count: u32 },
 }
 
-/// Environment variable capping the bytes of one binding of a state buffer
-/// below the device's limit (tests set it so that the tiny models' cached
-/// rows span several chunks; see [`set_state_chunk_cap`]).
-pub const STATE_CHUNK_ENV: &str = "DS4_WGPU_STATE_CHUNK_BYTES";
-
 /// Bindings a kernel has for one chunked state (`comp0..comp7` etc. in the
 /// WGSL): a state may span at most this many chunks of whole rows.
 pub const MAX_STATE_CHUNKS: usize = 8;
-
-static STATE_CHUNK_CAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Caps the bytes of one state chunk binding for backends created after
-/// this call (`None`: [`STATE_CHUNK_ENV`] or the device limit).
-pub fn set_state_chunk_cap(bytes: Option<u64>) {
-    STATE_CHUNK_CAP.store(bytes.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
-}
-
-/// The largest binding of a state chunk (or of state-sized scratch) on
-/// `gpu`, with the caps applied.
-fn state_chunk_bytes(gpu: &Gpu) -> u64 {
-    let set = STATE_CHUNK_CAP.load(std::sync::atomic::Ordering::SeqCst);
-    let env = std::env::var(STATE_CHUNK_ENV)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    let cap = if set > 0 { set } else { env };
-    if cap > 0 {
-        cap.min(gpu.max_binding())
-    } else {
-        gpu.max_binding()
-    }
-}
-
-/// Environment variable forcing f32 storage of the cached rows even where
-/// the adapter has `shader-f16` (`1`/`true`; see [`set_kv_f16`]).
-pub const KV_F32_ENV: &str = "DS4_WGPU_KV_F32";
-
-/// 0: auto (f16 where allowed), 1: f16 allowed, 2: f32 forced.
-static KV_F16: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Whether backends created after this call may store f16-valued states as
-/// f16 (`Some(false)`: always f32; `None`: [`KV_F32_ENV`] decides).
-pub fn set_kv_f16(allow: Option<bool>) {
-    let v = match allow {
-        None => 0,
-        Some(true) => 1,
-        Some(false) => 2,
-    };
-    KV_F16.store(v, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// Whether f16 storage is allowed by the override or the environment.
-fn kv_f16_allowed() -> bool {
-    match KV_F16.load(std::sync::atomic::Ordering::SeqCst) {
-        1 => true,
-        2 => false,
-        _ => !matches!(
-            std::env::var(KV_F32_ENV).as_deref().map(str::trim),
-            Ok("1") | Ok("true") | Ok("yes")
-        ),
-    }
-}
 
 /// One state buffer on the device: chunks of `chunk_rows` whole rows each
 /// (one chunk when the state fits one binding), f32 or f16 values.
@@ -261,6 +202,11 @@ pub struct WgpuBackend {
     /// writable twice in a bind group.
     dummy_write: Vec<wgpu::Buffer>,
     graphs: Vec<LoadedGraph>,
+    /// The largest binding of a state chunk (or of state-sized scratch):
+    /// the device's limit, or [`BackendOptions::state_chunk_cap`] below it.
+    chunk_bytes: u64,
+    /// [`BackendOptions::wgpu_profile`].
+    profile: bool,
 }
 
 fn bytes_of_f32(v: &[f32]) -> &[u8] {
@@ -268,28 +214,45 @@ fn bytes_of_f32(v: &[f32]) -> &[u8] {
 }
 
 impl WgpuBackend {
-    /// Opens the adapter `choice` names and creates the state buffers.
+    /// Opens the adapter `opts` names (CPU emulators only if
+    /// `allow_emulation`) and creates the state buffers.
     pub fn open(
-        choice: &AdapterChoice,
+        opts: &BackendOptions,
+        allow_emulation: bool,
         file: WeightFile,
         layout: StateLayout,
     ) -> Result<WgpuBackend, BackendError> {
-        Self::new(Gpu::shared(choice)?, file, layout)
+        Self::with_options(Gpu::shared(opts, allow_emulation)?, file, layout, opts)
     }
 
-    /// A backend on an already open device (tests share one device).
+    /// A backend on an already open device (tests share one device), with
+    /// the default options.
     pub fn new(
         gpu: Arc<Gpu>,
         file: WeightFile,
         layout: StateLayout,
     ) -> Result<WgpuBackend, BackendError> {
+        Self::with_options(gpu, file, layout, &BackendOptions::default())
+    }
+
+    /// A backend on an already open device with the state options of
+    /// `opts` (chunk cap, f32 rows, profiling).
+    pub fn with_options(
+        gpu: Arc<Gpu>,
+        file: WeightFile,
+        layout: StateLayout,
+        opts: &BackendOptions,
+    ) -> Result<WgpuBackend, BackendError> {
         let storage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST;
-        let cap = state_chunk_bytes(&gpu);
+        let cap = match opts.state_chunk_cap {
+            Some(c) if c > 0 => c.min(gpu.max_binding()),
+            _ => gpu.max_binding(),
+        };
         // f16 rows need shader-f16 and whole u32 words per row (buffer
         // copies and writes move 4-byte multiples).
-        let f16_ok = kv_f16_allowed() && gpu.features.contains(wgpu::Features::SHADER_F16);
+        let f16_ok = !opts.kv_f32 && gpu.features.contains(wgpu::Features::SHADER_F16);
         let mut states = Vec::new();
         for d in &layout.states {
             let f16 = f16_ok && d.f16_values && d.cols % 2 == 0;
@@ -360,6 +323,8 @@ impl WgpuBackend {
             dummy_read,
             dummy_write,
             graphs: Vec::new(),
+            chunk_bytes: cap,
+            profile: opts.wgpu_profile,
         };
         b.reset_states();
         b.gpu.check()?;
@@ -462,7 +427,7 @@ impl WgpuBackend {
         self.map_read(&staging, len)
     }
 
-    /// `DS4_WGPU_PROFILE`: runs each dispatch alone and waits for it, then
+    /// [`BackendOptions::wgpu_profile`]: runs each dispatch alone and waits for it, then
     /// prints wall time per op kind (stderr). Slow; for finding hot spots.
     fn profile_segment(&self, seg: &[(&'static str, Work)], n: u32) -> Result<(), BackendError> {
         let mut t: Vec<(&str, f64, usize)> = Vec::new();
@@ -550,12 +515,7 @@ impl WgpuBackend {
         let g = self.loaded(h)?;
 
         let graph = g.graph.clone();
-        if p.n_tokens > graph.max_tokens || tokens.len() != p.n_tokens || p.n_tokens == 0 {
-            return Err(BackendError::TooManyTokens {
-                n_tokens: p.n_tokens,
-                capacity: graph.max_tokens,
-            });
-        }
+        super::check_step(&graph, tokens, &p)?;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         self.gpu
             .queue
@@ -585,7 +545,7 @@ impl WgpuBackend {
             mapped_at_creation: false,
         });
         let last = g.segments.len().saturating_sub(1);
-        let profile = std::env::var_os("DS4_WGPU_PROFILE").is_some();
+        let profile = self.profile;
         for (i, seg) in g.segments.iter().enumerate() {
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
             if profile {

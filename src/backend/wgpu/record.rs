@@ -287,7 +287,7 @@ impl Rec<'_> {
                         return Err(unsupported(format!("embedding tables of type {other:?}")))
                     }
                 };
-                let dim = o.table.ne[0] as usize;
+                let dim = o.dim();
                 let mut out = Vec::new();
                 for (buf, row0, n_rows) in self.table(&o.table)? {
                     let p = EmbedParams {
@@ -308,7 +308,7 @@ impl Rec<'_> {
                     ..Default::default()
                 };
                 let s = [self.val(o.x), self.dummy(), self.val(o.out)];
-                one(self.kernel("elementwise", "hc_init", &p, &s, per_token(o.n_hc * o.dim))?)
+                one(self.kernel("elementwise", "hc_init", &p, &s, per_token(o.items()))?)
             }
             Op::RmsNorm(o) => {
                 let d = self.g.graph.value(o.out).clone();
@@ -422,7 +422,7 @@ impl Rec<'_> {
                     self.dummy(),
                     self.val(o.out),
                 ];
-                one(self.kernel("hc", "hc_collapse", &p, &s, per_token(o.dim))?)
+                one(self.kernel("hc", "hc_collapse", &p, &s, per_token(o.items()))?)
             }
             Op::HcExpand(o) => {
                 let p = HcParams {
@@ -437,7 +437,7 @@ impl Rec<'_> {
                     self.val(o.comb),
                     self.val(o.out),
                 ];
-                one(self.kernel("hc", "hc_expand", &p, &s, per_token(o.n_hc * o.dim))?)
+                one(self.kernel("hc", "hc_expand", &p, &s, per_token(o.items()))?)
             }
             Op::Rope(o) => {
                 let table = rope_table(&ops::rope::frequencies(&o.rope));
@@ -451,7 +451,7 @@ impl Rec<'_> {
                     .b
                     .storage_init("rope table", bytemuck::cast_slice(&table));
                 let s = [self.val(o.x), tb, self.val(o.out)];
-                one(self.kernel("rope", "rope", &p, &s, per_token(o.heads * o.head_dim))?)
+                one(self.kernel("rope", "rope", &p, &s, per_token(o.items()))?)
             }
             Op::KvRound(o) => {
                 if o.dim > 1024 {
@@ -474,7 +474,7 @@ impl Rec<'_> {
                 }
                 let p = RoundParams {
                     dim: o.head_dim as u32,
-                    rows_per_token: (o.cols / o.head_dim) as u32,
+                    rows_per_token: o.blocks() as u32,
                     ..Default::default()
                 };
                 let s = [self.val(o.x), self.val(o.out)];
@@ -483,7 +483,7 @@ impl Rec<'_> {
                     "hadamard_fp4",
                     &p,
                     &s,
-                    groups_per_token(o.cols / o.head_dim),
+                    groups_per_token(o.blocks()),
                 )?)
             }
             Op::Attention(o) => {
@@ -592,8 +592,7 @@ impl Rec<'_> {
                 let row_bytes = (max_rows * 4).max(4) as u64;
                 check_binding(&self.b.gpu, "one token's indexer scores", row_bytes)?;
                 let max_tokens = self.g.graph.max_tokens.max(1);
-                let block = ((super::state_chunk_bytes(&self.b.gpu) / row_bytes) as usize)
-                    .clamp(1, max_tokens);
+                let block = ((self.b.chunk_bytes / row_bytes) as usize).clamp(1, max_tokens);
                 let need = block as u64 * row_bytes;
                 let scratch = match &self.scratch {
                     Some(s) if s.size() >= need => s.clone(),
@@ -656,7 +655,7 @@ impl Rec<'_> {
                     normalize: o.normalize as u32,
                     has_bias: o.bias.is_some() as u32,
                     has_table: o.tid2eid.is_some() as u32,
-                    table_row: o.tid2eid.as_ref().map_or(0, |t| t.ne[0] as u32),
+                    table_row: o.table_cols() as u32,
                     _pad0: 0,
                 };
                 let bias = match &o.bias {

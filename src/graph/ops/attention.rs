@@ -42,6 +42,48 @@ pub struct AttentionInputs<'a> {
 }
 
 impl Attention {
+    /// The rows token `t` of a step starting at `pos0` attends to, in the
+    /// order its softmax sums them: the raw window (ring rows before the
+    /// step, `kv` rows in it), then the visible compressed rows (the
+    /// indexer's selection when there is one). `rows` is cleared first.
+    pub fn visible_rows<'a>(
+        &self,
+        inp: &AttentionInputs<'a>,
+        pos0: usize,
+        t: usize,
+        rows: &mut Vec<&'a [f32]>,
+    ) {
+        let (hd, w) = (self.head_dim, self.window);
+        let p = pos0 + t;
+        rows.clear();
+        for s in p.saturating_sub(w - 1)..=p {
+            rows.push(if s >= pos0 {
+                &inp.kv[(s - pos0) * hd..(s - pos0 + 1) * hd]
+            } else {
+                let r = s % w;
+                &inp.ring[r * hd..(r + 1) * hd]
+            });
+        }
+        if let (Some(c), Some(comp)) = (self.compressed, inp.compressed) {
+            let n_vis = (p + 1) / c.ratio;
+            match inp.selected {
+                Some(sel) => {
+                    for &r in &sel[t * self.top_k..(t + 1) * self.top_k] {
+                        if r >= 0 && (r as usize) < n_vis {
+                            let r = r as usize;
+                            rows.push(&comp[r * hd..(r + 1) * hd]);
+                        }
+                    }
+                }
+                None => {
+                    for r in 0..n_vis {
+                        rows.push(&comp[r * hd..(r + 1) * hd]);
+                    }
+                }
+            }
+        }
+    }
+
     pub fn cpu(
         &self,
         file: &GgufFile,
@@ -63,34 +105,7 @@ impl Attention {
                 let mut logits: Vec<f32> = Vec::new();
                 for (i, o) in chunk.chunks_exact_mut(qw).enumerate() {
                     let t = first + i;
-                    let p = pos0 + t;
-                    rows.clear();
-                    for s in p.saturating_sub(w - 1)..=p {
-                        rows.push(if s >= pos0 {
-                            &inp.kv[(s - pos0) * hd..(s - pos0 + 1) * hd]
-                        } else {
-                            let r = s % w;
-                            &inp.ring[r * hd..(r + 1) * hd]
-                        });
-                    }
-                    if let (Some(c), Some(comp)) = (self.compressed, inp.compressed) {
-                        let n_vis = (p + 1) / c.ratio;
-                        match inp.selected {
-                            Some(sel) => {
-                                for &r in &sel[t * self.top_k..(t + 1) * self.top_k] {
-                                    if r >= 0 && (r as usize) < n_vis {
-                                        let r = r as usize;
-                                        rows.push(&comp[r * hd..(r + 1) * hd]);
-                                    }
-                                }
-                            }
-                            None => {
-                                for r in 0..n_vis {
-                                    rows.push(&comp[r * hd..(r + 1) * hd]);
-                                }
-                            }
-                        }
-                    }
+                    self.visible_rows(&inp, pos0, t, &mut rows);
                     for h in 0..nh {
                         let qh = &inp.q[t * qw + h * hd..t * qw + (h + 1) * hd];
                         logits.clear();

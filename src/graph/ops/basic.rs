@@ -14,8 +14,13 @@ pub struct Embed {
 }
 
 impl Embed {
+    /// Values per embedding row (and per token of `out`).
+    pub fn dim(&self) -> usize {
+        self.table.ne[0] as usize
+    }
+
     pub fn cpu(&self, file: &GgufFile, tokens: &[i32], out: &mut [f32]) {
-        let d = self.table.ne[0] as usize;
+        let d = self.dim();
         let rb = self.table.row_bytes();
         let bytes = self.table.bytes(file);
         for (t, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
@@ -36,7 +41,7 @@ pub struct Add {
 }
 
 impl Add {
-    pub fn cpu(a: &[f32], b: &[f32], out: &mut [f32]) {
+    pub fn cpu(&self, a: &[f32], b: &[f32], out: &mut [f32]) {
         for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
             *o = x + y;
         }

@@ -16,6 +16,11 @@ pub struct HcInit {
 }
 
 impl HcInit {
+    /// Output values per token (one GPU thread each).
+    pub fn items(&self) -> usize {
+        self.n_hc * self.dim
+    }
+
     pub fn cpu(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
         let (d, n) = (self.dim, self.n_hc);
         for t in 0..n_tokens {
@@ -131,6 +136,11 @@ pub struct HcCollapse {
 }
 
 impl HcCollapse {
+    /// Output values per token (one GPU thread each).
+    pub fn items(&self) -> usize {
+        self.dim
+    }
+
     pub fn cpu(&self, state: &[f32], pre: &[f32], n_tokens: usize, out: &mut [f32]) {
         let (n, d) = (self.n_hc, self.dim);
         for t in 0..n_tokens {
@@ -161,6 +171,11 @@ pub struct HcExpand {
 }
 
 impl HcExpand {
+    /// Output values per token (one GPU thread each).
+    pub fn items(&self) -> usize {
+        self.n_hc * self.dim
+    }
+
     pub fn cpu(
         &self,
         state: &[f32],

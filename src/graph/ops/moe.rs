@@ -38,6 +38,12 @@ pub fn softplus(x: f32) -> f32 {
 }
 
 impl Router {
+    /// Entries per row of the hash table (`tid2eid`, one row per token id);
+    /// 0 without one.
+    pub fn table_cols(&self) -> usize {
+        self.tid2eid.as_ref().map_or(0, |t| t.ne[0] as usize)
+    }
+
     pub fn cpu(
         &self,
         file: &GgufFile,
@@ -137,7 +143,42 @@ pub struct MoeExperts {
     pub out: ValueId,
 }
 
+/// The geometry of a layer's expert tensors: `gate` and `up` are
+/// `n_expert` slabs of `hidden × dim`, `down` of `dim × hidden`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertDims {
+    /// Model width (each token's input and output row).
+    pub dim: usize,
+    /// Expert hidden width.
+    pub hidden: usize,
+    pub n_expert: usize,
+}
+
 impl MoeExperts {
+    /// Widths and expert count, from the gate tensor.
+    pub fn dims(&self) -> ExpertDims {
+        ExpertDims {
+            dim: self.gate.ne[0] as usize,
+            hidden: self.gate.ne[1] as usize,
+            n_expert: self.gate.ne[2] as usize,
+        }
+    }
+
+    /// Expert `e`'s slab of `t` (one of `gate`, `up`, `down`) as stored.
+    pub fn expert_slab<'f>(&self, file: &'f GgufFile, t: &TensorRef, e: usize) -> &'f [u8] {
+        let bytes = t.bytes(file);
+        let n = bytes.len() / self.dims().n_expert;
+        &bytes[e * n..(e + 1) * n]
+    }
+
+    /// The (token · k + slot) entries of a step's selection that chose
+    /// expert `e`, in order.
+    pub fn users(&self, sel: &[i32], n_tokens: usize, e: usize) -> Vec<usize> {
+        (0..n_tokens * self.k)
+            .filter(|&i| sel[i] as usize == e)
+            .collect()
+    }
+
     pub fn cpu(
         &self,
         file: &GgufFile,
@@ -147,20 +188,19 @@ impl MoeExperts {
         n_tokens: usize,
         out: &mut [f32],
     ) {
-        let d = self.gate.ne[0] as usize;
-        let ff = self.gate.ne[1] as usize;
-        let n_expert = self.gate.ne[2] as usize;
+        let ExpertDims {
+            dim: d,
+            hidden: ff,
+            n_expert,
+        } = self.dims();
         let k = self.k;
-        let slab = |t: &TensorRef, e: usize| {
-            let bytes = t.bytes(file);
-            let n = bytes.len() / n_expert;
-            &bytes[e * n..(e + 1) * n]
-        };
+        let slab = |t: &TensorRef, e: usize| self.expert_slab(file, t, e);
         // One contribution per (token, slot), summed in slot order below.
         let mut contrib = vec![0f32; n_tokens * k * d];
         for e in 0..n_expert {
-            let users: Vec<(usize, usize)> = (0..n_tokens * k)
-                .filter(|&i| sel[i] as usize == e)
+            let users: Vec<(usize, usize)> = self
+                .users(sel, n_tokens, e)
+                .into_iter()
                 .map(|i| (i / k, i))
                 .collect();
             if users.is_empty() {

@@ -34,6 +34,11 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// Values per token (one GPU thread each).
+    pub fn items(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
     pub fn cpu(&self, x: &[f32], pos0: usize, n_tokens: usize, out: &mut [f32]) {
         let freqs = frequencies(&self.rope);
         let w = self.heads * self.head_dim;

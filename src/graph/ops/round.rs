@@ -53,6 +53,11 @@ pub struct HadamardFp4 {
 }
 
 impl HadamardFp4 {
+    /// Transformed blocks of `head_dim` per token (one GPU workgroup each).
+    pub fn blocks(&self) -> usize {
+        self.cols / self.head_dim
+    }
+
     pub fn cpu(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
         let n = n_tokens * self.cols;
         out[..n].copy_from_slice(&x[..n]);
