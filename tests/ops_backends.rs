@@ -1015,6 +1015,14 @@ fn compressor_matches_the_cpu() {
         (4, 32, true, compress::RowRounding::Fp8F16, 7, 2),
         (16, 64, false, compress::RowRounding::Fp8F16, 20, 5),
         (4, 128, true, compress::RowRounding::HadamardFp4F16, 9, 0),
+        // Long steps (issue 16): one step of 3,100 tokens emits 775 rows
+        // of ratio 4 (past llvmpipe's loop cap in one invocation) and 24 of
+        // ratio 128; the rows start as random values, so a row the GPU
+        // never writes fails. Unrounded rows: among tens of thousands of
+        // FP8 roundings a last-bit difference before one moves it a step.
+        (4, 80, true, compress::RowRounding::None, 3100, 0),
+        (128, 80, false, compress::RowRounding::None, 3100, 0),
+        (4, 32, true, compress::RowRounding::None, 3100, 0),
     ] {
         let width = if overlapped { 2 * hd } else { hd };
         let slots = if overlapped { 2 * ratio } else { ratio };
@@ -1027,8 +1035,8 @@ fn compressor_matches_the_cpu() {
         );
         w.add("norm", &[hd as u64], GgmlType::F32, &rng.vec(hd, 1.5));
         let (f, r) = w.build();
-        let mut b = Builder::new(24, n);
-        let cap = 16;
+        let mut b = Builder::new(n.max(24), n);
+        let cap = ((pos0 + n) / ratio + 1).max(16);
         let mut score = rng.vec(slots * width, 2.0);
         // Empty slots are part of every real state.
         for s in score.iter_mut().step_by(3) {
