@@ -33,6 +33,24 @@ pub fn tiny_model_path(variant: Variant) -> PathBuf {
     path
 }
 
+/// The long-context test model (`ds4-make-test-model --long-context`:
+/// Flash's ratio schedule, window 128, the indexer choosing 64 rows with 4
+/// heads), f32, generated once per build tree.
+pub fn long_context_model() -> Arc<ModelFile> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("test-models");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("long-context-f32.gguf");
+    if !path.exists() {
+        let tmp = dir.join(format!("long-context-f32.{}.tmp", std::process::id()));
+        let vocab = Vocab::load_default().expect("tests/data/deepseek-v4-tokenizer.json");
+        write_model(&TestModelSpec::long_context(), Variant::F32, &vocab, &tmp).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    Arc::new(ModelFile::open(path).unwrap())
+}
+
 pub fn tiny_model(variant: Variant) -> Arc<ModelFile> {
     Arc::new(ModelFile::open(tiny_model_path(variant)).unwrap())
 }
