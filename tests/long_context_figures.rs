@@ -1,6 +1,6 @@
 //! The long-context figures of docs/VALIDATION.md (issue 16), not a CI
 //! test: max |Δ log-prob| of a backend against `cpu-ref` on the long-context
-//! test model (f32, plain numerics) after prompts of `DS4_LONG_LENGTHS`
+//! test model (`DS4_LONG_VARIANT`: f32, the default, or q8; plain numerics) after prompts of `DS4_LONG_LENGTHS`
 //! tokens (default 1024,3072,8192) prefilled in the default 2,048-token
 //! steps, at the prompt's last position and over 4 decoded tokens; also the
 //! share of positions of the last prefill step where the indexer of layer 2
@@ -13,12 +13,13 @@
 //! ```
 
 mod common;
-use common::{long_context_model, max_dlogprob, tokens};
+use common::{long_context_model_of, max_dlogprob, tokens};
 
 use ds4::backend::BackendKind;
 use ds4::graph::ValueName;
 use ds4::model::forward::Numerics;
 use ds4::session::{Session, SessionOptions};
+use ds4::testmodel::Variant;
 
 #[test]
 #[ignore]
@@ -33,6 +34,11 @@ fn long_context_figures() {
         .split(',')
         .map(|x| x.trim().parse().unwrap())
         .collect();
+    let variant = match std::env::var("DS4_LONG_VARIANT").as_deref() {
+        Ok("q8") => Variant::Q8,
+        _ => Variant::F32,
+    };
+    let model = long_context_model_of(variant);
     let sel: Vec<ValueName> = [2, 4]
         .iter()
         .map(|l| ValueName::parse(&format!("index_selected@{l}")).unwrap())
@@ -47,7 +53,7 @@ fn long_context_figures() {
                 backend: k,
                 dump: sel.clone(),
             };
-            Session::new(long_context_model(), opts).unwrap()
+            Session::new(model.clone(), opts).unwrap()
         };
         let (mut r, mut b) = (open(BackendKind::CpuRef), open(backend));
         let t = std::time::Instant::now();
@@ -74,7 +80,7 @@ fn long_context_figures() {
             worst = worst.max(max_dlogprob(b.logits(), r.logits(), vocab));
         }
         eprintln!(
-            "{backend:?} {} tokens: max |Δ log-prob| last prompt position {prompt:e}, with 4 decoded {worst:e}; \
+            "{backend:?} {variant:?} {} tokens: max |Δ log-prob| last prompt position {prompt:e}, with 4 decoded {worst:e}; \
              indexer choices differing in the last prefill step {differ}/{total}; time cpu-ref {t_ref:?}, {backend:?} {t_b:?}",
             n
         );

@@ -914,7 +914,9 @@ fn attention_and_ring_writes_match_the_cpu() {
     let mut rng = Rng(0xA77);
     let mut cases = Vec::new();
     for &(nh, hd, n, pos0, ratio, sel, window, top_k) in &[
-        (1usize, 16usize, 1usize, 0usize, 0usize, false, 8usize, 5usize),
+        (
+            1usize, 16usize, 1usize, 0usize, 0usize, false, 8usize, 5usize,
+        ),
         (2, 16, 5, 3, 0, false, 8, 5),
         (3, 64, 4, 21, 4, false, 8, 5),
         (2, 32, 3, 40, 4, true, 8, 5),
@@ -1148,7 +1150,11 @@ fn indexer_matches_the_cpu() {
                 })
                 .collect();
             sc.sort_by(|a, b| b.total_cmp(a));
-            assert_eq!(sc[top_k - 1], sc[top_k], "grid case without a tie at the k-th score");
+            assert_eq!(
+                sc[top_k - 1],
+                sc[top_k],
+                "grid case without a tie at the k-th score"
+            );
             (rows, q, w)
         } else {
             (

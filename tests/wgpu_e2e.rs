@@ -339,8 +339,11 @@ fn long_context_every_position_matches_the_cpu() {
 /// then the remaining 1,024), then two decoded tokens. One step of 2,048
 /// tokens makes each compressor emit up to 512 rows in one dispatch list;
 /// before the compressor ran in blocks, llvmpipe stopped it after about 490
-/// and the step's last rows were never written (docs/VALIDATION.md).
+/// and the step's last rows were never written (docs/VALIDATION.md). Not in
+/// CI (minutes on lavapipe; the compressor's 3,100-token one-op cases in
+/// tests/ops_backends.rs guard the long steps there): run with `--ignored`.
 #[test]
+#[ignore]
 fn long_context_default_prefill_steps_match_the_cpu() {
     if !have_gpu() {
         return;

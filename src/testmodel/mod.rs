@@ -106,15 +106,26 @@ impl TestModelSpec {
     }
 
     /// The long-context test model (`ds4-make-test-model --long-context`):
-    /// the tiny widths with Flash's layer schedule (two window layers, then
-    /// CSA ratio 4 and HCA ratio 128 alternating), Flash's window of 128 and
-    /// an indexer of 4 heads choosing 64 rows. At 3,000 tokens the indexer
-    /// picks 64 of about 750 compressed rows and the ratio-128 compressors
-    /// have emitted 23 rows: selection bites as it does at Flash's 512 of
-    /// tens of thousands.
+    /// Flash's layer schedule (two window layers, then CSA ratio 4 and HCA
+    /// ratio 128 alternating), Flash's window of 128 and an indexer of 4
+    /// heads choosing 64 rows. At 3,000 tokens the indexer picks 64 of about
+    /// 750 compressed rows and the ratio-128 compressors have emitted 23
+    /// rows: selection bites as it does at Flash's 512 of tens of thousands.
+    /// Narrower than the tiny model where the length does not depend on it
+    /// (embedding 64, 2 attention heads in one output group, experts of
+    /// 128) so that thousands
+    /// of tokens stay affordable on a CPU emulator of a GPU; heads of 80 and
+    /// the indexer's 32 are the tiny model's. `--embd 256` gives the widths
+    /// the K-quant variants need.
     pub fn long_context() -> TestModelSpec {
         TestModelSpec {
             name: "ds4 long-context test model (random weights)".into(),
+            n_embd: 64,
+            n_head: 2,
+            // One output group of 2 heads × 80: rows of 160, a whole number
+            // of Q8_0 blocks (the q8 variant).
+            o_groups: 1,
+            expert_ff: 128,
             sliding_window: 128,
             compress_ratios: vec![0, 0, 4, 128, 4, 128],
             indexer_heads: 4,
