@@ -115,8 +115,8 @@ impl TestModelSpec {
     /// (embedding 64, 2 attention heads in one output group, experts of
     /// 128) so that thousands
     /// of tokens stay affordable on a CPU emulator of a GPU; heads of 80 and
-    /// the indexer's 32 are the tiny model's. `--embd 256` gives the widths
-    /// the K-quant variants need.
+    /// the indexer's 32 are the tiny model's. f32 and q8 are the variants
+    /// used (the K-quant ones need `--embd 256` at least).
     pub fn long_context() -> TestModelSpec {
         TestModelSpec {
             name: "ds4 long-context test model (random weights)".into(),
