@@ -4,10 +4,10 @@
 // COMPRESS_BLOCK_TOKENS, src/backend/wgpu/record.rs): the state carries
 // over between dispatches, and no invocation loops over a whole long step
 // (llvmpipe stops every loop of an invocation after 65,535 iterations in
-// all; docs/VALIDATION.md, long contexts). Every `ratio` tokens the gated softmax pool of the window
-// becomes one row: RMS norm, RoPE at the window's first position, then the
-// rounding of its kind (FP8+f16 for attention rows, Hadamard+FP4+f16 for
-// indexer rows), stored in `rows`.
+// all; docs/VALIDATION.md, long contexts). Every `ratio` tokens the gated
+// softmax pool of the window becomes one row: RMS norm, RoPE at the
+// window's first position, then the rounding of its kind (FP8+f16 for
+// attention rows, Hadamard+FP4+f16 for indexer rows), stored in `rows`.
 
 struct CompressParams {
     ratio: u32,
