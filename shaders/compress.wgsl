@@ -1,9 +1,13 @@
 // The KV compressor (MODEL.md 3.5.3): a sequential state machine over the
-// step's tokens, so one workgroup runs it for the whole step; threads split
-// the columns. Every `ratio` tokens the gated softmax pool of the window
-// becomes one row: RMS norm, RoPE at the window's first position, then the
-// rounding of its kind (FP8+f16 for attention rows, Hadamard+FP4+f16 for
-// indexer rows), stored in `rows`.
+// step's tokens, so one workgroup runs it; threads split the columns. One
+// dispatch takes the step's tokens t0..t1 (a block of at most
+// COMPRESS_BLOCK_TOKENS, src/backend/wgpu/record.rs): the state carries
+// over between dispatches, and no invocation loops over a whole long step
+// (llvmpipe stops every loop of an invocation after 65,535 iterations in
+// all; docs/VALIDATION.md, long contexts). Every `ratio` tokens the gated
+// softmax pool of the window becomes one row: RMS norm, RoPE at the
+// window's first position, then the rounding of its kind (FP8+f16 for
+// attention rows, Hadamard+FP4+f16 for indexer rows), stored in `rows`.
 
 struct CompressParams {
     ratio: u32,
@@ -17,6 +21,11 @@ struct CompressParams {
     eps: f32,
     // Rows per chunk binding of the output rows (rows0..rows7).
     chunk_rows: u32,
+    // This dispatch's tokens: t0 .. min(t1, n_tokens).
+    t0: u32,
+    t1: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
@@ -80,7 +89,8 @@ fn compress(@builtin(local_invocation_index) tid: u32) {
     let cur = select(0u, m, prm.overlapped != 0u);
     let norm_at = m * c;
     let rope_at = norm_at + hd;
-    for (var t = 0u; t < step.n_tokens; t++) {
+    let t_end = min(prm.t1, step.n_tokens);
+    for (var t = prm.t0; t < t_end; t++) {
         let p = row_table[t].pos;
         let i = p % m;
         let slot = cur + i;

@@ -18,6 +18,11 @@ struct Args {
     /// (default f32; with --sparse-flash: q2, q4 or mxfp4, default q2)
     #[argh(option, default = "String::from(\"f32\")")]
     variant: String,
+    /// start from the long-context model (ratios 0,0,4,128,4,128, window 128,
+    /// indexer top-k 64 with 4 heads) instead of the tiny one; other options
+    /// still apply on top
+    #[argh(switch)]
+    long_context: bool,
     /// per-layer compression ratios, e.g. 0,0,4,16,4,16 (default: the tiny schedule)
     #[argh(option)]
     ratios: Option<String>,
@@ -27,9 +32,15 @@ struct Args {
     /// sliding window
     #[argh(option)]
     window: Option<usize>,
-    /// indexer top-k
+    /// indexer top-k (rows each CSA query attends to)
     #[argh(option)]
     top_k: Option<usize>,
+    /// indexer top-k (same as --top-k)
+    #[argh(option)]
+    indexer_top_k: Option<usize>,
+    /// indexer heads
+    #[argh(option)]
+    indexer_heads: Option<usize>,
     /// routed experts
     #[argh(option)]
     experts: Option<usize>,
@@ -71,7 +82,11 @@ fn run(a: Args) -> Result<(), String> {
         );
         return Ok(());
     }
-    let mut spec = TestModelSpec::tiny();
+    let mut spec = if a.long_context {
+        TestModelSpec::long_context()
+    } else {
+        TestModelSpec::tiny()
+    };
     if let Some(r) = &a.ratios {
         spec.compress_ratios = r
             .split(',')
@@ -89,8 +104,11 @@ fn run(a: Args) -> Result<(), String> {
     if let Some(v) = a.window {
         spec.sliding_window = v;
     }
-    if let Some(v) = a.top_k {
+    if let Some(v) = a.top_k.or(a.indexer_top_k) {
         spec.indexer_top_k = v;
+    }
+    if let Some(v) = a.indexer_heads {
+        spec.indexer_heads = v;
     }
     if let Some(v) = a.experts {
         spec.n_expert = v;

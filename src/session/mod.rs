@@ -340,6 +340,24 @@ impl Session {
             return Err(SessionError::Empty);
         }
         self.check(tokens)?;
+        self.reset();
+        self.score_more(tokens)
+    }
+
+    /// Evaluates `tokens` after the ones this session holds and returns the
+    /// logits at each of them (`tokens.len() × vocab`): [`Session::score`]
+    /// in pieces, so that a long prompt can be scored a part at a time.
+    pub fn score_more(&mut self, tokens: &[u32]) -> Result<Vec<f32>, SessionError> {
+        if tokens.is_empty() {
+            return Err(SessionError::Empty);
+        }
+        self.check(tokens)?;
+        if self.tokens.len() + tokens.len() > self.opts.ctx {
+            return Err(SessionError::ContextFull {
+                tokens: self.tokens.len() + tokens.len(),
+                ctx: self.opts.ctx,
+            });
+        }
         let g = match self.scoring {
             Some(g) => g,
             None => {
@@ -362,7 +380,6 @@ impl Session {
                 h
             }
         };
-        self.reset();
         let mut out = Vec::with_capacity(tokens.len() * self.model.config.n_vocab);
         for c in tokens.chunks(self.opts.prefill_chunk) {
             out.extend(self.run(g, c)?);

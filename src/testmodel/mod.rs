@@ -105,6 +105,35 @@ impl TestModelSpec {
         }
     }
 
+    /// The long-context test model (`ds4-make-test-model --long-context`):
+    /// Flash's layer schedule (two window layers, then CSA ratio 4 and HCA
+    /// ratio 128 alternating), Flash's window of 128 and an indexer of 4
+    /// heads choosing 64 rows. At 3,000 tokens the indexer picks 64 of about
+    /// 750 compressed rows and the ratio-128 compressors have emitted 23
+    /// rows: selection bites as it does at Flash's 512 of tens of thousands.
+    /// Narrower than the tiny model where the length does not depend on it
+    /// (embedding 64, 2 attention heads in one output group, experts of
+    /// 128) so that thousands
+    /// of tokens stay affordable on a CPU emulator of a GPU; heads of 80 and
+    /// the indexer's 32 are the tiny model's. f32 and q8 are the variants
+    /// used (the K-quant ones need `--embd 256` at least).
+    pub fn long_context() -> TestModelSpec {
+        TestModelSpec {
+            name: "ds4 long-context test model (random weights)".into(),
+            n_embd: 64,
+            n_head: 2,
+            // One output group of 2 heads × 80: rows of 160, a whole number
+            // of Q8_0 blocks (the q8 variant).
+            o_groups: 1,
+            expert_ff: 128,
+            sliding_window: 128,
+            compress_ratios: vec![0, 0, 4, 128, 4, 128],
+            indexer_heads: 4,
+            indexer_top_k: 64,
+            ..TestModelSpec::tiny()
+        }
+    }
+
     /// The real DeepSeek V4 Flash shape (GGUF.md §3–4).
     pub fn flash() -> TestModelSpec {
         let mut ratios = vec![0, 0];
@@ -142,9 +171,11 @@ impl TestModelSpec {
     }
 }
 
-/// Applies `ds4-make-test-model` options (`--variant`, `--ratios`, `--embd`,
-/// `--window`, `--top-k`, `--experts`, `--init-gain`, `--seed`; `-o` and its
-/// value are skipped) to the tiny spec. Tests use it to rebuild exactly the
+/// Applies `ds4-make-test-model` options (`--long-context`, `--variant`,
+/// `--ratios`, `--embd`, `--window`, `--top-k` or `--indexer-top-k`,
+/// `--indexer-heads`, `--experts`, `--init-gain`, `--seed`; `-o` and its
+/// value are skipped) to the tiny spec (`--long-context`: to
+/// [`TestModelSpec::long_context`], and it must come first). Tests use it to rebuild exactly the
 /// model a golden file was made from.
 pub fn spec_from_args(args: &[&str]) -> Result<(TestModelSpec, Variant), String> {
     let mut spec = TestModelSpec::tiny();
@@ -176,8 +207,10 @@ pub fn spec_from_args(args: &[&str]) -> Result<(TestModelSpec, Variant), String>
                 spec.n_hash_layers = spec.n_hash_layers.min(spec.compress_ratios.len());
             }
             "--embd" => spec.n_embd = num(val()?)?,
+            "--long-context" => spec = TestModelSpec::long_context(),
             "--window" => spec.sliding_window = num(val()?)?,
-            "--top-k" => spec.indexer_top_k = num(val()?)?,
+            "--top-k" | "--indexer-top-k" => spec.indexer_top_k = num(val()?)?,
+            "--indexer-heads" => spec.indexer_heads = num(val()?)?,
             "--experts" => spec.n_expert = num(val()?)?,
             "--init-gain" => {
                 let v = val()?;

@@ -36,6 +36,39 @@ pub fn tiny_model_path(variant: Variant) -> PathBuf {
     path
 }
 
+/// The long-context test model (`ds4-make-test-model --long-context`:
+/// Flash's ratio schedule, window 128, the indexer choosing 64 rows with 4
+/// heads), f32, generated once per build tree.
+pub fn long_context_model() -> Arc<ModelFile> {
+    long_context_model_of(Variant::F32)
+}
+
+/// The long-context test model of `variant` (f32 or q8: its embedding of
+/// 128 is not a multiple of the K-quant blocks).
+pub fn long_context_model_of(variant: Variant) -> Arc<ModelFile> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("test-models");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Named after the spec, so a changed spec never reads a stale file.
+    let spec = TestModelSpec::long_context();
+    let key = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        format!("{spec:?}").hash(&mut h);
+        h.finish()
+    };
+    let name = format!("long-context-{}", variant.name());
+    let path = dir.join(format!("{name}-{key:016x}.gguf"));
+    if !path.exists() {
+        let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+        let vocab = Vocab::load_default().expect("tests/data/deepseek-v4-tokenizer.json");
+        write_model(&spec, variant, &vocab, &tmp).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    Arc::new(ModelFile::open(path).unwrap())
+}
+
 pub fn tiny_model(variant: Variant) -> Arc<ModelFile> {
     Arc::new(ModelFile::open(tiny_model_path(variant)).unwrap())
 }

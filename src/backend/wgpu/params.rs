@@ -54,6 +54,7 @@ params! {
     CompressParams {
         ratio: u32, head_dim: u32, width: u32, overlapped: u32,
         n_rot: u32, rounding: u32, eps: f32, chunk_rows: u32,
+        t0: u32, t1: u32, _pad0: u32, _pad1: u32,
     }
     IndexerParams {
         ratio: u32, top_k: u32, n_head: u32, head_dim: u32,

@@ -27,6 +27,17 @@ struct Rec<'a> {
     f16_values: Vec<ValueId>,
 }
 
+/// Tokens one compressor dispatch walks through. The compressor is a
+/// sequential loop in one workgroup; over a whole long step (thousands of
+/// tokens) one invocation would loop more than llvmpipe (lavapipe) allows:
+/// it ends every loop of an invocation after 65,535 iterations in all
+/// (Mesa gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`), silently, so the rows of
+/// the step's last tokens were never written (docs/VALIDATION.md, long
+/// contexts). A block of 256 tokens stays near 10,000 iterations even at
+/// Flash's widths (ratio 4: 64 rows of 512), and bounds the run time of
+/// one dispatch on a GPU as well.
+pub(crate) const COMPRESS_BLOCK_TOKENS: usize = 256;
+
 fn unsupported(what: String) -> BackendError {
     BackendError::Unsupported {
         backend: "wgpu".into(),
@@ -561,7 +572,7 @@ impl Rec<'_> {
                         RowRounding::HadamardFp4F16 => 2,
                     },
                     eps: o.eps,
-                    chunk_rows: 0,
+                    ..Default::default()
                 };
                 let (rows, chunk_rows) = self.state_chunks(o.rows, true);
                 let p = CompressParams { chunk_rows, ..p };
@@ -576,13 +587,25 @@ impl Rec<'_> {
                     self.state(o.state_score)?,
                 ];
                 s.extend(rows);
-                let size = Size::Groups {
-                    per_token: 0,
-                    fixed: 1,
-                };
                 self.check_f16_write(o.rows, o.rounding != RowRounding::None, "compress")?;
                 let fam = self.kv_family("compress", &[o.rows])?;
-                one(self.kernel(&fam, "compress", &p, &s, size)?)
+                // One workgroup walks the tokens in order; one dispatch per
+                // block of tokens (none past the step's last token).
+                let mut out = Vec::new();
+                let max_tokens = self.g.graph.max_tokens.max(1);
+                for first in (0..max_tokens).step_by(COMPRESS_BLOCK_TOKENS) {
+                    let p = CompressParams {
+                        t0: first as u32,
+                        t1: (first + COMPRESS_BLOCK_TOKENS) as u32,
+                        ..p
+                    };
+                    let size = Size::TokenBlock {
+                        first: first as u32,
+                        count: 1,
+                    };
+                    out.push(self.kernel(&fam, "compress", &p, &s, size)?);
+                }
+                Ok(out)
             }
             Op::IndexerTopK(o) => {
                 let max_rows = self.b.layout.get(o.rows).rows;
