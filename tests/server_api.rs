@@ -92,7 +92,7 @@ impl Server {
             .method(method)
             .path(path)
             .header("content-type", "application/json")
-            .body(body.to_vec())
+            .body(body)
             .reply(&routes::routes(self.state.clone()))
             .await;
         let body = String::from_utf8(r.body().to_vec()).expect("every byte sent is valid UTF-8");
@@ -940,7 +940,7 @@ async fn the_disk_cache_hook_is_called_at_its_moments() {
     let c = calls.lock().unwrap().clone();
     let mut expect = vec!["resume", "prefill"];
     // One before-step call per pick: the generated tokens and the EOS.
-    expect.extend(std::iter::repeat("decode").take(n_gen + 1));
+    expect.extend(std::iter::repeat_n("decode", n_gen + 1));
     expect.push("shutdown");
     assert_eq!(c, expect);
 }
