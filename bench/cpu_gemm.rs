@@ -10,10 +10,10 @@
 //! ratios; run with RAYON_NUM_THREADS=1 for per-core figures. Environment:
 //! DS4_BENCH_REPS (default 3; the best is reported).
 
-use ds4::backend::cpu_fast::act::{ActKind, Acts};
-use ds4::backend::cpu_fast::expand::{expand, expand_isa, offsets, sums16, Expanded};
-use ds4::backend::cpu_fast::matmul::matmul;
-use ds4::backend::cpu_fast::{Isa, Kernels};
+use ds4::backend::cpu::fast::act::{ActKind, Acts};
+use ds4::backend::cpu::fast::expand::{expand, expand_isa, offsets, sums16, Expanded};
+use ds4::backend::cpu::fast::matmul::matmul;
+use ds4::backend::cpu::fast::{Isa, Kernels};
 use ds4::quant::GgmlType;
 use ds4::testmodel::{random_blocks, Rng};
 

@@ -351,8 +351,8 @@ impl WgpuBackend {
     /// (`Op::weights`), streamed from the mmap in chunks of whole rows, with
     /// a progress bar on a terminal when there is much to move.
     fn upload_matrices(&mut self, graph: &Graph) -> Result<(), BackendError> {
-        use crate::ops::Op;
-        let mut todo: Vec<&crate::model::TensorRef> = Vec::new();
+        use crate::graph::ops::Op;
+        let mut todo: Vec<&crate::gguf::TensorRef> = Vec::new();
         for op in graph.ops() {
             if matches!(op, Op::MatMul(_) | Op::MoeExperts(_)) {
                 for t in op.weights() {

@@ -79,6 +79,6 @@ pub fn stdout_line(args: std::fmt::Arguments<'_>) {
 #[macro_export]
 macro_rules! log_line {
     ($($arg:tt)*) => {
-        $crate::cli::stderr_line(format_args!($($arg)*))
+        $crate::app::cli::stderr_line(format_args!($($arg)*))
     };
 }
