@@ -6,10 +6,10 @@ pub mod bandwidth;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod select;
+pub mod options;
 pub mod wgpu;
 
-pub use select::BackendOptions;
+pub use options::BackendOptions;
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -199,7 +199,7 @@ fn run(a: Args) -> Result<(), String> {
         return Ok(());
     }
     if a.info || a.inspect {
-        let kind = ds4::backend::select::BackendFlags {
+        let kind = ds4::app::flags::BackendFlags {
             backend: a.backend.clone(),
             cpu: a.cpu,
             metal: a.metal,
@@ -230,7 +230,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
-    let backend = ds4::backend::select::BackendFlags {
+    let backend = ds4::app::flags::BackendFlags {
         backend: a.backend.clone(),
         cpu: a.cpu,
         metal: a.metal,

@@ -123,7 +123,7 @@ impl Args {
     /// The backend the flags name (`--backend`, `--cpu`, `--metal`,
     /// `--vulkan`, `--cuda`), resolved as ds4 and ds4-server do.
     fn backend_kind(&self) -> Result<ds4::backend::BackendKind, String> {
-        ds4::backend::select::BackendFlags {
+        ds4::app::flags::BackendFlags {
             backend: self.backend.clone(),
             cpu: self.cpu,
             metal: self.metal,

@@ -402,7 +402,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
     let kv_cfg = kv_config(&a);
     let kv_write_limit = kv_write_limit()?;
-    let backend = ds4::backend::select::BackendFlags {
+    let backend = ds4::app::flags::BackendFlags {
         backend: a.backend.clone(),
         cpu: a.cpu,
         metal: a.metal,

@@ -185,6 +185,8 @@ impl LoadedGraph {
 
 pub struct WgpuBackend {
     gpu: Arc<Gpu>,
+    /// The device's compiled pipelines (shared with other backends on it).
+    pipes: Arc<kernels::Pipelines>,
     file: WeightFile,
     layout: StateLayout,
     states: Vec<GpuState>,
@@ -312,6 +314,7 @@ impl WgpuBackend {
             .map(|i| small_buf(&format!("dummy write {i}")))
             .collect();
         let mut b = WgpuBackend {
+            pipes: kernels::Pipelines::of(&gpu),
             gpu,
             file,
             layout,
