@@ -27,10 +27,11 @@ use super::memory::{
 };
 use super::metrics::Metrics;
 use super::plan;
-use super::render::{self, EOS};
+use super::render;
 use super::request::{Api, GenRequest, Role};
 use super::stream::Stream;
 use super::trace::{self, Trace};
+use crate::chat::template::EOS;
 use crate::generate::{self, Finish, Sampled, Scripted, TokenPicker};
 use crate::kvcache::{NoToolIds, ToolIds};
 use crate::sampler::Rng;
