@@ -18,10 +18,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ds4::backend::BackendKind;
 use ds4::backend::BackendOptions;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
-use ds4::session::{BackendKind, Session, SessionOptions};
+use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
 
 fn env(name: &str, default: usize) -> usize {
@@ -79,7 +80,7 @@ fn main() {
     eprintln!("warming the weights ...");
     model.warm(&mut |_, _| {});
     eprintln!("measuring read bandwidth ...");
-    let bw = ds4::bandwidth::read_bandwidth(1 << 30, 5);
+    let bw = ds4::backend::bandwidth::read_bandwidth(1 << 30, 5);
 
     let backends = std::env::var("DS4_BENCH_BACKENDS").unwrap_or_else(|_| "cpu,cpu-ref".into());
     let prompt: Vec<u32> = (0..n_prefill as u32)

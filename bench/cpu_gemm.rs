@@ -10,10 +10,10 @@
 //! ratios; run with RAYON_NUM_THREADS=1 for per-core figures. Environment:
 //! DS4_BENCH_REPS (default 3; the best is reported).
 
-use ds4::backend::cpu_fast::act::{ActKind, Acts};
-use ds4::backend::cpu_fast::expand::{expand, expand_isa, offsets, sums16, Expanded};
-use ds4::backend::cpu_fast::matmul::matmul;
-use ds4::backend::cpu_fast::{Isa, Kernels};
+use ds4::backend::cpu::fast::act::{ActKind, Acts};
+use ds4::backend::cpu::fast::expand::{expand, expand_isa, offsets, sums16, Expanded};
+use ds4::backend::cpu::fast::matmul::matmul;
+use ds4::backend::cpu::fast::{Isa, Kernels};
 use ds4::quant::GgmlType;
 use ds4::testmodel::{random_blocks, Rng};
 
@@ -40,6 +40,7 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
 
 /// The replaced prefill loop: rows decoded in tiles of 4, one expanded-row
 /// dot product per (row, token).
+#[allow(clippy::too_many_arguments)] // the kernel call's own arguments
 fn pair_path(
     k: &Kernels,
     ty: GgmlType,

@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use ds4::ops::matmul::matmul_rows;
+use ds4::graph::ops::matmul::matmul_rows;
 use ds4::quant::GgmlType;
 use ds4::testmodel::{random_blocks, Rng};
 
@@ -56,7 +56,7 @@ fn main() {
         .max(1);
     let threads = rayon::current_num_threads();
     eprintln!("measuring read bandwidth ...");
-    let bw = ds4::bandwidth::read_bandwidth(1 << 30, 5);
+    let bw = ds4::backend::bandwidth::read_bandwidth(1 << 30, 5);
     println!("threads        {threads}");
     println!("read bandwidth {:.2} GB/s (best of 5 over 1 GiB)", bw / 1e9);
     println!(

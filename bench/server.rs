@@ -18,6 +18,7 @@ use ds4::chat::{self, ThinkMode};
 use ds4::generate::{generate, Observer, Sampled, Step};
 use ds4::model::ModelFile;
 use ds4::sampler::{Rng, SamplerConfig};
+use ds4::server::job;
 use ds4::server::metrics::Metrics;
 use ds4::server::routes::{self, HttpOptions, State};
 use ds4::server::worker::{self, WorkerConfig};
@@ -171,7 +172,7 @@ fn main() {
         },
         metrics.clone(),
         64,
-        Box::new(worker::NoCache),
+        Box::new(job::NoCache),
     );
     let state = Arc::new(State {
         queue,

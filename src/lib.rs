@@ -1,18 +1,30 @@
 //! ds4 — a native inference engine for DeepSeek V4 Flash.
 //!
-//! The modules follow the data flow of the engine:
+//! The modules follow the data flow of the engine, and are declared below in
+//! that order: each imports only modules declared above it.
 //!
 //! ```text
-//! gguf file ─► gguf (mmap, bounded header parser, tensor views) ─► quant (block formats)
-//!           ─► model (config from metadata, weights bound by name, forward pass recorded once)
-//!           ─► graph (ops over named values) ─► ops (descriptors + CPU twins)
-//!           ─► backend (cpu; wgpu and cuda to come) ─► sampler
-//!           ─► session (KV state, prefix sync, snapshots) ─► chat / binaries
-//! tokenizer: byte-level BPE with the V4 split rules, chat markers, streaming decode
+//! gguf file ─► quant     block formats: layouts, scalar decoders, dot products
+//!           ─► gguf      mmap, bounded header parser, metadata, tensor views
+//!           ─► graph     values, nodes and the buffer plan; graph::ops: the op
+//!                        descriptors (geometry) and their CPU twins
+//!           ─► model     config from metadata, weights bound by name, the
+//!                        forward pass recorded once into a graph
+//! text      ─► tokenizer byte-level BPE with the V4 split rules, stream decode
+//!           ─► chat      the chat template shared by the CLI and the server
+//! graph     ─► backend   one trait; cpu/ (reference + fast kernels), wgpu/, cuda/
+//! logits    ─► sampler   temperature, top-k/top-p, min-p
+//!           ─► session   live KV state, prefix sync, snapshots
+//!           ─► generate  the decode loop: pick, stop, stream
+//!           ─► kvcache   KV snapshots on disk
+//!           ─► server    HTTP routes, wire formats, the worker
+//! testmodel: tiny GGUF models for the tests and the demo
+//! app:       what the binaries share (flags, thread count, demo, reports)
 //! ```
 //!
 //! The application API is the handful of types re-exported below; the
-//! binaries use only these plus the CLI helpers in [`chat`]:
+//! binaries (`src/bin/`) use these plus [`chat`], [`generate`] and the
+//! helpers in [`app`]:
 //!
 //! ```text
 //! let model = Arc::new(ModelFile::open("ds4flash.gguf")?);      // validated, nothing read
@@ -24,31 +36,40 @@
 //!
 //! The lower modules are public for the tools, tests and benchmarks.
 
-pub mod backend;
-pub mod bandwidth;
-pub mod chat;
-pub mod cli;
-pub mod demo;
-pub mod generate;
-pub mod gguf;
-pub mod graph;
-pub mod kvcache;
-pub mod logprobs;
-pub mod model;
-/// The op descriptors live under the graph that holds them.
-pub use graph::ops;
+// One declaration per floor of the flow; `tools/imports.py` checks that no
+// module imports one declared below it and draws docs/imports.dot.
 pub mod quant;
-pub mod report;
-pub mod sampler;
-pub mod server;
-pub mod session;
-pub mod testmodel;
-pub mod threads;
+
+pub mod gguf;
+
+pub mod graph;
+
+pub mod model;
+
 pub mod tokenizer;
 
+pub mod chat;
+
+pub mod backend;
+
+pub mod sampler;
+
+pub mod session;
+
+pub mod generate;
+
+pub mod kvcache;
+
+pub mod server;
+
+pub mod testmodel;
+
+pub mod app;
+
+pub use backend::BackendKind;
 pub use chat::ThinkMode;
 pub use model::forward::Numerics;
 pub use model::{ModelConfig, ModelError, ModelFile};
 pub use sampler::{sample, SamplerConfig};
-pub use session::{BackendKind, Session, SessionError, SessionOptions};
+pub use session::{Session, SessionError, SessionOptions};
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};

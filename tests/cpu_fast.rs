@@ -15,13 +15,13 @@ use common::rng::Rng;
 
 use std::sync::Arc;
 
-use ds4::backend::cpu_fast::matmul::{matmul, moe_experts};
-use ds4::backend::cpu_fast::{Isa, Kernels};
+use ds4::backend::cpu::fast::matmul::{matmul, moe_experts};
+use ds4::backend::cpu::fast::{Isa, Kernels};
+use ds4::gguf::TensorRef;
 use ds4::gguf::{GgufFile, GgufWriter};
+use ds4::graph::ops::matmul::matmul_rows;
+use ds4::graph::ops::moe::MoeExperts;
 use ds4::graph::ValueId;
-use ds4::model::TensorRef;
-use ds4::ops::matmul::matmul_rows;
-use ds4::ops::moe::MoeExperts;
 use ds4::quant::{self, GgmlType};
 
 /// Per weight format: the bound on |fast − reference| / Σ|w·x|.
@@ -265,7 +265,7 @@ fn isa_names_and_detection() {
 /// the f32 products: Q2_K computes d·(sc·q) where gguf-py has (d·sc)·q).
 #[test]
 fn expanded_rows_reproduce_the_dequantised_values() {
-    use ds4::backend::cpu_fast::expand::{expand, expandable, Expanded};
+    use ds4::backend::cpu::fast::expand::{expand, expandable, Expanded};
     let mut rng = Rng(0xe7a9_0001);
     for ty in [
         GgmlType::Q2K,
@@ -289,7 +289,7 @@ fn expanded_rows_reproduce_the_dequantised_values() {
                 f.codes.fill(-99);
                 f.scale.fill(f32::NAN);
                 f.off.fill(f32::NAN);
-                ds4::backend::cpu_fast::expand::expand_isa(isa, ty, &row, &mut f);
+                ds4::backend::cpu::fast::expand::expand_isa(isa, ty, &row, &mut f);
                 assert_eq!(f.codes, e.codes, "{ty} n={n} {} codes", isa.name());
                 assert_eq!(f.has_off, e.has_off);
                 assert_eq!(f.scale, e.scale, "{ty} n={n} {} scales", isa.name());
@@ -298,13 +298,12 @@ fn expanded_rows_reproduce_the_dequantised_values() {
                 }
             }
             let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-            for i in 0..n {
+            for (i, &w) in want.iter().enumerate().take(n) {
                 let off = if e.has_off { e.off[i / 16] } else { 0.0 };
                 let got = e.scale[i / 32] * e.codes[i] as f32 + off;
                 assert!(
-                    (got - want[i]).abs() <= 1e-6 * amax,
-                    "{ty} n={n} element {i}: {got} vs {}",
-                    want[i]
+                    (got - w).abs() <= 1e-6 * amax,
+                    "{ty} n={n} element {i}: {got} vs {w}"
                 );
             }
         }
@@ -318,9 +317,9 @@ fn expanded_rows_reproduce_the_dequantised_values() {
 /// a half (32-value) last step.
 #[test]
 fn gemm_tiles_match_the_pair_kernel_and_the_reference() {
-    use ds4::backend::cpu_fast::act::{ActKind, Acts};
-    use ds4::backend::cpu_fast::expand::{expand, Expanded};
-    use ds4::backend::cpu_fast::gemm::{self, Packed, MR, NR_MAX};
+    use ds4::backend::cpu::fast::act::{ActKind, Acts};
+    use ds4::backend::cpu::fast::expand::{expand, Expanded};
+    use ds4::backend::cpu::fast::gemm::{self, Packed, MR, NR_MAX};
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -329,7 +328,7 @@ fn gemm_tiles_match_the_pair_kernel_and_the_reference() {
     eprintln!("seed {seed:#x}");
     let mut rng = Rng(seed);
     for &(ty, _) in REL {
-        if !ds4::backend::cpu_fast::expand::expandable(ty) {
+        if !ds4::backend::cpu::fast::expand::expandable(ty) {
             continue;
         }
         let widths: &[usize] = if ty.block_elems() == 32 {
@@ -367,7 +366,7 @@ fn gemm_tiles_match_the_pair_kernel_and_the_reference() {
                 let Acts::Q8x32 { blocks, per_row } = &acts else {
                     unreachable!()
                 };
-                let sums = ds4::backend::cpu_fast::expand::sums16(blocks);
+                let sums = ds4::backend::cpu::fast::expand::sums16(blocks);
                 let rows: Vec<Expanded> = (0..n_out)
                     .map(|o| {
                         let mut e = Expanded::new(n_in);
@@ -376,7 +375,7 @@ fn gemm_tiles_match_the_pair_kernel_and_the_reference() {
                     })
                     .collect();
                 let offset = |o: usize, t: usize| {
-                    ds4::backend::cpu_fast::expand::offsets(
+                    ds4::backend::cpu::fast::expand::offsets(
                         &rows[o],
                         &sums[2 * t * per_row..2 * (t + 1) * per_row],
                     )

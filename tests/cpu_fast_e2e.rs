@@ -13,7 +13,7 @@ mod common;
 use common::{argmax, log_softmax};
 
 use common::tokens;
-use ds4::backend::cpu_fast::Isa;
+use ds4::backend::cpu::fast::Isa;
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::session::Session;

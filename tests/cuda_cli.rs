@@ -150,7 +150,7 @@ fn bandwidth_mode_runs_on_cuda() {
         })
         .collect();
     // host read, device read, device copy, 8 matvecs, fused gate+up.
-    let n_shapes = ds4::bandwidth::FLASH_MATVECS.len();
+    let n_shapes = ds4::backend::bandwidth::FLASH_MATVECS.len();
     assert_eq!(rows.len(), 3 + n_shapes + 1, "{text}");
     let kinds: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
     assert_eq!(
@@ -164,7 +164,7 @@ fn bandwidth_mode_runs_on_cuda() {
     assert_eq!(kinds[3 + n_shapes], "\"fused gate+up\"");
     for (r, (name, ty, n_in, n_out)) in rows[3..3 + n_shapes]
         .iter()
-        .zip(ds4::bandwidth::FLASH_MATVECS)
+        .zip(ds4::backend::bandwidth::FLASH_MATVECS)
     {
         assert_eq!(r[1], format!("\"{name}\""));
         assert_eq!(r[2], ty.name());

@@ -18,9 +18,11 @@ use oneop::*;
 use ds4::backend::cpu::CpuBackend;
 use ds4::backend::wgpu::{RowRecord, WgpuBackend};
 use ds4::backend::Backend;
+use ds4::graph::ops::rope::{RopeConfig, Yarn};
+use ds4::graph::ops::{
+    attention, basic, compress, hc, indexer, matmul, moe, norm, rope, round, Op,
+};
 use ds4::graph::StepParams;
-use ds4::model::{RopeConfig, Yarn};
-use ds4::ops::{attention, basic, compress, hc, indexer, matmul, moe, norm, rope, round, Op};
 use ds4::quant::GgmlType;
 
 // ---------------------------------------------------------------- cases

@@ -6,16 +6,17 @@
 mod common;
 use common::rng::Rng;
 
+use ds4::gguf::TensorRef;
 use ds4::gguf::{GgufFile, GgufWriter};
+use ds4::graph::ops::attention::{Attention, AttentionInputs, CompressedRows};
+use ds4::graph::ops::compress::{Compress, CompressState, RowRounding, EMPTY_SCORE};
+use ds4::graph::ops::hc::sinkhorn;
+use ds4::graph::ops::indexer::IndexerTopK;
+use ds4::graph::ops::matmul::matmul_rows;
+use ds4::graph::ops::moe::{softplus, Router};
+use ds4::graph::ops::rope::{frequencies, rotate};
+use ds4::graph::ops::rope::{RopeConfig, Yarn};
 use ds4::graph::{StateId, ValueId};
-use ds4::model::{RopeConfig, TensorRef, Yarn};
-use ds4::ops::attention::{Attention, AttentionInputs, CompressedRows};
-use ds4::ops::compress::{Compress, CompressState, RowRounding, EMPTY_SCORE};
-use ds4::ops::hc::sinkhorn;
-use ds4::ops::indexer::IndexerTopK;
-use ds4::ops::matmul::matmul_rows;
-use ds4::ops::moe::{softplus, Router};
-use ds4::ops::rope::{frequencies, rotate};
 use ds4::quant::{self, GgmlType};
 
 /// A GGUF in memory holding F32 tensors, and refs to them.
@@ -193,7 +194,7 @@ fn attention_matches_a_naive_softmax_over_the_visible_rows() {
     let mut rng = Rng(42);
     let (nh, hd, w, ratio, top_k) = (3usize, 24usize, 8usize, 4usize, 3usize);
     let (file, refs) = weights(&[("sinks", vec![nh as u64], rng.vec(nh))]);
-    let sinks: Vec<f32> = ds4::ops::load_f32(&file, &refs[0]);
+    let sinks: Vec<f32> = ds4::graph::ops::load_f32(&file, &refs[0]);
     for (pos0, n_tok, indexed) in [
         (0usize, 5usize, false),
         (13, 6, false),

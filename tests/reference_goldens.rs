@@ -12,10 +12,11 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ds4::backend::BackendKind;
 use ds4::graph::ValueName;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
-use ds4::session::{BackendKind, Session, SessionOptions};
+use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::{spec_from_args, write_model, Vocab};
 use serde_json::Value;
 use sha2::{Digest, Sha256};

@@ -8,6 +8,7 @@ mod common;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use ds4::server::job;
 use ds4::server::metrics::Metrics;
 use ds4::server::render;
 use ds4::server::request::{self, ParseContext};
@@ -26,13 +27,13 @@ struct Server {
 }
 
 fn server_with(max_body: usize, api_key: Option<&str>) -> Server {
-    server_hooked(max_body, api_key, Box::new(worker::NoCache))
+    server_hooked(max_body, api_key, Box::new(job::NoCache))
 }
 
 fn server_hooked(
     max_body: usize,
     api_key: Option<&str>,
-    cache: Box<dyn worker::KvCacheHook>,
+    cache: Box<dyn job::KvCacheHook>,
 ) -> Server {
     let model = common::tiny_model(Variant::Q8);
     let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
@@ -92,7 +93,7 @@ impl Server {
             .method(method)
             .path(path)
             .header("content-type", "application/json")
-            .body(body.to_vec())
+            .body(body)
             .reply(&routes::routes(self.state.clone()))
             .await;
         let body = String::from_utf8(r.body().to_vec()).expect("every byte sent is valid UTF-8");
@@ -880,19 +881,19 @@ use ds4::kvcache::ToolIds;
 /// "loads" the first 4 tokens of the prompt (by evaluating them).
 struct FakeCache(Arc<std::sync::Mutex<Vec<&'static str>>>);
 
-impl worker::KvCacheHook for FakeCache {
+impl job::KvCacheHook for FakeCache {
     fn resume(
         &mut self,
         sess: &mut Session,
         tok: &Tokenizer,
         rendered: &str,
-        _visible: Option<(&[u8], worker::VisibleKind)>,
+        _visible: Option<(&[u8], job::VisibleKind)>,
         _tools: &dyn ToolIds,
-    ) -> Option<worker::DiskResumed> {
+    ) -> Option<job::DiskResumed> {
         self.0.lock().unwrap().push("resume");
         let full = tok.encode_chat(rendered);
         sess.sync(&full[..4], &mut |_, _| {}).ok()?;
-        Some(worker::DiskResumed {
+        Some(job::DiskResumed {
             effective: full,
             cached: 4,
             tool_map: Vec::new(),
@@ -917,7 +918,7 @@ impl worker::KvCacheHook for FakeCache {
         &mut self,
         _sess: &Session,
         _tok: &Tokenizer,
-        _visible: Option<(&[u8], worker::VisibleKind)>,
+        _visible: Option<(&[u8], job::VisibleKind)>,
         _tools: &dyn ToolIds,
     ) {
         self.0.lock().unwrap().push("shutdown");
@@ -940,7 +941,7 @@ async fn the_disk_cache_hook_is_called_at_its_moments() {
     let c = calls.lock().unwrap().clone();
     let mut expect = vec!["resume", "prefill"];
     // One before-step call per pick: the generated tokens and the EOS.
-    expect.extend(std::iter::repeat("decode").take(n_gen + 1));
+    expect.extend(std::iter::repeat_n("decode", n_gen + 1));
     expect.push("shutdown");
     assert_eq!(c, expect);
 }

@@ -84,7 +84,7 @@ fn parsers_never_panic_and_refuse_with_400() {
                 Ok(req) => {
                     ok += 1;
                     let text = render::render(&req, &mut render::NoReplay);
-                    assert!(text.starts_with(render::BOS));
+                    assert!(text.starts_with(ds4::chat::template::BOS));
                 }
                 Err(e) => {
                     assert!(e.status == 400, "{}", e.body);

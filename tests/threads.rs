@@ -2,7 +2,7 @@
 //! parsers on fixture strings as sysfs and /proc write them, and the
 //! detected count against what the OS reports.
 
-use ds4::threads::{count_cores, init_global_pool, parse_cpu_list, physical_cores};
+use ds4::app::threads::{count_cores, init_global_pool, parse_cpu_list, physical_cores};
 
 #[test]
 fn cpu_lists() {

@@ -7,6 +7,7 @@
 //! - logits equal the CPU's after a chunked prefill and at every decoded
 //!   position, with compressed and indexer rows in several chunks;
 //! - a snapshot saved from chunked state restores on the GPU and on the CPU;
+//!
 //! each with the cached rows stored as f16 (where the adapter has
 //! shader-f16, as lavapipe does) and with f32 storage forced
 //! (`BackendOptions::kv_f32`).

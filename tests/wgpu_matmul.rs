@@ -25,10 +25,10 @@ use ds4::backend::wgpu::matmul::{read_back, BufRange, MatmulKernels};
 use ds4::backend::wgpu::weights::GpuTensor;
 use ds4::backend::wgpu::{AdapterChoice, Gpu, StepUniform};
 use ds4::backend::BackendOptions;
+use ds4::gguf::TensorRef;
 use ds4::gguf::{GgufFile, GgufWriter};
-use ds4::model::TensorRef;
-use ds4::ops::matmul::matmul_rows;
-use ds4::ops::moe::MoeExperts;
+use ds4::graph::ops::matmul::matmul_rows;
+use ds4::graph::ops::moe::MoeExperts;
 use ds4::quant::{self, GgmlType};
 use wgpu::util::DeviceExt;
 

@@ -2,14 +2,14 @@
 //! load a graph, run a step, read and write values and state rows.
 //! [`open`] builds the backend a [`BackendKind`] names.
 
+pub mod bandwidth;
 pub mod cpu;
-pub mod cpu_fast;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod select;
+pub mod options;
 pub mod wgpu;
 
-pub use select::BackendOptions;
+pub use options::BackendOptions;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -320,13 +320,13 @@ fn fast_cpu(
     layout: StateLayout,
     opts: &BackendOptions,
 ) -> Result<cpu::CpuBackend, BackendError> {
-    let isa = cpu_fast::Isa::choose(opts.cpu_isa.as_deref()).map_err(|reason| {
+    let isa = cpu::fast::Isa::choose(opts.cpu_isa.as_deref()).map_err(|reason| {
         BackendError::Unavailable {
             backend: "cpu".into(),
             reason,
         }
     })?;
-    let kernels = cpu_fast::Kernels::new(isa).ok_or_else(|| BackendError::Unavailable {
+    let kernels = cpu::fast::Kernels::new(isa).ok_or_else(|| BackendError::Unavailable {
         backend: "cpu".into(),
         reason: format!(
             "the {} kernels need CPU features this machine lacks",

@@ -133,7 +133,7 @@ const NO_MODEL: &str = "no model: ./ds4flash.gguf not found and no -m given.\n\
 
 fn model_path(a: &Args) -> Result<PathBuf, String> {
     if a.demo {
-        return ds4::demo::demo_model();
+        return ds4::app::demo::demo_model();
     }
     match &a.model {
         Some(p) => Ok(p.clone()),
@@ -199,7 +199,7 @@ fn run(a: Args) -> Result<(), String> {
         return Ok(());
     }
     if a.info || a.inspect {
-        let kind = ds4::backend::select::BackendFlags {
+        let kind = ds4::app::flags::BackendFlags {
             backend: a.backend.clone(),
             cpu: a.cpu,
             metal: a.metal,
@@ -207,7 +207,7 @@ fn run(a: Args) -> Result<(), String> {
             cuda: a.cuda,
         }
         .resolve()?;
-        return ds4::report::info(&model_path(&a)?, Some((kind, &bo)));
+        return ds4::app::report::info(&model_path(&a)?, Some((kind, &bo)));
     }
     let prompt = read_prompt(&a)?;
     let path = model_path(&a)?;
@@ -230,7 +230,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
-    let backend = ds4::backend::select::BackendFlags {
+    let backend = ds4::app::flags::BackendFlags {
         backend: a.backend.clone(),
         cpu: a.cpu,
         metal: a.metal,
@@ -258,7 +258,7 @@ fn run(a: Args) -> Result<(), String> {
             ValueName::parse(d).ok_or_else(|| format!("--dump: expected NAME@LAYER, got {d:?}"))
         })
         .collect::<Result<_, _>>()?;
-    let threads = ds4::threads::init_global_pool(a.threads);
+    let threads = ds4::app::threads::init_global_pool(a.threads);
 
     let t0 = Instant::now();
     let model = Arc::new(ModelFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
@@ -266,7 +266,7 @@ fn run(a: Args) -> Result<(), String> {
     eprintln!(
         "ds4: loaded {} ({}, {} layers) in {:.0} ms; {threads} CPU threads",
         path.display(),
-        ds4::report::human(model.file.file_len()),
+        ds4::app::report::human(model.file.file_len()),
         model.config.n_layer,
         t0.elapsed().as_secs_f64() * 1e3
     );
@@ -304,7 +304,7 @@ fn run(a: Args) -> Result<(), String> {
     eprintln!("ds4: {}", sess.backend_notice());
     eprintln!(
         "ds4: context buffers {} for {} tokens",
-        ds4::report::human(sess.state_bytes() as u64),
+        ds4::app::report::human(sess.state_bytes() as u64),
         a.ctx
     );
     let cfg = SamplerConfig {
@@ -373,7 +373,7 @@ fn run(a: Args) -> Result<(), String> {
         );
     }
     let default_tokens = if a.demo {
-        ds4::demo::DEMO_DEFAULT_TOKENS as i64
+        ds4::app::demo::DEMO_DEFAULT_TOKENS as i64
     } else {
         50_000
     };
@@ -381,7 +381,7 @@ fn run(a: Args) -> Result<(), String> {
         .min(a.ctx - ptoks.len() - 1)
         .max(1);
     if let Some(f) = &a.dump_logprobs {
-        return ds4::logprobs::dump_logprobs(
+        return ds4::app::logprobs::dump_logprobs(
             &mut sess,
             &tok,
             ptoks.len(),
@@ -623,7 +623,7 @@ fn repl(
                     Ok(bytes) => eprintln!(
                         "ds4: saved {} tokens to {f} ({})",
                         sess.tokens().len(),
-                        ds4::report::human(bytes)
+                        ds4::app::report::human(bytes)
                     ),
                     Err(e) => eprintln!("ds4: /save {f}: {e}"),
                 }
@@ -717,8 +717,8 @@ fn repl(
 }
 
 fn main() -> ExitCode {
-    match ds4::cli::parse_args::<Args>("ds4") {
-        Ok(a) => ds4::cli::exit_with("ds4", run(a)),
+    match ds4::app::cli::parse_args::<Args>("ds4") {
+        Ok(a) => ds4::app::cli::exit_with("ds4", run(a)),
         Err(code) => code,
     }
 }

@@ -123,7 +123,7 @@ impl Args {
     /// The backend the flags name (`--backend`, `--cpu`, `--metal`,
     /// `--vulkan`, `--cuda`), resolved as ds4 and ds4-server do.
     fn backend_kind(&self) -> Result<ds4::backend::BackendKind, String> {
-        ds4::backend::select::BackendFlags {
+        ds4::app::flags::BackendFlags {
             backend: self.backend.clone(),
             cpu: self.cpu,
             metal: self.metal,
@@ -162,7 +162,7 @@ fn bandwidth_shapes(a: &Args) -> Vec<(&'static str, ds4::quant::GgmlType, u64, u
         .bw_shapes
         .as_ref()
         .map(|list| list.split(',').map(|w| w.trim().to_lowercase()).collect());
-    ds4::bandwidth::FLASH_MATVECS
+    ds4::backend::bandwidth::FLASH_MATVECS
         .iter()
         .filter(|(name, ty, _, _)| match &words {
             None => true,
@@ -215,23 +215,24 @@ fn bandwidth_wgpu(a: &Args, bo: &BackendOptions) -> Result<Vec<String>, String> 
     let device = refs[0].describe();
     let shapes = bandwidth_shapes(a);
     let mut read = None;
-    let mut csv = ds4::bandwidth::print_report(&device, a.bw_mib << 20, a.bw_trials, |each| {
-        bandwidth::run(
-            &refs,
-            a.bw_mib << 20,
-            a.bw_trials,
-            &shapes,
-            &rows,
-            &mut |m| {
-                if m.kind == "device read" && read.is_none() {
-                    read = Some(m.gb_per_s());
-                }
-                each(m)
-            },
-        )
-        .map(|_| ())
-    })
-    .map_err(|e| e.to_string())?;
+    let mut csv =
+        ds4::backend::bandwidth::print_report(&device, a.bw_mib << 20, a.bw_trials, |each| {
+            bandwidth::run(
+                &refs,
+                a.bw_mib << 20,
+                a.bw_trials,
+                &shapes,
+                &rows,
+                &mut |m| {
+                    if m.kind == "device read" && read.is_none() {
+                        read = Some(m.gb_per_s());
+                    }
+                    each(m)
+                },
+            )
+            .map(|_| ())
+        })
+        .map_err(|e| e.to_string())?;
     if a.bw_decode {
         let model = open_model(a)?;
         for (set, g) in &gpus {
@@ -248,8 +249,8 @@ fn bandwidth_wgpu(a: &Args, bo: &BackendOptions) -> Result<Vec<String>, String> 
                 "",
                 g.shader_variant().name(),
             )?;
-            println!("{}", ds4::bandwidth::table_row(&m, read));
-            csv.push(ds4::bandwidth::csv_row(&g.describe(), &m, read));
+            println!("{}", ds4::backend::bandwidth::table_row(&m, read));
+            csv.push(ds4::backend::bandwidth::csv_row(&g.describe(), &m, read));
         }
     }
     Ok(csv)
@@ -262,15 +263,16 @@ fn bandwidth_cuda(a: &Args, bo: &BackendOptions) -> Result<Vec<String>, String> 
     let device = bench.describe();
     let shapes = bandwidth_shapes(a);
     let mut read = None;
-    let mut csv = ds4::bandwidth::print_report(&device, a.bw_mib << 20, a.bw_trials, |each| {
-        bandwidth::run(&bench, a.bw_mib << 20, a.bw_trials, &shapes, &mut |m| {
-            if m.kind == "device read" {
-                read = Some(m.gb_per_s());
-            }
-            each(m)
+    let mut csv =
+        ds4::backend::bandwidth::print_report(&device, a.bw_mib << 20, a.bw_trials, |each| {
+            bandwidth::run(&bench, a.bw_mib << 20, a.bw_trials, &shapes, &mut |m| {
+                if m.kind == "device read" {
+                    read = Some(m.gb_per_s());
+                }
+                each(m)
+            })
         })
-    })
-    .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?;
     // The decode sessions open the device themselves.
     drop(bench);
     if a.bw_decode {
@@ -283,8 +285,8 @@ fn bandwidth_cuda(a: &Args, bo: &BackendOptions) -> Result<Vec<String>, String> 
                 ..bo.clone()
             };
             let m = decode_step(a, &model, ds4::backend::BackendKind::Cuda, &bo, label, "")?;
-            println!("{}", ds4::bandwidth::table_row(&m, read));
-            csv.push(ds4::bandwidth::csv_row(&device, &m, read));
+            println!("{}", ds4::backend::bandwidth::table_row(&m, read));
+            csv.push(ds4::backend::bandwidth::csv_row(&device, &m, read));
         }
     }
     Ok(csv)
@@ -313,7 +315,7 @@ fn decode_step(
     bo: &BackendOptions,
     label: &str,
     kernels: &str,
-) -> Result<ds4::bandwidth::Measure, String> {
+) -> Result<ds4::backend::bandwidth::Measure, String> {
     let active = model.weights.active_bytes_per_token(&model.config);
     let steps = a.bw_decode_steps.max(1);
     let opts = SessionOptions {
@@ -339,7 +341,7 @@ fn decode_step(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    Ok(ds4::bandwidth::Measure {
+    Ok(ds4::backend::bandwidth::Measure {
         kind: "decode step".into(),
         name: if label.is_empty() {
             file
@@ -419,7 +421,7 @@ fn run(a: Args) -> Result<(), String> {
             a.ctx_max + a.gen_tokens
         ));
     }
-    let threads = ds4::threads::init_global_pool(a.threads);
+    let threads = ds4::app::threads::init_global_pool(a.threads);
     let model =
         Arc::new(ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?);
     let tok =
@@ -537,8 +539,8 @@ fn run(a: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    match ds4::cli::parse_args::<Args>("ds4-bench") {
-        Ok(a) => ds4::cli::exit_with("ds4-bench", run(a)),
+    match ds4::app::cli::parse_args::<Args>("ds4-bench") {
+        Ok(a) => ds4::app::cli::exit_with("ds4-bench", run(a)),
         Err(code) => code,
     }
 }

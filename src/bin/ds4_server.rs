@@ -15,11 +15,12 @@ use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::server::guard::CorsOrigins;
+use ds4::server::job::{self, KvCacheHook};
 use ds4::server::kvdisk::DiskHook;
 use ds4::server::listen::{self, ServerLimits};
 use ds4::server::metrics::Metrics;
 use ds4::server::routes::{self, HttpOptions, State};
-use ds4::server::worker::{self, KvCacheHook, WorkerConfig};
+use ds4::server::worker::{self, WorkerConfig};
 use ds4::session::{Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
@@ -288,7 +289,7 @@ fn host_addr(host: &str) -> Result<IpAddr, String> {
 
 fn model_path(a: &Args) -> Result<PathBuf, String> {
     if a.demo {
-        return ds4::demo::demo_model();
+        return ds4::app::demo::demo_model();
     }
     match &a.model {
         Some(p) => Ok(p.clone()),
@@ -401,7 +402,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
     let kv_cfg = kv_config(&a);
     let kv_write_limit = kv_write_limit()?;
-    let backend = ds4::backend::select::BackendFlags {
+    let backend = ds4::app::flags::BackendFlags {
         backend: a.backend.clone(),
         cpu: a.cpu,
         metal: a.metal,
@@ -411,7 +412,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     .resolve()?;
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
-    let threads = ds4::threads::init_global_pool(a.threads);
+    let threads = ds4::app::threads::init_global_pool(a.threads);
     let path = model_path(&a)?;
     let model = Arc::new(ModelFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
     let tok = Arc::new(
@@ -431,7 +432,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     ds4::log_line!(
         "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
         path.display(),
-        ds4::report::human(sess.state_bytes() as u64),
+        ds4::app::report::human(sess.state_bytes() as u64),
         a.ctx
     );
     let longest_token = (0..tok.vocab_size() as u32)
@@ -453,7 +454,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
                 );
                 Box::new(h)
             }
-            None => Box::new(worker::NoCache),
+            None => Box::new(job::NoCache),
         };
     let queue = worker::start(
         sess,
@@ -538,22 +539,22 @@ fn print_banner(addr: SocketAddr, keyed: bool) {
     let url = format!("http://{addr}");
     let key = if keyed { "<your API key>" } else { "ds4" };
     // Nobody may be reading stdout: a failed write is dropped.
-    ds4::cli::stdout_line(format_args!("ds4-server: listening on {url}"));
-    ds4::cli::stdout_line(format_args!("  Claude Code: ANTHROPIC_BASE_URL={url} ANTHROPIC_AUTH_TOKEN={key} ANTHROPIC_MODEL=deepseek-v4-flash claude"));
-    ds4::cli::stdout_line(format_args!(
+    ds4::app::cli::stdout_line(format_args!("ds4-server: listening on {url}"));
+    ds4::app::cli::stdout_line(format_args!("  Claude Code: ANTHROPIC_BASE_URL={url} ANTHROPIC_AUTH_TOKEN={key} ANTHROPIC_MODEL=deepseek-v4-flash claude"));
+    ds4::app::cli::stdout_line(format_args!(
         "  Codex CLI:   OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={key} codex -m deepseek-v4-flash"
     ));
-    ds4::cli::stdout_line(format_args!(
+    ds4::app::cli::stdout_line(format_args!(
         "  opencode:    provider baseURL {url}/v1, model deepseek-v4-flash (docs/CLIENTS.md)"
     ));
 }
 
 fn main() -> ExitCode {
-    match ds4::cli::parse_args::<Args>("ds4-server") {
+    match ds4::app::cli::parse_args::<Args>("ds4-server") {
         Ok(a) => {
             // After parsing (which restores SIGPIPE's default for --help
             // piped into a pager): a server outlives its log readers.
-            ds4::cli::ignore_closed_pipes();
+            ds4::app::cli::ignore_closed_pipes();
             let hf = match check(&a).and_then(|()| http_flags(&a, std::env::var(API_KEY_ENV).ok()))
             {
                 Ok(hf) => hf,
@@ -569,7 +570,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            ds4::cli::exit_with("ds4-server", run(a, hf))
+            ds4::app::cli::exit_with("ds4-server", run(a, hf))
         }
         Err(code) => code,
     }

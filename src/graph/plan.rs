@@ -66,7 +66,8 @@ pub fn plan(g: &Graph) -> Plan {
             slot_len.push(len);
             continue;
         }
-        // Best fit among free slots; grow the smallest adequate one otherwise.
+        // Best fit: the smallest free slot that holds the value; a new slot
+        // when none does (slots never grow).
         let pick = free
             .iter()
             .enumerate()

@@ -5,7 +5,7 @@
 //! against each other here and against tensor shapes in [`super::weights`].
 
 use crate::gguf::{GgufFile, MetaValue};
-pub use crate::graph::ops::rope::{RopeConfig, Yarn};
+use crate::graph::ops::rope::{RopeConfig, Yarn};
 
 use super::ModelError;
 

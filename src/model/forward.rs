@@ -6,7 +6,8 @@
 //! comments are per token; `T` is the step's token count.
 
 use super::state::{KvLayout, LayerState};
-use super::{ModelConfig, TensorRef, Weights};
+use super::{ModelConfig, Weights};
+use crate::gguf::TensorRef;
 use crate::graph::ops::attention::{Attention, CompressedRows, RingWrite};
 use crate::graph::ops::basic::{Add, Embed, Scale, TakeLast};
 use crate::graph::ops::compress::{Compress, RowRounding};

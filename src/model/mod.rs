@@ -5,10 +5,10 @@ pub mod config;
 mod error;
 pub mod weights;
 
-pub use config::{AttentionKind, ModelConfig, RopeConfig, Yarn};
+pub use config::{AttentionKind, ModelConfig};
 pub use error::ModelError;
 pub use weights::{
-    CompressorWeights, IndexerWeights, LayerWeights, MtpWeights, TensorRef, TypeShare, Weights,
+    CompressorWeights, IndexerWeights, LayerWeights, MtpWeights, TypeShare, Weights,
 };
 
 use std::path::Path;

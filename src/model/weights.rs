@@ -6,8 +6,7 @@
 //! [`TensorRef`]s (type, shape, absolute file extent), so backends can read or
 //! upload them without holding a borrow of the file.
 
-pub use crate::gguf::TensorRef;
-use crate::gguf::{GgufFile, TensorInfo};
+use crate::gguf::{GgufFile, TensorInfo, TensorRef};
 use crate::quant::GgmlType;
 
 use super::config::{AttentionKind, ModelConfig};

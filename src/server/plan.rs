@@ -148,7 +148,7 @@ mod tests {
     #[test]
     fn random_cuts_never_split_a_character() {
         const CHARS: [char; 8] = ['a', ' ', '\n', 'é', 'כ', '中', '😀', '<'];
-        let mut rng = Rng::new(0x5eed_25);
+        let mut rng = Rng::new(0x5eed25);
         for _ in 0..20_000 {
             let n = (rng.next_u64() % 12) as usize;
             let text: String = (0..n)

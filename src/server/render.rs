@@ -19,7 +19,7 @@ use crate::chat::template::{
 };
 use crate::chat::{ThinkMode, DEFAULT_SYSTEM};
 
-pub use crate::chat::template::{BOS, EOS};
+use crate::chat::template::EOS;
 
 const PARAM_CLOSE: &str = "</｜DSML｜parameter>";
 

@@ -20,10 +20,11 @@ use warp::Filter;
 
 use super::error::ApiError;
 use super::guard::{self, CorsOrigins};
+use super::job::{Event, Final, Job};
 use super::metrics::Metrics;
 use super::openai::Meta;
 use super::request::{self, Api, ParseContext};
-use super::worker::{Event, Final, Job, Queue};
+use super::worker::Queue;
 use super::{anthropic, openai, render, responses, StreamFormat};
 
 /// The model id ds4 serves and lists.

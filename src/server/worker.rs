@@ -21,27 +21,22 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::dsml::{self, Parsed};
 use super::error::ApiError;
 use super::health::{panic_message, AliveGuard, WorkerHealth};
-use super::job::Work;
+use super::job::{Event, Final, FinishReason, Job, KvCacheHook, OutCall, Usage, VisibleKind, Work};
 use super::memory::{
     id_rng, random_hex, same_set, trailing_tool_run, ProtocolBinding, ToolMemory, VisibleBinding,
 };
 use super::metrics::Metrics;
 use super::plan;
-use super::render::{self, EOS};
+use super::render;
 use super::request::{Api, GenRequest, Role};
 use super::stream::Stream;
 use super::trace::{self, Trace};
+use crate::chat::template::EOS;
 use crate::generate::{self, Finish, Sampled, Scripted, TokenPicker};
 use crate::kvcache::{NoToolIds, ToolIds};
 use crate::sampler::Rng;
 use crate::session::Session;
 use crate::tokenizer::Tokenizer;
-
-// The job contract moved to `job.rs`; these names stay reachable here for
-// the tests, benches and binaries that import them from the worker.
-pub use super::job::{
-    DiskResumed, Event, Final, FinishReason, Job, KvCacheHook, NoCache, OutCall, Usage, VisibleKind,
-};
 
 /// Settings of the worker.
 #[derive(Clone, Debug)]

@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-pub use crate::backend::BackendKind;
-use crate::backend::{self, Backend, BackendError, BackendOptions, GraphHandle};
+use crate::backend::{self, Backend, BackendError, BackendKind, BackendOptions, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
 use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use ds4::backend::cpu::CpuBackend;
 use ds4::backend::wgpu::{AdapterChoice, Gpu, WgpuBackend};
 use ds4::backend::{Backend, BackendError, BackendOptions};
+use ds4::gguf::TensorRef;
 use ds4::gguf::{GgufFile, GgufWriter};
+use ds4::graph::ops::Op;
 use ds4::graph::{Recorder, StateId, StateLayout, StepParams, ValueId};
-use ds4::model::TensorRef;
-use ds4::ops::Op;
 use ds4::quant::{self, GgmlType};
 
 /// Per-op tolerance of a GPU backend against the CPU twin: |got − want| ≤
@@ -374,7 +374,7 @@ pub const FAST_CPU_TOLERANCE: &[(&str, f32)] =
 /// Runs every case on the fast CPU backend on each kernel path this machine
 /// has (the portable one included) and compares with the reference.
 pub fn check_fast_cpu(cases: &[Case]) {
-    use ds4::backend::cpu_fast::{Isa, Kernels};
+    use ds4::backend::cpu::fast::{Isa, Kernels};
     for case in cases {
         let want = run_case(
             case,

@@ -410,6 +410,7 @@ fn a_server_whose_log_reader_left_keeps_serving() {
 /// so a supervisor restarts a server whose engine no longer runs.
 #[test]
 fn health_is_503_when_the_worker_thread_is_gone() {
+    use ds4::server::job;
     use ds4::server::metrics::Metrics;
     use ds4::server::worker::{self, WorkerConfig};
     use ds4::session::{Session, SessionOptions};
@@ -431,7 +432,7 @@ fn health_is_503_when_the_worker_thread_is_gone() {
         debug_panic_on_prompt: None,
     };
     let metrics = Arc::new(Metrics::default());
-    let q = worker::start(sess, tok, cfg, metrics, 4, Box::new(worker::NoCache));
+    let q = worker::start(sess, tok, cfg, metrics, 4, Box::new(job::NoCache));
     let (status, body) = q.health().report();
     assert_eq!(
         (status, body["worker"]["alive"].clone()),

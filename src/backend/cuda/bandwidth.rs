@@ -19,8 +19,8 @@ use super::mem::{checked, DevBuf};
 use super::modules::Modules;
 use super::record::{type_suffix, Arg};
 use super::StepDev;
+use crate::backend::bandwidth::{bench_weights, Measure};
 use crate::backend::BackendError;
-use crate::bandwidth::{bench_weights, Measure};
 use crate::quant::GgmlType;
 
 /// Weight rows per block of `matmul_*` and `expert_*` (MM_ROWS, EX_ROWS).

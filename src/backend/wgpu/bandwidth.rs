@@ -21,7 +21,7 @@ use super::StepUniform;
 use crate::backend::BackendError;
 use crate::quant::GgmlType;
 
-pub use crate::bandwidth::{
+pub use crate::backend::bandwidth::{
     bench_weights, csv_row, host_read, table_header, table_row, Measure, CSV_HEADER, FLASH_MATVECS,
 };
 
@@ -397,7 +397,7 @@ pub fn report(
     let Some(first) = gpus.first() else {
         return Ok(Vec::new());
     };
-    crate::bandwidth::print_report(&first.describe(), buffer_bytes, trials, |each| {
+    crate::backend::bandwidth::print_report(&first.describe(), buffer_bytes, trials, |each| {
         run(gpus, buffer_bytes, trials, FLASH_MATVECS, rows, each).map(|_| ())
     })
 }

@@ -80,10 +80,6 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// Errors reported by wgpu callbacks since the last [`Gpu::check`].
     errors: Arc<Mutex<Vec<String>>>,
-    /// Pipelines of the WGSL families, shared by every backend on this device.
-    pub(crate) kernels: Mutex<super::kernels::Kernels>,
-    /// Matrix-product pipelines, created on first use.
-    pub(crate) matmul: Mutex<Option<Arc<super::matmul::MatmulKernels>>>,
 }
 
 /// The per-step parameters every kernel reads: written once per step into a
@@ -326,13 +322,12 @@ impl Gpu {
             features,
             info,
             errors,
-            kernels: Mutex::new(Default::default()),
-            matmul: Mutex::new(None),
         })
     }
 
     /// One device per adapter choice for the whole process: sessions (and
-    /// tests) opened one after another share it and its compiled pipelines.
+    /// tests) opened one after another share it and, through
+    /// [`super::kernels::Pipelines::of`], its compiled pipelines.
     pub fn shared(opts: &BackendOptions, allow_emulation: bool) -> Result<Arc<Gpu>, BackendError> {
         Self::shared_inner(
             &AdapterChoice::new(opts, allow_emulation),
@@ -369,17 +364,6 @@ impl Gpu {
         super::shaders::Variant {
             subgroups: self.features.contains(wgpu::Features::SUBGROUP),
         }
-    }
-
-    /// The matrix-product pipelines of this device.
-    pub fn matmul_kernels(&self) -> Result<Arc<super::matmul::MatmulKernels>, BackendError> {
-        let mut m = self.matmul.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(k) = m.as_ref() {
-            return Ok(k.clone());
-        }
-        let k = Arc::new(super::matmul::MatmulKernels::new(self)?);
-        *m = Some(k.clone());
-        Ok(k)
     }
 
     /// One line naming the device (for notices and errors).

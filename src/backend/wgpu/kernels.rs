@@ -3,11 +3,56 @@
 //! parameter struct, then storage buffers in the order the WGSL declares
 //! them), one compute pipeline per entry point, created on first use and
 //! cached for the backend's lifetime.
+//!
+//! [`Pipelines`] holds these caches and the matrix-product pipelines beside
+//! the device rather than on it, so the device ([`Gpu`]) knows nothing of
+//! the kernels that run on it and `gpu.rs` imports none of its siblings.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 
+use super::matmul::MatmulKernels;
 use super::{shaders, Gpu};
 use crate::backend::BackendError;
+
+/// The compiled pipelines of one device: the WGSL families' and the matrix
+/// products'. Every backend on a device shares one ([`Pipelines::of`]).
+#[derive(Default)]
+pub struct Pipelines {
+    /// Pipelines of the WGSL families.
+    pub kernels: Mutex<Kernels>,
+    /// Matrix-product pipelines, created on first use.
+    matmul: Mutex<Option<Arc<MatmulKernels>>>,
+}
+
+impl Pipelines {
+    /// The pipelines of `gpu`, shared by every backend opened on the same
+    /// device (`Gpu::shared` hands out one device per adapter choice).
+    pub fn of(gpu: &Arc<Gpu>) -> Arc<Pipelines> {
+        type Open = Vec<(Weak<Gpu>, Arc<Pipelines>)>;
+        static OPEN: Mutex<Open> = Mutex::new(Vec::new());
+        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|(g, _)| g.strong_count() > 0);
+        let key = Arc::downgrade(gpu);
+        if let Some((_, p)) = open.iter().find(|(g, _)| Weak::ptr_eq(g, &key)) {
+            return p.clone();
+        }
+        let p = Arc::new(Pipelines::default());
+        open.push((key, p.clone()));
+        p
+    }
+
+    /// The matrix-product pipelines of `gpu`.
+    pub fn matmul(&self, gpu: &Gpu) -> Result<Arc<MatmulKernels>, BackendError> {
+        let mut m = self.matmul.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = m.as_ref() {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(MatmulKernels::new(gpu)?);
+        *m = Some(k.clone());
+        Ok(k)
+    }
+}
 
 /// Storage binding access, in WGSL declaration order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -185,6 +185,8 @@ impl LoadedGraph {
 
 pub struct WgpuBackend {
     gpu: Arc<Gpu>,
+    /// The device's compiled pipelines (shared with other backends on it).
+    pipes: Arc<kernels::Pipelines>,
     file: WeightFile,
     layout: StateLayout,
     states: Vec<GpuState>,
@@ -312,6 +314,7 @@ impl WgpuBackend {
             .map(|i| small_buf(&format!("dummy write {i}")))
             .collect();
         let mut b = WgpuBackend {
+            pipes: kernels::Pipelines::of(&gpu),
             gpu,
             file,
             layout,
@@ -351,8 +354,8 @@ impl WgpuBackend {
     /// (`Op::weights`), streamed from the mmap in chunks of whole rows, with
     /// a progress bar on a terminal when there is much to move.
     fn upload_matrices(&mut self, graph: &Graph) -> Result<(), BackendError> {
-        use crate::ops::Op;
-        let mut todo: Vec<&crate::model::TensorRef> = Vec::new();
+        use crate::graph::ops::Op;
+        let mut todo: Vec<&crate::gguf::TensorRef> = Vec::new();
         for op in graph.ops() {
             if matches!(op, Op::MatMul(_) | Op::MoeExperts(_)) {
                 for t in op.weights() {

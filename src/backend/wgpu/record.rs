@@ -138,7 +138,7 @@ impl Rec<'_> {
     /// The matrix-product pipelines (created on first use), the device and
     /// the step uniform.
     fn matmul(&mut self) -> Result<(Arc<MatmulKernels>, &super::Gpu, &wgpu::Buffer), BackendError> {
-        let k = self.b.gpu.matmul_kernels()?;
+        let k = self.b.pipes.matmul(&self.b.gpu)?;
         let b = &*self.b;
         Ok((k, &b.gpu, &b.step))
     }
@@ -190,7 +190,7 @@ impl Rec<'_> {
     ) -> Result<Work, BackendError> {
         let (pipeline, layout) = self
             .b
-            .gpu
+            .pipes
             .kernels
             .lock()
             .unwrap_or_else(|p| p.into_inner())

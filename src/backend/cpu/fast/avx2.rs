@@ -90,8 +90,8 @@ pub unsafe fn q4k(row: &[u8], y: &[BlockQ8K]) -> f32 {
         let scales: [u8; 12] = std::ptr::read_unaligned(b.add(4) as *const [u8; 12]);
         let (sc, m) = unpack_scales(&scales);
         let mut sum_m = 0i32;
-        for j in 0..8 {
-            sum_m += m[j] as i32 * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+        for (j, &mj) in m.iter().enumerate() {
+            sum_m += mj as i32 * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
         }
         let mut sumi = _mm256_setzero_si256();
         for c in 0..4 {
@@ -253,8 +253,8 @@ pub unsafe fn f32(row: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
     let p = row.as_ptr() as *const f32;
     let mut s = dot_f32_with(n, x, |c| _mm256_loadu_ps(p.add(8 * c)));
-    for i in n / 8 * 8..n {
-        s += std::ptr::read_unaligned(p.add(i)) * x[i];
+    for (i, &xi) in x.iter().enumerate().skip(n / 8 * 8) {
+        s += std::ptr::read_unaligned(p.add(i)) * xi;
     }
     s
 }
@@ -267,8 +267,8 @@ pub unsafe fn f16(row: &[u8], x: &[f32]) -> f32 {
     let mut s = dot_f32_with(n, x, |c| {
         _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * c) as *const __m128i))
     });
-    for i in n / 8 * 8..n {
-        s += f16_at(p.add(2 * i)) * x[i];
+    for (i, &xi) in x.iter().enumerate().skip(n / 8 * 8) {
+        s += f16_at(p.add(2 * i)) * xi;
     }
     s
 }
@@ -282,11 +282,11 @@ pub unsafe fn bf16(row: &[u8], x: &[f32]) -> f32 {
         let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16 * c) as *const __m128i));
         _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
     });
-    for i in n / 8 * 8..n {
+    for (i, &xi) in x.iter().enumerate().skip(n / 8 * 8) {
         s += crate::quant::f16::bf16_bits_to_f32(u16::from_le_bytes([
             *p.add(2 * i),
             *p.add(2 * i + 1),
-        ])) * x[i];
+        ])) * xi;
     }
     s
 }

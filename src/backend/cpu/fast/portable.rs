@@ -41,8 +41,8 @@ pub fn q4k(row: &[u8], y: &[BlockQ8K]) -> f32 {
             }
             sum_q += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
         }
-        for j in 0..8 {
-            sum_m += m[j] as i32 * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+        for (j, &mj) in m.iter().enumerate() {
+            sum_m += mj as i32 * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
         }
         acc += d * sum_q as f32 - dmin * sum_m as f32;
     }

@@ -32,7 +32,8 @@ pub fn parse_args<T: argh::FromArgs>(name: &str) -> Result<T, ExitCode> {
     })
 }
 
-/// Runs `f` and maps its error to `name: message` on stderr and exit 1.
+/// Maps a binary's result to its exit code: an error is printed as
+/// `name: message` on stderr and exits 1.
 pub fn exit_with(name: &str, r: Result<(), String>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -79,6 +80,6 @@ pub fn stdout_line(args: std::fmt::Arguments<'_>) {
 #[macro_export]
 macro_rules! log_line {
     ($($arg:tt)*) => {
-        $crate::cli::stderr_line(format_args!($($arg)*))
+        $crate::app::cli::stderr_line(format_args!($($arg)*))
     };
 }

@@ -13,8 +13,8 @@
 //! path, where LLVM turns the 16-lane loops into AVX2/AVX-512/NEON FMAs.
 
 use super::{Isa, Kernels};
-use crate::ops::indexer::IndexerTopK;
-use crate::ops::parallel::for_rows;
+use crate::graph::ops::indexer::IndexerTopK;
+use crate::graph::ops::parallel::for_rows;
 
 /// Heads per vector chunk.
 const LANES: usize = 16;

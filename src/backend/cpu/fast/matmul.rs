@@ -229,6 +229,10 @@ pub fn matmul(
     true
 }
 
+// The kernel table, the op, the file, the activations, the routing and the
+// output are all distinct inputs of one expert pass; a struct would only
+// rename them.
+#[allow(clippy::too_many_arguments)]
 /// The fast twin of `MoeExperts::cpu`: the step's tokens are quantised once,
 /// gathered per expert, and each selected expert runs once over its tokens.
 /// `false` (nothing written) when a weight type has no fast kernel.

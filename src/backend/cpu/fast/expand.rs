@@ -296,8 +296,8 @@ mod x86 {
             let d = f16_at(b, 80);
             let dmin = f16_at(b, 82);
             e.scale[8 * i..8 * i + 8].fill(d);
-            for sub in 0..16 {
-                e.off[16 * i + sub] = -dmin * (b[sub] >> 4) as f32;
+            for (sub, &bs) in b[..16].iter().enumerate() {
+                e.off[16 * i + sub] = -dmin * (bs >> 4) as f32;
             }
             for h in 0..2 {
                 let mut q = _mm256_loadu_si256(b.as_ptr().add(16 + 32 * h) as *const __m256i);

@@ -24,7 +24,7 @@ macro_rules! avx512_kernels {
     ($features:literal, $vnni:expr) => {
         use std::arch::x86_64::*;
 
-        use crate::backend::cpu_fast::act::BlockQ8x32;
+        use crate::backend::cpu::fast::act::BlockQ8x32;
         use crate::quant::iq2xxs_tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
         use crate::quant::mxfp4::{e8m0_to_f32_half, KVALUES};
         use crate::quant::q4_k::unpack_scales;

@@ -110,7 +110,7 @@ pub fn bench_weights(ty: GgmlType, n_in: u64, n_out: u64) -> Result<Vec<u8>, Str
 /// The host's read bandwidth (src/bandwidth.rs) as a table line: the ceiling
 /// of the CPU backend.
 pub fn host_read(bytes: u64, reps: usize) -> Measure {
-    let bw = crate::bandwidth::read_bandwidth(bytes as usize, reps);
+    let bw = crate::backend::bandwidth::read_bandwidth(bytes as usize, reps);
     Measure {
         kind: "host read (CPU)".into(),
         name: String::new(),

@@ -7,7 +7,7 @@
 
 use super::Kernels;
 use crate::gguf::GgufFile;
-use crate::ops::attention::{Attention, AttentionInputs};
+use crate::graph::ops::attention::{Attention, AttentionInputs};
 
 pub fn attention(
     kern: &Kernels,
@@ -18,12 +18,12 @@ pub fn attention(
     n_tokens: usize,
     out: &mut [f32],
 ) {
-    let sinks = crate::ops::load_f32(file, &o.sinks);
+    let sinks = crate::graph::ops::load_f32(file, &o.sinks);
     let (hd, nh, w) = (o.head_dim, o.n_head, o.window);
     let scale = 1.0 / (hd as f32).sqrt();
     let qw = nh * hd;
     let split_heads = n_tokens < rayon::current_num_threads();
-    crate::ops::parallel::for_rows(
+    crate::graph::ops::parallel::for_rows(
         &mut out[..n_tokens * qw],
         qw,
         qw * (w + 64),

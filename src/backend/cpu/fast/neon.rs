@@ -65,7 +65,7 @@ macro_rules! neon_kernels {
     ($features:literal, $dot16:path) => {
         use std::arch::aarch64::*;
 
-        use crate::backend::cpu_fast::act::BlockQ8x32;
+        use crate::backend::cpu::fast::act::BlockQ8x32;
         use crate::quant::f16::{bf16_bits_to_f32, f16_bits_to_f32};
         use crate::quant::iq2xxs_tables::IQ2XXS_GRID;
         use crate::quant::mxfp4::{e8m0_to_f32_half, KVALUES};
@@ -265,7 +265,7 @@ macro_rules! neon_kernels {
         }
 
         pub unsafe fn f16(row: &[u8], x: &[f32]) -> f32 {
-            crate::backend::cpu_fast::portable::f16(row, x)
+            crate::backend::cpu::fast::portable::f16(row, x)
         }
 
         #[target_feature(enable = $features)]

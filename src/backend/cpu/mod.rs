@@ -4,9 +4,11 @@
 //!
 //! The same op loop serves the fast backend (`cpu`): built with
 //! [`CpuBackend::fast`] it sends the matrix products (dense matmuls, routed
-//! experts) to the quantised SIMD kernels of [`super::cpu_fast`], and the
+//! experts) to the quantised SIMD kernels of [`fast`], and the
 //! indexer and attention to their SIMD twins there; every other op runs the reference twin
 //! either way.
+
+pub mod fast;
 
 use std::sync::Arc;
 
@@ -32,7 +34,7 @@ pub struct CpuBackend {
     states: Vec<Vec<f32>>,
     graphs: Vec<LoadedGraph>,
     /// `Some`: the fast backend's matrix kernels; `None`: the reference.
-    fast: Option<super::cpu_fast::Kernels>,
+    fast: Option<fast::Kernels>,
     /// Seconds and calls per op name when profiling (`DS4_CPU_PROFILE`; printed
     /// to stderr when the backend is dropped).
     profile: Option<std::collections::BTreeMap<&'static str, (f64, usize)>>,
@@ -83,18 +85,14 @@ impl CpuBackend {
 
     /// The fast CPU backend: the reference op loop with the matrix products
     /// run by `kernels` (quantised activations, integer SIMD dot products).
-    pub fn fast(
-        file: WeightFile,
-        layout: StateLayout,
-        kernels: super::cpu_fast::Kernels,
-    ) -> CpuBackend {
+    pub fn fast(file: WeightFile, layout: StateLayout, kernels: fast::Kernels) -> CpuBackend {
         let mut b = CpuBackend::new(file, layout);
         b.fast = Some(kernels);
         b
     }
 
     /// The fast kernels' path (`None` for the reference backend).
-    pub fn isa(&self) -> Option<super::cpu_fast::Isa> {
+    pub fn isa(&self) -> Option<fast::Isa> {
         self.fast.map(|k| k.isa)
     }
 }
@@ -292,7 +290,7 @@ fn run_op(
     states: &mut [Vec<f32>],
     p: StepParams,
     n: usize,
-    fast: Option<&super::cpu_fast::Kernels>,
+    fast: Option<&fast::Kernels>,
 ) {
     let st = |s: StateId| s.0 as usize;
     match op {
@@ -317,7 +315,7 @@ fn run_op(
             let rows = g.rows(o.out, n);
             let mut out = g.take(o.out);
             let done = fast.is_some_and(|k| {
-                super::cpu_fast::matmul::matmul(
+                fast::matmul::matmul(
                     k,
                     o.w.ty,
                     o.w.bytes(file),
@@ -396,9 +394,7 @@ fn run_op(
                 selected: o.selected.map(|v| as_i32(g.get(v))),
             };
             match fast {
-                Some(k) => {
-                    super::cpu_fast::attention::attention(k, o, file, inp, p.pos0, n, &mut out)
-                }
+                Some(k) => fast::attention::attention(k, o, file, inp, p.pos0, n, &mut out),
                 None => o.cpu(file, inp, p.pos0, n, &mut out),
             }
             g.put(o.out, out);
@@ -428,16 +424,7 @@ fn run_op(
             let mut out = g.take(o.out);
             let (q, w, rows) = (g.get(o.q), g.get(o.weights), &states[st(o.rows)]);
             match fast {
-                Some(k) => super::cpu_fast::indexer::topk(
-                    k,
-                    o,
-                    q,
-                    w,
-                    rows,
-                    p.pos0,
-                    n,
-                    as_i32_mut(&mut out),
-                ),
+                Some(k) => fast::indexer::topk(k, o, q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
                 None => o.cpu(q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
             }
             g.put(o.out, out);
@@ -459,9 +446,8 @@ fn run_op(
         Op::MoeExperts(o) => {
             let mut out = g.take(o.out);
             let (x, sel, w) = (g.get(o.x), as_i32(g.get(o.selected)), g.get(o.weights));
-            let done = fast.is_some_and(|k| {
-                super::cpu_fast::matmul::moe_experts(k, o, file, x, sel, w, n, &mut out)
-            });
+            let done =
+                fast.is_some_and(|k| fast::matmul::moe_experts(k, o, file, x, sel, w, n, &mut out));
             if !done {
                 o.cpu(file, x, sel, w, n, &mut out);
             }

@@ -1,0 +1,11 @@
+//! What the binaries share and the library's flow does not need: argument
+//! parsing and exit codes ([`cli`]), the backend flags ([`flags`]), the CPU thread count ([`threads`]), the
+//! `--demo` model ([`demo`]), the `--info` report ([`report`]) and the
+//! `--dump-logprobs` writer ([`logprobs`]). Nothing below `app` imports it.
+
+pub mod cli;
+pub mod demo;
+pub mod flags;
+pub mod logprobs;
+pub mod report;
+pub mod threads;
