@@ -126,15 +126,6 @@ impl LoadedGraph {
         let s = self.slot(v);
         self.slots[s] = buf;
     }
-
-    fn rows(&self, v: ValueId, n_tokens: usize) -> usize {
-        let d = self.graph.value(v);
-        if d.per_token {
-            n_tokens
-        } else {
-            d.rows
-        }
-    }
 }
 
 impl Backend for CpuBackend {
@@ -218,7 +209,7 @@ impl Backend for CpuBackend {
             .get(h.0)
             .ok_or(BackendError::UnknownGraph(h.0))?;
         let d = g.graph.value(v);
-        let rows = g.rows(v, g.n_tokens);
+        let rows = d.live_rows(g.n_tokens);
         let data = &g.get(v)[..rows * d.cols];
         Ok(match d.dtype {
             DType::F32 => data.to_vec(),

@@ -149,6 +149,29 @@ impl Op {
         }
     }
 
+    /// How the row or column counts this op carries disagree with its output
+    /// value (`values` indexed by `ValueId`); `None` when they agree. The
+    /// recorder checks every op once, so a hand-built descriptor cannot
+    /// carry geometry its values contradict.
+    pub fn geometry_mismatch(&self, values: &[ValueDesc]) -> Option<String> {
+        let v = |id: ValueId| &values[id.0 as usize];
+        let cols = |cols: usize, out: ValueId| {
+            let want = v(out).cols;
+            (cols != want).then(|| format!("{cols} columns, its output value has {want}"))
+        };
+        let rows = |got: Rows, want: Rows| {
+            (got != want).then(|| format!("rows {got:?}, its output value gives {want:?}"))
+        };
+        match self {
+            Op::RmsNorm(o) => rows(o.rows, Rows::of(v(o.out), o.dim)),
+            Op::MatMul(o) => rows(o.rows, Rows::value(v(o.out))),
+            Op::Add(o) => cols(o.cols, o.out),
+            Op::Scale(o) => cols(o.cols, o.out),
+            Op::SwiGlu(o) => cols(o.cols, o.out),
+            _ => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Op::Embed(_) => "embed",
