@@ -223,7 +223,10 @@ impl Rec<'_> {
     }
 
     /// Embedding table in chunks of whole rows no larger than one binding.
-    fn table(&mut self, o: &ops::basic::Embed) -> Result<Vec<(wgpu::Buffer, u32, u32)>, BackendError> {
+    fn table(
+        &mut self,
+        o: &ops::basic::Embed,
+    ) -> Result<Vec<(wgpu::Buffer, u32, u32)>, BackendError> {
         let t = &o.table;
         if let Some(c) = self.b.tables.get(&t.name) {
             return Ok(c.clone());

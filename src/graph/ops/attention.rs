@@ -1,9 +1,9 @@
 //! Attention over the raw sliding window plus visible compressed rows, with
 //! per-head sinks (MODEL.md §3.5.2, §3.6); and the raw-window ring update.
 
+use super::CpuCx;
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
-use super::CpuCx;
 use crate::graph::{StateId, ValueId};
 
 /// Where a layer's compressed rows are and which of them a query sees.

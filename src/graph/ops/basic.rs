@@ -1,8 +1,8 @@
 //! Small ops: embedding lookup, element-wise add and scale, last-row select.
 
+use super::CpuCx;
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
-use super::CpuCx;
 use crate::graph::ValueId;
 use crate::quant;
 
@@ -59,7 +59,11 @@ impl Add {
     pub fn cpu(&self, cx: &mut CpuCx) {
         let len = cx.n() * self.cols;
         cx.write(self.out, |cx, out| {
-            self.compute(&cx.get(self.a)[..len], &cx.get(self.b)[..len], &mut out[..len])
+            self.compute(
+                &cx.get(self.a)[..len],
+                &cx.get(self.b)[..len],
+                &mut out[..len],
+            )
         });
     }
 

@@ -2,9 +2,9 @@
 //! as `n_hc` parallel streams; each sublayer reads a weighted collapse of them
 //! and writes back through a Sinkhorn-normalised mixing matrix.
 
+use super::CpuCx;
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
-use super::CpuCx;
 use crate::graph::ValueId;
 
 /// `out[t][s] = x[t]` for every stream `s` (the embedding enters every stream).

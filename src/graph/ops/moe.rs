@@ -142,7 +142,11 @@ impl SwiGlu {
     pub fn cpu(&self, cx: &mut CpuCx) {
         let len = cx.n() * self.cols;
         cx.write(self.out, |cx, out| {
-            self.compute(&cx.get(self.gate)[..len], &cx.get(self.up)[..len], &mut out[..len])
+            self.compute(
+                &cx.get(self.gate)[..len],
+                &cx.get(self.up)[..len],
+                &mut out[..len],
+            )
         });
     }
 
@@ -214,7 +218,11 @@ impl MoeExperts {
     pub fn cpu(&self, cx: &mut CpuCx) {
         let n = cx.n();
         cx.write(self.out, |cx, out| {
-            let (x, sel, w) = (cx.get(self.x), cx.get_i32(self.selected), cx.get(self.weights));
+            let (x, sel, w) = (
+                cx.get(self.x),
+                cx.get_i32(self.selected),
+                cx.get(self.weights),
+            );
             self.compute(cx.file, x, sel, w, n, out)
         });
     }

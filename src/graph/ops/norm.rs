@@ -1,8 +1,8 @@
 //! RMS normalisation, weighted or not, over rows of `dim` values.
 
+use super::{CpuCx, Rows};
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
-use super::{CpuCx, Rows};
 use crate::graph::ValueId;
 
 /// `out = x / sqrt(mean(x²) + eps) (⊙ w)` for every `dim`-wide row of `x`.

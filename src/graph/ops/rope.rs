@@ -42,7 +42,9 @@ impl Rope {
 
     pub fn cpu(&self, cx: &mut CpuCx) {
         let (pos0, n) = (cx.p.pos0, cx.n());
-        cx.write(self.out, |cx, out| self.compute(cx.get(self.x), pos0, n, out));
+        cx.write(self.out, |cx, out| {
+            self.compute(cx.get(self.x), pos0, n, out)
+        });
     }
 
     pub fn compute(&self, x: &[f32], pos0: usize, n_tokens: usize, out: &mut [f32]) {
