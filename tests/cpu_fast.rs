@@ -223,7 +223,7 @@ fn routed_experts_match_the_reference_on_every_path() {
                 .collect();
             let wts: Vec<f32> = (0..n_tok * k).map(|_| rng.f().abs() + 0.1).collect();
             let mut want = vec![f32::NAN; n_tok * d];
-            op.cpu(&f, &x, &sel, &wts, n_tok, &mut want);
+            op.compute(&f, &x, &sel, &wts, n_tok, &mut want);
             let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max);
             let f = Arc::new(f);
             for (name, kern) in all_kernels() {

@@ -46,7 +46,12 @@ fn elementwise_cases() -> Vec<Case> {
         out.push(b.finish(
             format!("add {cols}×{n}"),
             f,
-            Op::Add(basic::Add { a: x, b: y, out: o }),
+            Op::Add(basic::Add {
+                a: x,
+                b: y,
+                out: o,
+                cols,
+            }),
             inputs,
             vec![],
             0,
@@ -60,6 +65,7 @@ fn elementwise_cases() -> Vec<Case> {
             x,
             out: o,
             factor: 0.37,
+            cols,
         });
         out.push(b.finish(format!("scale {cols}×{n}"), f, op, inputs, vec![], 0));
         // swiglu, with and without the clamp
@@ -80,6 +86,7 @@ fn elementwise_cases() -> Vec<Case> {
                 up: u,
                 out: o,
                 clamp,
+                cols,
             });
             out.push(b.finish(
                 format!("swiglu {cols}×{n} clamp {clamp}"),
@@ -194,6 +201,7 @@ fn rms_norm_matches_the_cpu() {
             dim,
             weight: weighted.then(|| r[0].clone()),
             eps: 1e-6,
+            rows: ds4::graph::ops::Rows::of(b.rec.value(o), dim),
         });
         cases.push(b.finish(
             format!("rms_norm {dim}×{heads} n {n} w {weighted} fixed {fixed}"),
@@ -829,6 +837,7 @@ fn matmul_case(
         x,
         out: o,
         groups,
+        rows: ds4::graph::ops::Rows::value(b.rec.value(o)),
     });
     b.finish(
         format!("{label} {ty} {n_in}→{n_out} g{groups} n {n}"),

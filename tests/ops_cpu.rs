@@ -233,7 +233,7 @@ fn attention_matches_a_naive_softmax_over_the_visible_rows() {
             compressed: Some(&comp),
             selected: indexed.then_some(&sel[..]),
         };
-        op.cpu(&file, inp, pos0, n_tok, &mut out);
+        op.compute(&file, inp, pos0, n_tok, &mut out);
         for t in 0..n_tok {
             let p = pos0 + t;
             let mut rows: Vec<Vec<f32>> = Vec::new();
@@ -298,7 +298,7 @@ fn indexer_picks_the_best_rows_with_ties_to_the_lower_index() {
             .map(|x| x.abs())
             .collect::<Vec<_>>();
         let mut out = vec![i32::MIN; n_tok * k];
-        op.cpu(&q, &wts, &rows, pos0, n_tok, &mut out);
+        op.compute(&q, &wts, &rows, pos0, n_tok, &mut out);
         for t in 0..n_tok {
             let n = (pos0 + t + 1) / ratio;
             let got = &out[t * k..(t + 1) * k];
@@ -351,7 +351,7 @@ fn router_chooses_top_k_with_bias_ties_low_and_hash_rows() {
     };
     let mut sel = vec![-7; 4];
     let mut w = vec![f32::NAN; 4];
-    Router { k: 4, ..op.clone() }.cpu(&file, &logits, &[0], 1, &mut sel, &mut w);
+    Router { k: 4, ..op.clone() }.compute(&file, &logits, &[0], 1, &mut sel, &mut w);
     assert_eq!(
         sel,
         vec![2, 5, 3, 1],
@@ -359,7 +359,7 @@ fn router_chooses_top_k_with_bias_ties_low_and_hash_rows() {
     );
     let mut sel = vec![-7; 3];
     let mut w = vec![f32::NAN; 3];
-    op.cpu(&file, &logits, &[0], 1, &mut sel, &mut w);
+    op.compute(&file, &logits, &[0], 1, &mut sel, &mut w);
     assert_eq!(sel, vec![2, 5, 3], "bias steers selection");
     let sum: f32 = [2, 5, 3].iter().map(|&i| s[i]).sum();
     for (i, &x) in [2usize, 5, 3].iter().enumerate() {
@@ -389,7 +389,7 @@ fn router_chooses_top_k_with_bias_ties_low_and_hash_rows() {
         bias: None,
         ..op
     };
-    op.cpu(&f2, &logits, &[1], 1, &mut sel, &mut w);
+    op.compute(&f2, &logits, &[1], 1, &mut sel, &mut w);
     assert_eq!(sel, vec![1, 5, 3]);
 }
 
@@ -438,7 +438,7 @@ fn compressor_emits_the_gated_pool_of_each_window() {
                 score: &mut ssc,
                 rows: &mut rows,
             };
-            op.cpu(
+            op.compute(
                 &file,
                 &kv[p0 * c..(p0 + len) * c],
                 &gate[p0 * c..(p0 + len) * c],

@@ -658,7 +658,7 @@ fn experts_case_with(gpu: &Gpu, kernels: &MatmulKernels, e: &Experts, seed: u64)
         out: ds4::graph::ValueId(3),
     };
     let mut want = vec![0f32; e.n_tokens * e.d];
-    op.cpu(&file, &x, &sel, &wts, e.n_tokens, &mut want);
+    op.compute(&file, &x, &sel, &wts, e.n_tokens, &mut want);
 
     let upload = |n: &str, ty: GgmlType, ne: [u64; 3], bytes: &[u8]| {
         let slab = bytes.len() / e.n_expert;

@@ -87,6 +87,15 @@ impl ValueDesc {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Rows holding data after a step of `n_tokens` (all of a fixed value).
+    pub fn live_rows(&self, n_tokens: usize) -> usize {
+        if self.per_token {
+            n_tokens
+        } else {
+            self.rows
+        }
+    }
 }
 
 /// Persistent state: `rows × cols` f32, with the value a fresh session holds.
@@ -266,7 +275,12 @@ impl Recorder {
         self.new_value(name, rows, cols, DType::F32, false)
     }
 
+    /// Appends `op`. Panics when the geometry it carries disagrees with its
+    /// values ([`Op::geometry_mismatch`]): a recording bug.
     pub fn op(&mut self, op: Op) {
+        if let Some(msg) = op.geometry_mismatch(&self.values) {
+            panic!("{} recorded with {msg}", op.name());
+        }
         self.nodes.push(Node::Op(op));
     }
 

@@ -18,7 +18,7 @@ use crate::graph::ops::moe::{MoeExperts, Router, SwiGlu};
 use crate::graph::ops::norm::RmsNorm;
 use crate::graph::ops::rope::Rope;
 use crate::graph::ops::round::{HadamardFp4, KvRound};
-use crate::graph::ops::Op;
+use crate::graph::ops::{Op, Rows};
 use crate::graph::{Graph, Recorder, ValueId, ValueName};
 
 /// Which rounding steps the graph applies (MODEL.md §3.5.1).
@@ -77,6 +77,7 @@ impl Ctx<'_> {
             x,
             out,
             groups,
+            rows: Rows::value(self.r.value(out)),
         }));
         out
     }
@@ -96,6 +97,7 @@ impl Ctx<'_> {
             dim,
             weight: weight.cloned(),
             eps: self.cfg.rms_eps,
+            rows: Rows::of(self.r.value(out), dim),
         }));
         out
     }
@@ -287,6 +289,7 @@ impl Ctx<'_> {
                 x: wi,
                 out: wi_scaled,
                 factor: 1.0 / ((ihd * ih) as f32).sqrt(),
+                cols: self.r.value(wi_scaled).cols,
             }));
             let sel = self.r.tokens_i32("index_selected", cfg.indexer_top_k);
             self.r.op(Op::IndexerTopK(IndexerTopK {
@@ -375,6 +378,7 @@ impl Ctx<'_> {
             up: u,
             out: h,
             clamp,
+            cols: self.r.value(h).cols,
         }));
         let shared = self.matmul("shared_out", sd, h); // D
         let y = self.r.tokens_f32("ffn_out", cfg.n_embd);
@@ -382,6 +386,7 @@ impl Ctx<'_> {
             a: routed,
             b: shared,
             out: y,
+            cols: self.r.value(y).cols,
         }));
         y
     }
@@ -489,6 +494,7 @@ pub fn record(
                 dim: d,
                 weight: Some(w.output_norm.clone()),
                 eps: cfg.rms_eps,
+                rows: Rows::of(c.r.value(xn), d),
             }));
             let logits = c.r.fixed_f32("logits", 1, cfg.n_vocab);
             c.r.op(Op::MatMul(MatMul {
@@ -496,6 +502,7 @@ pub fn record(
                 x: xn,
                 out: logits,
                 groups: 1,
+                rows: Rows::value(c.r.value(logits)),
             }));
             logits
         }

@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::ops::Range;
 
 use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
-use crate::graph::ops::attention::AttentionInputs;
-use crate::graph::ops::compress::CompressState;
-use crate::graph::ops::Op;
+use crate::graph::ops::{CpuCx, Op};
 use crate::graph::{plan, DType, Graph, Node, Plan, StateId, StateLayout, StepParams, ValueId};
 
 struct LoadedGraph {
@@ -126,15 +124,6 @@ impl LoadedGraph {
         let s = self.slot(v);
         self.slots[s] = buf;
     }
-
-    fn rows(&self, v: ValueId, n_tokens: usize) -> usize {
-        let d = self.graph.value(v);
-        if d.per_token {
-            n_tokens
-        } else {
-            d.rows
-        }
-    }
 }
 
 impl Backend for CpuBackend {
@@ -186,10 +175,11 @@ impl Backend for CpuBackend {
         g.put(graph.tokens, tok);
         let n = p.n_tokens;
         let profile = self.profile.is_some();
+        let mut cx = CpuCx::new(file, &graph, p, &g.plan.slot_of, &mut g.slots, states);
         for node in &graph.nodes {
             let Node::Op(op) = node else { continue };
             let t0 = profile.then(std::time::Instant::now);
-            run_op(g, op, file, states, p, n, self.fast.as_ref());
+            run_op(&mut cx, op, self.fast.as_ref());
             if let (Some(t0), Some(prof)) = (t0, self.profile.as_mut()) {
                 // Dense products split by weight format (their kernels differ).
                 let name = match op {
@@ -217,7 +207,7 @@ impl Backend for CpuBackend {
             .get(h.0)
             .ok_or(BackendError::UnknownGraph(h.0))?;
         let d = g.graph.value(v);
-        let rows = g.rows(v, g.n_tokens);
+        let rows = d.live_rows(g.n_tokens);
         let data = &g.get(v)[..rows * d.cols];
         Ok(match d.dtype {
             DType::F32 => data.to_vec(),
@@ -282,207 +272,32 @@ impl Backend for CpuBackend {
     }
 }
 
-/// Executes one op: the single exhaustive dispatch of this backend.
-fn run_op(
-    g: &mut LoadedGraph,
-    op: &Op,
-    file: &crate::gguf::GgufFile,
-    states: &mut [Vec<f32>],
-    p: StepParams,
-    n: usize,
-    fast: Option<&fast::Kernels>,
-) {
-    let st = |s: StateId| s.0 as usize;
+/// Executes one op: the single exhaustive dispatch of this backend. The fast
+/// kernels take the ops they override first.
+fn run_op(cx: &mut CpuCx, op: &Op, fast: Option<&fast::Kernels>) {
+    if fast.is_some_and(|k| k.try_op(op, cx)) {
+        return;
+    }
     match op {
-        Op::Embed(o) => {
-            let mut out = g.take(o.out);
-            o.cpu(file, &as_i32(g.get(o.tokens))[..n], &mut out);
-            g.put(o.out, out);
-        }
-        Op::HcInit(o) => {
-            let mut out = g.take(o.out);
-            o.cpu(g.get(o.x), n, &mut out);
-            g.put(o.out, out);
-        }
-        Op::RmsNorm(o) => {
-            let rows = g.rows(o.out, n);
-            let cols = g.graph.value(o.out).cols;
-            let mut out = g.take(o.out);
-            o.cpu(file, &g.get(o.x)[..rows * cols], &mut out[..rows * cols]);
-            g.put(o.out, out);
-        }
-        Op::MatMul(o) => {
-            let rows = g.rows(o.out, n);
-            let mut out = g.take(o.out);
-            let done = fast.is_some_and(|k| {
-                fast::matmul::matmul(
-                    k,
-                    o.w.ty,
-                    o.w.bytes(file),
-                    o.in_dim(),
-                    o.out_dim(),
-                    o.groups,
-                    g.get(o.x),
-                    rows,
-                    &mut out,
-                )
-            });
-            if !done {
-                o.cpu(file, g.get(o.x), rows, &mut out);
-            }
-            g.put(o.out, out);
-        }
-        Op::HcMix(o) => {
-            let mut pre = g.take(o.pre);
-            let mut post = o.post.map(|v| g.take(v));
-            let mut comb = o.comb.map(|v| g.take(v));
-            o.cpu(
-                file,
-                g.get(o.logits),
-                n,
-                &mut pre,
-                post.as_deref_mut(),
-                comb.as_deref_mut(),
-            );
-            g.put(o.pre, pre);
-            if let (Some(v), Some(b)) = (o.post, post) {
-                g.put(v, b);
-            }
-            if let (Some(v), Some(b)) = (o.comb, comb) {
-                g.put(v, b);
-            }
-        }
-        Op::HcCollapse(o) => {
-            let mut out = g.take(o.out);
-            o.cpu(g.get(o.state), g.get(o.pre), n, &mut out);
-            g.put(o.out, out);
-        }
-        Op::HcExpand(o) => {
-            let mut out = g.take(o.out);
-            o.cpu(
-                g.get(o.state),
-                g.get(o.y),
-                g.get(o.post),
-                g.get(o.comb),
-                n,
-                &mut out,
-            );
-            g.put(o.out, out);
-        }
-        Op::Rope(o) => {
-            let mut out = g.take(o.out);
-            o.cpu(g.get(o.x), p.pos0, n, &mut out);
-            g.put(o.out, out);
-        }
-        Op::KvRound(o) => {
-            let mut out = g.take(o.out);
-            o.cpu(g.get(o.x), n, &mut out);
-            g.put(o.out, out);
-        }
-        Op::HadamardFp4(o) => {
-            let mut out = g.take(o.out);
-            o.cpu(g.get(o.x), n, &mut out);
-            g.put(o.out, out);
-        }
-        Op::Attention(o) => {
-            let mut out = g.take(o.out);
-            let inp = AttentionInputs {
-                q: g.get(o.q),
-                kv: g.get(o.kv),
-                ring: &states[st(o.ring)],
-                compressed: o.compressed.map(|c| &states[st(c.rows)][..]),
-                selected: o.selected.map(|v| as_i32(g.get(v))),
-            };
-            match fast {
-                Some(k) => fast::attention::attention(k, o, file, inp, p.pos0, n, &mut out),
-                None => o.cpu(file, inp, p.pos0, n, &mut out),
-            }
-            g.put(o.out, out);
-        }
-        Op::RingWrite(o) => o.cpu(g.get(o.kv), p.pos0, n, &mut states[st(o.ring)]),
-        Op::Compress(o) => {
-            let mut kv = std::mem::take(&mut states[st(o.state_kv)]);
-            let mut score = std::mem::take(&mut states[st(o.state_score)]);
-            let mut rows = std::mem::take(&mut states[st(o.rows)]);
-            o.cpu(
-                file,
-                g.get(o.kv),
-                g.get(o.gate),
-                p.pos0,
-                n,
-                CompressState {
-                    kv: &mut kv,
-                    score: &mut score,
-                    rows: &mut rows,
-                },
-            );
-            states[st(o.state_kv)] = kv;
-            states[st(o.state_score)] = score;
-            states[st(o.rows)] = rows;
-        }
-        Op::IndexerTopK(o) => {
-            let mut out = g.take(o.out);
-            let (q, w, rows) = (g.get(o.q), g.get(o.weights), &states[st(o.rows)]);
-            match fast {
-                Some(k) => fast::indexer::topk(k, o, q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
-                None => o.cpu(q, w, rows, p.pos0, n, as_i32_mut(&mut out)),
-            }
-            g.put(o.out, out);
-        }
-        Op::Router(o) => {
-            let mut sel = g.take(o.selected);
-            let mut w = g.take(o.weights);
-            o.cpu(
-                file,
-                g.get(o.logits),
-                as_i32(g.get(o.tokens)),
-                n,
-                as_i32_mut(&mut sel),
-                &mut w,
-            );
-            g.put(o.selected, sel);
-            g.put(o.weights, w);
-        }
-        Op::MoeExperts(o) => {
-            let mut out = g.take(o.out);
-            let (x, sel, w) = (g.get(o.x), as_i32(g.get(o.selected)), g.get(o.weights));
-            let done =
-                fast.is_some_and(|k| fast::matmul::moe_experts(k, o, file, x, sel, w, n, &mut out));
-            if !done {
-                o.cpu(file, x, sel, w, n, &mut out);
-            }
-            g.put(o.out, out);
-        }
-        Op::SwiGlu(o) => {
-            let cols = g.graph.value(o.out).cols;
-            let mut out = g.take(o.out);
-            o.cpu(
-                &g.get(o.gate)[..n * cols],
-                &g.get(o.up)[..n * cols],
-                &mut out[..n * cols],
-            );
-            g.put(o.out, out);
-        }
-        Op::Add(o) => {
-            let cols = g.graph.value(o.out).cols;
-            let mut out = g.take(o.out);
-            o.cpu(
-                &g.get(o.a)[..n * cols],
-                &g.get(o.b)[..n * cols],
-                &mut out[..n * cols],
-            );
-            g.put(o.out, out);
-        }
-        Op::Scale(o) => {
-            let cols = g.graph.value(o.out).cols;
-            let mut out = g.take(o.out);
-            o.cpu(&g.get(o.x)[..n * cols], &mut out[..n * cols]);
-            g.put(o.out, out);
-        }
-        Op::TakeLast(o) => {
-            let mut out = g.take(o.out);
-            o.cpu(g.get(o.x), n, &mut out);
-            g.put(o.out, out);
-        }
+        Op::Embed(o) => o.cpu(cx),
+        Op::HcInit(o) => o.cpu(cx),
+        Op::RmsNorm(o) => o.cpu(cx),
+        Op::MatMul(o) => o.cpu(cx),
+        Op::HcMix(o) => o.cpu(cx),
+        Op::HcCollapse(o) => o.cpu(cx),
+        Op::HcExpand(o) => o.cpu(cx),
+        Op::Rope(o) => o.cpu(cx),
+        Op::KvRound(o) => o.cpu(cx),
+        Op::HadamardFp4(o) => o.cpu(cx),
+        Op::Attention(o) => o.cpu(cx),
+        Op::RingWrite(o) => o.cpu(cx),
+        Op::Compress(o) => o.cpu(cx),
+        Op::IndexerTopK(o) => o.cpu(cx),
+        Op::Router(o) => o.cpu(cx),
+        Op::MoeExperts(o) => o.cpu(cx),
+        Op::SwiGlu(o) => o.cpu(cx),
+        Op::Add(o) => o.cpu(cx),
+        Op::Scale(o) => o.cpu(cx),
+        Op::TakeLast(o) => o.cpu(cx),
     }
 }

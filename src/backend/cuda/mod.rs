@@ -342,7 +342,7 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let g = self.loaded(h)?;
         let d = g.graph.value(v);
-        let rows = if d.per_token { g.n_tokens } else { d.rows };
+        let rows = d.live_rows(g.n_tokens);
         let mut raw = vec![0u32; rows * d.cols];
         download(g.values[v.0 as usize], bytemuck::cast_slice_mut(&mut raw))?;
         Ok(match d.dtype {

@@ -253,7 +253,6 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
             .map(|d| Arg::Ptr(d.ptr))
             .ok_or_else(|| unsupported(format!("state #{} outside the layout", s.0)))
     };
-    let cols = |id: ValueId| u(graph.value(id).cols);
     for node in &graph.nodes {
         let Node::Op(op) = node else { continue };
         let mut launch =
@@ -289,20 +288,14 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 vec![v(o.x), v(o.out), Arg::U32(u(o.n_hc)), Arg::U32(u(o.dim))],
             )?,
             Op::RmsNorm(o) => {
-                let d = graph.value(o.out);
                 let w = match &o.weight {
                     Some(t) => weights.small_f32(file, t)?,
                     None => 0,
                 };
-                let (rows_per_token, fixed_rows) = if d.per_token {
-                    (u(d.cols / o.dim), 0)
-                } else {
-                    (0, u(d.rows * d.cols / o.dim))
-                };
-                let grid = if d.per_token {
-                    per_token(rows_per_token)
-                } else {
-                    fixed(fixed_rows)
+                let (rows_per_token, fixed_rows) = (u(o.rows.per_token), u(o.rows.fixed));
+                let grid = match o.rows.fixed_only() {
+                    None => per_token(rows_per_token),
+                    Some(_) => fixed(fixed_rows),
                 };
                 launch(
                     "rms_norm",
@@ -329,14 +322,14 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                         o.w.name, o.groups
                     )));
                 }
-                let d = graph.value(o.out);
-                let fixed_rows = if d.per_token { 0 } else { u(d.rows) };
+                let fixed_rows = u(o.rows.fixed_only().unwrap_or(0));
+                let per_token_rows = o.rows.fixed_only().is_none();
                 let w = weights.tensor(file, &o.w, &mut progress)?;
                 // y: token tiles of MM_TT = 8.
-                let ty = if d.per_token {
+                let ty = if per_token_rows {
                     per_tokens(8)
                 } else {
-                    fixed(u(d.rows).div_ceil(8))
+                    fixed(fixed_rows.div_ceil(8))
                 };
                 let args = vec![
                     Arg::Ptr(w),
@@ -360,7 +353,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 // 64-row tiles that never straddle an output group.
                 let per_group = n_out / o.groups;
                 if tensor_cores
-                    && d.per_token
+                    && per_token_rows
                     && u(graph.max_tokens) >= MMA_MIN_TOKENS
                     && n_in % 32 == 0
                     && (o.groups == 1 || per_group % 64 == 0)
@@ -674,7 +667,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 };
                 let grid =
                     |n_out: usize| Grid::Blocks(fixed(u(n_out).div_ceil(8)), per_token(u(k)));
-                if o.gate.ty == o.up.ty && o.gate.ne == o.up.ne {
+                if o.gate_up_alike() {
                     // One launch reads both rows and writes the weighted,
                     // clamped SwiGLU product (cuda/moe.cu expert_gate_up_*).
                     let name = per_type("expert_gate_up_", o.gate.ty)?;
@@ -736,7 +729,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
             }
             Op::SwiGlu(o) => launch(
                 "swiglu_clamped",
-                Grid::Threads(per_token(cols(o.out))),
+                Grid::Threads(per_token(u(o.cols))),
                 THREADS,
                 0,
                 vec![
@@ -744,22 +737,22 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                     v(o.up),
                     v(o.out),
                     Arg::F32(o.clamp),
-                    Arg::U32(cols(o.out)),
+                    Arg::U32(u(o.cols)),
                 ],
             )?,
             Op::Add(o) => launch(
                 "add",
-                Grid::Threads(per_token(cols(o.out))),
+                Grid::Threads(per_token(u(o.cols))),
                 THREADS,
                 0,
-                vec![v(o.a), v(o.b), v(o.out), Arg::U32(cols(o.out))],
+                vec![v(o.a), v(o.b), v(o.out), Arg::U32(u(o.cols))],
             )?,
             Op::Scale(o) => launch(
                 "scale",
-                Grid::Threads(per_token(cols(o.out))),
+                Grid::Threads(per_token(u(o.cols))),
                 THREADS,
                 0,
-                vec![v(o.x), v(o.out), Arg::F32(o.factor), Arg::U32(cols(o.out))],
+                vec![v(o.x), v(o.out), Arg::F32(o.factor), Arg::U32(u(o.cols))],
             )?,
             Op::TakeLast(o) => launch(
                 "take_last",

@@ -536,11 +536,7 @@ impl WgpuBackend {
             .write_buffer(&g.rows, 0, bytemuck::cast_slice(rows));
         let n = p.n_tokens as u32;
         let logits = graph.value(graph.logits);
-        let live = if logits.per_token {
-            p.n_tokens
-        } else {
-            logits.rows
-        } * logits.cols;
+        let live = logits.live_rows(p.n_tokens) * logits.cols;
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
             size: (live * 4).max(4) as u64,
@@ -697,7 +693,7 @@ impl Backend for WgpuBackend {
             return Ok(g.logits.clone());
         }
         let d = g.graph.value(v);
-        let rows = if d.per_token { g.n_tokens } else { d.rows };
+        let rows = d.live_rows(g.n_tokens);
         let bytes = self.read_bytes(g.buffer(v), 0, (rows * d.cols * 4) as u64)?;
         Ok(to_f32(d.dtype, &bytes))
     }

@@ -233,17 +233,17 @@ impl Rec<'_> {
         })
     }
 
-    fn cols(&self, v: ValueId) -> usize {
-        self.g.graph.value(v).cols
-    }
-
     /// Embedding table in chunks of whole rows no larger than one binding.
-    fn table(&mut self, t: &TensorRef) -> Result<Vec<(wgpu::Buffer, u32, u32)>, BackendError> {
+    fn table(
+        &mut self,
+        o: &ops::basic::Embed,
+    ) -> Result<Vec<(wgpu::Buffer, u32, u32)>, BackendError> {
+        let t = &o.table;
         if let Some(c) = self.b.tables.get(&t.name) {
             return Ok(c.clone());
         }
         let rb = t.row_bytes();
-        let n_rows = t.ne[1] as usize;
+        let n_rows = o.vocab();
         // Even row counts keep every chunk's start on a u32 word for F16/BF16.
         let per = ((self.b.gpu.max_binding() as usize / rb.max(1)) & !1).max(2);
         let bytes = t.bytes(self.file);
@@ -300,7 +300,7 @@ impl Rec<'_> {
                 };
                 let dim = o.dim();
                 let mut out = Vec::new();
-                for (buf, row0, n_rows) in self.table(&o.table)? {
+                for (buf, row0, n_rows) in self.table(o)? {
                     let p = EmbedParams {
                         dim: dim as u32,
                         ty,
@@ -322,12 +322,7 @@ impl Rec<'_> {
                 one(self.kernel("elementwise", "hc_init", &p, &s, per_token(o.items()))?)
             }
             Op::RmsNorm(o) => {
-                let d = self.g.graph.value(o.out).clone();
-                let (rpt, fixed) = if d.per_token {
-                    (d.cols / o.dim, 0)
-                } else {
-                    (0, d.rows * d.cols / o.dim)
-                };
+                let (rpt, fixed) = (o.rows.per_token, o.rows.fixed);
                 let p = NormParams {
                     dim: o.dim as u32,
                     rows_per_token: rpt as u32,
@@ -350,10 +345,9 @@ impl Rec<'_> {
             Op::MatMul(o) => {
                 let w = self.tensor(&o.w)?;
                 let (x, out) = (self.range(o.x), self.range(o.out));
-                let od = self.g.graph.value(o.out);
                 // A product over fixed rows (the last-token head) reads a
                 // constant step uniform saying how many rows there are.
-                let fixed = (!od.per_token).then_some(od.rows as u32);
+                let fixed = o.rows.fixed_only().map(|r| r as u32);
                 let max_tokens = fixed.map_or(self.g.graph.max_tokens, |r| r as usize);
                 let fixed_step = fixed.map(|r| {
                     let u = super::StepUniform {
@@ -700,7 +694,7 @@ impl Rec<'_> {
                 one(self.kernel("router", "router", &p, &s, groups_per_token(1))?)
             }
             Op::SwiGlu(o) => {
-                let cols = self.cols(o.out);
+                let cols = o.cols;
                 let p = EltParams {
                     cols: cols as u32,
                     clamp: o.clamp,
@@ -710,7 +704,7 @@ impl Rec<'_> {
                 one(self.kernel("elementwise", "swiglu", &p, &s, per_token(cols))?)
             }
             Op::Add(o) => {
-                let cols = self.cols(o.out);
+                let cols = o.cols;
                 let p = EltParams {
                     cols: cols as u32,
                     ..Default::default()
@@ -719,7 +713,7 @@ impl Rec<'_> {
                 one(self.kernel("elementwise", "add", &p, &s, per_token(cols))?)
             }
             Op::Scale(o) => {
-                let cols = self.cols(o.out);
+                let cols = o.cols;
                 let p = EltParams {
                     cols: cols as u32,
                     factor: o.factor,

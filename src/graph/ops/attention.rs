@@ -1,6 +1,7 @@
 //! Attention over the raw sliding window plus visible compressed rows, with
 //! per-head sinks (MODEL.md §3.5.2, §3.6); and the raw-window ring update.
 
+use super::CpuCx;
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::{StateId, ValueId};
@@ -42,6 +43,24 @@ pub struct AttentionInputs<'a> {
 }
 
 impl Attention {
+    /// This op's inputs in `cx` (the step's values and the layer's states).
+    pub fn inputs<'c>(&self, cx: &'c CpuCx) -> AttentionInputs<'c> {
+        AttentionInputs {
+            q: cx.get(self.q),
+            kv: cx.get(self.kv),
+            ring: cx.state(self.ring),
+            compressed: self.compressed.map(|c| cx.state(c.rows)),
+            selected: self.selected.map(|v| cx.get_i32(v)),
+        }
+    }
+
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let (pos0, n) = (cx.p.pos0, cx.n());
+        cx.write(self.out, |cx, out| {
+            self.compute(cx.file, self.inputs(cx), pos0, n, out)
+        });
+    }
+
     /// The rows token `t` of a step starting at `pos0` attends to, in the
     /// order its softmax sums them: the raw window (ring rows before the
     /// step, `kv` rows in it), then the visible compressed rows (the
@@ -84,7 +103,7 @@ impl Attention {
         }
     }
 
-    pub fn cpu(
+    pub fn compute(
         &self,
         file: &GgufFile,
         inp: AttentionInputs<'_>,
@@ -142,7 +161,13 @@ pub struct RingWrite {
 }
 
 impl RingWrite {
-    pub fn cpu(&self, kv: &[f32], pos0: usize, n_tokens: usize, ring: &mut [f32]) {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let mut ring = cx.take_state(self.ring);
+        self.compute(cx.get(self.kv), cx.p.pos0, cx.n(), &mut ring);
+        cx.put_state(self.ring, ring);
+    }
+
+    pub fn compute(&self, kv: &[f32], pos0: usize, n_tokens: usize, ring: &mut [f32]) {
         let d = self.dim;
         for t in n_tokens.saturating_sub(self.window)..n_tokens {
             let r = (pos0 + t) % self.window;

@@ -4,6 +4,7 @@
 //! current window's second half of each projected row.
 
 use super::rope;
+use super::CpuCx;
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::ops::rope::RopeConfig;
@@ -59,7 +60,28 @@ impl Compress {
         }
     }
 
-    pub fn cpu(
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let mut kv = cx.take_state(self.state_kv);
+        let mut score = cx.take_state(self.state_score);
+        let mut rows = cx.take_state(self.rows);
+        self.compute(
+            cx.file,
+            cx.get(self.kv),
+            cx.get(self.gate),
+            cx.p.pos0,
+            cx.n(),
+            CompressState {
+                kv: &mut kv,
+                score: &mut score,
+                rows: &mut rows,
+            },
+        );
+        cx.put_state(self.state_kv, kv);
+        cx.put_state(self.state_score, score);
+        cx.put_state(self.rows, rows);
+    }
+
+    pub fn compute(
         &self,
         file: &GgufFile,
         kv: &[f32],

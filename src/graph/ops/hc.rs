@@ -2,6 +2,7 @@
 //! as `n_hc` parallel streams; each sublayer reads a weighted collapse of them
 //! and writes back through a Sinkhorn-normalised mixing matrix.
 
+use super::CpuCx;
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::ValueId;
@@ -21,7 +22,12 @@ impl HcInit {
         self.n_hc * self.dim
     }
 
-    pub fn cpu(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        cx.write(self.out, |cx, out| self.compute(cx.get(self.x), n, out));
+    }
+
+    pub fn compute(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
         let (d, n) = (self.dim, self.n_hc);
         for t in 0..n_tokens {
             for s in 0..n {
@@ -57,7 +63,29 @@ impl HcMix {
         }
     }
 
-    pub fn cpu(
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        let mut pre = cx.take(self.pre);
+        let mut post = self.post.map(|v| cx.take(v));
+        let mut comb = self.comb.map(|v| cx.take(v));
+        self.compute(
+            cx.file,
+            cx.get(self.logits),
+            n,
+            &mut pre,
+            post.as_deref_mut(),
+            comb.as_deref_mut(),
+        );
+        cx.put(self.pre, pre);
+        if let (Some(v), Some(b)) = (self.post, post) {
+            cx.put(v, b);
+        }
+        if let (Some(v), Some(b)) = (self.comb, comb) {
+            cx.put(v, b);
+        }
+    }
+
+    pub fn compute(
         &self,
         file: &GgufFile,
         logits: &[f32],
@@ -141,7 +169,14 @@ impl HcCollapse {
         self.dim
     }
 
-    pub fn cpu(&self, state: &[f32], pre: &[f32], n_tokens: usize, out: &mut [f32]) {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        cx.write(self.out, |cx, out| {
+            self.compute(cx.get(self.state), cx.get(self.pre), n, out)
+        });
+    }
+
+    pub fn compute(&self, state: &[f32], pre: &[f32], n_tokens: usize, out: &mut [f32]) {
         let (n, d) = (self.n_hc, self.dim);
         for t in 0..n_tokens {
             let o = &mut out[t * d..(t + 1) * d];
@@ -176,7 +211,21 @@ impl HcExpand {
         self.n_hc * self.dim
     }
 
-    pub fn cpu(
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        cx.write(self.out, |cx, out| {
+            self.compute(
+                cx.get(self.state),
+                cx.get(self.y),
+                cx.get(self.post),
+                cx.get(self.comb),
+                n,
+                out,
+            )
+        });
+    }
+
+    pub fn compute(
         &self,
         state: &[f32],
         y: &[f32],

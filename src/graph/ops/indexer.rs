@@ -1,6 +1,7 @@
 //! The lightning indexer (MODEL.md §3.5.4): picks which compressed rows a CSA
 //! query attends to when more than `top_k` are visible.
 
+use super::CpuCx;
 use crate::graph::{StateId, ValueId};
 
 /// `score[c] = Σ_h w[h] · max(0, q_h · k_c)` over the visible indexer rows;
@@ -20,7 +21,15 @@ pub struct IndexerTopK {
 }
 
 impl IndexerTopK {
-    pub fn cpu(
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let (pos0, n) = (cx.p.pos0, cx.n());
+        cx.write_i32(self.out, |cx, out| {
+            let (q, w, rows) = (cx.get(self.q), cx.get(self.weights), cx.state(self.rows));
+            self.compute(q, w, rows, pos0, n, out)
+        });
+    }
+
+    pub fn compute(
         &self,
         q: &[f32],
         weights: &[f32],

@@ -1,6 +1,7 @@
 //! Matrix × activations with weights dequantised on the fly.
 
 use super::parallel::for_rows;
+use super::{CpuCx, Rows};
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::ValueId;
@@ -18,6 +19,9 @@ pub struct MatMul {
     pub x: ValueId,
     pub out: ValueId,
     pub groups: usize,
+    /// Activation rows per step (`Rows::of(out, out_dim)`: one per token,
+    /// or a fixed count for the last-token head).
+    pub rows: Rows,
 }
 
 impl MatMul {
@@ -29,7 +33,14 @@ impl MatMul {
         self.w.ne[1] as usize
     }
 
-    pub fn cpu(&self, file: &GgufFile, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let rows = self.rows.at(cx.n());
+        cx.write(self.out, |cx, out| {
+            self.compute(cx.file, cx.get(self.x), rows, out)
+        });
+    }
+
+    pub fn compute(&self, file: &GgufFile, x: &[f32], n_tokens: usize, out: &mut [f32]) {
         let bytes = self.w.bytes(file);
         matmul_rows(
             self.w.ty,

@@ -18,7 +18,7 @@ pub mod parallel;
 pub mod rope;
 pub mod round;
 
-use crate::graph::{StateId, ValueId};
+use crate::graph::{Graph, StateId, StepParams, ValueDesc, ValueId};
 
 /// Every op a graph can hold. Backends match on this exhaustively.
 #[derive(Clone, Debug)]
@@ -149,6 +149,29 @@ impl Op {
         }
     }
 
+    /// How the row or column counts this op carries disagree with its output
+    /// value (`values` indexed by `ValueId`); `None` when they agree. The
+    /// recorder checks every op once, so a hand-built descriptor cannot
+    /// carry geometry its values contradict.
+    pub fn geometry_mismatch(&self, values: &[ValueDesc]) -> Option<String> {
+        let v = |id: ValueId| &values[id.0 as usize];
+        let cols = |cols: usize, out: ValueId| {
+            let want = v(out).cols;
+            (cols != want).then(|| format!("{cols} columns, its output value has {want}"))
+        };
+        let rows = |got: Rows, want: Rows| {
+            (got != want).then(|| format!("rows {got:?}, its output value gives {want:?}"))
+        };
+        match self {
+            Op::RmsNorm(o) => rows(o.rows, Rows::of(v(o.out), o.dim)),
+            Op::MatMul(o) => rows(o.rows, Rows::value(v(o.out))),
+            Op::Add(o) => cols(o.cols, o.out),
+            Op::Scale(o) => cols(o.cols, o.out),
+            Op::SwiGlu(o) => cols(o.cols, o.out),
+            _ => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Op::Embed(_) => "embed",
@@ -178,6 +201,137 @@ impl Op {
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::quant;
+
+/// Rows an op covers in a step: `per_token · n_tokens + fixed`. Computed once
+/// from the output value's descriptor when the op is recorded
+/// ([`Rows::of`]); the CPU twins, the WGSL dispatch and the CUDA grid all
+/// read it from the descriptor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rows {
+    pub per_token: usize,
+    pub fixed: usize,
+}
+
+impl Rows {
+    /// The `width`-wide rows of value `d` (token-indexed values give rows
+    /// per token, the others a fixed count).
+    pub fn of(d: &ValueDesc, width: usize) -> Rows {
+        let w = width.max(1);
+        if d.per_token {
+            Rows {
+                per_token: d.cols / w,
+                fixed: 0,
+            }
+        } else {
+            Rows {
+                per_token: 0,
+                fixed: d.rows * d.cols / w,
+            }
+        }
+    }
+
+    /// The rows of value `d` itself (one per token, or its fixed rows).
+    pub fn value(d: &ValueDesc) -> Rows {
+        Rows::of(d, d.cols)
+    }
+
+    /// Live rows in a step of `n_tokens`.
+    pub fn at(&self, n_tokens: usize) -> usize {
+        self.per_token * n_tokens + self.fixed
+    }
+
+    /// `Some(rows)` when the count does not depend on the step.
+    pub fn fixed_only(&self) -> Option<usize> {
+        (self.per_token == 0).then_some(self.fixed)
+    }
+}
+
+/// What every CPU twin runs against (`fn cpu(&self, cx: &mut CpuCx)`): the
+/// step's value slots, the session's persistent states, the weight file and
+/// the step scalars. The CPU backends build one per step.
+pub struct CpuCx<'a> {
+    pub file: &'a GgufFile,
+    pub graph: &'a Graph,
+    pub p: StepParams,
+    slot_of: &'a [usize],
+    slots: &'a mut [Vec<f32>],
+    states: &'a mut [Vec<f32>],
+}
+
+impl<'a> CpuCx<'a> {
+    /// `slot_of[v]` is value `v`'s slot in `slots` (the memory plan);
+    /// `states[s]` is state `s`'s buffer.
+    pub fn new(
+        file: &'a GgufFile,
+        graph: &'a Graph,
+        p: StepParams,
+        slot_of: &'a [usize],
+        slots: &'a mut [Vec<f32>],
+        states: &'a mut [Vec<f32>],
+    ) -> CpuCx<'a> {
+        CpuCx {
+            file,
+            graph,
+            p,
+            slot_of,
+            slots,
+            states,
+        }
+    }
+
+    /// Tokens in this step.
+    pub fn n(&self) -> usize {
+        self.p.n_tokens
+    }
+
+    /// Value `v` (f32; its whole capacity).
+    pub fn get(&self, v: ValueId) -> &[f32] {
+        let len = self.graph.value(v).len();
+        &self.slots[self.slot_of[v.0 as usize]][..len]
+    }
+
+    /// An i32 value (stored bit-cast in its f32 slot).
+    pub fn get_i32(&self, v: ValueId) -> &[i32] {
+        bytemuck::cast_slice(self.get(v))
+    }
+
+    /// Takes `v`'s buffer out of its slot so inputs can be borrowed
+    /// alongside it; [`CpuCx::put`] returns it.
+    pub fn take(&mut self, v: ValueId) -> Vec<f32> {
+        std::mem::take(&mut self.slots[self.slot_of[v.0 as usize]])
+    }
+
+    pub fn put(&mut self, v: ValueId, buf: Vec<f32>) {
+        self.slots[self.slot_of[v.0 as usize]] = buf;
+    }
+
+    /// Runs `f` with `out`'s buffer writable and every other value readable.
+    pub fn write<R>(&mut self, out: ValueId, f: impl FnOnce(&Self, &mut [f32]) -> R) -> R {
+        let mut buf = self.take(out);
+        let r = f(self, &mut buf);
+        self.put(out, buf);
+        r
+    }
+
+    /// [`CpuCx::write`] for an i32 output.
+    pub fn write_i32<R>(&mut self, out: ValueId, f: impl FnOnce(&Self, &mut [i32]) -> R) -> R {
+        self.write(out, |cx, buf| f(cx, bytemuck::cast_slice_mut(buf)))
+    }
+
+    /// State `s`'s buffer.
+    pub fn state(&self, s: StateId) -> &[f32] {
+        &self.states[s.0 as usize]
+    }
+
+    /// Takes state `s`'s buffer out ([`CpuCx::put_state`] returns it).
+    pub fn take_state(&mut self, s: StateId) -> Vec<f32> {
+        std::mem::take(&mut self.states[s.0 as usize])
+    }
+
+    pub fn put_state(&mut self, s: StateId, buf: Vec<f32>) {
+        self.states[s.0 as usize] = buf;
+    }
+}
 
 /// A whole tensor widened to f32 (norm weights, biases, small mixers).
 pub fn load_f32(file: &GgufFile, t: &TensorRef) -> Vec<f32> {

@@ -2,6 +2,7 @@
 //! clamped SwiGLU, and the SwiGLU of the shared expert.
 
 use super::matmul::matmul_rows;
+use super::CpuCx;
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::ValueId;
@@ -44,7 +45,23 @@ impl Router {
         self.tid2eid.as_ref().map_or(0, |t| t.ne[0] as usize)
     }
 
-    pub fn cpu(
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        let mut sel = cx.take(self.selected);
+        let mut w = cx.take(self.weights);
+        self.compute(
+            cx.file,
+            cx.get(self.logits),
+            cx.get_i32(self.tokens),
+            n,
+            bytemuck::cast_slice_mut(&mut sel),
+            &mut w,
+        );
+        cx.put(self.selected, sel);
+        cx.put(self.weights, w);
+    }
+
+    pub fn compute(
         &self,
         file: &GgufFile,
         logits: &[f32],
@@ -57,7 +74,7 @@ impl Router {
         let table = self
             .tid2eid
             .as_ref()
-            .map(|t| (t.bytes(file), t.ne[0] as usize));
+            .map(|t| (t.bytes(file), self.table_cols()));
         let (e, k) = (self.n_expert, self.k);
         let mut order: Vec<(f32, usize)> = Vec::with_capacity(e);
         for t in 0..n_tokens {
@@ -117,10 +134,23 @@ pub struct SwiGlu {
     pub up: ValueId,
     pub out: ValueId,
     pub clamp: f32,
+    /// Values per token (the output's columns).
+    pub cols: usize,
 }
 
 impl SwiGlu {
-    pub fn cpu(&self, g: &[f32], u: &[f32], out: &mut [f32]) {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let len = cx.n() * self.cols;
+        cx.write(self.out, |cx, out| {
+            self.compute(
+                &cx.get(self.gate)[..len],
+                &cx.get(self.up)[..len],
+                &mut out[..len],
+            )
+        });
+    }
+
+    pub fn compute(&self, g: &[f32], u: &[f32], out: &mut [f32]) {
         for ((o, &a), &b) in out.iter_mut().zip(g).zip(u) {
             *o = swiglu(a, b, self.clamp);
         }
@@ -164,6 +194,12 @@ impl MoeExperts {
         }
     }
 
+    /// `gate` and `up` share one type and shape, so a kernel may read both
+    /// rows in one pass (CUDA's fused gate/up launch).
+    pub fn gate_up_alike(&self) -> bool {
+        self.gate.ty == self.up.ty && self.gate.ne == self.up.ne
+    }
+
     /// Expert `e`'s slab of `t` (one of `gate`, `up`, `down`) as stored.
     pub fn expert_slab<'f>(&self, file: &'f GgufFile, t: &TensorRef, e: usize) -> &'f [u8] {
         let bytes = t.bytes(file);
@@ -179,7 +215,19 @@ impl MoeExperts {
             .collect()
     }
 
-    pub fn cpu(
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        cx.write(self.out, |cx, out| {
+            let (x, sel, w) = (
+                cx.get(self.x),
+                cx.get_i32(self.selected),
+                cx.get(self.weights),
+            );
+            self.compute(cx.file, x, sel, w, n, out)
+        });
+    }
+
+    pub fn compute(
         &self,
         file: &GgufFile,
         x: &[f32],

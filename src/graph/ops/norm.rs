@@ -1,5 +1,6 @@
 //! RMS normalisation, weighted or not, over rows of `dim` values.
 
+use super::{CpuCx, Rows};
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::ValueId;
@@ -14,10 +15,19 @@ pub struct RmsNorm {
     pub dim: usize,
     pub weight: Option<TensorRef>,
     pub eps: f32,
+    /// `dim`-wide rows per step (`Rows::of(out, dim)`).
+    pub rows: Rows,
 }
 
 impl RmsNorm {
-    pub fn cpu(&self, file: &GgufFile, x: &[f32], out: &mut [f32]) {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let len = self.rows.at(cx.n()) * self.dim;
+        cx.write(self.out, |cx, out| {
+            self.compute(cx.file, &cx.get(self.x)[..len], &mut out[..len])
+        });
+    }
+
+    pub fn compute(&self, file: &GgufFile, x: &[f32], out: &mut [f32]) {
         let w = self.weight.as_ref().map(|t| super::load_f32(file, t));
         rms_norm(x, w.as_deref(), self.dim, self.eps, out);
     }

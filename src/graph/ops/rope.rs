@@ -1,6 +1,7 @@
 //! Partial rotary embedding on the tail of each head, interleaved pairs, with
 //! YaRN frequency blending on compressed layers (MODEL.md §3.4.1).
 
+use super::CpuCx;
 use crate::graph::ValueId;
 
 /// YaRN frequency interpolation used by compressed layers (MODEL.md §3.4.1).
@@ -39,7 +40,14 @@ impl Rope {
         self.heads * self.head_dim
     }
 
-    pub fn cpu(&self, x: &[f32], pos0: usize, n_tokens: usize, out: &mut [f32]) {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let (pos0, n) = (cx.p.pos0, cx.n());
+        cx.write(self.out, |cx, out| {
+            self.compute(cx.get(self.x), pos0, n, out)
+        });
+    }
+
+    pub fn compute(&self, x: &[f32], pos0: usize, n_tokens: usize, out: &mut [f32]) {
         let freqs = frequencies(&self.rope);
         let w = self.heads * self.head_dim;
         out[..n_tokens * w].copy_from_slice(&x[..n_tokens * w]);

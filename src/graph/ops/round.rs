@@ -1,6 +1,7 @@
 //! The official numerics' rounding steps (MODEL.md §3.5.1), on by default
 //! (`--numerics model`) and off with `--numerics plain`.
 
+use super::CpuCx;
 use crate::graph::ValueId;
 use crate::quant::{f16, small_float};
 
@@ -17,7 +18,12 @@ pub struct KvRound {
 }
 
 impl KvRound {
-    pub fn cpu(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        cx.write(self.out, |cx, out| self.compute(cx.get(self.x), n, out));
+    }
+
+    pub fn compute(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
         let n = n_tokens * self.dim;
         out[..n].copy_from_slice(&x[..n]);
         for row in out[..n].chunks_exact_mut(self.dim) {
@@ -58,7 +64,12 @@ impl HadamardFp4 {
         self.cols / self.head_dim
     }
 
-    pub fn cpu(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        cx.write(self.out, |cx, out| self.compute(cx.get(self.x), n, out));
+    }
+
+    pub fn compute(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
         let n = n_tokens * self.cols;
         out[..n].copy_from_slice(&x[..n]);
         for head in out[..n].chunks_exact_mut(self.head_dim) {

@@ -405,3 +405,46 @@ impl Kernels {
         }
     }
 }
+
+impl Kernels {
+    /// Runs `op` with these kernels when they override it (dense matmuls
+    /// and routed experts in a format they handle, attention, the indexer)
+    /// and says whether they did; the caller runs the reference twin
+    /// otherwise.
+    pub fn try_op(&self, op: &crate::graph::ops::Op, cx: &mut crate::graph::ops::CpuCx) -> bool {
+        use crate::graph::ops::Op;
+        let (pos0, n) = (cx.p.pos0, cx.n());
+        match op {
+            Op::MatMul(o) => {
+                let rows = o.rows.at(n);
+                cx.write(o.out, |cx, out| {
+                    matmul::matmul(
+                        self,
+                        o.w.ty,
+                        o.w.bytes(cx.file),
+                        o.in_dim(),
+                        o.out_dim(),
+                        o.groups,
+                        cx.get(o.x),
+                        rows,
+                        out,
+                    )
+                })
+            }
+            Op::MoeExperts(o) => cx.write(o.out, |cx, out| {
+                let (x, sel, w) = (cx.get(o.x), cx.get_i32(o.selected), cx.get(o.weights));
+                matmul::moe_experts(self, o, cx.file, x, sel, w, n, out)
+            }),
+            Op::Attention(o) => cx.write(o.out, |cx, out| {
+                attention::attention(self, o, cx.file, o.inputs(cx), pos0, n, out);
+                true
+            }),
+            Op::IndexerTopK(o) => cx.write_i32(o.out, |cx, out| {
+                let (q, w, rows) = (cx.get(o.q), cx.get(o.weights), cx.state(o.rows));
+                indexer::topk(self, o, q, w, rows, pos0, n, out);
+                true
+            }),
+            _ => false,
+        }
+    }
+}
