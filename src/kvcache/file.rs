@@ -300,13 +300,18 @@ impl<W: Write> Write for LimitedWriter<W> {
 }
 
 /// The temporary name a checkpoint is written under: ds4's `.tmp.<pid>`,
-/// then `.<host>.<n>` ([`host_tag`], a per-process counter). In a folder
-/// shared by several replicas (several hosts on NFS, or several writers in
-/// one process) two writers of the same prefix must never share a temp
-/// file: pids repeat across hosts, and one process may store twice at once.
+/// then `.<host>.<thread>` ([`host_tag`], a number per writing thread). In
+/// a folder shared by several replicas (several hosts on NFS, or several
+/// writers in one process) two writers of the same prefix must never share
+/// a temp file: pids repeat across hosts, and two threads of one process
+/// may store the same prefix at once. One thread writes one file at a time,
+/// so the name is fixed per thread (and a test can predict it).
 pub fn temp_path(final_path: &Path) -> PathBuf {
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    thread_local! {
+        static THREAD: u64 = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    let n = THREAD.with(|t| *t);
     let mut s = final_path.as_os_str().to_owned();
     s.push(format!(".tmp.{}.{}.{n}", std::process::id(), host_tag()));
     PathBuf::from(s)

@@ -248,7 +248,7 @@ pub fn lock_for_reading(f: &File, path: &Path) -> io::Result<FileId> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Removal {
     Removed,
-    /// Already gone (another replica's evictor got there first).
+    /// Already gone, or being deleted by another replica's evictor.
     Gone,
     /// Kept: another process holds it open for reading.
     Busy,
@@ -270,7 +270,15 @@ pub fn remove_unread(path: &Path, expected: FileId) -> io::Result<Removal> {
     };
     match f.try_lock() {
         Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => return Ok(Removal::Busy),
+        // Held: by readers (a shared lock is still to be had), or by
+        // another evictor about to delete it (not even a shared one is),
+        // which frees its bytes as surely as we would.
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Ok(match f.try_lock_shared() {
+                Err(std::fs::TryLockError::WouldBlock) => Removal::Gone,
+                _ => Removal::Busy,
+            })
+        }
         Err(std::fs::TryLockError::Error(e)) if e.kind() == io::ErrorKind::Unsupported => {}
         Err(std::fs::TryLockError::Error(e)) => return Err(e),
     }
