@@ -135,19 +135,34 @@ fn start_nginx(bin: &Path, dir: &Path, replicas: [u16; 2]) -> Nginx {
 
 // ---- replicas ----------------------------------------------------------------
 
+/// The tests' save thresholds: a short chat gets a checkpoint every 16
+/// tokens.
+const TEST_SAVES: &[&str] = &[
+    "--kv-cache-min-tokens",
+    "16",
+    "--kv-cache-boundary-align-tokens",
+    "16",
+    "--kv-cache-continued-interval-tokens",
+    "16",
+];
+
 /// One `ds4-server --demo` replica on `port` with the shared cache `cache`
-/// (small save thresholds, so a short chat gets checkpoints every 16
-/// tokens). The demo model is generated once under the build tree.
-fn start_replica(name: &str, port: u16, cache: &Path, env: &[(&str, &str)]) -> Server {
+/// and the save flags `saves`. The demo model is generated once under the
+/// build tree.
+fn start_replica(
+    name: &str,
+    port: u16,
+    cache: &Path,
+    saves: &[&str],
+    env: &[(&str, &str)],
+) -> Server {
     let base = cache.parent().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
     cmd.args(["--demo", "--port", &port.to_string()])
         .args(["--ctx", "8192", "-n", "16"])
         .arg("--kv-disk-dir")
         .arg(cache)
-        .args(["--kv-cache-min-tokens", "16"])
-        .args(["--kv-cache-boundary-align-tokens", "16"])
-        .args(["--kv-cache-continued-interval-tokens", "16"])
+        .args(saves)
         .env(
             "XDG_CACHE_HOME",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("failover-demo-model"),
@@ -171,6 +186,10 @@ struct Cluster {
 impl Cluster {
     /// `None` (with the reason printed) where nginx is not installed.
     fn start(name: &str) -> Option<Cluster> {
+        Cluster::start_with(name, TEST_SAVES)
+    }
+
+    fn start_with(name: &str, saves: &[&str]) -> Option<Cluster> {
         let Some(bin) = nginx_binary() else {
             eprintln!(
                 "skipped: nginx is not installed (Debian's package `nginx`; .ci/run installs it)"
@@ -182,8 +201,8 @@ impl Cluster {
         let cache = base.join("kv");
         std::fs::create_dir_all(&cache).unwrap();
         // One replica first: it generates the demo model the other reuses.
-        let a = start_replica("a", free_port(), &cache, &[]);
-        let b = start_replica("b", free_port(), &cache, &[]);
+        let a = start_replica("a", free_port(), &cache, saves, &[]);
+        let b = start_replica("b", free_port(), &cache, saves, &[]);
         let ports = [port_of(&a), port_of(&b)];
         let nginx = start_nginx(&bin, &base.join("nginx"), ports);
         Some(Cluster {
@@ -517,6 +536,7 @@ fn a_checkpoint_being_written_never_loads_as_garbage() {
         "b2",
         b_port,
         &c.cache,
+        TEST_SAVES,
         &[("DS4_KV_TEST_WRITE_LIMIT", "0")],
     );
     // Another conversation between probes replaces B's live session, so each
@@ -653,7 +673,23 @@ fn measure_affinity_and_failover() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(400);
-    let Some(mut c) = Cluster::start("measure") else {
+    // ds4's save defaults, then continued saves every 512 tokens (what a
+    // deployment that wants warm failover sets).
+    measure("defaults", &[], words);
+    measure(
+        "continued saves every 512 tokens",
+        &[
+            "--kv-cache-continued-interval-tokens",
+            "512",
+            "--kv-cache-boundary-align-tokens",
+            "512",
+        ],
+        words,
+    );
+}
+
+fn measure(label: &str, saves: &[&str], words: usize) {
+    let Some(mut c) = Cluster::start_with(&format!("measure-{}", saves.len()), saves) else {
         return;
     };
     let nginx = c.nginx.addr.clone();
@@ -750,11 +786,31 @@ fn measure_affinity_and_failover() {
     }
     m.push(long_turn(99, 5));
     c.kill(home.unwrap());
+    let survivor = c.replica(1 - home.unwrap());
+    let before = get_metrics(survivor);
     let failover = ttft(&nginx, &hdr, &m, &reply(5));
-    let prompt = turn(&c.replica(1 - home.unwrap()).addr, &[], &m, &reply(5)).prompt_tokens();
+    let after = get_metrics(survivor);
+    let evaluated = metric(&after, "ds4_prompt_tokens_evaluated_total")
+        - metric(&before, "ds4_prompt_tokens_evaluated_total");
+    let prompt = turn(&survivor.addr, &[], &m, &reply(5)).prompt_tokens();
+    let written: u64 = c
+        .replicas
+        .iter()
+        .flatten()
+        .map(|r| r.metric("ds4_kv_disk_bytes_written_total"))
+        .sum();
+    eprintln!("== {label}");
     eprintln!("turn-5 prompt: {prompt} tokens; {words} words per user turn; median of {reps}");
     eprintln!("TTFT turn 5, affinity (live KV):            {:.3} s", median(with));
     eprintln!("TTFT turn 5, round robin + shared folder:   {:.3} s", median(rr));
     eprintln!("TTFT turn 5, round robin, no disk cache:     {:.3} s", median(cold));
-    eprintln!("TTFT turn 5 right after a SIGKILL failover: {failover:.3} s");
+    eprintln!(
+        "TTFT turn 5 right after a SIGKILL failover: {failover:.3} s \
+         ({} of {prompt} prompt tokens from the folder)",
+        prompt - evaluated
+    );
+    eprintln!(
+        "checkpoints written by the survivor, all runs: {:.1} MiB",
+        written as f64 / 1048576.0
+    );
 }

@@ -585,3 +585,66 @@ fn read_only_folder(dir: &Path) -> Option<PathBuf> {
         (md.is_dir() && md.uid() == 0 && md.mode() & 0o022 == 0).then_some(p)
     })
 }
+
+/// The figures of KVCACHE.md § Shared folder: what the reader's lock and
+/// the evictor's checks cost beside the load they protect.
+#[test]
+#[ignore = "measurement for docs/KVCACHE.md; run with --ignored --nocapture"]
+fn measure_lock_cost() {
+    let tok = tokenizer();
+    let dir = fresh_dir("lock-cost");
+    let (c, _) = replica(&config(&dir));
+    let text = prompt(6);
+    let p = tok.encode_chat(&text);
+    let (s, t) = prefix_session(&tok, &p, 200);
+    let StoreOutcome::Stored { sha, bytes } =
+        c.store(&s, &t, CacheKey::Tokens, SaveReason::Cold, &[])
+    else {
+        panic!()
+    };
+    let path = dir.join(format!("{sha}.kv"));
+    const N: u32 = 20_000;
+    let t0 = std::time::Instant::now();
+    for _ in 0..N {
+        let f = guard::open_read(&path).unwrap();
+        std::hint::black_box(&f);
+    }
+    let open = t0.elapsed() / N;
+    let t0 = std::time::Instant::now();
+    for _ in 0..N {
+        let f = guard::open_read(&path).unwrap();
+        guard::lock_for_reading(&f, &path).unwrap();
+    }
+    let locked = t0.elapsed() / N;
+    let mut into = session();
+    let t0 = std::time::Instant::now();
+    for _ in 0..20 {
+        assert!(matches!(c.lookup(&mut into, &t), LookupOutcome::Hit(_)));
+    }
+    let load = t0.elapsed() / 20;
+    // Evictor: a checked delete against a plain one, on small files.
+    let files: Vec<(PathBuf, guard::FileId)> = (0..2000)
+        .map(|i| {
+            let p = dir.join(format!("{}.kv", file::sha1_hex(format!("{i}").as_bytes())));
+            fs::write(&p, b"x").unwrap();
+            let id = guard::FileId::at(&p).unwrap();
+            (p, id)
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    for (p, id) in &files[..1000] {
+        assert_eq!(guard::remove_unread(p, *id).unwrap(), guard::Removal::Removed);
+    }
+    let checked = t0.elapsed() / 1000;
+    let t0 = std::time::Instant::now();
+    for (p, _) in &files[1000..] {
+        fs::remove_file(p).unwrap();
+    }
+    let plain = t0.elapsed() / 1000;
+    eprintln!(
+        "open {open:?}; open + shared lock + identity check {locked:?} \
+         (lock overhead {:?}); lookup + load of a {bytes}-byte, 200-token checkpoint {load:?}; \
+         evictor delete: checked {checked:?}, plain {plain:?}",
+        locked.saturating_sub(open)
+    );
+}
