@@ -334,11 +334,12 @@ impl Conversation {
 
     /// The next user message (about 40 tokens), pushed.
     fn ask(&mut self, i: usize) -> &[Value] {
-        self.messages.push(json!({"role": "user", "content": format!(
-            "Question {i} about {}: please look at the module that handles {} and tell me \
-             whether the change number {i} keeps every test passing, and why.",
-            self.topic, self.topic
-        )}));
+        self.messages
+            .push(json!({"role": "user", "content": format!(
+                "Question {i} about {}: please look at the module that handles {} and tell me \
+                 whether the change number {i} keeps every test passing, and why.",
+                self.topic, self.topic
+            )}));
         &self.messages
     }
 
@@ -369,7 +370,11 @@ fn a_session_stays_on_one_replica_and_fails_over_warm() {
         let t = turn(&nginx, &hdr, conv.ask(i), &reply(i));
         assert_eq!(t.content(), reply(i));
         let r = c.index_of(&t.replica);
-        assert_eq!(*home.get_or_insert(r), r, "turn {i} moved to another replica");
+        assert_eq!(
+            *home.get_or_insert(r),
+            r,
+            "turn {i} moved to another replica"
+        );
         if i > 1 {
             assert!(
                 t.cached() > last_cached,
@@ -400,7 +405,11 @@ fn a_session_stays_on_one_replica_and_fails_over_warm() {
     let after = get_metrics(c.replica(other));
     let d = |name: &str| metric(&after, name) - metric(&before, name);
     assert_eq!(d("ds4_requests_total"), 1);
-    assert_eq!(d("ds4_kv_disk_hits_total"), 1, "resumed from the shared folder");
+    assert_eq!(
+        d("ds4_kv_disk_hits_total"),
+        1,
+        "resumed from the shared folder"
+    );
     // The checkpoint covers turn 5's prompt up to the last 16-token save
     // boundary; only the rest is evaluated.
     assert!(
@@ -556,7 +565,10 @@ fn a_checkpoint_being_written_never_loads_as_garbage() {
     let log = b.stderr_text();
     let best = PathBuf::from(
         log.lines()
-            .find_map(|l| l.contains("kv cache: hit ").then(|| l.split("file=").nth(1))?)
+            .find_map(|l| {
+                l.contains("kv cache: hit ")
+                    .then(|| l.split("file=").nth(1))?
+            })
             .unwrap_or_else(|| panic!("no hit line in:\n{log}"))
             .trim(),
     );
@@ -623,8 +635,10 @@ fn a_checkpoint_being_written_never_loads_as_garbage() {
     eprintln!("{hits} of 6 probes loaded the checkpoint during {rewrites} rewrites");
     assert!(hits > 0, "the complete file loads");
     assert_eq!(b.metric("ds4_kv_disk_corrupt_removed_total"), 2);
-    assert!(b.stderr_text().lines().all(|l| !l.contains("payload checksum")
-        || l.contains("removed")));
+    assert!(b
+        .stderr_text()
+        .lines()
+        .all(|l| !l.contains("payload checksum") || l.contains("removed")));
 }
 
 // ---- measurement (docs/DEPLOY.md) ----------------------------------------------
@@ -801,9 +815,18 @@ fn measure(label: &str, saves: &[&str], words: usize) {
         .sum();
     eprintln!("== {label}");
     eprintln!("turn-5 prompt: {prompt} tokens; {words} words per user turn; median of {reps}");
-    eprintln!("TTFT turn 5, affinity (live KV):            {:.3} s", median(with));
-    eprintln!("TTFT turn 5, round robin + shared folder:   {:.3} s", median(rr));
-    eprintln!("TTFT turn 5, round robin, no disk cache:     {:.3} s", median(cold));
+    eprintln!(
+        "TTFT turn 5, affinity (live KV):            {:.3} s",
+        median(with)
+    );
+    eprintln!(
+        "TTFT turn 5, round robin + shared folder:   {:.3} s",
+        median(rr)
+    );
+    eprintln!(
+        "TTFT turn 5, round robin, no disk cache:     {:.3} s",
+        median(cold)
+    );
     eprintln!(
         "TTFT turn 5 right after a SIGKILL failover: {failover:.3} s \
          ({} of {prompt} prompt tokens from the folder)",

@@ -92,7 +92,9 @@ fn folder_bytes(dir: &Path) -> u64 {
 
 /// An ASCII prompt of many words (every token boundary a character one).
 fn prompt(seed: u64) -> String {
-    let words = ["cache", "replica", "folder", "prefix", "nginx", "lock", "evict"];
+    let words = [
+        "cache", "replica", "folder", "prefix", "nginx", "lock", "evict",
+    ];
     let mut x = seed | 1;
     let mut s = String::from("<｜begin▁of▁sentence｜>You are a careful assistant.<｜User｜>");
     for _ in 0..120 {
@@ -296,7 +298,11 @@ fn the_budget_counts_the_folder_not_one_replicas_writes() {
     let budget = folder_bytes(&dir) - 1;
     let gone = b.evict_within(budget, Some(&mine));
     assert_eq!(gone.len(), 1);
-    assert_eq!(gone[0].sha, file::sha1_hex(b"a1"), "the lowest score of A's");
+    assert_eq!(
+        gone[0].sha,
+        file::sha1_hex(b"a1"),
+        "the lowest score of A's"
+    );
     assert!(folder_bytes(&dir) <= budget);
     assert!(names(&dir).contains(&format!("{mine}.kv")));
 }
@@ -309,7 +315,13 @@ fn two_evictors_at_once_remove_what_one_would() {
         for d in [&dir, &twin] {
             for i in 0..16u32 {
                 // Distinct scores: tokens vary, sizes equal.
-                synthetic(d, &format!("f{round}-{i}"), 10 + (i * 7) % 16, NOW - 60, 50_000);
+                synthetic(
+                    d,
+                    &format!("f{round}-{i}"),
+                    10 + (i * 7) % 16,
+                    NOW - 60,
+                    50_000,
+                );
             }
         }
         let budget = folder_bytes(&dir) / 3;
@@ -421,7 +433,9 @@ fn loads_racing_evictions_and_rewrites_never_load_garbage() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let rounds = writer.join().unwrap();
-    eprintln!("{hits} hits, {misses} misses while the other replica wrote and evicted {rounds} rounds");
+    eprintln!(
+        "{hits} hits, {misses} misses while the other replica wrote and evicted {rounds} rounds"
+    );
     assert_eq!(r.metrics().snapshot().corrupt_removed, 0);
     assert!(hits > 0 && rounds > 0);
 }
@@ -514,7 +528,13 @@ fn a_replica_that_cannot_write_keeps_serving_and_logs_once() {
             LookupOutcome::Hit(_)
         ));
     }
-    let count = |what: &str| log.lock().unwrap().iter().filter(|l| l.contains(what)).count();
+    let count = |what: &str| {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(what))
+            .count()
+    };
     assert_eq!(count("store failed"), 1, "{:?}", log.lock().unwrap());
     assert_eq!(c.metrics().snapshot().save_failures, 3);
     assert!(c.writes_failing());
@@ -596,7 +616,7 @@ fn measure_lock_cost() {
     let (c, _) = replica(&config(&dir));
     let text = prompt(6);
     let p = tok.encode_chat(&text);
-    let (s, t) = prefix_session(&tok, &p, 200);
+    let (s, t) = prefix_session(&tok, &p, 120);
     let StoreOutcome::Stored { sha, bytes } =
         c.store(&s, &t, CacheKey::Tokens, SaveReason::Cold, &[])
     else {
@@ -633,7 +653,10 @@ fn measure_lock_cost() {
         .collect();
     let t0 = std::time::Instant::now();
     for (p, id) in &files[..1000] {
-        assert_eq!(guard::remove_unread(p, *id).unwrap(), guard::Removal::Removed);
+        assert_eq!(
+            guard::remove_unread(p, *id).unwrap(),
+            guard::Removal::Removed
+        );
     }
     let checked = t0.elapsed() / 1000;
     let t0 = std::time::Instant::now();
@@ -643,7 +666,7 @@ fn measure_lock_cost() {
     let plain = t0.elapsed() / 1000;
     eprintln!(
         "open {open:?}; open + shared lock + identity check {locked:?} \
-         (lock overhead {:?}); lookup + load of a {bytes}-byte, 200-token checkpoint {load:?}; \
+         (lock overhead {:?}); lookup + load of a {bytes}-byte, 120-token checkpoint {load:?}; \
          evictor delete: checked {checked:?}, plain {plain:?}",
         locked.saturating_sub(open)
     );

@@ -305,7 +305,10 @@ fn a_restarted_server_maps_resent_tool_call_ids_back_through_the_ktm_map() {
     let dir = fresh_dir("toolids");
     let s1 = start(&dir, "a", &[]);
     let user = json!({"role": "user", "content": "List the files here, please."});
-    let r1 = post(&s1, &tool_chat(vec![user.clone()], &format!("Sure.{BLOCK}")));
+    let r1 = post(
+        &s1,
+        &tool_chat(vec![user.clone()], &format!("Sure.{BLOCK}")),
+    );
     let c = &r1["choices"][0];
     assert_eq!(c["finish_reason"], "tool_calls", "{r1}");
     let id = c["message"]["tool_calls"][0]["id"]

@@ -678,6 +678,36 @@ mod tests {
     }
 
     #[test]
+    fn temp_names_carry_pid_host_and_thread() {
+        let sha = "a9993e364706816aba3e25717850c26c9cd0d89d";
+        let fin = PathBuf::from(format!("/x/{sha}.kv"));
+        let t = temp_path(&fin);
+        let name = t.file_name().unwrap().to_str().unwrap();
+        let p = parse_temp_name(name).unwrap();
+        assert_eq!(p.checkpoint, format!("{sha}.kv"));
+        assert_eq!(p.pid, std::process::id());
+        assert_eq!(p.host.as_deref(), Some(host_tag()));
+        // Fixed per thread, different on another thread.
+        assert_eq!(temp_path(&fin), t);
+        let other = std::thread::spawn(move || temp_path(&fin)).join().unwrap();
+        assert_ne!(other, t);
+        // ds4's name, and names that are not temp files.
+        let ds4 = parse_temp_name(&format!("{sha}.kv.tmp.12")).unwrap();
+        assert_eq!((ds4.pid, ds4.host), (12, None));
+        for bad in [
+            format!("{sha}.kv"),
+            format!("{sha}.kv.tmp."),
+            format!("{sha}.kv.tmp.x"),
+            format!("{sha}.kv.tmp.12.h"),
+            format!("{sha}.kv.tmp.12.h.n"),
+            format!("{sha}.kv.tmp.12.h.1.2"),
+            "abc.kv.tmp.12".to_string(),
+        ] {
+            assert_eq!(parse_temp_name(&bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn random_bytes_never_panic() {
         // Seeded xorshift; headers and maps of random bytes, and valid maps
         // with random single-byte damage, decode to something or nothing.

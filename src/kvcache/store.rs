@@ -747,10 +747,7 @@ impl DiskCache {
                 }
                 Ok(Removal::Replaced) => continue,
                 Err(err) => {
-                    self.write_failed(&format!(
-                        "could not evict {}: {err}",
-                        e.path.display()
-                    ));
+                    self.write_failed(&format!("could not evict {}: {err}", e.path.display()));
                     continue;
                 }
             }
