@@ -57,7 +57,18 @@ struct Nginx {
 }
 
 impl Drop for Nginx {
+    /// SIGTERM, so the master stops its workers (a SIGKILLed master leaves
+    /// them running); SIGKILL if it is not gone within the bound.
     fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
