@@ -227,9 +227,10 @@ pub fn lock_for_reading(f: &File, path: &Path) -> io::Result<FileId> {
                 format!("{} is being deleted", path.display()),
             ))
         }
-        // A file system without locks (some FUSE mounts): read unlocked.
-        Err(std::fs::TryLockError::Error(e)) if e.kind() == io::ErrorKind::Unsupported => {}
-        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        // A file system without working locks (some FUSE mounts, NFS
+        // without a lock manager: ENOLCK): read unlocked, as before locks,
+        // rather than lose every load.
+        Err(std::fs::TryLockError::Error(_)) => {}
     }
     // Checked after the lock: a name deleted between the open and the lock
     // no longer names this file, and the caller treats it as gone.
@@ -279,8 +280,8 @@ pub fn remove_unread(path: &Path, expected: FileId) -> io::Result<Removal> {
                 _ => Removal::Busy,
             })
         }
-        Err(std::fs::TryLockError::Error(e)) if e.kind() == io::ErrorKind::Unsupported => {}
-        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        // No working locks here (see `lock_for_reading`): delete unlocked.
+        Err(std::fs::TryLockError::Error(_)) => {}
     }
     let mine = FileId::of(&f.metadata()?);
     match FileId::at(path) {
