@@ -299,11 +299,76 @@ impl<W: Write> Write for LimitedWriter<W> {
     }
 }
 
-/// The temporary name a checkpoint is written under (ds4's `.tmp.<pid>`).
+/// The temporary name a checkpoint is written under: ds4's `.tmp.<pid>`,
+/// then `.<host>.<thread>` ([`host_tag`], a number per writing thread). In
+/// a folder shared by several replicas (several hosts on NFS, or several
+/// writers in one process) two writers of the same prefix must never share
+/// a temp file: pids repeat across hosts, and two threads of one process
+/// may store the same prefix at once. One thread writes one file at a time,
+/// so the name is fixed per thread (and a test can predict it).
 pub fn temp_path(final_path: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    thread_local! {
+        static THREAD: u64 = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    let n = THREAD.with(|t| *t);
     let mut s = final_path.as_os_str().to_owned();
-    s.push(format!(".tmp.{}", std::process::id()));
+    s.push(format!(".tmp.{}.{}.{n}", std::process::id(), host_tag()));
     PathBuf::from(s)
+}
+
+/// What a temp file's name says about its writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TempName {
+    /// The checkpoint name it becomes (`<sha>.kv`).
+    pub checkpoint: String,
+    pub pid: u32,
+    /// `None` for ds4's `.tmp.<pid>` (no host recorded).
+    pub host: Option<String>,
+}
+
+/// Parses a temp name written by [`temp_path`] or by ds4; `None` for any
+/// other name.
+pub fn parse_temp_name(name: &str) -> Option<TempName> {
+    // ds4: `<sha>.kv.tmp.<pid>`; ours: `<sha>.kv.tmp.<pid>.<host>.<n>`.
+    let (base, rest) = name.rsplit_once(".tmp.")?;
+    checkpoint_stem(base)?;
+    let mut parts = rest.split('.');
+    let pid = parts.next()?.parse().ok()?;
+    let host = match (parts.next(), parts.next(), parts.next()) {
+        (None, _, _) => None,
+        (Some(h), Some(n), None) if n.parse::<u64>().is_ok() && !h.is_empty() => {
+            Some(h.to_string())
+        }
+        _ => return None,
+    };
+    Some(TempName {
+        checkpoint: base.to_string(),
+        pid,
+        host,
+    })
+}
+
+/// Eight hex digits naming this machine in temp names (SHA-1 of the host
+/// name): a temp file from another host is judged by its age, never by a
+/// pid that means nothing here.
+pub fn host_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| sha1_hex(host_name().as_bytes())[..8].to_string())
+}
+
+fn host_name() -> String {
+    #[cfg(unix)]
+    {
+        let mut b = [0u8; 256];
+        // SAFETY: the buffer and its length are valid; gethostname writes at
+        // most that many bytes.
+        if unsafe { libc::gethostname(b.as_mut_ptr().cast(), b.len()) } == 0 {
+            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+            return String::from_utf8_lossy(&b[..end]).into_owned();
+        }
+    }
+    String::from("localhost")
 }
 
 /// Writes `c` to `final_path` so that a crash at any moment leaves either
@@ -376,6 +441,10 @@ pub struct Entry {
     pub header: KvcHeader,
     pub text_bytes: u32,
     pub file_size: u64,
+    /// The file the scan saw ([`guard::FileId`]): a later delete or read
+    /// acts only if the name still holds this file, not one another
+    /// replica renamed over it since.
+    pub id: guard::FileId,
 }
 
 /// Result of looking at one checkpoint-named file.
@@ -389,13 +458,15 @@ pub enum Probe {
     Truncated {
         declared: u64,
         actual: u64,
+        id: guard::FileId,
     },
 }
 
 /// Reads the header and text length of `path` (named `<sha>.kv`).
 pub fn probe(path: &Path, sha: &str) -> io::Result<Probe> {
     let mut f = guard::open_read(path)?;
-    let size = f.metadata()?.len();
+    let md = f.metadata()?;
+    let size = md.len();
     if size < PREFIX_BYTES {
         return Ok(Probe::BadHeader);
     }
@@ -414,10 +485,12 @@ pub fn probe(path: &Path, sha: &str) -> io::Result<Probe> {
             header,
             text_bytes,
             file_size: size,
+            id: guard::FileId::of(&md),
         })),
         end => Ok(Probe::Truncated {
             declared: end.unwrap_or(u64::MAX),
             actual: size,
+            id: guard::FileId::of(&md),
         }),
     }
 }
@@ -436,6 +509,9 @@ pub enum ContentError {
     Io(io::Error),
     /// The header changed or is invalid now.
     Header,
+    /// The name now holds another file than the scan saw (another replica
+    /// replaced or deleted it): not damage, only a changed folder.
+    Replaced,
     /// Text SHA-1 differs from the name.
     TextHash {
         found: String,
@@ -451,6 +527,10 @@ impl std::fmt::Display for ContentError {
         match self {
             ContentError::Io(e) => write!(f, "read error: {e}"),
             ContentError::Header => write!(f, "invalid or changed header"),
+            ContentError::Replaced => write!(
+                f,
+                "replaced or removed since the scan (another writer or evictor)"
+            ),
             ContentError::TextHash { found } => {
                 write!(f, "cache text hashes to {found}, not the file name")
             }
@@ -465,13 +545,22 @@ impl std::fmt::Display for ContentError {
 /// Reads the text (checked against the name unless `e.sha` is empty) and,
 /// if `with_payload`, the payload (checked against our checksum when
 /// present) and the trailer. Text longer than `max_text` is refused before
-/// reading.
+/// reading. The whole read holds a shared lock on the file
+/// ([`guard::lock_for_reading`]), so a cooperating evictor in another
+/// replica skips it until the read is done; a file that is no longer the
+/// one the scan saw is [`ContentError::Replaced`].
 pub fn read_contents(
     e: &Entry,
     with_payload: bool,
     max_text: usize,
 ) -> Result<(KvcHeader, Contents), ContentError> {
     let mut f = guard::open_read(&e.path).map_err(ContentError::Io)?;
+    match guard::lock_for_reading(&f, &e.path) {
+        Ok(id) if id == e.id => {}
+        Ok(_) => return Err(ContentError::Replaced),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(ContentError::Replaced),
+        Err(err) => return Err(ContentError::Io(err)),
+    }
     let size = f.metadata().map_err(ContentError::Io)?.len();
     let mut b = [0u8; PREFIX_BYTES as usize];
     f.read_exact(&mut b).map_err(ContentError::Io)?;
@@ -586,6 +675,36 @@ mod tests {
         assert!(decode_ktm(&b, 1).is_empty());
         // A short read keeps the entries before it.
         assert_eq!(decode_ktm(&b[..b.len() - 1], 8), e[..1]);
+    }
+
+    #[test]
+    fn temp_names_carry_pid_host_and_thread() {
+        let sha = "a9993e364706816aba3e25717850c26c9cd0d89d";
+        let fin = PathBuf::from(format!("/x/{sha}.kv"));
+        let t = temp_path(&fin);
+        let name = t.file_name().unwrap().to_str().unwrap();
+        let p = parse_temp_name(name).unwrap();
+        assert_eq!(p.checkpoint, format!("{sha}.kv"));
+        assert_eq!(p.pid, std::process::id());
+        assert_eq!(p.host.as_deref(), Some(host_tag()));
+        // Fixed per thread, different on another thread.
+        assert_eq!(temp_path(&fin), t);
+        let other = std::thread::spawn(move || temp_path(&fin)).join().unwrap();
+        assert_ne!(other, t);
+        // ds4's name, and names that are not temp files.
+        let ds4 = parse_temp_name(&format!("{sha}.kv.tmp.12")).unwrap();
+        assert_eq!((ds4.pid, ds4.host), (12, None));
+        for bad in [
+            format!("{sha}.kv"),
+            format!("{sha}.kv.tmp."),
+            format!("{sha}.kv.tmp.x"),
+            format!("{sha}.kv.tmp.12.h"),
+            format!("{sha}.kv.tmp.12.h.n"),
+            format!("{sha}.kv.tmp.12.h.1.2"),
+            "abc.kv.tmp.12".to_string(),
+        ] {
+            assert_eq!(parse_temp_name(&bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -179,3 +179,120 @@ pub fn kind_name(t: &std::fs::FileType) -> &'static str {
         "not a regular file"
     }
 }
+
+/// Which file a name held when it was looked at (device and inode): a
+/// folder shared by several replicas changes under a scan, and a delete or
+/// read decided on one file must not land on its replacement.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    pub fn of(md: &std::fs::Metadata) -> FileId {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            FileId {
+                dev: md.dev(),
+                ino: md.ino(),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = md;
+            FileId::default()
+        }
+    }
+
+    /// The file `path` names now (not following a symlink).
+    pub fn at(path: &Path) -> io::Result<FileId> {
+        Ok(FileId::of(&std::fs::symlink_metadata(path)?))
+    }
+}
+
+/// Takes a shared advisory lock (`flock`, which Linux carries to the server
+/// on NFS) on an open checkpoint for as long as `f` is open, and returns
+/// which file `path` names now. Readers share; an evictor
+/// ([`remove_unread`]) needs the lock exclusively and skips a file it cannot
+/// get. Never blocks: a file whose exclusive lock is held is being deleted,
+/// and reads as `NotFound`.
+pub fn lock_for_reading(f: &File, path: &Path) -> io::Result<FileId> {
+    match f.try_lock_shared() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} is being deleted", path.display()),
+            ))
+        }
+        // A file system without working locks (some FUSE mounts, NFS
+        // without a lock manager: ENOLCK): read unlocked, as before locks,
+        // rather than lose every load.
+        Err(std::fs::TryLockError::Error(_)) => {}
+    }
+    // Checked after the lock: a name deleted between the open and the lock
+    // no longer names this file, and the caller treats it as gone.
+    let now = FileId::at(path)?;
+    if now == FileId::of(&f.metadata()?) {
+        Ok(now)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} was replaced while being opened", path.display()),
+        ))
+    }
+}
+
+/// What [`remove_unread`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Removal {
+    Removed,
+    /// Already gone, or being deleted by another replica's evictor.
+    Gone,
+    /// Kept: another process holds it open for reading.
+    Busy,
+    /// Kept: the name now holds another file than `expected`.
+    Replaced,
+}
+
+/// Deletes the checkpoint at `path` if it is still the file `expected` and
+/// no reader holds it: opens it, takes its lock exclusively without
+/// waiting, checks the name still holds the locked file, unlinks, and lets
+/// the lock go with the descriptor. A reader that opens the name after the
+/// unlink finds nothing; one that opened it just before finds the name gone
+/// once it has its lock ([`lock_for_reading`]).
+pub fn remove_unread(path: &Path, expected: FileId) -> io::Result<Removal> {
+    let f = match open_read(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Removal::Gone),
+        Err(e) => return Err(e),
+    };
+    match f.try_lock() {
+        Ok(()) => {}
+        // Held: by readers (a shared lock is still to be had), or by
+        // another evictor about to delete it (not even a shared one is),
+        // which frees its bytes as surely as we would.
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Ok(match f.try_lock_shared() {
+                Err(std::fs::TryLockError::WouldBlock) => Removal::Gone,
+                _ => Removal::Busy,
+            })
+        }
+        // No working locks here (see `lock_for_reading`): delete unlocked.
+        Err(std::fs::TryLockError::Error(_)) => {}
+    }
+    let mine = FileId::of(&f.metadata()?);
+    match FileId::at(path) {
+        Ok(now) if now == mine && mine == expected => {}
+        Ok(_) => return Ok(Removal::Replaced),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Removal::Gone),
+        Err(e) => return Err(e),
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(Removal::Removed),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Removal::Gone),
+        Err(e) => Err(e),
+    }
+}

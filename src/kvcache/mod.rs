@@ -232,7 +232,9 @@ pub fn load_file(path: &Path, session: &mut Session) -> Result<(KvcHeader, Vec<u
     let e = match file::probe(&real, &sha).map_err(|e| KvCacheError::io(path, e))? {
         file::Probe::Valid(e) => e,
         file::Probe::BadHeader => return Err(bad("invalid KVC header".into())),
-        file::Probe::Truncated { declared, actual } => {
+        file::Probe::Truncated {
+            declared, actual, ..
+        } => {
             return Err(bad(format!(
                 "truncated: {actual} bytes, header says {declared}"
             )))

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -14,7 +15,8 @@ use super::file::{
     self, checkpoint_stem, read_contents, sha1_hex, ContentError, Entry, KtmEntry, KvcHeader,
     NewCheckpoint, Probe, SaveReason, EXT_RESPONSES_TEXT, EXT_THINKING_TEXT, EXT_TOOL_MAP,
 };
-use super::{guard, KvCacheConfig, KvCacheError, KvCacheMetrics};
+use super::guard::{self, FileId, Removal};
+use super::{KvCacheConfig, KvCacheError, KvCacheMetrics};
 use crate::session::Session;
 
 /// What the cache text of a checkpoint is (§4.2).
@@ -96,7 +98,14 @@ pub struct DiskCache {
     write_limit: Option<u64>,
     fixed_now: Option<u64>,
     log: Logger,
+    /// Set while writes to the folder fail (read-only, full): the first
+    /// failure is logged, the rest only counted, until a write works again.
+    writes_failing: AtomicBool,
 }
+
+/// A temp file from another host is its writer's until it is this old
+/// (its pid means nothing here; a live writer finishes in seconds).
+pub const STALE_TEMP_SECONDS: u64 = 3600;
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -156,6 +165,7 @@ impl DiskCache {
             write_limit: None,
             fixed_now: None,
             log: Arc::new(|m| eprintln!("ds4: kv cache: {m}")),
+            writes_failing: AtomicBool::new(false),
         };
         c.remove_stale_temps();
         c.log_odd_entries();
@@ -205,29 +215,62 @@ impl DiskCache {
         self.dir.join(format!("{sha}.kv"))
     }
 
+    /// Removes temp files whose writer is gone: on this host, a dead pid
+    /// (ds4's names carry no host and are judged the same way); from
+    /// another host sharing the folder, an age over [`STALE_TEMP_SECONDS`].
     fn remove_stale_temps(&self) {
         let Ok(rd) = fs::read_dir(&self.dir) else {
             return;
         };
+        let now = SystemTime::now();
         for de in rd.flatten() {
             if !is_regular(&de) {
                 continue;
             }
             let name = de.file_name();
             let Some(name) = name.to_str() else { continue };
-            let Some((base, pid)) = name.rsplit_once(".tmp.") else {
+            let Some(t) = file::parse_temp_name(name) else {
                 continue;
             };
-            let Ok(pid) = pid.parse::<u32>() else {
-                continue;
+            let stale = match t.host.as_deref() {
+                None => t.pid != std::process::id() && !process_alive(t.pid),
+                Some(h) if h == file::host_tag() => {
+                    t.pid != std::process::id() && !process_alive(t.pid)
+                }
+                Some(_) => de
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|m| now.duration_since(m).ok())
+                    .is_some_and(|age| age.as_secs() > STALE_TEMP_SECONDS),
             };
-            if checkpoint_stem(base).is_none() || pid == std::process::id() || process_alive(pid) {
-                continue;
-            }
-            if fs::remove_file(de.path()).is_ok() {
+            if stale && fs::remove_file(de.path()).is_ok() {
                 self.log(&format!("removed {name} left by a writer that died"));
             }
         }
+    }
+
+    /// A write to the folder failed: logged the first time, then only
+    /// counted until [`DiskCache::write_worked`].
+    fn write_failed(&self, what: &str) {
+        if !self.writes_failing.swap(true, Ordering::Relaxed) {
+            self.log(&format!(
+                "{what}; serving goes on without disk saves (loads still work); \
+                 further write failures are counted in ds4_kv_disk_save_failures_total, \
+                 not logged, until a write succeeds"
+            ));
+        }
+    }
+
+    fn write_worked(&self) {
+        if self.writes_failing.swap(false, Ordering::Relaxed) {
+            self.log("writes to the cache folder work again");
+        }
+    }
+
+    /// Whether the last write to the folder failed.
+    pub fn writes_failing(&self) -> bool {
+        self.writes_failing.load(Ordering::Relaxed)
     }
 
     /// One log line at open per checkpoint-named entry that is not a
@@ -253,18 +296,23 @@ impl DiskCache {
         }
     }
 
-    /// Removes a file that can never load, with a log line.
-    fn remove_corrupt(&self, path: &Path, why: &str) -> bool {
-        let ok = fs::remove_file(path).is_ok();
+    /// Removes a file that can never load, with a log line; only if the
+    /// name still holds the file found bad (`id`) and no one is reading it.
+    fn remove_corrupt(&self, path: &Path, id: FileId, why: &str) -> bool {
+        let r = guard::remove_unread(path, id);
+        let ok = matches!(r, Ok(Removal::Removed));
         if ok {
             KvCacheMetrics::add(&self.metrics.corrupt_removed, 1);
             let _ = file::sync_dir(&self.dir);
         }
-        self.log(&format!(
-            "{} {}: {why}",
-            if ok { "removed" } else { "could not remove" },
-            path.display()
-        ));
+        let what = match r {
+            Ok(Removal::Removed) => "removed",
+            Ok(Removal::Gone) => "already gone:",
+            Ok(Removal::Busy) => "kept (being read elsewhere)",
+            Ok(Removal::Replaced) => "kept (replaced since):",
+            Err(_) => "could not remove",
+        };
+        self.log(&format!("{what} {}: {why}", path.display()));
         ok
     }
 
@@ -290,9 +338,14 @@ impl DiskCache {
             let path = de.path();
             match file::probe(&path, &sha) {
                 Ok(Probe::Valid(e)) => out.push(e),
-                Ok(Probe::Truncated { declared, actual }) => {
+                Ok(Probe::Truncated {
+                    declared,
+                    actual,
+                    id,
+                }) => {
                     self.remove_corrupt(
                         &path,
+                        id,
                         &format!("truncated ({actual} bytes, header says {declared})"),
                     );
                 }
@@ -384,6 +437,7 @@ impl DiskCache {
         let t0 = std::time::Instant::now();
         match file::write_atomic(&path, &c, self.write_limit) {
             Ok(bytes) => {
+                self.write_worked();
                 KvCacheMetrics::add(&self.metrics.saves, 1);
                 KvCacheMetrics::add(&self.metrics.bytes_written, bytes);
                 self.log(&format!(
@@ -407,7 +461,7 @@ impl DiskCache {
             }
             Err(e) => {
                 KvCacheMetrics::add(&self.metrics.save_failures, 1);
-                self.log(&format!(
+                self.write_failed(&format!(
                     "store failed ({r}): {e}; the cache folder is unchanged"
                 ));
                 StoreOutcome::Failed(e.to_string())
@@ -434,7 +488,19 @@ impl DiskCache {
     /// `session` (§7). On `Hit`, the caller tokenizes
     /// `rendered[hit.text_bytes..]` and appends it to the session's tokens.
     pub fn lookup(&self, session: &mut Session, rendered: &[u8]) -> LookupOutcome {
-        let r = self.lookup_inner(session, rendered);
+        // A file replaced or deleted by another replica between the scan
+        // and the read is not a failure of the folder: scan again.
+        let mut r = self.lookup_inner(session, rendered);
+        for _ in 0..2 {
+            match &r {
+                LookupOutcome::Failed {
+                    reason,
+                    invalidated: false,
+                    ..
+                } if reason == REPLACED => r = self.lookup_inner(session, rendered),
+                _ => break,
+            }
+        }
         match &r {
             LookupOutcome::Hit(_) => KvCacheMetrics::add(&self.metrics.hits, 1),
             LookupOutcome::Miss => KvCacheMetrics::add(&self.metrics.misses, 1),
@@ -495,9 +561,17 @@ impl DiskCache {
         };
         let (header, contents) = match read_contents(&e, true, rendered.len()) {
             Ok(x) => x,
+            Err(ContentError::Replaced) => {
+                return LookupOutcome::Failed {
+                    sha: e.sha.clone(),
+                    reason: REPLACED.into(),
+                    removed: false,
+                    invalidated: false,
+                }
+            }
             Err(err @ (ContentError::TextHash { .. } | ContentError::Checksum { .. })) => {
                 let m = err.to_string();
-                let removed = self.remove_corrupt(&e.path, &m);
+                let removed = self.remove_corrupt(&e.path, e.id, &m);
                 return fail(m, removed, false);
             }
             Err(err) => return fail(err.to_string(), false, false),
@@ -522,7 +596,7 @@ impl DiskCache {
                 "payload holds {tokens} tokens, header says {}",
                 header.tokens
             );
-            let removed = self.remove_corrupt(&e.path, &m);
+            let removed = self.remove_corrupt(&e.path, e.id, &m);
             return fail(m, removed, true);
         }
         let tool_map = if header.ext_flags & EXT_TOOL_MAP != 0 {
@@ -537,7 +611,7 @@ impl DiskCache {
         let max = self.cfg.kv_cache_cold_max_tokens;
         let consumed = max > 0 && tokens > max;
         if consumed {
-            if fs::remove_file(&e.path).is_ok() {
+            if let Ok(Removal::Removed) = guard::remove_unread(&e.path, e.id) {
                 let _ = file::sync_dir(&self.dir);
             }
         } else {
@@ -546,8 +620,10 @@ impl DiskCache {
                 last_used: self.now(),
                 ..header.clone()
             };
+            // Only a new file proves the folder writable again (a full
+            // disk still takes an in-place header rewrite).
             if let Err(err) = file::rewrite_header(&e.path, &touched) {
-                self.log(&format!("could not update {}: {err}", e.path.display()));
+                self.write_failed(&format!("could not update {}: {err}", e.path.display()));
             }
         }
         self.log(&format!(
@@ -624,7 +700,11 @@ impl DiskCache {
     }
 
     /// [`DiskCache::evict`] under another budget; the deleted entries in
-    /// the order they were deleted.
+    /// the order they were deleted. The budget counts every checkpoint in
+    /// the folder, whoever wrote it. In a shared folder a file being read by
+    /// another replica is skipped ([`guard::remove_unread`]), as is one
+    /// replaced since the scan; one already deleted by another evictor
+    /// counts as freed.
     pub fn evict_within(&self, budget: u64, protected: Option<&str>) -> Vec<Entry> {
         let mut entries = self.scan();
         let mut total: u64 = entries.iter().map(|e| e.file_size).sum();
@@ -636,6 +716,7 @@ impl DiskCache {
         });
         let now = self.now();
         let mut evicted = Vec::new();
+        let mut changed = false;
         while total > budget && !entries.is_empty() {
             let scores: Vec<f64> = entries
                 .iter()
@@ -651,8 +732,24 @@ impl DiskCache {
                 }
             }
             let e = entries.remove(v);
-            if fs::remove_file(&e.path).is_err() {
-                break;
+            match guard::remove_unread(&e.path, e.id) {
+                Ok(Removal::Removed) => changed = true,
+                Ok(Removal::Gone) => {
+                    total = total.saturating_sub(e.file_size);
+                    continue;
+                }
+                Ok(Removal::Busy) => {
+                    self.log(&format!(
+                        "kept file={} for now: another process is reading it",
+                        e.path.display()
+                    ));
+                    continue;
+                }
+                Ok(Removal::Replaced) => continue,
+                Err(err) => {
+                    self.write_failed(&format!("could not evict {}: {err}", e.path.display()));
+                    continue;
+                }
             }
             KvCacheMetrics::add(&self.metrics.evictions, 1);
             total = total.saturating_sub(e.file_size);
@@ -665,12 +762,15 @@ impl DiskCache {
             ));
             evicted.push(e);
         }
-        if !evicted.is_empty() {
+        if changed {
             let _ = file::sync_dir(&self.dir);
         }
         evicted
     }
 }
+
+/// The failure reason of a lookup whose chosen file changed under it.
+const REPLACED: &str = "replaced or removed since the scan (another writer or evictor)";
 
 /// Half-life of a hit in the eviction score (ds4: 6 hours).
 const HIT_HALF_LIFE_SECONDS: f64 = 21600.0;

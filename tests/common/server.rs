@@ -206,3 +206,84 @@ pub fn json_body(resp: &str) -> Value {
     let body = &resp[resp.find("\r\n\r\n").map_or(resp.len(), |i| i + 4)..];
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {resp}"))
 }
+
+/// How long a launched server may take to print its banner.
+pub const START_BOUND: Duration = Duration::from_secs(60);
+
+/// Spawns `cmd` (stdout piped, stderr to `log`) and returns once it prints
+/// its listening banner; panics with the log if it exits first or takes
+/// longer than `bound`. For tests that build their own command line (a
+/// cache folder, chosen ports, `--demo`).
+pub fn launch(mut cmd: Command, log: PathBuf, bound: Duration) -> Server {
+    cmd.stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut child = cmd.spawn().unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = BufReader::new(out);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if out.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if let Some(a) = line.trim().strip_prefix("ds4-server: listening on http://") {
+                let _ = tx.send(a.to_string());
+                // Keep draining so the server never blocks on a full pipe.
+                let _ = std::io::copy(&mut out, &mut std::io::sink());
+                return;
+            }
+        }
+    });
+    let mut s = Server {
+        child,
+        addr: String::new(),
+        stderr: log,
+    };
+    match rx.recv_timeout(bound) {
+        Ok(a) => s.addr = a,
+        Err(_) => panic!(
+            "start-up did not complete within {bound:?}; log:\n{}",
+            s.stderr_text()
+        ),
+    }
+    s
+}
+
+impl Server {
+    /// SIGTERM, then a bounded wait for a clean exit; returns the log.
+    pub fn terminate(mut self) -> String {
+        let pid = self.child.id() as i32;
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                assert!(st.success(), "server exit status {st}");
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stderr_text()
+    }
+
+    /// One counter or gauge of `/metrics` (integer part).
+    pub fn metric(&self, name: &str) -> u64 {
+        metric(&get(&self.addr, "/metrics"), name)
+    }
+}
+
+/// One value of a `/metrics` text.
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| {
+            let v = l.strip_prefix(name)?.strip_prefix(' ')?;
+            v.split('.').next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+}

@@ -12,14 +12,15 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::common::server::launch;
 use crate::common::{tiny_model, tiny_model_path, tokens};
 use ds4::kvcache::file::{self, temp_path};
 use ds4::kvcache::{CacheKey, DiskCache, KvCacheConfig, LookupOutcome, SaveReason, StoreOutcome};
@@ -321,19 +322,6 @@ fn require_checksum_skips_an_unmarked_file_and_loads_a_marked_one() {
 
 // ---- the real server ------------------------------------------------------
 
-struct Server {
-    child: Child,
-    addr: String,
-    log: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn server_cmd(lock: &Path, extra: &[&str]) -> Command {
     let m = tiny_model_path(Variant::Q8);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
@@ -350,44 +338,6 @@ fn server_cmd(lock: &Path, extra: &[&str]) -> Command {
     .args(extra)
     .env("DS4_LOCK_FILE", lock);
     cmd
-}
-
-/// Starts the server and waits at most `BOUND` for its banner.
-fn start(mut cmd: Command, log: PathBuf) -> Server {
-    cmd.stdout(Stdio::piped())
-        .stderr(fs::File::create(&log).unwrap());
-    let mut child = cmd.spawn().unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut out = BufReader::new(out);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if out.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            if let Some(a) = line.trim().strip_prefix("ds4-server: listening on http://") {
-                let _ = tx.send(a.to_string());
-                let _ = std::io::copy(&mut out, &mut std::io::sink());
-                return;
-            }
-        }
-    });
-    let addr = rx.recv_timeout(BOUND);
-    let mut s = Server {
-        child,
-        addr: String::new(),
-        log,
-    };
-    match addr {
-        Ok(a) => s.addr = a,
-        Err(_) => panic!(
-            "start-up did not complete within {BOUND:?}; log:\n{}",
-            fs::read_to_string(&s.log).unwrap_or_default()
-        ),
-    }
-    s
 }
 
 fn http(addr: &str, method: &str, path: &str, body: &str) -> String {
@@ -421,7 +371,7 @@ fn a_server_starts_and_serves_with_a_fifo_named_like_a_checkpoint() {
             "--kv-cache-require-checksum",
         ],
     );
-    let srv = start(cmd, dir.with_extension("log"));
+    let srv = launch(cmd, dir.with_extension("log"), BOUND);
     let t0 = Instant::now();
     let body = serde_json::json!({
         "model": "deepseek-v4-flash",
@@ -432,7 +382,7 @@ fn a_server_starts_and_serves_with_a_fifo_named_like_a_checkpoint() {
     let r = http(&srv.addr, "POST", "/v1/chat/completions", &body);
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     assert!(t0.elapsed() < BOUND);
-    let log = fs::read_to_string(&srv.log).unwrap();
+    let log = srv.stderr_text();
     // The cache logs the folder's resolved path.
     let named = fs::canonicalize(&dir)
         .unwrap()
@@ -553,7 +503,11 @@ fn the_default_lock_is_per_user_private_and_still_exclusive() {
     // The ordinary case: the folder is made 0700, the lock file 0600, and
     // a second server of the same user exits 2 while the first runs (the
     // single-instance rule of SERVER.md §1, unchanged).
-    let first = start(default_lock_cmd(&tmp), tmp.with_extension("first.log"));
+    let first = launch(
+        default_lock_cmd(&tmp),
+        tmp.with_extension("first.log"),
+        BOUND,
+    );
     assert_eq!(fs::metadata(&folder).unwrap().mode() & 0o777, 0o700);
     let lock = folder.join("ds4.lock");
     assert_eq!(fs::metadata(&lock).unwrap().mode() & 0o777, 0o600);
