@@ -67,7 +67,8 @@ fn run(tok: &Tokenizer, engine: &GrammarEngine, list: &[Value], greedy: bool) {
                     rng: Rng::new(si as u64 + 1),
                 },
                 engine.constraint(&g).unwrap(),
-                None,
+                Vec::new(),
+                true,
                 eos,
             );
             let mut plain = Sampled {

@@ -59,14 +59,17 @@ impl TokenPicker for Sampled {
 
 /// A picker under a grammar ([`Constraint`]): the tokens the grammar
 /// forbids get −∞ before the inner picker (greedy or sampled) sees the
-/// logits, and the picked token advances the grammar. With `start_after`
-/// (the `</think>` token of a thinking turn) the grammar waits for that
-/// token and covers only what follows; until then EOS is forbidden, so a
-/// turn cannot end before its constrained answer began.
+/// logits, and the picked token advances the grammar. With gates (the
+/// `</think>` token of a thinking turn, the `｜DSML｜` token that opens a
+/// tool block) the grammar waits for those tokens, in order, and covers
+/// only what follows. A required grammar forbids EOS while it waits, so a
+/// turn cannot end before its constrained answer began; an optional one
+/// (strict tools the model may not call) lets the turn end unconstrained.
 pub struct Constrained<P: TokenPicker> {
     pub inner: P,
     constraint: Constraint,
-    start_after: Option<u32>,
+    gates: Vec<u32>,
+    required: bool,
     eos: u32,
     masked: Vec<f32>,
     dead: bool,
@@ -75,11 +78,20 @@ pub struct Constrained<P: TokenPicker> {
 }
 
 impl<P: TokenPicker> Constrained<P> {
-    pub fn new(inner: P, constraint: Constraint, start_after: Option<u32>, eos: u32) -> Self {
+    /// `gates` are awaited in order before the grammar applies; `required`
+    /// says whether the output must contain the grammar's match.
+    pub fn new(
+        inner: P,
+        constraint: Constraint,
+        gates: Vec<u32>,
+        required: bool,
+        eos: u32,
+    ) -> Self {
         Constrained {
             inner,
             constraint,
-            start_after,
+            gates,
+            required,
             eos,
             masked: Vec::new(),
             dead: false,
@@ -99,15 +111,19 @@ impl<P: TokenPicker> TokenPicker for Constrained<P> {
         if self.dead {
             return self.eos;
         }
-        if let Some(gate) = self.start_after {
-            self.masked.clear();
-            self.masked.extend_from_slice(logits);
-            if let Some(l) = self.masked.get_mut(self.eos as usize) {
-                *l = f32::NEG_INFINITY;
-            }
-            let t = self.inner.pick(&self.masked, greedy);
+        if let Some(&gate) = self.gates.first() {
+            let t = if self.required {
+                self.masked.clear();
+                self.masked.extend_from_slice(logits);
+                if let Some(l) = self.masked.get_mut(self.eos as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+                self.inner.pick(&self.masked, greedy)
+            } else {
+                self.inner.pick(logits, greedy)
+            };
             if t == gate {
-                self.start_after = None;
+                self.gates.remove(0);
             }
             return t;
         }
@@ -134,7 +150,10 @@ impl<P: TokenPicker> TokenPicker for Constrained<P> {
     }
 
     fn unfinished(&mut self) -> bool {
-        self.start_after.is_some() || !self.constraint.accepting()
+        if !self.gates.is_empty() {
+            return self.required;
+        }
+        !self.constraint.accepting()
     }
 }
 

@@ -107,7 +107,10 @@ fn validate(cases: &[(String, Value, String)]) {
         .collect();
     std::fs::write(&path, serde_json::to_vec(&list).unwrap()).unwrap();
     let out = std::process::Command::new("python3")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tools/check_json_outputs.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tools/check_json_outputs.py"
+        ))
         .arg(&path)
         .output()
         .expect("python3 runs (CI installs the jsonschema package)");
@@ -229,21 +232,31 @@ async fn unsupported_or_malformed_schema_is_400_naming_the_part() {
     let state = server();
     let cases = [
         (
-            schema_format(&json!({"type": "object", "properties": {"a": {"not": {"type": "string"}}}})),
+            schema_format(
+                &json!({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}),
+            ),
             "not",
         ),
         (
             schema_format(&json!({"type": "string", "format": "credit-card", "pattern": "("})),
             "json_schema.schema",
         ),
-        (schema_format(&json!({"$ref": "#/$defs/missing"})), "missing"),
+        (
+            schema_format(&json!({"$ref": "#/$defs/missing"})),
+            "missing",
+        ),
         (schema_format(&json!("a string")), "json_schema.schema"),
         (json!({"type": "xml"}), "xml"),
         (json!({"type": "json_schema"}), "json_schema"),
         (json!("json"), "response_format"),
     ];
     for (format, part) in cases {
-        let (st, v) = post(&state, "/v1/chat/completions", &chat(format.clone(), 10, None)).await;
+        let (st, v) = post(
+            &state,
+            "/v1/chat/completions",
+            &chat(format.clone(), 10, None),
+        )
+        .await;
         assert_eq!(st, 400, "{format}: {v}");
         let msg = v["error"]["message"].as_str().unwrap_or_default();
         assert!(msg.contains(part), "{format}: {msg}");
@@ -255,7 +268,13 @@ async fn unsupported_or_malformed_schema_is_400_naming_the_part() {
     )
     .await;
     assert_eq!(st, 400, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("text.format.schema"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("text.format.schema"),
+        "{v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,12 +285,20 @@ async fn a_cut_is_length_with_the_partial_text() {
         "required": ["items"]});
     // max_tokens cuts the object open: `length`, the partial text, which
     // is the start of a valid answer but not one.
-    let (st, v) = post(&state, "/v1/chat/completions", &chat(schema_format(&schema), 4, None)).await;
+    let (st, v) = post(
+        &state,
+        "/v1/chat/completions",
+        &chat(schema_format(&schema), 4, None),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(finish(&v), "length", "{v}");
     let partial = content(&v);
     assert!(partial.starts_with("{\"items\""), "{partial}");
-    assert!(serde_json::from_str::<Value>(&partial).is_err(), "{partial}");
+    assert!(
+        serde_json::from_str::<Value>(&partial).is_err(),
+        "{partial}"
+    );
 
     // A stop sequence inside the JSON cuts it too: still `length`.
     let mut b = chat(schema_format(&schema), 200, None);
@@ -293,4 +320,137 @@ async fn a_cut_is_length_with_the_partial_text() {
         .await;
     let body = String::from_utf8(r.body().to_vec()).unwrap();
     assert!(body.contains("\"finish_reason\":\"length\""), "{body}");
+}
+
+fn strict_tool(name: &str, params: Value) -> Value {
+    json!({"type": "function", "function": {"name": name, "description": "t", "parameters": params, "strict": true}})
+}
+
+/// Strict tools with a forced call: the random model's answer is a DSML
+/// block whose arguments match each tool's schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_tool_arguments_match_the_schema() {
+    let state = server();
+    let tools = [
+        strict_tool(
+            "bash",
+            json!({"type": "object", "properties": {
+                "command": {"type": "string", "maxLength": 20},
+                "timeout": {"type": "integer", "minimum": 1, "maximum": 600}},
+                "required": ["command", "timeout"], "additionalProperties": false}),
+        ),
+        strict_tool(
+            "weather",
+            json!({"type": "object", "properties": {
+                "city": {"enum": ["Paris", "Oslo", "Lima"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "when": {"type": "string", "format": "date"}},
+                "required": ["city", "days"], "additionalProperties": false}),
+        ),
+        strict_tool(
+            "plan",
+            json!({"type": "object", "properties": {
+                "steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+                    "type": "object", "properties": {
+                        "id": {"type": "integer", "minimum": 0, "maximum": 9},
+                        "done": {"type": "boolean"}},
+                    "required": ["id", "done"], "additionalProperties": false}},
+                "owner": {"type": ["string", "null"], "maxLength": 6}},
+                "required": ["steps", "owner"], "additionalProperties": false}),
+        ),
+    ];
+    let mut cases = Vec::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let name = tool["function"]["name"].as_str().unwrap();
+        for (choice, sampled) in [
+            (json!("required"), None),
+            (
+                json!({"type": "function", "function": {"name": name}}),
+                Some(i as u64 + 3),
+            ),
+        ] {
+            let mut b = chat(json!(null), 300, sampled);
+            b.as_object_mut().unwrap().remove("response_format");
+            b["tools"] = json!([tool]);
+            b["tool_choice"] = choice.clone();
+            // One call: a random model repeats invokes until the budget.
+            b["parallel_tool_calls"] = json!(false);
+            let (st, v) = post(&state, "/v1/chat/completions", &b).await;
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(finish(&v), "tool_calls", "{name} {choice}: {v}");
+            let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+            assert!(!calls.is_empty(), "{v}");
+            for c in calls {
+                assert_eq!(c["function"]["name"], name, "{v}");
+                cases.push((
+                    format!("{name} {choice}"),
+                    tool["function"]["parameters"].clone(),
+                    c["function"]["arguments"].as_str().unwrap().to_string(),
+                ));
+            }
+        }
+    }
+    validate(&cases);
+
+    // An unsupported parameter schema is a 400 naming the parameter.
+    let mut b = chat(json!(null), 10, None);
+    b.as_object_mut().unwrap().remove("response_format");
+    b["tools"] = json!([strict_tool(
+        "f",
+        json!({"type": "object", "properties": {"x": {"not": {}}}, "required": ["x"]})
+    )]);
+    let (st, v) = post(&state, "/v1/chat/completions", &b).await;
+    assert_eq!(st, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("tools[0].properties.x") && msg.contains("not"),
+        "{msg}"
+    );
+}
+
+/// The lazy grammar (no forced call) over the real vocabulary: the DSML
+/// block of PROMPT.md §5, raw string parameter included, is accepted token
+/// by token after its first `｜DSML｜`; a block whose `timeout` breaks the
+/// schema, or that names an undeclared tool, is refused where it goes wrong.
+#[test]
+fn the_dsml_grammar_takes_valid_blocks_and_refuses_bad_ones() {
+    use ds4::constrain::{GrammarEngine, OutputGrammar};
+    use ds4::server::strict;
+
+    let model = common::tiny_model(Variant::Q8);
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
+    let engine = GrammarEngine::new(&tok).unwrap();
+    let body = json!({"tools": [
+        strict_tool("bash", json!({"type": "object", "properties": {
+            "command": {"type": "string"},
+            "timeout": {"type": "integer", "minimum": 1, "maximum": 600}},
+            "required": ["command"]})),
+        {"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}},
+    ]});
+    let g = strict::parse(body.as_object().unwrap()).unwrap().unwrap();
+    assert!(!g.forced);
+    let grammar = OutputGrammar::Lark(g.lark(tok.specials().dsml));
+    // How far `text` (what follows the block's first `｜DSML｜`) gets.
+    let run = |text: &str| -> (usize, usize, bool) {
+        let ids = tok.encode_chat(text);
+        let mut c = engine.constraint(&grammar).unwrap();
+        for (i, &t) in ids.iter().enumerate() {
+            if !c.allowed().unwrap().is_allowed(t) {
+                return (i, ids.len(), false);
+            }
+            c.commit(t).unwrap();
+        }
+        (ids.len(), ids.len(), c.accepting())
+    };
+    let good = "tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls -la && echo \"</b>\" > x</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"read\">\n<｜DSML｜parameter name=\"paths\" string=\"false\">[\"a.c\",\"b.c\"]</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    let (at, n, complete) = run(good);
+    assert_eq!((at, complete), (n, true), "stopped at token {at} of {n}");
+    for bad in [
+        good.replace(">10<", ">9999<"),
+        good.replace(">10<", ">\"10\"<"),
+        good.replace("name=\"read\"", "name=\"write\""),
+    ] {
+        let (at, n, complete) = run(&bad);
+        assert!(at < n && !complete, "{bad}: accepted");
+    }
 }

@@ -30,6 +30,10 @@ pub enum OutputGrammar {
     JsonObject,
     /// JSON matching this schema (OpenAI `json_schema`).
     JsonSchema(Value),
+    /// A grammar in llguidance's Lark syntax (the DSML tool-call block of
+    /// strict tools, built by the server; it names token ids, so it is
+    /// compiled against the real vocabulary only).
+    Lark(String),
 }
 
 /// A grammar the engine cannot use; the text names the unsupported part
@@ -56,13 +60,24 @@ fn json_options() -> JsonCompileOptions {
     }
 }
 
+/// `schema` with the server's JSON layout attached (llguidance reads its
+/// `x-guidance` member), for schemas embedded in a Lark grammar (`%json`).
+pub fn with_layout(schema: &Value) -> Value {
+    let mut s = schema.clone();
+    if s.is_object() {
+        json_options().apply_to(&mut s);
+    }
+    s
+}
+
 impl OutputGrammar {
     /// The llguidance grammar; our layout options replace any `x-guidance`
     /// a client sent (the layout is the server's choice, not the client's).
-    fn top_level(&self) -> Result<TopLevelGrammar, ConstrainError> {
+    pub(crate) fn top_level(&self) -> Result<TopLevelGrammar, ConstrainError> {
         let mut schema = match self {
             OutputGrammar::JsonObject => serde_json::json!({"type": "object"}),
             OutputGrammar::JsonSchema(v) => v.clone(),
+            OutputGrammar::Lark(text) => return Ok(TopLevelGrammar::from_lark(text.clone())),
         };
         match &mut schema {
             Value::Object(_) => json_options().apply_to(&mut schema),

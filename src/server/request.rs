@@ -8,6 +8,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::strict::{self, ToolGrammar};
 use crate::chat::ThinkMode;
 use crate::constrain::{self, OutputGrammar};
 use crate::sampler::SamplerConfig;
@@ -96,6 +97,8 @@ pub struct GenRequest {
     /// Structured output: the grammar the answer must match (OpenAI
     /// `response_format`, Responses `text.format`), checked at parse time.
     pub output: Option<OutputGrammar>,
+    /// Strict tool schemas or a forced call: the grammar of the DSML block.
+    pub tool_grammar: Option<ToolGrammar>,
     /// Test-only scripted output (accepted only with the hidden server flag).
     pub script: Option<String>,
     /// The request body as received (for `--trace`).
@@ -501,7 +504,9 @@ fn schema_grammar(schema: Option<&Value>, at: &str) -> Result<Option<OutputGramm
         Some(v @ (Value::Object(_) | Value::Bool(_))) => {
             checked(OutputGrammar::JsonSchema(v.clone()), at)
         }
-        Some(_) => Err(ApiError::invalid(&format!("{at} must be a JSON schema object"))),
+        Some(_) => Err(ApiError::invalid(&format!(
+            "{at} must be a JSON schema object"
+        ))),
     }
 }
 
@@ -584,8 +589,8 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
     // With a response format the answer is constrained from its first
     // token, so no tool call could be written: tools are not offered.
     let output = response_format(&m)?;
-    let tools_disabled = matches!(m.get("tool_choice"), Some(Value::String(s)) if s == "none")
-        || output.is_some();
+    let tools_disabled =
+        matches!(m.get("tool_choice"), Some(Value::String(s)) if s == "none") || output.is_some();
     Ok(GenRequest {
         api: Api::Chat,
         sampler: sampling(&m, true, true, mode)?,
@@ -603,6 +608,7 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
         mode,
         reasoning_summary: false,
         output,
+        tool_grammar: strict::parse(&m)?,
         raw: Vec::new(),
     })
 }
@@ -635,6 +641,7 @@ pub fn parse_completions(body: &[u8], pc: ParseContext) -> Result<GenRequest, Ap
         mode,
         reasoning_summary: false,
         output: response_format(&m)?,
+        tool_grammar: None,
         raw: Vec::new(),
     })
 }
@@ -751,6 +758,7 @@ pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiEr
         mode,
         reasoning_summary: false,
         output: None,
+        tool_grammar: strict::parse(&m)?,
         raw: Vec::new(),
     })
 }
@@ -947,6 +955,7 @@ pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiE
         mode,
         reasoning_summary: summary,
         output,
+        tool_grammar: strict::parse(&m)?,
         raw: Vec::new(),
     })
 }

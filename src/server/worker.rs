@@ -624,15 +624,12 @@ impl Worker {
                     cfg: req.sampler,
                     rng: Rng::new(req.seed.unwrap_or_else(|| self.ids.next_u64())),
                 };
-                match &req.output {
-                    None => Box::new(sampled),
-                    Some(g) => match self.constrained(sampled, g, thinking) {
-                        Ok(c) => c,
-                        Err(e) => {
-                            let _ = p.events.send(Event::Failed(e));
-                            return None;
-                        }
-                    },
+                match self.constrained(sampled, req, thinking) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = p.events.send(Event::Failed(e));
+                        return None;
+                    }
                 }
             }
         };
@@ -664,7 +661,7 @@ impl Worker {
             }
         };
         obs.flush();
-        let grammar_open = req.output.is_some() && picker.unfinished();
+        let grammar_open = picker.unfinished();
         let d = Decoded {
             tokens: tokens.len(),
             finish,
@@ -688,14 +685,35 @@ impl Worker {
         Some(d)
     }
 
-    /// The sampler under the request's response format; the grammar covers
-    /// the answer after `</think>` when the turn thinks.
+    /// The sampler, under the request's response format (the answer after
+    /// `</think>` when the turn thinks) or its strict tools' DSML grammar
+    /// (from the block's first `｜DSML｜`, or the whole answer when a call
+    /// is forced); plain when it has neither.
     fn constrained(
         &mut self,
         sampled: Sampled,
-        g: &crate::constrain::OutputGrammar,
+        req: &GenRequest,
         thinking: bool,
     ) -> Result<Box<dyn TokenPicker>, String> {
+        let specials = *self.tok.specials();
+        let mut gates = if thinking {
+            vec![specials.think_close]
+        } else {
+            Vec::new()
+        };
+        let (g, required) = match (&req.output, &req.tool_grammar) {
+            (Some(g), _) => (g.clone(), true),
+            (None, Some(t)) if req.tools_active() => {
+                if !t.forced {
+                    gates.push(specials.dsml);
+                }
+                (
+                    crate::constrain::OutputGrammar::Lark(t.lark(specials.dsml)),
+                    t.forced,
+                )
+            }
+            _ => return Ok(Box::new(sampled)),
+        };
         let engine = match &self.grammar {
             Some(e) => e.clone(),
             None => {
@@ -704,10 +722,14 @@ impl Worker {
                 e
             }
         };
-        let c = engine.constraint(g).map_err(|e| e.to_string())?;
-        let specials = self.tok.specials();
-        let gate = thinking.then_some(specials.think_close);
-        Ok(Box::new(Constrained::new(sampled, c, gate, specials.eos)))
+        let c = engine.constraint(&g).map_err(|e| e.to_string())?;
+        Ok(Box::new(Constrained::new(
+            sampled,
+            c,
+            gates,
+            required,
+            specials.eos,
+        )))
     }
 
     /// Finish: the finish reason, the DSML parse and the call ids, the
