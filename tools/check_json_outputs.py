@@ -15,7 +15,17 @@ import sys
 import jsonschema
 
 
+# The formats of tests/data/structured_schemas.json; `date-time` and `time`
+# are checked only when rfc3339-validator is installed (the
+# `format-nongpl` extra), so a missing checker fails here, loudly.
+FORMATS = ["date", "time", "date-time", "email", "uuid", "ipv4", "ipv6"]
+
+
 def main():
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    missing = [f for f in FORMATS if f not in checker.checkers]
+    if missing:
+        sys.exit(f"jsonschema cannot check formats {missing}: pip install 'jsonschema[format-nongpl]'")
     cases = json.load(open(sys.argv[1]))
     bad = 0
     for c in cases:

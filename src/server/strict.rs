@@ -45,6 +45,13 @@ pub struct ToolGrammar {
     single: bool,
 }
 
+/// The hosted `tool_search` tool as the prompt lists it: free parameters.
+static TOOL_SEARCH: std::sync::LazyLock<Map<String, Value>> = std::sync::LazyLock::new(|| {
+    let mut m = Map::new();
+    m.insert("name".into(), Value::String("tool_search".into()));
+    m
+});
+
 /// Keys that make a string schema more than "any text".
 const STRING_LIMITS: [&str; 6] = [
     "enum",
@@ -135,6 +142,9 @@ pub fn parse(m: &Map<String, Value>) -> Result<Option<ToolGrammar>, ApiError> {
     };
     let (forced, only) = match m.get("tool_choice") {
         Some(Value::String(s)) if s == "required" || s == "any" => (true, None),
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("any") => {
+            (true, None)
+        }
         Some(Value::Object(o)) => {
             let name = o
                 .get("function")
@@ -147,14 +157,43 @@ pub fn parse(m: &Map<String, Value>) -> Result<Option<ToolGrammar>, ApiError> {
     };
     let mut tools = Vec::new();
     let mut any_strict = false;
+    // (path in the request, the function object, name prefix)
+    let mut fns = Vec::new();
     for (i, t) in list.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let Some(f) = function_of(t) else {
+        match t.get("type").and_then(Value::as_str) {
+            // Responses namespaces: one prompt tool per inner function,
+            // named namespace + name (PROMPT.md §4.1).
+            Some("namespace") => {
+                let ns = t.get("name").and_then(Value::as_str).unwrap_or("");
+                for (j, inner) in t
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                {
+                    if let Some(f) = inner.as_object() {
+                        fns.push((format!("tools[{i}].tools[{j}]"), f, ns));
+                    }
+                }
+            }
+            Some("tool_search") => fns.push((format!("tools[{i}]"), &TOOL_SEARCH, "")),
+            _ => {
+                if let Some(f) = function_of(t) {
+                    fns.push((format!("tools[{i}]"), f, ""));
+                }
+            }
+        }
+    }
+    for (at, f, prefix) in fns {
+        let Some(name) = f
+            .get("name")
+            .and_then(Value::as_str)
+            .map(|n| format!("{prefix}{n}"))
+        else {
             continue;
         };
-        let Some(name) = f.get("name").and_then(Value::as_str) else {
-            continue;
-        };
+        let name = name.as_str();
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
