@@ -57,6 +57,20 @@ impl TokenPicker for Sampled {
     }
 }
 
+/// A borrowed picker picks as its owner would (the CLI wraps its one
+/// sampler in a fresh grammar each turn).
+impl<P: TokenPicker + ?Sized> TokenPicker for &mut P {
+    fn pick(&mut self, logits: &[f32], greedy: bool) -> u32 {
+        (**self).pick(logits, greedy)
+    }
+    fn dead_end(&self) -> bool {
+        (**self).dead_end()
+    }
+    fn unfinished(&mut self) -> bool {
+        (**self).unfinished()
+    }
+}
+
 /// A picker under a grammar ([`Constraint`]): the tokens the grammar
 /// forbids get −∞ before the inner picker (greedy or sampled) sees the
 /// logits, and the picked token advances the grammar. With gates (the

@@ -454,3 +454,61 @@ fn the_dsml_grammar_takes_valid_blocks_and_refuses_bad_ones() {
         assert!(at < n && !complete, "{bad}: accepted");
     }
 }
+
+/// `ds4 --json-schema FILE` on the tiny model: the answer is JSON matching
+/// the schema; a cut answer says so on stderr; an unsupported schema is a
+/// one-line error before the model loads.
+#[test]
+fn cli_json_schema() {
+    use std::process::Command;
+    let model = common::tiny_model_path(Variant::Q8);
+    let dir = std::env::temp_dir().join(format!("ds4-cli-schema-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = json!({"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        "tags": {"type": "array", "maxItems": 2, "items": {"enum": ["a", "b"]}}},
+        "required": ["n", "tags"], "additionalProperties": false});
+    let good = dir.join("good.json");
+    std::fs::write(&good, schema.to_string()).unwrap();
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"type":"object","properties":{"x":{"not":{}}}}"#).unwrap();
+    let ds4 = |schema: &std::path::Path, n: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ds4"))
+            .arg("-m")
+            .arg(&model)
+            .args([
+                "-p",
+                "JSON please",
+                "--nothink",
+                "--temp",
+                "0",
+                "-c",
+                "256",
+                "-n",
+                n,
+            ])
+            .arg("--json-schema")
+            .arg(schema)
+            .output()
+            .unwrap()
+    };
+    let o = ds4(&good, "100");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8(o.stdout).unwrap();
+    validate(&[("cli".into(), schema.clone(), out.trim_end().to_string())]);
+    assert!(!err.contains("was cut"), "{err}");
+
+    let o = ds4(&good, "2");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("was cut before it completed"));
+
+    let o = ds4(&bad, "5");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("unsupported schema") && err.contains("not"),
+        "{err}"
+    );
+    assert!(!err.contains("loaded"), "checked before loading: {err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
