@@ -87,7 +87,8 @@ pub struct Constrained<P: TokenPicker> {
     eos: u32,
     masked: Vec<f32>,
     dead: bool,
-    /// Why the grammar failed, if it did (logged by the caller).
+    /// Why the grammar engine failed, if it did (an internal llguidance
+    /// error; generation then ends as `Length` like a dead end).
     pub error: Option<String>,
 }
 

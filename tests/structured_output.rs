@@ -362,32 +362,33 @@ async fn strict_tool_arguments_match_the_schema() {
     let mut cases = Vec::new();
     for (i, tool) in tools.iter().enumerate() {
         let name = tool["function"]["name"].as_str().unwrap();
-        for (choice, sampled) in [
-            (json!("required"), None),
+        // Alternately forced by `required` (greedy) and by name (sampled).
+        let (choice, sampled) = if i % 2 == 0 {
+            (json!("required"), None)
+        } else {
             (
                 json!({"type": "function", "function": {"name": name}}),
                 Some(i as u64 + 3),
-            ),
-        ] {
-            let mut b = chat(json!(null), 300, sampled);
-            b.as_object_mut().unwrap().remove("response_format");
-            b["tools"] = json!([tool]);
-            b["tool_choice"] = choice.clone();
-            // One call: a random model repeats invokes until the budget.
-            b["parallel_tool_calls"] = json!(false);
-            let (st, v) = post(&state, "/v1/chat/completions", &b).await;
-            assert_eq!(st, 200, "{v}");
-            assert_eq!(finish(&v), "tool_calls", "{name} {choice}: {v}");
-            let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
-            assert!(!calls.is_empty(), "{v}");
-            for c in calls {
-                assert_eq!(c["function"]["name"], name, "{v}");
-                cases.push((
-                    format!("{name} {choice}"),
-                    tool["function"]["parameters"].clone(),
-                    c["function"]["arguments"].as_str().unwrap().to_string(),
-                ));
-            }
+            )
+        };
+        let mut b = chat(json!(null), 300, sampled);
+        b.as_object_mut().unwrap().remove("response_format");
+        b["tools"] = json!([tool]);
+        b["tool_choice"] = choice.clone();
+        // One call: a random model repeats invokes until the budget.
+        b["parallel_tool_calls"] = json!(false);
+        let (st, v) = post(&state, "/v1/chat/completions", &b).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(finish(&v), "tool_calls", "{name} {choice}: {v}");
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        assert!(!calls.is_empty(), "{v}");
+        for c in calls {
+            assert_eq!(c["function"]["name"], name, "{v}");
+            cases.push((
+                format!("{name} {choice}"),
+                tool["function"]["parameters"].clone(),
+                c["function"]["arguments"].as_str().unwrap().to_string(),
+            ));
         }
     }
     validate(&cases);

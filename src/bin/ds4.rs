@@ -540,6 +540,9 @@ impl Generator<'_> {
                 let mut cp = Constrained::new(&mut self.picker, c, gates, true, sp.eos);
                 let r = generate(sess, self.tok, max_new, &mut cp, &mut p);
                 cut = cp.unfinished();
+                if let Some(e) = &cp.error {
+                    eprintln!("ds4: grammar engine: {e}");
+                }
                 r
             }
         };

@@ -81,8 +81,16 @@ impl OutputGrammar {
         };
         match &mut schema {
             Value::Object(_) => json_options().apply_to(&mut schema),
-            // `true` is "anything": llguidance takes booleans as schemas.
-            Value::Bool(_) => {}
+            // `true` is "any JSON value", the empty schema.
+            Value::Bool(true) => {
+                schema = serde_json::json!({});
+                json_options().apply_to(&mut schema);
+            }
+            Value::Bool(false) => {
+                return Err(ConstrainError(
+                    "the schema `false` allows no value at all".into(),
+                ))
+            }
             _ => {
                 return Err(ConstrainError(
                     "the schema must be a JSON object (or a boolean)".into(),

@@ -159,7 +159,7 @@ struct Worker {
     request_seq: u64,
     health: Arc<WorkerHealth>,
     /// llguidance's tables for our vocabulary, built by the first request
-    /// with a response format (structured output).
+    /// with a response format or strict tools (structured output).
     grammar: Option<Arc<GrammarEngine>>,
 }
 
@@ -194,8 +194,8 @@ struct Decoded {
     saw_close: bool,
     live_ids: Vec<String>,
     live_closed: Vec<bool>,
-    /// A response format's grammar was still open at the end: the output is
-    /// not a complete match, so the finish can only be `length`.
+    /// The grammar (response format, strict tools) was still open at the
+    /// end: the output is not a complete match, so the finish is `length`.
     grammar_open: bool,
 }
 
