@@ -7,6 +7,7 @@
 //! PROMPT.md §8), and [`Scripted`] replaces the sampler with a fixed token
 //! sequence so tool calls and thinking can be tested on random tiny models.
 
+use crate::constrain::Constraint;
 use crate::sampler::{self, Rng, SamplerConfig};
 use crate::session::{Session, SessionError};
 use crate::tokenizer::Tokenizer;
@@ -27,6 +28,17 @@ pub enum Finish {
 /// Chooses the next token. `greedy` asks for the argmax (DSML structure).
 pub trait TokenPicker {
     fn pick(&mut self, logits: &[f32], greedy: bool) -> u32;
+    /// True after a `pick` that found no token it may return (a grammar's
+    /// dead end): generation ends as `Length`, the pick is discarded.
+    fn dead_end(&self) -> bool {
+        false
+    }
+    /// True while the output so far is not something the picker would end
+    /// on (an open grammar): a stop sequence cutting it is a `length` finish,
+    /// not a claimed-complete answer.
+    fn unfinished(&mut self) -> bool {
+        false
+    }
 }
 
 /// The normal picker: ds4's sampler with a seeded generator.
@@ -42,6 +54,121 @@ impl TokenPicker for Sampled {
         } else {
             sampler::sample(logits, &self.cfg, &mut self.rng) as u32
         }
+    }
+}
+
+/// A borrowed picker picks as its owner would (the CLI wraps its one
+/// sampler in a fresh grammar each turn).
+impl<P: TokenPicker + ?Sized> TokenPicker for &mut P {
+    fn pick(&mut self, logits: &[f32], greedy: bool) -> u32 {
+        (**self).pick(logits, greedy)
+    }
+    fn dead_end(&self) -> bool {
+        (**self).dead_end()
+    }
+    fn unfinished(&mut self) -> bool {
+        (**self).unfinished()
+    }
+}
+
+/// A picker under a grammar ([`Constraint`]): the tokens the grammar
+/// forbids get −∞ before the inner picker (greedy or sampled) sees the
+/// logits, and the picked token advances the grammar. With gates (the
+/// `</think>` token of a thinking turn, the `｜DSML｜` token that opens a
+/// tool block) the grammar waits for those tokens, in order, and covers
+/// only what follows. A required grammar forbids EOS while it waits, so a
+/// turn cannot end before its constrained answer began; an optional one
+/// (strict tools the model may not call) lets the turn end unconstrained.
+pub struct Constrained<P: TokenPicker> {
+    pub inner: P,
+    constraint: Constraint,
+    gates: Vec<u32>,
+    required: bool,
+    eos: u32,
+    masked: Vec<f32>,
+    dead: bool,
+    /// Why the grammar engine failed, if it did (an internal llguidance
+    /// error; generation then ends as `Length` like a dead end).
+    pub error: Option<String>,
+}
+
+impl<P: TokenPicker> Constrained<P> {
+    /// `gates` are awaited in order before the grammar applies; `required`
+    /// says whether the output must contain the grammar's match.
+    pub fn new(
+        inner: P,
+        constraint: Constraint,
+        gates: Vec<u32>,
+        required: bool,
+        eos: u32,
+    ) -> Self {
+        Constrained {
+            inner,
+            constraint,
+            gates,
+            required,
+            eos,
+            masked: Vec::new(),
+            dead: false,
+            error: None,
+        }
+    }
+
+    fn fail(&mut self, e: String) -> u32 {
+        self.error = Some(e);
+        self.dead = true;
+        self.eos
+    }
+}
+
+impl<P: TokenPicker> TokenPicker for Constrained<P> {
+    fn pick(&mut self, logits: &[f32], greedy: bool) -> u32 {
+        if self.dead {
+            return self.eos;
+        }
+        if let Some(&gate) = self.gates.first() {
+            let t = if self.required {
+                self.masked.clear();
+                self.masked.extend_from_slice(logits);
+                if let Some(l) = self.masked.get_mut(self.eos as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+                self.inner.pick(&self.masked, greedy)
+            } else {
+                self.inner.pick(logits, greedy)
+            };
+            if t == gate {
+                self.gates.remove(0);
+            }
+            return t;
+        }
+        match self.constraint.mask_logits(logits, &mut self.masked) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.dead = true;
+                return self.eos;
+            }
+            Err(e) => return self.fail(e.0),
+        }
+        let t = self.inner.pick(&self.masked, greedy);
+        if t == self.eos {
+            return t;
+        }
+        match self.constraint.commit(t) {
+            Ok(()) => t,
+            Err(e) => self.fail(e.0),
+        }
+    }
+
+    fn dead_end(&self) -> bool {
+        self.dead
+    }
+
+    fn unfinished(&mut self) -> bool {
+        if !self.gates.is_empty() {
+            return self.required;
+        }
+        !self.constraint.accepting()
     }
 }
 
@@ -132,6 +259,12 @@ pub fn generate(
         obs.before_step(sess);
         let greedy = obs.greedy_next();
         let next = picker.pick(sess.logits(), greedy);
+        if picker.dead_end() {
+            return Ok(Outcome {
+                tokens,
+                finish: Finish::Length,
+            });
+        }
         if next == eos {
             return Ok(Outcome {
                 tokens,

@@ -14,6 +14,8 @@
 //!           ─► chat      the chat template shared by the CLI and the server
 //! graph     ─► backend   one trait; cpu/ (reference + fast kernels), wgpu/, cuda/
 //! logits    ─► sampler   temperature, top-k/top-p, min-p
+//!           ─► constrain grammar masks (JSON schemas, llguidance) over the
+//!                        tokenizer's token bytes, for the sampler
 //!           ─► session   live KV state, prefix sync, snapshots
 //!           ─► generate  the decode loop: pick, stop, stream
 //!           ─► kvcache   KV snapshots on disk
@@ -53,6 +55,8 @@ pub mod chat;
 pub mod backend;
 
 pub mod sampler;
+
+pub mod constrain;
 
 pub mod session;
 

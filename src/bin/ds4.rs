@@ -10,7 +10,10 @@ use std::time::Instant;
 use argh::FromArgs;
 use ds4::backend::BackendOptions;
 use ds4::chat::{self, ThinkMode};
-use ds4::generate::{generate, Observer, Piece, Sampled, Step, ThinkSplit};
+use ds4::constrain::{GrammarEngine, OutputGrammar};
+use ds4::generate::{
+    generate, Constrained, Observer, Piece, Sampled, Step, ThinkSplit, TokenPicker,
+};
 use ds4::graph::ValueName;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
@@ -75,6 +78,9 @@ struct Args {
     /// greedy continuation with top-k logprobs written to FILE as JSON
     #[argh(option)]
     dump_logprobs: Option<PathBuf>,
+    /// constrain the answer to JSON matching the JSON schema in FILE (docs/STRUCTURED_OUTPUT.md)
+    #[argh(option)]
+    json_schema: Option<PathBuf>,
     /// alternatives per step for --dump-logprobs (default 20, max 128)
     #[argh(option, default = "20")]
     logprobs_top_k: usize,
@@ -180,6 +186,8 @@ fn dump_tokens(tok: &Tokenizer, prompt: &str) {
 
 fn run(a: Args) -> Result<(), String> {
     let bo = BackendOptions::from_env();
+    // Checked before the model loads: a bad schema costs no load time.
+    let schema = a.json_schema.as_deref().map(read_json_schema).transpose()?;
     if a.list_devices {
         print!("{}", ds4::backend::wgpu::gpu::devices_report());
         match ds4::backend::cuda_device_lines() {
@@ -320,6 +328,10 @@ fn run(a: Args) -> Result<(), String> {
             .unwrap_or(1);
         t ^ ((std::process::id() as u64) << 32)
     });
+    let grammar = match schema {
+        None => None,
+        Some(g) => Some((GrammarEngine::new(&tok).map_err(|e| e.to_string())?, g)),
+    };
     let mut gen = Generator {
         tok: &tok,
         picker: Sampled {
@@ -327,6 +339,7 @@ fn run(a: Args) -> Result<(), String> {
             rng: Rng::new(seed),
         },
         tty: std::io::stdout().is_terminal(),
+        grammar,
     };
     let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
     let Some(prompt) = prompt else {
@@ -424,6 +437,20 @@ struct Generator<'t> {
     tok: &'t Tokenizer,
     picker: Sampled,
     tty: bool,
+    /// `--json-schema`: every answer is constrained to the schema.
+    grammar: Option<(GrammarEngine, OutputGrammar)>,
+}
+
+/// Reads `--json-schema FILE`; a schema the engine cannot use is an error
+/// naming the part.
+fn read_json_schema(path: &std::path::Path) -> Result<OutputGrammar, String> {
+    let text = std::fs::read(path).map_err(|e| format!("--json-schema {}: {e}", path.display()))?;
+    let schema: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| format!("--json-schema {}: not JSON: {e}", path.display()))?;
+    let g = OutputGrammar::JsonSchema(schema);
+    ds4::constrain::check(&g)
+        .map_err(|e| format!("--json-schema {}: unsupported schema: {e}", path.display()))?;
+    Ok(g)
 }
 
 /// Prints the pieces of the library's generation loop as they come.
@@ -499,7 +526,26 @@ impl Generator<'_> {
         if thinking && self.tty {
             let _ = write!(p.out, "\x1b[90m");
         }
-        let r = generate(sess, self.tok, max_new, &mut self.picker, &mut p);
+        let mut cut = false;
+        let r = match &self.grammar {
+            None => generate(sess, self.tok, max_new, &mut self.picker, &mut p),
+            Some((engine, g)) => {
+                let c = engine.constraint(g).map_err(|e| e.to_string())?;
+                let sp = self.tok.specials();
+                let gates = if thinking {
+                    vec![sp.think_close]
+                } else {
+                    Vec::new()
+                };
+                let mut cp = Constrained::new(&mut self.picker, c, gates, true, sp.eos);
+                let r = generate(sess, self.tok, max_new, &mut cp, &mut p);
+                cut = cp.unfinished();
+                if let Some(e) = &cp.error {
+                    eprintln!("ds4: grammar engine: {e}");
+                }
+                r
+            }
+        };
         let tail = p.split.finish();
         p.print(tail);
         if p.grey && self.tty {
@@ -507,6 +553,10 @@ impl Generator<'_> {
         }
         if p.last_byte != b'\n' {
             let _ = writeln!(p.out);
+        }
+        drop(p);
+        if cut {
+            eprintln!("ds4: the answer was cut before it completed the JSON schema");
         }
         r.map(|o| o.tokens).map_err(|e| e.to_string())
     }

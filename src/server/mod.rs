@@ -31,6 +31,7 @@ pub mod responses;
 pub mod routes;
 mod scan;
 mod stream;
+pub mod strict;
 mod trace;
 pub mod worker;
 

@@ -8,7 +8,9 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::strict::{self, ToolGrammar};
 use crate::chat::ThinkMode;
+use crate::constrain::{self, OutputGrammar};
 use crate::sampler::SamplerConfig;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +94,11 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Responses `reasoning.summary` opted in.
     pub reasoning_summary: bool,
+    /// Structured output: the grammar the answer must match (OpenAI
+    /// `response_format`, Responses `text.format`), checked at parse time.
+    pub output: Option<OutputGrammar>,
+    /// Strict tool schemas or a forced call: the grammar of the DSML block.
+    pub tool_grammar: Option<ToolGrammar>,
     /// Test-only scripted output (accepted only with the hidden server flag).
     pub script: Option<String>,
     /// The request body as received (for `--trace`).
@@ -449,6 +456,83 @@ fn tool_lines(body: &[u8]) -> Result<Vec<String>, ApiError> {
     Ok(out)
 }
 
+/// A structured-output grammar, compiled once here so an unsupported or
+/// malformed schema is a 400 naming the part (`at` is where it sat in the
+/// request).
+fn checked(g: OutputGrammar, at: &str) -> Result<Option<OutputGrammar>, ApiError> {
+    match constrain::check(&g) {
+        Ok(()) => Ok(Some(g)),
+        Err(e) => Err(ApiError::invalid(&format!("{at}: unsupported schema: {e}"))),
+    }
+}
+
+/// OpenAI `response_format` (chat and completions): `text` (no grammar),
+/// `json_object`, or `json_schema` with `{name, schema, strict}`. A
+/// `json_schema` without a schema asks for any JSON object. `strict: false`
+/// is constrained all the same: the server has no looser mode to offer.
+fn response_format(m: &Map<String, Value>) -> Result<Option<OutputGrammar>, ApiError> {
+    let rf = match m.get("response_format") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(ApiError::invalid("response_format must be an object")),
+    };
+    match rf.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => checked(OutputGrammar::JsonObject, "response_format"),
+        Some("json_schema") => {
+            let js = match rf.get("json_schema") {
+                Some(Value::Object(o)) => o,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema must be an object",
+                    ))
+                }
+            };
+            schema_grammar(js.get("schema"), "response_format.json_schema.schema")
+        }
+        Some(t) => Err(ApiError::invalid(&format!(
+            "response_format.type {t:?} is not supported (text, json_object, json_schema)"
+        ))),
+        None => Err(ApiError::invalid("response_format.type is missing")),
+    }
+}
+
+/// The `schema` member of a `json_schema` format.
+fn schema_grammar(schema: Option<&Value>, at: &str) -> Result<Option<OutputGrammar>, ApiError> {
+    match schema {
+        None | Some(Value::Null) => checked(OutputGrammar::JsonObject, at),
+        Some(v @ (Value::Object(_) | Value::Bool(_))) => {
+            checked(OutputGrammar::JsonSchema(v.clone()), at)
+        }
+        Some(_) => Err(ApiError::invalid(&format!(
+            "{at} must be a JSON schema object"
+        ))),
+    }
+}
+
+/// Responses `text.format`: `{"type":"text"}`, `{"type":"json_object"}` or
+/// the flat `{"type":"json_schema","name":…,"schema":{…},"strict":…}`.
+fn text_format(m: &Map<String, Value>) -> Result<Option<OutputGrammar>, ApiError> {
+    let f = match m.get("text") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(t)) => match t.get("format") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Object(f)) => f,
+            Some(_) => return Err(ApiError::invalid("text.format must be an object")),
+        },
+        Some(_) => return Err(bad()),
+    };
+    match f.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => checked(OutputGrammar::JsonObject, "text.format"),
+        Some("json_schema") => schema_grammar(f.get("schema"), "text.format.schema"),
+        Some(t) => Err(ApiError::invalid(&format!(
+            "text.format.type {t:?} is not supported (text, json_object, json_schema)"
+        ))),
+        None => Err(ApiError::invalid("text.format.type is missing")),
+    }
+}
+
 fn model(m: &Map<String, Value>) -> Result<String, ApiError> {
     Ok(opt_str(m, "model")?.unwrap_or_else(|| "deepseek-v4-flash".into()))
 }
@@ -502,7 +586,11 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
         }
         messages.push(msg);
     }
-    let tools_disabled = matches!(m.get("tool_choice"), Some(Value::String(s)) if s == "none");
+    // With a response format the answer is constrained from its first
+    // token, so no tool call could be written: tools are not offered.
+    let output = response_format(&m)?;
+    let tools_disabled =
+        matches!(m.get("tool_choice"), Some(Value::String(s)) if s == "none") || output.is_some();
     Ok(GenRequest {
         api: Api::Chat,
         sampler: sampling(&m, true, true, mode)?,
@@ -519,6 +607,8 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
         prompt: None,
         mode,
         reasoning_summary: false,
+        output,
+        tool_grammar: strict::parse(&m)?,
         raw: Vec::new(),
     })
 }
@@ -550,6 +640,8 @@ pub fn parse_completions(body: &[u8], pc: ParseContext) -> Result<GenRequest, Ap
         prompt: Some(prompt),
         mode,
         reasoning_summary: false,
+        output: response_format(&m)?,
+        tool_grammar: None,
         raw: Vec::new(),
     })
 }
@@ -665,6 +757,8 @@ pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiEr
         prompt: None,
         mode,
         reasoning_summary: false,
+        output: None,
+        tool_grammar: strict::parse(&m)?,
         raw: Vec::new(),
     })
 }
@@ -714,6 +808,7 @@ pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiE
         }
         Some(_) => return Err(ApiError::invalid("forced tool_choice not supported")),
     };
+    let output = text_format(&m)?;
     let mut messages = Vec::new();
     if let Some(i) = opt_str(&m, "instructions")?.filter(|s| !s.is_empty()) {
         messages.push(Message::new(Role::System, i));
@@ -852,13 +947,15 @@ pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiE
         include_usage: false,
         stop: Vec::new(),
         tool_lines: tool_lines(body)?,
-        tools_disabled,
+        tools_disabled: tools_disabled || output.is_some(),
         script: script(&m, pc)?,
         model,
         messages,
         prompt: None,
         mode,
         reasoning_summary: summary,
+        output,
+        tool_grammar: strict::parse(&m)?,
         raw: Vec::new(),
     })
 }

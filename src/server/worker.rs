@@ -32,7 +32,8 @@ use super::request::{Api, GenRequest, Role};
 use super::stream::Stream;
 use super::trace::{self, Trace};
 use crate::chat::template::EOS;
-use crate::generate::{self, Finish, Sampled, Scripted, TokenPicker};
+use crate::constrain::GrammarEngine;
+use crate::generate::{self, Constrained, Finish, Sampled, Scripted, TokenPicker};
 use crate::kvcache::{NoToolIds, ToolIds};
 use crate::sampler::Rng;
 use crate::session::Session;
@@ -131,6 +132,7 @@ pub fn start(
                 ids: id_rng(0),
                 request_seq: 0,
                 health,
+                grammar: None,
             }
             .run(rx)
         })
@@ -156,6 +158,9 @@ struct Worker {
     ids: Rng,
     request_seq: u64,
     health: Arc<WorkerHealth>,
+    /// llguidance's tables for our vocabulary, built by the first request
+    /// with a response format or strict tools (structured output).
+    grammar: Option<Arc<GrammarEngine>>,
 }
 
 /// A request past admission: its rendered prompt and its own tokens.
@@ -189,6 +194,9 @@ struct Decoded {
     saw_close: bool,
     live_ids: Vec<String>,
     live_closed: Vec<bool>,
+    /// The grammar (response format, strict tools) was still open at the
+    /// end: the output is not a complete match, so the finish is `length`.
+    grammar_open: bool,
 }
 
 /// Whether a Responses / Anthropic request ends with results of calls it
@@ -611,10 +619,19 @@ impl Worker {
         };
         let mut picker: Box<dyn TokenPicker> = match req.script.as_ref().or(queued.as_ref()) {
             Some(s) => Box::new(Scripted::from_text(&self.tok, s)),
-            None => Box::new(Sampled {
-                cfg: req.sampler,
-                rng: Rng::new(req.seed.unwrap_or_else(|| self.ids.next_u64())),
-            }),
+            None => {
+                let sampled = Sampled {
+                    cfg: req.sampler,
+                    rng: Rng::new(req.seed.unwrap_or_else(|| self.ids.next_u64())),
+                };
+                match self.constrained(sampled, req, thinking) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = p.events.send(Event::Failed(e));
+                        return None;
+                    }
+                }
+            }
         };
         let tools: &dyn ToolIds = if self.cfg.exact_replay {
             &self.memory
@@ -644,6 +661,7 @@ impl Worker {
             }
         };
         obs.flush();
+        let grammar_open = picker.unfinished();
         let d = Decoded {
             tokens: tokens.len(),
             finish,
@@ -653,6 +671,7 @@ impl Worker {
             saw_close: obs.split.saw_close(),
             live_ids: std::mem::take(&mut obs.live_ids),
             live_closed: std::mem::take(&mut obs.live_closed),
+            grammar_open,
         };
         drop(obs);
         let m = &self.metrics;
@@ -664,6 +683,53 @@ impl Worker {
             self.sess.reset();
         }
         Some(d)
+    }
+
+    /// The sampler, under the request's response format (the answer after
+    /// `</think>` when the turn thinks) or its strict tools' DSML grammar
+    /// (from the block's first `｜DSML｜`, or the whole answer when a call
+    /// is forced); plain when it has neither.
+    fn constrained(
+        &mut self,
+        sampled: Sampled,
+        req: &GenRequest,
+        thinking: bool,
+    ) -> Result<Box<dyn TokenPicker>, String> {
+        let specials = *self.tok.specials();
+        let mut gates = if thinking {
+            vec![specials.think_close]
+        } else {
+            Vec::new()
+        };
+        let (g, required) = match (&req.output, &req.tool_grammar) {
+            (Some(g), _) => (g.clone(), true),
+            (None, Some(t)) if req.tools_active() => {
+                if !t.forced {
+                    gates.push(specials.dsml);
+                }
+                (
+                    crate::constrain::OutputGrammar::Lark(t.lark(specials.dsml)),
+                    t.forced,
+                )
+            }
+            _ => return Ok(Box::new(sampled)),
+        };
+        let engine = match &self.grammar {
+            Some(e) => e.clone(),
+            None => {
+                let e = Arc::new(GrammarEngine::new(&self.tok).map_err(|e| e.to_string())?);
+                self.grammar = Some(e.clone());
+                e
+            }
+        };
+        let c = engine.constraint(&g).map_err(|e| e.to_string())?;
+        Ok(Box::new(Constrained::new(
+            sampled,
+            c,
+            gates,
+            required,
+            specials.eos,
+        )))
     }
 
     /// Finish: the finish reason, the DSML parse and the call ids, the
@@ -680,6 +746,7 @@ impl Worker {
         } = p;
         let mut fin = Final {
             finish: match d.finish {
+                Finish::Eos | Finish::Stopped if d.grammar_open => FinishReason::Length,
                 Finish::Eos => FinishReason::Stop,
                 Finish::Length => FinishReason::Length,
                 Finish::Stopped if d.stop_hit => FinishReason::Stop,

@@ -263,6 +263,16 @@ impl Tokenizer {
         self.tokens.get(id as usize).map(|s| s.as_str())
     }
 
+    /// An added token (chat marker, `<think>`, DSML …): matched in rendered
+    /// text, never produced by BPE (the grammar engine keeps them out of
+    /// constrained text).
+    pub fn is_added(&self, id: u32) -> bool {
+        self.token_str(id)
+            .and_then(|s| s.chars().next())
+            .and_then(|c| self.added.get(&c))
+            .is_some_and(|v| v.iter().any(|(_, i)| *i == id))
+    }
+
     /// The bytes a token stands for.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         self.token_bytes.get(id as usize).map(|b| b.as_slice())
