@@ -158,6 +158,11 @@ impl ModelConfig {
             ));
         }
         if let Some(arch) = f.get_str("general.architecture") {
+            if arch == "deepseek41" {
+                return Err(ModelError::WrongKind(
+                    "this is a DeepSeek V4.1 file (deepseek41); it loads through model::v41::V41ModelFile".into(),
+                ));
+            }
             if arch != ARCH {
                 return Err(ModelError::WrongKind(format!(
                     "general.architecture is {arch:?}, expected {ARCH:?}"
