@@ -734,6 +734,12 @@ impl Rec<'_> {
                 };
                 one(self.kernel("elementwise", "take_last", &p, &s, size)?)
             }
+            Op::V41(o) => {
+                return Err(unsupported(format!(
+                    "{}: op not supported on this backend yet",
+                    o.name()
+                )))
+            }
         }
     }
 }

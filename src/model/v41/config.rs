@@ -579,10 +579,10 @@ fn read_engram(f: &GgufFile, n_layer: usize, n_vocab: usize) -> Result<EngramCon
     let max_ngram = json_uint(&text, "engram_max_ngram_size")?;
     let n_heads = json_uint(&text, "engram_n_heads")?;
     let head_dim = json_uint(&text, "engram_head_dim")?;
-    if max_ngram < 2 || head_dim % 32 != 0 {
+    if !(2..=16).contains(&max_ngram) || head_dim % 32 != 0 {
         return Err(bad(
             "config",
-            "engram_max_ngram_size ≥ 2 and engram_head_dim a multiple of 32",
+            "engram_max_ngram_size in 2..=16 and engram_head_dim a multiple of 32",
             format!("{max_ngram}, {head_dim}"),
         ));
     }

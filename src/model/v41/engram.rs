@@ -9,7 +9,27 @@
 //! each head takes `hash mod prime + offset`, offsets being the running sum
 //! of the layer's primes, so every column indexes its own slice of one table.
 
+use std::sync::Arc;
+
 use super::config::EngramConfig;
+use crate::graph::ops::v41::EngramHashLayout;
+
+pub use crate::graph::ops::v41::decode_row;
+
+impl EngramConfig {
+    /// The constants the graph's `EngramHash` op (and a host prefetcher) hash with.
+    pub fn hash_layout(&self) -> EngramHashLayout {
+        EngramHashLayout {
+            token_map: Arc::from(self.token_map.as_slice()),
+            pad_id: self.pad_id,
+            max_ngram: self.max_ngram,
+            n_heads: self.n_heads,
+            n_layers: self.layer_ids.len(),
+            primes: self.primes.clone(),
+            multipliers: self.multipliers.clone(),
+        }
+    }
+}
 
 /// The compressed ids of the tokens before the next one, newest first
 /// (`None` = no history or a dead token).
@@ -28,18 +48,16 @@ impl EngramHistory {
 
 /// Row ids of `tokens` for every Engram layer: `[token][layer slot][col]`,
 /// flattened. `dead[i]` marks a token that takes no part (image spans).
-/// Token ids outside the map are the caller's to refuse; here they count as
-/// dead so nothing panics.
+/// Token ids outside the map count as dead, so nothing panics; callers
+/// refuse them before.
 pub fn hash_rows(
     cfg: &EngramConfig,
     history: &mut EngramHistory,
     tokens: &[u32],
     dead: Option<&[bool]>,
 ) -> Vec<u32> {
-    let cols = cfg.cols();
-    let n_layers = cfg.layer_ids.len();
-    let mut out = Vec::with_capacity(tokens.len() * n_layers * cols);
-    let mut ids = vec![0u64; cfg.max_ngram];
+    let layout = cfg.hash_layout();
+    let mut out = Vec::with_capacity(tokens.len() * layout.n_layers * layout.cols());
     for (i, &tok) in tokens.iter().enumerate() {
         let is_dead = dead.is_some_and(|d| d.get(i).copied().unwrap_or(false));
         let current = if is_dead {
@@ -47,48 +65,9 @@ pub fn hash_rows(
         } else {
             cfg.token_map.get(tok as usize).copied()
         };
-        let mut blocked = false;
-        for (j, id) in ids.iter_mut().enumerate() {
-            let c = if j == 0 { current } else { history.tail[j - 1] };
-            blocked |= c.is_none();
-            *id = if blocked { cfg.pad_id } else { c.unwrap_or(0) } as u64;
-        }
-        for slot in 0..n_layers {
-            let m = cfg.layer_multipliers(slot);
-            let primes = cfg.layer_primes(slot);
-            let mut hash = ids[0].wrapping_mul(m[0]);
-            let mut offset = 0u64;
-            for j in 1..cfg.max_ngram {
-                hash ^= ids[j].wrapping_mul(m[j]);
-                for h in 0..cfg.n_heads {
-                    let p = primes[(j - 1) * cfg.n_heads + h];
-                    out.push((hash % p + offset) as u32);
-                    offset += p;
-                }
-            }
-        }
-        history.tail.rotate_right(1);
-        if let Some(first) = history.tail.first_mut() {
-            *first = current;
-        }
+        layout.hash_token(&mut history.tail, current, &mut out);
     }
     out
-}
-
-/// Decodes one stored row (`head_dim` E4M3 codes, then one E8M0 scale per
-/// 32) to floats rounded to bf16, as the reference's lookup does. `None` for
-/// a NaN code or scale (the converter refuses those; a damaged file might not).
-pub fn decode_row(row: &[u8], head_dim: usize, out: &mut [f32]) -> Option<()> {
-    let (codes, scales) = row.split_at(head_dim);
-    for (j, (&c, o)) in codes.iter().zip(out.iter_mut()).enumerate() {
-        let s = scales[j / 32];
-        if c & 0x7f == 0x7f || s == 255 {
-            return None;
-        }
-        let v = crate::quant::small_float::e4m3_decode(c) * crate::quant::small_float::e8m0_decode(s);
-        *o = half::bf16::from_f32(v).to_f32();
-    }
-    Some(())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod engram;
+pub mod forward;
 pub mod weights;
 
 use std::path::Path;

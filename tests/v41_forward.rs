@@ -1,0 +1,188 @@
+//! The V4.1 graph (model::v41::forward) on cpu-ref against the float64
+//! goldens of the official semantics (tests/golden/v41-tiny.json): log-probs
+//! at every position of both prompts, the indexer's and candidate source's
+//! choices, whole-prompt prefill and token-by-token decode alike.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ds4::backend::{self, Backend, BackendKind, BackendOptions, GraphHandle};
+use ds4::graph::{StepParams, ValueName};
+use ds4::model::forward::Logits;
+use ds4::model::v41::forward::{record, V41ForwardOptions, V41KvLayout};
+use ds4::model::v41::V41ModelFile;
+use ds4::testmodel::v41::{write_v41_model, V41Spec, V41Variant};
+use ds4::testmodel::Vocab;
+use serde_json::Value;
+
+fn golden() -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v41-tiny.json");
+    serde_json::from_slice(&std::fs::read(p).expect("committed golden")).unwrap()
+}
+
+fn model() -> Arc<V41ModelFile> {
+    let dir = std::env::temp_dir().join(format!("ds4-v41-forward-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny-v41.gguf");
+    if !path.exists() {
+        let vocab = Vocab::load_default().unwrap();
+        write_v41_model(&V41Spec::tiny(), V41Variant::F32, &vocab, &path).unwrap();
+    }
+    Arc::new(V41ModelFile::open(&path).unwrap())
+}
+
+struct Run {
+    logits: Vec<Vec<f32>>,
+    /// index_selected@L per position (prefill only).
+    selected: Vec<(usize, Vec<Vec<i32>>)>,
+    blocks: Vec<Vec<i32>>,
+}
+
+fn keep_names(m: &V41ModelFile) -> Vec<ValueName> {
+    let mut v: Vec<ValueName> = m
+        .config
+        .index_source_layers
+        .iter()
+        .map(|&l| ValueName {
+            name: "index_selected".into(),
+            layer: Some(l),
+        })
+        .collect();
+    v.push(ValueName {
+        name: "candidate_blocks".into(),
+        layer: m.config.candidate_source,
+    });
+    v
+}
+
+/// Runs `ids` in steps of `step` tokens on cpu-ref.
+fn run(m: &Arc<V41ModelFile>, ids: &[u32], step: usize) -> Run {
+    let kv = V41KvLayout::new(&m.config, 128);
+    let opts = V41ForwardOptions {
+        logits: Logits::All,
+        keep: keep_names(m),
+    };
+    let g = Arc::new(record(&m.config, &m.weights, &kv, step, &opts));
+    let mut b: Box<dyn Backend> = backend::open(
+        BackendKind::CpuRef,
+        m.clone(),
+        kv.layout.clone(),
+        &BackendOptions::default(),
+    )
+    .unwrap()
+    .backend;
+    let h: GraphHandle = b.load_graph(g.clone()).unwrap();
+    let vocab = m.config.n_vocab;
+    let mut out = Run {
+        logits: Vec::new(),
+        selected: Vec::new(),
+        blocks: Vec::new(),
+    };
+    let sel_ids: Vec<_> = keep_names(m).iter().map(|n| g.find(n).unwrap()).collect();
+    for (i, chunk) in ids.chunks(step).enumerate() {
+        let p = StepParams {
+            pos0: i * step,
+            n_tokens: chunk.len(),
+        };
+        b.run(h, chunk, p).unwrap();
+        let l = b.read_value(h, g.logits).unwrap();
+        out.logits.extend(l.chunks(vocab).map(|r| r.to_vec()));
+        if step == ids.len() {
+            for (k, &layer) in m.config.index_source_layers.iter().enumerate() {
+                let v = b.read_value(h, sel_ids[k]).unwrap();
+                let k_top = m.config.indexer_top_k;
+                out.selected.push((
+                    layer,
+                    v.chunks(k_top)
+                        .map(|r| r.iter().map(|&x| x as i32).collect())
+                        .collect(),
+                ));
+            }
+            let v = b.read_value(h, *sel_ids.last().unwrap()).unwrap();
+            out.blocks = v
+                .chunks(m.config.candidate_topk_blocks)
+                .map(|r| r.iter().map(|&x| x as i32).collect())
+                .collect();
+        }
+    }
+    out
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = l.iter().map(|&x| (x as f64 - m).exp()).sum();
+    l.iter().map(|&x| x as f64 - m - s.ln()).collect()
+}
+
+/// Worst |Δ log-prob| over the golden's top-20 at every position.
+fn compare(p: &Value, logits: &[Vec<f32>]) -> f64 {
+    let top_ids = p["top_ids"].as_array().unwrap();
+    let top_lp = p["top_logprobs"].as_array().unwrap();
+    assert_eq!(logits.len(), top_ids.len());
+    let mut worst = 0f64;
+    for (t, row) in logits.iter().enumerate() {
+        let lp = log_softmax(row);
+        for (id, want) in top_ids[t].as_array().unwrap().iter().zip(top_lp[t].as_array().unwrap()) {
+            let d = (lp[id.as_u64().unwrap() as usize] - want.as_f64().unwrap()).abs();
+            worst = worst.max(d);
+        }
+    }
+    worst
+}
+
+#[test]
+fn v41_graph_matches_the_reference_at_every_position() {
+    let g = golden();
+    let m = model();
+    for p in g["prompts"].as_array().unwrap() {
+        let ids: Vec<u32> = p["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let name = p["name"].as_str().unwrap();
+        let prefill = run(&m, &ids, ids.len());
+        let worst = compare(p, &prefill.logits);
+        eprintln!("{name}: prefill worst |Δ log-prob| over top-20 at {} positions: {worst:.3e}", ids.len());
+        // Choices first: a different row or block explains any logit gap.
+        for (layer, sel) in &prefill.selected {
+            let want = &p["topk"][layer.to_string()];
+            for (t, row) in sel.iter().enumerate() {
+                let w: Vec<i32> = want[t]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_i64().unwrap() as i32)
+                    .collect();
+                assert_eq!(row, &w, "{name}: layer {layer} top-k at position {t}");
+            }
+        }
+        // The reference lists every row of a kept block up to the prompt's
+        // compressed length.
+        let src = m.config.candidate_source.unwrap();
+        let n_rows = ids.len() / m.config.compress_ratios[src];
+        let bs = m.config.candidate_block_size;
+        for (t, blocks) in prefill.blocks.iter().enumerate() {
+            let rows: Vec<i64> = blocks
+                .iter()
+                .filter(|&&b| b >= 0)
+                .flat_map(|&b| b as usize * bs..((b as usize + 1) * bs).min(n_rows))
+                .map(|r| r as i64)
+                .collect();
+            let want: Vec<i64> = p["candidates"][src.to_string()][t]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap())
+                .collect();
+            assert_eq!(rows, want, "{name}: candidate rows at position {t}");
+        }
+        assert!(worst < 1e-4, "{name}: prefill differs from the reference by {worst:.3e}");
+
+        let decode = run(&m, &ids, 1);
+        let worst_d = compare(p, &decode.logits);
+        eprintln!("{name}: token-by-token worst |Δ log-prob|: {worst_d:.3e}");
+        assert!(worst_d < 1e-4, "{name}: decode differs from the reference by {worst_d:.3e}");
+    }
+}
