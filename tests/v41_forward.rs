@@ -57,6 +57,10 @@ fn keep_names(m: &V41ModelFile) -> Vec<ValueName> {
 
 /// Runs `ids` in steps of `step` tokens on cpu-ref.
 fn run(m: &Arc<V41ModelFile>, ids: &[u32], step: usize) -> Run {
+    run_on(BackendKind::CpuRef, m, ids, step)
+}
+
+fn run_on(kind: BackendKind, m: &Arc<V41ModelFile>, ids: &[u32], step: usize) -> Run {
     let kv = V41KvLayout::new(&m.config, 128);
     let opts = V41ForwardOptions {
         logits: Logits::All,
@@ -64,7 +68,7 @@ fn run(m: &Arc<V41ModelFile>, ids: &[u32], step: usize) -> Run {
     };
     let g = Arc::new(record(&m.config, &m.weights, &kv, step, &opts));
     let mut b: Box<dyn Backend> = backend::open(
-        BackendKind::CpuRef,
+        kind,
         m.clone(),
         kv.layout.clone(),
         &BackendOptions::default(),
@@ -122,7 +126,12 @@ fn compare(p: &Value, logits: &[Vec<f32>]) -> f64 {
     let mut worst = 0f64;
     for (t, row) in logits.iter().enumerate() {
         let lp = log_softmax(row);
-        for (id, want) in top_ids[t].as_array().unwrap().iter().zip(top_lp[t].as_array().unwrap()) {
+        for (id, want) in top_ids[t]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(top_lp[t].as_array().unwrap())
+        {
             let d = (lp[id.as_u64().unwrap() as usize] - want.as_f64().unwrap()).abs();
             worst = worst.max(d);
         }
@@ -144,7 +153,10 @@ fn v41_graph_matches_the_reference_at_every_position() {
         let name = p["name"].as_str().unwrap();
         let prefill = run(&m, &ids, ids.len());
         let worst = compare(p, &prefill.logits);
-        eprintln!("{name}: prefill worst |Δ log-prob| over top-20 at {} positions: {worst:.3e}", ids.len());
+        eprintln!(
+            "{name}: prefill worst |Δ log-prob| over top-20 at {} positions: {worst:.3e}",
+            ids.len()
+        );
         // Choices first: a different row or block explains any logit gap.
         for (layer, sel) in &prefill.selected {
             let want = &p["topk"][layer.to_string()];
@@ -178,11 +190,40 @@ fn v41_graph_matches_the_reference_at_every_position() {
                 .collect();
             assert_eq!(rows, want, "{name}: candidate rows at position {t}");
         }
-        assert!(worst < 1e-4, "{name}: prefill differs from the reference by {worst:.3e}");
+        assert!(
+            worst < 1e-4,
+            "{name}: prefill differs from the reference by {worst:.3e}"
+        );
 
         let decode = run(&m, &ids, 1);
         let worst_d = compare(p, &decode.logits);
         eprintln!("{name}: token-by-token worst |Δ log-prob|: {worst_d:.3e}");
-        assert!(worst_d < 1e-4, "{name}: decode differs from the reference by {worst_d:.3e}");
+        assert!(
+            worst_d < 1e-4,
+            "{name}: decode differs from the reference by {worst_d:.3e}"
+        );
     }
+}
+
+/// Steps that split compressor groups and n-grams, and the fast CPU backend
+/// (its kernels take the shared ops; the V4.1 ops run their CPU twins).
+#[test]
+fn v41_graph_in_uneven_steps_and_on_the_fast_cpu_backend() {
+    let g = golden();
+    let m = model();
+    let p = &g["prompts"][1];
+    let ids: Vec<u32> = p["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let steps = run(&m, &ids, 5);
+    let worst = compare(p, &steps.logits);
+    eprintln!("long in steps of 5 (cpu-ref): worst |Δ log-prob| {worst:.3e}");
+    assert!(worst < 1e-4, "steps of 5 differ by {worst:.3e}");
+    let fast = run_on(BackendKind::Cpu, &m, &ids, ids.len());
+    let worst = compare(p, &fast.logits);
+    eprintln!("long on the fast cpu backend: worst |Δ log-prob| {worst:.3e}");
+    assert!(worst < 1e-4, "fast cpu differs by {worst:.3e}");
 }

@@ -176,7 +176,10 @@ fn tiny_v41_model_loads_with_every_role() {
     let c = &m.config;
     assert_eq!(c.n_layer, 8);
     assert_eq!(c.engram.rows, vec![420, 508]);
-    assert_eq!(c.engram.primes, vec![101, 103, 107, 109, 113, 127, 131, 137]);
+    assert_eq!(
+        c.engram.primes,
+        vec![101, 103, 107, 109, 113, 127, 131, 137]
+    );
     assert_ne!(c.engram.pad_id, 2, "the pad is a compressed id");
     assert_eq!(c.engram.pad_id, c.engram.token_map[2]);
     assert_eq!(
@@ -234,7 +237,10 @@ fn refusal(name: &str, replace: &[(&str, Option<MetaValue>)], drop: &[&str]) -> 
 fn damaged_v41_files_are_refused_naming_the_tensor_or_key() {
     let spec = V41Spec::tiny();
     let e = refusal("no-table.gguf", &[], &["blk.4.engram_embd.weight"]);
-    assert!(e.contains("blk.4.engram_embd.weight") && e.contains("missing"), "{e}");
+    assert!(
+        e.contains("blk.4.engram_embd.weight") && e.contains("missing"),
+        "{e}"
+    );
 
     let e = refusal("no-kv.gguf", &[], &["blk.1.engram_kv.weight"]);
     assert!(e.contains("blk.1.engram_kv.weight"), "{e}");
@@ -249,7 +255,10 @@ fn damaged_v41_files_are_refused_naming_the_tensor_or_key() {
         )],
         &[],
     );
-    assert!(e.contains("deepseek41.engram.primes") && e.contains("7 entries"), "{e}");
+    assert!(
+        e.contains("deepseek41.engram.primes") && e.contains("7 entries"),
+        "{e}"
+    );
 
     // A prime changed: the sum no longer matches the table's rows.
     let mut primes: Vec<u32> = spec.engram_primes().iter().map(|&p| p as u32).collect();
@@ -262,7 +271,10 @@ fn damaged_v41_files_are_refused_naming_the_tensor_or_key() {
         )],
         &[],
     );
-    assert!(e.contains("deepseek41.engram.primes") && e.contains("508"), "{e}");
+    assert!(
+        e.contains("deepseek41.engram.primes") && e.contains("508"),
+        "{e}"
+    );
 
     let map = spec.engram_token_map(1000);
     let e = refusal(
@@ -273,7 +285,10 @@ fn damaged_v41_files_are_refused_naming_the_tensor_or_key() {
         )],
         &[],
     );
-    assert!(e.contains("deepseek41.engram.token_map") && e.contains("1000 entries"), "{e}");
+    assert!(
+        e.contains("deepseek41.engram.token_map") && e.contains("1000 entries"),
+        "{e}"
+    );
 
     let e = refusal(
         "mult.gguf",

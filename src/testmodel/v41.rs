@@ -613,7 +613,10 @@ fn hf_config(s: &V41Spec, n_vocab: usize) -> serde_json::Value {
         ("engram_head_dim", json!(s.engram_head_dim)),
         ("engram_vocab_size", json!(s.engram_vocab_size)),
         ("engram_pad_token_id", json!(s.engram_pad_token)),
-        ("engram_compressed_vocab_size", json!(s.engram_compressed_vocab)),
+        (
+            "engram_compressed_vocab_size",
+            json!(s.engram_compressed_vocab),
+        ),
         (
             "rope_scaling",
             json!({"type": "yarn", "factor": s.yarn_factor,
@@ -650,7 +653,10 @@ fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
         &k("engram.rows"),
         MetaArray::U32(s.engram_rows().iter().map(|&x| x as u32).collect()),
     );
-    w.add_u32(&k("engram.compressed_vocab_size"), s.engram_compressed_vocab);
+    w.add_u32(
+        &k("engram.compressed_vocab_size"),
+        s.engram_compressed_vocab,
+    );
     w.add_u32(&k("engram.pad_id"), token_map[s.engram_pad_token]);
     w.add_array(&k("engram.token_map"), MetaArray::U32(token_map));
     w.add_array(

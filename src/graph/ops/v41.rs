@@ -354,7 +354,8 @@ impl EngramGate {
                 let key = &kvt[h * d..(h + 1) * d];
                 let w = |i: usize| qw[h * d + i] as f64 * kw[h * d + i] as f64;
                 let raw: f64 = (0..d).map(|i| x[i] as f64 * w(i) * key[i] as f64).sum();
-                let rstd = 1.0 / (ms(x) + self.eps as f64).sqrt() / (ms(key) + self.eps as f64).sqrt();
+                let rstd =
+                    1.0 / (ms(x) + self.eps as f64).sqrt() / (ms(key) + self.eps as f64).sqrt();
                 let dot = raw * rstd / (d as f64).sqrt();
                 let g = dot.abs().max(1e-6).sqrt().copysign(dot);
                 let gate = (1.0 / (1.0 + (-g).exp())) as f32;
@@ -431,7 +432,8 @@ impl V41Compress {
                 gate,
                 pos0,
                 n,
-                fr.as_mut().map(|(a, b)| (a.as_mut_slice(), b.as_mut_slice())),
+                fr.as_mut()
+                    .map(|(a, b)| (a.as_mut_slice(), b.as_mut_slice())),
                 &mut rows,
                 &mut irows,
             );
@@ -479,7 +481,9 @@ impl V41Compress {
                     continue;
                 }
                 for c in 0..hd {
-                    let m = (0..r).map(|s| fs[s * hd + c]).fold(f32::NEG_INFINITY, f32::max);
+                    let m = (0..r)
+                        .map(|s| fs[s * hd + c])
+                        .fold(f32::NEG_INFINITY, f32::max);
                     let (mut num, mut den) = (0f32, 0f32);
                     for s in 0..r {
                         let e = (fs[s * hd + c] - m).exp();
@@ -509,7 +513,15 @@ impl V41Compress {
 
 /// `score[t][r] = Σ_h w[t][h] · max(0, q[t][h] · k[r])`, exactly as
 /// [`super::indexer::IndexerTopK`] sums it (so the two agree bit for bit).
-fn index_score(q: &[f32], w: &[f32], keys: &[f32], t: usize, r: usize, nh: usize, hd: usize) -> f32 {
+fn index_score(
+    q: &[f32],
+    w: &[f32],
+    keys: &[f32],
+    t: usize,
+    r: usize,
+    nh: usize,
+    hd: usize,
+) -> f32 {
     let kr = &keys[r * hd..(r + 1) * hd];
     let mut s = 0f32;
     for h in 0..nh {
@@ -541,7 +553,14 @@ impl CandidateBlocks {
     pub fn cpu(&self, cx: &mut CpuCx) {
         let (pos0, n) = (cx.p.pos0, cx.n());
         cx.write_i32(self.out, |cx, out| {
-            self.compute(cx.get(self.q), cx.get(self.weights), cx.state(self.rows), pos0, n, out)
+            self.compute(
+                cx.get(self.q),
+                cx.get(self.weights),
+                cx.state(self.rows),
+                pos0,
+                n,
+                out,
+            )
         });
     }
 

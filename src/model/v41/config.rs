@@ -286,7 +286,9 @@ impl V41Config {
         if n_rot % 2 != 0 || n_rot > head_dim || n_rot > indexer_head_dim {
             return Err(bad(
                 "qk_rope_head_dim",
-                format!("even and at most head_dim {head_dim} and index_head_dim {indexer_head_dim}"),
+                format!(
+                    "even and at most head_dim {head_dim} and index_head_dim {indexer_head_dim}"
+                ),
                 n_rot.to_string(),
             ));
         }
@@ -401,7 +403,10 @@ impl V41Config {
                 n_expert_shared.to_string(),
             ));
         }
-        for (k, want) in [("scoring_func", "sqrtsoftplus"), ("topk_method", "noaux_tc")] {
+        for (k, want) in [
+            ("scoring_func", "sqrtsoftplus"),
+            ("topk_method", "noaux_tc"),
+        ] {
             match f.get_str(&key(k)) {
                 Some(v) if v == want => {}
                 None if f.get(&key(k)).is_none() => {
@@ -550,7 +555,10 @@ pub fn layer_roles(
         roles.push(if kv == l {
             LayerRole::Source { ratio }
         } else if ix == l {
-            LayerRole::Reindex { ratio, kv_source: kv }
+            LayerRole::Reindex {
+                ratio,
+                kv_source: kv,
+            }
         } else {
             LayerRole::Reuse {
                 ratio,
@@ -613,10 +621,7 @@ fn read_engram(f: &GgufFile, n_layer: usize, n_vocab: usize) -> Result<EngramCon
             format!("{} entries", token_map.len()),
         ));
     }
-    if let Some(i) = token_map
-        .iter()
-        .position(|&c| c >= compressed_vocab as u64)
-    {
+    if let Some(i) = token_map.iter().position(|&c| c >= compressed_vocab as u64) {
         return Err(bad(
             "engram.token_map",
             format!("compressed ids below {compressed_vocab}"),

@@ -68,13 +68,8 @@ impl V41KvLayout {
             if let LayerRole::Source { ratio } = *role {
                 let cap = ctx / ratio + 2;
                 st.rows = Some(layout.add("comp_rows", Some(l), cap, cfg.head_dim, 0.0));
-                st.index_rows = Some(layout.add(
-                    "index_rows",
-                    Some(l),
-                    cap,
-                    cfg.indexer_head_dim,
-                    0.0,
-                ));
+                st.index_rows =
+                    Some(layout.add("index_rows", Some(l), cap, cfg.indexer_head_dim, 0.0));
                 if ratio > 1 {
                     st.frontier = Some(Frontier {
                         kv: layout.add("comp_state_kv", Some(l), ratio, cfg.head_dim, 0.0),
@@ -90,13 +85,7 @@ impl V41KvLayout {
             }
             layers.push(st);
         }
-        let engram_history = layout.add(
-            "engram_history",
-            None,
-            1,
-            cfg.engram.max_ngram - 1,
-            -1.0,
-        );
+        let engram_history = layout.add("engram_history", None, 1, cfg.engram.max_ngram - 1, -1.0);
         V41KvLayout {
             ctx,
             layout,
@@ -154,7 +143,15 @@ impl Ctx<'_> {
         out
     }
 
-    fn rope(&mut self, name: &str, x: ValueId, heads: usize, hd: usize, l: usize, inverse: bool) -> ValueId {
+    fn rope(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        heads: usize,
+        hd: usize,
+        l: usize,
+        inverse: bool,
+    ) -> ValueId {
         let out = self.r.tokens_f32(name, heads * hd);
         self.r.op(Op::Rope(Rope {
             x,
@@ -209,7 +206,14 @@ impl Ctx<'_> {
         out
     }
 
-    fn expand(&mut self, tag: &str, state: ValueId, y: ValueId, post: ValueId, comb: ValueId) -> ValueId {
+    fn expand(
+        &mut self,
+        tag: &str,
+        state: ValueId,
+        y: ValueId,
+        post: ValueId,
+        comb: ValueId,
+    ) -> ValueId {
         let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
         let out = self.r.tokens_f32(&format!("{tag}_hc_state"), n * d);
         self.r.op(Op::HcExpand(HcExpand {
@@ -241,7 +245,9 @@ impl Ctx<'_> {
             out: e,
         })));
         let kv = self.matmul("engram_kv", &ew.kv, e);
-        let out = self.r.tokens_f32("engram_hc_state", cfg.hc_count * cfg.n_embd);
+        let out = self
+            .r
+            .tokens_f32("engram_hc_state", cfg.hc_count * cfg.n_embd);
         self.r.op(Op::V41(V41Op::EngramGate(EngramGate {
             state,
             kv,
@@ -255,7 +261,13 @@ impl Ctx<'_> {
         out
     }
 
-    fn attention(&mut self, l: usize, w: &V41LayerWeights, kv_layout: &V41KvLayout, x: ValueId) -> ValueId {
+    fn attention(
+        &mut self,
+        l: usize,
+        w: &V41LayerWeights,
+        kv_layout: &V41KvLayout,
+        x: ValueId,
+    ) -> ValueId {
         let cfg = self.cfg;
         let (hd, nh) = (cfg.head_dim, cfg.n_head);
         let st = &kv_layout.layers[l];
@@ -299,7 +311,9 @@ impl Ctx<'_> {
         let mut selected = None;
         if let (Some(iw), Some(src)) = (&w.indexer, kv_source) {
             let (ih, ihd) = (cfg.indexer_heads, cfg.indexer_head_dim);
-            let keys = kv_layout.layers[src].index_rows.expect("a kv source has index rows");
+            let keys = kv_layout.layers[src]
+                .index_rows
+                .expect("a kv source has index rows");
             let qi = self.matmul("index_q", &iw.q_b, qr);
             let qi = self.rope("index_q_rope", qi, ih, ihd, l, false);
             let wi = self.matmul("index_weights_raw", &iw.proj, xn);
@@ -422,7 +436,9 @@ impl Ctx<'_> {
         }));
         let g = self.matmul("shared_gate", &w.ffn_gate_shexp, xn);
         let u = self.matmul("shared_up", &w.ffn_up_shexp, xn);
-        let h = self.r.tokens_f32("shared_h", w.ffn_gate_shexp.ne[1] as usize);
+        let h = self
+            .r
+            .tokens_f32("shared_h", w.ffn_gate_shexp.ne[1] as usize);
         self.r.op(Op::SwiGlu(SwiGlu {
             gate: g,
             up: u,
@@ -463,7 +479,8 @@ pub fn record(
     let eg = &cfg.engram;
 
     // Engram rows depend on the ids alone: hashed once, before any layer.
-    let rows = c.r.tokens_i32("engram_hash", eg.layer_ids.len() * eg.cols());
+    let rows =
+        c.r.tokens_i32("engram_hash", eg.layer_ids.len() * eg.cols());
     c.r.op(Op::V41(V41Op::EngramHash(EngramHash {
         tokens,
         history: kv.engram_history,
