@@ -9,7 +9,9 @@ use std::sync::Arc;
 use ds4::backend::{self, Backend, BackendKind, BackendOptions, GraphHandle};
 use ds4::graph::{StepParams, ValueName};
 use ds4::model::forward::Logits;
-use ds4::model::v41::forward::{record, V41ForwardOptions, V41KvLayout};
+use ds4::model::v41::engram::{hash_rows, EngramHistory};
+use ds4::model::v41::engram_reader::EngramReader;
+use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLayout};
 use ds4::model::v41::V41ModelFile;
 use ds4::testmodel::v41::{write_v41_model, V41Spec, V41Variant};
 use ds4::testmodel::Vocab;
@@ -65,6 +67,7 @@ fn run_on(kind: BackendKind, m: &Arc<V41ModelFile>, ids: &[u32], step: usize) ->
     let opts = V41ForwardOptions {
         logits: Logits::All,
         keep: keep_names(m),
+        engram_from_host: false,
     };
     let g = Arc::new(record(&m.config, &m.weights, &kv, step, &opts));
     let mut b: Box<dyn Backend> = backend::open(
@@ -226,4 +229,80 @@ fn v41_graph_in_uneven_steps_and_on_the_fast_cpu_backend() {
     let worst = compare(p, &fast.logits);
     eprintln!("long on the fast cpu backend: worst |Δ log-prob| {worst:.3e}");
     assert!(worst < 1e-4, "fast cpu differs by {worst:.3e}");
+}
+
+/// Engram rows from the host: hashed from the ids, read by position through
+/// an `EngramReader` with a small hot-row cache, fed as `engram_rows@L`;
+/// the graph never touches the tables. Decode, token by token.
+#[test]
+fn v41_graph_with_engram_rows_read_by_the_host() {
+    let g = golden();
+    let m = model();
+    let p = &g["prompts"][1];
+    let ids: Vec<u32> = p["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let cfg = &m.config;
+    let kv = V41KvLayout::new(cfg, 128);
+    let opts = V41ForwardOptions {
+        logits: Logits::All,
+        keep: Vec::new(),
+        engram_from_host: true,
+    };
+    let graph = Arc::new(record(cfg, &m.weights, &kv, 1, &opts));
+    assert!(graph.ops().all(|op| op.name() != "v41_engram_lookup"));
+    let mut b = backend::open(
+        BackendKind::CpuRef,
+        m.clone(),
+        kv.layout.clone(),
+        &BackendOptions::default(),
+    )
+    .unwrap()
+    .backend;
+    let h = b.load_graph(graph.clone()).unwrap();
+    let eg = &cfg.engram;
+    let mut reader = EngramReader::open(m.file.path(), eg, &m.weights, 64).unwrap();
+    let mut hist = EngramHistory::new(eg);
+    let (cols, hd) = (eg.cols(), eg.head_dim);
+    let mut logits = Vec::new();
+    for (pos, &tok) in ids.iter().enumerate() {
+        // Known from the id alone, before the step runs.
+        let rows = hash_rows(eg, &mut hist, &[tok], None);
+        reader.count_tokens(1);
+        for (slot, &l) in eg.layer_ids.iter().enumerate() {
+            let mut buf = vec![0f32; cols * hd];
+            reader
+                .read(slot, &rows[slot * cols..(slot + 1) * cols], &mut buf)
+                .unwrap();
+            b.write_value(h, engram_input(&graph, l).unwrap(), &buf)
+                .unwrap();
+        }
+        b.run(
+            h,
+            &[tok],
+            StepParams {
+                pos0: pos,
+                n_tokens: 1,
+            },
+        )
+        .unwrap();
+        logits.push(b.read_value(h, graph.logits).unwrap());
+    }
+    let worst = compare(p, &logits);
+    let st = reader.stats();
+    eprintln!(
+        "host-fed Engram: worst |Δ log-prob| {worst:.3e}; {:.0} bytes read per token, cache hit rate {:.1} % ({} lookups, cache {} B)",
+        st.bytes_per_token(),
+        100.0 * st.hit_rate(),
+        st.rows_requested,
+        reader.cache_bytes()
+    );
+    assert!(worst < 1e-4, "host-fed Engram differs by {worst:.3e}");
+    // 2 layers × 4 columns × 40 bytes per token at most; the repeated span
+    // and the tables' few hundred rows give hits.
+    assert_eq!(st.rows_requested, (ids.len() * 2 * cols) as u64);
+    assert!(st.cache_hits > 0 && st.bytes_read <= st.rows_requested * eg.row_bytes() as u64);
 }

@@ -340,7 +340,7 @@ fn v41_compressor_pools_norms_and_keys_in_any_step_split() {
                     (ratio > 1).then(|| &gate[pos * hd..(pos + n) * hd]),
                     pos,
                     n,
-                    (ratio > 1).then(|| (fk.as_mut_slice(), fs.as_mut_slice())),
+                    (ratio > 1).then_some((fk.as_mut_slice(), fs.as_mut_slice())),
                     &mut rows,
                     &mut keys,
                 );
@@ -360,6 +360,7 @@ fn v41_compressor_pools_norms_and_keys_in_any_step_split() {
 }
 
 /// Scores as the official indexer: Σ_h relu(q_h·k)·w_h, −inf where not visible.
+#[allow(clippy::too_many_arguments)]
 fn scores(
     q: &[f32],
     w: &[f32],

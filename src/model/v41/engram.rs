@@ -98,8 +98,8 @@ mod tests {
         assert_eq!(rows.len(), 2 * 2 * 4);
         // token 4 → c=4; history pad 3, 3.
         let (a, b, p) = (4u64, 3u64, 3u64);
-        let h2 = a * 7 ^ b * 11;
-        let h3 = h2 ^ p * 13;
+        let h2 = (a * 7) ^ (b * 11);
+        let h3 = h2 ^ (p * 13);
         assert_eq!(
             &rows[..4],
             &[
@@ -111,8 +111,8 @@ mod tests {
         );
         // Token 5 → c = 1 with history [4, pad], second layer's multipliers.
         let m = [17u64, 19, 23];
-        let h2 = m[0] ^ 4 * m[1];
-        let h3 = h2 ^ 3 * m[2];
+        let h2 = m[0] ^ (4 * m[1]);
+        let h3 = h2 ^ (3 * m[2]);
         assert_eq!(
             &rows[12..16],
             &[

@@ -100,6 +100,23 @@ pub struct V41ForwardOptions {
     pub logits: Logits,
     /// Values to keep readable after a step.
     pub keep: Vec<ValueName>,
+    /// Where the Engram rows come from. `false`: the graph hashes the ids and
+    /// reads the table rows itself (through the file map; tests, tiny
+    /// models). `true`: each Engram layer has an input value
+    /// `engram_rows@L` (`[T, cols·head_dim]`, see [`engram_input`]) that the
+    /// host fills before the step from `engram::hash_rows` and an
+    /// `EngramReader` (positioned reads, hot-row cache), so the tables are
+    /// never mapped.
+    pub engram_from_host: bool,
+}
+
+/// The `engram_rows@L` input of layer `l` in a graph recorded with
+/// `engram_from_host`.
+pub fn engram_input(g: &Graph, l: usize) -> Option<ValueId> {
+    g.find(&ValueName {
+        name: "engram_rows".into(),
+        layer: Some(l),
+    })
 }
 
 struct Ctx<'a> {
@@ -110,6 +127,10 @@ struct Ctx<'a> {
     topk: Vec<Option<ValueId>>,
     /// The candidate source's kept blocks.
     blocks: Option<ValueId>,
+    /// The graph's hashed rows; `None` when the host feeds `engram_rows@L`.
+    hashed: Option<ValueId>,
+    /// Host-fed inputs (kept: written before the step, so no slot reuse).
+    inputs: Vec<ValueId>,
 }
 
 impl Ctx<'_> {
@@ -228,22 +249,25 @@ impl Ctx<'_> {
         out
     }
 
-    fn engram(&mut self, l: usize, w: &V41LayerWeights, state: ValueId, rows: ValueId) -> ValueId {
+    fn engram(&mut self, l: usize, w: &V41LayerWeights, state: ValueId) -> ValueId {
         let cfg = self.cfg;
         let eg = &cfg.engram;
         let (Some(ew), Some(slot)) = (&w.engram, eg.slot(l)) else {
             return state;
         };
         let e = self.r.tokens_f32("engram_rows", eg.cols() * eg.head_dim);
-        self.r.op(Op::V41(V41Op::EngramLookup(EngramLookup {
-            rows,
-            slot,
-            n_layers: eg.layer_ids.len(),
-            cols: eg.cols(),
-            head_dim: eg.head_dim,
-            table: ew.table.clone(),
-            out: e,
-        })));
+        match self.hashed {
+            Some(rows) => self.r.op(Op::V41(V41Op::EngramLookup(EngramLookup {
+                rows,
+                slot,
+                n_layers: eg.layer_ids.len(),
+                cols: eg.cols(),
+                head_dim: eg.head_dim,
+                table: ew.table.clone(),
+                out: e,
+            }))),
+            None => self.inputs.push(e),
+        }
         let kv = self.matmul("engram_kv", &ew.kv, e);
         let out = self
             .r
@@ -474,19 +498,24 @@ pub fn record(
         tokens,
         topk: vec![None; cfg.n_layer],
         blocks: None,
+        hashed: None,
+        inputs: Vec::new(),
     };
     let (n, d) = (cfg.hc_count, cfg.n_embd);
     let eg = &cfg.engram;
 
     // Engram rows depend on the ids alone: hashed once, before any layer.
-    let rows =
-        c.r.tokens_i32("engram_hash", eg.layer_ids.len() * eg.cols());
-    c.r.op(Op::V41(V41Op::EngramHash(EngramHash {
-        tokens,
-        history: kv.engram_history,
-        layout: Arc::new(eg.hash_layout()),
-        out: rows,
-    })));
+    if !opts.engram_from_host {
+        let rows =
+            c.r.tokens_i32("engram_hash", eg.layer_ids.len() * eg.cols());
+        c.r.op(Op::V41(V41Op::EngramHash(EngramHash {
+            tokens,
+            history: kv.engram_history,
+            layout: Arc::new(eg.hash_layout()),
+            out: rows,
+        })));
+        c.hashed = Some(rows);
+    }
     let e = c.r.tokens_f32("embed", d);
     c.r.op(Op::Embed(Embed {
         table: w.token_embd.clone(),
@@ -508,7 +537,7 @@ pub fn record(
 
     for (l, lw) in w.layers.iter().enumerate() {
         c.r.set_layer(Some(l));
-        state = c.engram(l, lw, state, rows);
+        state = c.engram(l, lw, state);
         let (a_pre, a_post, a_comb) = c.mixes(
             "attn",
             state,
@@ -568,7 +597,8 @@ pub fn record(
             logits
         }
     };
-    let mut g = c.r.finish(tokens, logits, Vec::new());
+    let inputs = std::mem::take(&mut c.inputs);
+    let mut g = c.r.finish(tokens, logits, inputs);
     let keep: Vec<ValueId> = opts.keep.iter().filter_map(|n| g.find(n)).collect();
     g.keep.extend(keep);
     g.keep.sort();

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod engram;
+pub mod engram_reader;
 pub mod forward;
 pub mod weights;
 
