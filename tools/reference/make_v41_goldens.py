@@ -23,26 +23,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from v41_reference import V41Reference  # noqa: E402
 
 TOP_K = 20
+LONG_TOKENS = 3000
 HC_POSITIONS = [0, 1, 3, 4, 17, 63]
 GEN_ARGS = ["--arch", "deepseek41"]
 
 
 def prompt_ids(n, seed):
-    """BOS, then ids drawn from a fixed generator, with an earlier span
+    """BOS, then ids drawn from a fixed generator, with earlier spans
     repeated so the Engram n-grams (and their table rows) recur."""
     rng = np.random.default_rng(seed)
     body = [int(x) for x in rng.integers(3, 129000, size=n - 1)]
     if n > 24:
         body[n // 2: n // 2 + 6] = body[4:10]
+    for start in range(200, n - 40, 300):
+        body[start: start + 20] = body[start - 150: start - 130]
     return [0] + body
 
 
-def summarise(logits):
+def summarise(logits, top=TOP_K):
     out = {"top_ids": [], "top_logprobs": [], "logsumexp": [], "argmax": [], "margin": []}
     for row in logits:
         m = row.max()
         lse = float(m + np.log(np.exp(row - m).sum()))
-        order = np.lexsort((np.arange(len(row)), -row))[:TOP_K]
+        order = np.argsort(-row, kind="stable")[:top]
         out["top_ids"].append([int(i) for i in order])
         out["top_logprobs"].append([float(row[i] - lse) for i in order])
         out["logsumexp"].append(lse)
@@ -115,6 +118,31 @@ def main():
         fp.write("\n")
     hc_bin.tofile(os.path.join(a.out, "v41-tiny.hc.bin"))
     print(f"wrote v41-tiny.json and v41-tiny.hc.bin {hc_bin.shape} (gguf sha256 {sha})")
+
+    # A 3,000-token context (issue 19 item 7): every position, top-5 only.
+    ids = prompt_ids(LONG_TOKENS, 3000)
+    logits = ref.forward(ids)
+    s = summarise(logits, top=5)
+    tr = ref.trace
+    gaps = []
+    for t in range(len(ids)):
+        g = [v[t] for v in tr["indexer_gap"].values() if v[t] is not None and v[t] > 0]
+        gaps.append(float(f"{min(g):.4g}") if g else None)
+    long_golden = {
+        "format": "ds4-golden-v41-long-1",
+        "variant": "v41-tiny.plain-f64",
+        "generator": golden["generator"],
+        "gguf": golden["gguf"],
+        "reference": golden["reference"],
+        "top_k": 5,
+        "prompt": dict(name="3k", ids=ids, n_tokens=len(ids), **s,
+                       router_gap=[min(v[t] for v in tr["router_gap"].values()) for t in range(len(ids))],
+                       indexer_gap=gaps),
+    }
+    with open(os.path.join(a.out, "v41-tiny-3k.json"), "w") as fp:
+        json.dump(long_golden, fp, separators=(",", ":"))
+        fp.write("\n")
+    print(f"wrote v41-tiny-3k.json ({len(ids)} positions)")
 
 
 if __name__ == "__main__":
