@@ -59,6 +59,11 @@ struct Args {
     /// tokenizer.json with the V4 vocabulary (default: the committed copy)
     #[argh(option)]
     tokenizer_json: Option<PathBuf>,
+    /// model family: deepseek4 (default) or deepseek41 (V4.1: the tiny V4.1
+    /// model in f32, or with --sparse-flash the full V4.1 Flash q2 header;
+    /// --window, --init-gain and --seed apply, the other shape options do not)
+    #[argh(option, default = "String::from(\"deepseek4\")")]
+    arch: String,
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -68,6 +73,11 @@ fn run(a: Args) -> Result<(), String> {
         )?,
         None => Vocab::load_default()?,
     };
+    match a.arch.as_str() {
+        "deepseek4" => {}
+        "deepseek41" => return run_v41(&a, &vocab),
+        other => return Err(format!("--arch: unknown {other:?} (deepseek4, deepseek41)")),
+    }
     if a.sparse_flash {
         let variant = match a.variant.as_str() {
             // The default (f32) has no published counterpart: q2 then.
@@ -145,6 +155,48 @@ fn run(a: Args) -> Result<(), String> {
             eprintln!("wrote {}", mtp.display());
         }
     }
+    Ok(())
+}
+
+/// `--arch deepseek41`: the tiny V4.1 model (testmodel::v41) or the sparse
+/// full-shape V4.1 Flash file.
+fn run_v41(a: &Args, vocab: &Vocab) -> Result<(), String> {
+    use testmodel::v41::{write_sparse_v41_flash, write_v41_model, V41Spec, V41Variant};
+    if a.sparse_flash {
+        write_sparse_v41_flash(vocab, &a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+        eprintln!(
+            "wrote {} (full V4.1 Flash q2 shape, data region is a hole)",
+            a.out.display()
+        );
+        return Ok(());
+    }
+    if a.variant != "f32" {
+        return Err("--arch deepseek41: only --variant f32 is generated".into());
+    }
+    let unsupported = a.ratios.is_some()
+        || a.embd.is_some()
+        || a.top_k.is_some()
+        || a.indexer_top_k.is_some()
+        || a.indexer_heads.is_some()
+        || a.experts.is_some()
+        || a.long_context
+        || a.mtp;
+    if unsupported {
+        return Err("--arch deepseek41 takes --window, --init-gain and --seed only".into());
+    }
+    let mut spec = V41Spec::tiny();
+    if let Some(v) = a.window {
+        spec.sliding_window = v;
+    }
+    if let Some(v) = a.init_gain {
+        spec.init_gain = v;
+    }
+    if let Some(v) = a.seed {
+        spec.seed = v;
+    }
+    write_v41_model(&spec, V41Variant::F32, vocab, &a.out)
+        .map_err(|e| format!("{}: {e}", a.out.display()))?;
+    eprintln!("wrote {}", a.out.display());
     Ok(())
 }
 

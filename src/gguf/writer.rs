@@ -87,6 +87,11 @@ impl GgufWriter {
         self.kvs.push((key.to_string(), value));
     }
 
+    /// The metadata added so far, in order (tools that copy and edit a header).
+    pub fn kvs(&self) -> &[(String, MetaValue)] {
+        &self.kvs
+    }
+
     pub fn add_u32(&mut self, key: &str, v: u32) {
         self.add_kv(key, MetaValue::U32(v));
     }

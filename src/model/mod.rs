@@ -53,6 +53,8 @@ impl ModelFile {
 
 pub mod forward;
 pub mod state;
+/// DeepSeek V4.1 (`deepseek41`): a second model family beside V4's.
+pub mod v41;
 
 /// Backends read weights through the GGUF file alone.
 impl AsRef<crate::gguf::GgufFile> for ModelFile {

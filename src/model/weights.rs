@@ -22,7 +22,7 @@ pub struct TypeShare {
 
 /// Which element types a tensor may have.
 #[derive(Clone, Copy, Debug)]
-enum Class {
+pub(crate) enum Class {
     /// Dense matrices: F32/F16/BF16/Q8_0.
     Dense,
     /// Routed expert slabs: F32/F16/Q8_0/Q2_K/Q4_K/IQ2_XXS/MXFP4 (MXFP4 only
@@ -32,6 +32,8 @@ enum Class {
     Vector,
     /// Hash routing table.
     I32,
+    /// Raw bytes (V4.1's Engram rows: 256 E4M3 codes + 8 E8M0 scales).
+    I8,
 }
 
 impl Class {
@@ -42,12 +44,13 @@ impl Class {
             Class::Expert => &[F32, F16, Q8_0, Q2K, Q4K, Iq2Xxs, Mxfp4],
             Class::Vector => &[F32, F16],
             Class::I32 => &[I32],
+            Class::I8 => &[I8],
         }
     }
 }
 
-struct Binder<'f> {
-    file: &'f GgufFile,
+pub(crate) struct Binder<'f> {
+    pub(crate) file: &'f GgufFile,
 }
 
 impl Binder<'_> {
@@ -55,7 +58,12 @@ impl Binder<'_> {
         self.file.tensor_info(name)
     }
 
-    fn bind(&self, name: &str, shape: &[usize], class: Class) -> Result<TensorRef, ModelError> {
+    pub(crate) fn bind(
+        &self,
+        name: &str,
+        shape: &[usize],
+        class: Class,
+    ) -> Result<TensorRef, ModelError> {
         let info = self
             .info(name)
             .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
@@ -92,7 +100,7 @@ impl Binder<'_> {
         })
     }
 
-    fn bind_opt(
+    pub(crate) fn bind_opt(
         &self,
         name: &str,
         shape: &[usize],

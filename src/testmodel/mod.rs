@@ -8,6 +8,7 @@
 //! a hole ([`write_sparse_flash`]), which tests loading at real scale.
 
 mod rng;
+pub mod v41;
 pub mod vocab;
 
 use std::io;

@@ -761,6 +761,12 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 0,
                 vec![v(o.x), v(o.out), Arg::U32(u(o.cols))],
             )?,
+            Op::V41(o) => {
+                return Err(unsupported(format!(
+                    "{}: op not supported on this backend yet",
+                    o.name()
+                )))
+            }
         }
     }
     progress.finish();

@@ -734,6 +734,10 @@ impl Rec<'_> {
                 };
                 one(self.kernel("elementwise", "take_last", &p, &s, size)?)
             }
+            Op::V41(o) => Err(unsupported(format!(
+                "{}: op not supported on this backend yet",
+                o.name()
+            ))),
         }
     }
 }

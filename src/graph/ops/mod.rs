@@ -17,6 +17,7 @@ pub mod norm;
 pub mod parallel;
 pub mod rope;
 pub mod round;
+pub mod v41;
 
 use crate::graph::{Graph, StateId, StepParams, ValueDesc, ValueId};
 
@@ -43,6 +44,8 @@ pub enum Op {
     Add(basic::Add),
     Scale(basic::Scale),
     TakeLast(basic::TakeLast),
+    /// DeepSeek V4.1's own ops (Engram, candidate blocks, its compressor).
+    V41(v41::V41Op),
 }
 
 impl Op {
@@ -73,6 +76,7 @@ impl Op {
             Op::Add(o) => vec![o.a, o.b],
             Op::Scale(o) => vec![o.x],
             Op::TakeLast(o) => vec![o.x],
+            Op::V41(o) => o.inputs(),
         }
     }
 
@@ -104,6 +108,7 @@ impl Op {
             Op::Add(o) => vec![o.out],
             Op::Scale(o) => vec![o.out],
             Op::TakeLast(o) => vec![o.out],
+            Op::V41(o) => o.outputs(),
         }
     }
 
@@ -118,6 +123,7 @@ impl Op {
             Op::RingWrite(o) => vec![o.ring],
             Op::Compress(o) => vec![o.state_kv, o.state_score, o.rows],
             Op::IndexerTopK(o) => vec![o.rows],
+            Op::V41(o) => o.states(),
             _ => vec![],
         }
     }
@@ -134,6 +140,7 @@ impl Op {
             Op::Compress(o) => vec![&o.ape, &o.norm],
             Op::Router(o) => o.bias.iter().chain(o.tid2eid.iter()).collect(),
             Op::MoeExperts(o) => vec![&o.gate, &o.up, &o.down],
+            Op::V41(o) => o.weights(),
             Op::HcInit(_)
             | Op::HcCollapse(_)
             | Op::HcExpand(_)
@@ -194,6 +201,7 @@ impl Op {
             Op::Add(_) => "add",
             Op::Scale(_) => "scale",
             Op::TakeLast(_) => "take_last",
+            Op::V41(o) => o.name(),
         }
     }
 }

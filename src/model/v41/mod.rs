@@ -1,0 +1,70 @@
+//! DeepSeek V4.1 Flash (`general.architecture = "deepseek41"`): its
+//! configuration with layer roles and the Engram layout (`config.rs`), its
+//! weights by ds4's tensor names (`weights.rs`), and the host-side Engram
+//! n-gram hashing (`engram.rs`). docs/V41.md describes the format and the
+//! decisions; V4 files go through `model::ModelFile` unchanged.
+
+pub mod config;
+pub mod engram;
+pub mod engram_reader;
+pub mod forward;
+pub mod weights;
+
+use std::path::Path;
+
+use crate::gguf::GgufFile;
+use crate::model::ModelError;
+
+pub use config::{EngramConfig, LayerRole, V41Config};
+pub use weights::{V41Compressor, V41Engram, V41Indexer, V41LayerWeights, V41Weights};
+
+/// Which model family a GGUF holds, from `general.architecture`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// `deepseek4` (or no architecture key, as older V4 files): V4 Flash/Pro.
+    V4,
+    /// `deepseek41`: V4.1 Flash.
+    V41,
+}
+
+impl Arch {
+    pub fn of(file: &GgufFile) -> Result<Arch, ModelError> {
+        match file.get_str("general.architecture") {
+            None | Some("deepseek4") => Ok(Arch::V4),
+            Some(config::ARCH) => Ok(Arch::V41),
+            Some(other) => Err(ModelError::WrongKind(format!(
+                "general.architecture is {other:?}; ds4 runs \"deepseek4\" and \"deepseek41\""
+            ))),
+        }
+    }
+}
+
+/// An opened V4.1 model: the mapped file, its configuration and its bound
+/// weights. Opening reads no tensor data (the Engram tables included).
+pub struct V41ModelFile {
+    pub file: GgufFile,
+    pub config: V41Config,
+    pub weights: V41Weights,
+}
+
+impl V41ModelFile {
+    pub fn open(path: impl AsRef<Path>) -> Result<V41ModelFile, ModelError> {
+        Self::from_file(GgufFile::open(path)?)
+    }
+
+    pub fn from_file(file: GgufFile) -> Result<V41ModelFile, ModelError> {
+        let config = V41Config::from_gguf(&file)?;
+        let weights = V41Weights::bind(&file, &config)?;
+        Ok(V41ModelFile {
+            file,
+            config,
+            weights,
+        })
+    }
+}
+
+impl AsRef<GgufFile> for V41ModelFile {
+    fn as_ref(&self) -> &GgufFile {
+        &self.file
+    }
+}

@@ -1,0 +1,836 @@
+//! Deterministic DeepSeek V4.1 test models in ds4's `deepseek41` GGUF layout
+//! (metadata as `gguf-tools/deepseek41_metadata.py` writes it, tensors in the
+//! order and types of `deepseek41_quantize.py`, Engram tables last).
+//!
+//! [`V41Spec::tiny`] exercises every V4.1 path at a size the float reference
+//! (`tools/reference/v41_reference.py`) runs in seconds: window-only, source,
+//! reuse and reindex layers, a ratio-2 and a ratio-1 compressor, candidate
+//! blocks that keep fewer rows than are visible, a window of 4, and Engram at
+//! two layers (one of them also a kv source) with tables of a few hundred
+//! rows, hashed through a non-identity token map with a compressed pad.
+//! [`V41Spec::flash`] is the published V4.1 Flash shape; [`write_sparse_v41_flash`]
+//! writes its full header over a data region that is a hole.
+
+use std::io;
+use std::path::Path;
+
+use serde_json::json;
+
+use super::{encode_tensor, Rng, Vocab};
+use crate::gguf::{GgufWriter, MetaArray, MetaValue};
+use crate::quant::small_float::e4m3_encode;
+use crate::quant::GgmlType;
+
+/// Shapes of a generated V4.1 model (research §1 names in comments).
+#[derive(Clone, Debug)]
+pub struct V41Spec {
+    pub name: String,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub q_lora_rank: usize,
+    pub o_lora_rank: usize,
+    pub o_groups: usize,
+    pub sliding_window: usize,
+    /// Per-layer ratio; its length is the layer count.
+    pub compress_ratios: Vec<usize>,
+    pub kv_source_layers: Vec<usize>,
+    pub index_source_layers: Vec<usize>,
+    pub indexer_heads: usize,
+    pub indexer_head_dim: usize,
+    pub indexer_top_k: usize,
+    pub candidate_source: usize,
+    pub candidate_topk_blocks: usize,
+    pub candidate_block_size: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub expert_ff: usize,
+    pub hc_count: usize,
+    pub hc_sinkhorn_iters: usize,
+    pub rms_eps: f32,
+    pub rope_base: u32,
+    pub compress_rope_base: u32,
+    pub yarn_factor: f32,
+    pub yarn_original_context: u32,
+    pub swiglu_limit: f32,
+    pub routed_scale: f32,
+    pub engram_layers: Vec<usize>,
+    pub engram_max_ngram: usize,
+    pub engram_heads: usize,
+    pub engram_head_dim: usize,
+    /// Where the prime search starts (`engram_vocab_size`).
+    pub engram_vocab_size: u64,
+    /// Size of the compressed vocabulary the token map targets.
+    pub engram_compressed_vocab: u32,
+    /// The raw pad id (`engram_pad_token_id`); the file stores its compressed id.
+    pub engram_pad_token: usize,
+    pub init_gain: f32,
+    pub seed: u64,
+}
+
+impl V41Spec {
+    /// The tiny model of the research note's recipe, with the candidate
+    /// geometry chosen so that a kept set always holds at least top-k rows
+    /// ((topk_blocks − 1)·block + 1 ≥ top-k): the official code would
+    /// otherwise fill the top-k with arbitrary rows scored −inf.
+    pub fn tiny() -> V41Spec {
+        V41Spec {
+            name: "ds4 tiny V4.1 test model".into(),
+            n_embd: 64,
+            n_head: 4,
+            head_dim: 32,
+            n_rot: 8,
+            q_lora_rank: 32,
+            o_lora_rank: 16,
+            o_groups: 2,
+            sliding_window: 4,
+            // L0-1 window; L2 source r2, L3 reuse; L4 source r1 (candidate
+            // source), L5 reuse, L6 reindex within L4's candidates, L7 reuse of L6.
+            compress_ratios: vec![0, 0, 2, 2, 1, 1, 1, 1],
+            kv_source_layers: vec![2, 4],
+            index_source_layers: vec![2, 4, 6],
+            indexer_heads: 2,
+            indexer_head_dim: 16,
+            indexer_top_k: 3,
+            candidate_source: 4,
+            candidate_topk_blocks: 2,
+            candidate_block_size: 2,
+            n_expert: 4,
+            n_expert_used: 2,
+            expert_ff: 32,
+            hc_count: 4,
+            hc_sinkhorn_iters: 20,
+            rms_eps: 1e-20,
+            rope_base: 10000,
+            compress_rope_base: 160000,
+            yarn_factor: 16.0,
+            yarn_original_context: 65536,
+            swiglu_limit: 10.0,
+            routed_scale: 1.5,
+            engram_layers: vec![1, 4],
+            engram_max_ngram: 3,
+            engram_heads: 2,
+            engram_head_dim: 32,
+            engram_vocab_size: 100,
+            engram_compressed_vocab: 997,
+            engram_pad_token: 2,
+            init_gain: 0.5,
+            seed: 41,
+        }
+    }
+
+    /// The published V4.1 Flash shape (research §1).
+    pub fn flash() -> V41Spec {
+        let mut ratios = vec![0usize, 0];
+        ratios.extend([2; 18]);
+        ratios.extend([1; 20]);
+        V41Spec {
+            name: "DeepSeek V4.1 Flash".into(),
+            n_embd: 5120,
+            n_head: 64,
+            head_dim: 512,
+            n_rot: 64,
+            q_lora_rank: 1280,
+            o_lora_rank: 1024,
+            o_groups: 8,
+            sliding_window: 128,
+            compress_ratios: ratios,
+            kv_source_layers: vec![2, 8, 14, 20],
+            index_source_layers: vec![2, 8, 14, 20, 24, 28, 32, 36],
+            indexer_heads: 32,
+            indexer_head_dim: 128,
+            indexer_top_k: 512,
+            candidate_source: 20,
+            candidate_topk_blocks: 2048,
+            candidate_block_size: 8,
+            n_expert: 384,
+            n_expert_used: 6,
+            expert_ff: 2304,
+            hc_count: 4,
+            hc_sinkhorn_iters: 20,
+            rms_eps: 1e-20,
+            rope_base: 10000,
+            compress_rope_base: 160000,
+            yarn_factor: 16.0,
+            yarn_original_context: 65536,
+            swiglu_limit: 10.0,
+            routed_scale: 1.5,
+            engram_layers: vec![1, 14],
+            engram_max_ngram: 4,
+            engram_heads: 8,
+            engram_head_dim: 256,
+            engram_vocab_size: 16_000_000,
+            engram_compressed_vocab: 99092,
+            engram_pad_token: 2,
+            init_gain: 0.5,
+            seed: 0,
+        }
+    }
+
+    pub fn n_layer(&self) -> usize {
+        self.compress_ratios.len()
+    }
+
+    /// Hash columns per Engram layer.
+    pub fn engram_cols(&self) -> usize {
+        (self.engram_max_ngram - 1) * self.engram_heads
+    }
+
+    /// The official prime layout: for each layer and n-gram order, start
+    /// below `engram_vocab_size` and take the next primes not used anywhere
+    /// before (one set across layers). Layer-major.
+    pub fn engram_primes(&self) -> Vec<u64> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for _ in &self.engram_layers {
+            for _ in 1..self.engram_max_ngram {
+                let mut cur = self.engram_vocab_size - 1;
+                for _ in 0..self.engram_heads {
+                    cur = next_prime(cur);
+                    while seen.contains(&cur) {
+                        cur = next_prime(cur);
+                    }
+                    seen.insert(cur);
+                    out.push(cur);
+                }
+            }
+        }
+        out
+    }
+
+    /// Table rows per Engram layer: the sum of its primes.
+    pub fn engram_rows(&self) -> Vec<u64> {
+        self.engram_primes()
+            .chunks(self.engram_cols())
+            .map(|c| c.iter().sum())
+            .collect()
+    }
+
+    /// Odd multipliers below the reference's bound, seeded per layer as the
+    /// official ones are (their numpy draws cannot be reproduced here, and
+    /// need not be: the file carries them).
+    pub fn engram_multipliers(&self) -> Vec<u64> {
+        let bound = (i64::MAX as u64 / self.engram_compressed_vocab as u64) / 2;
+        let mut out = Vec::new();
+        for &l in &self.engram_layers {
+            let mut rng = Rng::new(self.seed ^ (10007 * l as u64));
+            for _ in 0..self.engram_max_ngram {
+                out.push(rng.below(bound) * 2 + 1);
+            }
+        }
+        out
+    }
+
+    /// A non-identity many-to-one token map onto the compressed vocabulary.
+    pub fn engram_token_map(&self, n_vocab: usize) -> Vec<u32> {
+        let c = self.engram_compressed_vocab as u64;
+        (0..n_vocab as u64)
+            .map(|i| ((i * 7919 + 13) % c) as u32)
+            .collect()
+    }
+}
+
+fn next_prime(n: u64) -> u64 {
+    let is_prime = |x: u64| x >= 2 && (2..).take_while(|d| d * d <= x).all(|d| x % d != 0);
+    (n + 1..).find(|&x| is_prime(x)).unwrap_or(n + 1)
+}
+
+/// Tensor type recipe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum V41Variant {
+    /// Every tensor F32 but the Engram rows (tight comparisons).
+    F32,
+    /// ds4's q2 recipe: Q8_0 attention/shared/head, IQ2_XXS gate/up, Q2_K
+    /// down, F16 tables/mixers/compressors/indexer, F32 vectors and router.
+    Q2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    F16Dense,
+    Q8Dense,
+    /// Norms, sinks, biases, HC scale/base, router: F32 in every recipe.
+    F32,
+    GateUp,
+    Down,
+    /// Raw E4M3 + E8M0 rows.
+    EngramRows,
+}
+
+impl V41Variant {
+    fn ty(self, k: Kind) -> GgmlType {
+        use GgmlType::*;
+        match (k, self) {
+            (Kind::EngramRows, _) => I8,
+            (Kind::F32, _) | (_, V41Variant::F32) => F32,
+            (Kind::F16Dense, _) => F16,
+            (Kind::Q8Dense, _) => Q8_0,
+            (Kind::GateUp, _) => Iq2Xxs,
+            (Kind::Down, _) => Q2K,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Init {
+    Normal(f32),
+    NormWeight,
+    Uniform(f32, f32),
+    EngramRows,
+}
+
+struct Planned {
+    name: String,
+    ne: Vec<u64>,
+    kind: Kind,
+    init: Init,
+}
+
+fn plan(s: &V41Spec, n_vocab: usize) -> Vec<Planned> {
+    let d = s.n_embd;
+    let g = s.init_gain;
+    let std = |fan_in: usize| g / (fan_in as f32).sqrt();
+    let hc = s.hc_count;
+    let mix = (2 + hc) * hc;
+    let hd = s.head_dim;
+    let mut out = Vec::new();
+    let mut tail = Vec::new();
+    let add = |out: &mut Vec<Planned>, name: String, ne: &[usize], kind: Kind, init: Init| {
+        out.push(Planned {
+            name,
+            ne: ne.iter().map(|&x| x as u64).collect(),
+            kind,
+            init,
+        })
+    };
+    use Kind::*;
+    add(
+        &mut out,
+        "token_embd.weight".into(),
+        &[d, n_vocab],
+        F16Dense,
+        Init::Normal(1.0),
+    );
+    add(
+        &mut out,
+        "output_norm.weight".into(),
+        &[d],
+        F32,
+        Init::NormWeight,
+    );
+    add(
+        &mut out,
+        "output.weight".into(),
+        &[d, n_vocab],
+        Q8Dense,
+        Init::Normal(std(d)),
+    );
+    let rows = s.engram_rows();
+    for (l, &ratio) in s.compress_ratios.iter().enumerate() {
+        let p = |x: &str| format!("blk.{l}.{x}");
+        for site in ["attn", "ffn"] {
+            add(
+                &mut out,
+                p(&format!("hc_{site}_fn.weight")),
+                &[hc * d, mix],
+                F16Dense,
+                Init::Normal(std(hc * d)),
+            );
+            add(
+                &mut out,
+                p(&format!("hc_{site}_base.weight")),
+                &[mix],
+                F32,
+                Init::Normal(0.5),
+            );
+            add(
+                &mut out,
+                p(&format!("hc_{site}_scale.weight")),
+                &[3],
+                F32,
+                Init::Uniform(0.5, 1.5),
+            );
+            add(
+                &mut out,
+                p(&format!("{site}_norm.weight")),
+                &[d],
+                F32,
+                Init::NormWeight,
+            );
+        }
+        let q = s.n_head * hd;
+        let group_in = q / s.o_groups;
+        let attn: [(&str, Vec<usize>, Kind, Init); 8] = [
+            ("attn_sinks.weight", vec![s.n_head], F32, Init::Normal(1.0)),
+            (
+                "attn_q_a.weight",
+                vec![d, s.q_lora_rank],
+                Q8Dense,
+                Init::Normal(std(d)),
+            ),
+            (
+                "attn_q_b.weight",
+                vec![s.q_lora_rank, q],
+                Q8Dense,
+                Init::Normal(std(s.q_lora_rank)),
+            ),
+            (
+                "attn_q_a_norm.weight",
+                vec![s.q_lora_rank],
+                F32,
+                Init::NormWeight,
+            ),
+            ("attn_kv.weight", vec![d, hd], Q8Dense, Init::Normal(std(d))),
+            ("attn_kv_a_norm.weight", vec![hd], F32, Init::NormWeight),
+            (
+                "attn_output_a.weight",
+                vec![group_in, s.o_groups * s.o_lora_rank],
+                Q8Dense,
+                Init::Normal(std(group_in)),
+            ),
+            (
+                "attn_output_b.weight",
+                vec![s.o_groups * s.o_lora_rank, d],
+                Q8Dense,
+                Init::Normal(std(s.o_groups * s.o_lora_rank)),
+            ),
+        ];
+        for (n, ne, k, i) in attn {
+            add(&mut out, p(n), &ne, k, i);
+        }
+        let ihd = s.indexer_head_dim;
+        if s.kv_source_layers.contains(&l) {
+            add(
+                &mut out,
+                p("attn_compressor_kv.weight"),
+                &[d, hd],
+                F16Dense,
+                Init::Normal(std(d)),
+            );
+            add(
+                &mut out,
+                p("attn_compressor_norm.weight"),
+                &[hd],
+                F32,
+                Init::NormWeight,
+            );
+            add(
+                &mut out,
+                p("indexer.attn_k.weight"),
+                &[hd, ihd],
+                F16Dense,
+                Init::Normal(std(hd)),
+            );
+            add(
+                &mut out,
+                p("indexer.k_norm.weight"),
+                &[ihd],
+                F32,
+                Init::NormWeight,
+            );
+            if ratio > 1 {
+                add(
+                    &mut out,
+                    p("attn_compressor_gate.weight"),
+                    &[d, hd],
+                    F16Dense,
+                    Init::Normal(std(d)),
+                );
+            }
+        }
+        if s.index_source_layers.contains(&l) {
+            add(
+                &mut out,
+                p("indexer.attn_q_b.weight"),
+                &[s.q_lora_rank, s.indexer_heads * ihd],
+                F16Dense,
+                Init::Normal(std(s.q_lora_rank)),
+            );
+            add(
+                &mut out,
+                p("indexer.proj.weight"),
+                &[d, s.indexer_heads],
+                F16Dense,
+                Init::Normal(std(d)),
+            );
+        }
+        let (e, ff) = (s.n_expert, s.expert_ff);
+        add(
+            &mut out,
+            p("ffn_gate_inp.weight"),
+            &[d, e],
+            F32,
+            Init::Normal(std(d)),
+        );
+        add(
+            &mut out,
+            p("exp_probs_b.bias"),
+            &[e],
+            F32,
+            Init::Normal(0.1),
+        );
+        add(
+            &mut out,
+            p("exp_probs_b_vl.bias"),
+            &[e],
+            F32,
+            Init::Normal(0.1),
+        );
+        for (part, ne, kind, fan) in [
+            ("gate", [d, ff], GateUp, d),
+            ("up", [d, ff], GateUp, d),
+            ("down", [ff, d], Down, ff),
+        ] {
+            add(
+                &mut out,
+                p(&format!("ffn_{part}_shexp.weight")),
+                &ne,
+                Q8Dense,
+                Init::Normal(std(fan)),
+            );
+            add(
+                &mut out,
+                p(&format!("ffn_{part}_exps.weight")),
+                &[ne[0], ne[1], e],
+                kind,
+                Init::Normal(std(fan)),
+            );
+        }
+        if let Some(slot) = s.engram_layers.iter().position(|&x| x == l) {
+            for part in ["q", "k"] {
+                add(
+                    &mut out,
+                    p(&format!("engram_{part}_norm.weight")),
+                    &[d, hc],
+                    F32,
+                    Init::NormWeight,
+                );
+            }
+            let cols = s.engram_cols() * s.engram_head_dim;
+            add(
+                &mut out,
+                p("engram_kv.weight"),
+                &[cols, (hc + 1) * d],
+                F16Dense,
+                Init::Normal(std(cols)),
+            );
+            // Written after every other tensor, as ds4 does.
+            add(
+                &mut tail,
+                p("engram_embd.weight"),
+                &[
+                    s.engram_head_dim + s.engram_head_dim / 32,
+                    rows[slot] as usize,
+                ],
+                EngramRows,
+                Init::EngramRows,
+            );
+        }
+    }
+    out.extend(tail);
+    out
+}
+
+fn fill(t: &Planned, seed: u64) -> Vec<f32> {
+    let n = t.ne.iter().product::<u64>() as usize;
+    let mut rng = Rng::for_name(seed, &t.name);
+    match t.init {
+        Init::Normal(std) => (0..n).map(|_| (rng.normal() * std as f64) as f32).collect(),
+        Init::NormWeight => (0..n).map(|_| (1.0 + 0.1 * rng.normal()) as f32).collect(),
+        Init::Uniform(lo, hi) => (0..n)
+            .map(|_| lo + (hi - lo) * rng.uniform() as f32)
+            .collect(),
+        Init::EngramRows => Vec::new(),
+    }
+}
+
+/// Random Engram rows: E4M3 codes of N(0, 4²) values (never NaN) and E8M0
+/// scales 2⁻³…2⁰, so dequantised entries have a spread of magnitudes.
+fn engram_rows(t: &Planned, seed: u64) -> Vec<u8> {
+    let (row_bytes, rows) = (t.ne[0] as usize, t.ne[1] as usize);
+    let head_dim = row_bytes * 32 / 33;
+    let mut rng = Rng::for_name(seed, &t.name);
+    let mut out = vec![0u8; row_bytes * rows];
+    for row in out.chunks_exact_mut(row_bytes) {
+        for c in &mut row[..head_dim] {
+            *c = e4m3_encode((rng.normal() * 4.0) as f32);
+        }
+        for s in &mut row[head_dim..] {
+            *s = 124 + rng.below(4) as u8;
+        }
+    }
+    out
+}
+
+/// The HF `config.json` the file embeds (`deepseek41.config`), text fields
+/// nested under `text_config` as in the release.
+fn hf_config(s: &V41Spec, n_vocab: usize) -> serde_json::Value {
+    let mut ratios: Vec<usize> = s.compress_ratios.clone();
+    ratios.extend([0, 0, 0]); // the MTP slots of the release
+    let text: Vec<(&str, serde_json::Value)> = vec![
+        ("vocab_size", json!(n_vocab)),
+        ("hidden_size", json!(s.n_embd)),
+        ("num_hidden_layers", json!(s.n_layer())),
+        ("num_attention_heads", json!(s.n_head)),
+        ("num_key_value_heads", json!(1)),
+        ("head_dim", json!(s.head_dim)),
+        ("qk_rope_head_dim", json!(s.n_rot)),
+        ("q_lora_rank", json!(s.q_lora_rank)),
+        ("o_lora_rank", json!(s.o_lora_rank)),
+        ("o_groups", json!(s.o_groups)),
+        ("n_routed_experts", json!(s.n_expert)),
+        ("n_shared_experts", json!(1)),
+        ("num_experts_per_tok", json!(s.n_expert_used)),
+        ("moe_intermediate_size", json!(s.expert_ff)),
+        ("scoring_func", json!("sqrtsoftplus")),
+        ("topk_method", json!("noaux_tc")),
+        ("norm_topk_prob", json!(true)),
+        ("routed_scaling_factor", json!(s.routed_scale)),
+        ("swiglu_limit", json!(s.swiglu_limit)),
+        ("rms_norm_eps", json!(s.rms_eps)),
+        ("rope_theta", json!(s.rope_base)),
+        ("compress_rope_theta", json!(s.compress_rope_base)),
+        ("max_position_embeddings", json!(1048576)),
+        ("sliding_window", json!(s.sliding_window)),
+        ("compress_ratios", json!(ratios)),
+        ("kv_source_layer_ids", json!(s.kv_source_layers)),
+        ("index_source_layer_ids", json!(s.index_source_layers)),
+        ("index_n_heads", json!(s.indexer_heads)),
+        ("index_head_dim", json!(s.indexer_head_dim)),
+        ("index_topk", json!(s.indexer_top_k)),
+        ("candidate_source_layer_id", json!(s.candidate_source)),
+        ("candidate_topk_blocks", json!(s.candidate_topk_blocks)),
+        ("candidate_block_size", json!(s.candidate_block_size)),
+        ("hc_mult", json!(s.hc_count)),
+        ("hc_sinkhorn_iters", json!(s.hc_sinkhorn_iters)),
+        ("hc_eps", json!(1e-6)),
+        ("hidden_act", json!("silu")),
+        ("engram_layer_ids", json!(s.engram_layers)),
+        ("engram_num_embeddings", json!(s.engram_rows())),
+        ("engram_max_ngram_size", json!(s.engram_max_ngram)),
+        ("engram_n_heads", json!(s.engram_heads)),
+        ("engram_head_dim", json!(s.engram_head_dim)),
+        ("engram_vocab_size", json!(s.engram_vocab_size)),
+        ("engram_pad_token_id", json!(s.engram_pad_token)),
+        (
+            "engram_compressed_vocab_size",
+            json!(s.engram_compressed_vocab),
+        ),
+        (
+            "rope_scaling",
+            json!({"type": "yarn", "factor": s.yarn_factor,
+                "original_max_position_embeddings": s.yarn_original_context,
+                "beta_fast": 32, "beta_slow": 1}),
+        ),
+    ];
+    let text: serde_json::Map<String, serde_json::Value> =
+        text.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    json!({
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "text_config": text,
+    })
+}
+
+fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
+    let n_vocab = vocab.tokens.len();
+    let k = |x: &str| format!("deepseek41.{x}");
+    let token_map = s.engram_token_map(n_vocab);
+    w.add_str("general.architecture", "deepseek41");
+    w.add_str("general.name", &s.name);
+    w.add_u32("general.alignment", 16384);
+    w.add_str(
+        &k("config"),
+        &serde_json::to_string(&hf_config(s, n_vocab)).unwrap_or_default(),
+    );
+    w.add_str(&k("engram.encoding"), "e4m3_e8m0_32_row264");
+    let u32s = |v: &[usize]| MetaArray::U32(v.iter().map(|&x| x as u32).collect());
+    w.add_array(&k("engram.layer_ids"), u32s(&s.engram_layers));
+    w.add_array(
+        &k("engram.rows"),
+        MetaArray::U32(s.engram_rows().iter().map(|&x| x as u32).collect()),
+    );
+    w.add_u32(
+        &k("engram.compressed_vocab_size"),
+        s.engram_compressed_vocab,
+    );
+    w.add_u32(&k("engram.pad_id"), token_map[s.engram_pad_token]);
+    w.add_array(&k("engram.token_map"), MetaArray::U32(token_map));
+    w.add_array(
+        &k("engram.primes"),
+        MetaArray::U32(s.engram_primes().iter().map(|&x| x as u32).collect()),
+    );
+    w.add_array(
+        &k("engram.multipliers"),
+        MetaArray::U64(s.engram_multipliers()),
+    );
+    w.add_str("tokenizer.ggml.model", "gpt2");
+    w.add_str("tokenizer.ggml.pre", "joyai-llm");
+    w.add_array(
+        "tokenizer.ggml.tokens",
+        MetaArray::String(vocab.tokens.clone()),
+    );
+    w.add_array(
+        "tokenizer.ggml.token_type",
+        MetaArray::I32(vocab.token_types.clone()),
+    );
+    w.add_array(
+        "tokenizer.ggml.merges",
+        MetaArray::String(vocab.merges.clone()),
+    );
+    w.add_kv("tokenizer.ggml.bos_token_id", MetaValue::U32(0));
+    w.add_kv("tokenizer.ggml.eos_token_id", MetaValue::U32(1));
+    w.add_bool("tokenizer.ggml.add_bos_token", true);
+    w.add_bool("tokenizer.ggml.add_eos_token", false);
+    let u = |x: usize| x as u32;
+    for (key, v) in [
+        ("vocab_size", u(n_vocab)),
+        ("hidden_size", u(s.n_embd)),
+        ("moe_intermediate_size", u(s.expert_ff)),
+        ("num_hidden_layers", u(s.n_layer())),
+        ("num_attention_heads", u(s.n_head)),
+        ("num_key_value_heads", 1),
+        ("head_dim", u(s.head_dim)),
+        ("qk_rope_head_dim", u(s.n_rot)),
+        ("q_lora_rank", u(s.q_lora_rank)),
+        ("o_lora_rank", u(s.o_lora_rank)),
+        ("o_groups", u(s.o_groups)),
+        ("n_routed_experts", u(s.n_expert)),
+        ("n_shared_experts", 1),
+        ("num_experts_per_tok", u(s.n_expert_used)),
+        ("max_position_embeddings", 1 << 20),
+        ("sliding_window", u(s.sliding_window)),
+        ("index_n_heads", u(s.indexer_heads)),
+        ("index_head_dim", u(s.indexer_head_dim)),
+        ("index_topk", u(s.indexer_top_k)),
+        ("candidate_source_layer_id", u(s.candidate_source)),
+        ("candidate_topk_blocks", u(s.candidate_topk_blocks)),
+        ("candidate_block_size", u(s.candidate_block_size)),
+        ("hc_mult", u(s.hc_count)),
+        ("hc_sinkhorn_iters", u(s.hc_sinkhorn_iters)),
+        ("rope_theta", s.rope_base),
+        ("compress_rope_theta", s.compress_rope_base),
+    ] {
+        w.add_u32(&k(key), v);
+    }
+    for (key, v) in [
+        ("rms_norm_eps", s.rms_eps),
+        ("hc_eps", 1e-6),
+        ("swiglu_limit", s.swiglu_limit),
+        ("routed_scaling_factor", s.routed_scale),
+    ] {
+        w.add_f32(&k(key), v);
+    }
+    for (key, v) in [
+        ("scoring_func", "sqrtsoftplus"),
+        ("hidden_act", "silu"),
+        ("topk_method", "noaux_tc"),
+    ] {
+        w.add_str(&k(key), v);
+    }
+    w.add_bool(&k("norm_topk_prob"), true);
+    w.add_array(&k("compress_ratios"), u32s(&s.compress_ratios));
+    w.add_array(&k("kv_source_layer_ids"), u32s(&s.kv_source_layers));
+    w.add_array(&k("index_source_layer_ids"), u32s(&s.index_source_layers));
+    for (key, v) in [
+        ("factor", s.yarn_factor),
+        ("beta_fast", 32.0),
+        ("beta_slow", 1.0),
+        (
+            "original_max_position_embeddings",
+            s.yarn_original_context as f32,
+        ),
+    ] {
+        w.add_f32(&k(&format!("rope_scaling.{key}")), v);
+    }
+}
+
+fn add_planned(
+    w: &mut GgufWriter,
+    plan: Vec<Planned>,
+    variant: V41Variant,
+    seed: u64,
+    hole: bool,
+) -> io::Result<()> {
+    for t in plan {
+        let ty = variant.ty(t.kind);
+        let ne = t.ne.clone();
+        let name = t.name.clone();
+        if hole {
+            w.add_tensor_hole(&name, &ne, ty)?;
+            continue;
+        }
+        let make: crate::gguf::writer::LazyData = if t.kind == Kind::EngramRows {
+            Box::new(move || Ok(engram_rows(&t, seed)))
+        } else {
+            Box::new(move || encode_tensor(ty, t.ne[0] as usize, &fill(&t, seed)))
+        };
+        w.add_tensor_lazy(&name, &ne, ty, make)?;
+    }
+    Ok(())
+}
+
+/// Writes a V4.1 model with random weights.
+pub fn write_v41_model(
+    spec: &V41Spec,
+    variant: V41Variant,
+    vocab: &Vocab,
+    path: &Path,
+) -> io::Result<()> {
+    let mut w = GgufWriter::new();
+    add_metadata(&mut w, spec, vocab);
+    add_planned(
+        &mut w,
+        plan(spec, vocab.tokens.len()),
+        variant,
+        spec.seed,
+        false,
+    )?;
+    w.write_to_path(path)
+}
+
+/// Writes the full header of a V4.1 Flash file in ds4's q2 recipe (1,046
+/// tensors, the two Engram tables last) over a data region that is a hole.
+pub fn write_sparse_v41_flash(vocab: &Vocab, path: &Path) -> io::Result<()> {
+    let spec = V41Spec::flash();
+    let mut w = GgufWriter::new();
+    add_metadata(&mut w, &spec, vocab);
+    add_planned(
+        &mut w,
+        plan(&spec, vocab.tokens.len()),
+        V41Variant::Q2,
+        0,
+        true,
+    )?;
+    w.write_to_path(path)
+}
+
+/// Writes `spec` with some metadata keys replaced or removed and some tensors
+/// dropped, as a hole file: the bad-input tests' raw material.
+pub fn write_v41_edited(
+    spec: &V41Spec,
+    vocab: &Vocab,
+    path: &Path,
+    replace: &[(&str, Option<MetaValue>)],
+    drop_tensors: &[&str],
+) -> io::Result<()> {
+    let mut full = GgufWriter::new();
+    add_metadata(&mut full, spec, vocab);
+    let mut w = GgufWriter::new();
+    for (k, v) in full.kvs() {
+        match replace.iter().find(|(r, _)| r == k) {
+            Some((_, Some(nv))) => w.add_kv(k, nv.clone()),
+            Some((_, None)) => {}
+            None => w.add_kv(k, v.clone()),
+        }
+    }
+    let plan: Vec<Planned> = plan(spec, vocab.tokens.len())
+        .into_iter()
+        .filter(|t| !drop_tensors.contains(&t.name.as_str()))
+        .collect();
+    add_planned(&mut w, plan, V41Variant::F32, spec.seed, true)?;
+    w.write_to_path(path)
+}
