@@ -21,6 +21,7 @@ pub mod health;
 pub mod job;
 pub mod kvdisk;
 pub mod listen;
+pub mod logprobs;
 mod memory;
 pub mod metrics;
 pub mod openai;
@@ -50,6 +51,11 @@ pub trait StreamFormat: Send {
         Vec::new()
     }
     fn tool_end(&mut self, _index: usize) -> Vec<String> {
+        Vec::new()
+    }
+    /// Scored tokens: kept by the formats that show them, attached to the
+    /// next text chunk (or the last chunk).
+    fn logprobs(&mut self, _entries: Vec<logprobs::TokenLogprob>) -> Vec<String> {
         Vec::new()
     }
     fn done(&mut self, f: &Final) -> Vec<String>;

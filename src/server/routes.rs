@@ -380,14 +380,8 @@ where
         }
     }
     let fmt: Box<dyn StreamFormat> = match api {
-        Api::Chat => Box::new(openai::ChatStream {
-            meta,
-            include_usage,
-        }),
-        Api::Completions => Box::new(openai::CompletionStream {
-            meta,
-            include_usage,
-        }),
+        Api::Chat => Box::new(openai::ChatStream::new(meta, include_usage)),
+        Api::Completions => Box::new(openai::CompletionStream::new(meta, include_usage)),
         Api::Messages => Box::new(anthropic::MessagesStream::new(meta)),
         Api::Responses => Box::new(responses::ResponsesStream::new(meta, summary)),
     };
@@ -432,6 +426,7 @@ fn sse_response(
                 Some(Event::ToolStart { index, id, name }) => st.fmt.tool_start(index, &id, &name),
                 Some(Event::ToolArgs { index, args }) => st.fmt.tool_args(index, &args),
                 Some(Event::ToolEnd { index }) => st.fmt.tool_end(index),
+                Some(Event::Logprobs(e)) => st.fmt.logprobs(e),
                 Some(Event::Done(f)) => {
                     st.done = true;
                     let f: Final = *f;

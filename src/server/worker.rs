@@ -22,6 +22,7 @@ use super::dsml::{self, Parsed};
 use super::error::ApiError;
 use super::health::{panic_message, AliveGuard, WorkerHealth};
 use super::job::{Event, Final, FinishReason, Job, KvCacheHook, OutCall, Usage, VisibleKind, Work};
+use super::logprobs::{self, JobLogprobs, TokenLogprob};
 use super::memory::{
     id_rng, random_hex, same_set, trailing_tool_run, ProtocolBinding, ToolMemory, VisibleBinding,
 };
@@ -177,6 +178,8 @@ struct Prefilled {
     cached: usize,
     t0: Instant,
     t_prefill: Duration,
+    /// Echo and log-probabilities (`logprobs.rs`).
+    lp: JobLogprobs,
 }
 
 /// What generation produced.
@@ -189,6 +192,8 @@ struct Decoded {
     saw_close: bool,
     live_ids: Vec<String>,
     live_closed: Vec<bool>,
+    /// The generated tokens scored, when log-probabilities were asked for.
+    logprobs: Vec<TokenLogprob>,
 }
 
 /// Whether a Responses / Anthropic request ends with results of calls it
@@ -437,7 +442,18 @@ impl Worker {
             let _ = events.send(Event::Rejected(e));
             return None;
         }
-        let full = self.tok.encode_chat(&text);
+        // Completions echo and token-id prompts: the client's own tokens.
+        let (text, full) = match logprobs::raw_prompt(&req, &self.tok) {
+            Ok(Some(raw)) => raw,
+            Ok(None) => {
+                let full = self.tok.encode_chat(&text);
+                (text, full)
+            }
+            Err(e) => {
+                let _ = events.send(Event::Rejected(e));
+                return None;
+            }
+        };
         let ctx = self.sess.ctx();
         if full.len() >= ctx {
             let param = match req.api {
@@ -504,7 +520,11 @@ impl Worker {
         let ctx = self.sess.ctx();
         let full_len = full.len();
         let live_before = self.sess.tokens().len();
-        let (eff, cached, source) = self.plan(&req, &text, full);
+        let (eff, cached, source) = if req.scoring.raw_prompt() {
+            (full, 0, "none")
+        } else {
+            self.plan(&req, &text, full)
+        };
         let (eff, cached, source) = if eff.len() >= ctx {
             (self.tok.encode_chat(&text), 0, "none")
         } else {
@@ -549,17 +569,19 @@ impl Worker {
         } else {
             &NoToolIds
         };
-        let stats = self
-            .cache
-            .prefill(
+        let mut lp = JobLogprobs::new(&req);
+        let stats = match lp.prefill(&req, &mut self.sess, &self.tok, &eff, &events) {
+            Some(scored) => scored,
+            None => self.cache.prefill(
                 &mut self.sess,
                 &self.tok,
                 &eff,
                 cached,
                 &mut |_, _| {},
                 tools,
-            )
-            .map_err(|e| e.to_string())?;
+            ),
+        }
+        .map_err(|e| e.to_string())?;
         m.evaluated_prompt_tokens
             .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
         Ok(Some(Prefilled {
@@ -570,6 +592,7 @@ impl Worker {
             cached,
             t0,
             t_prefill: t0.elapsed(),
+            lp,
         }))
     }
 
@@ -630,9 +653,10 @@ impl Worker {
             self.tok.clone(),
             self.request_seq,
         );
+        let mut picker =
+            p.lp.recorder(&mut *picker, self.tok.clone(), thinking, p.events.clone());
         let t1 = Instant::now();
-        let outcome =
-            generate::generate(&mut self.sess, &self.tok, max_new, &mut *picker, &mut obs);
+        let outcome = generate::generate(&mut self.sess, &self.tok, max_new, &mut picker, &mut obs);
         let gen_s = t1.elapsed().as_secs_f64();
         let (tokens, finish) = match outcome {
             Ok(o) => (o.tokens, o.finish),
@@ -653,6 +677,7 @@ impl Worker {
             saw_close: obs.split.saw_close(),
             live_ids: std::mem::take(&mut obs.live_ids),
             live_closed: std::mem::take(&mut obs.live_closed),
+            logprobs: std::mem::take(&mut picker.entries),
         };
         drop(obs);
         let m = &self.metrics;
@@ -676,6 +701,7 @@ impl Worker {
             prompt,
             cached,
             t0,
+            lp,
             ..
         } = p;
         let mut fin = Final {
@@ -686,7 +712,10 @@ impl Worker {
                 Finish::Stopped => FinishReason::ToolCalls,
                 Finish::Cancelled => FinishReason::Error,
             },
-            text: d.raw.clone(),
+            text: match &lp.echo {
+                Some(echo) => format!("{echo}{}", d.raw),
+                None => d.raw.clone(),
+            },
             reasoning: None,
             content: d.raw.clone(),
             calls: Vec::new(),
@@ -696,6 +725,7 @@ impl Worker {
                 cached,
                 completion: d.tokens,
             },
+            logprobs: lp.finish(d.logprobs.clone(), d.raw.len(), self.tok.specials().eos),
         };
         if d.finish == Finish::Cancelled {
             self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
