@@ -25,6 +25,7 @@ pub mod logprobs;
 mod memory;
 pub mod metrics;
 pub mod openai;
+pub mod page;
 pub mod plan;
 pub mod render;
 pub mod request;

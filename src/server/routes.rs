@@ -25,7 +25,7 @@ use super::metrics::Metrics;
 use super::openai::Meta;
 use super::request::{self, Api, ParseContext};
 use super::worker::Queue;
-use super::{anthropic, openai, render, responses, StreamFormat};
+use super::{anthropic, openai, page, render, responses, StreamFormat};
 
 /// The model id ds4 serves and lists.
 pub const MODEL_ID: &str = "deepseek-v4-flash";
@@ -241,6 +241,10 @@ where
         // 503 once the worker thread is gone, so a supervisor restarts us.
         let (status, body) = state.queue.health().report();
         return json_response(status, format!("{body}\n"));
+    }
+    // The chat page holds no secret: it asks for the key when it calls.
+    if method == Method::GET && path == "/" {
+        return page::response();
     }
     // From the headers alone, before any body byte is read: an
     // unauthenticated client cannot make the server take in a large body.
