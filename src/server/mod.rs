@@ -33,6 +33,7 @@ pub mod responses;
 pub mod routes;
 mod scan;
 mod stream;
+pub mod tokenize;
 mod trace;
 pub mod worker;
 

@@ -24,6 +24,7 @@ use super::job::{Event, Final, Job};
 use super::metrics::Metrics;
 use super::openai::Meta;
 use super::request::{self, Api, ParseContext};
+use super::tokenize::{self, SharedTokenizer};
 use super::worker::Queue;
 use super::{anthropic, openai, page, render, responses, StreamFormat};
 
@@ -49,6 +50,8 @@ pub struct HttpOptions {
     /// [`prompt_byte_bound`]).
     pub max_prompt_bytes: usize,
     pub allow_script: bool,
+    /// For `/tokenize`, `/detokenize` and `/tokenizer_info` (absent: 404).
+    pub tokenizer: Option<SharedTokenizer>,
 }
 
 impl Default for HttpOptions {
@@ -62,6 +65,7 @@ impl Default for HttpOptions {
             body_idle: Duration::from_secs(10),
             max_prompt_bytes: usize::MAX,
             allow_script: false,
+            tokenizer: None,
         }
     }
 }
@@ -264,6 +268,13 @@ where
         (Method::GET, p) if p == format!("/v1/models/{MODEL_ID}") => {
             return json_response(200, format!("{}\n", model_object(&state.opts)));
         }
+        (Method::GET, "/tokenizer_info") if state.opts.tokenizer.is_some() => {
+            let tok = state.opts.tokenizer.as_ref().map(|t| t.0.clone());
+            return match tok {
+                Some(t) => json_response(200, tokenize::info(&t, state.opts.ctx)),
+                None => closing(error_response(ApiError::new(404, "unknown endpoint"))),
+            };
+        }
         (Method::GET, "/metrics") => {
             return Response::builder()
                 .header("content-type", "text/plain; version=0.0.4")
@@ -274,33 +285,14 @@ where
         (Method::POST, "/v1/completions") => Api::Completions,
         (Method::POST, "/v1/responses") => Api::Responses,
         (Method::POST, "/v1/messages") => Api::Messages,
+        (Method::POST, "/tokenize" | "/detokenize") if state.opts.tokenizer.is_some() => {
+            return tokenizer_post(path, headers, body, &state).await;
+        }
         _ => return closing(error_response(ApiError::new(404, "unknown endpoint"))),
     };
-    if state.opts.api_key.is_none() && !guard::json_content_type(headers) {
-        return closing(error_response(ApiError::new(
-            415,
-            "Content-Type must be application/json (without an API key other types are refused, so that web pages cannot post here)",
-        )));
-    }
-    let limit = state.opts.max_body_bytes;
-    let declared = headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return closing(error_response(too_large(limit)));
-    }
-    let body = match read_body(body, limit, state.opts.body_idle).await {
+    let body = match json_body(headers, body, &state).await {
         Ok(b) => b,
-        Err(BodyError::TooLarge) => return closing(error_response(too_large(limit))),
-        Err(BodyError::Stalled) => {
-            let secs = state.opts.body_idle.as_secs_f64();
-            let msg = format!("request body stalled: no bytes for {secs} s (--body-timeout)");
-            return closing(error_response(ApiError::new(408, &msg)));
-        }
-        Err(BodyError::Broken) => {
-            return closing(error_response(ApiError::invalid("bad HTTP request")))
-        }
+        Err(r) => return r,
     };
     let pc = ParseContext {
         ctx: state.opts.ctx,
@@ -390,6 +382,77 @@ where
         Api::Responses => Box::new(responses::ResponsesStream::new(meta, summary)),
     };
     sse_response(rx, fmt, prompt, cached)
+}
+
+/// A POST body, after the JSON content-type rule (without a key) and the
+/// size and idle limits; a refusal is the response to send.
+async fn json_body<S, B>(
+    headers: &HeaderMap,
+    body: S,
+    state: &State,
+) -> Result<Vec<u8>, Response<Body>>
+where
+    S: Stream<Item = Result<B, warp::Error>>,
+    B: Buf,
+{
+    if state.opts.api_key.is_none() && !guard::json_content_type(headers) {
+        return Err(closing(error_response(ApiError::new(
+            415,
+            "Content-Type must be application/json (without an API key other types are refused, so that web pages cannot post here)",
+        ))));
+    }
+    let limit = state.opts.max_body_bytes;
+    let declared = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(closing(error_response(too_large(limit))));
+    }
+    let body = match read_body(body, limit, state.opts.body_idle).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => return Err(closing(error_response(too_large(limit)))),
+        Err(BodyError::Stalled) => {
+            let secs = state.opts.body_idle.as_secs_f64();
+            let msg = format!("request body stalled: no bytes for {secs} s (--body-timeout)");
+            return Err(closing(error_response(ApiError::new(408, &msg))));
+        }
+        Err(BodyError::Broken) => {
+            return Err(closing(error_response(ApiError::invalid(
+                "bad HTTP request",
+            ))))
+        }
+    };
+    Ok(body)
+}
+
+/// `POST /tokenize` and `POST /detokenize` (`tokenize.rs`).
+async fn tokenizer_post<S, B>(
+    path: &str,
+    headers: &HeaderMap,
+    body: S,
+    state: &State,
+) -> Response<Body>
+where
+    S: Stream<Item = Result<B, warp::Error>>,
+    B: Buf,
+{
+    let Some(tok) = state.opts.tokenizer.as_ref().map(|t| t.0.clone()) else {
+        return closing(error_response(ApiError::new(404, "unknown endpoint")));
+    };
+    let body = match json_body(headers, body, state).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let out = if path == "/tokenize" {
+        tokenize::tokenize(&tok, state.opts.ctx, &body)
+    } else {
+        tokenize::detokenize(&tok, &body)
+    };
+    match out {
+        Ok(b) => json_response(200, b),
+        Err(e) => error_response(e),
+    }
 }
 
 struct SseState {
