@@ -366,3 +366,58 @@ fn bad_logprob_fields_are_400s_that_say_why() {
         3
     );
 }
+
+#[test]
+fn tokenizer_endpoints_speak_vllms_shape() {
+    let model = common::tiny_model(Variant::Q8);
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
+    let s = start(&["--api-key", "k"]);
+    let with_key = |path: &str, body: &Value| {
+        let b = body.to_string();
+        common::server::raw(
+            &s.addr,
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                b.len()
+            )
+            .as_bytes(),
+            false,
+        )
+    };
+    // Behind the key like every endpoint.
+    let r = post(&s.addr, "/tokenize", &json!({"prompt": "x"}));
+    assert_eq!(status(&r), 401, "{r}");
+    let text = "Hello, 世界 <｜end▁of▁sentence｜>";
+    let ids = tok.encode_chat(text);
+    let r = json_body(&with_key(
+        "/tokenize",
+        &json!({"prompt": text, "add_special_tokens": false}),
+    ));
+    assert_eq!(r["tokens"], json!(ids));
+    assert_eq!(r["count"], ids.len());
+    let r = json_body(&with_key("/tokenize", &json!({"prompt": text})));
+    assert_eq!(r["tokens"][0], tok.specials().bos);
+    let r = json_body(&with_key("/detokenize", &json!({"tokens": ids})));
+    assert_eq!(r["prompt"], text);
+    for (path, body) in [
+        ("/tokenize", json!({"prompt": 5})),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "add_special_tokens": "no"}),
+        ),
+        ("/detokenize", json!({"tokens": [1, -1]})),
+        ("/detokenize", json!({"tokens": [u32::MAX]})),
+        ("/detokenize", json!({})),
+    ] {
+        assert_eq!(status(&with_key(path, &body)), 400, "{path} {body}");
+    }
+    let info = common::server::raw(
+        &s.addr,
+        b"GET /tokenizer_info HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n",
+        false,
+    );
+    let info = json_body(&info);
+    assert_eq!(info["eos_token"], ds4::chat::template::EOS);
+    assert_eq!(info["bos_token"], ds4::chat::template::BOS);
+    assert_eq!(info["max_model_len"], common::server::CTX);
+}
