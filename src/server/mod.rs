@@ -32,6 +32,7 @@ pub mod request;
 pub mod responses;
 pub mod routes;
 mod scan;
+pub mod scoring;
 mod stream;
 pub mod tokenize;
 mod trace;

@@ -3,7 +3,7 @@
 //! harnesses (lm-evaluation-harness's `tokenizer_backend=remote`) count
 //! context tokens with them, so they split a text exactly as the engine
 //! does, with no tokenizer download. Text is encoded as a raw completions
-//! prompt is (`logprobs::raw_prompt`): chat markers become their tokens.
+//! prompt is (`scoring::raw_prompt`): chat markers become their tokens.
 
 use std::sync::Arc;
 

@@ -22,7 +22,7 @@ use super::dsml::{self, Parsed};
 use super::error::ApiError;
 use super::health::{panic_message, AliveGuard, WorkerHealth};
 use super::job::{Event, Final, FinishReason, Job, KvCacheHook, OutCall, Usage, VisibleKind, Work};
-use super::logprobs::{self, JobLogprobs, TokenLogprob};
+use super::logprobs::TokenLogprob;
 use super::memory::{
     id_rng, random_hex, same_set, trailing_tool_run, ProtocolBinding, ToolMemory, VisibleBinding,
 };
@@ -30,6 +30,7 @@ use super::metrics::Metrics;
 use super::plan;
 use super::render;
 use super::request::{Api, GenRequest, Role};
+use super::scoring::{self, JobLogprobs};
 use super::stream::Stream;
 use super::trace::{self, Trace};
 use crate::chat::template::EOS;
@@ -443,7 +444,7 @@ impl Worker {
             return None;
         }
         // Completions echo and token-id prompts: the client's own tokens.
-        let (text, full) = match logprobs::raw_prompt(&req, &self.tok) {
+        let (text, full) = match scoring::raw_prompt(&req, &self.tok) {
             Ok(Some(raw)) => raw,
             Ok(None) => {
                 let full = self.tok.encode_chat(&text);
