@@ -247,6 +247,37 @@ mod tests {
     }
 
     #[test]
+    fn the_servers_own_origin_passes_without_cors() {
+        let h = |host: &str, origin: &str| {
+            let mut m = HeaderMap::new();
+            m.insert("host", host.parse().unwrap());
+            m.insert("origin", origin.parse().unwrap());
+            m
+        };
+        let none = CorsOrigins::default();
+        // The chat page at http://127.0.0.1:8000/ calling its server.
+        assert_eq!(
+            admit(&h("127.0.0.1:8000", "http://127.0.0.1:8000"), false, &none),
+            Ok(None)
+        );
+        // Another port, another scheme or another host is another origin.
+        for o in [
+            "http://127.0.0.1:8001",
+            "https://127.0.0.1:8000",
+            "http://localhost:8000",
+        ] {
+            assert!(admit(&h("127.0.0.1:8000", o), false, &none).is_err(), "{o}");
+        }
+        // A rebinding page names itself in Host: refused without a key.
+        assert!(admit(
+            &h("evil.example:8000", "http://evil.example:8000"),
+            false,
+            &none
+        )
+        .is_err());
+    }
+
+    #[test]
     fn content_types() {
         let mut h = HeaderMap::new();
         assert!(!json_content_type(&h));
