@@ -282,6 +282,39 @@ fn chat_logprobs_in_openai_shape_streamed_and_not() {
     assert_eq!(got, content);
     assert_eq!(text, content_text);
 
+    // Thinking: the reasoning's tokens (to `</think>`) are listed apart.
+    // The scripted test mode fixes the tokens; they are still scored.
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true,
+        "top_logprobs": 1, "ds4_test_script": "Let me think.</think>Hi there"});
+    let r = json_body(&post(&s.addr, "/v1/chat/completions", &body));
+    let c = &r["choices"][0];
+    assert_eq!(c["message"]["reasoning_content"], "Let me think.", "{r}");
+    assert_eq!(c["message"]["content"], "Hi there");
+    let spelled = |list: &Value| -> String {
+        let bytes: Vec<u8> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|e| {
+                e["bytes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| b.as_u64().unwrap() as u8)
+            })
+            .collect();
+        String::from_utf8(bytes).unwrap()
+    };
+    assert_eq!(
+        spelled(&c["logprobs"]["reasoning_content"]),
+        "Let me think.</think>"
+    );
+    // The script ends with the EOS it picks: the last entry.
+    assert_eq!(
+        spelled(&c["logprobs"]["content"]),
+        format!("Hi there{}", ds4::chat::template::EOS)
+    );
+
     // Without the fields the answer is as before: no logprobs key.
     let plain = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
     let r = json_body(&post(&s.addr, "/v1/chat/completions", &plain));
