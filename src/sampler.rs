@@ -165,6 +165,54 @@ fn draw_sorted(
     idx[kept - 1]
 }
 
+/// The log-softmax of one row of logits as ds4 reports it (`ds4
+/// --dump-logprobs`, the server's `logprobs`): `logit − log Σ exp(logit)` in
+/// f64 over the finite logits, max-shifted. One definition, so the CLI dump
+/// and the server give the same numbers bit for bit.
+#[derive(Clone, Copy, Debug)]
+pub struct LogSoftmax {
+    lse: f64,
+}
+
+impl LogSoftmax {
+    pub fn new(logits: &[f32]) -> LogSoftmax {
+        let m = logits
+            .iter()
+            .cloned()
+            .filter(|v| v.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = m + logits
+            .iter()
+            .filter(|v| v.is_finite())
+            .map(|&v| (v as f64 - m).exp())
+            .sum::<f64>()
+            .ln();
+        LogSoftmax { lse }
+    }
+
+    /// The log-probability of a token whose logit is `logit`.
+    pub fn of(&self, logit: f32) -> f64 {
+        logit as f64 - self.lse
+    }
+}
+
+/// The ids of the `k` largest logits, largest first; equal logits in id
+/// order (a total order, so a partial selection gives the full sort's head).
+pub fn top_ids(logits: &[f32], k: usize) -> Vec<usize> {
+    let order = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    let k = k.min(idx.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+    }
+    idx.sort_by(order);
+    idx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,9 +1,11 @@
 //! The greedy logprob dump of `ds4 --dump-logprobs` (CLI.md §1.6): at each
 //! step the top-k alternatives with logits and log-probabilities, the argmax
-//! taken, written as JSON in ds4's layout (`%.9g` numbers).
+//! taken, written as JSON in ds4's layout (`%.9g` numbers). The numbers are
+//! [`LogSoftmax`], the same the server's `logprobs` report.
 
 use std::path::Path;
 
+use crate::sampler::{top_ids, LogSoftmax};
 use crate::session::Session;
 use crate::tokenizer::Tokenizer;
 
@@ -79,19 +81,8 @@ pub fn dump_logprobs(
     let eos = tok.specials().eos;
     for step in 0..steps {
         let logits = sess.logits();
-        let m = logits
-            .iter()
-            .cloned()
-            .filter(|v| v.is_finite())
-            .fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = m + logits
-            .iter()
-            .filter(|v| v.is_finite())
-            .map(|&v| (v as f64 - m).exp())
-            .sum::<f64>()
-            .ln();
-        let mut idx: Vec<usize> = (0..logits.len()).collect();
-        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let ls = LogSoftmax::new(logits);
+        let idx = top_ids(logits, k.max(1));
         let sel = idx[0] as u32;
         let tops: Vec<String> = idx[..k.min(idx.len())]
             .iter()
@@ -100,7 +91,7 @@ pub fn dump_logprobs(
                     "{{\"token\":{},\"logit\":{},\"logprob\":{}}}",
                     token_json(tok, i as u32),
                     g9(logits[i] as f64),
-                    g9(logits[i] as f64 - lse)
+                    g9(ls.of(logits[i]))
                 )
             })
             .collect();

@@ -458,7 +458,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         };
     let queue = worker::start(
         sess,
-        tok,
+        tok.clone(),
         WorkerConfig {
             queued_scripts: queued_scripts()?,
             trace: a.trace.clone(),
@@ -483,6 +483,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
             body_idle: hf.body_idle,
             max_prompt_bytes: routes::prompt_byte_bound(a.ctx, longest_token),
             allow_script: std::env::var_os(SCRIPT_ENV).is_some(),
+            tokenizer: Some(ds4::server::tokenize::SharedTokenizer(tok.clone())),
         },
         counter: AtomicU64::new(0),
     });

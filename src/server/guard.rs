@@ -105,6 +105,16 @@ fn port_ok(s: &str) -> bool {
             .is_some_and(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// Whether `origin` is `http://` and the request's own `Host`.
+fn same_origin(origin: &str, headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get("host").and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    origin
+        .strip_prefix("http://")
+        .is_some_and(|o| o.trim_end_matches('/').eq_ignore_ascii_case(host.trim()))
+}
+
 /// `application/json`, any parameters (`; charset=utf-8`), any case.
 pub fn json_content_type(headers: &HeaderMap) -> bool {
     headers
@@ -137,6 +147,12 @@ pub fn admit(
         return Ok(None);
     };
     let o = String::from_utf8_lossy(origin.as_bytes());
+    // The chat page at `/` calls from this server's own origin (its `Host`,
+    // already checked above when there is no key): same-origin needs no
+    // CORS headers.
+    if same_origin(&o, headers) {
+        return Ok(None);
+    }
     if !cors.allows(&o) {
         return Err(ApiError::new(
             403,
@@ -228,6 +244,37 @@ mod tests {
         for bad in ["localhost:3000", "http://a/b", "://a", "http://"] {
             assert!(CorsOrigins::parse(&[bad.into()], true).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_servers_own_origin_passes_without_cors() {
+        let h = |host: &str, origin: &str| {
+            let mut m = HeaderMap::new();
+            m.insert("host", host.parse().unwrap());
+            m.insert("origin", origin.parse().unwrap());
+            m
+        };
+        let none = CorsOrigins::default();
+        // The chat page at http://127.0.0.1:8000/ calling its server.
+        assert_eq!(
+            admit(&h("127.0.0.1:8000", "http://127.0.0.1:8000"), false, &none),
+            Ok(None)
+        );
+        // Another port, another scheme or another host is another origin.
+        for o in [
+            "http://127.0.0.1:8001",
+            "https://127.0.0.1:8000",
+            "http://localhost:8000",
+        ] {
+            assert!(admit(&h("127.0.0.1:8000", o), false, &none).is_err(), "{o}");
+        }
+        // A rebinding page names itself in Host: refused without a key.
+        assert!(admit(
+            &h("evil.example:8000", "http://evil.example:8000"),
+            false,
+            &none
+        )
+        .is_err());
     }
 
     #[test]

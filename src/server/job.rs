@@ -6,6 +6,7 @@
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::ApiError;
+use super::logprobs::TokenLogprob;
 use super::request::GenRequest;
 use crate::kvcache::{KtmEntry, ToolIds};
 use crate::session::Session;
@@ -54,6 +55,8 @@ pub struct Final {
     /// Whether `</think>` was generated.
     pub saw_think_close: bool,
     pub usage: Usage,
+    /// Log-probabilities, when the request asked for them (`logprobs.rs`).
+    pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// What a job sends back, in this order: `Accepted` (or `Rejected`), then
@@ -81,6 +84,8 @@ pub enum Event {
     ToolEnd {
         index: usize,
     },
+    /// Scored tokens (prompt echo or generated), sent before their text.
+    Logprobs(Vec<TokenLogprob>),
     Done(Box<Final>),
     Failed(String),
 }

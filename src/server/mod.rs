@@ -21,17 +21,21 @@ pub mod health;
 pub mod job;
 pub mod kvdisk;
 pub mod listen;
+pub mod logprobs;
 mod memory;
 pub mod metrics;
 pub mod openai;
+pub mod page;
 pub mod plan;
 pub mod render;
 pub mod request;
 pub mod responses;
 pub mod routes;
 mod scan;
+pub mod scoring;
 mod stream;
 pub mod strict;
+pub mod tokenize;
 mod trace;
 pub mod worker;
 
@@ -51,6 +55,11 @@ pub trait StreamFormat: Send {
         Vec::new()
     }
     fn tool_end(&mut self, _index: usize) -> Vec<String> {
+        Vec::new()
+    }
+    /// Scored tokens: kept by the formats that show them, attached to the
+    /// next text chunk (or the last chunk).
+    fn logprobs(&mut self, _entries: Vec<logprobs::TokenLogprob>) -> Vec<String> {
         Vec::new()
     }
     fn done(&mut self, f: &Final) -> Vec<String>;

@@ -24,8 +24,9 @@ use super::job::{Event, Final, Job};
 use super::metrics::Metrics;
 use super::openai::Meta;
 use super::request::{self, Api, ParseContext};
+use super::tokenize::{self, SharedTokenizer};
 use super::worker::Queue;
-use super::{anthropic, openai, render, responses, StreamFormat};
+use super::{anthropic, openai, page, render, responses, StreamFormat};
 
 /// The model id ds4 serves and lists.
 pub const MODEL_ID: &str = "deepseek-v4-flash";
@@ -49,6 +50,8 @@ pub struct HttpOptions {
     /// [`prompt_byte_bound`]).
     pub max_prompt_bytes: usize,
     pub allow_script: bool,
+    /// For `/tokenize`, `/detokenize` and `/tokenizer_info` (absent: 404).
+    pub tokenizer: Option<SharedTokenizer>,
 }
 
 impl Default for HttpOptions {
@@ -62,6 +65,7 @@ impl Default for HttpOptions {
             body_idle: Duration::from_secs(10),
             max_prompt_bytes: usize::MAX,
             allow_script: false,
+            tokenizer: None,
         }
     }
 }
@@ -242,6 +246,10 @@ where
         let (status, body) = state.queue.health().report();
         return json_response(status, format!("{body}\n"));
     }
+    // The chat page holds no secret: it asks for the key when it calls.
+    if method == Method::GET && path == "/" {
+        return page::response();
+    }
     // From the headers alone, before any body byte is read: an
     // unauthenticated client cannot make the server take in a large body.
     if let Some(key) = &state.opts.api_key {
@@ -260,6 +268,13 @@ where
         (Method::GET, p) if p == format!("/v1/models/{MODEL_ID}") => {
             return json_response(200, format!("{}\n", model_object(&state.opts)));
         }
+        (Method::GET, "/tokenizer_info") if state.opts.tokenizer.is_some() => {
+            let tok = state.opts.tokenizer.as_ref().map(|t| t.0.clone());
+            return match tok {
+                Some(t) => json_response(200, tokenize::info(&t, state.opts.ctx)),
+                None => closing(error_response(ApiError::new(404, "unknown endpoint"))),
+            };
+        }
         (Method::GET, "/metrics") => {
             return Response::builder()
                 .header("content-type", "text/plain; version=0.0.4")
@@ -270,33 +285,14 @@ where
         (Method::POST, "/v1/completions") => Api::Completions,
         (Method::POST, "/v1/responses") => Api::Responses,
         (Method::POST, "/v1/messages") => Api::Messages,
+        (Method::POST, "/tokenize" | "/detokenize") if state.opts.tokenizer.is_some() => {
+            return tokenizer_post(path, headers, body, &state).await;
+        }
         _ => return closing(error_response(ApiError::new(404, "unknown endpoint"))),
     };
-    if state.opts.api_key.is_none() && !guard::json_content_type(headers) {
-        return closing(error_response(ApiError::new(
-            415,
-            "Content-Type must be application/json (without an API key other types are refused, so that web pages cannot post here)",
-        )));
-    }
-    let limit = state.opts.max_body_bytes;
-    let declared = headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return closing(error_response(too_large(limit)));
-    }
-    let body = match read_body(body, limit, state.opts.body_idle).await {
+    let body = match json_body(headers, body, &state).await {
         Ok(b) => b,
-        Err(BodyError::TooLarge) => return closing(error_response(too_large(limit))),
-        Err(BodyError::Stalled) => {
-            let secs = state.opts.body_idle.as_secs_f64();
-            let msg = format!("request body stalled: no bytes for {secs} s (--body-timeout)");
-            return closing(error_response(ApiError::new(408, &msg)));
-        }
-        Err(BodyError::Broken) => {
-            return closing(error_response(ApiError::invalid("bad HTTP request")))
-        }
+        Err(r) => return r,
     };
     let pc = ParseContext {
         ctx: state.opts.ctx,
@@ -380,18 +376,83 @@ where
         }
     }
     let fmt: Box<dyn StreamFormat> = match api {
-        Api::Chat => Box::new(openai::ChatStream {
-            meta,
-            include_usage,
-        }),
-        Api::Completions => Box::new(openai::CompletionStream {
-            meta,
-            include_usage,
-        }),
+        Api::Chat => Box::new(openai::ChatStream::new(meta, include_usage)),
+        Api::Completions => Box::new(openai::CompletionStream::new(meta, include_usage)),
         Api::Messages => Box::new(anthropic::MessagesStream::new(meta)),
         Api::Responses => Box::new(responses::ResponsesStream::new(meta, summary)),
     };
     sse_response(rx, fmt, prompt, cached)
+}
+
+/// A POST body, after the JSON content-type rule (without a key) and the
+/// size and idle limits; a refusal is the response to send.
+async fn json_body<S, B>(
+    headers: &HeaderMap,
+    body: S,
+    state: &State,
+) -> Result<Vec<u8>, Response<Body>>
+where
+    S: Stream<Item = Result<B, warp::Error>>,
+    B: Buf,
+{
+    if state.opts.api_key.is_none() && !guard::json_content_type(headers) {
+        return Err(closing(error_response(ApiError::new(
+            415,
+            "Content-Type must be application/json (without an API key other types are refused, so that web pages cannot post here)",
+        ))));
+    }
+    let limit = state.opts.max_body_bytes;
+    let declared = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(closing(error_response(too_large(limit))));
+    }
+    let body = match read_body(body, limit, state.opts.body_idle).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => return Err(closing(error_response(too_large(limit)))),
+        Err(BodyError::Stalled) => {
+            let secs = state.opts.body_idle.as_secs_f64();
+            let msg = format!("request body stalled: no bytes for {secs} s (--body-timeout)");
+            return Err(closing(error_response(ApiError::new(408, &msg))));
+        }
+        Err(BodyError::Broken) => {
+            return Err(closing(error_response(ApiError::invalid(
+                "bad HTTP request",
+            ))))
+        }
+    };
+    Ok(body)
+}
+
+/// `POST /tokenize` and `POST /detokenize` (`tokenize.rs`).
+async fn tokenizer_post<S, B>(
+    path: &str,
+    headers: &HeaderMap,
+    body: S,
+    state: &State,
+) -> Response<Body>
+where
+    S: Stream<Item = Result<B, warp::Error>>,
+    B: Buf,
+{
+    let Some(tok) = state.opts.tokenizer.as_ref().map(|t| t.0.clone()) else {
+        return closing(error_response(ApiError::new(404, "unknown endpoint")));
+    };
+    let body = match json_body(headers, body, state).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let out = if path == "/tokenize" {
+        tokenize::tokenize(&tok, state.opts.ctx, &body)
+    } else {
+        tokenize::detokenize(&tok, &body)
+    };
+    match out {
+        Ok(b) => json_response(200, b),
+        Err(e) => error_response(e),
+    }
 }
 
 struct SseState {
@@ -432,6 +493,7 @@ fn sse_response(
                 Some(Event::ToolStart { index, id, name }) => st.fmt.tool_start(index, &id, &name),
                 Some(Event::ToolArgs { index, args }) => st.fmt.tool_args(index, &args),
                 Some(Event::ToolEnd { index }) => st.fmt.tool_end(index),
+                Some(Event::Logprobs(e)) => st.fmt.logprobs(e),
                 Some(Event::Done(f)) => {
                     st.done = true;
                     let f: Final = *f;

@@ -22,6 +22,7 @@ use super::dsml::{self, Parsed};
 use super::error::ApiError;
 use super::health::{panic_message, AliveGuard, WorkerHealth};
 use super::job::{Event, Final, FinishReason, Job, KvCacheHook, OutCall, Usage, VisibleKind, Work};
+use super::logprobs::TokenLogprob;
 use super::memory::{
     id_rng, random_hex, same_set, trailing_tool_run, ProtocolBinding, ToolMemory, VisibleBinding,
 };
@@ -29,6 +30,7 @@ use super::metrics::Metrics;
 use super::plan;
 use super::render;
 use super::request::{Api, GenRequest, Role};
+use super::scoring::{self, JobLogprobs};
 use super::stream::Stream;
 use super::trace::{self, Trace};
 use crate::chat::template::EOS;
@@ -182,6 +184,8 @@ struct Prefilled {
     cached: usize,
     t0: Instant,
     t_prefill: Duration,
+    /// Echo and log-probabilities (`logprobs.rs`).
+    lp: JobLogprobs,
 }
 
 /// What generation produced.
@@ -197,6 +201,8 @@ struct Decoded {
     /// The grammar (response format, strict tools) was still open at the
     /// end: the output is not a complete match, so the finish is `length`.
     grammar_open: bool,
+    /// The generated tokens scored, when log-probabilities were asked for.
+    logprobs: Vec<TokenLogprob>,
 }
 
 /// Whether a Responses / Anthropic request ends with results of calls it
@@ -445,7 +451,18 @@ impl Worker {
             let _ = events.send(Event::Rejected(e));
             return None;
         }
-        let full = self.tok.encode_chat(&text);
+        // Completions echo and token-id prompts: the client's own tokens.
+        let (text, full) = match scoring::raw_prompt(&req, &self.tok) {
+            Ok(Some(raw)) => raw,
+            Ok(None) => {
+                let full = self.tok.encode_chat(&text);
+                (text, full)
+            }
+            Err(e) => {
+                let _ = events.send(Event::Rejected(e));
+                return None;
+            }
+        };
         let ctx = self.sess.ctx();
         if full.len() >= ctx {
             let param = match req.api {
@@ -512,7 +529,11 @@ impl Worker {
         let ctx = self.sess.ctx();
         let full_len = full.len();
         let live_before = self.sess.tokens().len();
-        let (eff, cached, source) = self.plan(&req, &text, full);
+        let (eff, cached, source) = if req.scoring.raw_prompt() {
+            (full, 0, "none")
+        } else {
+            self.plan(&req, &text, full)
+        };
         let (eff, cached, source) = if eff.len() >= ctx {
             (self.tok.encode_chat(&text), 0, "none")
         } else {
@@ -557,17 +578,19 @@ impl Worker {
         } else {
             &NoToolIds
         };
-        let stats = self
-            .cache
-            .prefill(
+        let mut lp = JobLogprobs::new(&req);
+        let stats = match lp.prefill(&req, &mut self.sess, &self.tok, &eff, &events) {
+            Some(scored) => scored,
+            None => self.cache.prefill(
                 &mut self.sess,
                 &self.tok,
                 &eff,
                 cached,
                 &mut |_, _| {},
                 tools,
-            )
-            .map_err(|e| e.to_string())?;
+            ),
+        }
+        .map_err(|e| e.to_string())?;
         m.evaluated_prompt_tokens
             .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
         Ok(Some(Prefilled {
@@ -578,6 +601,7 @@ impl Worker {
             cached,
             t0,
             t_prefill: t0.elapsed(),
+            lp,
         }))
     }
 
@@ -647,9 +671,10 @@ impl Worker {
             self.tok.clone(),
             self.request_seq,
         );
+        let mut picker =
+            p.lp.recorder(&mut *picker, self.tok.clone(), thinking, p.events.clone());
         let t1 = Instant::now();
-        let outcome =
-            generate::generate(&mut self.sess, &self.tok, max_new, &mut *picker, &mut obs);
+        let outcome = generate::generate(&mut self.sess, &self.tok, max_new, &mut picker, &mut obs);
         let gen_s = t1.elapsed().as_secs_f64();
         let (tokens, finish) = match outcome {
             Ok(o) => (o.tokens, o.finish),
@@ -672,6 +697,7 @@ impl Worker {
             live_ids: std::mem::take(&mut obs.live_ids),
             live_closed: std::mem::take(&mut obs.live_closed),
             grammar_open,
+            logprobs: std::mem::take(&mut picker.entries),
         };
         drop(obs);
         let m = &self.metrics;
@@ -742,6 +768,7 @@ impl Worker {
             prompt,
             cached,
             t0,
+            lp,
             ..
         } = p;
         let mut fin = Final {
@@ -753,7 +780,10 @@ impl Worker {
                 Finish::Stopped => FinishReason::ToolCalls,
                 Finish::Cancelled => FinishReason::Error,
             },
-            text: d.raw.clone(),
+            text: match &lp.echo {
+                Some(echo) => format!("{echo}{}", d.raw),
+                None => d.raw.clone(),
+            },
             reasoning: None,
             content: d.raw.clone(),
             calls: Vec::new(),
@@ -763,6 +793,7 @@ impl Worker {
                 cached,
                 completion: d.tokens,
             },
+            logprobs: lp.finish(d.logprobs.clone(), d.raw.len(), self.tok.specials().eos),
         };
         if d.finish == Finish::Cancelled {
             self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
