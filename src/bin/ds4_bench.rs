@@ -50,6 +50,23 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
+    /// stream routed experts from the GGUF into a bounded cache instead of
+    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
+    #[argh(switch)]
+    ssd_streaming: bool,
+    /// with --ssd-streaming: the expert cache as experts per layer (N) or
+    /// a size (NGB; default 32GB)
+    #[argh(option)]
+    ssd_streaming_cache_experts: Option<String>,
+    /// with --ssd-streaming: keep the first N routed layers whole
+    #[argh(option)]
+    ssd_streaming_full_layers: Option<usize>,
+    /// with --ssd-streaming: start with an empty cache (no preload)
+    #[argh(switch)]
+    ssd_streaming_cold: bool,
+    /// with --ssd-streaming: preload only the N most popular experts per layer
+    #[argh(option)]
+    ssd_streaming_preload_experts: Option<usize>,
     /// CPU threads (default: physical cores)
     #[argh(option, short = 't')]
     threads: Option<usize>,
