@@ -78,17 +78,18 @@ fn streamed_experts_give_bit_identical_logits_on_the_cpu_backends() {
             // The smallest budget (k experts per layer: every step evicts),
             // each policy, with and without read-ahead, one layer whole.
             let cases = [
-                (k, EvictionPolicy::Lru, 2, 0, true),
-                (k + 1, EvictionPolicy::Lfu, 0, 1, true),
-                (k + 1, EvictionPolicy::Lru, 1, 0, false),
+                (k, EvictionPolicy::Lru, true, 0, true),
+                (k + 1, EvictionPolicy::Lfu, false, 1, true),
+                (k + 1, EvictionPolicy::Lru, true, 0, false),
             ];
-            for (slots, policy, threads, full, cold) in cases {
+            for (slots, policy, prefetch, full, cold) in cases {
                 let o = StreamingOptions {
                     budget: CacheBudget::Experts(slots),
                     full_layers: full,
                     cold,
                     policy,
-                    prefetch_threads: threads,
+                    prefetch,
+                    read_threads: 3,
                     ..StreamingOptions::default()
                 };
                 let mut s = session(model.clone(), backend, streaming(o));
@@ -96,7 +97,7 @@ fn streamed_experts_give_bit_identical_logits_on_the_cpu_backends() {
                 let plan = cache.plan().expect("planned at the first graph").clone();
                 assert_eq!((plan.slots, plan.full_layers), (slots, full));
                 let (got, out) = run(&mut s, &prompt, 12);
-                let what = format!("{v:?} {backend:?} {slots} slots {policy:?} {threads} threads");
+                let what = format!("{v:?} {backend:?} {slots} slots {policy:?} prefetch {prefetch}");
                 assert_eq!(out, want_out, "{what}: greedy output");
                 assert!(bits(&got) == bits(&want), "{what}: logits differ");
                 let st = cache.stats();
@@ -105,7 +106,7 @@ fn streamed_experts_give_bit_identical_logits_on_the_cpu_backends() {
                 assert!(slots < n_expert);
                 assert!(st.misses > 0 && st.hits > 0, "{what}: {st:?}");
                 assert!(st.bytes_read > 0 && st.lookups == st.hits + st.misses);
-                if threads > 0 {
+                if prefetch {
                     assert!(st.prefetch_reads > 0, "{what}: the hash layers read ahead");
                 }
             }

@@ -136,8 +136,11 @@ pub struct StreamingOptions {
     /// (`--ssd-streaming-preload-experts`; default: the whole cache).
     pub preload_experts: Option<usize>,
     pub policy: EvictionPolicy,
-    /// Reader threads that read ahead (0: no prefetch).
-    pub prefetch_threads: usize,
+    /// Threads that read slices (a pass's misses and the read-ahead):
+    /// reads wait on the disk, not the CPU, so more than the cores.
+    pub read_threads: usize,
+    /// Read the hash layers' experts ahead from the token ids.
+    pub prefetch: bool,
     /// Ask for O_DIRECT (F_NOCACHE on macOS), so the page cache neither
     /// helps nor double-counts; falls back to buffered reads where the
     /// filesystem refuses it.
@@ -152,7 +155,8 @@ impl Default for StreamingOptions {
             cold: false,
             preload_experts: None,
             policy: EvictionPolicy::Lru,
-            prefetch_threads: 2,
+            read_threads: 8,
+            prefetch: true,
             direct_io: true,
         }
     }

@@ -280,6 +280,12 @@ impl StreamStats {
     }
 
     /// Share of read-ahead slices that a pass then used.
+    /// Hits on slices that were there before this step's read-ahead
+    /// (what the cache alone gives).
+    pub fn cache_hit_rate(&self) -> f64 {
+        self.hits.saturating_sub(self.prefetch_hits) as f64 / self.lookups.max(1) as f64
+    }
+
     pub fn prefetch_hit_rate(&self) -> f64 {
         self.prefetch_hits as f64 / self.prefetch_reads.max(1) as f64
     }
@@ -295,11 +301,12 @@ impl StreamStats {
     /// One line for the end of a run.
     pub fn line(&self) -> String {
         format!(
-            "ssd streaming: hit rate {:.1} % ({} of {}), {:.1} MiB read per token, \
-             prefetch {} reads, {:.0} % used, previous-step predictor {:.0} %",
+            "ssd streaming: hit rate {:.1} % ({} of {}; {:.1} % without read-ahead), \
+             {:.1} MiB read per token, prefetch {} reads, {:.0} % used, previous-step predictor {:.0} %",
             100.0 * self.hit_rate(),
             self.hits,
             self.lookups,
+            100.0 * self.cache_hit_rate(),
             self.bytes_per_token() / (1u64 << 20) as f64,
             self.prefetch_reads,
             100.0 * self.prefetch_hit_rate(),
@@ -355,7 +362,13 @@ struct LayerState {
     clock: u64,
     /// The previous single-token step's choice (the predictor).
     prev: Vec<u32>,
+    /// Buffers of evicted slices, reused by the next reads: a fresh buffer
+    /// costs a page fault per page on its first read.
+    spare: Vec<Slice>,
 }
+
+/// Evicted buffers a layer keeps for reuse.
+const SPARE_SLICES: usize = 8;
 
 struct LayerCache {
     info: ExpertLayer,
@@ -386,16 +399,34 @@ impl LayerCache {
                 EvictionPolicy::Lfu => free.min_by_key(|(_, en)| (en.uses, en.last)),
             };
             let Some((&e, _)) = victim else { break };
-            if st.slots.remove(&e).is_some_and(|en| en.prefetched) {
-                add(&stats.prefetch_wasted, 1);
+            if let Some(en) = st.slots.remove(&e) {
+                if en.prefetched {
+                    add(&stats.prefetch_wasted, 1);
+                }
+                if st.spare.len() < SPARE_SLICES {
+                    if let Ok(s) = Arc::try_unwrap(en.slice) {
+                        st.spare.push(s);
+                    }
+                }
             }
         }
     }
 
+    /// Reads expert `e`'s slice, into an evicted slice's buffers when the
+    /// layer has one spare.
     fn read_slice(&self, reader: &SliceReader, e: u32) -> Result<Slice, ReadError> {
-        let read = |p: usize| {
+        let spare = self.lock().spare.pop();
+        let mut bufs = match spare {
+            Some(s) => s.parts.map(|(b, _)| Some(b)),
+            None => [None, None, None],
+        };
+        let mut read = |p: usize| {
             let n = self.info.part_bytes(p);
-            reader.read(self.info.parts[p].offset + e as u64 * n, n as usize)
+            let at = self.info.parts[p].offset + e as u64 * n;
+            match bufs[p].take() {
+                Some(mut b) => reader.read_into(at, n as usize, &mut b).map(|r| (b, r)),
+                None => reader.read(at, n as usize),
+            }
         };
         Ok(Slice {
             parts: [read(0)?, read(1)?, read(2)?],
@@ -452,7 +483,8 @@ pub struct ExpertCache {
     plan: OnceLock<StreamPlan>,
     registry: RwLock<Registry>,
     stats: Arc<Counters>,
-    prefetch: Option<rayon::ThreadPool>,
+    /// Reads slices: a pass's misses in parallel, and the read-ahead.
+    readers: rayon::ThreadPool,
 }
 
 fn read_err_to_string(e: ReadError) -> String {
@@ -477,16 +509,11 @@ impl ExpertCache {
                 file.file_len()
             ));
         }
-        let prefetch = if opts.prefetch_threads > 0 {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(opts.prefetch_threads)
-                .thread_name(|i| format!("ds4-expert-read-{i}"))
-                .build()
-                .map_err(|e| format!("expert read-ahead threads: {e}"))?;
-            Some(pool)
-        } else {
-            None
-        };
+        let readers = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.read_threads.max(1))
+            .thread_name(|i| format!("ds4-expert-read-{i}"))
+            .build()
+            .map_err(|e| format!("expert reader threads: {e}"))?;
         Ok(ExpertCache {
             opts: opts.clone(),
             reader: Arc::new(reader),
@@ -497,7 +524,7 @@ impl ExpertCache {
                 by_gate: HashMap::new(),
             }),
             stats: Arc::default(),
-            prefetch,
+            readers,
         })
     }
 
@@ -552,13 +579,14 @@ impl ExpertCache {
                 order.into_iter().take(n).map(move |e| (l.clone(), e))
             })
             .collect();
-        let read: Vec<(Arc<LayerCache>, u32, Slice)> = jobs
-            .into_par_iter()
-            .map(|(l, e)| {
-                let s = l.read_slice(&self.reader, e)?;
-                Ok((l, e, s))
-            })
-            .collect::<Result<_, ReadError>>()?;
+        let read: Vec<(Arc<LayerCache>, u32, Slice)> = self.readers.install(|| {
+            jobs.into_par_iter()
+                .map(|(l, e)| {
+                    let s = l.read_slice(&self.reader, e)?;
+                    Ok((l, e, s))
+                })
+                .collect::<Result<_, ReadError>>()
+        })?;
         for (l, e, s) in read {
             add(&self.stats.bytes_read, l.info.slice_bytes());
             let mut st = l.lock();
@@ -609,7 +637,14 @@ impl ExpertCache {
         }
     }
 
+    /// Zeroes the counters; slices read ahead earlier count as cached from
+    /// now on.
     pub fn reset_stats(&self) {
+        let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        for l in &reg.layers {
+            l.lock().slots.values_mut().for_each(|en| en.prefetched = false);
+        }
+        drop(reg);
         let c = &self.stats;
         for a in [
             &c.tokens,
@@ -635,6 +670,7 @@ impl ExpertCache {
             let mut st = l.lock();
             st.slots.clear();
             st.prev.clear();
+            st.spare.clear();
         }
     }
 
@@ -649,9 +685,9 @@ impl ExpertCache {
     pub fn begin_step(&self, file: &GgufFile, tokens: &[u32]) -> Result<(), ReadError> {
         self.reader.check_unchanged()?;
         add(&self.stats.tokens, tokens.len() as u64);
-        let Some(pool) = &self.prefetch else {
+        if !self.opts.prefetch {
             return Ok(());
-        };
+        }
         let layers = self
             .registry
             .read()
@@ -666,7 +702,8 @@ impl ExpertCache {
             drop(st);
             for e in want {
                 let (l, reader, stats) = (l.clone(), self.reader.clone(), self.stats.clone());
-                pool.spawn(move || read_ahead(&l, &reader, &stats, e));
+                self.readers
+                    .spawn(move || read_ahead(&l, &reader, &stats, e));
             }
         }
         Ok(())
@@ -734,10 +771,12 @@ impl ExpertCache {
         add(&stats.misses, missing.len() as u64);
         if !missing.is_empty() {
             let t = Instant::now();
-            let read: Vec<(u32, Slice)> = missing
-                .par_iter()
-                .map(|&e| Ok((e, layer.read_slice(&self.reader, e)?)))
-                .collect::<Result<_, ReadError>>()?;
+            let read: Vec<(u32, Slice)> = self.readers.install(|| {
+                missing
+                    .par_iter()
+                    .map(|&e| Ok((e, layer.read_slice(&self.reader, e)?)))
+                    .collect::<Result<_, ReadError>>()
+            })?;
             add(&stats.read_wait_ns, t.elapsed().as_nanos() as u64);
             add(
                 &stats.bytes_read,

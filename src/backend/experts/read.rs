@@ -182,10 +182,25 @@ impl SliceReader {
     /// Reads `len` bytes at `offset` into a fresh aligned buffer; returns the
     /// buffer and where the asked-for bytes sit in it.
     pub fn read(&self, offset: u64, len: usize) -> Result<(AlignedBuf, Range<usize>), ReadError> {
+        let mut buf = AlignedBuf::zeroed(0);
+        let r = self.read_into(offset, len, &mut buf)?;
+        Ok((buf, r))
+    }
+
+    /// [`SliceReader::read`] into `buf`, grown when it is too small (a
+    /// reused buffer saves the page faults of a fresh one).
+    pub fn read_into(
+        &self,
+        offset: u64,
+        len: usize,
+        buf: &mut AlignedBuf,
+    ) -> Result<Range<usize>, ReadError> {
         let start = offset - offset % ALIGN as u64;
         let lead = (offset - start) as usize;
         let span = (lead + len).div_ceil(ALIGN) * ALIGN;
-        let mut buf = AlignedBuf::zeroed(span);
+        if buf.capacity() < span {
+            *buf = AlignedBuf::zeroed(span);
+        }
         let got = self.read_at_full(start, &mut buf.as_mut_slice()[..span], lead + len)?;
         if got < lead + len {
             return Err(ReadError::Short {
@@ -195,7 +210,7 @@ impl SliceReader {
                 got: got.saturating_sub(lead),
             });
         }
-        Ok((buf, lead..lead + len))
+        Ok(lead..lead + len)
     }
 
     /// Reads into `dst` from `at` until `need` bytes are in or the file
@@ -220,6 +235,90 @@ impl SliceReader {
         }
         Ok(done)
     }
+}
+
+/// The disk's read bandwidth as the cache sees it, measured on the GGUF
+/// itself with the cache's own reads (direct where allowed).
+#[derive(Clone, Copy, Debug)]
+pub struct DiskBandwidth {
+    /// 8 MiB reads front to back, `threads` in flight (bytes/s).
+    pub sequential: f64,
+    /// `threads` readers, 4 KiB reads at random aligned offsets (bytes/s).
+    pub random_4k: f64,
+    pub threads: usize,
+    pub direct: bool,
+}
+
+/// Measures [`DiskBandwidth`] on `path`: at most `seq_bytes` read
+/// sequentially (from the start, so it runs first, before those pages could
+/// be anywhere else), then `secs` seconds of 4 KiB random reads on `threads`
+/// threads. With buffered reads (no direct I/O) the page cache serves what
+/// it holds and the figures are the cache's, as `direct` says.
+pub fn probe_disk(path: &Path, seq_bytes: u64, secs: f64, threads: usize) -> io::Result<DiskBandwidth> {
+    let r = SliceReader::open(path, true)?;
+    let len = r.identity.len;
+    let threads = threads.max(1);
+    // Sequential: 8 MiB reads front to back over `seq_bytes`, shared out
+    // to the readers in turn (the queue depth the cache's parallel slice
+    // reads have).
+    let block = 8u64 << 20;
+    let n = (seq_bytes.min(len) / block).max(1);
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::Instant::now();
+    let done: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                let (r, next) = (&r, &next);
+                s.spawn(move || {
+                    let mut bytes = 0u64;
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let at = i * block;
+                        if i >= n || at >= len {
+                            break bytes;
+                        }
+                        let want = block.min(len - at) as usize;
+                        if let Ok((_, got)) = r.read(at, want) {
+                            bytes += got.len() as u64;
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+    });
+    let sequential = done as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    let blocks = (len / ALIGN as u64).max(1);
+    let t = std::time::Instant::now();
+    let reads: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|i| {
+                let r = &r;
+                s.spawn(move || {
+                    // xorshift64: offsets spread over the whole file.
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (i as u64 + 1);
+                    let mut count = 0u64;
+                    while t.elapsed().as_secs_f64() < secs {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        if r.read((x % blocks) * ALIGN as u64, ALIGN).is_ok() {
+                            count += 1;
+                        }
+                    }
+                    count
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+    });
+    let random_4k = (reads * ALIGN as u64) as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    Ok(DiskBandwidth {
+        sequential,
+        random_4k,
+        threads,
+        direct: r.direct,
+    })
 }
 
 #[cfg(unix)]
