@@ -32,6 +32,12 @@ pub struct AlignedBuf {
     blocks: Vec<Block>,
 }
 
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.capacity())
+    }
+}
+
 impl AlignedBuf {
     /// At least `len` zeroed bytes.
     pub fn zeroed(len: usize) -> AlignedBuf {
