@@ -97,7 +97,8 @@ fn streamed_experts_give_bit_identical_logits_on_the_cpu_backends() {
                 let plan = cache.plan().expect("planned at the first graph").clone();
                 assert_eq!((plan.slots, plan.full_layers), (slots, full));
                 let (got, out) = run(&mut s, &prompt, 12);
-                let what = format!("{v:?} {backend:?} {slots} slots {policy:?} prefetch {prefetch}");
+                let what =
+                    format!("{v:?} {backend:?} {slots} slots {policy:?} prefetch {prefetch}");
                 assert_eq!(out, want_out, "{what}: greedy output");
                 assert!(bits(&got) == bits(&want), "{what}: logits differ");
                 let st = cache.stats();
@@ -129,7 +130,10 @@ fn a_budget_below_one_tokens_experts_is_refused_with_the_minimum() {
             backend_options: streaming(o),
             ..Default::default()
         };
-        let e = Session::new(model.clone(), opts).err().expect("refused").to_string();
+        let e = Session::new(model.clone(), opts)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(e.contains(&format!("the minimum is {k}")), "{e}");
     }
     // The GPU backends have no streaming path yet: a clear error, not a
@@ -140,7 +144,10 @@ fn a_budget_below_one_tokens_experts_is_refused_with_the_minimum() {
         backend_options: streaming(StreamingOptions::default()),
         ..Default::default()
     };
-    let e = Session::new(model, opts).err().expect("refused").to_string();
+    let e = Session::new(model, opts)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(e.contains("--ssd-streaming"), "{e}");
 }
 
@@ -166,7 +173,10 @@ fn a_gguf_changed_on_disk_fails_the_request_and_is_never_read() {
     std::fs::rename(&copy, &path).unwrap();
     for _ in 0..2 {
         let e = s.eval(1000).unwrap_err().to_string();
-        assert!(e.contains("changed on disk") && e.contains("tiny.gguf"), "{e}");
+        assert!(
+            e.contains("changed on disk") && e.contains("tiny.gguf"),
+            "{e}"
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -251,7 +261,8 @@ fn the_q2_file_fits_an_80_gb_gpu_budget_when_experts_stream() {
     };
     let e = StreamPlan::new(file, &layers, &o).unwrap_err();
     assert!(
-        e.contains("the minimum is 6") && e.contains(&format!("{} MiB", (6 * all.slot_bytes).div_ceil(1 << 20))),
+        e.contains("the minimum is 6")
+            && e.contains(&format!("{} MiB", (6 * all.slot_bytes).div_ceil(1 << 20))),
         "{e}"
     );
     std::fs::remove_dir_all(&dir).unwrap();

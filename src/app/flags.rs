@@ -121,7 +121,10 @@ mod tests {
         assert_eq!(o.full_layers, 2);
         assert_eq!(CacheBudget::parse("7"), Ok(CacheBudget::Experts(7)));
         assert_eq!(CacheBudget::parse("1.5GB"), Ok(CacheBudget::Bytes(3 << 29)));
-        assert_eq!(CacheBudget::parse("64MiB"), Ok(CacheBudget::Bytes(64 << 20)));
+        assert_eq!(
+            CacheBudget::parse("64MiB"),
+            Ok(CacheBudget::Bytes(64 << 20))
+        );
         for bad in ["0", "", "x", "-3", "5TB", "0GB"] {
             assert!(CacheBudget::parse(bad).is_err(), "{bad:?}");
         }

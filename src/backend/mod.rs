@@ -294,7 +294,10 @@ fn open_streaming(
     layout: StateLayout,
     opts: &BackendOptions,
 ) -> Result<Opened, BackendError> {
-    let so = opts.ssd_streaming.as_ref().expect("called with streaming options");
+    let so = opts
+        .ssd_streaming
+        .as_ref()
+        .expect("called with streaming options");
     let cache = experts::ExpertCache::open((*file).as_ref(), so).map_err(BackendError::Weights)?;
     let cache = Arc::new(cache);
     let (b, auto) = match kind {

@@ -74,11 +74,17 @@ impl CacheBudget {
             Some(i) => (lower[..i].trim(), lower[i..].trim()),
             None => (lower.as_str(), ""),
         };
-        let bad = || format!("--ssd-streaming-cache-experts {t:?}: a positive count or a size such as 32GB");
+        let bad = || {
+            format!("--ssd-streaming-cache-experts {t:?}: a positive count or a size such as 32GB")
+        };
         let shift = match unit {
             "" => {
                 let n: usize = num.parse().map_err(|_| bad())?;
-                return if n == 0 { Err(bad()) } else { Ok(CacheBudget::Experts(n)) };
+                return if n == 0 {
+                    Err(bad())
+                } else {
+                    Ok(CacheBudget::Experts(n))
+                };
             }
             "gb" | "g" | "gib" => 30,
             "mb" | "m" | "mib" => 20,

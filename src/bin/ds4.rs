@@ -155,7 +155,6 @@ impl Args {
     }
 }
 
-
 static STOP: AtomicBool = AtomicBool::new(false);
 
 const NO_MODEL: &str = "no model: ./ds4flash.gguf not found and no -m given.\n\

@@ -179,7 +179,6 @@ impl Args {
     }
 }
 
-
 /// Hidden test switch: requests may carry `ds4_test_script` (the sampler
 /// then emits that text). Never set it on a server users talk to.
 const SCRIPT_ENV: &str = "DS4_SERVER_TEST_SCRIPTS";

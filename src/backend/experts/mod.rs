@@ -387,18 +387,24 @@ impl LayerCache {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Evicts down to capacity; slices a pass holds are never evicted.
+    /// Evicts down to capacity. Slices a pass holds are never evicted;
+    /// read-ahead slices not used yet only when nothing else can go (they
+    /// are this step's, and LFU would otherwise take them first: no uses).
     fn trim(&self, st: &mut LayerState, stats: &Counters) {
         while st.slots.len() > self.capacity {
-            let free = st
-                .slots
-                .iter()
-                .filter(|(_, en)| Arc::strong_count(&en.slice) == 1);
-            let victim = match self.policy {
-                EvictionPolicy::Lru => free.min_by_key(|(_, en)| en.last),
-                EvictionPolicy::Lfu => free.min_by_key(|(_, en)| (en.uses, en.last)),
+            let pick = |spare_prefetched: bool| {
+                let free = st.slots.iter().filter(|(_, en)| {
+                    Arc::strong_count(&en.slice) == 1 && (!spare_prefetched || !en.prefetched)
+                });
+                match self.policy {
+                    EvictionPolicy::Lru => free.min_by_key(|(_, en)| en.last),
+                    EvictionPolicy::Lfu => free.min_by_key(|(_, en)| (en.uses, en.last)),
+                }
+                .map(|(&e, _)| e)
             };
-            let Some((&e, _)) = victim else { break };
+            let Some(e) = pick(true).or_else(|| pick(false)) else {
+                break;
+            };
             if let Some(en) = st.slots.remove(&e) {
                 if en.prefetched {
                     add(&stats.prefetch_wasted, 1);
@@ -541,7 +547,9 @@ impl ExpertCache {
                     .iter()
                     .any(|l| !reg.by_gate.contains_key(&l.parts[0].offset))
             {
-                return Err("ssd streaming: a graph with other routed layers than the first".into());
+                return Err(
+                    "ssd streaming: a graph with other routed layers than the first".into(),
+                );
             }
             return Ok(());
         }
@@ -574,7 +582,11 @@ impl ExpertCache {
             .iter()
             .filter(|l| l.streamed)
             .flat_map(|l| {
-                let n = self.opts.preload_experts.unwrap_or(l.capacity).min(l.capacity);
+                let n = self
+                    .opts
+                    .preload_experts
+                    .unwrap_or(l.capacity)
+                    .min(l.capacity);
                 let order = l.info.popularity_order(file);
                 order.into_iter().take(n).map(move |e| (l.clone(), e))
             })
@@ -642,7 +654,10 @@ impl ExpertCache {
     pub fn reset_stats(&self) {
         let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
         for l in &reg.layers {
-            l.lock().slots.values_mut().for_each(|en| en.prefetched = false);
+            l.lock()
+                .slots
+                .values_mut()
+                .for_each(|en| en.prefetched = false);
         }
         drop(reg);
         let c = &self.stats;
@@ -676,7 +691,9 @@ impl ExpertCache {
 
     fn layer_of(&self, gate_offset: u64) -> Option<Arc<LayerCache>> {
         let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
-        reg.by_gate.get(&gate_offset).map(|&i| reg.layers[i].clone())
+        reg.by_gate
+            .get(&gate_offset)
+            .map(|&i| reg.layers[i].clone())
     }
 
     /// Called before a step runs: refuses a file changed on disk, counts
@@ -694,7 +711,10 @@ impl ExpertCache {
             .unwrap_or_else(|p| p.into_inner())
             .layers
             .clone();
-        for l in layers.iter().filter(|l| l.streamed && l.info.hash.is_some()) {
+        for l in layers
+            .iter()
+            .filter(|l| l.streamed && l.info.hash.is_some())
+        {
             let mut want = l.info.hash_experts(file, tokens);
             want.truncate(l.capacity);
             let st = l.lock();

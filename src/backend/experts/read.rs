@@ -260,7 +260,12 @@ pub struct DiskBandwidth {
 /// be anywhere else), then `secs` seconds of 4 KiB random reads on `threads`
 /// threads. With buffered reads (no direct I/O) the page cache serves what
 /// it holds and the figures are the cache's, as `direct` says.
-pub fn probe_disk(path: &Path, seq_bytes: u64, secs: f64, threads: usize) -> io::Result<DiskBandwidth> {
+pub fn probe_disk(
+    path: &Path,
+    seq_bytes: u64,
+    secs: f64,
+    threads: usize,
+) -> io::Result<DiskBandwidth> {
     let r = SliceReader::open(path, true)?;
     let len = r.identity.len;
     let threads = threads.max(1);
@@ -394,7 +399,10 @@ mod tests {
         let e = r.read(ALIGN as u64 + 10, ALIGN).unwrap_err();
         let msg = e.to_string();
         assert!(matches!(e, ReadError::Short { .. }), "{msg}");
-        assert!(msg.contains(&p.display().to_string()) && msg.contains("offset 4106"), "{msg}");
+        assert!(
+            msg.contains(&p.display().to_string()) && msg.contains("offset 4106"),
+            "{msg}"
+        );
         std::fs::remove_file(&p).unwrap();
     }
 

@@ -194,6 +194,13 @@ impl<'a> From<&'a GgufFile> for SlabSource<'a> {
     }
 }
 
+/// A shared file, as the one-op tests hold it.
+impl<'a> From<&'a std::sync::Arc<GgufFile>> for SlabSource<'a> {
+    fn from(f: &'a std::sync::Arc<GgufFile>) -> Self {
+        SlabSource::File(f)
+    }
+}
+
 /// The geometry of a layer's expert tensors: `gate` and `up` are
 /// `n_expert` slabs of `hidden × dim`, `down` of `dim × hidden`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
