@@ -225,24 +225,32 @@ impl StreamPlan {
     /// The start-up line: resident bytes, cache budget, slices that fit,
     /// expected reads per token at `hit_rate`.
     pub fn line(&self, hit_rate: f64, direct: bool) -> String {
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         format!(
-            "ssd streaming: {:.2} GiB resident ({} of {} routed layers whole), cache {:.2} GiB = \
-             {} of {} experts × {} streamed layers ({:.0} % of {:.2} GiB routed), \
+            "ssd streaming: {} resident ({} of {} routed layers whole), cache {} = \
+             {} of {} experts × {} streamed layers ({:.0} % of {} routed), \
              ~{:.1} MiB read per token at a {:.0} % hit rate, {} reads",
-            gib(self.resident_bytes),
+            size(self.resident_bytes),
             self.full_layers,
             self.layers,
-            gib(self.cache_bytes),
+            size(self.cache_bytes),
             self.slots,
             self.n_expert,
             self.layers - self.full_layers,
             100.0 * self.cache_bytes as f64 / self.streamed_bytes.max(1) as f64,
-            gib(self.streamed_bytes),
+            size(self.streamed_bytes),
             self.bytes_per_token(hit_rate) / (1u64 << 20) as f64,
             100.0 * hit_rate,
             if direct { "direct" } else { "buffered" },
         )
+    }
+}
+
+/// Bytes as GiB from 1 GiB up, else MiB.
+fn size(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
     }
 }
 
