@@ -360,6 +360,9 @@ struct Entry {
     uses: u64,
     /// Read ahead and not used yet.
     prefetched: bool,
+    /// Known to be needed by the step under way (a hash layer's, from the
+    /// token ids) and not used yet.
+    reserved: bool,
 }
 
 #[derive(Default)]
@@ -396,13 +399,16 @@ impl LayerCache {
     }
 
     /// Evicts down to capacity. Slices a pass holds are never evicted;
-    /// read-ahead slices not used yet only when nothing else can go (they
-    /// are this step's, and LFU would otherwise take them first: no uses).
+    /// read-ahead slices not used yet, and slices this step is known to
+    /// need, only when nothing else can go (a read-ahead's eviction runs
+    /// before the pass touches what it hits, so LRU would take this step's
+    /// least recent hit, and LFU a new read-ahead slice: it has no uses).
     fn trim(&self, st: &mut LayerState, stats: &Counters) {
         while st.slots.len() > self.capacity {
             let pick = |spare_prefetched: bool| {
                 let free = st.slots.iter().filter(|(_, en)| {
-                    Arc::strong_count(&en.slice) == 1 && (!spare_prefetched || !en.prefetched)
+                    Arc::strong_count(&en.slice) == 1
+                        && (!spare_prefetched || !(en.prefetched || en.reserved))
                 });
                 match self.policy {
                     EvictionPolicy::Lru => free.min_by_key(|(_, en)| en.last),
@@ -455,6 +461,7 @@ impl LayerCache {
             last,
             uses: u64::from(!prefetched),
             prefetched,
+            reserved: false,
         });
     }
 }
@@ -725,7 +732,12 @@ impl ExpertCache {
         {
             let mut want = l.info.hash_experts(file, tokens);
             want.truncate(l.capacity);
-            let st = l.lock();
+            let mut st = l.lock();
+            for e in &want {
+                if let Some(en) = st.slots.get_mut(e) {
+                    en.reserved = true;
+                }
+            }
             want.retain(|e| !st.slots.contains_key(e) && !st.in_flight.contains(e));
             drop(st);
             for e in want {
@@ -786,6 +798,7 @@ impl ExpertCache {
                     Some(en) => {
                         en.last = now;
                         en.uses += 1;
+                        en.reserved = false;
                         if std::mem::take(&mut en.prefetched) {
                             add(&stats.prefetch_hits, 1);
                         }
