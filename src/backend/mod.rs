@@ -6,6 +6,7 @@ pub mod bandwidth;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod experts;
 pub mod options;
 pub mod wgpu;
 
@@ -44,6 +45,11 @@ pub enum BackendError {
     UnknownGraph(usize),
     #[error("backend {0:?} is unknown (auto, cpu, cpu-ref, wgpu, cuda; aliases metal, vulkan)")]
     UnknownKind(String),
+    /// Streamed weights (`--ssd-streaming`): a read that failed or fell
+    /// short (file and offset named), a file changed on disk, a budget
+    /// that cannot work.
+    #[error("{0}")]
+    Weights(String),
 }
 
 /// Which backend runs the graphs.
@@ -141,6 +147,12 @@ pub trait Backend: Send {
 
     /// Puts every state buffer back to its fresh value.
     fn reset_states(&mut self);
+
+    /// The routed-expert cache when this backend streams experts
+    /// (`--ssd-streaming`): its start-up line and counters.
+    fn expert_cache(&self) -> Option<Arc<experts::ExpertCache>> {
+        None
+    }
 }
 
 /// Checks a step against the graph it runs: at least one token, at most the
@@ -215,6 +227,9 @@ pub fn open(
     layout: StateLayout,
     opts: &BackendOptions,
 ) -> Result<Opened, BackendError> {
+    if opts.ssd_streaming.is_some() {
+        return open_streaming(kind, file, layout, opts);
+    }
     match kind {
         BackendKind::CpuRef => Ok(Opened {
             backend: Box::new(cpu::CpuBackend::new(file, layout).with_profile(opts.cpu_profile)),
@@ -267,6 +282,47 @@ pub fn open(
         }
         BackendKind::Cuda => open_cuda(file, layout, opts),
     }
+}
+
+/// A backend that streams routed experts through an [`experts::ExpertCache`].
+/// The CPU backends read from the cache; the GPU backends still need every
+/// weight in device memory (docs/SSD_STREAMING.md), so `auto` takes the
+/// fast CPU backend and naming a GPU is an error.
+fn open_streaming(
+    kind: BackendKind,
+    file: WeightFile,
+    layout: StateLayout,
+    opts: &BackendOptions,
+) -> Result<Opened, BackendError> {
+    let so = opts
+        .ssd_streaming
+        .as_ref()
+        .expect("called with streaming options");
+    let cache = experts::ExpertCache::open((*file).as_ref(), so).map_err(BackendError::Weights)?;
+    let cache = Arc::new(cache);
+    let (b, auto) = match kind {
+        BackendKind::CpuRef => (
+            cpu::CpuBackend::new(file, layout).with_profile(opts.cpu_profile),
+            "",
+        ),
+        BackendKind::Cpu => (fast_cpu(file, layout, opts)?, ""),
+        BackendKind::Auto => (
+            fast_cpu(file, layout, opts)?,
+            " (auto; --ssd-streaming runs on the CPU backends)",
+        ),
+        BackendKind::Wgpu | BackendKind::Cuda => {
+            return Err(BackendError::Unsupported {
+                backend: if kind == BackendKind::Wgpu { "wgpu" } else { "cuda" }.into(),
+                what: "--ssd-streaming yet (the device-resident expert cache is not built; use --backend cpu)".into(),
+            })
+        }
+    };
+    let b = b.with_experts(cache);
+    let notice = format!("backend: {}{auto}, experts streamed from disk", b.device());
+    Ok(Opened {
+        backend: Box::new(b),
+        notice,
+    })
 }
 
 /// The CUDA backend on `opts.cuda_device` (default 0); a clear error when

@@ -46,6 +46,126 @@ pub struct BackendOptions {
     /// Where compiled PTX is cached (`DS4_CUDA_CACHE`; default under
     /// `$XDG_CACHE_HOME` or `~/.cache`).
     pub cuda_cache: Option<PathBuf>,
+    /// Routed experts streamed from the GGUF into a bounded cache
+    /// (`--ssd-streaming`; docs/SSD_STREAMING.md). `None`: every weight is
+    /// read through the mapping, as always.
+    pub ssd_streaming: Option<StreamingOptions>,
+}
+
+/// How big the routed-expert cache is (`--ssd-streaming-cache-experts`):
+/// a count of expert slots per streamed layer, or a byte budget that is
+/// turned into slots per layer at start (ds4's two spellings, `N` and
+/// `NGB`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheBudget {
+    /// Expert slices each streamed layer keeps.
+    Experts(usize),
+    /// Bytes for all streamed layers together.
+    Bytes(u64),
+}
+
+impl CacheBudget {
+    /// `N` (experts per layer) or `N GB`/`NGB`/`NGiB` (gibibytes, as ds4
+    /// reads `GB`), `N MB`/`NMiB` (tests and the benchmark's small budgets).
+    pub fn parse(s: &str) -> Result<CacheBudget, String> {
+        let t = s.trim();
+        let lower = t.to_ascii_lowercase();
+        let (num, unit) = match lower.find(|c: char| !c.is_ascii_digit() && c != '.') {
+            Some(i) => (lower[..i].trim(), lower[i..].trim()),
+            None => (lower.as_str(), ""),
+        };
+        let bad = || {
+            format!("--ssd-streaming-cache-experts {t:?}: a positive count or a size such as 32GB")
+        };
+        let shift = match unit {
+            "" => {
+                let n: usize = num.parse().map_err(|_| bad())?;
+                return if n == 0 {
+                    Err(bad())
+                } else {
+                    Ok(CacheBudget::Experts(n))
+                };
+            }
+            "gb" | "g" | "gib" => 30,
+            "mb" | "m" | "mib" => 20,
+            _ => return Err(bad()),
+        };
+        let v: f64 = num.parse().map_err(|_| bad())?;
+        let bytes = v * (1u64 << shift) as f64;
+        if !(bytes >= 1.0 && bytes < u64::MAX as f64) {
+            return Err(bad());
+        }
+        Ok(CacheBudget::Bytes(bytes as u64))
+    }
+}
+
+/// Which cached expert a full layer gives up (measured in
+/// docs/SSD_STREAMING.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EvictionPolicy {
+    /// Least recently used, per layer.
+    #[default]
+    Lru,
+    /// Fewest uses (ties: least recently used), per layer.
+    Lfu,
+}
+
+impl EvictionPolicy {
+    pub fn parse(s: &str) -> Result<EvictionPolicy, String> {
+        match s.trim() {
+            "lru" => Ok(EvictionPolicy::Lru),
+            "lfu" => Ok(EvictionPolicy::Lfu),
+            o => Err(format!("eviction policy {o:?}: lru or lfu")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictionPolicy::Lru => "lru",
+            EvictionPolicy::Lfu => "lfu",
+        }
+    }
+}
+
+/// The `--ssd-streaming*` flags, with ds4's meanings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamingOptions {
+    /// The cache size (default 32 GiB, as ds4's documentation suggests).
+    pub budget: CacheBudget,
+    /// The first N routed layers stay fully resident (read through the
+    /// mapping as without streaming; `--ssd-streaming-full-layers`).
+    pub full_layers: usize,
+    /// Start with an empty cache (`--ssd-streaming-cold`); otherwise every
+    /// streamed layer is filled at start, most popular experts first.
+    pub cold: bool,
+    /// Preload at most this many experts per layer
+    /// (`--ssd-streaming-preload-experts`; default: the whole cache).
+    pub preload_experts: Option<usize>,
+    pub policy: EvictionPolicy,
+    /// Threads that read slices (a pass's misses and the read-ahead):
+    /// reads wait on the disk, not the CPU, so more than the cores.
+    pub read_threads: usize,
+    /// Read the hash layers' experts ahead from the token ids.
+    pub prefetch: bool,
+    /// Ask for O_DIRECT (F_NOCACHE on macOS), so the page cache neither
+    /// helps nor double-counts; falls back to buffered reads where the
+    /// filesystem refuses it.
+    pub direct_io: bool,
+}
+
+impl Default for StreamingOptions {
+    fn default() -> Self {
+        StreamingOptions {
+            budget: CacheBudget::Bytes(32 << 30),
+            full_layers: 0,
+            cold: false,
+            preload_experts: None,
+            policy: EvictionPolicy::Lru,
+            read_threads: 8,
+            prefetch: true,
+            direct_io: true,
+        }
+    }
 }
 
 impl Default for BackendOptions {
@@ -64,6 +184,7 @@ impl Default for BackendOptions {
             cuda_weights: None,
             nvrtc: None,
             cuda_cache: None,
+            ssd_streaming: None,
         }
     }
 }
@@ -99,6 +220,7 @@ impl BackendOptions {
             cuda_weights: std::env::var("DS4_CUDA_WEIGHTS").ok(),
             nvrtc: path("DS4_NVRTC"),
             cuda_cache: path("DS4_CUDA_CACHE"),
+            ssd_streaming: None,
         }
     }
 }

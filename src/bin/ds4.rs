@@ -108,6 +108,23 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
+    /// stream routed experts from the GGUF into a bounded cache instead of
+    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
+    #[argh(switch)]
+    ssd_streaming: bool,
+    /// with --ssd-streaming: the expert cache as experts per layer (N) or
+    /// a size (NGB; default 32GB)
+    #[argh(option)]
+    ssd_streaming_cache_experts: Option<String>,
+    /// with --ssd-streaming: keep the first N routed layers whole
+    #[argh(option)]
+    ssd_streaming_full_layers: Option<usize>,
+    /// with --ssd-streaming: start with an empty cache (no preload)
+    #[argh(switch)]
+    ssd_streaming_cold: bool,
+    /// with --ssd-streaming: preload only the N most popular experts per layer
+    #[argh(option)]
+    ssd_streaming_preload_experts: Option<usize>,
     /// read every weight page once before starting (shows progress)
     #[argh(switch)]
     warm_weights: bool,
@@ -129,6 +146,19 @@ struct Args {
     /// same as --info
     #[argh(switch)]
     inspect: bool,
+}
+
+impl Args {
+    /// The `--ssd-streaming*` flags.
+    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
+        ds4::app::flags::StreamingFlags {
+            on: self.ssd_streaming,
+            cache_experts: self.ssd_streaming_cache_experts.clone(),
+            full_layers: self.ssd_streaming_full_layers,
+            cold: self.ssd_streaming_cold,
+            preload_experts: self.ssd_streaming_preload_experts,
+        }
+    }
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -185,7 +215,8 @@ fn dump_tokens(tok: &Tokenizer, prompt: &str) {
 }
 
 fn run(a: Args) -> Result<(), String> {
-    let bo = BackendOptions::from_env();
+    let mut bo = BackendOptions::from_env();
+    bo.ssd_streaming = a.streaming().options()?;
     // Checked before the model loads: a bad schema costs no load time.
     let schema = a.json_schema.as_deref().map(read_json_schema).transpose()?;
     if a.list_devices {
@@ -310,6 +341,9 @@ fn run(a: Args) -> Result<(), String> {
     };
     let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
     eprintln!("ds4: {}", sess.backend_notice());
+    if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
+        eprintln!("ds4: {line}");
+    }
     eprintln!(
         "ds4: context buffers {} for {} tokens",
         ds4::app::report::human(sess.state_bytes() as u64),
@@ -411,6 +445,9 @@ fn run(a: Args) -> Result<(), String> {
         ptoks.len() as f64 / prefill_s.max(1e-9),
         generated.len() as f64 / gen_s.max(1e-9)
     );
+    if let Some(c) = sess.expert_cache() {
+        eprintln!("ds4: {}", c.stats().line());
+    }
     if STOP.load(Ordering::SeqCst) {
         eprintln!("ds4: interrupted");
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use argh::FromArgs;
+use ds4::backend::options::{CacheBudget, EvictionPolicy, StreamingOptions};
 use ds4::backend::BackendOptions;
 use ds4::kvcache::{
     routed_quant_bits, CacheKey, DiskCache, KvCacheConfig, LookupOutcome, SaveReason, StoreOutcome,
@@ -50,6 +51,23 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
+    /// stream routed experts from the GGUF into a bounded cache instead of
+    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
+    #[argh(switch)]
+    ssd_streaming: bool,
+    /// with --ssd-streaming: the expert cache as experts per layer (N) or
+    /// a size (NGB; default 32GB)
+    #[argh(option)]
+    ssd_streaming_cache_experts: Option<String>,
+    /// with --ssd-streaming: keep the first N routed layers whole
+    #[argh(option)]
+    ssd_streaming_full_layers: Option<usize>,
+    /// with --ssd-streaming: start with an empty cache (no preload)
+    #[argh(switch)]
+    ssd_streaming_cold: bool,
+    /// with --ssd-streaming: preload only the N most popular experts per layer
+    #[argh(option)]
+    ssd_streaming_preload_experts: Option<usize>,
     /// CPU threads (default: physical cores)
     #[argh(option, short = 't')]
     threads: Option<usize>,
@@ -113,6 +131,24 @@ struct Args {
     /// with --bw-decode: decode steps timed, best kept (default 8)
     #[argh(option, default = "8")]
     bw_decode_steps: usize,
+    /// with --ssd-streaming and a budget list such as 10%,25%,50%,100%
+    /// (percent of the routed-expert bytes): prompt tokens before the
+    /// decode runs (default 16; synthetic ids, no prompt file needed)
+    #[argh(option, default = "16")]
+    ssd_prompt: usize,
+    /// with a --ssd-streaming budget list: timed blocks of -n tokens per
+    /// line, the fastest kept (this machine is shared; default 3)
+    #[argh(option, default = "3")]
+    ssd_repeat: usize,
+    /// with --ssd-streaming: eviction policy, lru or lfu (default lru)
+    #[argh(option, default = "String::from(\"lru\")")]
+    ssd_policy: String,
+    /// with --ssd-streaming: threads reading expert slices (default 8)
+    #[argh(option, default = "8")]
+    ssd_read_threads: usize,
+    /// with --ssd-streaming: no read-ahead of the hash layers' experts
+    #[argh(switch)]
+    ssd_no_prefetch: bool,
     /// restore-vs-prefill: per frontier, store a checkpoint in this folder
     /// and load it back with the server's disk-cache code (files removed after)
     #[argh(option)]
@@ -120,6 +156,42 @@ struct Args {
 }
 
 impl Args {
+    /// The `--ssd-streaming*` flags.
+    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
+        ds4::app::flags::StreamingFlags {
+            on: self.ssd_streaming,
+            cache_experts: self.ssd_streaming_cache_experts.clone(),
+            full_layers: self.ssd_streaming_full_layers,
+            cold: self.ssd_streaming_cold,
+            preload_experts: self.ssd_streaming_preload_experts,
+        }
+    }
+
+    /// The streaming options these flags give, with the benchmark's
+    /// policy and read-ahead threads.
+    fn streaming_options(&self) -> Result<Option<StreamingOptions>, String> {
+        let mut flags = self.streaming();
+        if self.budget_sweep().is_some() {
+            // The list is the sweep's; each run sets its own budget.
+            flags.cache_experts = None;
+        }
+        let Some(mut o) = flags.options()? else {
+            return Ok(None);
+        };
+        o.policy =
+            EvictionPolicy::parse(&self.ssd_policy).map_err(|e| format!("--ssd-policy: {e}"))?;
+        o.read_threads = self.ssd_read_threads.max(1);
+        o.prefetch = !self.ssd_no_prefetch;
+        Ok(Some(o))
+    }
+
+    /// A budget sweep: `--ssd-streaming-cache-experts` as a comma list or
+    /// with percentages.
+    fn budget_sweep(&self) -> Option<&str> {
+        let v = self.ssd_streaming_cache_experts.as_deref()?;
+        (self.ssd_streaming && (v.contains('%') || v.contains(','))).then_some(v)
+    }
+
     /// The backend the flags name (`--backend`, `--cpu`, `--metal`,
     /// `--vulkan`, `--cuda`), resolved as ds4 and ds4-server do.
     fn backend_kind(&self) -> Result<ds4::backend::BackendKind, String> {
@@ -403,10 +475,14 @@ fn store_and_restore(
 }
 
 fn run(a: Args) -> Result<(), String> {
-    let bo = BackendOptions::from_env();
+    let mut bo = BackendOptions::from_env();
     if a.bandwidth {
         return run_bandwidth(&a, &bo);
     }
+    if let Some(list) = a.budget_sweep() {
+        return run_budget_sweep(&a, list, bo);
+    }
+    bo.ssd_streaming = a.streaming_options()?;
     let backend = a.backend_kind()?;
     if a.ctx_start == 0 || a.ctx_start > a.ctx_max {
         return Err("--ctx-start must be in 1..=ctx-max".into());
@@ -457,6 +533,10 @@ fn run(a: Args) -> Result<(), String> {
         ..Default::default()
     };
     let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+    let streaming = sess.expert_cache();
+    if let Some(line) = streaming.as_ref().and_then(|c| c.startup_line()) {
+        eprintln!("ds4-bench: {line}");
+    }
     eprintln!(
         "ds4-bench: context buffers {:.1} MiB for {ctx} tokens; {threads} CPU threads",
         sess.state_bytes() as f64 / (1u64 << 20) as f64
@@ -534,6 +614,181 @@ fn run(a: Args) -> Result<(), String> {
             ((f as f64 * a.step_mul).ceil() as usize).max(f + 1)
         };
         f = f.min(a.ctx_max);
+    }
+    if let Some(c) = streaming {
+        eprintln!("ds4-bench: {}", c.stats().line());
+    }
+    Ok(())
+}
+
+/// Greedy decode of `n` tokens; seconds taken.
+fn decode(sess: &mut Session, n: usize) -> Result<f64, String> {
+    let t = Instant::now();
+    for _ in 0..n {
+        let next = ds4::sampler::argmax(sess.logits()) as u32;
+        sess.eval(next).map_err(|e| e.to_string())?;
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// `--ssd-streaming --ssd-streaming-cache-experts 10%,25%,50%,100%`: decode
+/// speed, disk bytes per token and hit rate per budget, cold (empty cache)
+/// then warm (the cache the cold run left), beside the fully resident
+/// speed and the disk's measured bandwidth and the roofline it implies.
+fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), String> {
+    let backend = a.backend_kind()?;
+    let base = a
+        .streaming_options()?
+        .ok_or("--ssd-streaming-cache-experts needs --ssd-streaming")?;
+    let threads = ds4::app::threads::init_global_pool(a.threads);
+    let model =
+        Arc::new(ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?);
+    let cfg = &model.config;
+    let routed: u64 = model
+        .weights
+        .layers
+        .iter()
+        .map(|l| l.ffn_gate_exps.n_bytes + l.ffn_up_exps.n_bytes + l.ffn_down_exps.n_bytes)
+        .sum();
+    let n_gen = a.gen_tokens;
+    let prompt: Vec<u32> = (0..a.ssd_prompt.max(1) as u32)
+        .map(|i| (i * 7919) % (cfg.n_vocab as u32 - 10).min(120_000) + 10)
+        .collect();
+    let repeat = a.ssd_repeat.max(1);
+    let ctx = prompt.len() + (repeat + 1) * n_gen + 8;
+
+    eprintln!(
+        "ds4-bench: measuring the disk under {} ...",
+        a.model.display()
+    );
+    let disk = ds4::backend::experts::read::probe_disk(&a.model, 2 << 30, 2.0, 8)
+        .map_err(|e| format!("{}: {e}", a.model.display()))?;
+    println!(
+        "# disk: sequential {:.0} MB/s (8 MiB reads), random 4 KiB {:.0} MB/s = {:.0} IOPS ({} readers), {} reads",
+        disk.sequential / 1e6,
+        disk.random_4k / 1e6,
+        disk.random_4k / 4096.0,
+        disk.threads,
+        if disk.direct { "direct" } else { "buffered (page cache counts)" }
+    );
+    println!(
+        "# model: {} layers, {:.2} GiB routed of {:.2} GiB; {threads} CPU threads; {} prompt tokens, {n_gen} decoded; policy {}, {} reader threads, read-ahead {}",
+        cfg.n_layer,
+        routed as f64 / (1u64 << 30) as f64,
+        model.file.file_len() as f64 / (1u64 << 30) as f64,
+        prompt.len(),
+        base.policy.name(),
+        base.read_threads,
+        if base.prefetch { "on" } else { "off" },
+    );
+
+    // Fully resident: the weights faulted in first, as --warm-weights does.
+    model.warm(&mut |_, _| {});
+    let session = |bo: BackendOptions| {
+        Session::new(
+            model.clone(),
+            SessionOptions {
+                ctx,
+                backend,
+                backend_options: bo,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())
+    };
+    let mut sess = session(BackendOptions {
+        ssd_streaming: None,
+        ..bo.clone()
+    })?;
+    sess.sync(&prompt, &mut |_, _| {})
+        .map_err(|e| e.to_string())?;
+    // The fastest of `repeat` blocks of n tokens.
+    let mut best = f64::INFINITY;
+    for _ in 0..repeat {
+        best = best.min(decode(&mut sess, n_gen)?);
+    }
+    drop(sess);
+    let resident_tps = n_gen as f64 / best;
+    println!("# resident: {resident_tps:.3} tokens/s (fastest of {repeat} blocks of {n_gen})");
+    println!(
+        "budget,slots,cache,decode_tps,of_resident_pct,read_mib_per_token,hit_pct,cache_hit_pct,prefetch_used_pct,predictor_pct,disk_roofline_tps,serial_bound_tps,of_bound_pct"
+    );
+    for item in list.split(',') {
+        let item = item.trim();
+        let budget = match item.strip_suffix('%') {
+            Some(p) => {
+                let p: f64 = p.trim().parse().map_err(|_| {
+                    format!("--ssd-streaming-cache-experts: bad percentage {item:?}")
+                })?;
+                CacheBudget::Bytes((routed as f64 * p / 100.0).ceil() as u64)
+            }
+            None => CacheBudget::parse(item)?,
+        };
+        // Cold: an empty cache (reads are direct, so the page cache holds
+        // nothing either), the n tokens after the prompt. Warm: the cache
+        // preloaded as without --ssd-streaming-cold, then n tokens of
+        // warm-up, then the n measured.
+        for mode in ["cold", "warm"] {
+            let o = StreamingOptions {
+                budget,
+                cold: mode == "cold",
+                ..base.clone()
+            };
+            let mut sess = session(BackendOptions {
+                ssd_streaming: Some(o),
+                ..bo.clone()
+            })?;
+            let cache = sess.expert_cache().ok_or("no expert cache")?;
+            let plan = cache.plan().ok_or("no plan")?.clone();
+            if mode == "cold" {
+                eprintln!(
+                    "ds4-bench: {item}: {}",
+                    cache.startup_line().unwrap_or_default()
+                );
+            }
+            sess.sync(&prompt, &mut |_, _| {})
+                .map_err(|e| e.to_string())?;
+            if mode == "warm" {
+                decode(&mut sess, n_gen)?;
+            }
+            // The fastest block, with its own counters; a cold block starts
+            // from an empty cache each time.
+            let mut best: Option<(f64, ds4::backend::experts::StreamStats)> = None;
+            for _ in 0..repeat {
+                if mode == "cold" {
+                    cache.clear();
+                }
+                cache.reset_stats();
+                let s = decode(&mut sess, n_gen)?;
+                if best.is_none_or(|(b, _)| s < b) {
+                    best = Some((s, cache.stats()));
+                }
+            }
+            let (s, st) = best.expect("at least one block");
+            let tps = n_gen as f64 / s;
+            let per_tok = st.bytes_per_token();
+            let disk_roof = if per_tok > 0.0 {
+                disk.sequential / per_tok
+            } else {
+                f64::INFINITY
+            };
+            // Reads and compute one after the other: the bound without overlap.
+            let serial = 1.0 / (1.0 / resident_tps + per_tok / disk.sequential);
+            let bound = resident_tps.min(disk_roof);
+            println!(
+                "{item},{},{mode},{tps:.3},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.3},{serial:.3},{:.1}",
+                plan.slots,
+                100.0 * tps / resident_tps,
+                per_tok / (1u64 << 20) as f64,
+                100.0 * st.hit_rate(),
+                100.0 * st.cache_hit_rate(),
+                100.0 * st.prefetch_hit_rate(),
+                100.0 * st.predictor_rate(),
+                disk_roof,
+                100.0 * tps / bound,
+            );
+            let _ = std::io::stdout().flush();
+        }
     }
     Ok(())
 }

@@ -117,6 +117,23 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
+    /// stream routed experts from the GGUF into a bounded cache instead of
+    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
+    #[argh(switch)]
+    ssd_streaming: bool,
+    /// with --ssd-streaming: the expert cache as experts per layer (N) or
+    /// a size (NGB; default 32GB)
+    #[argh(option)]
+    ssd_streaming_cache_experts: Option<String>,
+    /// with --ssd-streaming: keep the first N routed layers whole
+    #[argh(option)]
+    ssd_streaming_full_layers: Option<usize>,
+    /// with --ssd-streaming: start with an empty cache (no preload)
+    #[argh(switch)]
+    ssd_streaming_cold: bool,
+    /// with --ssd-streaming: preload only the N most popular experts per layer
+    #[argh(option)]
+    ssd_streaming_preload_experts: Option<usize>,
     /// disk KV cache folder (off unless given; KVCACHE.md)
     #[argh(option)]
     kv_disk_dir: Option<PathBuf>,
@@ -147,6 +164,19 @@ struct Args {
     /// test hook: a job whose prompt contains this text panics
     #[argh(option, hidden_help)]
     debug_panic_on_prompt: Option<String>,
+}
+
+impl Args {
+    /// The `--ssd-streaming*` flags.
+    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
+        ds4::app::flags::StreamingFlags {
+            on: self.ssd_streaming,
+            cache_experts: self.ssd_streaming_cache_experts.clone(),
+            full_layers: self.ssd_streaming_full_layers,
+            cold: self.ssd_streaming_cold,
+            preload_experts: self.ssd_streaming_preload_experts,
+        }
+    }
 }
 
 /// Hidden test switch: requests may carry `ds4_test_script` (the sampler
@@ -412,6 +442,8 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     .resolve()?;
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
+    let mut backend_options = BackendOptions::from_env();
+    backend_options.ssd_streaming = a.streaming().options()?;
     let threads = ds4::app::threads::init_global_pool(a.threads);
     let path = model_path(&a)?;
     let model = Arc::new(ModelFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
@@ -424,11 +456,14 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
             ctx: a.ctx,
             numerics,
             backend,
-            backend_options: BackendOptions::from_env(),
+            backend_options,
             ..SessionOptions::default()
         },
     )
     .map_err(|e| e.to_string())?;
+    if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
+        ds4::log_line!("ds4-server: {line}");
+    }
     ds4::log_line!(
         "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
         path.display(),

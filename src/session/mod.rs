@@ -178,6 +178,11 @@ impl Session {
         &self.backend_notice
     }
 
+    /// The routed-expert cache when experts are streamed (`--ssd-streaming`).
+    pub fn expert_cache(&self) -> Option<std::sync::Arc<crate::backend::experts::ExpertCache>> {
+        self.backend.expert_cache()
+    }
+
     pub fn ctx(&self) -> usize {
         self.opts.ctx
     }

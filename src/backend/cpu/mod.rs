@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use std::ops::Range;
 
+use super::experts::ExpertCache;
 use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
 use crate::graph::ops::{CpuCx, Op};
 use crate::graph::{plan, DType, Graph, Node, Plan, StateId, StateLayout, StepParams, ValueId};
@@ -36,6 +37,8 @@ pub struct CpuBackend {
     /// Seconds and calls per op name when profiling (`DS4_CPU_PROFILE`; printed
     /// to stderr when the backend is dropped).
     profile: Option<std::collections::BTreeMap<&'static str, (f64, usize)>>,
+    /// Routed experts streamed through this cache (`--ssd-streaming`).
+    experts: Option<Arc<ExpertCache>>,
 }
 
 impl Drop for CpuBackend {
@@ -71,7 +74,14 @@ impl CpuBackend {
             graphs: Vec::new(),
             fast: None,
             profile: None,
+            experts: None,
         }
+    }
+
+    /// Reads routed experts through `cache` instead of the mapping.
+    pub fn with_experts(mut self, cache: Arc<ExpertCache>) -> CpuBackend {
+        self.experts = Some(cache);
+        self
     }
 
     /// Prints seconds and calls per op name when the backend drops
@@ -147,6 +157,10 @@ impl Backend for CpuBackend {
     }
 
     fn load_graph(&mut self, graph: Arc<Graph>) -> Result<GraphHandle, BackendError> {
+        if let Some(c) = &self.experts {
+            c.register((*self.file).as_ref(), &graph)
+                .map_err(BackendError::Weights)?;
+        }
         let plan = plan(&graph);
         let slots = plan.slot_len.iter().map(|&n| vec![0f32; n]).collect();
         self.graphs.push(LoadedGraph {
@@ -168,6 +182,10 @@ impl Backend for CpuBackend {
             .ok_or(BackendError::UnknownGraph(h.0))?;
         let graph = g.graph.clone();
         super::check_step(&graph, tokens, &p)?;
+        if let Some(c) = &self.experts {
+            c.begin_step(file, tokens)
+                .map_err(|e| BackendError::Weights(e.to_string()))?;
+        }
         let mut tok = g.take(graph.tokens);
         for (d, &t) in as_i32_mut(&mut tok).iter_mut().zip(tokens) {
             *d = t as i32;
@@ -179,7 +197,16 @@ impl Backend for CpuBackend {
         for node in &graph.nodes {
             let Node::Op(op) = node else { continue };
             let t0 = profile.then(std::time::Instant::now);
+            // Streaming: the pass's experts come from the cache, pinned
+            // until the op is done.
+            if let (Op::MoeExperts(o), Some(c)) = (op, &self.experts) {
+                let pinned = c
+                    .pin(o, cx.get_i32(o.selected), n)
+                    .map_err(|e| BackendError::Weights(e.to_string()))?;
+                cx.experts = pinned.map(|p| p as Arc<dyn crate::graph::ops::moe::PinnedSlabs>);
+            }
             run_op(&mut cx, op, self.fast.as_ref());
+            cx.experts = None;
             if let (Some(t0), Some(prof)) = (t0, self.profile.as_mut()) {
                 // Dense products split by weight format (their kernels differ).
                 let name = match op {
@@ -269,6 +296,10 @@ impl Backend for CpuBackend {
         for (buf, d) in self.states.iter_mut().zip(&self.layout.states) {
             buf.fill(d.init);
         }
+    }
+
+    fn expert_cache(&self) -> Option<Arc<ExpertCache>> {
+        self.experts.clone()
     }
 }
 

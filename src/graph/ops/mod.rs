@@ -264,6 +264,9 @@ pub struct CpuCx<'a> {
     slot_of: &'a [usize],
     slots: &'a mut [Vec<f32>],
     states: &'a mut [Vec<f32>],
+    /// The routed-expert slices an expert cache pinned for the op about to
+    /// run (SSD streaming); `None`: experts are read through the mapping.
+    pub experts: Option<std::sync::Arc<dyn moe::PinnedSlabs>>,
 }
 
 impl<'a> CpuCx<'a> {
@@ -284,6 +287,15 @@ impl<'a> CpuCx<'a> {
             slot_of,
             slots,
             states,
+            experts: None,
+        }
+    }
+
+    /// Where a routed-expert pass reads its slabs.
+    pub fn expert_source(&self) -> moe::SlabSource<'_> {
+        match &self.experts {
+            Some(p) => moe::SlabSource::Pinned(self.file, &**p),
+            None => moe::SlabSource::File(self.file),
         }
     }
 

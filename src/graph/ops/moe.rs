@@ -173,6 +173,34 @@ pub struct MoeExperts {
     pub out: ValueId,
 }
 
+/// Expert slabs a backend's expert cache holds for one pass (SSD
+/// streaming, `backend::experts`): the bytes of `t`'s slab of expert `e`
+/// exactly as stored in the GGUF, or `None` when this set lacks it.
+pub trait PinnedSlabs: Send + Sync {
+    fn slab(&self, t: &TensorRef, e: usize) -> Option<&[u8]>;
+}
+
+/// Where an expert pass reads its slabs: the mapped file, or the slices an
+/// expert cache pinned for this pass (the same bytes, read from disk).
+#[derive(Clone, Copy)]
+pub enum SlabSource<'a> {
+    File(&'a GgufFile),
+    Pinned(&'a GgufFile, &'a dyn PinnedSlabs),
+}
+
+impl<'a> From<&'a GgufFile> for SlabSource<'a> {
+    fn from(f: &'a GgufFile) -> Self {
+        SlabSource::File(f)
+    }
+}
+
+/// A shared file, as the one-op tests hold it.
+impl<'a> From<&'a std::sync::Arc<GgufFile>> for SlabSource<'a> {
+    fn from(f: &'a std::sync::Arc<GgufFile>) -> Self {
+        SlabSource::File(f)
+    }
+}
+
 /// The geometry of a layer's expert tensors: `gate` and `up` are
 /// `n_expert` slabs of `hidden × dim`, `down` of `dim × hidden`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,6 +235,15 @@ impl MoeExperts {
         &bytes[e * n..(e + 1) * n]
     }
 
+    /// Expert `e`'s slab of `t` from `src`: the pinned cache slice when
+    /// there is one, else the mapping (a full layer; the bytes are equal).
+    pub fn slab_from<'f>(&self, src: SlabSource<'f>, t: &TensorRef, e: usize) -> &'f [u8] {
+        match src {
+            SlabSource::File(f) => self.expert_slab(f, t, e),
+            SlabSource::Pinned(f, p) => p.slab(t, e).unwrap_or_else(|| self.expert_slab(f, t, e)),
+        }
+    }
+
     /// The (token · k + slot) entries of a step's selection that chose
     /// expert `e`, in order.
     pub fn users(&self, sel: &[i32], n_tokens: usize, e: usize) -> Vec<usize> {
@@ -223,13 +260,13 @@ impl MoeExperts {
                 cx.get_i32(self.selected),
                 cx.get(self.weights),
             );
-            self.compute(cx.file, x, sel, w, n, out)
+            self.compute(cx.expert_source(), x, sel, w, n, out)
         });
     }
 
-    pub fn compute(
+    pub fn compute<'f>(
         &self,
-        file: &GgufFile,
+        src: impl Into<SlabSource<'f>>,
         x: &[f32],
         sel: &[i32],
         w: &[f32],
@@ -242,7 +279,8 @@ impl MoeExperts {
             n_expert,
         } = self.dims();
         let k = self.k;
-        let slab = |t: &TensorRef, e: usize| self.expert_slab(file, t, e);
+        let src = src.into();
+        let slab = |t: &TensorRef, e: usize| self.slab_from(src, t, e);
         // One contribution per (token, slot), summed in slot order below.
         let mut contrib = vec![0f32; n_tokens * k * d];
         for e in 0..n_expert {

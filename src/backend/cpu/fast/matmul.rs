@@ -11,9 +11,8 @@ use rayon::prelude::*;
 
 use super::act::{Acts, BlockQ8x32};
 use super::{expand, gemm, Kernels};
-use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
-use crate::graph::ops::moe::{swiglu, MoeExperts};
+use crate::graph::ops::moe::{swiglu, MoeExperts, SlabSource};
 use crate::quant::GgmlType;
 
 /// Weight rows per tile (a Flash Q8_0 row of 4096 is 4.3 KiB: 4 rows and a token's
@@ -236,10 +235,10 @@ pub fn matmul(
 /// The fast twin of `MoeExperts::cpu`: the step's tokens are quantised once,
 /// gathered per expert, and each selected expert runs once over its tokens.
 /// `false` (nothing written) when a weight type has no fast kernel.
-pub fn moe_experts(
+pub fn moe_experts<'f>(
     k: &Kernels,
     o: &MoeExperts,
-    file: &GgufFile,
+    src: impl Into<SlabSource<'f>>,
     x: &[f32],
     sel: &[i32],
     wts: &[f32],
@@ -267,7 +266,8 @@ pub fn moe_experts(
         n_expert,
     } = o.dims();
     let kk = o.k;
-    let slab = |t: &TensorRef, e: usize| o.expert_slab(file, t, e);
+    let src = src.into();
+    let slab = |t: &TensorRef, e: usize| o.slab_from(src, t, e);
     let rows = || (0..n_tokens).map(|t| &x[t * d..(t + 1) * d]);
     // Activation sets by kind, made once: (kind, acts).
     let mut sets: Vec<(super::act::ActKind, Acts)> = Vec::new();

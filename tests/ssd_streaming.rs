@@ -1,0 +1,269 @@
+//! SSD streaming (`--ssd-streaming`, docs/SSD_STREAMING.md): routed experts
+//! read from the GGUF into a bounded cache give bit-identical logits and
+//! greedy output on the CPU backends, with a budget of a few experts per
+//! layer so that eviction runs at every step; bad budgets and files changed
+//! on disk are refused with clear errors; and the full-shape arithmetic
+//! (what stays resident, what streams) for the 81 GiB q2 file under an
+//! 80 GB budget, on the header-only sparse file.
+
+mod common;
+
+use std::sync::Arc;
+
+use ds4::backend::experts::{ExpertLayer, StreamPlan};
+use ds4::backend::options::{CacheBudget, EvictionPolicy, StreamingOptions};
+use ds4::backend::{BackendKind, BackendOptions};
+use ds4::model::forward::Numerics;
+use ds4::model::ModelFile;
+use ds4::session::{Session, SessionOptions};
+use ds4::testmodel::Variant;
+
+fn streaming(o: StreamingOptions) -> BackendOptions {
+    BackendOptions {
+        ssd_streaming: Some(o),
+        ..BackendOptions::default()
+    }
+}
+
+fn session(model: Arc<ModelFile>, backend: BackendKind, bo: BackendOptions) -> Session {
+    let opts = SessionOptions {
+        ctx: 128,
+        prefill_chunk: 7,
+        numerics: Numerics::Model,
+        backend,
+        backend_options: bo,
+        ..Default::default()
+    };
+    Session::new(model, opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+}
+
+/// Every logits row of a chunked prefill, then greedy decode: (rows, tokens).
+fn run(s: &mut Session, prompt: &[u32], decode: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let mut rows = Vec::new();
+    for i in 1..=prompt.len() {
+        // Token by token for the first few (the decode graph), then chunks.
+        if i <= 3 || i == prompt.len() || i % 5 == 0 {
+            s.sync(&prompt[..i], &mut |_, _| {}).unwrap();
+            rows.push(s.logits().to_vec());
+        }
+    }
+    let mut out = Vec::new();
+    for _ in 0..decode {
+        let next = ds4::sampler::argmax(s.logits()) as u32;
+        out.push(next);
+        s.eval(next).unwrap();
+        rows.push(s.logits().to_vec());
+    }
+    (rows, out)
+}
+
+fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    rows.iter()
+        .map(|r| r.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+#[test]
+fn streamed_experts_give_bit_identical_logits_on_the_cpu_backends() {
+    let prompt = common::tokens(23, 11);
+    for v in [Variant::Q2, Variant::Mxfp4, Variant::Q8] {
+        let model = common::tiny_model(v);
+        let (n_expert, k) = (model.config.n_expert, model.config.n_expert_used);
+        for backend in [BackendKind::CpuRef, BackendKind::Cpu] {
+            let (want, want_out) = run(
+                &mut session(model.clone(), backend, BackendOptions::default()),
+                &prompt,
+                12,
+            );
+            // The smallest budget (k experts per layer: every step evicts),
+            // each policy, with and without read-ahead, one layer whole.
+            let cases = [
+                (k, EvictionPolicy::Lru, true, 0, true),
+                (k + 1, EvictionPolicy::Lfu, false, 1, true),
+                (k + 1, EvictionPolicy::Lru, true, 0, false),
+            ];
+            for (slots, policy, prefetch, full, cold) in cases {
+                let o = StreamingOptions {
+                    budget: CacheBudget::Experts(slots),
+                    full_layers: full,
+                    cold,
+                    policy,
+                    prefetch,
+                    read_threads: 3,
+                    ..StreamingOptions::default()
+                };
+                let mut s = session(model.clone(), backend, streaming(o));
+                let cache = s.expert_cache().expect("a streaming backend has a cache");
+                let plan = cache.plan().expect("planned at the first graph").clone();
+                assert_eq!((plan.slots, plan.full_layers), (slots, full));
+                let (got, out) = run(&mut s, &prompt, 12);
+                let what =
+                    format!("{v:?} {backend:?} {slots} slots {policy:?} prefetch {prefetch}");
+                assert_eq!(out, want_out, "{what}: greedy output");
+                assert!(bits(&got) == bits(&want), "{what}: logits differ");
+                let st = cache.stats();
+                eprintln!("{what}: {}", st.line());
+                // Slots below the expert count: the cache missed and evicted.
+                assert!(slots < n_expert);
+                assert!(st.misses > 0 && st.hits > 0, "{what}: {st:?}");
+                assert!(st.bytes_read > 0 && st.lookups == st.hits + st.misses);
+                if prefetch {
+                    assert!(st.prefetch_reads > 0, "{what}: the hash layers read ahead");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_budget_below_one_tokens_experts_is_refused_with_the_minimum() {
+    let model = common::tiny_model(Variant::Q2);
+    let k = model.config.n_expert_used;
+    for budget in [CacheBudget::Experts(k - 1), CacheBudget::Bytes(1)] {
+        let o = StreamingOptions {
+            budget,
+            ..StreamingOptions::default()
+        };
+        let opts = SessionOptions {
+            ctx: 64,
+            backend: BackendKind::Cpu,
+            backend_options: streaming(o),
+            ..Default::default()
+        };
+        let e = Session::new(model.clone(), opts)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains(&format!("the minimum is {k}")), "{e}");
+    }
+    // The GPU backends have no streaming path yet: a clear error, not a
+    // silent full upload.
+    let opts = SessionOptions {
+        ctx: 64,
+        backend: BackendKind::Wgpu,
+        backend_options: streaming(StreamingOptions::default()),
+        ..Default::default()
+    };
+    let e = Session::new(model, opts)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("--ssd-streaming"), "{e}");
+}
+
+#[test]
+fn a_gguf_changed_on_disk_fails_the_request_and_is_never_read() {
+    let dir = std::env::temp_dir().join(format!("ds4-ssd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    std::fs::copy(common::tiny_model_path(Variant::Q2), &path).unwrap();
+    let model = Arc::new(ModelFile::open(&path).unwrap());
+    let o = StreamingOptions {
+        budget: CacheBudget::Experts(model.config.n_expert_used),
+        cold: true,
+        ..StreamingOptions::default()
+    };
+    let mut s = session(model, BackendKind::Cpu, streaming(o));
+    let prompt = common::tokens(9, 3);
+    s.sync(&prompt, &mut |_, _| {}).unwrap();
+    // Replaced by a copy of itself (a new inode, a new modification time):
+    // every later step fails with the file named, and the session lives on.
+    let copy = dir.join("tiny.new");
+    std::fs::copy(&path, &copy).unwrap();
+    std::fs::rename(&copy, &path).unwrap();
+    for _ in 0..2 {
+        let e = s.eval(1000).unwrap_err().to_string();
+        assert!(
+            e.contains("changed on disk") && e.contains("tiny.gguf"),
+            "{e}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Weights of the layers as the cache sees them (what `graph_layers`
+/// reads from a graph, built here from the bound weights).
+fn layers(m: &ModelFile) -> Vec<ExpertLayer> {
+    m.weights
+        .layers
+        .iter()
+        .map(|l| ExpertLayer {
+            parts: [
+                l.ffn_gate_exps.clone(),
+                l.ffn_up_exps.clone(),
+                l.ffn_down_exps.clone(),
+            ],
+            n_expert: m.config.n_expert,
+            k: m.config.n_expert_used,
+            hash: l.tid2eid.clone(),
+        })
+        .collect()
+}
+
+#[test]
+fn the_q2_file_fits_an_80_gb_gpu_budget_when_experts_stream() {
+    let dir = std::env::temp_dir().join(format!("ds4-ssd-sparse-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("flash-q2-sparse.gguf");
+    let vocab = ds4::testmodel::Vocab::load_default().expect("committed tokenizer.json");
+    ds4::testmodel::write_sparse_flash(&vocab, &path).unwrap();
+    let m = ModelFile::open(&path).unwrap();
+    let layers = layers(&m);
+    let file = m.file.file_len();
+    const GPU: u64 = 80_000_000_000;
+    assert!(file > GPU, "the q2 file ({file} B) is larger than the card");
+
+    // Everything streamed, budget for nothing yet: what is resident.
+    let all = StreamPlan::new(file, &layers, &StreamingOptions::default()).unwrap();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    eprintln!(
+        "q2: {:.2} GiB file, {:.2} GiB routed in {} layers, {:.2} GiB resident, one slot {:.1} MiB",
+        gib(file),
+        gib(all.streamed_bytes),
+        all.layers,
+        gib(all.resident_bytes),
+        all.slot_bytes as f64 / (1u64 << 20) as f64
+    );
+    assert_eq!((all.layers, all.n_expert, all.k), (43, 256, 6));
+    assert_eq!(all.resident_bytes + all.streamed_bytes, file);
+    // 256 experts × 43 layers of (2 × IQ2_XXS 2048×4096 + Q2_K 4096×2048).
+    let slice = 2 * (2048 * 4096 / 256 * 66) + 2048 * 4096 / 256 * 84;
+    assert_eq!(all.slot_bytes, 43 * slice as u64);
+
+    // An 80 GB card with 6 GiB kept back for KV state, activations and
+    // staging: the cache gets the rest.
+    let reserve = 6u64 << 30;
+    let budget = GPU - reserve - all.resident_bytes;
+    let o = StreamingOptions {
+        budget: CacheBudget::Bytes(budget),
+        ..StreamingOptions::default()
+    };
+    let p = StreamPlan::new(file, &layers, &o).unwrap();
+    eprintln!("{}", p.line(p.uniform_hit_rate(), true));
+    assert!(p.resident_bytes + p.cache_bytes + reserve <= GPU);
+    assert!(p.slots >= p.k && p.slots < p.n_expert, "{} slots", p.slots);
+    assert_eq!(p.slots as u64, budget / p.slot_bytes);
+    // Keeping the first layers whole moves their experts to the resident
+    // side and frees nothing else: the same total must still fit.
+    let o = StreamingOptions {
+        budget: CacheBudget::Bytes(budget - 3 * all.slot_bytes / 43 * 256),
+        full_layers: 3,
+        ..StreamingOptions::default()
+    };
+    let p3 = StreamPlan::new(file, &layers, &o).unwrap();
+    assert!(p3.resident_bytes + p3.cache_bytes + reserve <= GPU);
+    assert_eq!(p3.layers - p3.full_layers, 40);
+    // A budget below one token's six experts per layer is refused, naming
+    // the minimum in MiB.
+    let o = StreamingOptions {
+        budget: CacheBudget::Bytes(5 * all.slot_bytes),
+        ..StreamingOptions::default()
+    };
+    let e = StreamPlan::new(file, &layers, &o).unwrap_err();
+    assert!(
+        e.contains("the minimum is 6")
+            && e.contains(&format!("{} MiB", (6 * all.slot_bytes).div_ceil(1 << 20))),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
