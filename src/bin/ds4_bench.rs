@@ -633,9 +633,45 @@ fn run_sessions(
     };
     writeln!(
         out,
-        "sessions,prompt_tokens,gen_tokens,ttft_mean_s,ttft_max_s,decode_agg_tps,decode_per_session_tps,decode_step_ms,model_bytes_per_step,model_distinct_experts,model_gbps"
+        "engine,sessions,prompt_tokens,gen_tokens,ttft_mean_s,ttft_max_s,decode_agg_tps,decode_per_session_tps,decode_step_ms,model_bytes_per_step,model_distinct_experts,model_gbps"
     )
     .map_err(|e| e.to_string())?;
+    // The single-session reference: one `Session` (its own kernel choice
+    // per piece size), the first prompt, greedy decode.
+    {
+        let opts = SessionOptions {
+            ctx,
+            prefill_chunk: a.mixed_prefill_quantum,
+            backend,
+            backend_options: bo.clone(),
+            ..Default::default()
+        };
+        let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        sess.sync(&prompt(0), &mut |_, _| {})
+            .map_err(|e| e.to_string())?;
+        let ttft = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..a.gen_tokens {
+            let l = sess.logits();
+            let next = (0..l.len()).fold(0, |m, j| if l[j] > l[m] { j } else { m });
+            sess.eval(next as u32).map_err(|e| e.to_string())?;
+        }
+        let s = t.elapsed().as_secs_f64();
+        let (dense, routed, hit) = step_bytes_model(&model, 1);
+        let tps = a.gen_tokens as f64 / s;
+        writeln!(
+            out,
+            "session,1,{},{},{ttft:.3},{ttft:.3},{tps:.2},{tps:.2},{:.1},{:.0},{hit:.1},{:.2}",
+            a.session_prompt,
+            a.gen_tokens,
+            1e3 / tps,
+            dense + routed,
+            (dense + routed) * tps / 1e9
+        )
+        .and_then(|_| out.flush())
+        .map_err(|e| e.to_string())?;
+    }
     for &n in &counts {
         let opts = SessionOptions {
             ctx,
@@ -719,7 +755,7 @@ fn run_sessions(
         };
         writeln!(
             out,
-            "{n},{},{},{:.3},{:.3},{agg:.2},{:.2},{step_ms:.1},{bytes:.0},{hit:.1},{gbps:.2}",
+            "batch,{n},{},{},{:.3},{:.3},{agg:.2},{:.2},{step_ms:.1},{bytes:.0},{hit:.1},{gbps:.2}",
             a.session_prompt,
             a.gen_tokens,
             ttft.iter().sum::<f64>() / n as f64,

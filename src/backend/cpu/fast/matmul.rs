@@ -324,6 +324,28 @@ pub fn matmul_segments(
 // The kernel table, the op, the file, the activations, the routing and the
 // output are all distinct inputs of one expert pass; a struct would only
 // rename them.
+/// The fast twin of `MoeExperts::cpu` over one session's `n_tokens` rows
+/// ([`moe_experts_segments`] with one piece).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts(
+    k: &Kernels,
+    o: &MoeExperts,
+    file: &GgufFile,
+    x: &[f32],
+    sel: &[i32],
+    wts: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+) -> bool {
+    let one = [Segment {
+        row0: 0,
+        n: n_tokens,
+        pos0: 0,
+        state: 0,
+    }];
+    moe_experts_segments(k, o, file, x, sel, wts, &one, RowPath::PerPiece, out)
+}
+
 #[allow(clippy::too_many_arguments)]
 /// The fast twin of `MoeExperts::cpu`: the step's tokens are quantised once,
 /// gathered per expert, and each selected expert runs over its tokens: once
@@ -331,7 +353,7 @@ pub fn matmul_segments(
 /// own session piece chose the expert, so that a session's rows get the
 /// results they get alone. `false` (nothing written) when a weight type has
 /// no fast kernel.
-pub fn moe_experts(
+pub fn moe_experts_segments(
     k: &Kernels,
     o: &MoeExperts,
     file: &GgufFile,
