@@ -438,7 +438,5 @@ fn fast_cpu(
             isa.name()
         ),
     })?;
-    Ok(cpu::CpuBackend::fast(file, layout, kernels)
-        .with_profile(opts.cpu_profile)
-        .with_wide_rows(opts.cpu_wide_rows))
+    Ok(cpu::CpuBackend::fast(file, layout, kernels).with_profile(opts.cpu_profile))
 }

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::act::{Acts, BlockQ8x32};
-use super::{expand, gemm, Kernels, RowPath};
+use super::{expand, gemm, Kernels};
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts};
@@ -235,7 +235,7 @@ pub fn matmul(
 
 /// [`matmul`] on the path `wide` names.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_path(
+fn matmul_path(
     k: &Kernels,
     ty: GgmlType,
     w: &[u8],
@@ -285,7 +285,6 @@ pub fn matmul_segments(
     groups: usize,
     x: &[f32],
     segs: &[Segment],
-    row_path: RowPath,
     out: &mut [f32],
 ) -> bool {
     if Kernels::act_kind(ty).is_none() {
@@ -294,10 +293,7 @@ pub fn matmul_segments(
     let n: usize = segs.iter().map(|s| s.n).sum();
     let width = groups.max(1) * n_in;
     for path in [false, true] {
-        let mine: Vec<&Segment> = segs
-            .iter()
-            .filter(|s| (row_path == RowPath::Wide || wide(s.n)) == path)
-            .collect();
+        let mine: Vec<&Segment> = segs.iter().filter(|s| wide(s.n) == path).collect();
         let rows: usize = mine.iter().map(|s| s.n).sum();
         if rows == 0 {
             continue;
@@ -343,7 +339,7 @@ pub fn moe_experts(
         pos0: 0,
         state: 0,
     }];
-    moe_experts_segments(k, o, file, x, sel, wts, &one, RowPath::PerPiece, out)
+    moe_experts_segments(k, o, file, x, sel, wts, &one, out)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -361,13 +357,8 @@ pub fn moe_experts_segments(
     sel: &[i32],
     wts: &[f32],
     segs: &[Segment],
-    row_path: RowPath,
     out: &mut [f32],
 ) -> bool {
-    // The batched engine's rows take the direct kernels whatever the
-    // company: a step's rows rarely share an expert (k of n experts each),
-    // and for one row the direct kernels beat decoding the expert's rows.
-    let all_narrow = row_path == RowPath::Wide;
     // Per expert: decoded rows ([`expand`]) once it has a few tokens, the
     // direct kernels below that; the step's tokens are quantised once in
     // each activation format an expert may need.
@@ -399,7 +390,7 @@ pub fn moe_experts_segments(
     }
     // Activation sets by kind, made once: (kind, acts).
     let mut sets: Vec<(super::act::ActKind, Acts)> = Vec::new();
-    let wanted = if !all_narrow && segs.iter().any(|s| s.n * kk >= many) {
+    let wanted = if segs.iter().any(|s| s.n * kk >= many) {
         vec![kg1, ku1, kgn, kun]
     } else {
         vec![kg1, ku1]
@@ -435,7 +426,7 @@ pub fn moe_experts_segments(
             let users: Vec<usize> = users
                 .iter()
                 .copied()
-                .filter(|&i| (!all_narrow && per_piece[piece[i / kk]] >= many) == path)
+                .filter(|&i| (per_piece[piece[i / kk]] >= many) == path)
                 .collect();
             if users.is_empty() {
                 continue;
