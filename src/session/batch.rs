@@ -1,0 +1,436 @@
+//! Several sessions on one model: N KV slots, and steps that carry the rows
+//! of several slots at once (issue 18). A slot is a [`Session`]-like
+//! sequence (tokens, logits, KV state); [`Batch::step`] appends one piece of
+//! tokens to each listed slot.
+//!
+//! Batch invariance: a slot's logits are bit-identical to the same tokens
+//! run alone (`slots = 1`, the same piece sizes), whatever else is in the
+//! step.
+//!
+//! Engines: on a backend that holds several state sets (the CPU backends)
+//! one step runs the rows of every listed slot through one pass of the
+//! graph ([`Backend::run_rows`]): each weight is read once per step for all
+//! rows, the position-dependent ops run per slot against the slot's own state
+//! set. A piece longer than the chunk ([`SessionOptions::prefill_chunk`],
+//! at most [`MAX_CHUNK`]) runs as chunks of that size in successive passes,
+//! at most one chunk per slot per pass, so a slot's rows meet the kernels in
+//! the same pieces whatever else runs. Backends with one state set run one
+//! [`Session`] per slot, one after another (the same results, no sharing).
+
+use std::sync::Arc;
+
+use super::snapshot::Store;
+use super::{Session, SessionError, SessionOptions};
+use crate::backend::{self, Backend, BackendKind, GraphHandle};
+use crate::graph::{RowRecord, ValueId};
+use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
+use crate::model::state::KvLayout;
+use crate::model::ModelFile;
+
+/// What one slot does in a step: append `tokens` to its sequence (1 for
+/// decode, up to the prefill quantum for a prefill piece).
+#[derive(Clone, Copy, Debug)]
+pub struct SlotWork<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    /// Keep the logits of every row of this piece (prompt scoring, `echo`);
+    /// otherwise only the last row's logits are kept.
+    pub all_logits: bool,
+}
+
+/// The longest chunk of one slot in one pass: bounds the pass's activations
+/// (logits of every row: rows × vocab floats).
+pub const MAX_CHUNK: usize = 256;
+
+/// N KV slots on one model.
+pub struct Batch {
+    model: Arc<ModelFile>,
+    opts: SessionOptions,
+    engine: Engine,
+    backend_notice: String,
+}
+
+enum Engine {
+    /// One backend with a state set per slot.
+    Shared(Shared),
+    /// A session per slot, run one after another.
+    Serial(Vec<SerialSlot>),
+}
+
+struct Shared {
+    backend: Box<dyn Backend>,
+    kv: KvLayout,
+    /// Logits at every row; capacity `slots` (decode passes) and
+    /// `slots + chunk` (passes with prefill chunks).
+    small: (GraphHandle, usize, ValueId),
+    large: (GraphHandle, usize, ValueId),
+    chunk: usize,
+    slots: Vec<SlotData>,
+}
+
+#[derive(Default)]
+struct SlotData {
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+    piece_logits: Vec<f32>,
+}
+
+struct SerialSlot {
+    session: Session,
+    piece_logits: Vec<f32>,
+}
+
+impl Batch {
+    pub fn new(
+        model: Arc<ModelFile>,
+        opts: SessionOptions,
+        slots: usize,
+    ) -> Result<Batch, SessionError> {
+        if slots == 0 {
+            return Err(SessionError::Batch(
+                "a batch needs at least one slot".into(),
+            ));
+        }
+        let chunk = opts.prefill_chunk.clamp(1, MAX_CHUNK.min(opts.ctx.max(1)));
+        let opts = SessionOptions {
+            prefill_chunk: chunk,
+            ..opts
+        };
+        if let Some(b) = Self::shared(&model, &opts, slots)? {
+            return Ok(b);
+        }
+        let mut v = Vec::with_capacity(slots);
+        for _ in 0..slots {
+            v.push(SerialSlot {
+                session: Session::new(model.clone(), opts.clone())?,
+                piece_logits: Vec::new(),
+            });
+        }
+        let backend_notice = format!(
+            "{} ({slots} slots, one step per slot: the backend holds one state set)",
+            v[0].session.backend_notice()
+        );
+        Ok(Batch {
+            model,
+            opts,
+            engine: Engine::Serial(v),
+            backend_notice,
+        })
+    }
+
+    /// The shared engine, or `None` when the backend holds one state set.
+    fn shared(
+        model: &Arc<ModelFile>,
+        opts: &SessionOptions,
+        slots: usize,
+    ) -> Result<Option<Batch>, SessionError> {
+        let cfg = &model.config;
+        model.weights.check_tables(&model.file, cfg)?;
+        let mut kv = KvLayout::new(cfg, &model.weights, opts.ctx);
+        if opts.numerics == Numerics::Model {
+            kv.mark_f16_rows();
+        }
+        let kind = match opts.backend {
+            // `auto` picks a GPU where there is one; those run serially.
+            BackendKind::Auto => return Ok(None),
+            k => k,
+        };
+        let opened = backend::open(
+            kind,
+            model.clone(),
+            kv.layout.clone(),
+            &opts.backend_options,
+        )?;
+        let mut backend = opened.backend;
+        // Probe with two sets so that one slot takes the same engine as many.
+        if backend.set_state_sets(slots.max(2)).is_err() {
+            return Ok(None);
+        }
+        backend.set_state_sets(slots)?;
+        let fo = ForwardOptions {
+            numerics: opts.numerics,
+            logits: Logits::All,
+            keep: Vec::new(),
+        };
+        let mut load = |cap: usize| -> Result<(GraphHandle, usize, ValueId), SessionError> {
+            let g = forward::record(cfg, &model.weights, &kv, cap, &fo);
+            let logits = g.logits;
+            Ok((backend.load_graph(Arc::new(g))?, cap, logits))
+        };
+        let small = load(slots)?;
+        let large = load(slots + opts.prefill_chunk)?;
+        let backend_notice = format!("{} ({slots} slots, batched steps)", opened.notice);
+        Ok(Some(Batch {
+            model: model.clone(),
+            opts: opts.clone(),
+            engine: Engine::Shared(Shared {
+                backend,
+                kv,
+                small,
+                large,
+                chunk: opts.prefill_chunk,
+                slots: (0..slots).map(|_| SlotData::default()).collect(),
+            }),
+            backend_notice,
+        }))
+    }
+
+    pub fn slots(&self) -> usize {
+        match &self.engine {
+            Engine::Shared(s) => s.slots.len(),
+            Engine::Serial(v) => v.len(),
+        }
+    }
+
+    /// KV/state bytes one slot holds (the server prints slots × this).
+    pub fn slot_state_bytes(&self) -> usize {
+        match &self.engine {
+            Engine::Shared(s) => s.kv.bytes(),
+            Engine::Serial(v) => v[0].session.state_bytes(),
+        }
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.opts.ctx
+    }
+
+    pub fn model(&self) -> &ModelFile {
+        &self.model
+    }
+
+    pub fn backend_notice(&self) -> &str {
+        &self.backend_notice
+    }
+
+    fn known(&self, slot: usize) {
+        // Slot indices come from the caller's own scheduler; out of range is a bug.
+        assert!(slot < self.slots(), "slot {slot} of {}", self.slots());
+    }
+
+    pub fn tokens(&self, slot: usize) -> &[u32] {
+        self.known(slot);
+        match &self.engine {
+            Engine::Shared(s) => &s.slots[slot].tokens,
+            Engine::Serial(v) => v[slot].session.tokens(),
+        }
+    }
+
+    /// Logits after the slot's last token (vocab floats; empty before any).
+    pub fn logits(&self, slot: usize) -> &[f32] {
+        self.known(slot);
+        match &self.engine {
+            Engine::Shared(s) => &s.slots[slot].logits,
+            Engine::Serial(v) => v[slot].session.logits(),
+        }
+    }
+
+    /// Logits of every row of the slot's last piece when it asked
+    /// `all_logits` (rows × vocab), else empty.
+    pub fn piece_logits(&self, slot: usize) -> &[f32] {
+        self.known(slot);
+        match &self.engine {
+            Engine::Shared(s) => &s.slots[slot].piece_logits,
+            Engine::Serial(v) => &v[slot].piece_logits,
+        }
+    }
+
+    pub fn reset(&mut self, slot: usize) {
+        self.known(slot);
+        match &mut self.engine {
+            Engine::Shared(s) => {
+                s.slots[slot] = SlotData::default();
+                // The set exists (checked above); a failure here is a bug.
+                s.backend
+                    .reset_set(slot)
+                    .expect("state set of a known slot");
+            }
+            Engine::Serial(v) => {
+                v[slot].session.reset();
+                v[slot].piece_logits.clear();
+            }
+        }
+    }
+    /// Checks every entry of a step before anything runs: known, distinct
+    /// slots; non-empty pieces of known tokens that fit the context.
+    fn check(&self, work: &[SlotWork<'_>]) -> Result<(), SessionError> {
+        let vocab = self.model.config.n_vocab;
+        let mut seen = vec![false; self.slots()];
+        for w in work {
+            if w.slot >= self.slots() {
+                return Err(SessionError::Batch(format!(
+                    "slot {} of a batch of {}",
+                    w.slot,
+                    self.slots()
+                )));
+            }
+            if std::mem::replace(&mut seen[w.slot], true) {
+                return Err(SessionError::Batch(format!(
+                    "slot {} listed twice in one step",
+                    w.slot
+                )));
+            }
+            if w.tokens.is_empty() {
+                return Err(SessionError::Empty);
+            }
+            if let Some(&id) = w.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(SessionError::BadToken { id, vocab });
+            }
+            let total = self.tokens(w.slot).len() + w.tokens.len();
+            if total > self.opts.ctx {
+                return Err(SessionError::ContextFull {
+                    tokens: total,
+                    ctx: self.opts.ctx,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One engine step over all listed slots (distinct slots). Checks every
+    /// entry first and returns the first error without running anything; a
+    /// backend failure resets only the slots of that step and is returned.
+    pub fn step(&mut self, work: &[SlotWork<'_>]) -> Result<(), SessionError> {
+        self.check(work)?;
+        let r = match &mut self.engine {
+            Engine::Shared(s) => s.step(work, self.model.config.n_vocab),
+            Engine::Serial(v) => serial_step(v, work),
+        };
+        if r.is_err() {
+            for w in work {
+                self.reset(w.slot);
+            }
+        }
+        r
+    }
+
+    /// The same payload as [`Session::save_snapshot`] (it carries the tokens).
+    pub fn save_snapshot(&self, slot: usize) -> Result<Vec<u8>, SessionError> {
+        self.known(slot);
+        match &self.engine {
+            Engine::Shared(s) => {
+                let d = &s.slots[slot];
+                self.store(&s.kv)
+                    .save(s.backend.as_ref(), slot, &d.tokens, &d.logits)
+            }
+            Engine::Serial(v) => v[slot].session.save_snapshot(),
+        }
+    }
+
+    fn store<'a>(&'a self, kv: &'a KvLayout) -> Store<'a> {
+        Store {
+            model: &self.model,
+            kv,
+            ctx: self.opts.ctx,
+            prefill_chunk: self.opts.prefill_chunk,
+        }
+    }
+
+    /// Replaces the slot with a snapshot; on error the slot is left empty.
+    pub fn load_snapshot(&mut self, slot: usize, payload: &[u8]) -> Result<(), SessionError> {
+        self.known(slot);
+        let r = match &mut self.engine {
+            Engine::Shared(s) => {
+                let store = Store {
+                    model: &self.model,
+                    kv: &s.kv,
+                    ctx: self.opts.ctx,
+                    prefill_chunk: self.opts.prefill_chunk,
+                };
+                store
+                    .load(s.backend.as_mut(), slot, payload)
+                    .map(|(tokens, logits)| {
+                        s.slots[slot] = SlotData {
+                            tokens,
+                            logits,
+                            piece_logits: Vec::new(),
+                        }
+                    })
+            }
+            Engine::Serial(v) => {
+                v[slot].piece_logits.clear();
+                return v[slot].session.load_snapshot(payload);
+            }
+        };
+        if r.is_err() {
+            self.reset(slot);
+        }
+        r
+    }
+}
+
+fn serial_step(v: &mut [SerialSlot], work: &[SlotWork<'_>]) -> Result<(), SessionError> {
+    for w in work {
+        let s = &mut v[w.slot];
+        s.piece_logits.clear();
+        if w.all_logits {
+            s.piece_logits = s.session.score_more(w.tokens)?;
+        } else {
+            s.session.sync_more(w.tokens)?;
+        }
+    }
+    Ok(())
+}
+
+impl Shared {
+    /// Runs the pieces in passes of at most one chunk per slot.
+    fn step(&mut self, work: &[SlotWork<'_>], vocab: usize) -> Result<(), SessionError> {
+        for w in work {
+            self.slots[w.slot].piece_logits.clear();
+        }
+        let mut done = vec![0usize; work.len()];
+        loop {
+            // This pass: the next chunk of every unfinished piece, in order,
+            // while they fit the large graph.
+            let mut pass: Vec<(usize, usize, usize)> = Vec::new(); // (work index, from, to)
+            let mut rows = 0;
+            for (i, w) in work.iter().enumerate() {
+                let from = done[i];
+                if from == w.tokens.len() {
+                    continue;
+                }
+                let to = (from + self.chunk).min(w.tokens.len());
+                if rows + (to - from) > self.large.1 {
+                    continue;
+                }
+                rows += to - from;
+                pass.push((i, from, to));
+            }
+            if pass.is_empty() {
+                return Ok(());
+            }
+            let (g, _, logits_v) = if rows <= self.small.1 {
+                self.small
+            } else {
+                self.large
+            };
+            let mut tokens = Vec::with_capacity(rows);
+            let mut table = Vec::with_capacity(rows);
+            for &(i, from, to) in &pass {
+                let w = &work[i];
+                let pos0 = self.slots[w.slot].tokens.len();
+                tokens.extend_from_slice(&w.tokens[from..to]);
+                table.extend((0..to - from).map(|t| RowRecord {
+                    pos: (pos0 + t) as u32,
+                    state: w.slot as u32,
+                }));
+            }
+            self.backend.run_rows(g, &tokens, &table)?;
+            let all = self.backend.read_value(g, logits_v)?;
+            let mut at = 0;
+            for &(i, from, to) in &pass {
+                let w = &work[i];
+                let n = to - from;
+                let d = &mut self.slots[w.slot];
+                d.tokens.extend_from_slice(&w.tokens[from..to]);
+                let rows = &all[at * vocab..(at + n) * vocab];
+                d.logits.clear();
+                d.logits.extend_from_slice(&rows[(n - 1) * vocab..]);
+                if w.all_logits {
+                    d.piece_logits.extend_from_slice(rows);
+                }
+                at += n;
+                done[i] = to;
+            }
+        }
+    }
+}
