@@ -3,6 +3,7 @@
 //! evaluates only the rest; snapshots save and restore the whole state in
 //! ds4's session payload layout (KVCACHE.md §4.3).
 
+mod batch;
 mod snapshot;
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;
 use crate::model::ModelFile;
 
+pub use batch::{Batch, SlotWork};
 pub use snapshot::SNAPSHOT_MAGIC;
 
 /// ds4's prefill chunk (tokens per batched step).
@@ -34,6 +36,9 @@ pub enum SessionError {
     UnknownValue(String),
     #[error("snapshot: {0}")]
     Snapshot(String),
+    /// A batch step or slot the batch cannot take (unknown or repeated slot).
+    #[error("batch: {0}")]
+    Batch(String),
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
 }
@@ -268,6 +273,13 @@ impl Session {
             });
         }
         self.run(self.decode, &[token]).map(drop)
+    }
+
+    /// Appends `tokens` (prefill chunks, or one decode step) and computes
+    /// the logits after the last of them.
+    pub(crate) fn sync_more(&mut self, tokens: &[u32]) -> Result<(), SessionError> {
+        self.check(tokens)?;
+        self.eval_tokens(tokens, &mut |_, _| {})
     }
 
     fn eval_tokens(

@@ -1,0 +1,304 @@
+//! Batch invariance (issue 18): several sessions' rows through one step give
+//! each session the logits of its serial run (`slots = 1`, the same piece
+//! sizes), bit for bit. Sessions differ in prompt, length and start step, so
+//! one step mixes prefill pieces and decode rows of different positions.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{long_context_model, tiny_model, tokens};
+use ds4::backend::{BackendKind, BackendOptions};
+use ds4::model::forward::Numerics;
+use ds4::model::ModelFile;
+use ds4::session::{Batch, SessionError, SessionOptions, SlotWork};
+use ds4::testmodel::Variant;
+
+/// One session of a schedule: its tokens, the step it starts at, and its
+/// pieces (a prefill cut into quanta, then one token per step).
+struct Plan {
+    tokens: Vec<u32>,
+    start: usize,
+    pieces: Vec<(usize, usize)>,
+    /// Pieces that ask for every row's logits.
+    all_logits: Vec<bool>,
+}
+
+fn plan(seed: u64, prompt: usize, decode: usize, start: usize, quantum: usize) -> Plan {
+    let tokens = tokens(prompt + decode, seed);
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    while at < prompt {
+        let n = quantum.min(prompt - at);
+        pieces.push((at, at + n));
+        at += n;
+    }
+    for _ in 0..decode {
+        pieces.push((at, at + 1));
+        at += 1;
+    }
+    // The second piece of every session keeps all its rows' logits.
+    let all_logits = (0..pieces.len()).map(|i| i == 1).collect();
+    Plan {
+        tokens,
+        start,
+        pieces,
+        all_logits,
+    }
+}
+
+/// What a session saw: after each piece, its last-row logits and (when
+/// asked) every row's.
+type Trace = Vec<(Vec<f32>, Vec<f32>)>;
+
+fn options(backend: BackendKind, ctx: usize) -> SessionOptions {
+    SessionOptions {
+        ctx,
+        prefill_chunk: 64,
+        numerics: Numerics::Model,
+        backend,
+        backend_options: BackendOptions::default(),
+        ..Default::default()
+    }
+}
+
+/// Runs the plans together on one batch of `plans.len()` slots.
+fn run_together(model: &Arc<ModelFile>, opts: &SessionOptions, plans: &[Plan]) -> Vec<Trace> {
+    let mut b = Batch::new(model.clone(), opts.clone(), plans.len()).unwrap();
+    let mut traces: Vec<Trace> = vec![Vec::new(); plans.len()];
+    let mut next = vec![0usize; plans.len()];
+    let mut step = 0;
+    while plans.iter().zip(&next).any(|(p, &n)| n < p.pieces.len()) {
+        let work: Vec<SlotWork> = plans
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| step >= p.start && next[*i] < p.pieces.len())
+            .map(|(i, p)| {
+                let (a, z) = p.pieces[next[i]];
+                SlotWork {
+                    slot: i,
+                    tokens: &p.tokens[a..z],
+                    all_logits: p.all_logits[next[i]],
+                }
+            })
+            .collect();
+        if !work.is_empty() {
+            b.step(&work).unwrap();
+            for w in &work {
+                traces[w.slot].push((b.logits(w.slot).to_vec(), b.piece_logits(w.slot).to_vec()));
+                next[w.slot] += 1;
+            }
+        }
+        step += 1;
+    }
+    for (i, p) in plans.iter().enumerate() {
+        assert_eq!(b.tokens(i), &p.tokens[..], "slot {i} holds its tokens");
+    }
+    traces
+}
+
+fn check_invariance(model: Arc<ModelFile>, backend: BackendKind, plans: &[Plan], ctx: usize) {
+    let opts = options(backend, ctx);
+    let together = run_together(&model, &opts, plans);
+    for (i, p) in plans.iter().enumerate() {
+        let alone = Plan {
+            tokens: p.tokens.clone(),
+            start: 0,
+            pieces: p.pieces.clone(),
+            all_logits: p.all_logits.clone(),
+        };
+        let serial = run_together(&model, &opts, std::slice::from_ref(&alone));
+        assert_eq!(together[i].len(), serial[0].len());
+        for (k, (a, b)) in together[i].iter().zip(&serial[0]).enumerate() {
+            assert!(!a.0.is_empty(), "slot {i} piece {k} has logits");
+            assert!(
+                a.0.iter().all(|x| x.is_finite()),
+                "slot {i} piece {k} finite"
+            );
+            let same = |x: &[f32], y: &[f32]| {
+                x.len() == y.len() && x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits())
+            };
+            assert!(
+                same(&a.0, &b.0),
+                "{backend:?}: slot {i} of {}, piece {k}: logits differ from the serial run (max |d| {})",
+                plans.len(),
+                common::max_abs_diff(&a.0, &b.0)
+            );
+            assert!(
+                same(&a.1, &b.1),
+                "{backend:?}: slot {i} of {}, piece {k}: per-row logits differ from the serial run",
+                plans.len()
+            );
+            if p.all_logits[k] {
+                let rows = p.pieces[k].1 - p.pieces[k].0;
+                assert_eq!(a.1.len(), rows * model.config.n_vocab);
+                let v = model.config.n_vocab;
+                assert!(
+                    same(&a.1[(rows - 1) * v..], &a.0),
+                    "last row of the piece = logits"
+                );
+            }
+        }
+    }
+}
+
+/// 1, 2, 4 and 8 sessions of different prompts, lengths and start steps on
+/// the tiny model (the indexer selects from position 68 on).
+fn tiny_schedules(backend: BackendKind) {
+    let model = tiny_model(Variant::Q8);
+    for n in [1usize, 2, 4, 8] {
+        let plans: Vec<Plan> = (0..n)
+            .map(|i| plan(11 + i as u64, 3 + 13 * i, 4 + i % 3, i % 3, 9 + i % 4))
+            .collect();
+        check_invariance(model.clone(), backend, &plans, 256);
+    }
+}
+
+#[test]
+fn cpu_ref_sessions_are_batch_invariant() {
+    tiny_schedules(BackendKind::CpuRef);
+}
+
+#[test]
+fn cpu_fast_sessions_are_batch_invariant() {
+    tiny_schedules(BackendKind::Cpu);
+}
+
+/// The long-context model, where the indexer really selects (top-k 64 of
+/// more than 64 compressed rows) and the raw window wraps: one long session
+/// beside short ones.
+#[test]
+fn long_context_sessions_are_batch_invariant() {
+    let plans = vec![
+        plan(5, 290, 3, 0, 64),
+        plan(6, 7, 5, 1, 4),
+        plan(7, 40, 2, 3, 16),
+    ];
+    for backend in [BackendKind::CpuRef, BackendKind::Cpu] {
+        check_invariance(long_context_model(), backend, &plans, 512);
+    }
+}
+
+#[test]
+fn bad_steps_are_refused_before_anything_runs() {
+    let model = tiny_model(Variant::Q8);
+    let mut b = Batch::new(model.clone(), options(BackendKind::CpuRef, 16), 2).unwrap();
+    let t = tokens(4, 3);
+    b.step(&[SlotWork {
+        slot: 0,
+        tokens: &t,
+        all_logits: false,
+    }])
+    .unwrap();
+    let before = b.logits(0).to_vec();
+    let vocab = model.config.n_vocab as u32;
+    let bad = [vocab];
+    let long = tokens(13, 4);
+    for work in [
+        vec![SlotWork {
+            slot: 2,
+            tokens: &t,
+            all_logits: false,
+        }],
+        vec![
+            SlotWork {
+                slot: 1,
+                tokens: &t,
+                all_logits: false,
+            },
+            SlotWork {
+                slot: 1,
+                tokens: &t,
+                all_logits: false,
+            },
+        ],
+        vec![
+            SlotWork {
+                slot: 1,
+                tokens: &t,
+                all_logits: false,
+            },
+            SlotWork {
+                slot: 0,
+                tokens: &bad,
+                all_logits: false,
+            },
+        ],
+        vec![
+            SlotWork {
+                slot: 1,
+                tokens: &t,
+                all_logits: false,
+            },
+            SlotWork {
+                slot: 0,
+                tokens: &long,
+                all_logits: false,
+            },
+        ],
+        vec![SlotWork {
+            slot: 1,
+            tokens: &[],
+            all_logits: false,
+        }],
+    ] {
+        let e = b.step(&work).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SessionError::Batch(_)
+                    | SessionError::BadToken { .. }
+                    | SessionError::ContextFull { .. }
+                    | SessionError::Empty
+            ),
+            "{e}"
+        );
+        assert_eq!(b.tokens(0), &t[..], "slot 0 untouched");
+        assert!(b.tokens(1).is_empty(), "slot 1 untouched");
+        assert_eq!(b.logits(0), &before[..]);
+    }
+}
+
+/// A slot saved and loaded into another slot continues exactly as the
+/// original does.
+#[test]
+fn snapshots_move_between_slots() {
+    let model = tiny_model(Variant::Q8);
+    let mut b = Batch::new(model, options(BackendKind::CpuRef, 128), 3).unwrap();
+    let t = tokens(30, 9);
+    let other = tokens(11, 10);
+    b.step(&[
+        SlotWork {
+            slot: 0,
+            tokens: &t[..20],
+            all_logits: false,
+        },
+        SlotWork {
+            slot: 2,
+            tokens: &other,
+            all_logits: false,
+        },
+    ])
+    .unwrap();
+    let snap = b.save_snapshot(0).unwrap();
+    b.load_snapshot(1, &snap).unwrap();
+    assert_eq!(b.tokens(1), &t[..20]);
+    b.step(&[
+        SlotWork {
+            slot: 0,
+            tokens: &t[20..],
+            all_logits: false,
+        },
+        SlotWork {
+            slot: 1,
+            tokens: &t[20..],
+            all_logits: false,
+        },
+    ])
+    .unwrap();
+    let bits = |s: &[f32]| s.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(b.logits(0)), bits(b.logits(1)));
+    b.reset(0);
+    assert!(b.tokens(0).is_empty() && b.logits(0).is_empty());
+    assert_eq!(b.tokens(2), &other[..]);
+}
