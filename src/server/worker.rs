@@ -61,13 +61,23 @@ pub struct Queue {
     tx: SyncSender<Work>,
     metrics: Arc<Metrics>,
     health: Arc<WorkerHealth>,
+    /// Jobs that may wait for the engine (`--queue`). The depth counts a
+    /// job from its submission until it starts (the serial worker takes
+    /// it, or it takes a KV slot), so the bound holds also while the slot
+    /// scheduler holds admitted jobs of its own.
+    bound: usize,
 }
 
 impl Queue {
     /// Enqueues a job; a full queue is `503` with `Retry-After`.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send(Work::Gen(Box::new(job))) {
+        let before = self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
+        let sent = if before >= self.bound {
+            Err(TrySendError::Full(Work::Gen(Box::new(job))))
+        } else {
+            self.tx.try_send(Work::Gen(Box::new(job)))
+        };
+        match sent {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
@@ -107,29 +117,65 @@ pub fn start(
     bound: usize,
     cache: Box<dyn KvCacheHook>,
 ) -> Queue {
-    let (tx, rx) = std::sync::mpsc::sync_channel(bound.max(1));
-    let m = metrics.clone();
+    metrics.slots.store(1, Ordering::Relaxed);
+    spawn(metrics, bound, move |rx, core_parts| {
+        let core = core_parts.into_core(tok, cfg, cache);
+        Worker {
+            sess,
+            core,
+            live: Bindings::default(),
+        }
+        .run(rx)
+    })
+}
+
+/// What the engine thread gets from [`spawn`] besides its queue.
+pub(super) struct CoreParts {
+    metrics: Arc<Metrics>,
+    health: Arc<WorkerHealth>,
+}
+
+impl CoreParts {
+    pub(super) fn into_core(
+        self,
+        tok: Arc<Tokenizer>,
+        cfg: WorkerConfig,
+        cache: Box<dyn KvCacheHook>,
+    ) -> Core {
+        let trace = Trace::open(cfg.trace.as_deref());
+        Core::new(tok, cfg, self.metrics, cache, trace, self.health)
+    }
+}
+
+/// Starts the engine thread `body` on a queue of `bound` jobs (the serial
+/// worker here, the slot scheduler in `slots.rs`); `/health` sees the
+/// thread alive until `body` returns or unwinds.
+pub(super) fn spawn(
+    metrics: Arc<Metrics>,
+    bound: usize,
+    body: impl FnOnce(Receiver<Work>, CoreParts) + Send + 'static,
+) -> Queue {
+    let bound = bound.max(1);
+    let (tx, rx) = std::sync::mpsc::sync_channel(bound);
     let health = Arc::new(WorkerHealth::default());
     health.alive.store(true, Ordering::SeqCst);
     let guard = AliveGuard(health.clone());
-    let trace = Trace::open(cfg.trace.as_deref());
+    let parts = CoreParts {
+        metrics: metrics.clone(),
+        health: health.clone(),
+    };
     std::thread::Builder::new()
         .name("ds4-worker".into())
         .spawn(move || {
-            let health = guard.0.clone();
             let _guard = guard;
-            Worker {
-                sess,
-                core: Core::new(tok, cfg, m, cache, trace, health),
-                live: Bindings::default(),
-            }
-            .run(rx)
+            body(rx, parts)
         })
         .expect("spawning the worker thread");
     Queue {
         tx,
         metrics,
         health,
+        bound,
     }
 }
 
@@ -212,7 +258,7 @@ pub(super) struct Decoded {
     tokens: usize,
     finish: Finish,
     thinking: bool,
-    stop_hit: bool,
+    pub(super) stop_hit: bool,
     raw: String,
     saw_close: bool,
     live_ids: Vec<String>,
@@ -252,16 +298,6 @@ impl Core {
             ids: id_rng(0),
             request_seq: 0,
             health,
-        }
-    }
-
-    /// The tool memory as the disk cache's KTM source (none without exact
-    /// replay).
-    pub(super) fn tool_ids(&self) -> &dyn ToolIds {
-        if self.cfg.exact_replay {
-            &self.memory
-        } else {
-            &NoToolIds
         }
     }
 
@@ -806,7 +842,10 @@ impl Worker {
                 continue;
             }
             self.core.request_seq += 1;
+            let m = self.core.metrics.clone();
+            m.active_slots.store(1, Ordering::Relaxed);
             self.run_job(job);
+            m.active_slots.store(0, Ordering::Relaxed);
         }
     }
 
@@ -987,6 +1026,7 @@ mod tests {
             tx,
             metrics: metrics.clone(),
             health: Arc::new(WorkerHealth::default()),
+            bound: 1,
         };
         let pc = ParseContext {
             ctx: 100,
