@@ -208,10 +208,17 @@ impl Scheduler {
         self.core.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
     }
 
-    fn panicked(&self, seq: u64, payload: &(dyn std::any::Any + Send), events: &UnboundedSender<Event>) {
+    fn panicked(
+        &self,
+        seq: u64,
+        payload: &(dyn std::any::Any + Send),
+        events: &UnboundedSender<Event>,
+    ) {
         let msg = panic_message(payload);
         self.core.health.record_panic(msg.clone(), seq);
-        crate::log_line!("ds4-server: request {seq} failed: the worker panicked ({msg}); its slot was reset");
+        crate::log_line!(
+            "ds4-server: request {seq} failed: the worker panicked ({msg}); its slot was reset"
+        );
         let _ = events.send(Event::Failed(format!(
             "internal error: the server failed on this request ({msg}); its session was reset"
         )));
@@ -335,7 +342,13 @@ impl Scheduler {
         let max_new = self.core.max_new(&p.req, ctx, p.prompt);
         let mut ids = p.ids.clone();
         let picker = self.core.picker(&p.req, &mut ids);
-        let stream = Stream::new(&p.req, thinking, p.events.clone(), self.core.tok.clone(), p.seq);
+        let stream = Stream::new(
+            &p.req,
+            thinking,
+            p.events.clone(),
+            self.core.tok.clone(),
+            p.seq,
+        );
         Running::Decode(Box::new(Decoding {
             p,
             stream,
@@ -618,4 +631,3 @@ impl Scheduler {
         self.panicked(seq, payload, &events);
     }
 }
-

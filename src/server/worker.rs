@@ -662,7 +662,9 @@ impl Core {
                     live_len,
                 });
             }
-            self.bind_protocol(b, live_len, &req, &text, &fin, raw_block, d.thinking, d.stop_hit);
+            self.bind_protocol(
+                b, live_len, &req, &text, &fin, raw_block, d.thinking, d.stop_hit,
+            );
         }
         let elapsed = t0.elapsed().as_secs_f64();
         self.trace.result(seq, &fin, elapsed);
