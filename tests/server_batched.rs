@@ -353,3 +353,79 @@ fn a_failed_prefill_errors_to_its_client_only() {
     let h = get(&s.addr, "/health");
     assert_eq!(status(&h), 200, "{h}");
 }
+
+/// SIGTERM, then a bounded wait for a clean exit.
+fn terminate(mut s: Server) {
+    let pid = s.child.id() as i32;
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            assert!(st.success(), "server exit status {st}");
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The disk KV cache per slot: two sessions prefilled side by side store
+/// their own checkpoints (their pieces cut at the save points); after a
+/// restart each request loads its own prefix from disk and answers exactly
+/// as before.
+#[test]
+fn the_disk_cache_saves_and_resumes_per_slot() {
+    let dir = common::server::temp_path("kvdir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap().to_string();
+    let lock = common::server::lock_file();
+    let args = [
+        "--batched-session",
+        "2",
+        "--mixed-prefill-quantum",
+        "24",
+        "--kv-disk-dir",
+        &d,
+        "--kv-cache-min-tokens",
+        "16",
+        "--kv-cache-boundary-align-tokens",
+        "16",
+        "--kv-cache-continued-interval-tokens",
+        "32",
+    ];
+    let text = "Some shared context for a long agent session. ".repeat(6);
+    let reqs = vec![
+        chat(&format!("{text} First question?"), 51, 24),
+        chat(&format!("Another session entirely. {text}"), 52, 24),
+    ];
+    let s = common::server::start_server(&args, &[], &lock);
+    let first = together(&s, &reqs);
+    terminate(s);
+    let files = std::fs::read_dir(&dir).unwrap().count();
+    assert!(files >= 2, "{files} checkpoints");
+    let s = common::server::start_server(&args, &[], &lock);
+    let again = together(&s, &reqs);
+    for (a, b) in first.iter().zip(&again) {
+        let (ea, eb) = (events(a), events(b));
+        // The same text; only the usage's cached count differs.
+        let strip = |e: &[Value]| -> Vec<Value> {
+            e.iter()
+                .filter(|v| v[1].get("usage").is_none_or(Value::is_null))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(strip(&ea), strip(&eb));
+        let cached = eb
+            .iter()
+            .find_map(|v| v[1]["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64())
+            .unwrap();
+        assert!(cached >= 16, "{cached} tokens from disk: {b}");
+    }
+    assert!(metric(&s.addr, "ds4_kv_disk_hits_total") >= 2);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,16 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use argh::FromArgs;
-use ds4::backend::BackendOptions;
+use ds4::backend::{BackendKind, BackendOptions};
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::server::guard::CorsOrigins;
 use ds4::server::job::{self, KvCacheHook};
-use ds4::server::kvdisk::DiskHook;
+use ds4::server::kvdisk::{self, DiskHook};
 use ds4::server::listen::{self, ServerLimits};
 use ds4::server::metrics::Metrics;
 use ds4::server::routes::{self, HttpOptions, State};
+use ds4::server::slotdisk::SlotDisk;
 use ds4::server::slots::{self, SlotConfig};
 use ds4::server::worker::{self, WorkerConfig};
 use ds4::session::{Batch, Session, SessionOptions};
@@ -178,12 +179,6 @@ fn slot_count(a: &Args) -> Result<usize, String> {
     };
     if !(1..=256).contains(&n) {
         return Err(format!("--batched-session must be in 1..=256, got {n}"));
-    }
-    if n > 1 && a.kv_disk_dir.is_some() {
-        return Err(
-            "--kv-disk-dir with --batched-session > 1 is not supported yet (docs/SERVER_NOTES.md)"
-                .into(),
-        );
     }
     if a.mixed_prefill_quantum == 0 {
         return Err("--mixed-prefill-quantum must be > 0".into());
@@ -475,6 +470,11 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         ..SessionOptions::default()
     };
     let slots = slot_count(&a)?;
+    let scratch_opts = SessionOptions {
+        backend: BackendKind::CpuRef,
+        backend_options: BackendOptions::default(),
+        ..opts.clone()
+    };
     let engine = if slots > 1 {
         let batch = Batch::new(model.clone(), opts, slots).map_err(|e| e.to_string())?;
         let per = batch.slot_state_bytes() as u64;
@@ -502,22 +502,18 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         .max()
         .unwrap_or(1);
     let metrics = Arc::new(Metrics::default());
-    let cache: Box<dyn KvCacheHook> =
-        match DiskHook::open(&kv_cfg, &model, &metrics, kv_write_limit)? {
-            Some(h) => {
-                ds4::log_line!(
-                    "ds4-server: disk KV cache in {} ({} MiB)",
-                    kv_cfg
-                        .kv_disk_dir
-                        .as_deref()
-                        .unwrap_or(Path::new(""))
-                        .display(),
-                    kv_cfg.kv_disk_space_mb
-                );
-                Box::new(h)
-            }
-            None => Box::new(job::NoCache),
-        };
+    let cache = kvdisk::open_cache(&kv_cfg, &model, &metrics, kv_write_limit)?;
+    if cache.is_some() {
+        ds4::log_line!(
+            "ds4-server: disk KV cache in {} ({} MiB)",
+            kv_cfg
+                .kv_disk_dir
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display(),
+            kv_cfg.kv_disk_space_mb
+        );
+    }
     let cfg = WorkerConfig {
         queued_scripts: queued_scripts()?,
         trace: a.trace.clone(),
@@ -527,7 +523,13 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         debug_panic_on_prompt: a.debug_panic_on_prompt.clone(),
     };
     let queue = match engine {
-        Engine::Serial(sess) => worker::start(sess, tok, cfg, metrics.clone(), a.queue, cache),
+        Engine::Serial(sess) => {
+            let hook: Box<dyn KvCacheHook> = match cache {
+                Some(c) => Box::new(DiskHook::new(c)),
+                None => Box::new(job::NoCache),
+            };
+            worker::start(sess, tok, cfg, metrics.clone(), a.queue, hook)
+        }
         Engine::Slots(batch) => slots::start(
             batch,
             tok,
@@ -538,7 +540,16 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
             },
             metrics.clone(),
             a.queue,
-            cache,
+            match cache {
+                // The disk cache reads and writes through a session: one
+                // CPU scratch session beside the slots (slotdisk.rs).
+                Some(c) => Some(SlotDisk::new(
+                    c,
+                    Session::new(model.clone(), scratch_opts).map_err(|e| e.to_string())?,
+                    slots,
+                )),
+                None => None,
+            },
         ),
     };
     let state = Arc::new(State {

@@ -30,6 +30,7 @@ pub mod request;
 pub mod responses;
 pub mod routes;
 mod scan;
+pub mod slotdisk;
 pub mod slots;
 mod stream;
 mod trace;

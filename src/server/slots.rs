@@ -32,11 +32,13 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::health::panic_message;
-use super::job::{Event, KvCacheHook, Work};
+use super::job::{Event, NoCache, Work};
 use super::metrics::Metrics;
+use super::slotdisk::SlotDisk;
 use super::stream::Stream;
-use super::worker::{self, Admitted, Bindings, Core, Prefilled, Queue, WorkerConfig};
+use super::worker::{self, visible_at, Admitted, Bindings, Core, Prefilled, Queue, WorkerConfig};
 use crate::generate::{Finish, Observer, Step, TokenPicker};
+use crate::kvcache::{NoToolIds, SaveReason, ToolIds};
 use crate::session::{Batch, SessionError, SlotWork};
 use crate::tokenizer::Tokenizer;
 
@@ -55,7 +57,8 @@ pub struct SlotConfig {
     pub debug_fail_prefill_on_prompt: Option<String>,
 }
 
-/// Starts the scheduler thread over `batch`; `bound` is the queue length.
+/// Starts the scheduler thread over `batch`; `bound` is the queue length;
+/// `disk` is the disk KV cache (`--kv-disk-dir`), if any.
 pub fn start(
     batch: Batch,
     tok: Arc<Tokenizer>,
@@ -63,13 +66,14 @@ pub fn start(
     slot_cfg: SlotConfig,
     metrics: Arc<Metrics>,
     bound: usize,
-    cache: Box<dyn KvCacheHook>,
+    disk: Option<SlotDisk>,
 ) -> Queue {
     let n = batch.slots();
     metrics.slots.store(n, Ordering::Relaxed);
     worker::spawn(metrics, bound, move |rx, parts| {
         Scheduler {
-            core: parts.into_core(tok, cfg, cache),
+            core: parts.into_core(tok, cfg, Box::new(NoCache)),
+            disk,
             slots: (0..n).map(|_| Slot::default()).collect(),
             batch,
             pending: VecDeque::new(),
@@ -84,6 +88,7 @@ pub fn start(
 struct Scheduler {
     batch: Batch,
     core: Core,
+    disk: Option<SlotDisk>,
     slots: Vec<Slot>,
     /// Admitted jobs waiting for a free slot, in arrival order.
     pending: VecDeque<Admitted>,
@@ -102,6 +107,8 @@ struct Slot {
     /// its tokens: what a replay after a failed step runs again.
     pieces: Vec<usize>,
     tokens: Vec<u32>,
+    /// The KV began as a disk checkpoint: a replay cannot rebuild it.
+    from_disk: bool,
     job: Option<Running>,
 }
 
@@ -116,6 +123,8 @@ struct Prefilling {
     cached: usize,
     /// Tokens of `eff` already in the slot.
     done: usize,
+    /// Disk-cache save points ahead (ascending): pieces end there.
+    stops: Vec<(usize, SaveReason)>,
     /// This job's pieces fail (`--debug-fail-prefill-on-prompt`).
     poisoned: bool,
 }
@@ -146,6 +155,7 @@ impl Scheduler {
             let busy = !self.pending.is_empty() || self.slots.iter().any(|s| s.job.is_some());
             if !busy {
                 if let Some(ack) = shutdown.take() {
+                    self.shutdown();
                     let _ = ack.send(());
                     return;
                 }
@@ -194,13 +204,45 @@ impl Scheduler {
         let ctx = self.batch.ctx();
         let live: Vec<&Bindings> = self.slots.iter().map(|s| &s.live).collect();
         let core = &mut self.core;
-        match catch_unwind(AssertUnwindSafe(|| core.admit(job, ctx, &live))) {
+        let disk = &mut self.disk;
+        let admit = || {
+            if let (Some(disk), true) = (disk.as_mut(), core.cfg.exact_replay) {
+                // KVCACHE.md §7: ids the tool memory lacks, from the disk.
+                let missing = worker::missing_tool_ids(&job.req, &core.memory);
+                if !missing.is_empty() {
+                    let found = disk.prefetch_tool_ids(&|id: &[u8]| {
+                        std::str::from_utf8(id).is_ok_and(|id| missing.contains(id))
+                    });
+                    core.memory.restore(found, core.cfg.tool_memory_max_ids);
+                }
+            }
+            core.admit(job, ctx, &live)
+        };
+        match catch_unwind(AssertUnwindSafe(admit)) {
             Ok(Some(a)) => self.pending.push_back(a),
             Ok(None) => self.dequeued(),
             Err(payload) => {
                 self.dequeued();
                 self.panicked(seq, &*payload, &events);
             }
+        }
+    }
+
+    /// After the last request: every slot's shutdown checkpoint.
+    fn shutdown(&mut self) {
+        let Some(disk) = self.disk.as_mut() else {
+            return;
+        };
+        let c = &self.core;
+        let tools: &dyn ToolIds = if c.cfg.exact_replay {
+            &c.memory
+        } else {
+            &NoToolIds
+        };
+        for (i, s) in self.slots.iter().enumerate() {
+            let visible = visible_at(&s.live, s.tokens.len());
+            let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
+            disk.shutdown(&self.batch, i, &c.tok, v, tools);
         }
     }
 
@@ -281,7 +323,7 @@ impl Scheduler {
                     .iter()
                     .min_by_key(|&&i| (!self.slots[i].tokens.is_empty(), self.slots[i].last_used))
                     .expect("a free slot");
-                (i, (a.full.clone(), 0, "none"))
+                (i, self.plan_cold(i, &a))
             }
         };
         let live_before = self.slots[slot].tokens.len();
@@ -309,11 +351,16 @@ impl Scheduler {
             .fail_marker
             .as_deref()
             .is_some_and(|m| a.text.contains(m));
+        let stops = match &self.disk {
+            Some(d) => d.stops(&self.core.tok, &eff, cached, done),
+            None => Vec::new(),
+        };
         let job = Prefilling {
             a,
             eff,
             cached,
             done,
+            stops,
             poisoned,
         };
         let running = if job.done == job.eff.len() && !job.eff.is_empty() {
@@ -325,12 +372,47 @@ impl Scheduler {
         self.slots[slot].job = Some(running);
     }
 
+    /// Rules 7 and 8 for slot `i`: a disk checkpoint (the slot's content
+    /// saved first, as an evict), or the request's own tokens.
+    fn plan_cold(&mut self, i: usize, a: &Admitted) -> (Vec<u32>, usize, &'static str) {
+        let Some(disk) = self.disk.as_mut() else {
+            return (a.full.clone(), 0, "none");
+        };
+        let c = &mut self.core;
+        let s = &mut self.slots[i];
+        let visible = visible_at(&s.live, s.tokens.len());
+        let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
+        let tools: &dyn ToolIds = if c.cfg.exact_replay {
+            &c.memory
+        } else {
+            &NoToolIds
+        };
+        let hit = disk.resume(&mut self.batch, i, &c.tok, &a.text, v, tools);
+        if self.batch.tokens(i) != s.tokens.as_slice() {
+            // Loaded (or emptied by a failed load): what was live is gone.
+            s.tokens = self.batch.tokens(i).to_vec();
+            s.pieces.clear();
+            s.live = Bindings::default();
+            s.from_disk = !s.tokens.is_empty();
+        }
+        match hit {
+            Some(hit) => {
+                if c.cfg.exact_replay {
+                    c.memory.restore(hit.tool_map, c.cfg.tool_memory_max_ids);
+                }
+                (hit.effective, hit.cached, "disk-text")
+            }
+            None => (a.full.clone(), 0, "none"),
+        }
+    }
+
     /// Empties a slot's KV and what describes it.
     fn clear(&mut self, slot: usize) {
         self.batch.reset(slot);
         let s = &mut self.slots[slot];
         s.tokens.clear();
         s.pieces.clear();
+        s.from_disk = false;
         s.live = Bindings::default();
     }
 
@@ -488,6 +570,11 @@ impl Scheduler {
         if self.batch.tokens(i).len() == self.slots[i].tokens.len() {
             return Ok(());
         }
+        if self.slots[i].from_disk {
+            return Err(SessionError::Batch(
+                "the slot's state came from a disk checkpoint and cannot be rebuilt".into(),
+            ));
+        }
         self.batch.reset(i);
         let s = &self.slots[i];
         let (tokens, pieces) = (s.tokens.clone(), s.pieces.clone());
@@ -521,7 +608,8 @@ impl Scheduler {
                     self.core.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                     return None;
                 }
-                let n = quantum.min(j.eff.len() - j.done);
+                let to = j.stops.first().map_or(j.eff.len(), |&(b, _)| b);
+                let n = quantum.min(to - j.done);
                 Some(Piece::Prefill { n })
             }
             Running::Decode(d) => {
@@ -533,6 +621,16 @@ impl Scheduler {
                 if d.stream.cancelled() {
                     self.end(i, Finish::Cancelled);
                     return None;
+                }
+                if let Some(disk) = self.disk.as_mut().filter(|_| !d.stream.in_tool_block()) {
+                    // Continued saves; none inside a tool block (KVCACHE.md §5.2).
+                    let c = &self.core;
+                    let tools: &dyn ToolIds = if c.cfg.exact_replay {
+                        &c.memory
+                    } else {
+                        &NoToolIds
+                    };
+                    disk.before_decode(&self.batch, i, &c.tok, tools);
                 }
                 let greedy = d.stream.greedy_next();
                 let next = d.picker.pick(self.batch.logits(i), greedy);
@@ -566,6 +664,18 @@ impl Scheduler {
             match s.job.take() {
                 Some(Running::Prefill(mut j)) => {
                     j.done += added.len();
+                    if j.stops.first().is_some_and(|&(b, _)| b == j.done) {
+                        let (_, reason) = j.stops.remove(0);
+                        if let Some(disk) = self.disk.as_mut() {
+                            let c = &self.core;
+                            let tools: &dyn ToolIds = if c.cfg.exact_replay {
+                                &c.memory
+                            } else {
+                                &NoToolIds
+                            };
+                            disk.at_stop(&self.batch, i, &c.tok, reason, tools);
+                        }
+                    }
                     let next = if j.done == j.eff.len() {
                         self.start_decode(*j)
                     } else {

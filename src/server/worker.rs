@@ -384,17 +384,7 @@ impl Core {
     /// maps (KVCACHE.md §7), so that a restarted server renders those calls
     /// with their exact sampled bytes again.
     fn prefetch_tool_ids(&mut self, req: &GenRequest) {
-        let missing: std::collections::HashSet<&str> = req
-            .messages
-            .iter()
-            .flat_map(|m| {
-                m.tool_calls
-                    .iter()
-                    .map(|c| c.id.as_str())
-                    .chain(m.tool_result_ids.iter().map(String::as_str))
-            })
-            .filter(|id| !id.is_empty() && !self.memory.contains(id))
-            .collect();
+        let missing = missing_tool_ids(req, &self.memory);
         if missing.is_empty() {
             return;
         }
@@ -801,6 +791,24 @@ impl Core {
             _ => {}
         }
     }
+}
+
+/// The ids of a request's tool calls and results that `memory` lacks.
+pub(super) fn missing_tool_ids(
+    req: &GenRequest,
+    memory: &ToolMemory,
+) -> std::collections::HashSet<String> {
+    req.messages
+        .iter()
+        .flat_map(|m| {
+            m.tool_calls
+                .iter()
+                .map(|c| c.id.as_str())
+                .chain(m.tool_result_ids.iter().map(String::as_str))
+        })
+        .filter(|id| !id.is_empty() && !memory.contains(id))
+        .map(str::to_string)
+        .collect()
 }
 
 /// The visible transcript remembered at exactly the live length `n`.
