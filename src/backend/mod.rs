@@ -17,7 +17,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::gguf::GgufFile;
-use crate::graph::{Graph, StateId, StateLayout, StepParams, ValueId};
+use crate::graph::{Graph, RowRecord, Segment, StateId, StateLayout, StepParams, ValueId};
 
 #[derive(Debug, Error)]
 pub enum BackendError {
@@ -33,6 +33,9 @@ pub enum BackendError {
         given: usize,
         capacity: usize,
     },
+    /// A row table a batched step cannot take (see [`crate::graph::segments`]).
+    #[error("bad step rows: {0}")]
+    BadRows(String),
     #[error("state {state}: {msg}")]
     State { state: String, msg: String },
     #[error("value {value}: {msg}")]
@@ -141,6 +144,88 @@ pub trait Backend: Send {
 
     /// Puts every state buffer back to its fresh value.
     fn reset_states(&mut self);
+
+    /// Session states (KV slots) this backend holds, each a whole copy of
+    /// the layout; the `Backend` methods above address set 0.
+    fn state_sets(&self) -> usize {
+        1
+    }
+
+    /// Holds `n` fresh state sets, so one step can carry the rows of `n`
+    /// sessions ([`Backend::run_rows`]). Backends with one set refuse `n > 1`.
+    fn set_state_sets(&mut self, n: usize) -> Result<(), BackendError> {
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(BackendError::Unsupported {
+                backend: self.name().into(),
+                what: format!("{n} sessions in one step"),
+            })
+        }
+    }
+
+    /// Runs one step whose row `t` is at position `rows[t].pos` of session
+    /// `rows[t].state` (each session's rows one block of consecutive
+    /// positions). The default runs a single-session table with [`Backend::run`].
+    fn run_rows(
+        &mut self,
+        g: GraphHandle,
+        tokens: &[u32],
+        rows: &[RowRecord],
+    ) -> Result<(), BackendError> {
+        let segs =
+            crate::graph::segments(rows, self.state_sets()).map_err(BackendError::BadRows)?;
+        match segs[..] {
+            [Segment {
+                pos0, n, state: 0, ..
+            }] => self.run(g, tokens, StepParams { pos0, n_tokens: n }),
+            _ => Err(BackendError::Unsupported {
+                backend: self.name().into(),
+                what: "rows of several sessions in one step".into(),
+            }),
+        }
+    }
+
+    /// [`Backend::read_state_rows`] of state set `set`.
+    fn read_set_rows(
+        &self,
+        set: usize,
+        s: StateId,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, BackendError> {
+        one_set(self.name(), set)?;
+        self.read_state_rows(s, rows)
+    }
+
+    /// [`Backend::write_state_rows`] of state set `set`.
+    fn write_set_rows(
+        &mut self,
+        set: usize,
+        s: StateId,
+        first: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
+        one_set(self.name(), set)?;
+        self.write_state_rows(s, first, data)
+    }
+
+    /// Puts state set `set` back to its fresh value.
+    fn reset_set(&mut self, set: usize) -> Result<(), BackendError> {
+        one_set(self.name(), set)?;
+        self.reset_states();
+        Ok(())
+    }
+}
+
+fn one_set(backend: &str, set: usize) -> Result<(), BackendError> {
+    if set == 0 {
+        Ok(())
+    } else {
+        Err(BackendError::State {
+            state: format!("set {set}"),
+            msg: format!("{backend} holds one state set"),
+        })
+    }
 }
 
 /// Checks a step against the graph it runs: at least one token, at most the
@@ -154,6 +239,26 @@ pub fn check_step(graph: &Graph, tokens: &[u32], p: &StepParams) -> Result<(), B
         });
     }
     Ok(())
+}
+
+/// Checks a batched step's row table against the graph and the state sets:
+/// one row per token, within capacity, each session's rows one block of
+/// consecutive positions. Returns the step's segments.
+pub fn check_rows(
+    graph: &Graph,
+    tokens: &[u32],
+    rows: &[RowRecord],
+    n_sets: usize,
+) -> Result<Vec<Segment>, BackendError> {
+    let n = rows.len();
+    if n == 0 || n > graph.max_tokens || tokens.len() != n {
+        return Err(BackendError::BadStep {
+            n_tokens: n,
+            given: tokens.len(),
+            capacity: graph.max_tokens,
+        });
+    }
+    crate::graph::segments(rows, n_sets).map_err(BackendError::BadRows)
 }
 
 /// The layout entry of `s`, or an error for an id outside it.

@@ -129,6 +129,75 @@ pub struct StepParams {
     pub n_tokens: usize,
 }
 
+/// One token row of a step: its absolute position and the session state
+/// (KV slot) it belongs to. A single-session step is the table
+/// `(pos0 + t, 0)`; a batched step holds the rows of several states.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RowRecord {
+    pub pos: u32,
+    pub state: u32,
+}
+
+impl RowRecord {
+    /// The row table of a single-session step.
+    pub fn contiguous(p: StepParams) -> Vec<RowRecord> {
+        (0..p.n_tokens)
+            .map(|t| RowRecord {
+                pos: (p.pos0 + t) as u32,
+                state: 0,
+            })
+            .collect()
+    }
+}
+
+/// The rows of one state in a step: `n` rows from row `row0`, at positions
+/// `pos0..pos0 + n`. Position-dependent ops (RoPE, attention, the ring,
+/// the compressor and indexer) run once per segment against that state;
+/// every other op runs over all rows at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub row0: usize,
+    pub n: usize,
+    pub pos0: usize,
+    pub state: usize,
+}
+
+/// Splits a row table into its segments. Each state's rows must be one
+/// block of consecutive positions in order (a session appends one piece
+/// per step), and states must be below `n_states`; the error says which
+/// row breaks that.
+pub fn segments(rows: &[RowRecord], n_states: usize) -> Result<Vec<Segment>, String> {
+    let mut out: Vec<Segment> = Vec::new();
+    for (t, r) in rows.iter().enumerate() {
+        let (pos, state) = (r.pos as usize, r.state as usize);
+        if state >= n_states {
+            return Err(format!("row {t}: state {state} of {n_states}"));
+        }
+        match out.last_mut() {
+            Some(s) if s.state == state && s.pos0 + s.n == pos => s.n += 1,
+            Some(s) if s.state == state => {
+                return Err(format!(
+                    "row {t}: position {pos} does not follow {} of the same state",
+                    s.pos0 + s.n - 1
+                ))
+            }
+            _ => {
+                if out.iter().any(|s| s.state == state) {
+                    return Err(format!("row {t}: state {state} has two blocks of rows"));
+                }
+                out.push(Segment {
+                    row0: t,
+                    n: 1,
+                    pos0: pos,
+                    state,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The layout of a session's persistent state (identical for every graph of
 /// a model, so the decode and prefill graphs share one set of buffers).
 #[derive(Clone, Debug, Default)]

@@ -7,14 +7,24 @@
 //! run alone (`slots = 1`, the same piece sizes), whatever else is in the
 //! step.
 //!
-//! This first version runs each listed slot's piece as its own step on its
-//! own session, one after another: correct and invariant by construction,
-//! with the final signatures, so the server's scheduler can be built on it
-//! while the batched engine underneath is finished.
+//! Engines: on a backend that holds several state sets (the CPU backends)
+//! one step runs the rows of every listed slot through one pass of the
+//! graph ([`Backend::run_rows`]): each weight is read once per step for all
+//! rows, the position-dependent ops run per slot against the slot's own state
+//! set. A piece longer than the chunk ([`SessionOptions::prefill_chunk`],
+//! at most [`MAX_CHUNK`]) runs as chunks of that size in successive passes,
+//! at most one chunk per slot per pass, so a slot's rows meet the kernels in
+//! the same pieces whatever else runs. Backends with one state set run one
+//! [`Session`] per slot, one after another (the same results, no sharing).
 
 use std::sync::Arc;
 
+use super::snapshot::Store;
 use super::{Session, SessionError, SessionOptions};
+use crate::backend::{self, Backend, BackendKind, GraphHandle};
+use crate::graph::{RowRecord, ValueId};
+use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
+use crate::model::state::KvLayout;
 use crate::model::ModelFile;
 
 /// What one slot does in a step: append `tokens` to its sequence (1 for
@@ -28,17 +38,45 @@ pub struct SlotWork<'a> {
     pub all_logits: bool,
 }
 
+/// The longest chunk of one slot in one pass: bounds the pass's activations
+/// (logits of every row: rows × vocab floats).
+pub const MAX_CHUNK: usize = 256;
+
 /// N KV slots on one model.
 pub struct Batch {
     model: Arc<ModelFile>,
     opts: SessionOptions,
-    slots: Vec<Slot>,
+    engine: Engine,
     backend_notice: String,
 }
 
-struct Slot {
+enum Engine {
+    /// One backend with a state set per slot.
+    Shared(Shared),
+    /// A session per slot, run one after another.
+    Serial(Vec<SerialSlot>),
+}
+
+struct Shared {
+    backend: Box<dyn Backend>,
+    kv: KvLayout,
+    /// Logits at every row; capacity `slots` (decode passes) and
+    /// `slots + chunk` (passes with prefill chunks).
+    small: (GraphHandle, usize, ValueId),
+    large: (GraphHandle, usize, ValueId),
+    chunk: usize,
+    slots: Vec<SlotData>,
+}
+
+#[derive(Default)]
+struct SlotData {
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+    piece_logits: Vec<f32>,
+}
+
+struct SerialSlot {
     session: Session,
-    /// Logits of every row of the last piece when it asked for them.
     piece_logits: Vec<f32>,
 }
 
@@ -53,29 +91,103 @@ impl Batch {
                 "a batch needs at least one slot".into(),
             ));
         }
+        let chunk = opts.prefill_chunk.clamp(1, MAX_CHUNK.min(opts.ctx.max(1)));
+        let opts = SessionOptions {
+            prefill_chunk: chunk,
+            ..opts
+        };
+        if let Some(b) = Self::shared(&model, &opts, slots)? {
+            return Ok(b);
+        }
         let mut v = Vec::with_capacity(slots);
         for _ in 0..slots {
-            v.push(Slot {
+            v.push(SerialSlot {
                 session: Session::new(model.clone(), opts.clone())?,
                 piece_logits: Vec::new(),
             });
         }
-        let backend_notice = v[0].session.backend_notice().to_string();
+        let backend_notice = format!(
+            "{} ({slots} slots, one step per slot: the backend holds one state set)",
+            v[0].session.backend_notice()
+        );
         Ok(Batch {
             model,
             opts,
-            slots: v,
+            engine: Engine::Serial(v),
             backend_notice,
         })
     }
 
+    /// The shared engine, or `None` when the backend holds one state set.
+    fn shared(
+        model: &Arc<ModelFile>,
+        opts: &SessionOptions,
+        slots: usize,
+    ) -> Result<Option<Batch>, SessionError> {
+        let cfg = &model.config;
+        model.weights.check_tables(&model.file, cfg)?;
+        let mut kv = KvLayout::new(cfg, &model.weights, opts.ctx);
+        if opts.numerics == Numerics::Model {
+            kv.mark_f16_rows();
+        }
+        let kind = match opts.backend {
+            // `auto` picks a GPU where there is one; those run serially.
+            BackendKind::Auto => return Ok(None),
+            k => k,
+        };
+        let opened = backend::open(
+            kind,
+            model.clone(),
+            kv.layout.clone(),
+            &opts.backend_options,
+        )?;
+        let mut backend = opened.backend;
+        // Probe with two sets so that one slot takes the same engine as many.
+        if backend.set_state_sets(slots.max(2)).is_err() {
+            return Ok(None);
+        }
+        backend.set_state_sets(slots)?;
+        let fo = ForwardOptions {
+            numerics: opts.numerics,
+            logits: Logits::All,
+            keep: Vec::new(),
+        };
+        let mut load = |cap: usize| -> Result<(GraphHandle, usize, ValueId), SessionError> {
+            let g = forward::record(cfg, &model.weights, &kv, cap, &fo);
+            let logits = g.logits;
+            Ok((backend.load_graph(Arc::new(g))?, cap, logits))
+        };
+        let small = load(slots)?;
+        let large = load(slots + opts.prefill_chunk)?;
+        let backend_notice = format!("{} ({slots} slots, batched steps)", opened.notice);
+        Ok(Some(Batch {
+            model: model.clone(),
+            opts: opts.clone(),
+            engine: Engine::Shared(Shared {
+                backend,
+                kv,
+                small,
+                large,
+                chunk: opts.prefill_chunk,
+                slots: (0..slots).map(|_| SlotData::default()).collect(),
+            }),
+            backend_notice,
+        }))
+    }
+
     pub fn slots(&self) -> usize {
-        self.slots.len()
+        match &self.engine {
+            Engine::Shared(s) => s.slots.len(),
+            Engine::Serial(v) => v.len(),
+        }
     }
 
     /// KV/state bytes one slot holds (the server prints slots × this).
     pub fn slot_state_bytes(&self) -> usize {
-        self.slots[0].session.state_bytes()
+        match &self.engine {
+            Engine::Shared(s) => s.kv.bytes(),
+            Engine::Serial(v) => v[0].session.state_bytes(),
+        }
     }
 
     pub fn ctx(&self) -> usize {
@@ -90,49 +202,65 @@ impl Batch {
         &self.backend_notice
     }
 
-    fn slot(&self, slot: usize) -> &Slot {
+    fn known(&self, slot: usize) {
         // Slot indices come from the caller's own scheduler; out of range is a bug.
-        assert!(
-            slot < self.slots.len(),
-            "slot {slot} of {}",
-            self.slots.len()
-        );
-        &self.slots[slot]
+        assert!(slot < self.slots(), "slot {slot} of {}", self.slots());
     }
 
     pub fn tokens(&self, slot: usize) -> &[u32] {
-        self.slot(slot).session.tokens()
+        self.known(slot);
+        match &self.engine {
+            Engine::Shared(s) => &s.slots[slot].tokens,
+            Engine::Serial(v) => v[slot].session.tokens(),
+        }
     }
 
     /// Logits after the slot's last token (vocab floats; empty before any).
     pub fn logits(&self, slot: usize) -> &[f32] {
-        self.slot(slot).session.logits()
+        self.known(slot);
+        match &self.engine {
+            Engine::Shared(s) => &s.slots[slot].logits,
+            Engine::Serial(v) => v[slot].session.logits(),
+        }
     }
 
     /// Logits of every row of the slot's last piece when it asked
     /// `all_logits` (rows × vocab), else empty.
     pub fn piece_logits(&self, slot: usize) -> &[f32] {
-        &self.slot(slot).piece_logits
+        self.known(slot);
+        match &self.engine {
+            Engine::Shared(s) => &s.slots[slot].piece_logits,
+            Engine::Serial(v) => &v[slot].piece_logits,
+        }
     }
 
     pub fn reset(&mut self, slot: usize) {
-        self.slot(slot);
-        let s = &mut self.slots[slot];
-        s.session.reset();
-        s.piece_logits.clear();
+        self.known(slot);
+        match &mut self.engine {
+            Engine::Shared(s) => {
+                s.slots[slot] = SlotData::default();
+                // The set exists (checked above); a failure here is a bug.
+                s.backend
+                    .reset_set(slot)
+                    .expect("state set of a known slot");
+            }
+            Engine::Serial(v) => {
+                v[slot].session.reset();
+                v[slot].piece_logits.clear();
+            }
+        }
     }
-
     /// Checks every entry of a step before anything runs: known, distinct
     /// slots; non-empty pieces of known tokens that fit the context.
     fn check(&self, work: &[SlotWork<'_>]) -> Result<(), SessionError> {
         let vocab = self.model.config.n_vocab;
-        let mut seen = vec![false; self.slots.len()];
+        let mut seen = vec![false; self.slots()];
         for w in work {
-            if w.slot >= self.slots.len() {
+            if w.slot >= self.slots() {
                 return Err(SessionError::Batch(format!(
                     "slot {} of a batch of {}",
                     w.slot,
-                    self.slots.len()
+                    self.slots()
                 )));
             }
             if std::mem::replace(&mut seen[w.slot], true) {
@@ -163,42 +291,146 @@ impl Batch {
     /// backend failure resets only the slots of that step and is returned.
     pub fn step(&mut self, work: &[SlotWork<'_>]) -> Result<(), SessionError> {
         self.check(work)?;
-        let mut failed = None;
-        for w in work {
-            let s = &mut self.slots[w.slot];
-            s.piece_logits.clear();
-            let r = if w.all_logits {
-                s.session
-                    .score_more(w.tokens)
-                    .map(|all| s.piece_logits = all)
-            } else {
-                s.session.sync_more(w.tokens)
-            };
-            if let Err(e) = r {
-                failed.get_or_insert(e);
+        let r = match &mut self.engine {
+            Engine::Shared(s) => s.step(work, self.model.config.n_vocab),
+            Engine::Serial(v) => serial_step(v, work),
+        };
+        if r.is_err() {
+            for w in work {
+                self.reset(w.slot);
             }
         }
-        match failed {
-            None => Ok(()),
-            Some(e) => {
-                for w in work {
-                    self.reset(w.slot);
-                }
-                Err(e)
-            }
-        }
+        r
     }
 
     /// The same payload as [`Session::save_snapshot`] (it carries the tokens).
     pub fn save_snapshot(&self, slot: usize) -> Result<Vec<u8>, SessionError> {
-        self.slot(slot).session.save_snapshot()
+        self.known(slot);
+        match &self.engine {
+            Engine::Shared(s) => {
+                let d = &s.slots[slot];
+                self.store(&s.kv)
+                    .save(s.backend.as_ref(), slot, &d.tokens, &d.logits)
+            }
+            Engine::Serial(v) => v[slot].session.save_snapshot(),
+        }
+    }
+
+    fn store<'a>(&'a self, kv: &'a KvLayout) -> Store<'a> {
+        Store {
+            model: &self.model,
+            kv,
+            ctx: self.opts.ctx,
+            prefill_chunk: self.opts.prefill_chunk,
+        }
     }
 
     /// Replaces the slot with a snapshot; on error the slot is left empty.
     pub fn load_snapshot(&mut self, slot: usize, payload: &[u8]) -> Result<(), SessionError> {
-        self.slot(slot);
-        let s = &mut self.slots[slot];
+        self.known(slot);
+        let r = match &mut self.engine {
+            Engine::Shared(s) => {
+                let store = Store {
+                    model: &self.model,
+                    kv: &s.kv,
+                    ctx: self.opts.ctx,
+                    prefill_chunk: self.opts.prefill_chunk,
+                };
+                store
+                    .load(s.backend.as_mut(), slot, payload)
+                    .map(|(tokens, logits)| {
+                        s.slots[slot] = SlotData {
+                            tokens,
+                            logits,
+                            piece_logits: Vec::new(),
+                        }
+                    })
+            }
+            Engine::Serial(v) => {
+                v[slot].piece_logits.clear();
+                return v[slot].session.load_snapshot(payload);
+            }
+        };
+        if r.is_err() {
+            self.reset(slot);
+        }
+        r
+    }
+}
+
+fn serial_step(v: &mut [SerialSlot], work: &[SlotWork<'_>]) -> Result<(), SessionError> {
+    for w in work {
+        let s = &mut v[w.slot];
         s.piece_logits.clear();
-        s.session.load_snapshot(payload)
+        if w.all_logits {
+            s.piece_logits = s.session.score_more(w.tokens)?;
+        } else {
+            s.session.sync_more(w.tokens)?;
+        }
+    }
+    Ok(())
+}
+
+impl Shared {
+    /// Runs the pieces in passes of at most one chunk per slot.
+    fn step(&mut self, work: &[SlotWork<'_>], vocab: usize) -> Result<(), SessionError> {
+        for w in work {
+            self.slots[w.slot].piece_logits.clear();
+        }
+        let mut done = vec![0usize; work.len()];
+        loop {
+            // This pass: the next chunk of every unfinished piece, in order,
+            // while they fit the large graph.
+            let mut pass: Vec<(usize, usize, usize)> = Vec::new(); // (work index, from, to)
+            let mut rows = 0;
+            for (i, w) in work.iter().enumerate() {
+                let from = done[i];
+                if from == w.tokens.len() {
+                    continue;
+                }
+                let to = (from + self.chunk).min(w.tokens.len());
+                if rows + (to - from) > self.large.1 {
+                    continue;
+                }
+                rows += to - from;
+                pass.push((i, from, to));
+            }
+            if pass.is_empty() {
+                return Ok(());
+            }
+            let (g, _, logits_v) = if rows <= self.small.1 {
+                self.small
+            } else {
+                self.large
+            };
+            let mut tokens = Vec::with_capacity(rows);
+            let mut table = Vec::with_capacity(rows);
+            for &(i, from, to) in &pass {
+                let w = &work[i];
+                let pos0 = self.slots[w.slot].tokens.len();
+                tokens.extend_from_slice(&w.tokens[from..to]);
+                table.extend((0..to - from).map(|t| RowRecord {
+                    pos: (pos0 + t) as u32,
+                    state: w.slot as u32,
+                }));
+            }
+            self.backend.run_rows(g, &tokens, &table)?;
+            let all = self.backend.read_value(g, logits_v)?;
+            let mut at = 0;
+            for &(i, from, to) in &pass {
+                let w = &work[i];
+                let n = to - from;
+                let d = &mut self.slots[w.slot];
+                d.tokens.extend_from_slice(&w.tokens[from..to]);
+                let rows = &all[at * vocab..(at + n) * vocab];
+                d.logits.clear();
+                d.logits.extend_from_slice(&rows[(n - 1) * vocab..]);
+                if w.all_logits {
+                    d.piece_logits.extend_from_slice(rows);
+                }
+                at += n;
+                done[i] = to;
+            }
+        }
     }
 }

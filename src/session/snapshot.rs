@@ -3,8 +3,9 @@
 //! fields, then tokens, logits, per-layer row counts and per-layer state.
 
 use super::{Session, SessionError};
-use crate::backend::state_desc;
-use crate::model::AttentionKind;
+use crate::backend::{state_desc, Backend};
+use crate::model::state::KvLayout;
+use crate::model::{AttentionKind, ModelFile};
 
 /// `D S V 4` little-endian.
 pub const SNAPSHOT_MAGIC: u32 = 0x3456_5344;
@@ -57,9 +58,60 @@ fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
     }
 }
 
+/// What a snapshot needs to know of a session besides its state: the
+/// model, the state layout and the session's context and prefill chunk.
+/// [`Session`] and each slot of a [`super::Batch`] (its own state set of a
+/// shared backend) save and load through it.
+pub(super) struct Store<'a> {
+    pub model: &'a ModelFile,
+    pub kv: &'a KvLayout,
+    pub ctx: usize,
+    pub prefill_chunk: usize,
+}
+
 impl Session {
+    fn store(&self) -> Store<'_> {
+        Store {
+            model: &self.model,
+            kv: &self.kv,
+            ctx: self.opts.ctx,
+            prefill_chunk: self.opts.prefill_chunk,
+        }
+    }
+
+    /// Serialises the whole session (tokens, logits, every KV state).
+    pub fn save_snapshot(&self) -> Result<Vec<u8>, SessionError> {
+        self.store()
+            .save(self.backend.as_ref(), 0, &self.tokens, &self.logits)
+    }
+
+    /// Replaces the session with a snapshot made by [`Session::save_snapshot`]
+    /// for the same model. On error the session is left empty.
+    pub fn load_snapshot(&mut self, payload: &[u8]) -> Result<(), SessionError> {
+        let r = Store {
+            model: &self.model,
+            kv: &self.kv,
+            ctx: self.opts.ctx,
+            prefill_chunk: self.opts.prefill_chunk,
+        }
+        .load(self.backend.as_mut(), 0, payload);
+        match r {
+            Ok((tokens, logits)) => {
+                self.tokens = tokens;
+                self.logits = logits;
+                Ok(())
+            }
+            Err(e) => {
+                self.reset();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Store<'_> {
     fn raw_window(&self) -> usize {
-        self.model.config.sliding_window.min(self.opts.ctx)
+        self.model.config.sliding_window.min(self.ctx)
     }
 
     fn min_ratio(&self) -> usize {
@@ -73,10 +125,17 @@ impl Session {
             .unwrap_or(4)
     }
 
-    /// Serialises the whole session (tokens, logits, every KV state).
-    pub fn save_snapshot(&self) -> Result<Vec<u8>, SessionError> {
+    /// Serialises state set `set` of `backend` with the session's tokens
+    /// and logits.
+    pub fn save(
+        &self,
+        backend: &dyn Backend,
+        set: usize,
+        tokens: &[u32],
+        logits: &[f32],
+    ) -> Result<Vec<u8>, SessionError> {
         let cfg = &self.model.config;
-        let t = self.tokens.len();
+        let t = tokens.len();
         if t == 0 {
             return Err(SessionError::Snapshot("the session holds no tokens".into()));
         }
@@ -87,11 +146,11 @@ impl Session {
         for v in [
             SNAPSHOT_MAGIC,
             VERSION,
-            self.opts.ctx as u32,
-            self.opts.prefill_chunk as u32,
+            self.ctx as u32,
+            self.prefill_chunk as u32,
             w as u32,
             w as u32,
-            (self.opts.ctx / self.min_ratio() + 2) as u32,
+            (self.ctx / self.min_ratio() + 2) as u32,
             t as u32,
             cfg.n_layer as u32,
             hd as u32,
@@ -101,10 +160,10 @@ impl Session {
         ] {
             put_u32(&mut out, v);
         }
-        for &tok in &self.tokens {
+        for &tok in tokens {
             put_u32(&mut out, tok);
         }
-        put_f32s(&mut out, &self.logits);
+        put_f32s(&mut out, logits);
         let kinds: Vec<AttentionKind> = self.model.weights.layers.iter().map(|l| l.kind).collect();
         for k in &kinds {
             put_u32(
@@ -129,7 +188,7 @@ impl Session {
         for (l, ls) in self.kv.layers.iter().enumerate() {
             // The live ring slots are 0..raw_live (all of them once the
             // window is full), in position order from slot t % w.
-            let ring = self.backend.read_state_rows(ls.ring, 0..raw_live)?;
+            let ring = backend.read_set_rows(set, ls.ring, 0..raw_live)?;
             for pos in t - raw_live..t {
                 let s = pos % w;
                 put_f32s(&mut out, &ring[s * hd..(s + 1) * hd]);
@@ -139,28 +198,28 @@ impl Session {
                 let Some(c) = c else { continue };
                 let n = t / ratio;
                 if n > 0 {
-                    let rows = self.backend.read_state_rows(c.rows, 0..n)?;
+                    let rows = backend.read_set_rows(set, c.rows, 0..n)?;
                     debug_assert_eq!(rows.len(), n * dim);
                     put_f32s(&mut out, &rows);
                 }
-                put_f32s(&mut out, &self.backend.read_state(c.kv)?);
-                put_f32s(&mut out, &self.backend.read_state(c.score)?);
+                for s in [c.kv, c.score] {
+                    let d = state_desc(backend.state_layout(), s)?;
+                    put_f32s(&mut out, &backend.read_set_rows(set, s, 0..d.rows)?);
+                }
             }
         }
         Ok(out)
     }
 
-    /// Replaces the session with a snapshot made by [`Session::save_snapshot`]
-    /// for the same model. On error the session is left empty.
-    pub fn load_snapshot(&mut self, payload: &[u8]) -> Result<(), SessionError> {
-        let r = self.load_snapshot_inner(payload);
-        if r.is_err() {
-            self.reset();
-        }
-        r
-    }
-
-    fn load_snapshot_inner(&mut self, payload: &[u8]) -> Result<(), SessionError> {
+    /// Reads a snapshot into state set `set` of `backend`; returns the
+    /// tokens and logits it holds. On error the set is in an undefined
+    /// state (the caller resets it).
+    pub fn load(
+        &self,
+        backend: &mut dyn Backend,
+        set: usize,
+        payload: &[u8],
+    ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
         let bad = |m: String| SessionError::Snapshot(m);
         let cfg = self.model.config.clone();
         let mut r = Reader { b: payload, pos: 0 };
@@ -175,10 +234,10 @@ impl Session {
             )));
         }
         let (saved_ctx, t) = (h[2] as usize, h[7] as usize);
-        if saved_ctx > self.opts.ctx || t >= self.opts.ctx || t == 0 {
+        if saved_ctx > self.ctx || t >= self.ctx || t == 0 {
             return Err(bad(format!(
                 "saved with context {saved_ctx} and {t} tokens; this session's context is {}",
-                self.opts.ctx
+                self.ctx
             )));
         }
         let want = [cfg.n_layer, cfg.head_dim, cfg.indexer_head_dim, cfg.n_vocab];
@@ -213,7 +272,7 @@ impl Session {
         let n_index: Vec<u32> = (0..cfg.n_layer)
             .map(|_| r.u32("indexer row counts"))
             .collect::<Result<_, _>>()?;
-        self.backend.reset_states();
+        backend.reset_set(set)?;
         let (hd, ihd) = (cfg.head_dim, cfg.indexer_head_dim);
         let layers = self.kv.layers.clone();
         for (l, ls) in layers.iter().enumerate() {
@@ -225,7 +284,7 @@ impl Session {
                 let s = pos % w;
                 ring[s * hd..(s + 1) * hd].copy_from_slice(&rows[i * hd..(i + 1) * hd]);
             }
-            self.backend.write_state_rows(ls.ring, 0, &ring)?;
+            backend.write_set_rows(set, ls.ring, 0, &ring)?;
             let kind = self.model.weights.layers[l].kind;
             let ratio = kind.ratio();
             for (c, dim, count) in [
@@ -246,17 +305,17 @@ impl Session {
                         "layer {l}: {n} compressed rows for {t} tokens at ratio {ratio}"
                     )));
                 }
-                if n > state_desc(self.backend.state_layout(), c.rows)?.rows {
+                if n > state_desc(backend.state_layout(), c.rows)?.rows {
                     return Err(bad(format!("layer {l}: {n} rows exceed the capacity")));
                 }
                 let rows = r.f32s(n * dim, "compressed rows")?;
                 if n > 0 {
-                    self.backend.write_state_rows(c.rows, 0, &rows)?;
+                    backend.write_set_rows(set, c.rows, 0, &rows)?;
                 }
                 for s in [c.kv, c.score] {
-                    let d = state_desc(self.backend.state_layout(), s)?;
+                    let d = state_desc(backend.state_layout(), s)?;
                     let v = r.f32s(d.rows * d.cols, "compressor state")?;
-                    self.backend.write_state(s, &v)?;
+                    backend.write_set_rows(set, s, 0, &v)?;
                 }
             }
         }
@@ -266,8 +325,6 @@ impl Session {
                 payload.len() - r.pos
             )));
         }
-        self.tokens = tokens;
-        self.logits = logits;
-        Ok(())
+        Ok((tokens, logits))
     }
 }

@@ -7,6 +7,11 @@
 //! experts) to the quantised SIMD kernels of [`fast`], and the
 //! indexer and attention to their SIMD twins there; every other op runs the reference twin
 //! either way.
+//!
+//! State sets: the backend holds one copy of the state layout per session
+//! ([`Backend::set_state_sets`]); a batched step ([`Backend::run_rows`])
+//! runs the position-dependent ops once per session's block of rows against
+//! that session's set, and every other op once over all rows.
 
 pub mod fast;
 
@@ -16,6 +21,7 @@ use std::ops::Range;
 
 use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
 use crate::graph::ops::{CpuCx, Op};
+use crate::graph::RowRecord;
 use crate::graph::{plan, DType, Graph, Node, Plan, StateId, StateLayout, StepParams, ValueId};
 
 struct LoadedGraph {
@@ -29,7 +35,8 @@ struct LoadedGraph {
 pub struct CpuBackend {
     file: WeightFile,
     layout: StateLayout,
-    states: Vec<Vec<f32>>,
+    /// `states[set][s]`: state `s` of session `set`.
+    states: Vec<Vec<Vec<f32>>>,
     graphs: Vec<LoadedGraph>,
     /// `Some`: the fast backend's matrix kernels; `None`: the reference.
     fast: Option<fast::Kernels>,
@@ -59,11 +66,7 @@ impl CpuBackend {
     /// A backend reading weights from `file` (a model or a bare GGUF file)
     /// with the session state `layout`.
     pub fn new(file: WeightFile, layout: StateLayout) -> CpuBackend {
-        let states = layout
-            .states
-            .iter()
-            .map(|s| vec![s.init; s.rows * s.cols])
-            .collect();
+        let states = vec![fresh_states(&layout)];
         CpuBackend {
             file,
             layout,
@@ -95,12 +98,29 @@ impl CpuBackend {
     }
 }
 
+fn fresh_states(layout: &StateLayout) -> Vec<Vec<f32>> {
+    layout
+        .states
+        .iter()
+        .map(|s| vec![s.init; s.rows * s.cols])
+        .collect()
+}
+
 fn as_i32(v: &[f32]) -> &[i32] {
     bytemuck::cast_slice(v)
 }
 
 fn as_i32_mut(v: &mut [f32]) -> &mut [i32] {
     bytemuck::cast_slice_mut(v)
+}
+
+impl CpuBackend {
+    fn set(&self, set: usize) -> Result<&Vec<Vec<f32>>, BackendError> {
+        self.states.get(set).ok_or_else(|| BackendError::State {
+            state: format!("set {set}"),
+            msg: format!("the backend holds {} sets", self.states.len()),
+        })
+    }
 }
 
 impl LoadedGraph {
@@ -159,6 +179,66 @@ impl Backend for CpuBackend {
     }
 
     fn run(&mut self, h: GraphHandle, tokens: &[u32], p: StepParams) -> Result<(), BackendError> {
+        let g = self
+            .graphs
+            .get(h.0)
+            .ok_or(BackendError::UnknownGraph(h.0))?;
+        super::check_step(&g.graph, tokens, &p)?;
+        self.run_rows(h, tokens, &RowRecord::contiguous(p))
+    }
+
+    fn state_sets(&self) -> usize {
+        self.states.len()
+    }
+
+    fn set_state_sets(&mut self, n: usize) -> Result<(), BackendError> {
+        if n == 0 {
+            return Err(BackendError::BadRows("no state sets".into()));
+        }
+        self.states.truncate(n);
+        while self.states.len() < n {
+            self.states.push(fresh_states(&self.layout));
+        }
+        Ok(())
+    }
+
+    fn read_set_rows(
+        &self,
+        set: usize,
+        s: StateId,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, BackendError> {
+        let r = state_range(&self.layout, s, 0, None, Some(rows))?;
+        Ok(self.set(set)?[s.0 as usize][r].to_vec())
+    }
+
+    fn write_set_rows(
+        &mut self,
+        set: usize,
+        s: StateId,
+        first: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
+        let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
+        self.set(set)?;
+        self.states[set][s.0 as usize][r].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn reset_set(&mut self, set: usize) -> Result<(), BackendError> {
+        self.set(set)?;
+        for (buf, d) in self.states[set].iter_mut().zip(&self.layout.states) {
+            buf.fill(d.init);
+        }
+        Ok(())
+    }
+
+    fn run_rows(
+        &mut self,
+        h: GraphHandle,
+        tokens: &[u32],
+        rows: &[RowRecord],
+    ) -> Result<(), BackendError> {
         let weights = self.file.clone();
         let file: &crate::gguf::GgufFile = (*weights).as_ref();
         let states = &mut self.states;
@@ -167,19 +247,24 @@ impl Backend for CpuBackend {
             .get_mut(h.0)
             .ok_or(BackendError::UnknownGraph(h.0))?;
         let graph = g.graph.clone();
-        super::check_step(&graph, tokens, &p)?;
+        let segs = super::check_rows(&graph, tokens, rows, states.len())?;
         let mut tok = g.take(graph.tokens);
         for (d, &t) in as_i32_mut(&mut tok).iter_mut().zip(tokens) {
             *d = t as i32;
         }
         g.put(graph.tokens, tok);
-        let n = p.n_tokens;
+        let n = rows.len();
         let profile = self.profile.is_some();
-        let mut cx = CpuCx::new(file, &graph, p, &g.plan.slot_of, &mut g.slots, states);
+        let mut cx = CpuCx::new(file, &graph, &segs, &g.plan.slot_of, &mut g.slots, states);
+        let fast = self.fast.as_ref();
         for node in &graph.nodes {
             let Node::Op(op) = node else { continue };
             let t0 = profile.then(std::time::Instant::now);
-            run_op(&mut cx, op, self.fast.as_ref());
+            if op.per_segment() {
+                cx.for_each_segment(|cx| run_op(cx, op, fast));
+            } else {
+                run_op(&mut cx, op, fast);
+            }
             if let (Some(t0), Some(prof)) = (t0, self.profile.as_mut()) {
                 // Dense products split by weight format (their kernels differ).
                 let name = match op {
@@ -250,8 +335,7 @@ impl Backend for CpuBackend {
     }
 
     fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
-        let r = state_range(&self.layout, s, 0, None, Some(rows))?;
-        Ok(self.states[s.0 as usize][r].to_vec())
+        self.read_set_rows(0, s, rows)
     }
 
     fn write_state_rows(
@@ -260,14 +344,12 @@ impl Backend for CpuBackend {
         first: usize,
         data: &[f32],
     ) -> Result<(), BackendError> {
-        let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
-        self.states[s.0 as usize][r].copy_from_slice(data);
-        Ok(())
+        self.write_set_rows(0, s, first, data)
     }
 
     fn reset_states(&mut self) {
-        for (buf, d) in self.states.iter_mut().zip(&self.layout.states) {
-            buf.fill(d.init);
+        for set in 0..self.states.len() {
+            let _ = self.reset_set(set);
         }
     }
 }

@@ -98,16 +98,9 @@ pub struct StepUniform {
 
 /// One row of a step in the row table every position-dependent kernel reads
 /// (`row_table[t]`; WGSL twin `RowRecord` in `shaders/common.wgsl`): the
-/// row's absolute position and which session state it belongs to. Written
-/// per step beside the [`StepUniform`]; `state` is always 0 today (one
-/// session per step), the field is there so that a step can later carry the
-/// rows of several sessions without changing a kernel's bindings.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct RowRecord {
-    pub pos: u32,
-    pub state: u32,
-}
+/// graph's [`crate::graph::RowRecord`], 8 bytes, written per step beside
+/// the [`StepUniform`].
+pub use crate::graph::RowRecord;
 
 /// What `ds4 --list-devices` prints for one adapter.
 #[derive(Clone, Debug)]

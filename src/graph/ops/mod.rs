@@ -18,7 +18,7 @@ pub mod parallel;
 pub mod rope;
 pub mod round;
 
-use crate::graph::{Graph, StateId, StepParams, ValueDesc, ValueId};
+use crate::graph::{Graph, Segment, StateId, StepParams, ValueDesc, ValueId};
 
 /// Every op a graph can hold. Backends match on this exhaustively.
 #[derive(Clone, Debug)]
@@ -105,6 +105,20 @@ impl Op {
             Op::Scale(o) => vec![o.out],
             Op::TakeLast(o) => vec![o.out],
         }
+    }
+
+    /// Whether this op depends on its rows' positions or session state
+    /// (RoPE, attention, the ring, the compressor, the indexer): such an op
+    /// runs once per [`Segment`] of a step; the others run over all rows.
+    pub fn per_segment(&self) -> bool {
+        matches!(
+            self,
+            Op::Rope(_)
+                | Op::Attention(_)
+                | Op::RingWrite(_)
+                | Op::Compress(_)
+                | Op::IndexerTopK(_)
+        )
     }
 
     /// Persistent state this op reads or writes.
@@ -247,47 +261,108 @@ impl Rows {
 }
 
 /// What every CPU twin runs against (`fn cpu(&self, cx: &mut CpuCx)`): the
-/// step's value slots, the session's persistent states, the weight file and
-/// the step scalars. The CPU backends build one per step.
+/// step's value slots, the persistent states of every session in the step,
+/// the weight file and the step scalars. The CPU backends build one per step.
+///
+/// A step's rows may belong to several sessions ([`Segment`]s). The
+/// position-dependent ops ([`Op::per_segment`]) run once per segment: while
+/// they run, `p` is the segment's first position and row count, token-indexed
+/// values read through [`CpuCx::get`] and written through [`CpuCx::write`]
+/// start at the segment's first row, and [`CpuCx::state`] is that session's
+/// state. Every other op sees the whole step (`p.n_tokens` rows).
 pub struct CpuCx<'a> {
     pub file: &'a GgufFile,
     pub graph: &'a Graph,
     pub p: StepParams,
+    /// The step's segments (one for a single-session step).
+    segments: &'a [Segment],
+    /// First row and state set of the current view.
+    row0: usize,
+    set: usize,
+    n_rows: usize,
     slot_of: &'a [usize],
     slots: &'a mut [Vec<f32>],
-    states: &'a mut [Vec<f32>],
+    /// `states[set][s]`: state `s` of session `set`.
+    states: &'a mut [Vec<Vec<f32>>],
 }
 
 impl<'a> CpuCx<'a> {
     /// `slot_of[v]` is value `v`'s slot in `slots` (the memory plan);
-    /// `states[s]` is state `s`'s buffer.
+    /// `states[set][s]` is state `s` of session `set`; `segments` (at least
+    /// one) cover the step's rows in order.
     pub fn new(
         file: &'a GgufFile,
         graph: &'a Graph,
-        p: StepParams,
+        segments: &'a [Segment],
         slot_of: &'a [usize],
         slots: &'a mut [Vec<f32>],
-        states: &'a mut [Vec<f32>],
+        states: &'a mut [Vec<Vec<f32>>],
     ) -> CpuCx<'a> {
+        let n_rows = segments.iter().map(|s| s.n).sum();
+        let first = segments.first().copied().unwrap_or(Segment {
+            row0: 0,
+            n: 0,
+            pos0: 0,
+            state: 0,
+        });
         CpuCx {
             file,
             graph,
-            p,
+            p: StepParams {
+                pos0: first.pos0,
+                n_tokens: n_rows,
+            },
+            segments,
+            row0: 0,
+            set: first.state,
+            n_rows,
             slot_of,
             slots,
             states,
         }
     }
 
-    /// Tokens in this step.
+    /// Tokens in the current view (the step, or one segment).
     pub fn n(&self) -> usize {
         self.p.n_tokens
     }
 
-    /// Value `v` (f32; its whole capacity).
+    /// The step's segments.
+    pub fn segments(&self) -> &[Segment] {
+        self.segments
+    }
+
+    /// Runs `f` once per segment with the view narrowed to it, then
+    /// restores the whole-step view.
+    pub fn for_each_segment(&mut self, mut f: impl FnMut(&mut Self)) {
+        let whole = (self.p, self.row0, self.set);
+        for i in 0..self.segments.len() {
+            let s = self.segments[i];
+            self.p = StepParams {
+                pos0: s.pos0,
+                n_tokens: s.n,
+            };
+            self.row0 = s.row0;
+            self.set = s.state;
+            f(self);
+        }
+        (self.p, self.row0, self.set) = whole;
+    }
+
+    /// Where the current view starts in value `v` (0 for fixed values).
+    fn offset(&self, v: ValueId) -> usize {
+        let d = self.graph.value(v);
+        if d.per_token {
+            self.row0 * d.cols
+        } else {
+            0
+        }
+    }
+
+    /// Value `v` (f32) from the current view's first row to its capacity.
     pub fn get(&self, v: ValueId) -> &[f32] {
         let len = self.graph.value(v).len();
-        &self.slots[self.slot_of[v.0 as usize]][..len]
+        &self.slots[self.slot_of[v.0 as usize]][self.offset(v)..len]
     }
 
     /// An i32 value (stored bit-cast in its f32 slot).
@@ -295,9 +370,11 @@ impl<'a> CpuCx<'a> {
         bytemuck::cast_slice(self.get(v))
     }
 
-    /// Takes `v`'s buffer out of its slot so inputs can be borrowed
-    /// alongside it; [`CpuCx::put`] returns it.
+    /// Takes `v`'s whole buffer out of its slot so inputs can be borrowed
+    /// alongside it; [`CpuCx::put`] returns it. Whole-step ops only (the
+    /// buffer is not narrowed to a segment).
     pub fn take(&mut self, v: ValueId) -> Vec<f32> {
+        debug_assert!(self.row0 == 0 && self.n_rows == self.p.n_tokens);
         std::mem::take(&mut self.slots[self.slot_of[v.0 as usize]])
     }
 
@@ -305,10 +382,12 @@ impl<'a> CpuCx<'a> {
         self.slots[self.slot_of[v.0 as usize]] = buf;
     }
 
-    /// Runs `f` with `out`'s buffer writable and every other value readable.
+    /// Runs `f` with `out`'s buffer (from the view's first row) writable and
+    /// every other value readable.
     pub fn write<R>(&mut self, out: ValueId, f: impl FnOnce(&Self, &mut [f32]) -> R) -> R {
-        let mut buf = self.take(out);
-        let r = f(self, &mut buf);
+        let off = self.offset(out);
+        let mut buf = std::mem::take(&mut self.slots[self.slot_of[out.0 as usize]]);
+        let r = f(self, &mut buf[off..]);
         self.put(out, buf);
         r
     }
@@ -318,18 +397,18 @@ impl<'a> CpuCx<'a> {
         self.write(out, |cx, buf| f(cx, bytemuck::cast_slice_mut(buf)))
     }
 
-    /// State `s`'s buffer.
+    /// State `s`'s buffer of the current view's session.
     pub fn state(&self, s: StateId) -> &[f32] {
-        &self.states[s.0 as usize]
+        &self.states[self.set][s.0 as usize]
     }
 
     /// Takes state `s`'s buffer out ([`CpuCx::put_state`] returns it).
     pub fn take_state(&mut self, s: StateId) -> Vec<f32> {
-        std::mem::take(&mut self.states[s.0 as usize])
+        std::mem::take(&mut self.states[self.set][s.0 as usize])
     }
 
     pub fn put_state(&mut self, s: StateId, buf: Vec<f32>) {
-        self.states[s.0 as usize] = buf;
+        self.states[self.set][s.0 as usize] = buf;
     }
 }
 

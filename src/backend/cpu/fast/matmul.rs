@@ -14,6 +14,7 @@ use super::{expand, gemm, Kernels};
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts};
+use crate::graph::Segment;
 use crate::quant::GgmlType;
 
 /// Weight rows per tile (a Flash Q8_0 row of 4096 is 4.3 KiB: 4 rows and a token's
@@ -25,7 +26,11 @@ const ROW_TILE: usize = 4;
 const ROW_BLOCK: usize = 16;
 
 /// `tmp[o·n_tokens + t] = W[o] · act[t·groups + o / (n_out/groups)]`
-/// (weight-row-major).
+/// (weight-row-major). `wide` picks the many-token path (decoded rows and
+/// the gemm micro-kernels where the format has them; [`wide`]) over the
+/// direct dot products. Either path computes each (weight row, token) with
+/// one fixed reduction order, whatever the other tokens: a token's result
+/// depends only on its activations and the path.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_acts(
     k: &Kernels,
@@ -35,6 +40,7 @@ pub fn matmul_acts(
     groups: usize,
     acts: &Acts,
     n_tokens: usize,
+    wide: bool,
     tmp: &mut [f32],
 ) {
     if n_out == 0 || n_tokens == 0 {
@@ -43,8 +49,8 @@ pub fn matmul_acts(
     let rb = w.len() / n_out;
     let rows_per_group = n_out / groups.max(1);
     // Q8x32 activations meet 2/4-bit rows only decoded; Q8_0 and MXFP4 have
-    // direct kernels too, which win below a few tokens.
-    let direct = matches!(ty, GgmlType::Q8_0 | GgmlType::Mxfp4) && n_tokens < super::PREFILL_TOKENS;
+    // direct kernels too, which win below a few tokens (`wide` false).
+    let direct = matches!(ty, GgmlType::Q8_0 | GgmlType::Mxfp4) && !wide;
     if let (Acts::Q8x32 { blocks, per_row }, true, false) = (acts, expand::expandable(ty), direct) {
         return matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
     }
@@ -192,6 +198,13 @@ fn transpose_into(tmp: &[f32], n_out: usize, n_tokens: usize, out: &mut [f32]) {
     }
 }
 
+/// Whether a piece of `n_tokens` rows takes the many-token path: the one
+/// choice that depends on the step, made per session piece (a [`Segment`])
+/// so that a session's results do not depend on what else is in the step.
+pub fn wide(n_tokens: usize) -> bool {
+    n_tokens >= super::PREFILL_TOKENS
+}
+
 /// The fast twin of `ops::matmul::matmul_rows`; `false` (nothing written)
 /// when the weight type has no fast kernel.
 #[allow(clippy::too_many_arguments)]
@@ -206,7 +219,35 @@ pub fn matmul(
     n_tokens: usize,
     out: &mut [f32],
 ) -> bool {
-    let Some(kind) = Kernels::act_kind_for(ty, n_tokens) else {
+    matmul_path(
+        k,
+        ty,
+        w,
+        n_in,
+        n_out,
+        groups,
+        x,
+        n_tokens,
+        wide(n_tokens),
+        out,
+    )
+}
+
+/// [`matmul`] on the path `wide` names.
+#[allow(clippy::too_many_arguments)]
+fn matmul_path(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    n_in: usize,
+    n_out: usize,
+    groups: usize,
+    x: &[f32],
+    n_tokens: usize,
+    wide: bool,
+    out: &mut [f32],
+) -> bool {
+    let Some(kind) = Kernels::act_kind_for(ty, if wide { super::PREFILL_TOKENS } else { 1 }) else {
         return false;
     };
     let groups = groups.max(1);
@@ -220,11 +261,58 @@ pub fn matmul(
         }),
     );
     if n_tokens == 1 {
-        matmul_acts(k, ty, w, n_out, groups, &acts, 1, &mut out[..n_out]);
+        matmul_acts(k, ty, w, n_out, groups, &acts, 1, wide, &mut out[..n_out]);
     } else {
         let mut tmp = vec![0f32; n_out * n_tokens];
-        matmul_acts(k, ty, w, n_out, groups, &acts, n_tokens, &mut tmp);
+        matmul_acts(k, ty, w, n_out, groups, &acts, n_tokens, wide, &mut tmp);
         transpose_into(&tmp, n_out, n_tokens, out);
+    }
+    true
+}
+
+/// [`matmul`] over a batched step: each session piece takes the path its
+/// own row count picks ([`wide`]), so a row's result is the one its session
+/// alone would get. Rows of one path run as one product (each weight row
+/// read once for all of them); a step mixing both paths reads the weights
+/// twice.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_segments(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    n_in: usize,
+    n_out: usize,
+    groups: usize,
+    x: &[f32],
+    segs: &[Segment],
+    out: &mut [f32],
+) -> bool {
+    if Kernels::act_kind(ty).is_none() {
+        return false;
+    }
+    let n: usize = segs.iter().map(|s| s.n).sum();
+    let width = groups.max(1) * n_in;
+    for path in [false, true] {
+        let mine: Vec<&Segment> = segs.iter().filter(|s| wide(s.n) == path).collect();
+        let rows: usize = mine.iter().map(|s| s.n).sum();
+        if rows == 0 {
+            continue;
+        }
+        if rows == n {
+            return matmul_path(k, ty, w, n_in, n_out, groups, x, n, path, out);
+        }
+        let mut xs = Vec::with_capacity(rows * width);
+        for s in &mine {
+            xs.extend_from_slice(&x[s.row0 * width..(s.row0 + s.n) * width]);
+        }
+        let mut ys = vec![0f32; rows * n_out];
+        matmul_path(k, ty, w, n_in, n_out, groups, &xs, rows, path, &mut ys);
+        let mut at = 0;
+        for s in &mine {
+            out[s.row0 * n_out..(s.row0 + s.n) * n_out]
+                .copy_from_slice(&ys[at * n_out..(at + s.n) * n_out]);
+            at += s.n;
+        }
     }
     true
 }
@@ -234,8 +322,11 @@ pub fn matmul(
 // rename them.
 #[allow(clippy::too_many_arguments)]
 /// The fast twin of `MoeExperts::cpu`: the step's tokens are quantised once,
-/// gathered per expert, and each selected expert runs once over its tokens.
-/// `false` (nothing written) when a weight type has no fast kernel.
+/// gathered per expert, and each selected expert runs over its tokens: once
+/// per path ([`wide`]), the path of a token chosen by how many rows of its
+/// own session piece chose the expert, so that a session's rows get the
+/// results they get alone. `false` (nothing written) when a weight type has
+/// no fast kernel.
 pub fn moe_experts(
     k: &Kernels,
     o: &MoeExperts,
@@ -243,7 +334,7 @@ pub fn moe_experts(
     x: &[f32],
     sel: &[i32],
     wts: &[f32],
-    n_tokens: usize,
+    segs: &[Segment],
     out: &mut [f32],
 ) -> bool {
     // Per expert: decoded rows ([`expand`]) once it has a few tokens, the
@@ -266,12 +357,18 @@ pub fn moe_experts(
         hidden: ff,
         n_expert,
     } = o.dims();
+    let n_tokens: usize = segs.iter().map(|s| s.n).sum();
     let kk = o.k;
     let slab = |t: &TensorRef, e: usize| o.expert_slab(file, t, e);
     let rows = || (0..n_tokens).map(|t| &x[t * d..(t + 1) * d]);
+    // Each token's piece, to count an expert's users per piece.
+    let mut piece = vec![0usize; n_tokens];
+    for (i, s) in segs.iter().enumerate() {
+        piece[s.row0..s.row0 + s.n].fill(i);
+    }
     // Activation sets by kind, made once: (kind, acts).
     let mut sets: Vec<(super::act::ActKind, Acts)> = Vec::new();
-    let wanted = if n_tokens * kk >= many {
+    let wanted = if segs.iter().any(|s| s.n * kk >= many) {
         vec![kg1, ku1, kgn, kun]
     } else {
         vec![kg1, ku1]
@@ -293,51 +390,67 @@ pub fn moe_experts(
     let mut u = Vec::new();
     let mut y = Vec::new();
     let mut h = Vec::new();
+    let mut per_piece = vec![0usize; segs.len()];
     for e in 0..n_expert {
         let users = o.users(sel, n_tokens, e);
         if users.is_empty() {
             continue;
         }
-        let n = users.len();
-        let (kg, ku, kd) = if n >= many {
-            (kgn, kun, kdn)
-        } else {
-            (kg1, ku1, kd1)
-        };
-        let ag = set(kg).gather(users.iter().map(|&i| i / kk));
-        let au = if ku == kg {
-            None
-        } else {
-            Some(set(ku).gather(users.iter().map(|&i| i / kk)))
-        };
-        g.resize(n * ff, 0.0);
-        u.resize(n * ff, 0.0);
-        matmul_acts(k, o.gate.ty, slab(&o.gate, e), ff, 1, &ag, n, &mut g);
-        matmul_acts(
-            k,
-            o.up.ty,
-            slab(&o.up, e),
-            ff,
-            1,
-            au.as_ref().unwrap_or(&ag),
-            n,
-            &mut u,
-        );
-        // g, u are weight-row-major: element (f, j) at f·n + j.
-        h.resize(n * ff, 0.0);
-        for (j, &slot) in users.iter().enumerate() {
-            let wt = wts[slot];
-            for f in 0..ff {
-                h[j * ff + f] = wt * swiglu(g[f * n + j], u[f * n + j], o.clamp);
-            }
+        per_piece.fill(0);
+        for &i in &users {
+            per_piece[piece[i / kk]] += 1;
         }
-        let ah = Acts::quantize(kd, ff, h.chunks_exact(ff));
-        y.resize(n * d, 0.0);
-        matmul_acts(k, o.down.ty, slab(&o.down, e), d, 1, &ah, n, &mut y);
-        for (j, &slot) in users.iter().enumerate() {
-            let c = &mut contrib[slot * d..(slot + 1) * d];
-            for (i, v) in c.iter_mut().enumerate() {
-                *v = y[i * n + j];
+        for path in [false, true] {
+            let users: Vec<usize> = users
+                .iter()
+                .copied()
+                .filter(|&i| (per_piece[piece[i / kk]] >= many) == path)
+                .collect();
+            if users.is_empty() {
+                continue;
+            }
+            let n = users.len();
+            let (kg, ku, kd) = if path {
+                (kgn, kun, kdn)
+            } else {
+                (kg1, ku1, kd1)
+            };
+            let ag = set(kg).gather(users.iter().map(|&i| i / kk));
+            let au = if ku == kg {
+                None
+            } else {
+                Some(set(ku).gather(users.iter().map(|&i| i / kk)))
+            };
+            g.resize(n * ff, 0.0);
+            u.resize(n * ff, 0.0);
+            matmul_acts(k, o.gate.ty, slab(&o.gate, e), ff, 1, &ag, n, path, &mut g);
+            matmul_acts(
+                k,
+                o.up.ty,
+                slab(&o.up, e),
+                ff,
+                1,
+                au.as_ref().unwrap_or(&ag),
+                n,
+                path,
+                &mut u,
+            );
+            // g, u are weight-row-major: element (f, j) at f·n + j.
+            h.resize(n * ff, 0.0);
+            for (j, &slot) in users.iter().enumerate() {
+                let wt = wts[slot];
+                for f in 0..ff {
+                    h[j * ff + f] = wt * swiglu(g[f * n + j], u[f * n + j], o.clamp);
+                }
+            }
+            let ah = Acts::quantize(kd, ff, h.chunks_exact(ff));
+            y.resize(n * d, 0.0);
+            matmul_acts(k, o.down.ty, slab(&o.down, e), d, 1, &ah, n, path, &mut y);
+            for (j, &slot) in users.iter().enumerate() {
+                let c = &mut contrib[slot * d..(slot + 1) * d];
+                for (i, v) in c.iter_mut().enumerate() {
+                    *v = y[i * n + j];
+                }
             }
         }
     }

@@ -415,6 +415,23 @@ impl Kernels {
         use crate::graph::ops::Op;
         let (pos0, n) = (cx.p.pos0, cx.n());
         match op {
+            // Token-indexed products over a step of several session pieces
+            // pick their path per piece (`matmul::wide`).
+            Op::MatMul(o) if o.rows.fixed_only().is_none() && o.rows.per_token == 1 => {
+                cx.write(o.out, |cx, out| {
+                    matmul::matmul_segments(
+                        self,
+                        o.w.ty,
+                        o.w.bytes(cx.file),
+                        o.in_dim(),
+                        o.out_dim(),
+                        o.groups,
+                        cx.get(o.x),
+                        cx.segments(),
+                        out,
+                    )
+                })
+            }
             Op::MatMul(o) => {
                 let rows = o.rows.at(n);
                 cx.write(o.out, |cx, out| {
@@ -433,7 +450,7 @@ impl Kernels {
             }
             Op::MoeExperts(o) => cx.write(o.out, |cx, out| {
                 let (x, sel, w) = (cx.get(o.x), cx.get_i32(o.selected), cx.get(o.weights));
-                matmul::moe_experts(self, o, cx.file, x, sel, w, n, out)
+                matmul::moe_experts(self, o, cx.file, x, sel, w, cx.segments(), out)
             }),
             Op::Attention(o) => cx.write(o.out, |cx, out| {
                 attention::attention(self, o, cx.file, o.inputs(cx), pos0, n, out);
