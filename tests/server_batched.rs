@@ -429,3 +429,57 @@ fn the_disk_cache_saves_and_resumes_per_slot() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Live prefix reuse and exact DSML replay per slot: two agents whose turns
+/// interleave each continue in their own slot. The tool-call turn's
+/// continuation renders the exact sampled DSML, so all of its live tokens
+/// are reused; so are the plain chat's.
+#[test]
+fn each_session_continues_in_its_own_slot() {
+    let s = start(&["--batched-session", "2"]);
+    let json_of = |r: String| {
+        assert_eq!(status(&r), 200, "{r}");
+        common::server::json_body(&r)
+    };
+    let ua = json!({"role":"user","content":"List the files."});
+    let a1 = json_of(post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages":[ua],"tools":bash_tool(),"ds4_test_script":TOOL_SCRIPT}),
+    ));
+    let ub = json!({"role":"user","content":"Hello, other agent here."});
+    let b1 = json_of(post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages":[ub],"think":false,"ds4_test_script":"Hi there."}),
+    ));
+    let live = |v: &Value| v["usage"]["total_tokens"].as_u64().unwrap();
+    // B continues first: its slot, not A's (the least recently used).
+    let b2 = json_of(post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages":[ub,{"role":"assistant","content":"Hi there."},{"role":"user","content":"More?"}],
+                "think":false,"ds4_test_script":"Sure."}),
+    ));
+    assert_eq!(
+        b2["usage"]["prompt_tokens_details"]["cached_tokens"],
+        live(&b1),
+        "{b2}"
+    );
+    let call = &a1["choices"][0]["message"]["tool_calls"][0];
+    let id = call["id"].as_str().unwrap();
+    let assistant = json!({"role":"assistant","content":"Sure.","reasoning_content":"Need to list.",
+        "tool_calls":[{"id":id,"type":"function","function":{"name":"bash","arguments":"{\"command\": \"ls && pwd\"}"}}]});
+    let a2 = json_of(post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages":[ua, assistant, {"role":"tool","tool_call_id":id,"content":"a.c"}],
+                "tools":bash_tool(),"ds4_test_script":"Done."}),
+    ));
+    assert_eq!(
+        a2["usage"]["prompt_tokens_details"]["cached_tokens"],
+        live(&a1),
+        "{a2}"
+    );
+    assert_eq!(metric(&s.addr, "ds4_prefix_reuse_hits_total"), 2);
+}
