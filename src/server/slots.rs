@@ -85,6 +85,9 @@ pub fn start(
     })
 }
 
+/// The effective prompt, the cached count and the reuse rule's name.
+type Plan = (Vec<u32>, usize, &'static str);
+
 struct Scheduler {
     batch: Batch,
     core: Core,
@@ -304,7 +307,7 @@ impl Scheduler {
     /// reuses most (else an empty one, else the least recently used).
     fn place(&mut self, a: Admitted, free: &[usize]) {
         let ctx = self.batch.ctx();
-        let mut best: Option<(usize, (Vec<u32>, usize, &'static str))> = None;
+        let mut best: Option<(usize, Plan)> = None;
         for &i in free {
             let live = self.slots[i].tokens.clone();
             if let Ok(p) =
@@ -374,7 +377,7 @@ impl Scheduler {
 
     /// Rules 7 and 8 for slot `i`: a disk checkpoint (the slot's content
     /// saved first, as an evict), or the request's own tokens.
-    fn plan_cold(&mut self, i: usize, a: &Admitted) -> (Vec<u32>, usize, &'static str) {
+    fn plan_cold(&mut self, i: usize, a: &Admitted) -> Plan {
         let Some(disk) = self.disk.as_mut() else {
             return (a.full.clone(), 0, "none");
         };
