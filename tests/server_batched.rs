@@ -320,6 +320,9 @@ fn over_context_is_refused_while_slots_are_busy_and_the_rest_queue() {
     assert!(r.contains("queued answer"), "{r}");
 }
 
+/// A prefill whose engine step fails, and a job that panics, end with an
+/// error for their own clients; the streams decoding beside them (whose
+/// slots the failed step reset) are rebuilt and stay bit-identical.
 #[test]
 fn a_failed_prefill_errors_to_its_client_only() {
     let s = start(&[
@@ -329,6 +332,8 @@ fn a_failed_prefill_errors_to_its_client_only() {
         "8",
         "--debug-fail-prefill-on-prompt",
         "POISON",
+        "--debug-panic-on-prompt",
+        "KABOOM",
     ]);
     let a = chat("Stream one.", 41, 160);
     let b = chat("Stream two.", 42, 160);
@@ -343,6 +348,10 @@ fn a_failed_prefill_errors_to_its_client_only() {
     let r = post(&s.addr, "/v1/chat/completions", &p);
     assert_ne!(status(&r), 200, "{r}");
     assert!(r.contains("injected prefill failure"), "{r}");
+    // A job that panics fails alone too.
+    let k = json!({"messages":[{"role":"user","content":"KABOOM"}],"max_tokens":8,"think":false});
+    let r = post(&s.addr, "/v1/chat/completions", &k);
+    assert_eq!(status(&r), 500, "{r}");
     assert_eq!(events(&ra.finish()), events(&alone[0]));
     assert_eq!(events(&rb.finish()), events(&alone[1]));
     assert!(
@@ -352,6 +361,7 @@ fn a_failed_prefill_errors_to_its_client_only() {
     );
     let h = get(&s.addr, "/health");
     assert_eq!(status(&h), 200, "{h}");
+    assert!(h.contains("\"panics\":1"), "{h}");
 }
 
 /// SIGTERM, then a bounded wait for a clean exit.

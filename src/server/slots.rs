@@ -291,10 +291,12 @@ impl Scheduler {
             let events = a.events.clone();
             let r = catch_unwind(AssertUnwindSafe(|| self.place(a, &free)));
             if let Err(payload) = r {
-                // The slot it took may hold half a piece of nothing: the
-                // slots it may have touched are free ones, reset them.
+                // A free slot whose KV no longer matches what describes it
+                // (a disk load cut short) is emptied; the others keep
+                // their content for reuse.
                 for &i in &free {
-                    if self.slots[i].job.is_none() {
+                    let s = &self.slots[i];
+                    if s.job.is_none() && self.batch.tokens(i) != s.tokens.as_slice() {
                         self.clear(i);
                     }
                 }
@@ -343,8 +345,6 @@ impl Scheduler {
         if !(eff.starts_with(&s.tokens) && s.tokens.len() <= eff.len()) {
             self.clear(slot);
         }
-        self.core
-            .debug_panic_hook(&a.text, &a.events, eff.len(), cached);
         let done = self.slots[slot].tokens.len();
         self.core
             .metrics

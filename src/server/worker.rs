@@ -472,7 +472,8 @@ impl Core {
     }
 
     /// After the plan: the trace, the 409 for lost live tool state, the
-    /// `Accepted` event and the metrics. False when the job was rejected.
+    /// `--debug-panic-on-prompt` hook, the `Accepted` event and the
+    /// metrics. False when the job was rejected.
     pub(super) fn accept(
         &mut self,
         a: &Admitted,
@@ -499,6 +500,7 @@ impl Core {
             let _ = a.events.send(Event::Rejected(ApiError::new(409, msg)));
             return false;
         }
+        self.debug_panic_hook(&a.text, &a.events, eff, cached);
         let _ = a.events.send(Event::Accepted {
             prompt_tokens: eff,
             cached,
@@ -515,7 +517,7 @@ impl Core {
 
     /// `--debug-panic-on-prompt`: the job is accepted (so a stream has
     /// started), then panics.
-    pub(super) fn debug_panic_hook(
+    fn debug_panic_hook(
         &self,
         text: &str,
         events: &UnboundedSender<Event>,
@@ -955,8 +957,6 @@ impl Worker {
         if !self.core.accept(&a, eff.len(), cached, source, live_before) {
             return Ok(None);
         }
-        self.core
-            .debug_panic_hook(&a.text, &a.events, eff.len(), cached);
         // Any binding not used by this request is cleared.
         self.live = Bindings::default();
         let c = &mut self.core;
