@@ -364,6 +364,30 @@ fn a_failed_prefill_errors_to_its_client_only() {
     assert!(h.contains("\"panics\":1"), "{h}");
 }
 
+/// A long prompt arriving while another session streams is prefilled in
+/// quanta between that session's decode steps: the stream goes on during
+/// the prefill and is unchanged by it.
+#[test]
+fn a_long_prefill_is_cut_into_quanta_between_decode_steps() {
+    let s = start(&["--batched-session", "2", "--mixed-prefill-quantum", "16"]);
+    let a = chat("Keep streaming.", 61, 200);
+    let alone = stream(&s.addr, a.0, &a.1);
+    let mut ra = Open::post(&s.addr, a.0, &a.1);
+    ra.until("\"content\"");
+    let long = "word ".repeat(600);
+    let r = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages":[{"role":"user","content":long}],"think":false,"ds4_test_script":"ok"}),
+    );
+    assert_eq!(status(&r), 200, "{r}");
+    assert_eq!(events(&ra.finish()), events(&alone));
+    // ~600 prompt tokens in pieces of 16: the steps that carried them also
+    // carried the stream's decode rows (unless it had ended by then).
+    let mixed = metric(&s.addr, "ds4_batch_mixed_steps_total");
+    assert!(mixed >= 20, "{mixed} mixed steps");
+}
+
 /// SIGTERM, then a bounded wait for a clean exit.
 fn terminate(mut s: Server) {
     let pid = s.child.id() as i32;

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub last_step_slots: AtomicUsize,
     pub last_step_rows: AtomicUsize,
     pub max_step_slots: AtomicUsize,
+    /// Steps that carried prefill pieces and decode rows together.
+    pub mixed_steps: AtomicU64,
     pub requests: AtomicU64,
     pub rejected: AtomicU64,
     pub cancelled: AtomicU64,
@@ -41,9 +43,12 @@ impl Metrics {
     }
 
     /// One engine step of the slot scheduler over `slots` slots, `rows`
-    /// token rows in all.
-    pub fn record_step(&self, slots: usize, rows: usize) {
+    /// token rows in all; `mixed` when it carried prefill and decode rows.
+    pub fn record_step(&self, slots: usize, rows: usize, mixed: bool) {
         self.steps.fetch_add(1, Ordering::Relaxed);
+        if mixed {
+            self.mixed_steps.fetch_add(1, Ordering::Relaxed);
+        }
         self.step_slots.fetch_add(slots as u64, Ordering::Relaxed);
         self.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
         self.last_step_slots.store(slots, Ordering::Relaxed);
@@ -102,6 +107,12 @@ impl Metrics {
             "gauge",
             "Slots in the last engine step (the batch size).",
             u(&self.last_step_slots),
+        );
+        put(
+            "batch_mixed_steps_total",
+            "counter",
+            "Steps that carried prefill pieces beside decode rows.",
+            g(&self.mixed_steps),
         );
         put(
             "batch_max_step_slots",

@@ -467,7 +467,11 @@ impl Scheduler {
                 Piece::Decode { .. } => 1,
             })
             .sum();
-        m.record_step(plan.len(), rows);
+        let prefills = plan
+            .iter()
+            .filter(|(_, p)| matches!(p, Piece::Prefill { .. }))
+            .count();
+        m.record_step(plan.len(), rows, prefills > 0 && prefills < plan.len());
         let poisoned = plan
             .iter()
             .any(|(i, p)| matches!(p, Piece::Prefill { .. }) && self.poisoned(*i));
