@@ -422,11 +422,10 @@ impl Scheduler {
     fn start_decode(&mut self, job: Prefilling) -> Running {
         let Prefilling { a, eff, cached, .. } = job;
         let ctx = self.batch.ctx();
-        let p = a.prefilled(eff.len(), cached);
+        let mut p = a.prefilled(eff.len(), cached);
         let thinking = p.req.chat_style() && p.req.mode.thinks();
         let max_new = self.core.max_new(&p.req, ctx, p.prompt);
-        let mut ids = p.ids.clone();
-        let picker = self.core.picker(&p.req, &mut ids);
+        let picker = self.core.picker(&p.req, &mut p.ids);
         let stream = Stream::new(
             &p.req,
             thinking,

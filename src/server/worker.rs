@@ -932,10 +932,10 @@ impl Worker {
         let Some(a) = self.core.admit(job, ctx, &[&self.live]) else {
             return Ok(());
         };
-        let Some(p) = self.prefill(a)? else {
+        let Some(mut p) = self.prefill(a)? else {
             return Ok(());
         };
-        let Some(d) = self.decode(&p) else {
+        let Some(d) = self.decode(&mut p) else {
             return Ok(());
         };
         let live_len = self.sess.tokens().len();
@@ -977,12 +977,13 @@ impl Worker {
 
     /// Decode: the picker (script or sampler), the stream observer and the
     /// generation loop; `None` after a generation error (already reported).
-    fn decode(&mut self, p: &Prefilled) -> Option<Decoded> {
+    fn decode(&mut self, p: &mut Prefilled) -> Option<Decoded> {
         let req = &p.req;
         let thinking = req.chat_style() && req.mode.thinks();
         let max_new = self.core.max_new(req, self.sess.ctx(), p.prompt);
-        let mut ids = p.ids.clone();
-        let mut picker = self.core.picker(req, &mut ids);
+        // The request's id generator seeds an unseeded sampler first, then
+        // mints the call ids (finish), as one stream.
+        let mut picker = self.core.picker(req, &mut p.ids);
         let c = &mut self.core;
         let tools: &dyn ToolIds = if c.cfg.exact_replay {
             &c.memory
