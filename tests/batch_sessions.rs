@@ -65,6 +65,12 @@ fn options(backend: BackendKind, ctx: usize) -> SessionOptions {
 /// Runs the plans together on one batch of `plans.len()` slots.
 fn run_together(model: &Arc<ModelFile>, opts: &SessionOptions, plans: &[Plan]) -> Vec<Trace> {
     let mut b = Batch::new(model.clone(), opts.clone(), plans.len()).unwrap();
+    // The CPU backends hold a state set per slot: one pass for all slots.
+    assert!(
+        b.backend_notice().ends_with("batched steps)"),
+        "{}",
+        b.backend_notice()
+    );
     let mut traces: Vec<Trace> = vec![Vec::new(); plans.len()];
     let mut next = vec![0usize; plans.len()];
     let mut step = 0;

@@ -438,5 +438,7 @@ fn fast_cpu(
             isa.name()
         ),
     })?;
-    Ok(cpu::CpuBackend::fast(file, layout, kernels).with_profile(opts.cpu_profile))
+    Ok(cpu::CpuBackend::fast(file, layout, kernels)
+        .with_profile(opts.cpu_profile)
+        .with_wide_rows(opts.cpu_wide_rows))
 }

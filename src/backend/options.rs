@@ -15,6 +15,12 @@ pub struct BackendOptions {
     /// Seconds and calls per op, printed when the CPU backend drops
     /// (`DS4_CPU_PROFILE`).
     pub cpu_profile: bool,
+    /// The fast CPU products pick their kernels per row by one fixed rule
+    /// (dense products on the many-token path, routed experts on the direct
+    /// kernels) instead of by piece size: the batched engine
+    /// ([`crate::session::Batch`]) sets it, so a session's results never
+    /// depend on what else is in a step. Not from the environment.
+    pub cpu_wide_rows: bool,
     /// The wgpu adapter: an index into `ds4 --list-devices` or a
     /// case-insensitive substring of its name (`DS4_WGPU_ADAPTER`).
     pub wgpu_adapter: Option<String>,
@@ -53,6 +59,7 @@ impl Default for BackendOptions {
         BackendOptions {
             cpu_isa: None,
             cpu_profile: false,
+            cpu_wide_rows: false,
             wgpu_adapter: None,
             wgpu_features: None,
             state_chunk_cap: None,
@@ -83,6 +90,7 @@ impl BackendOptions {
         BackendOptions {
             cpu_isa: var("DS4_CPU_ISA"),
             cpu_profile: std::env::var_os("DS4_CPU_PROFILE").is_some(),
+            cpu_wide_rows: false,
             wgpu_adapter: var("DS4_WGPU_ADAPTER"),
             wgpu_features: var("DS4_WGPU_FEATURES"),
             state_chunk_cap: var("DS4_WGPU_STATE_CHUNK_BYTES")

@@ -13,7 +13,7 @@ use ds4::kvcache::{
     routed_quant_bits, CacheKey, DiskCache, KvCacheConfig, LookupOutcome, SaveReason, StoreOutcome,
 };
 use ds4::model::ModelFile;
-use ds4::session::{Session, SessionOptions};
+use ds4::session::{Batch, Session, SessionOptions, SlotWork};
 use ds4::tokenizer::Tokenizer;
 
 /// Measure prefill and generation speed at context frontiers ctx-start,
@@ -113,6 +113,21 @@ struct Args {
     /// with --bw-decode: decode steps timed, best kept (default 8)
     #[argh(option, default = "8")]
     bw_decode_steps: usize,
+    /// instead of context frontiers: serve this many sessions at once,
+    /// comma-separated counts (e.g. 1,2,4,8,16): all arrive together with
+    /// prompts of --session-prompt tokens, prefill in pieces of
+    /// --mixed-prefill-quantum interleaved with the others' decode rows, then
+    /// decode -n tokens each; prints aggregate and per-session decode
+    /// tokens/s, time to first token and the modelled bytes read per step
+    #[argh(option)]
+    sessions: Option<String>,
+    /// with --sessions: prompt tokens per session (default 64; taken from
+    /// --prompt-file when given, else pseudo-random ids)
+    #[argh(option, default = "64")]
+    session_prompt: usize,
+    /// with --sessions: prefill piece per session per step (default 128)
+    #[argh(option, default = "128")]
+    mixed_prefill_quantum: usize,
     /// restore-vs-prefill: per frontier, store a checkpoint in this folder
     /// and load it back with the server's disk-cache code (files removed after)
     #[argh(option)]
@@ -408,6 +423,9 @@ fn run(a: Args) -> Result<(), String> {
         return run_bandwidth(&a, &bo);
     }
     let backend = a.backend_kind()?;
+    if let Some(list) = &a.sessions {
+        return run_sessions(&a, list, backend, bo);
+    }
     if a.ctx_start == 0 || a.ctx_start > a.ctx_max {
         return Err("--ctx-start must be in 1..=ctx-max".into());
     }
@@ -534,6 +552,218 @@ fn run(a: Args) -> Result<(), String> {
             ((f as f64 * a.step_mul).ceil() as usize).max(f + 1)
         };
         f = f.min(a.ctx_max);
+    }
+    Ok(())
+}
+
+/// The bytes one batched step reads under the model of issue 18: every
+/// weight except the routed experts and the embedding table once, plus the
+/// routed experts' bytes times the distinct experts the step's rows hit, with
+/// `rows` rows choosing `k` of `n` experts uniformly (expected distinct
+/// count `n·(1 − (1 − k/n)^rows)` per layer).
+fn step_bytes_model(model: &ModelFile, rows: usize) -> (f64, f64, f64) {
+    let cfg = &model.config;
+    let mut dense = 0f64;
+    let mut per_expert = 0f64;
+    for t in model.file.tensor_infos() {
+        let (name, b) = (t.name.as_str(), t.n_bytes as f64);
+        if name.contains("_exps") {
+            per_expert += b / cfg.n_expert as f64;
+        } else if name != "token_embd.weight" {
+            dense += b;
+        }
+    }
+    let (n, k) = (cfg.n_expert as f64, cfg.n_expert_used as f64);
+    let hit = n * (1.0 - (1.0 - k / n).powi(rows as i32));
+    // per_expert sums every layer's slab of one expert.
+    (dense, per_expert * hit, hit)
+}
+
+/// `--sessions`: N sessions served together through [`Batch`], for each N
+/// of the list. All sessions arrive at once; each step carries the next
+/// prefill piece of every session still prefilling and one decode row of
+/// every session already decoding (greedy tokens). Decode tokens/s counts
+/// the steps in which every session decodes.
+fn run_sessions(
+    a: &Args,
+    list: &str,
+    backend: ds4::backend::BackendKind,
+    bo: BackendOptions,
+) -> Result<(), String> {
+    let counts: Vec<usize> = list
+        .split(',')
+        .map(|s| s.trim().parse::<usize>().ok().filter(|&n| n > 0))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("--sessions {list:?}: give positive counts like 1,2,4,8"))?;
+    if a.session_prompt == 0 || a.mixed_prefill_quantum == 0 || a.gen_tokens == 0 {
+        return Err("--session-prompt, --mixed-prefill-quantum and -n must be positive".into());
+    }
+    let threads = ds4::app::threads::init_global_pool(a.threads);
+    let model = open_model(a)?;
+    let vocab = model.config.n_vocab;
+    let base: Vec<u32> = match &a.prompt_file {
+        Some(p) => {
+            let tok = Tokenizer::from_gguf(&model.file)
+                .map_err(|e| format!("{}: {e}", a.model.display()))?;
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            tok.encode_plain(&text)
+        }
+        None => Vec::new(),
+    };
+    // Session i's prompt: the prompt file's tokens from offset 7·i (so the
+    // prompts differ), or pseudo-random ids below the vocabulary.
+    let prompt = |i: usize| -> Vec<u32> {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (i as u64 + 1);
+        (0..a.session_prompt)
+            .map(|j| match base.get(7 * i + j) {
+                Some(&t) => t,
+                None => {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % vocab.min(100_000) as u64) as u32
+                }
+            })
+            .collect()
+    };
+    let ctx = a.session_prompt + a.gen_tokens + 8;
+    let mut out: Box<dyn Write> = match &a.csv {
+        Some(p) => Box::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => Box::new(std::io::stdout()),
+    };
+    writeln!(
+        out,
+        "engine,sessions,prompt_tokens,gen_tokens,ttft_mean_s,ttft_max_s,decode_agg_tps,decode_per_session_tps,decode_step_ms,model_bytes_per_step,model_distinct_experts,model_gbps"
+    )
+    .map_err(|e| e.to_string())?;
+    // The single-session reference: one `Session` (its own kernel choice
+    // per piece size), the first prompt, greedy decode.
+    {
+        let opts = SessionOptions {
+            ctx,
+            prefill_chunk: a.mixed_prefill_quantum,
+            backend,
+            backend_options: bo.clone(),
+            ..Default::default()
+        };
+        let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        sess.sync(&prompt(0), &mut |_, _| {})
+            .map_err(|e| e.to_string())?;
+        let ttft = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..a.gen_tokens {
+            let l = sess.logits();
+            let next = (0..l.len()).fold(0, |m, j| if l[j] > l[m] { j } else { m });
+            sess.eval(next as u32).map_err(|e| e.to_string())?;
+        }
+        let s = t.elapsed().as_secs_f64();
+        let (dense, routed, hit) = step_bytes_model(&model, 1);
+        let tps = a.gen_tokens as f64 / s;
+        writeln!(
+            out,
+            "session,1,{},{},{ttft:.3},{ttft:.3},{tps:.2},{tps:.2},{:.1},{:.0},{hit:.1},{:.2}",
+            a.session_prompt,
+            a.gen_tokens,
+            1e3 / tps,
+            dense + routed,
+            (dense + routed) * tps / 1e9
+        )
+        .and_then(|_| out.flush())
+        .map_err(|e| e.to_string())?;
+    }
+    for &n in &counts {
+        let opts = SessionOptions {
+            ctx,
+            prefill_chunk: a.mixed_prefill_quantum,
+            backend,
+            backend_options: bo.clone(),
+            ..Default::default()
+        };
+        let mut b = Batch::new(model.clone(), opts, n).map_err(|e| e.to_string())?;
+        eprintln!(
+            "ds4-bench: {n} sessions, {}; {:.1} MiB of state per slot; {threads} CPU threads",
+            b.backend_notice(),
+            b.slot_state_bytes() as f64 / (1u64 << 20) as f64
+        );
+        let prompts: Vec<Vec<u32>> = (0..n).map(prompt).collect();
+        let mut done = vec![0usize; n];
+        let mut generated = vec![0usize; n];
+        let mut ttft = vec![0f64; n];
+        let mut next_tok = vec![0u32; n];
+        let (mut dec_s, mut dec_steps) = (0f64, 0usize);
+        let t0 = Instant::now();
+        while generated.iter().any(|&g| g < a.gen_tokens) {
+            let mut work = Vec::new();
+            let mut all_decode = true;
+            let single: Vec<[u32; 1]> = next_tok.iter().map(|&t| [t]).collect();
+            for i in 0..n {
+                if done[i] < prompts[i].len() {
+                    all_decode = false;
+                    let end = (done[i] + a.mixed_prefill_quantum).min(prompts[i].len());
+                    work.push(SlotWork {
+                        slot: i,
+                        tokens: &prompts[i][done[i]..end],
+                        all_logits: false,
+                    });
+                } else if generated[i] < a.gen_tokens {
+                    work.push(SlotWork {
+                        slot: i,
+                        tokens: &single[i],
+                        all_logits: false,
+                    });
+                }
+            }
+            all_decode &= work.len() == n;
+            let t = Instant::now();
+            b.step(&work).map_err(|e| e.to_string())?;
+            let dt = t.elapsed().as_secs_f64();
+            if all_decode {
+                dec_s += dt;
+                dec_steps += 1;
+            }
+            let lens: Vec<(usize, usize)> = work.iter().map(|w| (w.slot, w.tokens.len())).collect();
+            for (i, len) in lens {
+                if done[i] < prompts[i].len() {
+                    done[i] += len;
+                    if done[i] == prompts[i].len() {
+                        ttft[i] = t0.elapsed().as_secs_f64();
+                    }
+                } else {
+                    generated[i] += 1;
+                }
+                let l = b.logits(i);
+                next_tok[i] = (0..l.len()).fold(0, |m, j| if l[j] > l[m] { j } else { m }) as u32;
+            }
+        }
+        let agg = if dec_s > 0.0 {
+            (dec_steps * n) as f64 / dec_s
+        } else {
+            0.0
+        };
+        let step_ms = if dec_steps > 0 {
+            1e3 * dec_s / dec_steps as f64
+        } else {
+            0.0
+        };
+        let (dense, routed, hit) = step_bytes_model(&model, n);
+        let bytes = dense + routed;
+        let gbps = if step_ms > 0.0 {
+            bytes / (step_ms / 1e3) / 1e9
+        } else {
+            0.0
+        };
+        writeln!(
+            out,
+            "batch,{n},{},{},{:.3},{:.3},{agg:.2},{:.2},{step_ms:.1},{bytes:.0},{hit:.1},{gbps:.2}",
+            a.session_prompt,
+            a.gen_tokens,
+            ttft.iter().sum::<f64>() / n as f64,
+            ttft.iter().cloned().fold(0.0, f64::max),
+            agg / n as f64,
+        )
+        .and_then(|_| out.flush())
+        .map_err(|e| e.to_string())?;
     }
     Ok(())
 }

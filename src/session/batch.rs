@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::snapshot::Store;
 use super::{Session, SessionError, SessionOptions};
-use crate::backend::{self, Backend, BackendKind, GraphHandle};
+use crate::backend::{self, Backend, BackendKind, BackendOptions, GraphHandle};
 use crate::graph::{RowRecord, ValueId};
 use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;
@@ -135,12 +135,13 @@ impl Batch {
             BackendKind::Auto => return Ok(None),
             k => k,
         };
-        let opened = backend::open(
-            kind,
-            model.clone(),
-            kv.layout.clone(),
-            &opts.backend_options,
-        )?;
+        // Fast CPU products: every row on the many-token path, so a slot's
+        // rows never change kernels with the company they keep.
+        let bo = BackendOptions {
+            cpu_wide_rows: true,
+            ..opts.backend_options.clone()
+        };
+        let opened = backend::open(kind, model.clone(), kv.layout.clone(), &bo)?;
         let mut backend = opened.backend;
         // Probe with two sets so that one slot takes the same engine as many.
         if backend.set_state_sets(slots.max(2)).is_err() {

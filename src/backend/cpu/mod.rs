@@ -40,6 +40,8 @@ pub struct CpuBackend {
     graphs: Vec<LoadedGraph>,
     /// `Some`: the fast backend's matrix kernels; `None`: the reference.
     fast: Option<fast::Kernels>,
+    /// How the fast products pick their path per row ([`fast::RowPath`]).
+    row_path: fast::RowPath,
     /// Seconds and calls per op name when profiling (`DS4_CPU_PROFILE`; printed
     /// to stderr when the backend is dropped).
     profile: Option<std::collections::BTreeMap<&'static str, (f64, usize)>>,
@@ -73,6 +75,7 @@ impl CpuBackend {
             states,
             graphs: Vec::new(),
             fast: None,
+            row_path: fast::RowPath::PerPiece,
             profile: None,
         }
     }
@@ -81,6 +84,15 @@ impl CpuBackend {
     /// ([`super::BackendOptions::cpu_profile`]).
     pub fn with_profile(mut self, on: bool) -> CpuBackend {
         self.profile = on.then(Default::default);
+        self
+    }
+
+    /// Every fast product row on the many-token path
+    /// ([`super::BackendOptions::cpu_wide_rows`]).
+    pub fn with_wide_rows(mut self, on: bool) -> CpuBackend {
+        if on {
+            self.row_path = fast::RowPath::Wide;
+        }
         self
     }
 
@@ -256,7 +268,7 @@ impl Backend for CpuBackend {
         let n = rows.len();
         let profile = self.profile.is_some();
         let mut cx = CpuCx::new(file, &graph, &segs, &g.plan.slot_of, &mut g.slots, states);
-        let fast = self.fast.as_ref();
+        let fast = self.fast.as_ref().map(|k| (k, self.row_path));
         for node in &graph.nodes {
             let Node::Op(op) = node else { continue };
             let t0 = profile.then(std::time::Instant::now);
@@ -356,8 +368,8 @@ impl Backend for CpuBackend {
 
 /// Executes one op: the single exhaustive dispatch of this backend. The fast
 /// kernels take the ops they override first.
-fn run_op(cx: &mut CpuCx, op: &Op, fast: Option<&fast::Kernels>) {
-    if fast.is_some_and(|k| k.try_op(op, cx)) {
+fn run_op(cx: &mut CpuCx, op: &Op, fast: Option<(&fast::Kernels, fast::RowPath)>) {
+    if fast.is_some_and(|(k, path)| k.try_op(op, cx, path)) {
         return;
     }
     match op {

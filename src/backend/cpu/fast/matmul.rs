@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::act::{Acts, BlockQ8x32};
-use super::{expand, gemm, Kernels};
+use super::{expand, gemm, Kernels, RowPath};
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts};
@@ -235,7 +235,7 @@ pub fn matmul(
 
 /// [`matmul`] on the path `wide` names.
 #[allow(clippy::too_many_arguments)]
-fn matmul_path(
+pub fn matmul_path(
     k: &Kernels,
     ty: GgmlType,
     w: &[u8],
@@ -285,6 +285,7 @@ pub fn matmul_segments(
     groups: usize,
     x: &[f32],
     segs: &[Segment],
+    row_path: RowPath,
     out: &mut [f32],
 ) -> bool {
     if Kernels::act_kind(ty).is_none() {
@@ -293,7 +294,10 @@ pub fn matmul_segments(
     let n: usize = segs.iter().map(|s| s.n).sum();
     let width = groups.max(1) * n_in;
     for path in [false, true] {
-        let mine: Vec<&Segment> = segs.iter().filter(|s| wide(s.n) == path).collect();
+        let mine: Vec<&Segment> = segs
+            .iter()
+            .filter(|s| (row_path == RowPath::Wide || wide(s.n)) == path)
+            .collect();
         let rows: usize = mine.iter().map(|s| s.n).sum();
         if rows == 0 {
             continue;
@@ -320,13 +324,9 @@ pub fn matmul_segments(
 // The kernel table, the op, the file, the activations, the routing and the
 // output are all distinct inputs of one expert pass; a struct would only
 // rename them.
+/// The fast twin of `MoeExperts::cpu` over one session's `n_tokens` rows
+/// ([`moe_experts_segments`] with one piece).
 #[allow(clippy::too_many_arguments)]
-/// The fast twin of `MoeExperts::cpu`: the step's tokens are quantised once,
-/// gathered per expert, and each selected expert runs over its tokens: once
-/// per path ([`wide`]), the path of a token chosen by how many rows of its
-/// own session piece chose the expert, so that a session's rows get the
-/// results they get alone. `false` (nothing written) when a weight type has
-/// no fast kernel.
 pub fn moe_experts(
     k: &Kernels,
     o: &MoeExperts,
@@ -334,9 +334,40 @@ pub fn moe_experts(
     x: &[f32],
     sel: &[i32],
     wts: &[f32],
-    segs: &[Segment],
+    n_tokens: usize,
     out: &mut [f32],
 ) -> bool {
+    let one = [Segment {
+        row0: 0,
+        n: n_tokens,
+        pos0: 0,
+        state: 0,
+    }];
+    moe_experts_segments(k, o, file, x, sel, wts, &one, RowPath::PerPiece, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+/// The fast twin of `MoeExperts::cpu`: the step's tokens are quantised once,
+/// gathered per expert, and each selected expert runs over its tokens: once
+/// per path ([`wide`]), the path of a token chosen by how many rows of its
+/// own session piece chose the expert, so that a session's rows get the
+/// results they get alone. `false` (nothing written) when a weight type has
+/// no fast kernel.
+pub fn moe_experts_segments(
+    k: &Kernels,
+    o: &MoeExperts,
+    file: &GgufFile,
+    x: &[f32],
+    sel: &[i32],
+    wts: &[f32],
+    segs: &[Segment],
+    row_path: RowPath,
+    out: &mut [f32],
+) -> bool {
+    // The batched engine's rows take the direct kernels whatever the
+    // company: a step's rows rarely share an expert (k of n experts each),
+    // and for one row the direct kernels beat decoding the expert's rows.
+    let all_narrow = row_path == RowPath::Wide;
     // Per expert: decoded rows ([`expand`]) once it has a few tokens, the
     // direct kernels below that; the step's tokens are quantised once in
     // each activation format an expert may need.
@@ -368,7 +399,7 @@ pub fn moe_experts(
     }
     // Activation sets by kind, made once: (kind, acts).
     let mut sets: Vec<(super::act::ActKind, Acts)> = Vec::new();
-    let wanted = if segs.iter().any(|s| s.n * kk >= many) {
+    let wanted = if !all_narrow && segs.iter().any(|s| s.n * kk >= many) {
         vec![kg1, ku1, kgn, kun]
     } else {
         vec![kg1, ku1]
@@ -404,7 +435,7 @@ pub fn moe_experts(
             let users: Vec<usize> = users
                 .iter()
                 .copied()
-                .filter(|&i| (per_piece[piece[i / kk]] >= many) == path)
+                .filter(|&i| (!all_narrow && per_piece[piece[i / kk]] >= many) == path)
                 .collect();
             if users.is_empty() {
                 continue;

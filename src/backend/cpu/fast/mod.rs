@@ -124,6 +124,21 @@ impl Isa {
     }
 }
 
+/// How a product of several rows picks, per row, between the direct
+/// kernels and the many-token path ([`matmul::wide`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowPath {
+    /// By the size of the row's session piece (a [`crate::graph::Segment`];
+    /// for routed experts, the piece's rows that chose the expert): a
+    /// single session's steps run as they always did.
+    PerPiece,
+    /// The batched engine's fixed choice, the same for every row whatever
+    /// the step holds: dense products on the many-token path (each weight
+    /// row decoded once per step for all rows), routed experts on the
+    /// direct kernels (a step's rows rarely share an expert).
+    Wide,
+}
+
 /// Token count from which a matrix product decodes each 2/4-bit weight row
 /// once and reuses it for every token ([`expand`]).
 pub const PREFILL_TOKENS: usize = 4;
@@ -411,7 +426,12 @@ impl Kernels {
     /// and routed experts in a format they handle, attention, the indexer)
     /// and says whether they did; the caller runs the reference twin
     /// otherwise.
-    pub fn try_op(&self, op: &crate::graph::ops::Op, cx: &mut crate::graph::ops::CpuCx) -> bool {
+    pub fn try_op(
+        &self,
+        op: &crate::graph::ops::Op,
+        cx: &mut crate::graph::ops::CpuCx,
+        path: RowPath,
+    ) -> bool {
         use crate::graph::ops::Op;
         let (pos0, n) = (cx.p.pos0, cx.n());
         match op {
@@ -428,6 +448,7 @@ impl Kernels {
                         o.groups,
                         cx.get(o.x),
                         cx.segments(),
+                        path,
                         out,
                     )
                 })
@@ -435,7 +456,7 @@ impl Kernels {
             Op::MatMul(o) => {
                 let rows = o.rows.at(n);
                 cx.write(o.out, |cx, out| {
-                    matmul::matmul(
+                    matmul::matmul_path(
                         self,
                         o.w.ty,
                         o.w.bytes(cx.file),
@@ -444,13 +465,14 @@ impl Kernels {
                         o.groups,
                         cx.get(o.x),
                         rows,
+                        path == RowPath::Wide || matmul::wide(rows),
                         out,
                     )
                 })
             }
             Op::MoeExperts(o) => cx.write(o.out, |cx, out| {
                 let (x, sel, w) = (cx.get(o.x), cx.get_i32(o.selected), cx.get(o.weights));
-                matmul::moe_experts(self, o, cx.file, x, sel, w, cx.segments(), out)
+                matmul::moe_experts_segments(self, o, cx.file, x, sel, w, cx.segments(), path, out)
             }),
             Op::Attention(o) => cx.write(o.out, |cx, out| {
                 attention::attention(self, o, cx.file, o.inputs(cx), pos0, n, out);
