@@ -10,18 +10,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use argh::FromArgs;
-use ds4::backend::BackendOptions;
+use ds4::backend::{BackendKind, BackendOptions};
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::server::guard::CorsOrigins;
 use ds4::server::job::{self, KvCacheHook};
-use ds4::server::kvdisk::DiskHook;
+use ds4::server::kvdisk::{self, DiskHook};
 use ds4::server::listen::{self, ServerLimits};
 use ds4::server::metrics::Metrics;
 use ds4::server::routes::{self, HttpOptions, State};
+use ds4::server::slotdisk::SlotDisk;
+use ds4::server::slots::{self, SlotConfig};
 use ds4::server::worker::{self, WorkerConfig};
-use ds4::session::{Session, SessionOptions};
+use ds4::session::{Batch, Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
 /// ds4-server — OpenAI chat/completions/Responses and Anthropic messages for DeepSeek V4 Flash.
@@ -89,6 +91,17 @@ struct Args {
     /// open-file limit, at most 256)
     #[argh(option)]
     max_connections: Option<usize>,
+    /// serve N sessions at once: N KV slots, each engine step carries one
+    /// row per decoding session (default 1: one request at a time)
+    #[argh(option)]
+    batched_session: Option<usize>,
+    /// same as --batched-session (llama-server's name)
+    #[argh(option)]
+    parallel: Option<usize>,
+    /// with --batched-session > 1: prompt tokens a prefilling session adds
+    /// per step, between the others' decode steps (default 128)
+    #[argh(option, default = "ds4::server::slots::DEFAULT_PREFILL_QUANTUM")]
+    mixed_prefill_quantum: usize,
     /// requests that may wait for the engine before 503 (default 64)
     #[argh(option, default = "64")]
     queue: usize,
@@ -164,6 +177,30 @@ struct Args {
     /// test hook: a job whose prompt contains this text panics
     #[argh(option, hidden_help)]
     debug_panic_on_prompt: Option<String>,
+    /// test hook (--batched-session > 1): the engine steps carrying a
+    /// prefill piece of a job whose prompt contains this text fail
+    #[argh(option, hidden_help)]
+    debug_fail_prefill_on_prompt: Option<String>,
+}
+
+/// `--batched-session N` / `--parallel N`: the number of KV slots.
+fn slot_count(a: &Args) -> Result<usize, String> {
+    let n = match (a.batched_session, a.parallel) {
+        (Some(x), Some(y)) if x != y => {
+            return Err(format!(
+                "--batched-session {x} and --parallel {y} disagree (they are the same flag)"
+            ))
+        }
+        (Some(x), _) | (None, Some(x)) => x,
+        (None, None) => 1,
+    };
+    if !(1..=256).contains(&n) {
+        return Err(format!("--batched-session must be in 1..=256, got {n}"));
+    }
+    if a.mixed_prefill_quantum == 0 {
+        return Err("--mixed-prefill-quantum must be > 0".into());
+    }
+    Ok(n)
 }
 
 impl Args {
@@ -333,6 +370,7 @@ fn check(a: &Args) -> Result<(), String> {
     host_addr(&a.host)?;
     kv_config(a).validate()?;
     kv_write_limit()?;
+    slot_count(a)?;
     if a.ctx < 2 || a.tokens == 0 || a.queue == 0 || a.tool_memory_max_ids == 0 {
         return Err("--ctx must be ≥ 2; --tokens, --queue and --tool-memory-max-ids > 0".into());
     }
@@ -428,6 +466,12 @@ fn take_lock() -> Result<std::fs::File, String> {
     Ok(f)
 }
 
+/// One session (`--batched-session 1`, the serial worker) or N slots.
+enum Engine {
+    Serial(Session),
+    Slots(Batch),
+}
+
 fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
     let kv_cfg = kv_config(&a);
@@ -450,62 +494,99 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let tok = Arc::new(
         Tokenizer::from_gguf(&model.file).map_err(|e| format!("{}: {e}", path.display()))?,
     );
-    let sess = Session::new(
-        model.clone(),
-        SessionOptions {
-            ctx: a.ctx,
-            numerics,
-            backend,
-            backend_options,
-            ..SessionOptions::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
-        ds4::log_line!("ds4-server: {line}");
-    }
-    ds4::log_line!(
-        "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
-        path.display(),
-        ds4::app::report::human(sess.state_bytes() as u64),
-        a.ctx
-    );
+    let opts = SessionOptions {
+        ctx: a.ctx,
+        numerics,
+        backend,
+        backend_options,
+        ..SessionOptions::default()
+    };
+    let slots = slot_count(&a)?;
+    let scratch_opts = SessionOptions {
+        backend: BackendKind::CpuRef,
+        backend_options: BackendOptions::default(),
+        ..opts.clone()
+    };
+    let engine = if slots > 1 {
+        let batch = Batch::new(model.clone(), opts, slots).map_err(|e| e.to_string())?;
+        let per = batch.slot_state_bytes() as u64;
+        ds4::log_line!(
+            "ds4-server: {} loaded; {slots} KV slots × {} = {} for {} tokens each; prefill quantum {}; {threads} CPU threads",
+            path.display(),
+            ds4::app::report::human(per),
+            ds4::app::report::human(per * slots as u64),
+            a.ctx,
+            a.mixed_prefill_quantum
+        );
+        Engine::Slots(batch)
+    } else {
+        let sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+        if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
+            ds4::log_line!("ds4-server: {line}");
+        }
+        ds4::log_line!(
+            "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
+            path.display(),
+            ds4::app::report::human(sess.state_bytes() as u64),
+            a.ctx
+        );
+        Engine::Serial(sess)
+    };
     let longest_token = (0..tok.vocab_size() as u32)
         .filter_map(|id| tok.token_bytes(id).map(<[u8]>::len))
         .max()
         .unwrap_or(1);
     let metrics = Arc::new(Metrics::default());
-    let cache: Box<dyn KvCacheHook> =
-        match DiskHook::open(&kv_cfg, &model, &metrics, kv_write_limit)? {
-            Some(h) => {
-                ds4::log_line!(
-                    "ds4-server: disk KV cache in {} ({} MiB)",
-                    kv_cfg
-                        .kv_disk_dir
-                        .as_deref()
-                        .unwrap_or(Path::new(""))
-                        .display(),
-                    kv_cfg.kv_disk_space_mb
-                );
-                Box::new(h)
-            }
-            None => Box::new(job::NoCache),
-        };
-    let queue = worker::start(
-        sess,
-        tok.clone(),
-        WorkerConfig {
-            queued_scripts: queued_scripts()?,
-            trace: a.trace.clone(),
-            default_tokens: a.tokens,
-            exact_replay: !a.disable_exact_dsml_tool_replay,
-            tool_memory_max_ids: a.tool_memory_max_ids,
-            debug_panic_on_prompt: a.debug_panic_on_prompt.clone(),
-        },
-        metrics.clone(),
-        a.queue,
-        cache,
-    );
+    let cache = kvdisk::open_cache(&kv_cfg, &model, &metrics, kv_write_limit)?;
+    if cache.is_some() {
+        ds4::log_line!(
+            "ds4-server: disk KV cache in {} ({} MiB)",
+            kv_cfg
+                .kv_disk_dir
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display(),
+            kv_cfg.kv_disk_space_mb
+        );
+    }
+    let cfg = WorkerConfig {
+        queued_scripts: queued_scripts()?,
+        trace: a.trace.clone(),
+        default_tokens: a.tokens,
+        exact_replay: !a.disable_exact_dsml_tool_replay,
+        tool_memory_max_ids: a.tool_memory_max_ids,
+        debug_panic_on_prompt: a.debug_panic_on_prompt.clone(),
+    };
+    let queue = match engine {
+        Engine::Serial(sess) => {
+            let hook: Box<dyn KvCacheHook> = match cache {
+                Some(c) => Box::new(DiskHook::new(c)),
+                None => Box::new(job::NoCache),
+            };
+            worker::start(sess, tok.clone(), cfg, metrics.clone(), a.queue, hook)
+        }
+        Engine::Slots(batch) => slots::start(
+            batch,
+            tok.clone(),
+            cfg,
+            SlotConfig {
+                prefill_quantum: a.mixed_prefill_quantum,
+                debug_fail_prefill_on_prompt: a.debug_fail_prefill_on_prompt.clone(),
+            },
+            metrics.clone(),
+            a.queue,
+            match cache {
+                // The disk cache reads and writes through a session: one
+                // CPU scratch session beside the slots (slotdisk.rs).
+                Some(c) => Some(SlotDisk::new(
+                    c,
+                    Session::new(model.clone(), scratch_opts).map_err(|e| e.to_string())?,
+                    slots,
+                )),
+                None => None,
+            },
+        ),
+    };
     let state = Arc::new(State {
         queue: queue.clone(),
         metrics,

@@ -27,24 +27,39 @@ impl DiskHook {
         metrics: &Metrics,
         write_limit: Option<u64>,
     ) -> Result<Option<DiskHook>, String> {
-        cfg.validate()?;
-        let Some(mut cache) =
-            DiskCache::open(cfg, routed_quant_bits(model)).map_err(|e| e.to_string())?
-        else {
-            return Ok(None);
-        };
-        cache.set_write_limit(write_limit);
-        // The library's logger is `eprintln!`, which a closed stderr turns
-        // into a panic; the server's log lines never fail.
-        let cache = cache.with_logger(|m| crate::log_line!("ds4: kv cache: {m}"));
-        let _ = metrics.kv_disk.set(cache.metrics());
-        Ok(Some(DiskHook {
+        Ok(open_cache(cfg, model, metrics, write_limit)?.map(DiskHook::new))
+    }
+
+    pub fn new(cache: DiskCache) -> DiskHook {
+        DiskHook {
             moments: SaveMoments::new(cache),
-        }))
+        }
     }
 }
 
-fn key<'a>(v: Option<(&'a [u8], VisibleKind)>) -> Option<VisibleKey<'a>> {
+/// The disk cache of `cfg` as [`DiskHook::open`] opens it, for the slot
+/// scheduler's per-slot save moments (`slotdisk.rs`).
+pub fn open_cache(
+    cfg: &KvCacheConfig,
+    model: &ModelFile,
+    metrics: &Metrics,
+    write_limit: Option<u64>,
+) -> Result<Option<DiskCache>, String> {
+    cfg.validate()?;
+    let Some(mut cache) =
+        DiskCache::open(cfg, routed_quant_bits(model)).map_err(|e| e.to_string())?
+    else {
+        return Ok(None);
+    };
+    cache.set_write_limit(write_limit);
+    // The library's logger is `eprintln!`, which a closed stderr turns
+    // into a panic; the server's log lines never fail.
+    let cache = cache.with_logger(|m| crate::log_line!("ds4: kv cache: {m}"));
+    let _ = metrics.kv_disk.set(cache.metrics());
+    Ok(Some(cache))
+}
+
+pub(super) fn key<'a>(v: Option<(&'a [u8], VisibleKind)>) -> Option<VisibleKey<'a>> {
     v.map(|(text, kind)| VisibleKey {
         text,
         key: match kind {

@@ -8,6 +8,19 @@ use std::sync::Mutex;
 #[derive(Default)]
 pub struct Metrics {
     pub queue_depth: AtomicUsize,
+    /// KV slots (`--batched-session`) and those running a job now.
+    pub slots: AtomicUsize,
+    pub active_slots: AtomicUsize,
+    /// Engine steps of the slot scheduler, the slots and rows they carried
+    /// (sums; the mean batch is rows / steps), and the last step's sizes.
+    pub steps: AtomicU64,
+    pub step_slots: AtomicU64,
+    pub step_rows: AtomicU64,
+    pub last_step_slots: AtomicUsize,
+    pub last_step_rows: AtomicUsize,
+    pub max_step_slots: AtomicUsize,
+    /// Steps that carried prefill pieces and decode rows together.
+    pub mixed_steps: AtomicU64,
     pub requests: AtomicU64,
     pub rejected: AtomicU64,
     pub cancelled: AtomicU64,
@@ -29,6 +42,20 @@ impl Metrics {
         }
     }
 
+    /// One engine step of the slot scheduler over `slots` slots, `rows`
+    /// token rows in all; `mixed` when it carried prefill and decode rows.
+    pub fn record_step(&self, slots: usize, rows: usize, mixed: bool) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        if mixed {
+            self.mixed_steps.fetch_add(1, Ordering::Relaxed);
+        }
+        self.step_slots.fetch_add(slots as u64, Ordering::Relaxed);
+        self.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        self.last_step_slots.store(slots, Ordering::Relaxed);
+        self.last_step_rows.store(rows, Ordering::Relaxed);
+        self.max_step_slots.fetch_max(slots, Ordering::Relaxed);
+    }
+
     pub fn render(&self) -> String {
         let (tps, prefill) = self.last.lock().map(|l| *l).unwrap_or((0.0, 0.0));
         let mut s = String::new();
@@ -43,6 +70,61 @@ impl Metrics {
             "gauge",
             "Generation requests waiting for the worker.",
             self.queue_depth.load(Ordering::Relaxed).to_string(),
+        );
+        let u = |a: &AtomicUsize| a.load(Ordering::Relaxed).to_string();
+        put(
+            "slots",
+            "gauge",
+            "KV slots (--batched-session).",
+            u(&self.slots),
+        );
+        put(
+            "active_slots",
+            "gauge",
+            "KV slots running a request now.",
+            u(&self.active_slots),
+        );
+        put(
+            "batch_steps_total",
+            "counter",
+            "Engine steps of the slot scheduler.",
+            g(&self.steps),
+        );
+        put(
+            "batch_step_slots_total",
+            "counter",
+            "Slots carried by those steps, summed (mean batch: / steps).",
+            g(&self.step_slots),
+        );
+        put(
+            "batch_step_rows_total",
+            "counter",
+            "Token rows carried by those steps, summed.",
+            g(&self.step_rows),
+        );
+        put(
+            "batch_last_step_slots",
+            "gauge",
+            "Slots in the last engine step (the batch size).",
+            u(&self.last_step_slots),
+        );
+        put(
+            "batch_mixed_steps_total",
+            "counter",
+            "Steps that carried prefill pieces beside decode rows.",
+            g(&self.mixed_steps),
+        );
+        put(
+            "batch_max_step_slots",
+            "gauge",
+            "Most slots one engine step carried since start-up.",
+            u(&self.max_step_slots),
+        );
+        put(
+            "batch_last_step_rows",
+            "gauge",
+            "Token rows in the last engine step.",
+            u(&self.last_step_rows),
         );
         put(
             "requests_total",

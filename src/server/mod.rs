@@ -33,6 +33,8 @@ pub mod responses;
 pub mod routes;
 mod scan;
 pub mod scoring;
+pub mod slotdisk;
+pub mod slots;
 mod stream;
 pub mod strict;
 pub mod tokenize;

@@ -21,11 +21,8 @@ use crate::tokenizer::Tokenizer;
 
 /// Observer of one job: stop sequences, reasoning/text split, the text hold
 /// while a tool block may be forming, DSML greedy structure, cancellation.
-pub(super) struct Stream<'c> {
+pub(super) struct Stream {
     events: UnboundedSender<Event>,
-    cache: &'c mut dyn KvCacheHook,
-    /// The tool memory, for the KTM map of continued saves.
-    tool_ids: &'c dyn ToolIds,
     tok: Arc<Tokenizer>,
     pub(super) raw: Vec<u8>,
     /// Bytes of `raw` already given to the splitter.
@@ -53,21 +50,17 @@ pub(super) struct Stream<'c> {
 /// Bytes searched back for a forming tool marker (PROMPT.md §8).
 const TOOL_HOLD_WINDOW: usize = 80;
 
-impl<'c> Stream<'c> {
+impl Stream {
     pub(super) fn new(
         req: &GenRequest,
         thinking: bool,
         events: UnboundedSender<Event>,
-        cache: &'c mut dyn KvCacheHook,
-        tool_ids: &'c dyn ToolIds,
         tok: Arc<Tokenizer>,
         seq: u64,
-    ) -> Stream<'c> {
+    ) -> Stream {
         let stop_hold = req.stop.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
         Stream {
             events,
-            cache,
-            tool_ids,
             tok,
             raw: Vec::new(),
             fed: 0,
@@ -91,6 +84,17 @@ impl<'c> Stream<'c> {
             live_closed: Vec::new(),
             scan: ToolScan::new(thinking),
         }
+    }
+
+    /// Inside the DSML block of a request with tools: no continued save
+    /// there (KVCACHE.md §5.2).
+    pub(super) fn in_tool_block(&self) -> bool {
+        self.tools && self.in_block
+    }
+
+    /// The token's bytes (EOS excluded).
+    pub(super) fn token_bytes(&self, id: u32) -> &[u8] {
+        self.tok.token_bytes(id).unwrap_or(&[])
     }
 
     fn live_text(&mut self, t: &str) {
@@ -194,14 +198,38 @@ impl<'c> Stream<'c> {
     }
 }
 
-impl Observer for Stream<'_> {
+/// The serial worker's observer: the stream plus the disk cache's continued
+/// saves before each step.
+pub(super) struct WithCache<'c> {
+    pub(super) stream: &'c mut Stream,
+    pub(super) cache: &'c mut dyn KvCacheHook,
+    /// The tool memory, for the KTM map of continued saves.
+    pub(super) tools: &'c dyn ToolIds,
+    pub(super) tok: &'c Tokenizer,
+}
+
+impl Observer for WithCache<'_> {
     fn before_step(&mut self, sess: &Session) {
-        // No continued save in the middle of a tool block (KVCACHE.md §5.2).
-        if !(self.tools && self.in_block) {
-            self.cache.before_decode(sess, &self.tok, self.tool_ids);
+        if !self.stream.in_tool_block() {
+            self.cache.before_decode(sess, self.tok, self.tools);
         }
     }
 
+    fn greedy_next(&mut self) -> bool {
+        self.stream.greedy_next()
+    }
+
+    fn cancelled(&mut self) -> bool {
+        self.stream.cancelled()
+    }
+
+    fn token(&mut self, id: u32, bytes: &[u8]) -> Step {
+        self.stream.token(id, bytes)
+    }
+}
+
+/// The stream alone (the slot scheduler calls the disk cache itself).
+impl Observer for Stream {
     fn greedy_next(&mut self) -> bool {
         self.tools && self.scan.structural(&self.raw)
     }

@@ -31,7 +31,7 @@ use super::plan;
 use super::render;
 use super::request::{Api, GenRequest, Role};
 use super::scoring::{self, JobLogprobs};
-use super::stream::Stream;
+use super::stream::{Stream, WithCache};
 use super::trace::{self, Trace};
 use crate::chat::template::EOS;
 use crate::constrain::GrammarEngine;
@@ -64,13 +64,23 @@ pub struct Queue {
     tx: SyncSender<Work>,
     metrics: Arc<Metrics>,
     health: Arc<WorkerHealth>,
+    /// Jobs that may wait for the engine (`--queue`). The depth counts a
+    /// job from its submission until it starts (the serial worker takes
+    /// it, or it takes a KV slot), so the bound holds also while the slot
+    /// scheduler holds admitted jobs of its own.
+    bound: usize,
 }
 
 impl Queue {
     /// Enqueues a job; a full queue is `503` with `Retry-After`.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send(Work::Gen(Box::new(job))) {
+        let before = self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
+        let sent = if before >= self.bound {
+            Err(TrySendError::Full(Work::Gen(Box::new(job))))
+        } else {
+            self.tx.try_send(Work::Gen(Box::new(job)))
+        };
+        match sent {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
@@ -110,90 +120,154 @@ pub fn start(
     bound: usize,
     cache: Box<dyn KvCacheHook>,
 ) -> Queue {
-    let (tx, rx) = std::sync::mpsc::sync_channel(bound.max(1));
-    let m = metrics.clone();
+    metrics.slots.store(1, Ordering::Relaxed);
+    spawn(metrics, bound, move |rx, core_parts| {
+        let core = core_parts.into_core(tok, cfg, cache);
+        Worker {
+            sess,
+            core,
+            live: Bindings::default(),
+        }
+        .run(rx)
+    })
+}
+
+/// What the engine thread gets from [`spawn`] besides its queue.
+pub(super) struct CoreParts {
+    metrics: Arc<Metrics>,
+    health: Arc<WorkerHealth>,
+}
+
+impl CoreParts {
+    pub(super) fn into_core(
+        self,
+        tok: Arc<Tokenizer>,
+        cfg: WorkerConfig,
+        cache: Box<dyn KvCacheHook>,
+    ) -> Core {
+        let trace = Trace::open(cfg.trace.as_deref());
+        Core::new(tok, cfg, self.metrics, cache, trace, self.health)
+    }
+}
+
+/// Starts the engine thread `body` on a queue of `bound` jobs (the serial
+/// worker here, the slot scheduler in `slots.rs`); `/health` sees the
+/// thread alive until `body` returns or unwinds.
+pub(super) fn spawn(
+    metrics: Arc<Metrics>,
+    bound: usize,
+    body: impl FnOnce(Receiver<Work>, CoreParts) + Send + 'static,
+) -> Queue {
+    let bound = bound.max(1);
+    let (tx, rx) = std::sync::mpsc::sync_channel(bound);
     let health = Arc::new(WorkerHealth::default());
     health.alive.store(true, Ordering::SeqCst);
     let guard = AliveGuard(health.clone());
-    let trace = Trace::open(cfg.trace.as_deref());
+    let parts = CoreParts {
+        metrics: metrics.clone(),
+        health: health.clone(),
+    };
     std::thread::Builder::new()
         .name("ds4-worker".into())
         .spawn(move || {
-            let health = guard.0.clone();
             let _guard = guard;
-            Worker {
-                sess,
-                tok,
-                cfg,
-                metrics: m,
-                memory: ToolMemory::default(),
-                cache,
-                thinking_visible: None,
-                protocol: None,
-                trace,
-                ids: id_rng(0),
-                request_seq: 0,
-                health,
-                grammar: None,
-            }
-            .run(rx)
+            body(rx, parts)
         })
         .expect("spawning the worker thread");
     Queue {
         tx,
         metrics,
         health,
+        bound,
     }
+}
+
+/// Everything the engine thread keeps besides the KV state: shared by the
+/// serial worker (one `Session`) and the slot scheduler (`slots.rs`, one
+/// `Batch` of N slots).
+pub(super) struct Core {
+    pub(super) tok: Arc<Tokenizer>,
+    pub(super) cfg: WorkerConfig,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) memory: ToolMemory,
+    pub(super) cache: Box<dyn KvCacheHook>,
+    pub(super) trace: Trace,
+    /// Ids and unseeded sampling of the current request (`id_rng`).
+    pub(super) ids: Rng,
+    pub(super) request_seq: u64,
+    pub(super) health: Arc<WorkerHealth>,
+    /// llguidance's tables for our vocabulary, built by the first request
+    /// with a response format or strict tools (structured output).
+    pub(super) grammar: Option<Arc<GrammarEngine>>,
+}
+
+/// What one KV slot remembers about the turn it holds (SERVER.md §9): the
+/// thinking-visible and protocol bindings, valid at their `live_len`.
+#[derive(Default)]
+pub(super) struct Bindings {
+    pub(super) thinking_visible: Option<VisibleBinding>,
+    pub(super) protocol: Option<ProtocolBinding>,
 }
 
 struct Worker {
     sess: Session,
-    tok: Arc<Tokenizer>,
-    cfg: WorkerConfig,
-    metrics: Arc<Metrics>,
-    memory: ToolMemory,
-    cache: Box<dyn KvCacheHook>,
-    thinking_visible: Option<VisibleBinding>,
-    protocol: Option<ProtocolBinding>,
-    trace: Trace,
-    /// Ids and unseeded sampling of the current request (`id_rng`).
-    ids: Rng,
-    request_seq: u64,
-    health: Arc<WorkerHealth>,
-    /// llguidance's tables for our vocabulary, built by the first request
-    /// with a response format or strict tools (structured output).
-    grammar: Option<Arc<GrammarEngine>>,
+    core: Core,
+    live: Bindings,
 }
 
 /// A request past admission: its rendered prompt and its own tokens.
-struct Admitted {
-    req: GenRequest,
-    events: UnboundedSender<Event>,
-    text: String,
-    full: Vec<u32>,
-    t0: Instant,
+pub(super) struct Admitted {
+    pub(super) req: GenRequest,
+    pub(super) events: UnboundedSender<Event>,
+    pub(super) text: String,
+    pub(super) full: Vec<u32>,
+    pub(super) t0: Instant,
+    /// Its request number and its id generator (`id_rng(seq)`).
+    pub(super) seq: u64,
+    pub(super) ids: Rng,
+}
+
+impl Admitted {
+    /// Once the prompt (`prompt` effective tokens, `cached` of them reused)
+    /// is in the KV slot.
+    pub(super) fn prefilled(self, prompt: usize, cached: usize, lp: JobLogprobs) -> Prefilled {
+        Prefilled {
+            lp,
+            t_prefill: self.t0.elapsed(),
+            req: self.req,
+            events: self.events,
+            text: self.text,
+            prompt,
+            cached,
+            t0: self.t0,
+            seq: self.seq,
+            ids: self.ids,
+        }
+    }
 }
 
 /// A request whose prompt is in the KV slot.
-struct Prefilled {
-    req: GenRequest,
-    events: UnboundedSender<Event>,
-    text: String,
+pub(super) struct Prefilled {
+    pub(super) req: GenRequest,
+    pub(super) events: UnboundedSender<Event>,
+    pub(super) text: String,
     /// Effective prompt tokens.
-    prompt: usize,
-    cached: usize,
-    t0: Instant,
-    t_prefill: Duration,
-    /// Echo and log-probabilities (`logprobs.rs`).
-    lp: JobLogprobs,
+    pub(super) prompt: usize,
+    pub(super) cached: usize,
+    pub(super) t0: Instant,
+    pub(super) t_prefill: Duration,
+    pub(super) seq: u64,
+    pub(super) ids: Rng,
+    /// Echo and log-probabilities (`scoring.rs`).
+    pub(super) lp: JobLogprobs,
 }
 
 /// What generation produced.
-struct Decoded {
+pub(super) struct Decoded {
     tokens: usize,
     finish: Finish,
     thinking: bool,
-    stop_hit: bool,
+    pub(super) stop_hit: bool,
     raw: String,
     saw_close: bool,
     live_ids: Vec<String>,
@@ -219,136 +293,104 @@ fn needs_live_tool_state(req: &GenRequest) -> bool {
     ids.iter().any(|i| !replayed.contains(&i.as_str()))
 }
 
-impl Worker {
-    fn run(mut self, rx: Receiver<Work>) {
-        while let Ok(work) = rx.recv() {
-            let job = match work {
-                Work::Gen(job) => *job,
-                Work::Shutdown(ack) => {
-                    let visible = self.visible_at_live();
-                    let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
-                    let tools: &dyn ToolIds = if self.cfg.exact_replay {
-                        &self.memory
-                    } else {
-                        &NoToolIds
-                    };
-                    self.cache.shutdown(&self.sess, &self.tok, v, tools);
-                    let _ = ack.send(());
-                    break;
-                }
-            };
-            self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
-            if job.events.is_closed() {
-                // The client left while queued: nothing to do.
-                continue;
-            }
-            self.request_seq += 1;
-            self.run_job(job);
+impl Core {
+    pub(super) fn new(
+        tok: Arc<Tokenizer>,
+        cfg: WorkerConfig,
+        metrics: Arc<Metrics>,
+        cache: Box<dyn KvCacheHook>,
+        trace: Trace,
+        health: Arc<WorkerHealth>,
+    ) -> Core {
+        Core {
+            tok,
+            cfg,
+            metrics,
+            memory: ToolMemory::default(),
+            cache,
+            trace,
+            ids: id_rng(0),
+            request_seq: 0,
+            health,
+            grammar: None,
         }
     }
 
-    /// One job under `catch_unwind`: a panic fails this job alone (500, or
-    /// an error event once streaming), the session is reset because its KV
-    /// may be half-written, and the worker takes the next job.
-    fn run_job(&mut self, job: Job) {
-        let events = job.events.clone();
-        let seq = self.request_seq;
-        let outcome = catch_unwind(AssertUnwindSafe(|| self.serve(job)));
-        let msg = match outcome {
-            Ok(Ok(())) => return,
-            Ok(Err(msg)) => msg,
-            Err(payload) => {
-                let msg = panic_message(&*payload);
-                self.forget_live_state();
-                self.health.record_panic(msg.clone(), seq);
-                crate::log_line!(
-                    "ds4-server: request {seq} failed: the worker panicked ({msg}); the session was reset"
-                );
-                format!("internal error: the server failed on this request ({msg}); its session was reset")
-            }
-        };
-        let _ = events.send(Event::Failed(msg));
-    }
-
-    /// After a panic nothing live can be trusted: the KV slot is treated as
-    /// cold and the bindings that describe it go.
-    fn forget_live_state(&mut self) {
-        self.thinking_visible = None;
-        self.protocol = None;
-        if catch_unwind(AssertUnwindSafe(|| self.sess.reset())).is_err() {
-            crate::log_line!("ds4-server: resetting the session panicked too");
-        }
-    }
-
-    /// The effective prompt, the cached count and the rule that matched
-    /// (KVCACHE.md §2; the names are ds4's trace `cache_source` values).
-    fn plan(
+    /// Live-reuse rules 1-6 (KVCACHE.md §2; the names are ds4's trace
+    /// `cache_source` values) against one slot's live tokens and bindings:
+    /// the effective prompt, the cached count and the rule, or `Err(full)`
+    /// when nothing live is reusable.
+    pub(super) fn plan_live(
         &mut self,
         req: &GenRequest,
         text: &str,
         full: Vec<u32>,
-    ) -> (Vec<u32>, usize, &'static str) {
-        let live = self.sess.tokens().to_vec();
+        live: &[u32],
+        b: &Bindings,
+    ) -> Result<(Vec<u32>, usize, &'static str), Vec<u32>> {
         if live.is_empty() {
-            return self.plan_cold(text, full);
+            return Err(full);
         }
-        if let Some(b) = self
+        if let Some(pb) = b
             .protocol
             .as_ref()
-            .filter(|b| b.live_len == live.len() && b.api == req.api)
+            .filter(|pb| pb.live_len == live.len() && pb.api == req.api)
         {
             // Rule 1: the Responses visible transcript is a strict prefix.
-            let rest = b.visible.as_ref().and_then(|v| {
+            let rest = pb.visible.as_ref().and_then(|v| {
                 plan::strict_continuation(text, v.as_bytes()).and_then(|n| text.get(n..))
             });
             if let Some(rest) = rest {
-                let mut eff = live.clone();
+                let mut eff = live.to_vec();
                 eff.extend(self.tok.encode_chat(rest));
-                return (eff, live.len(), "responses-visible");
+                return Ok((eff, live.len(), "responses-visible"));
             }
             // Rules 2 and 3: the request ends with the results of exactly
             // the calls the live session made: append only the tail.
             if let Some((first, ids)) = trailing_tool_run(req) {
-                if same_set(&ids, &b.ids) {
+                if same_set(&ids, &pb.ids) {
                     let tail = if self.cfg.exact_replay {
                         render::render_tail(&req.messages[first..], req, &mut self.memory)
                     } else {
                         render::render_tail(&req.messages[first..], req, &mut render::NoReplay)
                     };
-                    let mut eff = live.clone();
+                    let mut eff = live.to_vec();
                     eff.extend(self.tok.encode_chat(&tail));
                     let source = if req.api == Api::Messages {
                         "anthropic-tool-output"
                     } else {
                         "responses-tool-output"
                     };
-                    return (eff, live.len(), source);
+                    return Ok((eff, live.len(), source));
                 }
             }
         }
-        let thinking_visible = self
+        let thinking_visible = b
             .thinking_visible
             .as_ref()
-            .filter(|b| req.chat_style() && b.live_len == live.len())
-            .map(|b| b.text.as_str());
+            .filter(|tb| req.chat_style() && tb.live_len == live.len())
+            .map(|tb| tb.text.as_str());
         let view = plan::Live {
-            tokens: &live,
+            tokens: live,
             thinking_visible,
         };
         let tok = self.tok.clone();
-        match plan::plan_live(&view, text, &full, || tok.decode(&live)) {
-            plan::LivePlan::Tokens => (full, live.len(), "memory-token"),
+        match plan::plan_live(&view, text, &full, || tok.decode(live)) {
+            plan::LivePlan::Tokens => {
+                let n = live.len();
+                Ok((full, n, "memory-token"))
+            }
             // `from` is a character boundary (plan.rs); `get` keeps a
             // slicing mistake from ever taking the worker down.
             plan::LivePlan::Append { from, source } => match text.get(from..) {
                 Some(rest) => {
-                    let mut eff = live.clone();
+                    let mut eff = live.to_vec();
                     eff.extend(self.tok.encode_chat(rest));
-                    (eff, live.len(), source)
+                    Ok((eff, live.len(), source))
                 }
-                None => self.plan_cold(text, full),
+                None => Err(full),
             },
-            plan::LivePlan::Cold => self.plan_cold(text, full),
+            plan::LivePlan::Cold => Err(full),
         }
     }
 
@@ -357,17 +399,7 @@ impl Worker {
     /// maps (KVCACHE.md §7), so that a restarted server renders those calls
     /// with their exact sampled bytes again.
     fn prefetch_tool_ids(&mut self, req: &GenRequest) {
-        let missing: std::collections::HashSet<&str> = req
-            .messages
-            .iter()
-            .flat_map(|m| {
-                m.tool_calls
-                    .iter()
-                    .map(|c| c.id.as_str())
-                    .chain(m.tool_result_ids.iter().map(String::as_str))
-            })
-            .filter(|id| !id.is_empty() && !self.memory.contains(id))
-            .collect();
+        let missing = missing_tool_ids(req, &self.memory);
         if missing.is_empty() {
             return;
         }
@@ -379,63 +411,10 @@ impl Worker {
         }
     }
 
-    /// The visible transcript remembered at exactly the live length.
-    fn visible_at_live(&self) -> Option<(String, VisibleKind)> {
-        let n = self.sess.tokens().len();
-        if let Some(v) = self
-            .protocol
-            .as_ref()
-            .filter(|b| b.live_len == n)
-            .and_then(|b| b.visible.clone())
-        {
-            return Some((v, VisibleKind::Responses));
-        }
-        self.thinking_visible
-            .as_ref()
-            .filter(|b| b.live_len == n)
-            .map(|b| (b.text.clone(), VisibleKind::Thinking))
-    }
-
-    /// Rules 7 and 8: a disk checkpoint through the cache hook, or nothing.
-    fn plan_cold(&mut self, text: &str, full: Vec<u32>) -> (Vec<u32>, usize, &'static str) {
-        let visible = self.visible_at_live();
-        let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
-        let tools: &dyn ToolIds = if self.cfg.exact_replay {
-            &self.memory
-        } else {
-            &NoToolIds
-        };
-        match self.cache.resume(&mut self.sess, &self.tok, text, v, tools) {
-            Some(hit) => {
-                if self.cfg.exact_replay {
-                    self.memory
-                        .restore(hit.tool_map, self.cfg.tool_memory_max_ids);
-                }
-                (hit.effective, hit.cached, "disk-text")
-            }
-            None => (full, 0, "none"),
-        }
-    }
-
-    /// One request: four phases. Each returns `None` when the job ended
-    /// early (rejected, or a generation error already reported).
-    fn serve(&mut self, job: Job) -> Result<(), String> {
-        let Some(a) = self.admit(job) else {
-            return Ok(());
-        };
-        let Some(p) = self.prefill(a)? else {
-            return Ok(());
-        };
-        let Some(d) = self.decode(&p) else {
-            return Ok(());
-        };
-        self.finish(p, d);
-        Ok(())
-    }
-
     /// Admission: render, check the tool ids the request answers, tokenize,
-    /// check the context.
-    fn admit(&mut self, job: Job) -> Option<Admitted> {
+    /// check the context. `live` are the bindings of every slot (a tool
+    /// result may answer a call any live slot made).
+    pub(super) fn admit(&mut self, job: Job, ctx: usize, live: &[&Bindings]) -> Option<Admitted> {
         let Job { req, events } = job;
         let t0 = Instant::now();
         self.ids = id_rng(self.request_seq);
@@ -447,7 +426,7 @@ impl Worker {
         } else {
             render::render(&req, &mut render::NoReplay)
         };
-        if let Some(e) = self.unknown_tool_result(&req) {
+        if let Some(e) = self.unknown_tool_result(&req, live) {
             let _ = events.send(Event::Rejected(e));
             return None;
         }
@@ -463,7 +442,6 @@ impl Worker {
                 return None;
             }
         };
-        let ctx = self.sess.ctx();
         if full.len() >= ctx {
             let param = match req.api {
                 Api::Chat | Api::Messages => "messages",
@@ -480,12 +458,14 @@ impl Worker {
             text,
             full,
             t0,
+            seq: self.request_seq,
+            ids: self.ids.clone(),
         })
     }
 
     /// Tool results must answer a call that is replayed in the input or
     /// that this server made (SERVER.md §9.1, §9.2).
-    fn unknown_tool_result(&self, req: &GenRequest) -> Option<ApiError> {
+    fn unknown_tool_result(&self, req: &GenRequest, live: &[&Bindings]) -> Option<ApiError> {
         if req.api != Api::Messages && req.api != Api::Responses {
             return None;
         }
@@ -497,10 +477,11 @@ impl Worker {
         let known = |id: &String| {
             replayed.contains(&id.as_str())
                 || self.memory.contains(id)
-                || self
-                    .protocol
-                    .as_ref()
-                    .is_some_and(|b| b.ids.iter().any(|x| x == id))
+                || live.iter().any(|b| {
+                    b.protocol
+                        .as_ref()
+                        .is_some_and(|p| p.ids.iter().any(|x| x == id))
+                })
         };
         let id = req
             .messages
@@ -516,93 +497,48 @@ impl Worker {
         Some(ApiError::invalid(&msg))
     }
 
-    /// Prefill: the reuse plan, the 409 for lost live tool state, the trace,
-    /// the metrics, then the KV brought to the effective prompt.
-    fn prefill(&mut self, a: Admitted) -> Result<Option<Prefilled>, String> {
-        let Admitted {
-            req,
-            events,
-            text,
-            full,
-            t0,
-        } = a;
-        let ctx = self.sess.ctx();
-        let full_len = full.len();
-        let live_before = self.sess.tokens().len();
-        let (eff, cached, source) = if req.scoring.raw_prompt() {
-            (full, 0, "none")
-        } else {
-            self.plan(&req, &text, full)
-        };
-        let (eff, cached, source) = if eff.len() >= ctx {
-            (self.tok.encode_chat(&text), 0, "none")
-        } else {
-            (eff, cached, source)
-        };
+    /// After the plan: the trace, the 409 for lost live tool state, the
+    /// `--debug-panic-on-prompt` hook, the `Accepted` event and the
+    /// metrics. False when the job was rejected.
+    pub(super) fn accept(
+        &mut self,
+        a: &Admitted,
+        eff: usize,
+        cached: usize,
+        source: &'static str,
+        live_before: usize,
+    ) -> bool {
         let decision = trace::Decision {
-            seq: self.request_seq,
-            prompt_tokens: full_len,
-            effective_tokens: eff.len(),
+            seq: a.seq,
+            prompt_tokens: a.full.len(),
+            effective_tokens: eff,
             cached,
             live_before,
             source,
         };
-        self.trace.request(&req, &decision, &text);
-        if cached == 0 && needs_live_tool_state(&req) {
-            let msg = if req.api == Api::Messages {
+        self.trace.request(&a.req, &decision, &a.text);
+        if cached == 0 && needs_live_tool_state(&a.req) {
+            let msg = if a.req.api == Api::Messages {
                 "Anthropic continuation state is not available; retry by replaying the full messages history"
             } else {
                 "Responses continuation state is not available; retry by replaying the full input history"
             };
-            let _ = events.send(Event::Rejected(ApiError::new(409, msg)));
-            return Ok(None);
+            let _ = a.events.send(Event::Rejected(ApiError::new(409, msg)));
+            return false;
         }
-        self.debug_panic_hook(&text, &events, eff.len(), cached);
-        // Any binding not used by this request is cleared.
-        self.thinking_visible = None;
-        self.protocol = None;
-        let _ = events.send(Event::Accepted {
-            prompt_tokens: eff.len(),
+        self.debug_panic_hook(&a.text, &a.events, eff, cached);
+        let _ = a.events.send(Event::Accepted {
+            prompt_tokens: eff,
             cached,
         });
         let m = &self.metrics;
         m.requests.fetch_add(1, Ordering::Relaxed);
-        m.prompt_tokens
-            .fetch_add(eff.len() as u64, Ordering::Relaxed);
+        m.prompt_tokens.fetch_add(eff as u64, Ordering::Relaxed);
         if cached > 0 {
             m.prefix_hits.fetch_add(1, Ordering::Relaxed);
             m.reused_tokens.fetch_add(cached as u64, Ordering::Relaxed);
         }
-        let tools: &dyn ToolIds = if self.cfg.exact_replay {
-            &self.memory
-        } else {
-            &NoToolIds
-        };
-        let mut lp = JobLogprobs::new(&req);
-        let stats = match lp.prefill(&req, &mut self.sess, &self.tok, &eff, &events) {
-            Some(scored) => scored,
-            None => self.cache.prefill(
-                &mut self.sess,
-                &self.tok,
-                &eff,
-                cached,
-                &mut |_, _| {},
-                tools,
-            ),
-        }
-        .map_err(|e| e.to_string())?;
-        m.evaluated_prompt_tokens
-            .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
-        Ok(Some(Prefilled {
-            req,
-            events,
-            text,
-            prompt: eff.len(),
-            cached,
-            t0,
-            t_prefill: t0.elapsed(),
-            lp,
-        }))
+        true
     }
 
     /// `--debug-panic-on-prompt`: the job is accepted (so a stream has
@@ -626,89 +562,39 @@ impl Worker {
         }
     }
 
-    /// Decode: the picker (script or sampler), the stream observer and the
-    /// generation loop; `None` after a generation error (already reported).
-    fn decode(&mut self, p: &Prefilled) -> Option<Decoded> {
-        let req = &p.req;
-        let thinking = req.chat_style() && req.mode.thinks();
-        let max_new = req
-            .max_tokens
+    /// The token limit of a request whose effective prompt is `prompt`.
+    pub(super) fn max_new(&self, req: &GenRequest, ctx: usize, prompt: usize) -> usize {
+        req.max_tokens
             .map(|n| n.max(0) as usize)
             .unwrap_or(self.cfg.default_tokens)
-            .min(self.sess.ctx().saturating_sub(p.prompt));
+            .min(ctx.saturating_sub(prompt))
+    }
+
+    /// The request's picker: its script, the next queued script, or the
+    /// sampler seeded by the request (or by `ids`, the request's own
+    /// generator, when it gives no seed), under the request's response
+    /// format or strict tools when it has them ([`Core::constrained`]).
+    pub(super) fn picker(
+        &mut self,
+        req: &GenRequest,
+        ids: &mut Rng,
+        thinking: bool,
+    ) -> Result<Box<dyn TokenPicker>, String> {
         let queued = if req.script.is_none() && !self.cfg.queued_scripts.is_empty() {
             Some(self.cfg.queued_scripts.remove(0))
         } else {
             None
         };
-        let mut picker: Box<dyn TokenPicker> = match req.script.as_ref().or(queued.as_ref()) {
-            Some(s) => Box::new(Scripted::from_text(&self.tok, s)),
+        match req.script.as_ref().or(queued.as_ref()) {
+            Some(s) => Ok(Box::new(Scripted::from_text(&self.tok, s))),
             None => {
                 let sampled = Sampled {
                     cfg: req.sampler,
-                    rng: Rng::new(req.seed.unwrap_or_else(|| self.ids.next_u64())),
+                    rng: Rng::new(req.seed.unwrap_or_else(|| ids.next_u64())),
                 };
-                match self.constrained(sampled, req, thinking) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = p.events.send(Event::Failed(e));
-                        return None;
-                    }
-                }
+                self.constrained(sampled, req, thinking)
             }
-        };
-        let tools: &dyn ToolIds = if self.cfg.exact_replay {
-            &self.memory
-        } else {
-            &NoToolIds
-        };
-        let mut obs = Stream::new(
-            req,
-            thinking,
-            p.events.clone(),
-            &mut *self.cache,
-            tools,
-            self.tok.clone(),
-            self.request_seq,
-        );
-        let mut picker =
-            p.lp.recorder(&mut *picker, self.tok.clone(), thinking, p.events.clone());
-        let t1 = Instant::now();
-        let outcome = generate::generate(&mut self.sess, &self.tok, max_new, &mut picker, &mut obs);
-        let gen_s = t1.elapsed().as_secs_f64();
-        let (tokens, finish) = match outcome {
-            Ok(o) => (o.tokens, o.finish),
-            Err(e) => {
-                drop(obs);
-                self.sess.reset();
-                let _ = p.events.send(Event::Failed(e.to_string()));
-                return None;
-            }
-        };
-        obs.flush();
-        let grammar_open = picker.unfinished();
-        let d = Decoded {
-            tokens: tokens.len(),
-            finish,
-            thinking,
-            stop_hit: obs.stop_hit,
-            raw: String::from_utf8_lossy(&obs.raw).into_owned(),
-            saw_close: obs.split.saw_close(),
-            live_ids: std::mem::take(&mut obs.live_ids),
-            live_closed: std::mem::take(&mut obs.live_closed),
-            grammar_open,
-            logprobs: std::mem::take(&mut picker.entries),
-        };
-        drop(obs);
-        let m = &self.metrics;
-        m.generated_tokens
-            .fetch_add(d.tokens as u64, Ordering::Relaxed);
-        m.record_speed(d.tokens, gen_s, p.t_prefill.as_secs_f64());
-        if d.stop_hit {
-            // The KV holds tokens past the cut: it no longer matches the text.
-            self.sess.reset();
         }
-        Some(d)
     }
 
     /// The sampler, under the request's response format (the answer after
@@ -758,9 +644,49 @@ impl Worker {
         )))
     }
 
+    /// The stream observer's results and the decode metrics.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decoded(
+        &self,
+        obs: &mut Stream,
+        tokens: usize,
+        finish: Finish,
+        thinking: bool,
+        grammar_open: bool,
+        logprobs: Vec<TokenLogprob>,
+        gen_s: f64,
+        prefill_s: f64,
+    ) -> Decoded {
+        obs.flush();
+        let d = Decoded {
+            tokens,
+            finish,
+            thinking,
+            stop_hit: obs.stop_hit,
+            raw: String::from_utf8_lossy(&obs.raw).into_owned(),
+            saw_close: obs.split.saw_close(),
+            live_ids: std::mem::take(&mut obs.live_ids),
+            live_closed: std::mem::take(&mut obs.live_closed),
+            grammar_open,
+            logprobs,
+        };
+        let m = &self.metrics;
+        m.generated_tokens
+            .fetch_add(d.tokens as u64, Ordering::Relaxed);
+        m.record_speed(d.tokens, gen_s, prefill_s);
+        d
+    }
+
     /// Finish: the finish reason, the DSML parse and the call ids, the
-    /// bindings the next request may reuse, the trace and the log line.
-    fn finish(&mut self, p: Prefilled, d: Decoded) {
+    /// bindings the next request on this slot may reuse (`live_len` is the
+    /// slot's length now), the trace and the log line.
+    pub(super) fn finish(
+        &mut self,
+        p: Prefilled,
+        mut d: Decoded,
+        b: &mut Bindings,
+        live_len: usize,
+    ) {
         let Prefilled {
             req,
             events,
@@ -768,6 +694,8 @@ impl Worker {
             prompt,
             cached,
             t0,
+            seq,
+            mut ids,
             lp,
             ..
         } = p;
@@ -799,7 +727,7 @@ impl Worker {
             self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
         }
         if req.chat_style() {
-            let raw_block = self.parse_calls(&req, &d, &mut fin);
+            let raw_block = self.parse_calls(&req, &mut d, &mut fin, &mut ids);
             // SERVER.md §9.3: remember the visible transcript of a plain
             // thinking turn so the next request keeps the hidden reasoning.
             let tool_context = req.tools_active()
@@ -814,18 +742,20 @@ impl Worker {
                 && !d.stop_hit
             {
                 let base = text.strip_suffix("<think>").unwrap_or(&text);
-                self.thinking_visible = Some(VisibleBinding {
+                b.thinking_visible = Some(VisibleBinding {
                     text: format!("{base}</think>{}{EOS}", fin.content),
-                    live_len: self.sess.tokens().len(),
+                    live_len,
                 });
             }
-            self.bind_protocol(&req, &text, &fin, raw_block, d.thinking, d.stop_hit);
+            self.bind_protocol(
+                b, live_len, &req, &text, &fin, raw_block, d.thinking, d.stop_hit,
+            );
         }
         let elapsed = t0.elapsed().as_secs_f64();
-        self.trace.result(self.request_seq, &fin, elapsed);
+        self.trace.result(seq, &fin, elapsed);
         crate::log_line!(
             "ds4-server: request {} {:?} stream={} prompt={} cached={} generated={} finish={:?} calls={} {:.2}s",
-            self.request_seq,
+            seq,
             req.api,
             req.stream as u8,
             fin.usage.prompt,
@@ -841,7 +771,13 @@ impl Worker {
     /// The DSML block of a chat-style answer into calls with ids (the ids
     /// shown live are kept), remembered for exact replay; returns the raw
     /// sampled block.
-    fn parse_calls(&mut self, req: &GenRequest, d: &Decoded, fin: &mut Final) -> Option<String> {
+    fn parse_calls(
+        &mut self,
+        req: &GenRequest,
+        d: &mut Decoded,
+        fin: &mut Final,
+        ids: &mut Rng,
+    ) -> Option<String> {
         let p: Parsed = dsml::parse_output(&d.raw, d.thinking);
         let raw_block = p.raw_dsml.clone();
         fin.reasoning = p.reasoning.filter(|r| !r.is_empty());
@@ -865,7 +801,7 @@ impl Worker {
                 let live = d.live_ids.get(i).cloned();
                 let streamed = d.live_closed.get(i).copied().unwrap_or(false);
                 let id = live.unwrap_or_else(|| loop {
-                    let id = format!("{prefix}{}", random_hex(16, &mut self.ids));
+                    let id = format!("{prefix}{}", random_hex(16, ids));
                     if !self.memory.contains(&id) {
                         break id;
                     }
@@ -888,8 +824,11 @@ impl Worker {
     }
 
     /// Records the Responses / Anthropic protocol state of a finished turn.
+    #[allow(clippy::too_many_arguments)]
     fn bind_protocol(
         &mut self,
+        b: &mut Bindings,
+        live_len: usize,
         req: &GenRequest,
         prompt_text: &str,
         fin: &Final,
@@ -901,7 +840,6 @@ impl Worker {
             return;
         }
         let ids: Vec<String> = fin.calls.iter().map(|c| c.id.clone()).collect();
-        let live_len = self.sess.tokens().len();
         match req.api {
             Api::Responses => {
                 let mut v = prompt_text.to_string();
@@ -930,7 +868,7 @@ impl Worker {
                     v.push_str(&block);
                 }
                 v.push_str(EOS);
-                self.protocol = Some(ProtocolBinding {
+                b.protocol = Some(ProtocolBinding {
                     api: Api::Responses,
                     ids,
                     visible: Some(v),
@@ -938,7 +876,7 @@ impl Worker {
                 });
             }
             Api::Messages if !ids.is_empty() => {
-                self.protocol = Some(ProtocolBinding {
+                b.protocol = Some(ProtocolBinding {
                     api: Api::Messages,
                     ids,
                     visible: None,
@@ -947,6 +885,256 @@ impl Worker {
             }
             _ => {}
         }
+    }
+}
+
+/// The ids of a request's tool calls and results that `memory` lacks.
+pub(super) fn missing_tool_ids(
+    req: &GenRequest,
+    memory: &ToolMemory,
+) -> std::collections::HashSet<String> {
+    req.messages
+        .iter()
+        .flat_map(|m| {
+            m.tool_calls
+                .iter()
+                .map(|c| c.id.as_str())
+                .chain(m.tool_result_ids.iter().map(String::as_str))
+        })
+        .filter(|id| !id.is_empty() && !memory.contains(id))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The visible transcript remembered at exactly the live length `n`.
+pub(super) fn visible_at(b: &Bindings, n: usize) -> Option<(String, VisibleKind)> {
+    if let Some(v) = b
+        .protocol
+        .as_ref()
+        .filter(|p| p.live_len == n)
+        .and_then(|p| p.visible.clone())
+    {
+        return Some((v, VisibleKind::Responses));
+    }
+    b.thinking_visible
+        .as_ref()
+        .filter(|t| t.live_len == n)
+        .map(|t| (t.text.clone(), VisibleKind::Thinking))
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<Work>) {
+        while let Ok(work) = rx.recv() {
+            let job = match work {
+                Work::Gen(job) => *job,
+                Work::Shutdown(ack) => {
+                    let visible = visible_at(&self.live, self.sess.tokens().len());
+                    let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
+                    let c = &mut self.core;
+                    let tools: &dyn ToolIds = if c.cfg.exact_replay {
+                        &c.memory
+                    } else {
+                        &NoToolIds
+                    };
+                    c.cache.shutdown(&self.sess, &c.tok, v, tools);
+                    let _ = ack.send(());
+                    break;
+                }
+            };
+            self.core.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+            if job.events.is_closed() {
+                // The client left while queued: nothing to do.
+                continue;
+            }
+            self.core.request_seq += 1;
+            let m = self.core.metrics.clone();
+            m.active_slots.store(1, Ordering::Relaxed);
+            self.run_job(job);
+            m.active_slots.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// One job under `catch_unwind`: a panic fails this job alone (500, or
+    /// an error event once streaming), the session is reset because its KV
+    /// may be half-written, and the worker takes the next job.
+    fn run_job(&mut self, job: Job) {
+        let events = job.events.clone();
+        let seq = self.core.request_seq;
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.serve(job)));
+        let msg = match outcome {
+            Ok(Ok(())) => return,
+            Ok(Err(msg)) => msg,
+            Err(payload) => {
+                let msg = panic_message(&*payload);
+                self.forget_live_state();
+                self.core.health.record_panic(msg.clone(), seq);
+                crate::log_line!(
+                    "ds4-server: request {seq} failed: the worker panicked ({msg}); the session was reset"
+                );
+                format!("internal error: the server failed on this request ({msg}); its session was reset")
+            }
+        };
+        let _ = events.send(Event::Failed(msg));
+    }
+
+    /// After a panic nothing live can be trusted: the KV slot is treated as
+    /// cold and the bindings that describe it go.
+    fn forget_live_state(&mut self) {
+        self.live = Bindings::default();
+        if catch_unwind(AssertUnwindSafe(|| self.sess.reset())).is_err() {
+            crate::log_line!("ds4-server: resetting the session panicked too");
+        }
+    }
+
+    /// Rules 1-6 on the live session, then rules 7 and 8: a disk
+    /// checkpoint through the cache hook, or nothing.
+    fn plan(
+        &mut self,
+        req: &GenRequest,
+        text: &str,
+        full: Vec<u32>,
+    ) -> (Vec<u32>, usize, &'static str) {
+        let live = self.sess.tokens().to_vec();
+        let full = match self.core.plan_live(req, text, full, &live, &self.live) {
+            Ok(p) => return p,
+            Err(full) => full,
+        };
+        let visible = visible_at(&self.live, live.len());
+        let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
+        let c = &mut self.core;
+        let tools: &dyn ToolIds = if c.cfg.exact_replay {
+            &c.memory
+        } else {
+            &NoToolIds
+        };
+        match c.cache.resume(&mut self.sess, &c.tok, text, v, tools) {
+            Some(hit) => {
+                if c.cfg.exact_replay {
+                    c.memory.restore(hit.tool_map, c.cfg.tool_memory_max_ids);
+                }
+                (hit.effective, hit.cached, "disk-text")
+            }
+            None => (full, 0, "none"),
+        }
+    }
+
+    /// One request: four phases. Each returns `None` when the job ended
+    /// early (rejected, or a generation error already reported).
+    fn serve(&mut self, job: Job) -> Result<(), String> {
+        let ctx = self.sess.ctx();
+        let Some(a) = self.core.admit(job, ctx, &[&self.live]) else {
+            return Ok(());
+        };
+        let Some(mut p) = self.prefill(a)? else {
+            return Ok(());
+        };
+        let Some(d) = self.decode(&mut p) else {
+            return Ok(());
+        };
+        let live_len = self.sess.tokens().len();
+        self.core.finish(p, d, &mut self.live, live_len);
+        Ok(())
+    }
+
+    /// Prefill: the reuse plan, the 409 for lost live tool state, the trace,
+    /// the metrics, then the KV brought to the effective prompt.
+    fn prefill(&mut self, a: Admitted) -> Result<Option<Prefilled>, String> {
+        let ctx = self.sess.ctx();
+        let live_before = self.sess.tokens().len();
+        let (eff, cached, source) = if a.req.scoring.raw_prompt() {
+            (a.full.clone(), 0, "none")
+        } else {
+            self.plan(&a.req, &a.text, a.full.clone())
+        };
+        let (eff, cached, source) = if eff.len() >= ctx {
+            (a.full.clone(), 0, "none")
+        } else {
+            (eff, cached, source)
+        };
+        if !self.core.accept(&a, eff.len(), cached, source, live_before) {
+            return Ok(None);
+        }
+        // Any binding not used by this request is cleared.
+        self.live = Bindings::default();
+        let c = &mut self.core;
+        let tools: &dyn ToolIds = if c.cfg.exact_replay {
+            &c.memory
+        } else {
+            &NoToolIds
+        };
+        let mut lp = JobLogprobs::new(&a.req);
+        let stats = match lp.prefill(&a.req, &mut self.sess, &c.tok, &eff, &a.events) {
+            Some(scored) => scored,
+            None => c
+                .cache
+                .prefill(&mut self.sess, &c.tok, &eff, cached, &mut |_, _| {}, tools),
+        }
+        .map_err(|e| e.to_string())?;
+        c.metrics
+            .evaluated_prompt_tokens
+            .fetch_add(stats.evaluated as u64, Ordering::Relaxed);
+        Ok(Some(a.prefilled(eff.len(), cached, lp)))
+    }
+
+    /// Decode: the picker (script or sampler), the stream observer and the
+    /// generation loop; `None` after a generation error (already reported).
+    fn decode(&mut self, p: &mut Prefilled) -> Option<Decoded> {
+        let req = &p.req;
+        let thinking = req.chat_style() && req.mode.thinks();
+        let max_new = self.core.max_new(req, self.sess.ctx(), p.prompt);
+        // The request's id generator seeds an unseeded sampler first, then
+        // mints the call ids (finish), as one stream.
+        let mut picker = match self.core.picker(req, &mut p.ids, thinking) {
+            Ok(picker) => picker,
+            Err(e) => {
+                let _ = p.events.send(Event::Failed(e));
+                return None;
+            }
+        };
+        let c = &mut self.core;
+        let tools: &dyn ToolIds = if c.cfg.exact_replay {
+            &c.memory
+        } else {
+            &NoToolIds
+        };
+        let mut stream = Stream::new(req, thinking, p.events.clone(), c.tok.clone(), p.seq);
+        let mut obs = WithCache {
+            stream: &mut stream,
+            cache: &mut *c.cache,
+            tools,
+            tok: &c.tok,
+        };
+        let mut picker =
+            p.lp.recorder(&mut *picker, c.tok.clone(), thinking, p.events.clone());
+        let t1 = Instant::now();
+        let outcome = generate::generate(&mut self.sess, &c.tok, max_new, &mut picker, &mut obs);
+        let gen_s = t1.elapsed().as_secs_f64();
+        let (tokens, finish) = match outcome {
+            Ok(o) => (o.tokens, o.finish),
+            Err(e) => {
+                self.sess.reset();
+                let _ = p.events.send(Event::Failed(e.to_string()));
+                return None;
+            }
+        };
+        let grammar_open = picker.unfinished();
+        let logprobs = std::mem::take(&mut picker.entries);
+        drop(obs);
+        let d = self.core.decoded(
+            &mut stream,
+            tokens.len(),
+            finish,
+            thinking,
+            grammar_open,
+            logprobs,
+            gen_s,
+            p.t_prefill.as_secs_f64(),
+        );
+        if d.stop_hit {
+            // The KV holds tokens past the cut: it no longer matches the text.
+            self.sess.reset();
+        }
+        Some(d)
     }
 }
 
@@ -963,6 +1151,7 @@ mod tests {
             tx,
             metrics: metrics.clone(),
             health: Arc::new(WorkerHealth::default()),
+            bound: 1,
         };
         let pc = ParseContext {
             ctx: 100,

@@ -450,7 +450,16 @@ impl Kernels {
             }
             Op::MoeExperts(o) => cx.write(o.out, |cx, out| {
                 let (x, sel, w) = (cx.get(o.x), cx.get_i32(o.selected), cx.get(o.weights));
-                matmul::moe_experts_segments(self, o, cx.expert_source(), x, sel, w, cx.segments(), out)
+                matmul::moe_experts_segments(
+                    self,
+                    o,
+                    cx.expert_source(),
+                    x,
+                    sel,
+                    w,
+                    cx.segments(),
+                    out,
+                )
             }),
             Op::Attention(o) => cx.write(o.out, |cx, out| {
                 attention::attention(self, o, cx.file, o.inputs(cx), pos0, n, out);
