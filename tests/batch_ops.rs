@@ -11,6 +11,11 @@ mod common;
 #[allow(dead_code)]
 #[path = "common/oneop.rs"]
 mod oneop;
+// oneop's CUDA runners need the emulator under the `cuda` feature.
+#[cfg(feature = "cuda")]
+#[allow(dead_code)]
+#[path = "cuda_emu/mod.rs"]
+mod cuda_emu;
 
 use std::sync::Arc;
 

@@ -1119,7 +1119,6 @@ impl Worker {
         };
         let grammar_open = picker.unfinished();
         let logprobs = std::mem::take(&mut picker.entries);
-        drop(obs);
         let d = self.core.decoded(
             &mut stream,
             tokens.len(),
