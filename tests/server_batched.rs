@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use common::server::{get, post, start, status, Server};
+use common::server::{get, json_body, post, start, status, Server};
 
 /// The SSE body of a streamed POST, de-chunked.
 fn stream(addr: &str, path: &str, body: &Value) -> String {
@@ -516,4 +516,76 @@ fn each_session_continues_in_its_own_slot() {
         "{a2}"
     );
     assert_eq!(metric(&s.addr, "ds4_prefix_reuse_hits_total"), 2);
+}
+
+/// Issue 21's features beside issue 18's slots: a `json_schema` answer is
+/// built under its grammar in its own slot while other sessions decode
+/// (valid JSON with the required fields, and the same answer as alone);
+/// log-probabilities and `echo` are a clear 400 with several slots
+/// (docs/SERVER_NOTES.md), never an answer without its numbers.
+#[test]
+fn structured_output_per_slot_and_logprobs_refused_with_several_slots() {
+    let s = start(&["--batched-session", "4", "--mixed-prefill-quantum", "16"]);
+    let schema = json!({"type":"object","additionalProperties":false,"required":["name","n","tags"],
+        "properties":{"name":{"type":"string","maxLength":6},
+                      "n":{"type":"integer","minimum":0,"maximum":9},
+                      "tags":{"type":"array","maxItems":2,"items":{"enum":["a","b"]}}}});
+    let structured = json!({"messages":[{"role":"user","content":"Describe a cat as JSON."}],
+        "think":false,"seed":9,"temperature":1.0,"max_tokens":80,
+        "response_format":{"type":"json_schema","json_schema":{"name":"cat","strict":true,"schema":schema}}});
+    let answer = |resp: &str| -> Value {
+        assert_eq!(status(resp), 200, "{resp}");
+        let body = json_body(resp);
+        assert_eq!(body["choices"][0]["finish_reason"], "stop", "{body}");
+        let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let o = v
+            .as_object()
+            .unwrap_or_else(|| panic!("not an object: {v}"));
+        assert!(o.len() == 3 && o["name"].as_str().is_some_and(|n| n.chars().count() <= 6));
+        assert!((0..=9).contains(&o["n"].as_i64().unwrap()), "{v}");
+        assert!(o["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t == "a" || t == "b"));
+        v
+    };
+    let alone = answer(&post(&s.addr, "/v1/chat/completions", &structured));
+    // The same request while three streams decode beside it.
+    let addr = s.addr.clone();
+    let req = structured.clone();
+    let go = Arc::new(Barrier::new(4));
+    let g = go.clone();
+    let constrained = std::thread::spawn(move || {
+        g.wait();
+        post(&addr, "/v1/chat/completions", &req)
+    });
+    let others: Vec<_> = (0..3)
+        .map(|i| {
+            let (addr, go) = (s.addr.clone(), go.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                let (p, b) = chat(&format!("Story number {i}."), 20 + i, 40);
+                stream(&addr, p, &b)
+            })
+        })
+        .collect();
+    let beside = answer(&constrained.join().unwrap());
+    for h in others {
+        assert!(h.join().unwrap().contains("[DONE]"));
+    }
+    assert_eq!(alone, beside, "the constrained answer changed when batched");
+    assert!(metric(&s.addr, "ds4_batch_max_step_slots") >= 2);
+    for body in [
+        json!({"prompt":"Once upon a time","logprobs":2,"max_tokens":4}),
+        json!({"prompt":"Once upon a time","echo":true,"max_tokens":0}),
+    ] {
+        let r = post(&s.addr, "/v1/completions", &body);
+        assert_eq!(status(&r), 400, "{r}");
+        assert!(r.contains("--batched-session 1"), "{r}");
+    }
+    // The server still serves after the refusals.
+    let (p, b) = chat("Still there?", 1, 8);
+    assert!(stream(&s.addr, p, &b).contains("[DONE]"));
 }
