@@ -44,23 +44,12 @@ fn no_progress() -> impl FnMut(usize, usize) {
     |_, _| {}
 }
 
-/// A fresh, empty folder under the build tree.
 fn fresh_dir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("kvcache-disk")
-        .join(name);
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("kvcache-disk", name)
 }
 
 fn config(dir: &Path) -> KvCacheConfig {
-    KvCacheConfig {
-        kv_disk_dir: Some(dir.to_path_buf()),
-        kv_cache_min_tokens: 16,
-        kv_cache_cold_max_tokens: 900,
-        ..KvCacheConfig::default()
-    }
+    common::disk_cache_config(dir, 900)
 }
 
 fn open(cfg: &KvCacheConfig) -> DiskCache {

@@ -41,21 +41,11 @@ fn session() -> Session {
 }
 
 fn fresh_dir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("kvcache-shared")
-        .join(name);
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("kvcache-shared", name)
 }
 
 fn config(dir: &Path) -> KvCacheConfig {
-    KvCacheConfig {
-        kv_disk_dir: Some(dir.to_path_buf()),
-        kv_cache_min_tokens: 16,
-        kv_cache_cold_max_tokens: 400,
-        ..KvCacheConfig::default()
-    }
+    common::disk_cache_config(dir, 400)
 }
 
 type Log = Arc<Mutex<Vec<String>>>;

@@ -509,15 +509,7 @@ fn attention_and_ring_writes_match_the_cpu() {
         ];
         if let Some(s) = selected {
             // Some unused (-1) and some not yet visible entries.
-            let v = (0..n * top_k)
-                .map(|i| {
-                    if i % 4 == 3 {
-                        -1.0
-                    } else {
-                        rng.below(cap) as f32
-                    }
-                })
-                .collect();
+            let v = rng.selection(n * top_k, cap);
             inputs.push((s, v));
         }
         let op = Op::Attention(attention::Attention {
