@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ds4::backend::{BackendKind, BackendOptions};
+use ds4::kvcache::file::{self, KvcHeader, NewCheckpoint, SaveReason};
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
@@ -37,6 +38,40 @@ pub fn disk_cache_config(dir: &std::path::Path, cold_max_tokens: usize) -> KvCac
         kv_cache_cold_max_tokens: cold_max_tokens,
         ..KvCacheConfig::default()
     }
+}
+
+/// A synthetic checkpoint of `payload` filler bytes for `text` in `dir`
+/// (eviction reads only headers and sizes); its name, the text's SHA-1.
+pub fn synthetic_checkpoint(
+    dir: &std::path::Path,
+    ctx: usize,
+    text: &str,
+    tokens: u32,
+    hits: u32,
+    used: u64,
+    payload: usize,
+) -> String {
+    let payload = vec![7u8; payload];
+    let sha = file::sha1_hex(text.as_bytes());
+    let c = NewCheckpoint {
+        header: KvcHeader {
+            quant_bits: 2,
+            reason: SaveReason::Cold,
+            ext_flags: 0,
+            tokens,
+            hits,
+            ctx: ctx as u32,
+            created: used,
+            last_used: used,
+            payload_bytes: payload.len() as u64,
+            checksum: Some(file::checksum(text.as_bytes(), &payload)),
+        },
+        text: text.as_bytes(),
+        payload: &payload,
+        tool_map: &[],
+    };
+    file::write_atomic(&dir.join(format!("{sha}.kv")), &c, None).unwrap();
+    sha
 }
 
 /// The tiny model of `variant`, generated once per build tree (the generator
