@@ -332,15 +332,7 @@ fn compressor_per_session() {
     ] {
         let width = if overlapped { 2 * hd } else { hd };
         let slots = if overlapped { 2 * ratio } else { ratio };
-        let mut w = Weights::default();
-        w.add(
-            "ape",
-            &[width as u64, ratio as u64],
-            GgmlType::F32,
-            &rng.scaled(ratio * width, 1.0),
-        );
-        w.add("norm", &[hd as u64], GgmlType::F32, &rng.scaled(hd, 1.5));
-        let (f, r) = w.build();
+        let (f, r) = Weights::compressor(&mut rng, ratio, width, hd).build();
         let mut b = Builder::new(total(), total());
         let cap = 64;
         let state_kv = b.state("ckv", slots, width, vec![0.0; slots * width]);
