@@ -178,6 +178,30 @@ fn check(case: &BatchCase, order: &[usize]) {
 
 /// Three sessions: (pos0, rows). Positions far apart, one decode row.
 const SESSIONS: [(usize, usize); 3] = [(0, 3), (37, 1), (130, 5)];
+
+/// Checks `graph` (its states laid out as `layout`) with one session per
+/// entry of [`SESSIONS`], drawn by `session(pos0, n)`, in [`ORDER`].
+fn check_sessions(
+    label: String,
+    file: Arc<GgufFile>,
+    layout: StateLayout,
+    graph: Graph,
+    outputs: Vec<ValueId>,
+    mut session: impl FnMut(usize, usize) -> SessionCase,
+) {
+    let sessions = SESSIONS.iter().map(|&(pos0, n)| session(pos0, n)).collect();
+    check(
+        &BatchCase {
+            label,
+            file,
+            layout,
+            graph: Arc::new(graph),
+            outputs,
+            sessions,
+        },
+        &ORDER,
+    );
+}
 const ORDER: [usize; 3] = [2, 0, 1];
 
 fn rope_config() -> RopeConfig {
@@ -223,10 +247,14 @@ fn rope_and_ring_write_per_session() {
         dim: hd,
     }));
     // Inputs kept: two ops in one graph must not share their input slots.
-    let graph = Arc::new(b.rec.finish(b.tokens, out, vec![out, x, kv]));
-    let sessions = SESSIONS
-        .iter()
-        .map(|&(pos0, n)| SessionCase {
+    let graph = b.rec.finish(b.tokens, out, vec![out, x, kv]);
+    check_sessions(
+        "rope + ring_write".into(),
+        f,
+        b.layout,
+        graph,
+        vec![out],
+        |pos0, n| SessionCase {
             pos0,
             n,
             states: vec![rng.scaled(window * hd, 1.0)],
@@ -234,18 +262,7 @@ fn rope_and_ring_write_per_session() {
                 (x, rng.scaled(n * heads * hd, 1.0)),
                 (kv, rng.scaled(n * hd, 1.0)),
             ],
-        })
-        .collect();
-    check(
-        &BatchCase {
-            label: "rope + ring_write".into(),
-            file: f,
-            layout: b.layout,
-            graph,
-            outputs: vec![out],
-            sessions,
         },
-        &ORDER,
     );
 }
 
@@ -278,24 +295,20 @@ fn attention_per_session() {
             head_dim: hd,
             out,
         }));
-        let graph = Arc::new(b.rec.finish(b.tokens, out, vec![out]));
-        let sessions = SESSIONS
-            .iter()
-            .map(|&(pos0, n)| {
+        let graph = b.rec.finish(b.tokens, out, vec![out]);
+        check_sessions(
+            format!("attention selected {selected}"),
+            f,
+            b.layout,
+            graph,
+            vec![out],
+            |pos0, n| {
                 let mut inputs = vec![
                     (q, rng.scaled(n * nh * hd, 1.0)),
                     (kv, rng.scaled(n * hd, 1.0)),
                 ];
                 if let Some(s) = sel {
-                    let v = (0..n * top_k)
-                        .map(|i| {
-                            if i % 4 == 3 {
-                                -1.0
-                            } else {
-                                rng.below(cap) as f32
-                            }
-                        })
-                        .collect();
+                    let v = rng.selection(n * top_k, cap);
                     inputs.push((s, v));
                 }
                 SessionCase {
@@ -304,18 +317,7 @@ fn attention_per_session() {
                     states: vec![rng.scaled(window * hd, 1.0), rng.scaled(cap * hd, 1.0)],
                     inputs,
                 }
-            })
-            .collect();
-        check(
-            &BatchCase {
-                label: format!("attention selected {selected}"),
-                file: f,
-                layout: b.layout,
-                graph,
-                outputs: vec![out],
-                sessions,
             },
-            &ORDER,
         );
     }
 }
@@ -330,15 +332,7 @@ fn compressor_per_session() {
     ] {
         let width = if overlapped { 2 * hd } else { hd };
         let slots = if overlapped { 2 * ratio } else { ratio };
-        let mut w = Weights::default();
-        w.add(
-            "ape",
-            &[width as u64, ratio as u64],
-            GgmlType::F32,
-            &rng.scaled(ratio * width, 1.0),
-        );
-        w.add("norm", &[hd as u64], GgmlType::F32, &rng.scaled(hd, 1.5));
-        let (f, r) = w.build();
+        let (f, r) = Weights::compressor(&mut rng, ratio, width, hd).build();
         let mut b = Builder::new(total(), total());
         let cap = 64;
         let state_kv = b.state("ckv", slots, width, vec![0.0; slots * width]);
@@ -361,10 +355,14 @@ fn compressor_per_session() {
             rounding,
             eps: 1e-6,
         }));
-        let graph = Arc::new(b.rec.finish(b.tokens, kv, vec![]));
-        let sessions = SESSIONS
-            .iter()
-            .map(|&(pos0, n)| {
+        let graph = b.rec.finish(b.tokens, kv, vec![]);
+        check_sessions(
+            format!("compress r{ratio} ov {overlapped}"),
+            f,
+            b.layout,
+            graph,
+            vec![],
+            |pos0, n| {
                 let mut score = rng.scaled(slots * width, 2.0);
                 for s in score.iter_mut().step_by(3) {
                     *s = compress::EMPTY_SCORE;
@@ -382,18 +380,7 @@ fn compressor_per_session() {
                         (gate, rng.scaled(n * width, 2.0)),
                     ],
                 }
-            })
-            .collect();
-        check(
-            &BatchCase {
-                label: format!("compress r{ratio} ov {overlapped}"),
-                file: f,
-                layout: b.layout,
-                graph,
-                outputs: vec![],
-                sessions,
             },
-            &ORDER,
         );
     }
 }
@@ -419,10 +406,14 @@ fn indexer_per_session() {
         head_dim: hd,
         out,
     }));
-    let graph = Arc::new(b.rec.finish(b.tokens, out, vec![out]));
-    let sessions = SESSIONS
-        .iter()
-        .map(|&(pos0, n)| SessionCase {
+    let graph = b.rec.finish(b.tokens, out, vec![out]);
+    check_sessions(
+        "indexer".into(),
+        f,
+        b.layout,
+        graph,
+        vec![out],
+        |pos0, n| SessionCase {
             pos0,
             n,
             states: vec![rng.scaled(cap * hd, 1.0)],
@@ -430,18 +421,7 @@ fn indexer_per_session() {
                 (q, rng.scaled(n * nh * hd, 1.0)),
                 (wts, rng.scaled(n * nh, 1.0)),
             ],
-        })
-        .collect();
-    check(
-        &BatchCase {
-            label: "indexer".into(),
-            file: f,
-            layout: b.layout,
-            graph,
-            outputs: vec![out],
-            sessions,
         },
-        &ORDER,
     );
 }
 

@@ -160,6 +160,15 @@ fn tiny_schedules(backend: BackendKind, variant: Variant) {
     }
 }
 
+/// `tokens` for `slot`, keeping only the last row's logits.
+fn last_row(slot: usize, tokens: &[u32]) -> SlotWork<'_> {
+    SlotWork {
+        slot,
+        tokens,
+        all_logits: false,
+    }
+}
+
 #[test]
 fn cpu_ref_sessions_are_batch_invariant() {
     tiny_schedules(BackendKind::CpuRef, Variant::Q8);
@@ -192,63 +201,17 @@ fn bad_steps_are_refused_before_anything_runs() {
     let model = tiny_model(Variant::Q8);
     let mut b = Batch::new(model.clone(), options(BackendKind::CpuRef, 16), 2).unwrap();
     let t = tokens(4, 3);
-    b.step(&[SlotWork {
-        slot: 0,
-        tokens: &t,
-        all_logits: false,
-    }])
-    .unwrap();
+    b.step(&[last_row(0, &t)]).unwrap();
     let before = b.logits(0).to_vec();
     let vocab = model.config.n_vocab as u32;
     let bad = [vocab];
     let long = tokens(13, 4);
     for work in [
-        vec![SlotWork {
-            slot: 2,
-            tokens: &t,
-            all_logits: false,
-        }],
-        vec![
-            SlotWork {
-                slot: 1,
-                tokens: &t,
-                all_logits: false,
-            },
-            SlotWork {
-                slot: 1,
-                tokens: &t,
-                all_logits: false,
-            },
-        ],
-        vec![
-            SlotWork {
-                slot: 1,
-                tokens: &t,
-                all_logits: false,
-            },
-            SlotWork {
-                slot: 0,
-                tokens: &bad,
-                all_logits: false,
-            },
-        ],
-        vec![
-            SlotWork {
-                slot: 1,
-                tokens: &t,
-                all_logits: false,
-            },
-            SlotWork {
-                slot: 0,
-                tokens: &long,
-                all_logits: false,
-            },
-        ],
-        vec![SlotWork {
-            slot: 1,
-            tokens: &[],
-            all_logits: false,
-        }],
+        vec![last_row(2, &t)],
+        vec![last_row(1, &t), last_row(1, &t)],
+        vec![last_row(1, &t), last_row(0, &bad)],
+        vec![last_row(1, &t), last_row(0, &long)],
+        vec![last_row(1, &[])],
     ] {
         let e = b.step(&work).unwrap_err();
         assert!(
@@ -275,35 +238,13 @@ fn snapshots_move_between_slots() {
     let mut b = Batch::new(model, options(BackendKind::CpuRef, 128), 3).unwrap();
     let t = tokens(30, 9);
     let other = tokens(11, 10);
-    b.step(&[
-        SlotWork {
-            slot: 0,
-            tokens: &t[..20],
-            all_logits: false,
-        },
-        SlotWork {
-            slot: 2,
-            tokens: &other,
-            all_logits: false,
-        },
-    ])
-    .unwrap();
+    b.step(&[last_row(0, &t[..20]), last_row(2, &other)])
+        .unwrap();
     let snap = b.save_snapshot(0).unwrap();
     b.load_snapshot(1, &snap).unwrap();
     assert_eq!(b.tokens(1), &t[..20]);
-    b.step(&[
-        SlotWork {
-            slot: 0,
-            tokens: &t[20..],
-            all_logits: false,
-        },
-        SlotWork {
-            slot: 1,
-            tokens: &t[20..],
-            all_logits: false,
-        },
-    ])
-    .unwrap();
+    b.step(&[last_row(0, &t[20..]), last_row(1, &t[20..])])
+        .unwrap();
     let bits = |s: &[f32]| s.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(b.logits(0)), bits(b.logits(1)));
     b.reset(0);

@@ -8,12 +8,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::server::{get, lock_file, Server};
+use common::process::run_bounded;
+use common::server::{get, launch, lock_file, temp_path, Server};
 use serde_json::Value;
 
 const KEY: &str = "page-test-key";
@@ -31,31 +31,13 @@ fn chromium() -> Option<PathBuf> {
 /// `ds4-server --demo` with a key, its demo model cached in the build tree.
 fn demo_server() -> Server {
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("demo-cache");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4-server"))
-        .env("XDG_CACHE_HOME", &cache)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
+    cmd.env("XDG_CACHE_HOME", &cache)
         .env("DS4_LOCK_FILE", lock_file())
         .env_remove("DS4_API_KEY")
-        .args(["--demo", "--port", "0", "--ctx", "4096", "--api-key", KEY])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            let _ = child.kill();
-            panic!("ds4-server --demo exited before listening");
-        }
-        if let Some(a) = line.trim().strip_prefix("ds4-server: listening on http://") {
-            break a.to_string();
-        }
-    };
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut out, &mut std::io::sink());
-    });
-    Server::adopt(child, addr)
+        .args(["--demo", "--port", "0", "--ctx", "4096", "--api-key", KEY]);
+    // The first run writes the demo model into the cache: a wider bound.
+    launch(cmd, temp_path("demo-stderr"), Duration::from_secs(300))
 }
 
 #[test]
@@ -74,29 +56,17 @@ fn the_chat_page_streams_in_headless_chromium() {
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat_page.png");
     let _ = std::fs::remove_file(&shot);
     let url = format!("http://{}/", s.addr);
-    let mut py = Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/chat_page/drive.py"
-        ))
-        .arg(&chromium)
-        .arg(&url)
-        .arg(KEY)
-        .arg(&shot)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut py = Command::new("python3");
+    py.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/chat_page/drive.py"
+    ))
+    .arg(&chromium)
+    .arg(&url)
+    .arg(KEY)
+    .arg(&shot);
     // drive.py bounds itself (120 s); this is the backstop.
-    let t0 = Instant::now();
-    while py.try_wait().unwrap().is_none() {
-        if t0.elapsed() > Duration::from_secs(180) {
-            let _ = py.kill();
-            panic!("drive.py did not finish in 180 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = py.wait_with_output().unwrap();
+    let out = run_bounded(py, Duration::from_secs(180), "drive.py");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::server::{free_port, launch, metric, Server, START_BOUND};
+use common::server::{free_port, launch, metric, Server, SMALL_SAVES, START_BOUND};
 use serde_json::{json, Value};
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -146,17 +146,6 @@ fn start_nginx(bin: &Path, dir: &Path, replicas: [u16; 2]) -> Nginx {
 
 // ---- replicas ----------------------------------------------------------------
 
-/// The tests' save thresholds: a short chat gets a checkpoint every 16
-/// tokens.
-const TEST_SAVES: &[&str] = &[
-    "--kv-cache-min-tokens",
-    "16",
-    "--kv-cache-boundary-align-tokens",
-    "16",
-    "--kv-cache-continued-interval-tokens",
-    "16",
-];
-
 /// One `ds4-server --demo` replica on `port` with the shared cache `cache`
 /// and the save flags `saves`. The demo model is generated once under the
 /// build tree.
@@ -197,7 +186,7 @@ struct Cluster {
 impl Cluster {
     /// `None` (with the reason printed) where nginx is not installed.
     fn start(name: &str) -> Option<Cluster> {
-        Cluster::start_with(name, TEST_SAVES)
+        Cluster::start_with(name, SMALL_SAVES)
     }
 
     fn start_with(name: &str, saves: &[&str]) -> Option<Cluster> {
@@ -556,7 +545,7 @@ fn a_checkpoint_being_written_never_loads_as_garbage() {
         "b2",
         b_port,
         &c.cache,
-        TEST_SAVES,
+        SMALL_SAVES,
         &[("DS4_KV_TEST_WRITE_LIMIT", "0")],
     );
     // Another conversation between probes replaces B's live session, so each

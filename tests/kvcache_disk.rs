@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::{max_abs_diff, tiny_model};
-use ds4::kvcache::file::{self, KvcHeader, NewCheckpoint, SaveReason};
+use ds4::kvcache::file::{self, KvcHeader, SaveReason};
 use ds4::kvcache::{
     load_file, save_file, tool_map_for, CacheKey, DiskCache, KtmEntry, KvCacheConfig,
     LookupOutcome, NoToolIds, SaveMoments, StoreOutcome, ToolIds,
@@ -44,23 +44,12 @@ fn no_progress() -> impl FnMut(usize, usize) {
     |_, _| {}
 }
 
-/// A fresh, empty folder under the build tree.
 fn fresh_dir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("kvcache-disk")
-        .join(name);
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("kvcache-disk", name)
 }
 
 fn config(dir: &Path) -> KvCacheConfig {
-    KvCacheConfig {
-        kv_disk_dir: Some(dir.to_path_buf()),
-        kv_cache_min_tokens: 16,
-        kv_cache_cold_max_tokens: 900,
-        ..KvCacheConfig::default()
-    }
+    common::disk_cache_config(dir, 900)
 }
 
 fn open(cfg: &KvCacheConfig) -> DiskCache {
@@ -504,27 +493,7 @@ fn a_file_over_the_cold_maximum_is_consumed() {
 
 /// A synthetic checkpoint: eviction reads only headers and sizes.
 fn synthetic(dir: &Path, text: &str, tokens: u32, hits: u32, used: u64, payload: usize) -> String {
-    let payload = vec![7u8; payload];
-    let sha = file::sha1_hex(text.as_bytes());
-    let c = NewCheckpoint {
-        header: KvcHeader {
-            quant_bits: 2,
-            reason: SaveReason::Cold,
-            ext_flags: 0,
-            tokens,
-            hits,
-            ctx: CTX as u32,
-            created: used,
-            last_used: used,
-            payload_bytes: payload.len() as u64,
-            checksum: Some(file::checksum(text.as_bytes(), &payload)),
-        },
-        text: text.as_bytes(),
-        payload: &payload,
-        tool_map: &[],
-    };
-    file::write_atomic(&dir.join(format!("{sha}.kv")), &c, None).unwrap();
-    sha
+    common::synthetic_checkpoint(dir, CTX, text, tokens, hits, used, payload)
 }
 
 #[test]

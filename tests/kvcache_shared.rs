@@ -41,21 +41,11 @@ fn session() -> Session {
 }
 
 fn fresh_dir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("kvcache-shared")
-        .join(name);
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("kvcache-shared", name)
 }
 
 fn config(dir: &Path) -> KvCacheConfig {
-    KvCacheConfig {
-        kv_disk_dir: Some(dir.to_path_buf()),
-        kv_cache_min_tokens: 16,
-        kv_cache_cold_max_tokens: 400,
-        ..KvCacheConfig::default()
-    }
+    common::disk_cache_config(dir, 400)
 }
 
 type Log = Arc<Mutex<Vec<String>>>;
@@ -256,27 +246,7 @@ fn a_replica_loads_another_replicas_checkpoint_exactly_as_its_own() {
 
 /// A synthetic checkpoint (eviction reads only headers and sizes).
 fn synthetic(dir: &Path, text: &str, tokens: u32, used: u64, payload: usize) -> String {
-    let payload = vec![7u8; payload];
-    let sha = file::sha1_hex(text.as_bytes());
-    let c = NewCheckpoint {
-        header: KvcHeader {
-            quant_bits: 2,
-            reason: SaveReason::Cold,
-            ext_flags: 0,
-            tokens,
-            hits: 0,
-            ctx: CTX as u32,
-            created: used,
-            last_used: used,
-            payload_bytes: payload.len() as u64,
-            checksum: Some(file::checksum(text.as_bytes(), &payload)),
-        },
-        text: text.as_bytes(),
-        payload: &payload,
-        tool_map: &[],
-    };
-    file::write_atomic(&dir.join(format!("{sha}.kv")), &c, None).unwrap();
-    sha
+    common::synthetic_checkpoint(dir, CTX, text, tokens, 0, used, payload)
 }
 
 const NOW: u64 = 1_800_000_000;

@@ -10,14 +10,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::server::{start, temp_path};
+use common::process::{python_has, run_bounded};
+use common::server::{cpu_engine, start, temp_path};
 use ds4::sampler::{argmax, LogSoftmax};
-use ds4::session::{Session, SessionOptions};
-use ds4::testmodel::Variant;
-use ds4::{BackendKind, Tokenizer};
+use ds4::Tokenizer;
 use serde_json::Value;
 
 const TASK: &str = "ds4_tiny_loglikelihood";
@@ -52,19 +51,12 @@ fn split(tok: &Tokenizer, context: &str, continuation: &str) -> (Vec<u32>, usize
 
 #[test]
 fn lm_eval_loglikelihoods_equal_the_engines_scoring() {
-    let have = Command::new("python3")
-        .args([
-            "-c",
-            "import lm_eval, datasets, aiohttp, tenacity, pytablewriter",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have {
-        if std::env::var_os("DS4_SKIP_LM_EVAL").is_some() {
-            eprintln!("skipped: DS4_SKIP_LM_EVAL is set");
-            return;
-        }
-        panic!("python3 with lm-eval is needed: see docs/CLIENTS.md § lm-evaluation-harness for the light install (or set DS4_SKIP_LM_EVAL=1)");
+    if !python_has(
+        "lm_eval, datasets, aiohttp, tenacity, pytablewriter",
+        "DS4_SKIP_LM_EVAL",
+        "python3 with lm-eval is needed: see docs/CLIENTS.md § lm-evaluation-harness for the light install",
+    ) {
+        return;
     }
     let s = start(&["--backend", "cpu"]);
     let out_dir = temp_path("lm-eval");
@@ -73,36 +65,25 @@ fn lm_eval_loglikelihoods_equal_the_engines_scoring() {
         "base_url=http://{}/v1/completions,model=deepseek-v4-flash,tokenizer_backend=remote",
         s.addr
     );
-    let mut child = Command::new("python3")
-        .args([
-            "-m",
-            "lm_eval",
-            "--model",
-            "local-completions",
-            "--model_args",
-        ])
-        .arg(&model_args)
-        .args(["--tasks", TASK, "--include_path", "tests/data/lm_eval"])
-        .args(["--log_samples", "--output_path"])
-        .arg(&out_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        // Nothing from the hub: the task's data is the local file.
-        .env("HF_HUB_OFFLINE", "1")
-        .env("HF_DATASETS_OFFLINE", "1")
-        .env("HF_HOME", &hf_home)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new("python3");
+    cmd.args([
+        "-m",
+        "lm_eval",
+        "--model",
+        "local-completions",
+        "--model_args",
+    ])
+    .arg(&model_args)
+    .args(["--tasks", TASK, "--include_path", "tests/data/lm_eval"])
+    .args(["--log_samples", "--output_path"])
+    .arg(&out_dir)
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    // Nothing from the hub: the task's data is the local file.
+    .env("HF_HUB_OFFLINE", "1")
+    .env("HF_DATASETS_OFFLINE", "1")
+    .env("HF_HOME", &hf_home);
     let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            panic!("lm_eval did not finish in 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = run_bounded(cmd, Duration::from_secs(300), "lm_eval");
     let log = format!(
         "{}\n{}",
         String::from_utf8_lossy(&out.stdout),
@@ -116,14 +97,7 @@ fn lm_eval_loglikelihoods_equal_the_engines_scoring() {
     let _ = std::fs::remove_dir_all(&hf_home);
 
     // The engine on the server's backend, scoring each document itself.
-    let model = common::tiny_model(Variant::Q8);
-    let tok = Tokenizer::from_gguf(&model.file).unwrap();
-    let opts = SessionOptions {
-        ctx: common::server::CTX,
-        backend: BackendKind::Cpu,
-        ..Default::default()
-    };
-    let mut sess = Session::new(model, opts).unwrap();
+    let (mut sess, tok) = cpu_engine();
     let v = sess.model().config.n_vocab;
     let mut seen = 0;
     for line in lines.lines() {

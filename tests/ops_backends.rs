@@ -509,15 +509,7 @@ fn attention_and_ring_writes_match_the_cpu() {
         ];
         if let Some(s) = selected {
             // Some unused (-1) and some not yet visible entries.
-            let v = (0..n * top_k)
-                .map(|i| {
-                    if i % 4 == 3 {
-                        -1.0
-                    } else {
-                        rng.below(cap) as f32
-                    }
-                })
-                .collect();
+            let v = rng.selection(n * top_k, cap);
             inputs.push((s, v));
         }
         let op = Op::Attention(attention::Attention {
@@ -594,15 +586,7 @@ fn compressor_matches_the_cpu() {
     ] {
         let width = if overlapped { 2 * hd } else { hd };
         let slots = if overlapped { 2 * ratio } else { ratio };
-        let mut w = Weights::default();
-        w.add(
-            "ape",
-            &[width as u64, ratio as u64],
-            GgmlType::F32,
-            &rng.scaled(ratio * width, 1.0),
-        );
-        w.add("norm", &[hd as u64], GgmlType::F32, &rng.scaled(hd, 1.5));
-        let (f, r) = w.build();
+        let (f, r) = Weights::compressor(&mut rng, ratio, width, hd).build();
         let mut b = Builder::new(n.max(24), n);
         let cap = ((pos0 + n) / ratio + 1).max(16);
         let mut score = rng.scaled(slots * width, 2.0);

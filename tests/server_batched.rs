@@ -388,25 +388,6 @@ fn a_long_prefill_is_cut_into_quanta_between_decode_steps() {
     assert!(mixed >= 20, "{mixed} mixed steps");
 }
 
-/// SIGTERM, then a bounded wait for a clean exit.
-fn terminate(mut s: Server) {
-    let pid = s.child.id() as i32;
-    // SAFETY: signalling our own child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            assert!(st.success(), "server exit status {st}");
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The disk KV cache per slot: two sessions prefilled side by side store
 /// their own checkpoints (their pieces cut at the save points); after a
 /// restart each request loads its own prefix from disk and answers exactly
@@ -436,9 +417,9 @@ fn the_disk_cache_saves_and_resumes_per_slot() {
         chat(&format!("{text} First question?"), 51, 24),
         chat(&format!("Another session entirely. {text}"), 52, 24),
     ];
-    let s = common::server::start_server(&args, &[], &lock);
+    let mut s = common::server::start_server(&args, &[], &lock);
     let first = together(&s, &reqs);
-    terminate(s);
+    s.stop(libc::SIGTERM, Duration::from_secs(30));
     let files = std::fs::read_dir(&dir).unwrap().count();
     assert!(files >= 2, "{files} checkpoints");
     let s = common::server::start_server(&args, &[], &lock);

@@ -16,6 +16,7 @@ use ds4::testmodel::Variant;
 use ds4::Tokenizer;
 use serde_json::{json, Value};
 
+use common::process::python_has;
 use common::server::{lock_file, raw, start_server, status, Server, CTX};
 
 fn start() -> Server {
@@ -45,16 +46,12 @@ fn post(addr: &str, path: &str, body: &Value) -> String {
 
 #[test]
 fn official_python_sdks_work_unchanged() {
-    let have = Command::new("python3")
-        .args(["-c", "import openai, anthropic"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have {
-        if std::env::var_os("DS4_SKIP_SDK_TESTS").is_some() {
-            eprintln!("skipped: DS4_SKIP_SDK_TESTS is set");
-            return;
-        }
-        panic!("python3 with the openai and anthropic packages is needed: pip install openai==1.99.9 anthropic==0.64.0 (or set DS4_SKIP_SDK_TESTS=1)");
+    if !python_has(
+        "openai, anthropic",
+        "DS4_SKIP_SDK_TESTS",
+        "python3 with the openai and anthropic packages is needed: pip install openai==1.99.9 anthropic==0.64.0",
+    ) {
+        return;
     }
     let model = common::tiny_model(Variant::Q8);
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
@@ -218,20 +215,5 @@ fn bad_flags_exit_2_and_sigint_exits_cleanly() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("another ds4 process"));
-    // SAFETY: signalling our own child process.
-    unsafe {
-        libc::kill(s.child.id() as i32, libc::SIGINT);
-    }
-    let t = Instant::now();
-    loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            assert!(st.success(), "{st:?}");
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "no exit after SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    s.stop(libc::SIGINT, Duration::from_secs(20));
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::server::{launch, Server, START_BOUND};
+use common::server::{launch, Server, SMALL_SAVES, START_BOUND};
 use ds4::testmodel::Variant;
 use serde_json::{json, Value};
 
@@ -22,28 +22,14 @@ use serde_json::{json, Value};
 fn start(dir: &Path, name: &str, env: &[(&str, &str)]) -> Server {
     let m = common::tiny_model_path(Variant::Q8);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
-    cmd.args([
-        "-m",
-        m.to_str().unwrap(),
-        "--port",
-        "0",
-        "--ctx",
-        "1024",
-        "-n",
-        "16",
-        "--kv-disk-dir",
-        dir.to_str().unwrap(),
-        "--kv-cache-min-tokens",
-        "16",
-        "--kv-cache-boundary-align-tokens",
-        "16",
-        "--kv-cache-continued-interval-tokens",
-        "16",
-    ])
-    .env("DS4_SERVER_TEST_SCRIPTS", "1")
-    // A lock file per test: the single-instance lock lets the tests'
-    // servers run side by side (the restart reuses it after the exit).
-    .env("DS4_LOCK_FILE", dir.with_extension("lock"));
+    cmd.args(["-m", m.to_str().unwrap(), "--port", "0"])
+        .args(["--ctx", "1024", "-n", "16", "--kv-disk-dir"])
+        .arg(dir)
+        .args(SMALL_SAVES)
+        .env("DS4_SERVER_TEST_SCRIPTS", "1")
+        // A lock file per test: the single-instance lock lets the tests'
+        // servers run side by side (the restart reuses it after the exit).
+        .env("DS4_LOCK_FILE", dir.with_extension("lock"));
     for (k, v) in env {
         cmd.env(k, v);
     }

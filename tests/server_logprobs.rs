@@ -9,13 +9,12 @@ mod common;
 
 use std::process::Command;
 
-use common::server::{json_body, post, start, status, temp_path};
+use common::server::{cpu_engine, json_body, post, start, status, temp_path};
 use ds4::app::logprobs::g9;
 use ds4::chat::{self, ThinkMode, DEFAULT_SYSTEM};
 use ds4::sampler::LogSoftmax;
-use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
-use ds4::{BackendKind, Tokenizer};
+use ds4::Tokenizer;
 use serde_json::{json, Value};
 
 /// Both the server and the CLI run the fast CPU backend (the default on a
@@ -24,17 +23,6 @@ const BACKEND: &[&str] = &["--backend", "cpu"];
 const PROMPT: &str = "Name three colours.";
 const STEPS: usize = 6;
 const TOP: usize = 5;
-
-fn engine() -> (Session, Tokenizer) {
-    let model = common::tiny_model(Variant::Q8);
-    let tok = Tokenizer::from_gguf(&model.file).unwrap();
-    let opts = SessionOptions {
-        ctx: common::server::CTX,
-        backend: BackendKind::Cpu,
-        ..Default::default()
-    };
-    (Session::new(model, opts).unwrap(), tok)
-}
 
 /// The SSE `data:` objects of a streamed response.
 fn sse_objects(resp: &str) -> Vec<Value> {
@@ -51,7 +39,7 @@ fn f(v: &Value) -> f64 {
 
 #[test]
 fn generated_logprobs_equal_the_cli_dump_and_the_engine_bit_for_bit() {
-    let (mut sess, tok) = engine();
+    let (mut sess, tok) = cpu_engine();
     let ptoks = chat::one_shot_prompt(&tok, DEFAULT_SYSTEM, PROMPT, ThinkMode::None);
 
     // The CLI's dump of the greedy continuation.
@@ -162,7 +150,7 @@ fn generated_logprobs_equal_the_cli_dump_and_the_engine_bit_for_bit() {
 
 #[test]
 fn echo_scores_the_prompt_as_the_engine_does() {
-    let (mut sess, tok) = engine();
+    let (mut sess, tok) = cpu_engine();
     let text = "The quick brown fox jumps over the lazy dog. Ünïcödé 色 too.";
     let ids = tok.encode_chat(text);
     let rows = sess.score(&ids).unwrap();

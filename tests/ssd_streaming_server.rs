@@ -6,46 +6,21 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::json;
 
-use common::server::{get, lock_file, post, status, temp_path, Server};
+use common::server::{get, launch, lock_file, post, status, temp_path, Server, START_BOUND};
 use ds4::testmodel::Variant;
 
 /// The server on `model` with `extra` flags; returns once it listens.
 fn start(model: &std::path::Path, extra: &[&str]) -> Server {
-    let stderr = temp_path("ssd-stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4-server"))
-        .env("DS4_LOCK_FILE", lock_file())
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
+    cmd.env("DS4_LOCK_FILE", lock_file())
         .env_remove("DS4_API_KEY")
         .args(extra)
-        .args(["-m", model.to_str().unwrap(), "--port", "0", "--ctx", "256"])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).unwrap())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            let _ = child.wait();
-            panic!(
-                "server exited early: {}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            );
-        }
-        if let Some(url) = line.trim().strip_prefix("ds4-server: listening on http://") {
-            break url.to_string();
-        }
-    };
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut out, &mut std::io::sink());
-    });
-    let _ = std::fs::remove_file(&stderr);
-    Server::adopt(child, addr)
+        .args(["-m", model.to_str().unwrap(), "--port", "0", "--ctx", "256"]);
+    launch(cmd, temp_path("ssd-stderr"), START_BOUND)
 }
 
 #[test]

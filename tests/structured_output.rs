@@ -10,14 +10,13 @@
 
 mod common;
 
+use common::in_process::tiny_worker;
+
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use ds4::server::job;
-use ds4::server::metrics::Metrics;
 use ds4::server::routes::{self, HttpOptions, State};
-use ds4::server::worker::{self, WorkerConfig};
-use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
 use ds4::Tokenizer;
 use serde_json::{json, Value};
@@ -25,32 +24,7 @@ use serde_json::{json, Value};
 const CTX: usize = 1024;
 
 fn server() -> Arc<State> {
-    let model = common::tiny_model(Variant::Q8);
-    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
-    let sess = Session::new(
-        model,
-        SessionOptions {
-            ctx: CTX,
-            ..SessionOptions::default()
-        },
-    )
-    .unwrap();
-    let metrics = Arc::new(Metrics::default());
-    let queue = worker::start(
-        sess,
-        tok,
-        WorkerConfig {
-            queued_scripts: Vec::new(),
-            trace: None,
-            default_tokens: 24,
-            exact_replay: true,
-            tool_memory_max_ids: 1000,
-            debug_panic_on_prompt: None,
-        },
-        metrics.clone(),
-        16,
-        Box::new(job::NoCache),
-    );
+    let (queue, metrics, _) = tiny_worker(CTX, Box::new(job::NoCache));
     Arc::new(State {
         queue,
         metrics,

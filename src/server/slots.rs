@@ -38,9 +38,11 @@ use super::metrics::Metrics;
 use super::scoring::JobLogprobs;
 use super::slotdisk::SlotDisk;
 use super::stream::Stream;
-use super::worker::{self, visible_at, Admitted, Bindings, Core, Prefilled, Queue, WorkerConfig};
+use super::worker::{
+    self, tool_ids, visible_at, Admitted, Bindings, Core, Prefilled, Queue, WorkerConfig,
+};
 use crate::generate::{Finish, Observer, Step, TokenPicker};
-use crate::kvcache::{NoToolIds, SaveReason, ToolIds};
+use crate::kvcache::SaveReason;
 use crate::session::{Batch, SessionError, SlotWork};
 use crate::tokenizer::Tokenizer;
 
@@ -247,11 +249,7 @@ impl Scheduler {
             return;
         };
         let c = &self.core;
-        let tools: &dyn ToolIds = if c.cfg.exact_replay {
-            &c.memory
-        } else {
-            &NoToolIds
-        };
+        let tools = tool_ids(&c.cfg, &c.memory);
         for (i, s) in self.slots.iter().enumerate() {
             let visible = visible_at(&s.live, s.tokens.len());
             let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
@@ -395,11 +393,7 @@ impl Scheduler {
         let s = &mut self.slots[i];
         let visible = visible_at(&s.live, s.tokens.len());
         let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
-        let tools: &dyn ToolIds = if c.cfg.exact_replay {
-            &c.memory
-        } else {
-            &NoToolIds
-        };
+        let tools = tool_ids(&c.cfg, &c.memory);
         let hit = disk.resume(&mut self.batch, i, &c.tok, &a.text, v, tools);
         if self.batch.tokens(i) != s.tokens.as_slice() {
             // Loaded (or emptied by a failed load): what was live is gone.
@@ -650,11 +644,7 @@ impl Scheduler {
                 if let Some(disk) = self.disk.as_mut().filter(|_| !d.stream.in_tool_block()) {
                     // Continued saves; none inside a tool block (KVCACHE.md §5.2).
                     let c = &self.core;
-                    let tools: &dyn ToolIds = if c.cfg.exact_replay {
-                        &c.memory
-                    } else {
-                        &NoToolIds
-                    };
+                    let tools = tool_ids(&c.cfg, &c.memory);
                     disk.before_decode(&self.batch, i, &c.tok, tools);
                 }
                 let greedy = d.stream.greedy_next();
@@ -698,11 +688,7 @@ impl Scheduler {
                         let (_, reason) = j.stops.remove(0);
                         if let Some(disk) = self.disk.as_mut() {
                             let c = &self.core;
-                            let tools: &dyn ToolIds = if c.cfg.exact_replay {
-                                &c.memory
-                            } else {
-                                &NoToolIds
-                            };
+                            let tools = tool_ids(&c.cfg, &c.memory);
                             disk.at_stop(&self.batch, i, &c.tok, reason, tools);
                         }
                     }

@@ -182,6 +182,17 @@ pub(super) fn spawn(
     }
 }
 
+/// The tool ids the disk cache stores beside a prefix: the remembered ids
+/// under exact replay, none otherwise. Over the two fields, not [`Core`], so
+/// the cache (another field) can stay borrowed mutably beside it.
+pub(super) fn tool_ids<'a>(cfg: &WorkerConfig, memory: &'a ToolMemory) -> &'a dyn ToolIds {
+    if cfg.exact_replay {
+        memory
+    } else {
+        &NoToolIds
+    }
+}
+
 /// Everything the engine thread keeps besides the KV state: shared by the
 /// serial worker (one `Session`) and the slot scheduler (`slots.rs`, one
 /// `Batch` of N slots).
@@ -931,11 +942,7 @@ impl Worker {
                     let visible = visible_at(&self.live, self.sess.tokens().len());
                     let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
                     let c = &mut self.core;
-                    let tools: &dyn ToolIds = if c.cfg.exact_replay {
-                        &c.memory
-                    } else {
-                        &NoToolIds
-                    };
+                    let tools = tool_ids(&c.cfg, &c.memory);
                     c.cache.shutdown(&self.sess, &c.tok, v, tools);
                     let _ = ack.send(());
                     break;
@@ -1002,11 +1009,7 @@ impl Worker {
         let visible = visible_at(&self.live, live.len());
         let v = visible.as_ref().map(|(t, k)| (t.as_bytes(), *k));
         let c = &mut self.core;
-        let tools: &dyn ToolIds = if c.cfg.exact_replay {
-            &c.memory
-        } else {
-            &NoToolIds
-        };
+        let tools = tool_ids(&c.cfg, &c.memory);
         match c.cache.resume(&mut self.sess, &c.tok, text, v, tools) {
             Some(hit) => {
                 if c.cfg.exact_replay {
@@ -1057,11 +1060,7 @@ impl Worker {
         // Any binding not used by this request is cleared.
         self.live = Bindings::default();
         let c = &mut self.core;
-        let tools: &dyn ToolIds = if c.cfg.exact_replay {
-            &c.memory
-        } else {
-            &NoToolIds
-        };
+        let tools = tool_ids(&c.cfg, &c.memory);
         let mut lp = JobLogprobs::new(&a.req);
         let stats = match lp.prefill(&a.req, &mut self.sess, &c.tok, &eff, &a.events) {
             Some(scored) => scored,
@@ -1092,11 +1091,7 @@ impl Worker {
             }
         };
         let c = &mut self.core;
-        let tools: &dyn ToolIds = if c.cfg.exact_replay {
-            &c.memory
-        } else {
-            &NoToolIds
-        };
+        let tools = tool_ids(&c.cfg, &c.memory);
         let mut stream = Stream::new(req, thinking, p.events.clone(), c.tok.clone(), p.seq);
         let mut obs = WithCache {
             stream: &mut stream,

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod in_process;
+pub mod process;
 pub mod rng;
 pub mod server;
 
@@ -9,10 +11,68 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ds4::backend::{BackendKind, BackendOptions};
+use ds4::kvcache::file::{self, KvcHeader, NewCheckpoint, SaveReason};
+use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
+
+/// A fresh, empty folder `group/name` under the build tree's temporary
+/// folder.
+pub fn fresh_dir(group: &str, name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(group)
+        .join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The disk KV cache in `dir` as the cache tests use it: checkpoints from
+/// 16 tokens on, cold saves up to `cold_max_tokens`.
+pub fn disk_cache_config(dir: &std::path::Path, cold_max_tokens: usize) -> KvCacheConfig {
+    KvCacheConfig {
+        kv_disk_dir: Some(dir.to_path_buf()),
+        kv_cache_min_tokens: 16,
+        kv_cache_cold_max_tokens: cold_max_tokens,
+        ..KvCacheConfig::default()
+    }
+}
+
+/// A synthetic checkpoint of `payload` filler bytes for `text` in `dir`
+/// (eviction reads only headers and sizes); its name, the text's SHA-1.
+pub fn synthetic_checkpoint(
+    dir: &std::path::Path,
+    ctx: usize,
+    text: &str,
+    tokens: u32,
+    hits: u32,
+    used: u64,
+    payload: usize,
+) -> String {
+    let payload = vec![7u8; payload];
+    let sha = file::sha1_hex(text.as_bytes());
+    let c = NewCheckpoint {
+        header: KvcHeader {
+            quant_bits: 2,
+            reason: SaveReason::Cold,
+            ext_flags: 0,
+            tokens,
+            hits,
+            ctx: ctx as u32,
+            created: used,
+            last_used: used,
+            payload_bytes: payload.len() as u64,
+            checksum: Some(file::checksum(text.as_bytes(), &payload)),
+        },
+        text: text.as_bytes(),
+        payload: &payload,
+        tool_map: &[],
+    };
+    file::write_atomic(&dir.join(format!("{sha}.kv")), &c, None).unwrap();
+    sha
+}
 
 /// The tiny model of `variant`, generated once per build tree (the generator
 /// is deterministic, so a cached file is identical to a fresh one).

@@ -81,6 +81,30 @@ impl Weights {
             .push((name.into(), ne.to_vec(), GgmlType::I32, bytes));
     }
 
+    /// A compressor's weights, random from `rng`: `ape` (`ratio` rows of
+    /// `width`), then `norm` (`head_dim`).
+    pub fn compressor(
+        rng: &mut crate::common::rng::Rng,
+        ratio: usize,
+        width: usize,
+        head_dim: usize,
+    ) -> Weights {
+        let mut w = Weights::default();
+        w.add(
+            "ape",
+            &[width as u64, ratio as u64],
+            GgmlType::F32,
+            &rng.scaled(ratio * width, 1.0),
+        );
+        w.add(
+            "norm",
+            &[head_dim as u64],
+            GgmlType::F32,
+            &rng.scaled(head_dim, 1.5),
+        );
+        w
+    }
+
     pub fn build(self) -> (Arc<GgufFile>, Vec<TensorRef>) {
         let mut w = GgufWriter::new();
         for (n, ne, ty, b) in &self.tensors {

@@ -36,6 +36,20 @@ impl Rng {
     pub fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
     }
+
+    /// `len` indexer selections (as f32) of rows below `cap`: every fourth
+    /// unused (-1), the others random, so some are not yet visible.
+    pub fn selection(&mut self, len: usize, cap: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                if i % 4 == 3 {
+                    -1.0
+                } else {
+                    self.below(cap) as f32
+                }
+            })
+            .collect()
+    }
 }
 
 /// SplitMix64, with Box–Muller normals.

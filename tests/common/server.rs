@@ -9,8 +9,24 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
+use ds4::{BackendKind, Tokenizer};
 use serde_json::Value;
+
+/// A session on the tiny model as `start(&["--backend", "cpu"])` serves it
+/// (the test servers' context, the fast CPU backend), and its tokenizer:
+/// the engine whose numbers a server's answers must equal.
+pub fn cpu_engine() -> (Session, Tokenizer) {
+    let model = super::tiny_model(Variant::Q8);
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
+    let opts = SessionOptions {
+        ctx: CTX,
+        backend: BackendKind::Cpu,
+        ..Default::default()
+    };
+    (Session::new(model, opts).unwrap(), tok)
+}
 
 /// Context of the test servers unless `--ctx` is given.
 pub const CTX: usize = 2048;
@@ -207,6 +223,17 @@ pub fn json_body(resp: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {resp}"))
 }
 
+/// Disk-cache save thresholds for tests: a short chat gets a checkpoint
+/// every 16 tokens.
+pub const SMALL_SAVES: &[&str] = &[
+    "--kv-cache-min-tokens",
+    "16",
+    "--kv-cache-boundary-align-tokens",
+    "16",
+    "--kv-cache-continued-interval-tokens",
+    "16",
+];
+
 /// How long a launched server may take to print its banner.
 pub const START_BOUND: Duration = Duration::from_secs(60);
 
@@ -254,22 +281,30 @@ pub fn launch(mut cmd: Command, log: PathBuf, bound: Duration) -> Server {
 impl Server {
     /// SIGTERM, then a bounded wait for a clean exit; returns the log.
     pub fn terminate(mut self) -> String {
+        self.stop(libc::SIGTERM, Duration::from_secs(60));
+        self.stderr_text()
+    }
+
+    /// Sends `signal` (SIGTERM or SIGINT), then waits at most `bound` for
+    /// the server to exit, and asserts it exited cleanly.
+    pub fn stop(&mut self, signal: libc::c_int, bound: Duration) {
+        let name = if signal == libc::SIGINT {
+            "SIGINT"
+        } else {
+            "SIGTERM"
+        };
         let pid = self.child.id() as i32;
         // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
         let t0 = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
                 assert!(st.success(), "server exit status {st}");
-                break;
+                return;
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "no exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+            assert!(t0.elapsed() < bound, "no exit after {name}");
+            std::thread::sleep(Duration::from_millis(20));
         }
-        self.stderr_text()
     }
 
     /// One counter or gauge of `/metrics` (integer part).

@@ -16,10 +16,11 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::common::process::run_bounded;
 use crate::common::server::launch;
 use crate::common::{tiny_model, tiny_model_path, tokens};
 use ds4::kvcache::file::{self, temp_path};
@@ -33,11 +34,7 @@ use ds4::testmodel::Variant;
 const BOUND: Duration = Duration::from_secs(60);
 
 fn fresh_dir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("hostile-files")
-        .join(name);
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
+    let d = crate::common::fresh_dir("hostile-files", name);
     fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).unwrap();
     d
 }
@@ -394,21 +391,8 @@ fn a_server_starts_and_serves_with_a_fifo_named_like_a_checkpoint() {
     assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
 }
 
-fn run_to_exit(mut cmd: Command) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > BOUND {
-            let _ = child.kill();
-            panic!("the server did not exit within {BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
+fn run_to_exit(cmd: Command) -> Output {
+    run_bounded(cmd, BOUND, "the server")
 }
 
 #[test]

@@ -1,0 +1,47 @@
+//! The server's worker in this process, for `warp::test` tests: one session
+//! on the tiny model behind the request queue, as `ds4-server` builds it.
+
+use std::sync::Arc;
+
+use ds4::server::job::KvCacheHook;
+use ds4::server::metrics::Metrics;
+use ds4::server::worker::{self, Queue, WorkerConfig};
+use ds4::session::{Session, SessionOptions};
+use ds4::testmodel::Variant;
+use ds4::Tokenizer;
+
+/// The worker on a `ctx`-token session of the tiny model (24 tokens an
+/// answer unless asked, exact DSML replay, a queue of 16) with the disk
+/// cache `cache`; its queue, its metrics and the tokenizer.
+pub fn tiny_worker(
+    ctx: usize,
+    cache: Box<dyn KvCacheHook>,
+) -> (Queue, Arc<Metrics>, Arc<Tokenizer>) {
+    let model = super::tiny_model(Variant::Q8);
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    let sess = Session::new(
+        model,
+        SessionOptions {
+            ctx,
+            ..SessionOptions::default()
+        },
+    )
+    .unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let queue = worker::start(
+        sess,
+        tok.clone(),
+        WorkerConfig {
+            queued_scripts: Vec::new(),
+            trace: None,
+            default_tokens: 24,
+            exact_replay: true,
+            tool_memory_max_ids: 1000,
+            debug_panic_on_prompt: None,
+        },
+        metrics.clone(),
+        16,
+        cache,
+    );
+    (queue, metrics, tok)
+}
