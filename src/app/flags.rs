@@ -60,50 +60,6 @@ impl StreamingFlags {
     }
 }
 
-/// Declares a binary's argh `Args` struct with the `--ssd-streaming*`
-/// fields appended, and its `streaming()` giving [`StreamingFlags`]: argh
-/// has no `flatten`, so the flags' spellings and help live here once
-/// instead of in each of ds4, ds4-server and ds4-bench.
-#[macro_export]
-macro_rules! args_with_streaming_flags {
-    ($(#[$attr:meta])* $vis:vis struct $name:ident { $($fields:tt)* }) => {
-        $(#[$attr])*
-        $vis struct $name {
-            $($fields)*
-            /// stream routed experts from the GGUF into a bounded cache instead of
-            /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
-            #[argh(switch)]
-            ssd_streaming: bool,
-            /// with --ssd-streaming: the expert cache as experts per layer (N) or
-            /// a size (NGB; default 32GB)
-            #[argh(option)]
-            ssd_streaming_cache_experts: Option<String>,
-            /// with --ssd-streaming: keep the first N routed layers whole
-            #[argh(option)]
-            ssd_streaming_full_layers: Option<usize>,
-            /// with --ssd-streaming: start with an empty cache (no preload)
-            #[argh(switch)]
-            ssd_streaming_cold: bool,
-            /// with --ssd-streaming: preload only the N most popular experts per layer
-            #[argh(option)]
-            ssd_streaming_preload_experts: Option<usize>,
-        }
-
-        impl $name {
-            /// The `--ssd-streaming*` flags.
-            fn streaming(&self) -> $crate::app::flags::StreamingFlags {
-                $crate::app::flags::StreamingFlags {
-                    on: self.ssd_streaming,
-                    cache_experts: self.ssd_streaming_cache_experts.clone(),
-                    full_layers: self.ssd_streaming_full_layers,
-                    cold: self.ssd_streaming_cold,
-                    preload_experts: self.ssd_streaming_preload_experts,
-                }
-            }
-        }
-    };
-}
-
 /// The backend flags as the binaries parse them.
 #[derive(Clone, Debug, Default)]
 pub struct BackendFlags {

@@ -21,9 +21,6 @@ use ds4::sampler::{Rng, SamplerConfig};
 use ds4::session::{Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
-// The `--ssd-streaming*` flags are appended by the macro (argh has no
-// flatten); see ds4::app::flags.
-ds4::args_with_streaming_flags! {
 /// ds4 — DeepSeek V4 Flash inference engine. Without -p it starts an interactive chat.
 #[derive(FromArgs)]
 #[argh(note = "Examples:
@@ -111,6 +108,23 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
+    /// stream routed experts from the GGUF into a bounded cache instead of
+    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
+    #[argh(switch)]
+    ssd_streaming: bool,
+    /// with --ssd-streaming: the expert cache as experts per layer (N) or
+    /// a size (NGB; default 32GB)
+    #[argh(option)]
+    ssd_streaming_cache_experts: Option<String>,
+    /// with --ssd-streaming: keep the first N routed layers whole
+    #[argh(option)]
+    ssd_streaming_full_layers: Option<usize>,
+    /// with --ssd-streaming: start with an empty cache (no preload)
+    #[argh(switch)]
+    ssd_streaming_cold: bool,
+    /// with --ssd-streaming: preload only the N most popular experts per layer
+    #[argh(option)]
+    ssd_streaming_preload_experts: Option<usize>,
     /// read every weight page once before starting (shows progress)
     #[argh(switch)]
     warm_weights: bool,
@@ -133,6 +147,18 @@ struct Args {
     #[argh(switch)]
     inspect: bool,
 }
+
+impl Args {
+    /// The `--ssd-streaming*` flags.
+    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
+        ds4::app::flags::StreamingFlags {
+            on: self.ssd_streaming,
+            cache_experts: self.ssd_streaming_cache_experts.clone(),
+            full_layers: self.ssd_streaming_full_layers,
+            cold: self.ssd_streaming_cold,
+            preload_experts: self.ssd_streaming_preload_experts,
+        }
+    }
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);

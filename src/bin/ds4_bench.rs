@@ -17,9 +17,6 @@ use ds4::model::ModelFile;
 use ds4::session::{Batch, Session, SessionOptions, SlotWork};
 use ds4::tokenizer::Tokenizer;
 
-// The `--ssd-streaming*` flags are appended by the macro (argh has no
-// flatten); see ds4::app::flags.
-ds4::args_with_streaming_flags! {
 /// Measure prefill and generation speed at context frontiers ctx-start,
 /// ctx-start+step, … ctx-max. Per frontier: prefill the new tokens (timed),
 /// generate gen-tokens greedily (timed), restore the frontier. With
@@ -54,6 +51,23 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
+    /// stream routed experts from the GGUF into a bounded cache instead of
+    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
+    #[argh(switch)]
+    ssd_streaming: bool,
+    /// with --ssd-streaming: the expert cache as experts per layer (N) or
+    /// a size (NGB; default 32GB)
+    #[argh(option)]
+    ssd_streaming_cache_experts: Option<String>,
+    /// with --ssd-streaming: keep the first N routed layers whole
+    #[argh(option)]
+    ssd_streaming_full_layers: Option<usize>,
+    /// with --ssd-streaming: start with an empty cache (no preload)
+    #[argh(switch)]
+    ssd_streaming_cold: bool,
+    /// with --ssd-streaming: preload only the N most popular experts per layer
+    #[argh(option)]
+    ssd_streaming_preload_experts: Option<usize>,
     /// CPU threads (default: physical cores)
     #[argh(option, short = 't')]
     threads: Option<usize>,
@@ -155,9 +169,19 @@ struct Args {
     #[argh(option)]
     kv_restore_dir: Option<PathBuf>,
 }
-}
 
 impl Args {
+    /// The `--ssd-streaming*` flags.
+    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
+        ds4::app::flags::StreamingFlags {
+            on: self.ssd_streaming,
+            cache_experts: self.ssd_streaming_cache_experts.clone(),
+            full_layers: self.ssd_streaming_full_layers,
+            cold: self.ssd_streaming_cold,
+            preload_experts: self.ssd_streaming_preload_experts,
+        }
+    }
+
     /// The streaming options these flags give, with the benchmark's
     /// policy and read-ahead threads.
     fn streaming_options(&self) -> Result<Option<StreamingOptions>, String> {
@@ -867,18 +891,16 @@ fn run_sessions(
         "engine,sessions,prompt_tokens,gen_tokens,ttft_mean_s,ttft_max_s,decode_agg_tps,decode_per_session_tps,decode_step_ms,model_bytes_per_step,model_distinct_experts,model_gbps"
     )
     .map_err(|e| e.to_string())?;
-    // The reference and every batch run at the same settings.
-    let session_options = || SessionOptions {
-        ctx,
-        prefill_chunk: a.mixed_prefill_quantum,
-        backend,
-        backend_options: bo.clone(),
-        ..Default::default()
-    };
     // The single-session reference: one `Session` (its own kernel choice
     // per piece size), the first prompt, greedy decode.
     {
-        let opts = session_options();
+        let opts = SessionOptions {
+            ctx,
+            prefill_chunk: a.mixed_prefill_quantum,
+            backend,
+            backend_options: bo.clone(),
+            ..Default::default()
+        };
         let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
         let t = Instant::now();
         sess.sync(&prompt(0), &mut |_, _| {})
@@ -906,7 +928,13 @@ fn run_sessions(
         .map_err(|e| e.to_string())?;
     }
     for &n in &counts {
-        let opts = session_options();
+        let opts = SessionOptions {
+            ctx,
+            prefill_chunk: a.mixed_prefill_quantum,
+            backend,
+            backend_options: bo.clone(),
+            ..Default::default()
+        };
         let mut b = Batch::new(model.clone(), opts, n).map_err(|e| e.to_string())?;
         eprintln!(
             "ds4-bench: {n} sessions, {}; {:.1} MiB of state per slot; {threads} CPU threads",

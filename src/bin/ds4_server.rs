@@ -26,9 +26,6 @@ use ds4::server::worker::{self, WorkerConfig};
 use ds4::session::{Batch, Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
-// The `--ssd-streaming*` flags are appended by the macro (argh has no
-// flatten); see ds4::app::flags.
-ds4::args_with_streaming_flags! {
 /// ds4-server — OpenAI chat/completions/Responses and Anthropic messages for DeepSeek V4 Flash.
 #[derive(FromArgs)]
 #[argh(note = "Examples:
@@ -133,6 +130,23 @@ struct Args {
     /// same as --backend cuda
     #[argh(switch)]
     cuda: bool,
+    /// stream routed experts from the GGUF into a bounded cache instead of
+    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
+    #[argh(switch)]
+    ssd_streaming: bool,
+    /// with --ssd-streaming: the expert cache as experts per layer (N) or
+    /// a size (NGB; default 32GB)
+    #[argh(option)]
+    ssd_streaming_cache_experts: Option<String>,
+    /// with --ssd-streaming: keep the first N routed layers whole
+    #[argh(option)]
+    ssd_streaming_full_layers: Option<usize>,
+    /// with --ssd-streaming: start with an empty cache (no preload)
+    #[argh(switch)]
+    ssd_streaming_cold: bool,
+    /// with --ssd-streaming: preload only the N most popular experts per layer
+    #[argh(option)]
+    ssd_streaming_preload_experts: Option<usize>,
     /// disk KV cache folder (off unless given; KVCACHE.md)
     #[argh(option)]
     kv_disk_dir: Option<PathBuf>,
@@ -168,7 +182,6 @@ struct Args {
     #[argh(option, hidden_help)]
     debug_fail_prefill_on_prompt: Option<String>,
 }
-}
 
 /// `--batched-session N` / `--parallel N`: the number of KV slots.
 fn slot_count(a: &Args) -> Result<usize, String> {
@@ -188,6 +201,19 @@ fn slot_count(a: &Args) -> Result<usize, String> {
         return Err("--mixed-prefill-quantum must be > 0".into());
     }
     Ok(n)
+}
+
+impl Args {
+    /// The `--ssd-streaming*` flags.
+    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
+        ds4::app::flags::StreamingFlags {
+            on: self.ssd_streaming,
+            cache_experts: self.ssd_streaming_cache_experts.clone(),
+            full_layers: self.ssd_streaming_full_layers,
+            cold: self.ssd_streaming_cold,
+            preload_experts: self.ssd_streaming_preload_experts,
+        }
+    }
 }
 
 /// Hidden test switch: requests may carry `ds4_test_script` (the sampler
