@@ -104,6 +104,16 @@ impl Ctx<'_> {
         )
     }
 
+    fn hc(&self) -> HcDims {
+        HcDims {
+            n: self.cfg.hc_count,
+            d: self.cfg.n_embd,
+            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
+            eps: self.cfg.hc_eps,
+            rms_eps: self.cfg.rms_eps,
+        }
+    }
+
     /// HC collapse before a sublayer: returns (x, post, comb).
     fn hc_pre(
         &mut self,
@@ -113,31 +123,9 @@ impl Ctx<'_> {
         scale: &TensorRef,
         base: &TensorRef,
     ) -> (ValueId, ValueId, ValueId) {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let flat = self.rms_norm(&format!("{tag}_hc_norm"), state, n * d, None); // n·D
-        let logits = self.matmul(&format!("{tag}_hc_logits"), f, flat); // (2+n)·n
-        let pre = self.r.tokens_f32(&format!("{tag}_hc_pre"), n);
-        let post = self.r.tokens_f32(&format!("{tag}_hc_post"), n);
-        let comb = self.r.tokens_f32(&format!("{tag}_hc_comb"), n * n);
-        self.r.op(Op::HcMix(HcMix {
-            logits,
-            scale: scale.clone(),
-            base: base.clone(),
-            pre,
-            post: Some(post),
-            comb: Some(comb),
-            n_hc: n,
-            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
-            eps: self.cfg.hc_eps,
-        }));
-        let x = self.r.tokens_f32(&format!("{tag}_in"), d); // D
-        self.r.op(Op::HcCollapse(HcCollapse {
-            state,
-            pre,
-            out: x,
-            n_hc: n,
-            dim: d,
-        }));
+        let hc = self.hc();
+        let (pre, post, comb) = record_hc_mixes(&mut self.r, &hc, tag, state, [f, scale, base]);
+        let x = record_hc_collapse(&mut self.r, &hc, &format!("{tag}_in"), state, pre); // D
         (x, post, comb)
     }
 
@@ -150,18 +138,8 @@ impl Ctx<'_> {
         post: ValueId,
         comb: ValueId,
     ) -> ValueId {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let out = self.r.tokens_f32(&format!("{tag}_hc_state"), n * d);
-        self.r.op(Op::HcExpand(HcExpand {
-            state,
-            y,
-            post,
-            comb,
-            out,
-            n_hc: n,
-            dim: d,
-        }));
-        out
+        let hc = self.hc();
+        record_hc_expand(&mut self.r, &hc, tag, state, y, post, comb)
     }
 
     /// Attention sublayer (MODEL.md §3.4–3.6). Returns y (D).
@@ -339,6 +317,86 @@ impl Ctx<'_> {
         };
         record_moe(&mut self.r, &step, x)
     }
+}
+
+/// The hyper-connection sizes and constants (MODEL.md §3.3).
+pub(crate) struct HcDims {
+    pub n: usize,
+    pub d: usize,
+    pub sinkhorn_iters: usize,
+    pub eps: f32,
+    pub rms_eps: f32,
+}
+
+/// A sublayer's HC mixes from the whole n·D state; `fsb` = fn, scale, base.
+/// Returns (pre, post, comb).
+pub(crate) fn record_hc_mixes(
+    r: &mut Recorder,
+    hc: &HcDims,
+    tag: &str,
+    state: ValueId,
+    fsb: [&TensorRef; 3],
+) -> (ValueId, ValueId, ValueId) {
+    let (n, d) = (hc.n, hc.d);
+    let flat = record_rms_norm(r, hc.rms_eps, &format!("{tag}_hc_norm"), state, n * d, None); // n·D
+    let logits = record_matmul(r, &format!("{tag}_hc_logits"), fsb[0], flat, 1); // (2+n)·n
+    let pre = r.tokens_f32(&format!("{tag}_hc_pre"), n);
+    let post = r.tokens_f32(&format!("{tag}_hc_post"), n);
+    let comb = r.tokens_f32(&format!("{tag}_hc_comb"), n * n);
+    r.op(Op::HcMix(HcMix {
+        logits,
+        scale: fsb[1].clone(),
+        base: fsb[2].clone(),
+        pre,
+        post: Some(post),
+        comb: Some(comb),
+        n_hc: n,
+        sinkhorn_iters: hc.sinkhorn_iters,
+        eps: hc.eps,
+    }));
+    (pre, post, comb)
+}
+
+/// Collapses the n·D state to D with the `pre` weights.
+pub(crate) fn record_hc_collapse(
+    r: &mut Recorder,
+    hc: &HcDims,
+    name: &str,
+    state: ValueId,
+    pre: ValueId,
+) -> ValueId {
+    let out = r.tokens_f32(name, hc.d);
+    r.op(Op::HcCollapse(HcCollapse {
+        state,
+        pre,
+        out,
+        n_hc: hc.n,
+        dim: hc.d,
+    }));
+    out
+}
+
+/// Expands a sublayer's output `y` back into the n·D state.
+pub(crate) fn record_hc_expand(
+    r: &mut Recorder,
+    hc: &HcDims,
+    tag: &str,
+    state: ValueId,
+    y: ValueId,
+    post: ValueId,
+    comb: ValueId,
+) -> ValueId {
+    let out = r.tokens_f32(&format!("{tag}_hc_state"), hc.n * hc.d);
+    r.op(Op::HcExpand(HcExpand {
+        state,
+        y,
+        post,
+        comb,
+        out,
+        n_hc: hc.n,
+        dim: hc.d,
+    }));
+    out
 }
 
 /// `w · x` for every token (`groups` > 1: block-diagonal), out = `w.ne[1]`
@@ -614,14 +672,8 @@ pub fn record(
         sinkhorn_iters: cfg.hc_sinkhorn_iters,
         eps: cfg.hc_eps,
     }));
-    let x = c.r.tokens_f32("out_in", d);
-    c.r.op(Op::HcCollapse(HcCollapse {
-        state,
-        pre,
-        out: x,
-        n_hc: n,
-        dim: d,
-    }));
+    let hc = c.hc();
+    let x = record_hc_collapse(&mut c.r, &hc, "out_in", state, pre);
     let head = HeadStep {
         eps: cfg.rms_eps,
         n_embd: d,

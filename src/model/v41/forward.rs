@@ -17,7 +17,7 @@ use super::{LayerRole, V41Config, V41LayerWeights, V41Weights};
 use crate::gguf::TensorRef;
 use crate::graph::ops::attention::{Attention, CompressedRows, RingWrite};
 use crate::graph::ops::basic::{Embed, Scale};
-use crate::graph::ops::hc::{HcCollapse, HcExpand, HcInit, HcMix};
+use crate::graph::ops::hc::HcInit;
 use crate::graph::ops::indexer::IndexerTopK;
 use crate::graph::ops::v41::{
     CandidateBlocks, CandidateTopK, EngramGate, EngramHash, EngramLookup, Frontier, HcOneHot,
@@ -26,8 +26,8 @@ use crate::graph::ops::v41::{
 use crate::graph::ops::Op;
 use crate::graph::{Graph, Recorder, StateId, StateLayout, ValueId, ValueName};
 use crate::model::forward::{
-    finish_graph, record_head, record_matmul, record_moe, record_rms_norm, record_rope, HeadStep,
-    Logits, MoeStep,
+    finish_graph, record_hc_collapse, record_hc_expand, record_hc_mixes, record_head,
+    record_matmul, record_moe, record_rms_norm, record_rope, HcDims, HeadStep, Logits, MoeStep,
 };
 
 /// Persistent state of one V4.1 layer.
@@ -157,6 +157,16 @@ impl Ctx<'_> {
         record_rope(&mut self.r, self.cfg.rope(l), name, x, heads, hd, inverse)
     }
 
+    fn hc(&self) -> HcDims {
+        HcDims {
+            n: self.cfg.hc_count,
+            d: self.cfg.n_embd,
+            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
+            eps: self.cfg.hc_eps,
+            rms_eps: self.cfg.rms_eps,
+        }
+    }
+
     /// The sublayer's mixes from the whole HC state: (pre, post, comb).
     fn mixes(
         &mut self,
@@ -166,37 +176,13 @@ impl Ctx<'_> {
         scale: &TensorRef,
         base: &TensorRef,
     ) -> (ValueId, ValueId, ValueId) {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let flat = self.rms_norm(&format!("{tag}_hc_norm"), state, n * d, None);
-        let logits = self.matmul(&format!("{tag}_hc_logits"), f, flat);
-        let pre = self.r.tokens_f32(&format!("{tag}_hc_pre"), n);
-        let post = self.r.tokens_f32(&format!("{tag}_hc_post"), n);
-        let comb = self.r.tokens_f32(&format!("{tag}_hc_comb"), n * n);
-        self.r.op(Op::HcMix(HcMix {
-            logits,
-            scale: scale.clone(),
-            base: base.clone(),
-            pre,
-            post: Some(post),
-            comb: Some(comb),
-            n_hc: n,
-            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
-            eps: self.cfg.hc_eps,
-        }));
-        (pre, post, comb)
+        let hc = self.hc();
+        record_hc_mixes(&mut self.r, &hc, tag, state, [f, scale, base])
     }
 
     fn collapse(&mut self, name: &str, state: ValueId, pre: ValueId) -> ValueId {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let out = self.r.tokens_f32(name, d);
-        self.r.op(Op::HcCollapse(HcCollapse {
-            state,
-            pre,
-            out,
-            n_hc: n,
-            dim: d,
-        }));
-        out
+        let hc = self.hc();
+        record_hc_collapse(&mut self.r, &hc, name, state, pre)
     }
 
     fn expand(
@@ -207,18 +193,8 @@ impl Ctx<'_> {
         post: ValueId,
         comb: ValueId,
     ) -> ValueId {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let out = self.r.tokens_f32(&format!("{tag}_hc_state"), n * d);
-        self.r.op(Op::HcExpand(HcExpand {
-            state,
-            y,
-            post,
-            comb,
-            out,
-            n_hc: n,
-            dim: d,
-        }));
-        out
+        let hc = self.hc();
+        record_hc_expand(&mut self.r, &hc, tag, state, y, post, comb)
     }
 
     fn engram(&mut self, l: usize, w: &V41LayerWeights, state: ValueId) -> ValueId {
