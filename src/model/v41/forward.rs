@@ -233,6 +233,7 @@ impl Ctx<'_> {
         out
     }
 
+    // Not shared with V4's: KV and top-k come from source layers (LayerRole), not each layer's own.
     fn attention(
         &mut self,
         l: usize,
