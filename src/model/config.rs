@@ -73,28 +73,72 @@ fn key(k: &str) -> String {
     format!("{ARCH}.{k}")
 }
 
-fn found(v: Option<&MetaValue>) -> String {
+/// What a metadata key holds, for an error message.
+pub(crate) fn found(v: Option<&MetaValue>) -> String {
     match v {
         None => "nothing".into(),
         Some(v) => format!("{} {}", v.value_type().name(), v.summary()),
     }
 }
 
-fn req_uint(f: &GgufFile, k: &str) -> Result<usize, ModelError> {
-    let k = key(k);
+/// The size under the full key `k` (shared by the V4 and V4.1 readers).
+pub(crate) fn meta_uint(f: &GgufFile, k: &str) -> Result<usize, ModelError> {
     let v = f
-        .get(&k)
-        .ok_or_else(|| ModelError::MissingKey { key: k.clone() })?;
+        .get(k)
+        .ok_or_else(|| ModelError::MissingKey { key: k.to_string() })?;
     // Every size is a u32 in the published files. The cap keeps products of
     // two sizes (streams × width, heads × head width) inside 64 bits.
     v.as_u64()
         .filter(|&x| x <= u32::MAX as u64)
         .and_then(|x| usize::try_from(x).ok())
         .ok_or_else(|| ModelError::BadKey {
-            key: k.clone(),
+            key: k.to_string(),
             expected: "a non-negative integer below 2^32".into(),
             found: found(Some(v)),
         })
+}
+
+/// The finite number under the full key `k`.
+pub(crate) fn meta_float(f: &GgufFile, k: &str) -> Result<f32, ModelError> {
+    let v = f
+        .get(k)
+        .ok_or_else(|| ModelError::MissingKey { key: k.to_string() })?;
+    v.as_f64()
+        .filter(|x| x.is_finite())
+        .map(|x| x as f32)
+        .ok_or_else(|| ModelError::BadKey {
+            key: k.to_string(),
+            expected: "a finite number".into(),
+            found: found(Some(v)),
+        })
+}
+
+/// The RoPE of a layer with compression `ratio`: compressed layers use the
+/// compress base with YaRN, window layers the plain base without it.
+pub(crate) fn layer_rope(
+    ratio: usize,
+    rope_base: f32,
+    compress_rope_base: f32,
+    yarn: Option<Yarn>,
+    n_rot: usize,
+) -> RopeConfig {
+    if ratio == 0 {
+        RopeConfig {
+            base: rope_base,
+            yarn: None,
+            n_rot,
+        }
+    } else {
+        RopeConfig {
+            base: compress_rope_base,
+            yarn,
+            n_rot,
+        }
+    }
+}
+
+fn req_uint(f: &GgufFile, k: &str) -> Result<usize, ModelError> {
+    meta_uint(f, &key(k))
 }
 
 fn opt_uint(f: &GgufFile, k: &str) -> Result<Option<usize>, ModelError> {
@@ -105,18 +149,7 @@ fn opt_uint(f: &GgufFile, k: &str) -> Result<Option<usize>, ModelError> {
 }
 
 fn req_float(f: &GgufFile, k: &str) -> Result<f32, ModelError> {
-    let k = key(k);
-    let v = f
-        .get(&k)
-        .ok_or_else(|| ModelError::MissingKey { key: k.clone() })?;
-    v.as_f64()
-        .filter(|x| x.is_finite())
-        .map(|x| x as f32)
-        .ok_or_else(|| ModelError::BadKey {
-            key: k.clone(),
-            expected: "a finite number".into(),
-            found: found(Some(v)),
-        })
+    meta_float(f, &key(k))
 }
 
 fn opt_float(f: &GgufFile, k: &str) -> Result<Option<f32>, ModelError> {
@@ -395,19 +428,13 @@ impl ModelConfig {
 
     /// The RoPE variant used by layer `l` (and its compressors and indexer).
     pub fn rope(&self, l: usize) -> RopeConfig {
-        if self.compress_ratios[l] == 0 {
-            RopeConfig {
-                base: self.rope_base,
-                yarn: None,
-                n_rot: self.n_rot,
-            }
-        } else {
-            RopeConfig {
-                base: self.compress_rope_base,
-                yarn: self.yarn,
-                n_rot: self.n_rot,
-            }
-        }
+        layer_rope(
+            self.compress_ratios[l],
+            self.rope_base,
+            self.compress_rope_base,
+            self.yarn,
+            self.n_rot,
+        )
     }
 
     pub fn is_hash_layer(&self, l: usize) -> bool {

@@ -16,7 +16,7 @@ use crate::graph::ops::indexer::IndexerTopK;
 use crate::graph::ops::matmul::MatMul;
 use crate::graph::ops::moe::{MoeExperts, Router, SwiGlu};
 use crate::graph::ops::norm::RmsNorm;
-use crate::graph::ops::rope::Rope;
+use crate::graph::ops::rope::{Rope, RopeConfig};
 use crate::graph::ops::round::{HadamardFp4, KvRound};
 use crate::graph::ops::{Op, Rows};
 use crate::graph::{Graph, Recorder, ValueId, ValueName};
@@ -67,19 +67,11 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn matmul(&mut self, name: &str, w: &TensorRef, x: ValueId) -> ValueId {
-        self.grouped_matmul(name, w, x, 1)
+        record_matmul(&mut self.r, name, w, x, 1)
     }
 
     fn grouped_matmul(&mut self, name: &str, w: &TensorRef, x: ValueId, groups: usize) -> ValueId {
-        let out = self.r.tokens_f32(name, w.ne[1] as usize);
-        self.r.op(Op::MatMul(MatMul {
-            w: w.clone(),
-            x,
-            out,
-            groups,
-            rows: Rows::value(self.r.value(out)),
-        }));
-        out
+        record_matmul(&mut self.r, name, w, x, groups)
     }
 
     fn rms_norm(
@@ -89,17 +81,7 @@ impl Ctx<'_> {
         dim: usize,
         weight: Option<&TensorRef>,
     ) -> ValueId {
-        let cols = self.r.value(x).cols;
-        let out = self.r.tokens_f32(name, cols);
-        self.r.op(Op::RmsNorm(RmsNorm {
-            x,
-            out,
-            dim,
-            weight: weight.cloned(),
-            eps: self.cfg.rms_eps,
-            rows: Rows::of(self.r.value(out), dim),
-        }));
-        out
+        record_rms_norm(&mut self.r, self.cfg.rms_eps, name, x, dim, weight)
     }
 
     fn rope(
@@ -111,16 +93,25 @@ impl Ctx<'_> {
         l: usize,
         inverse: bool,
     ) -> ValueId {
-        let out = self.r.tokens_f32(name, heads * head_dim);
-        self.r.op(Op::Rope(Rope {
+        record_rope(
+            &mut self.r,
+            self.cfg.rope(l),
+            name,
             x,
-            out,
             heads,
             head_dim,
-            rope: self.cfg.rope(l),
             inverse,
-        }));
-        out
+        )
+    }
+
+    fn hc(&self) -> HcDims {
+        HcDims {
+            n: self.cfg.hc_count,
+            d: self.cfg.n_embd,
+            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
+            eps: self.cfg.hc_eps,
+            rms_eps: self.cfg.rms_eps,
+        }
     }
 
     /// HC collapse before a sublayer: returns (x, post, comb).
@@ -132,31 +123,9 @@ impl Ctx<'_> {
         scale: &TensorRef,
         base: &TensorRef,
     ) -> (ValueId, ValueId, ValueId) {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let flat = self.rms_norm(&format!("{tag}_hc_norm"), state, n * d, None); // n·D
-        let logits = self.matmul(&format!("{tag}_hc_logits"), f, flat); // (2+n)·n
-        let pre = self.r.tokens_f32(&format!("{tag}_hc_pre"), n);
-        let post = self.r.tokens_f32(&format!("{tag}_hc_post"), n);
-        let comb = self.r.tokens_f32(&format!("{tag}_hc_comb"), n * n);
-        self.r.op(Op::HcMix(HcMix {
-            logits,
-            scale: scale.clone(),
-            base: base.clone(),
-            pre,
-            post: Some(post),
-            comb: Some(comb),
-            n_hc: n,
-            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
-            eps: self.cfg.hc_eps,
-        }));
-        let x = self.r.tokens_f32(&format!("{tag}_in"), d); // D
-        self.r.op(Op::HcCollapse(HcCollapse {
-            state,
-            pre,
-            out: x,
-            n_hc: n,
-            dim: d,
-        }));
+        let hc = self.hc();
+        let (pre, post, comb) = record_hc_mixes(&mut self.r, &hc, tag, state, [f, scale, base]);
+        let x = record_hc_collapse(&mut self.r, &hc, &format!("{tag}_in"), state, pre); // D
         (x, post, comb)
     }
 
@@ -169,18 +138,8 @@ impl Ctx<'_> {
         post: ValueId,
         comb: ValueId,
     ) -> ValueId {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let out = self.r.tokens_f32(&format!("{tag}_hc_state"), n * d);
-        self.r.op(Op::HcExpand(HcExpand {
-            state,
-            y,
-            post,
-            comb,
-            out,
-            n_hc: n,
-            dim: d,
-        }));
-        out
+        let hc = self.hc();
+        record_hc_expand(&mut self.r, &hc, tag, state, y, post, comb)
     }
 
     /// Attention sublayer (MODEL.md §3.4–3.6). Returns y (D).
@@ -336,64 +295,310 @@ impl Ctx<'_> {
     /// FFN sublayer (MODEL.md §3.7–3.8). Returns y (D).
     fn moe(&mut self, l: usize, w: &super::LayerWeights, x: ValueId) -> ValueId {
         let cfg = self.cfg;
-        let clamp = cfg.swiglu_clamp[l];
-        let xn = self.rms_norm("ffn_norm", x, cfg.n_embd, Some(&w.ffn_norm)); // D
-        let logits = self.matmul("router_logits", &w.ffn_gate_inp, xn); // E
-        let sel = self.r.tokens_i32("experts", cfg.n_expert_used); // K
-        let weights = self.r.tokens_f32("expert_weights", cfg.n_expert_used);
-        self.r.op(Op::Router(Router {
-            logits,
-            tokens: self.tokens,
-            bias: w.exp_probs_b.clone(),
-            tid2eid: w.tid2eid.clone(),
-            selected: sel,
-            weights,
+        let shared = match (&w.ffn_gate_shexp, &w.ffn_up_shexp, &w.ffn_down_shexp) {
+            (Some(g), Some(u), Some(d)) => Some([g, u, d]),
+            _ => None,
+        };
+        let step = MoeStep {
+            eps: cfg.rms_eps,
+            n_embd: cfg.n_embd,
             n_expert: cfg.n_expert,
             k: cfg.n_expert_used,
             scale: cfg.expert_weights_scale,
             normalize: cfg.expert_weights_norm,
-        }));
-        let routed = self.r.tokens_f32("moe_routed", cfg.n_embd); // D
-        self.r.op(Op::MoeExperts(MoeExperts {
-            x: xn,
-            selected: sel,
-            weights,
-            gate: w.ffn_gate_exps.clone(),
-            up: w.ffn_up_exps.clone(),
-            down: w.ffn_down_exps.clone(),
-            clamp,
-            k: cfg.n_expert_used,
-            out: routed,
-        }));
-        let (Some(sg), Some(su), Some(sd)) =
-            (&w.ffn_gate_shexp, &w.ffn_up_shexp, &w.ffn_down_shexp)
-        else {
-            return routed;
+            clamp: cfg.swiglu_clamp[l],
+            tokens: self.tokens,
+            ffn_norm: &w.ffn_norm,
+            gate_inp: &w.ffn_gate_inp,
+            bias: w.exp_probs_b.as_ref(),
+            tid2eid: w.tid2eid.as_ref(),
+            exps: [&w.ffn_gate_exps, &w.ffn_up_exps, &w.ffn_down_exps],
+            shared,
         };
-        let g = self.matmul("shared_gate", sg, xn); // FF
-        let u = self.matmul("shared_up", su, xn);
-        let h = self.r.tokens_f32("shared_h", g_cols(sg));
-        self.r.op(Op::SwiGlu(SwiGlu {
-            gate: g,
-            up: u,
-            out: h,
-            clamp,
-            cols: self.r.value(h).cols,
-        }));
-        let shared = self.matmul("shared_out", sd, h); // D
-        let y = self.r.tokens_f32("ffn_out", cfg.n_embd);
-        self.r.op(Op::Add(Add {
-            a: routed,
-            b: shared,
-            out: y,
-            cols: self.r.value(y).cols,
-        }));
-        y
+        record_moe(&mut self.r, &step, x)
     }
 }
 
-fn g_cols(t: &TensorRef) -> usize {
-    t.ne[1] as usize
+/// The hyper-connection sizes and constants (MODEL.md §3.3).
+pub(crate) struct HcDims {
+    pub n: usize,
+    pub d: usize,
+    pub sinkhorn_iters: usize,
+    pub eps: f32,
+    pub rms_eps: f32,
+}
+
+/// A sublayer's HC mixes from the whole n·D state; `fsb` = fn, scale, base.
+/// Returns (pre, post, comb).
+pub(crate) fn record_hc_mixes(
+    r: &mut Recorder,
+    hc: &HcDims,
+    tag: &str,
+    state: ValueId,
+    fsb: [&TensorRef; 3],
+) -> (ValueId, ValueId, ValueId) {
+    let (n, d) = (hc.n, hc.d);
+    let flat = record_rms_norm(r, hc.rms_eps, &format!("{tag}_hc_norm"), state, n * d, None); // n·D
+    let logits = record_matmul(r, &format!("{tag}_hc_logits"), fsb[0], flat, 1); // (2+n)·n
+    let pre = r.tokens_f32(&format!("{tag}_hc_pre"), n);
+    let post = r.tokens_f32(&format!("{tag}_hc_post"), n);
+    let comb = r.tokens_f32(&format!("{tag}_hc_comb"), n * n);
+    r.op(Op::HcMix(HcMix {
+        logits,
+        scale: fsb[1].clone(),
+        base: fsb[2].clone(),
+        pre,
+        post: Some(post),
+        comb: Some(comb),
+        n_hc: n,
+        sinkhorn_iters: hc.sinkhorn_iters,
+        eps: hc.eps,
+    }));
+    (pre, post, comb)
+}
+
+/// Collapses the n·D state to D with the `pre` weights.
+pub(crate) fn record_hc_collapse(
+    r: &mut Recorder,
+    hc: &HcDims,
+    name: &str,
+    state: ValueId,
+    pre: ValueId,
+) -> ValueId {
+    let out = r.tokens_f32(name, hc.d);
+    r.op(Op::HcCollapse(HcCollapse {
+        state,
+        pre,
+        out,
+        n_hc: hc.n,
+        dim: hc.d,
+    }));
+    out
+}
+
+/// Expands a sublayer's output `y` back into the n·D state.
+pub(crate) fn record_hc_expand(
+    r: &mut Recorder,
+    hc: &HcDims,
+    tag: &str,
+    state: ValueId,
+    y: ValueId,
+    post: ValueId,
+    comb: ValueId,
+) -> ValueId {
+    let out = r.tokens_f32(&format!("{tag}_hc_state"), hc.n * hc.d);
+    r.op(Op::HcExpand(HcExpand {
+        state,
+        y,
+        post,
+        comb,
+        out,
+        n_hc: hc.n,
+        dim: hc.d,
+    }));
+    out
+}
+
+/// `w · x` for every token (`groups` > 1: block-diagonal), out = `w.ne[1]`
+/// columns. Shared by the V4 and V4.1 forwards.
+pub(crate) fn record_matmul(
+    r: &mut Recorder,
+    name: &str,
+    w: &TensorRef,
+    x: ValueId,
+    groups: usize,
+) -> ValueId {
+    let out = r.tokens_f32(name, w.ne[1] as usize);
+    r.op(Op::MatMul(MatMul {
+        w: w.clone(),
+        x,
+        out,
+        groups,
+        rows: Rows::value(r.value(out)),
+    }));
+    out
+}
+
+/// RMS norm of `x` in rows of `dim`, optionally weighted.
+pub(crate) fn record_rms_norm(
+    r: &mut Recorder,
+    eps: f32,
+    name: &str,
+    x: ValueId,
+    dim: usize,
+    weight: Option<&TensorRef>,
+) -> ValueId {
+    let cols = r.value(x).cols;
+    let out = r.tokens_f32(name, cols);
+    r.op(Op::RmsNorm(RmsNorm {
+        x,
+        out,
+        dim,
+        weight: weight.cloned(),
+        eps,
+        rows: Rows::of(r.value(out), dim),
+    }));
+    out
+}
+
+/// RoPE (or its inverse) on `heads` heads of `head_dim`.
+pub(crate) fn record_rope(
+    r: &mut Recorder,
+    rope: RopeConfig,
+    name: &str,
+    x: ValueId,
+    heads: usize,
+    head_dim: usize,
+    inverse: bool,
+) -> ValueId {
+    let out = r.tokens_f32(name, heads * head_dim);
+    r.op(Op::Rope(Rope {
+        x,
+        out,
+        heads,
+        head_dim,
+        rope,
+        inverse,
+    }));
+    out
+}
+
+/// What one MoE sublayer needs (MODEL.md §3.8); V4 and V4.1 differ only in
+/// these values (V4.1 has no hash routing and always a shared expert).
+pub(crate) struct MoeStep<'a> {
+    pub eps: f32,
+    pub n_embd: usize,
+    pub n_expert: usize,
+    pub k: usize,
+    pub scale: f32,
+    pub normalize: bool,
+    pub clamp: f32,
+    pub tokens: ValueId,
+    pub ffn_norm: &'a TensorRef,
+    pub gate_inp: &'a TensorRef,
+    pub bias: Option<&'a TensorRef>,
+    pub tid2eid: Option<&'a TensorRef>,
+    /// Routed experts: gate, up, down.
+    pub exps: [&'a TensorRef; 3],
+    /// Shared expert: gate, up, down.
+    pub shared: Option<[&'a TensorRef; 3]>,
+}
+
+/// MoE sublayer: norm → router → routed experts (+ shared expert). Returns y (D).
+pub(crate) fn record_moe(r: &mut Recorder, s: &MoeStep, x: ValueId) -> ValueId {
+    let xn = record_rms_norm(r, s.eps, "ffn_norm", x, s.n_embd, Some(s.ffn_norm)); // D
+    let logits = record_matmul(r, "router_logits", s.gate_inp, xn, 1); // E
+    let sel = r.tokens_i32("experts", s.k); // K
+    let weights = r.tokens_f32("expert_weights", s.k);
+    r.op(Op::Router(Router {
+        logits,
+        tokens: s.tokens,
+        bias: s.bias.cloned(),
+        tid2eid: s.tid2eid.cloned(),
+        selected: sel,
+        weights,
+        n_expert: s.n_expert,
+        k: s.k,
+        scale: s.scale,
+        normalize: s.normalize,
+    }));
+    let routed = r.tokens_f32("moe_routed", s.n_embd); // D
+    r.op(Op::MoeExperts(MoeExperts {
+        x: xn,
+        selected: sel,
+        weights,
+        gate: s.exps[0].clone(),
+        up: s.exps[1].clone(),
+        down: s.exps[2].clone(),
+        clamp: s.clamp,
+        k: s.k,
+        out: routed,
+    }));
+    let Some([sg, su, sd]) = s.shared else {
+        return routed;
+    };
+    let g = record_matmul(r, "shared_gate", sg, xn, 1); // FF
+    let u = record_matmul(r, "shared_up", su, xn, 1);
+    let h = r.tokens_f32("shared_h", sg.ne[1] as usize);
+    r.op(Op::SwiGlu(SwiGlu {
+        gate: g,
+        up: u,
+        out: h,
+        clamp: s.clamp,
+        cols: r.value(h).cols,
+    }));
+    let shared = record_matmul(r, "shared_out", sd, h, 1); // D
+    let y = r.tokens_f32("ffn_out", s.n_embd);
+    r.op(Op::Add(Add {
+        a: routed,
+        b: shared,
+        out: y,
+        cols: r.value(y).cols,
+    }));
+    y
+}
+
+/// What the output head needs after the final HC collapse.
+pub(crate) struct HeadStep<'a> {
+    pub eps: f32,
+    pub n_embd: usize,
+    pub n_vocab: usize,
+    pub output_norm: &'a TensorRef,
+    pub output: &'a TensorRef,
+    pub logits: Logits,
+}
+
+/// Output norm and projection of the collapsed `x` (D) to logits.
+pub(crate) fn record_head(r: &mut Recorder, s: &HeadStep, x: ValueId) -> ValueId {
+    let d = s.n_embd;
+    match s.logits {
+        Logits::All => {
+            let xn = record_rms_norm(r, s.eps, "out_norm", x, d, Some(s.output_norm));
+            record_matmul(r, "logits", s.output, xn, 1)
+        }
+        Logits::Last => {
+            let last = r.fixed_f32("out_last", 1, d);
+            r.op(Op::TakeLast(TakeLast {
+                x,
+                out: last,
+                cols: d,
+            }));
+            let xn = r.fixed_f32("out_norm", 1, d);
+            r.op(Op::RmsNorm(RmsNorm {
+                x: last,
+                out: xn,
+                dim: d,
+                weight: Some(s.output_norm.clone()),
+                eps: s.eps,
+                rows: Rows::of(r.value(xn), d),
+            }));
+            let logits = r.fixed_f32("logits", 1, s.n_vocab);
+            r.op(Op::MatMul(MatMul {
+                w: s.output.clone(),
+                x: xn,
+                out: logits,
+                groups: 1,
+                rows: Rows::value(r.value(logits)),
+            }));
+            logits
+        }
+    }
+}
+
+/// Ends the recording and marks the `keep` values readable.
+pub(crate) fn finish_graph(
+    r: Recorder,
+    tokens: ValueId,
+    logits: ValueId,
+    inputs: Vec<ValueId>,
+    keep: &[ValueName],
+) -> Graph {
+    let mut g = r.finish(tokens, logits, inputs);
+    let keep: Vec<ValueId> = keep.iter().filter_map(|n| g.find(n)).collect();
+    g.keep.extend(keep);
+    g.keep.sort();
+    g.keep.dedup();
+    g
 }
 
 /// Records the whole forward pass for steps of up to `max_tokens` tokens.
@@ -467,50 +672,16 @@ pub fn record(
         sinkhorn_iters: cfg.hc_sinkhorn_iters,
         eps: cfg.hc_eps,
     }));
-    let x = c.r.tokens_f32("out_in", d);
-    c.r.op(Op::HcCollapse(HcCollapse {
-        state,
-        pre,
-        out: x,
-        n_hc: n,
-        dim: d,
-    }));
-    let logits = match opts.logits {
-        Logits::All => {
-            let xn = c.rms_norm("out_norm", x, d, Some(&w.output_norm));
-            c.matmul("logits", &w.output, xn)
-        }
-        Logits::Last => {
-            let last = c.r.fixed_f32("out_last", 1, d);
-            c.r.op(Op::TakeLast(TakeLast {
-                x,
-                out: last,
-                cols: d,
-            }));
-            let xn = c.r.fixed_f32("out_norm", 1, d);
-            c.r.op(Op::RmsNorm(RmsNorm {
-                x: last,
-                out: xn,
-                dim: d,
-                weight: Some(w.output_norm.clone()),
-                eps: cfg.rms_eps,
-                rows: Rows::of(c.r.value(xn), d),
-            }));
-            let logits = c.r.fixed_f32("logits", 1, cfg.n_vocab);
-            c.r.op(Op::MatMul(MatMul {
-                w: w.output.clone(),
-                x: xn,
-                out: logits,
-                groups: 1,
-                rows: Rows::value(c.r.value(logits)),
-            }));
-            logits
-        }
+    let hc = c.hc();
+    let x = record_hc_collapse(&mut c.r, &hc, "out_in", state, pre);
+    let head = HeadStep {
+        eps: cfg.rms_eps,
+        n_embd: d,
+        n_vocab: cfg.n_vocab,
+        output_norm: &w.output_norm,
+        output: &w.output,
+        logits: opts.logits,
     };
-    let mut g = c.r.finish(tokens, logits, Vec::new());
-    let keep: Vec<ValueId> = opts.keep.iter().filter_map(|n| g.find(n)).collect();
-    g.keep.extend(keep);
-    g.keep.sort();
-    g.keep.dedup();
-    g
+    let logits = record_head(&mut c.r, &head, x);
+    finish_graph(c.r, tokens, logits, Vec::new(), &opts.keep)
 }

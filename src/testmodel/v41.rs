@@ -748,6 +748,7 @@ fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
     }
 }
 
+// Apart from the V4 writer: types come from V4.1's own Kind, and Engram tables get real rows.
 fn add_planned(
     w: &mut GgufWriter,
     plan: Vec<Planned>,

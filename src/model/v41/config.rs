@@ -12,6 +12,7 @@
 
 use crate::gguf::{GgufFile, MetaArray, MetaValue};
 use crate::graph::ops::rope::{RopeConfig, Yarn};
+use crate::model::config::{found, layer_rope, meta_float, meta_uint};
 use crate::model::ModelError;
 
 /// The `general.architecture` of a V4.1 main model.
@@ -147,13 +148,6 @@ fn key(k: &str) -> String {
     format!("{ARCH}.{k}")
 }
 
-fn found(v: Option<&MetaValue>) -> String {
-    match v {
-        None => "nothing".into(),
-        Some(v) => format!("{} {}", v.value_type().name(), v.summary()),
-    }
-}
-
 fn bad(k: &str, expected: impl Into<String>, found: impl Into<String>) -> ModelError {
     ModelError::BadKey {
         key: key(k),
@@ -163,13 +157,7 @@ fn bad(k: &str, expected: impl Into<String>, found: impl Into<String>) -> ModelE
 }
 
 fn req_uint(f: &GgufFile, k: &str) -> Result<usize, ModelError> {
-    let v = f
-        .get(&key(k))
-        .ok_or_else(|| ModelError::MissingKey { key: key(k) })?;
-    v.as_u64()
-        .filter(|&x| x <= u32::MAX as u64)
-        .map(|x| x as usize)
-        .ok_or_else(|| bad(k, "a non-negative integer below 2^32", found(Some(v))))
+    meta_uint(f, &key(k))
 }
 
 fn req_pos(f: &GgufFile, k: &str) -> Result<usize, ModelError> {
@@ -181,13 +169,7 @@ fn req_pos(f: &GgufFile, k: &str) -> Result<usize, ModelError> {
 }
 
 fn req_float(f: &GgufFile, k: &str) -> Result<f32, ModelError> {
-    let v = f
-        .get(&key(k))
-        .ok_or_else(|| ModelError::MissingKey { key: key(k) })?;
-    v.as_f64()
-        .filter(|x| x.is_finite())
-        .map(|x| x as f32)
-        .ok_or_else(|| bad(k, "a finite number", found(Some(v))))
+    meta_float(f, &key(k))
 }
 
 fn req_array<'f>(f: &'f GgufFile, k: &str) -> Result<&'f MetaArray, ModelError> {
@@ -489,19 +471,13 @@ impl V41Config {
     /// The RoPE of layer `l`: compressed layers use the compress base with
     /// YaRN, window layers the plain base without it (as in V4).
     pub fn rope(&self, l: usize) -> RopeConfig {
-        if self.compress_ratios[l] == 0 {
-            RopeConfig {
-                base: self.rope_base,
-                yarn: None,
-                n_rot: self.n_rot,
-            }
-        } else {
-            RopeConfig {
-                base: self.compress_rope_base,
-                yarn: self.yarn,
-                n_rot: self.n_rot,
-            }
-        }
+        layer_rope(
+            self.compress_ratios[l],
+            self.rope_base,
+            self.compress_rope_base,
+            self.yarn,
+            self.n_rot,
+        )
     }
 }
 

@@ -16,20 +16,19 @@ use std::sync::Arc;
 use super::{LayerRole, V41Config, V41LayerWeights, V41Weights};
 use crate::gguf::TensorRef;
 use crate::graph::ops::attention::{Attention, CompressedRows, RingWrite};
-use crate::graph::ops::basic::{Add, Embed, Scale, TakeLast};
-use crate::graph::ops::hc::{HcCollapse, HcExpand, HcInit, HcMix};
+use crate::graph::ops::basic::{Embed, Scale};
+use crate::graph::ops::hc::HcInit;
 use crate::graph::ops::indexer::IndexerTopK;
-use crate::graph::ops::matmul::MatMul;
-use crate::graph::ops::moe::{MoeExperts, Router, SwiGlu};
-use crate::graph::ops::norm::RmsNorm;
-use crate::graph::ops::rope::Rope;
 use crate::graph::ops::v41::{
     CandidateBlocks, CandidateTopK, EngramGate, EngramHash, EngramLookup, Frontier, HcOneHot,
     V41Compress, V41Op,
 };
-use crate::graph::ops::{Op, Rows};
+use crate::graph::ops::Op;
 use crate::graph::{Graph, Recorder, StateId, StateLayout, ValueId, ValueName};
-use crate::model::forward::Logits;
+use crate::model::forward::{
+    finish_graph, record_hc_collapse, record_hc_expand, record_hc_mixes, record_head,
+    record_matmul, record_moe, record_rms_norm, record_rope, HcDims, HeadStep, Logits, MoeStep,
+};
 
 /// Persistent state of one V4.1 layer.
 #[derive(Clone, Copy, Debug)]
@@ -135,33 +134,15 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn matmul(&mut self, name: &str, w: &TensorRef, x: ValueId) -> ValueId {
-        self.grouped_matmul(name, w, x, 1)
+        record_matmul(&mut self.r, name, w, x, 1)
     }
 
     fn grouped_matmul(&mut self, name: &str, w: &TensorRef, x: ValueId, groups: usize) -> ValueId {
-        let out = self.r.tokens_f32(name, w.ne[1] as usize);
-        self.r.op(Op::MatMul(MatMul {
-            w: w.clone(),
-            x,
-            out,
-            groups,
-            rows: Rows::value(self.r.value(out)),
-        }));
-        out
+        record_matmul(&mut self.r, name, w, x, groups)
     }
 
     fn rms_norm(&mut self, name: &str, x: ValueId, dim: usize, w: Option<&TensorRef>) -> ValueId {
-        let cols = self.r.value(x).cols;
-        let out = self.r.tokens_f32(name, cols);
-        self.r.op(Op::RmsNorm(RmsNorm {
-            x,
-            out,
-            dim,
-            weight: w.cloned(),
-            eps: self.cfg.rms_eps,
-            rows: Rows::of(self.r.value(out), dim),
-        }));
-        out
+        record_rms_norm(&mut self.r, self.cfg.rms_eps, name, x, dim, w)
     }
 
     fn rope(
@@ -173,16 +154,17 @@ impl Ctx<'_> {
         l: usize,
         inverse: bool,
     ) -> ValueId {
-        let out = self.r.tokens_f32(name, heads * hd);
-        self.r.op(Op::Rope(Rope {
-            x,
-            out,
-            heads,
-            head_dim: hd,
-            rope: self.cfg.rope(l),
-            inverse,
-        }));
-        out
+        record_rope(&mut self.r, self.cfg.rope(l), name, x, heads, hd, inverse)
+    }
+
+    fn hc(&self) -> HcDims {
+        HcDims {
+            n: self.cfg.hc_count,
+            d: self.cfg.n_embd,
+            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
+            eps: self.cfg.hc_eps,
+            rms_eps: self.cfg.rms_eps,
+        }
     }
 
     /// The sublayer's mixes from the whole HC state: (pre, post, comb).
@@ -194,37 +176,13 @@ impl Ctx<'_> {
         scale: &TensorRef,
         base: &TensorRef,
     ) -> (ValueId, ValueId, ValueId) {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let flat = self.rms_norm(&format!("{tag}_hc_norm"), state, n * d, None);
-        let logits = self.matmul(&format!("{tag}_hc_logits"), f, flat);
-        let pre = self.r.tokens_f32(&format!("{tag}_hc_pre"), n);
-        let post = self.r.tokens_f32(&format!("{tag}_hc_post"), n);
-        let comb = self.r.tokens_f32(&format!("{tag}_hc_comb"), n * n);
-        self.r.op(Op::HcMix(HcMix {
-            logits,
-            scale: scale.clone(),
-            base: base.clone(),
-            pre,
-            post: Some(post),
-            comb: Some(comb),
-            n_hc: n,
-            sinkhorn_iters: self.cfg.hc_sinkhorn_iters,
-            eps: self.cfg.hc_eps,
-        }));
-        (pre, post, comb)
+        let hc = self.hc();
+        record_hc_mixes(&mut self.r, &hc, tag, state, [f, scale, base])
     }
 
     fn collapse(&mut self, name: &str, state: ValueId, pre: ValueId) -> ValueId {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let out = self.r.tokens_f32(name, d);
-        self.r.op(Op::HcCollapse(HcCollapse {
-            state,
-            pre,
-            out,
-            n_hc: n,
-            dim: d,
-        }));
-        out
+        let hc = self.hc();
+        record_hc_collapse(&mut self.r, &hc, name, state, pre)
     }
 
     fn expand(
@@ -235,18 +193,8 @@ impl Ctx<'_> {
         post: ValueId,
         comb: ValueId,
     ) -> ValueId {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let out = self.r.tokens_f32(&format!("{tag}_hc_state"), n * d);
-        self.r.op(Op::HcExpand(HcExpand {
-            state,
-            y,
-            post,
-            comb,
-            out,
-            n_hc: n,
-            dim: d,
-        }));
-        out
+        let hc = self.hc();
+        record_hc_expand(&mut self.r, &hc, tag, state, y, post, comb)
     }
 
     fn engram(&mut self, l: usize, w: &V41LayerWeights, state: ValueId) -> ValueId {
@@ -285,6 +233,7 @@ impl Ctx<'_> {
         out
     }
 
+    // Not shared with V4's: KV and top-k come from source layers (LayerRole), not each layer's own.
     fn attention(
         &mut self,
         l: usize,
@@ -429,56 +378,24 @@ impl Ctx<'_> {
 
     fn moe(&mut self, w: &V41LayerWeights, x: ValueId) -> ValueId {
         let cfg = self.cfg;
-        let clamp = cfg.swiglu_limit;
-        let xn = self.rms_norm("ffn_norm", x, cfg.n_embd, Some(&w.ffn_norm));
-        let logits = self.matmul("router_logits", &w.ffn_gate_inp, xn);
-        let sel = self.r.tokens_i32("experts", cfg.n_expert_used);
-        let weights = self.r.tokens_f32("expert_weights", cfg.n_expert_used);
-        self.r.op(Op::Router(Router {
-            logits,
-            tokens: self.tokens,
-            bias: Some(w.exp_probs_b.clone()),
-            tid2eid: None,
-            selected: sel,
-            weights,
+        // Same sublayer as V4; V4.1 has no hash routing, always a bias and a shared expert.
+        let step = MoeStep {
+            eps: cfg.rms_eps,
+            n_embd: cfg.n_embd,
             n_expert: cfg.n_expert,
             k: cfg.n_expert_used,
             scale: cfg.routed_scale,
             normalize: cfg.norm_topk_prob && cfg.n_expert_used > 1,
-        }));
-        let routed = self.r.tokens_f32("moe_routed", cfg.n_embd);
-        self.r.op(Op::MoeExperts(MoeExperts {
-            x: xn,
-            selected: sel,
-            weights,
-            gate: w.ffn_gate_exps.clone(),
-            up: w.ffn_up_exps.clone(),
-            down: w.ffn_down_exps.clone(),
-            clamp,
-            k: cfg.n_expert_used,
-            out: routed,
-        }));
-        let g = self.matmul("shared_gate", &w.ffn_gate_shexp, xn);
-        let u = self.matmul("shared_up", &w.ffn_up_shexp, xn);
-        let h = self
-            .r
-            .tokens_f32("shared_h", w.ffn_gate_shexp.ne[1] as usize);
-        self.r.op(Op::SwiGlu(SwiGlu {
-            gate: g,
-            up: u,
-            out: h,
-            clamp,
-            cols: self.r.value(h).cols,
-        }));
-        let shared = self.matmul("shared_out", &w.ffn_down_shexp, h);
-        let y = self.r.tokens_f32("ffn_out", cfg.n_embd);
-        self.r.op(Op::Add(Add {
-            a: routed,
-            b: shared,
-            out: y,
-            cols: self.r.value(y).cols,
-        }));
-        y
+            clamp: cfg.swiglu_limit,
+            tokens: self.tokens,
+            ffn_norm: &w.ffn_norm,
+            gate_inp: &w.ffn_gate_inp,
+            bias: Some(&w.exp_probs_b),
+            tid2eid: None,
+            exps: [&w.ffn_gate_exps, &w.ffn_up_exps, &w.ffn_down_exps],
+            shared: Some([&w.ffn_gate_shexp, &w.ffn_up_shexp, &w.ffn_down_shexp]),
+        };
+        record_moe(&mut self.r, &step, x)
     }
 }
 
@@ -565,43 +482,15 @@ pub fn record(
 
     // No learned output head mix in V4.1: the last FFN mix collapses.
     let x = c.collapse("out_in", state, pre_mix);
-    let logits = match opts.logits {
-        Logits::All => {
-            let xn = c.rms_norm("out_norm", x, d, Some(&w.output_norm));
-            c.matmul("logits", &w.output, xn)
-        }
-        Logits::Last => {
-            let last = c.r.fixed_f32("out_last", 1, d);
-            c.r.op(Op::TakeLast(TakeLast {
-                x,
-                out: last,
-                cols: d,
-            }));
-            let xn = c.r.fixed_f32("out_norm", 1, d);
-            c.r.op(Op::RmsNorm(RmsNorm {
-                x: last,
-                out: xn,
-                dim: d,
-                weight: Some(w.output_norm.clone()),
-                eps: cfg.rms_eps,
-                rows: Rows::of(c.r.value(xn), d),
-            }));
-            let logits = c.r.fixed_f32("logits", 1, cfg.n_vocab);
-            c.r.op(Op::MatMul(MatMul {
-                w: w.output.clone(),
-                x: xn,
-                out: logits,
-                groups: 1,
-                rows: Rows::value(c.r.value(logits)),
-            }));
-            logits
-        }
+    let head = HeadStep {
+        eps: cfg.rms_eps,
+        n_embd: d,
+        n_vocab: cfg.n_vocab,
+        output_norm: &w.output_norm,
+        output: &w.output,
+        logits: opts.logits,
     };
+    let logits = record_head(&mut c.r, &head, x);
     let inputs = std::mem::take(&mut c.inputs);
-    let mut g = c.r.finish(tokens, logits, inputs);
-    let keep: Vec<ValueId> = opts.keep.iter().filter_map(|n| g.find(n)).collect();
-    g.keep.extend(keep);
-    g.keep.sort();
-    g.keep.dedup();
-    g
+    finish_graph(c.r, tokens, logits, inputs, &opts.keep)
 }

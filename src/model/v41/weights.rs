@@ -44,6 +44,7 @@ pub struct V41Engram {
     pub table: TensorRef,
 }
 
+// A sibling of V4's LayerWeights, not one type: router bias and shared expert are required here.
 #[derive(Clone, Debug)]
 pub struct V41LayerWeights {
     pub role: LayerRole,
