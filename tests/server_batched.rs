@@ -280,6 +280,82 @@ fn a_client_that_leaves_frees_its_slot_and_changes_no_other_stream() {
     assert!(left < 1500, "the cancelled stream generated {left} tokens");
 }
 
+/// Sessions that end early — a stop sequence, a full context — leave the
+/// streams beside them bit-identical: three streams (one plain, one whose
+/// context fills, one cut by a stop string) run together and each equals
+/// the same request served alone.
+#[test]
+fn sessions_that_end_early_change_no_other_stream() {
+    let s = start(&[
+        "--batched-session",
+        "3",
+        "--ctx",
+        "256",
+        "--mixed-prefill-quantum",
+        "16",
+    ]);
+    let plain = chat("A plain stream.", 51, 60);
+    let mut fill = chat(&"word ".repeat(150), 52, 400);
+    fill.1["max_tokens"] = json!(400);
+    let mut stop = chat("Stop at the first e.", 53, 100);
+    stop.1["stop"] = json!(["e"]);
+    let reqs = vec![plain, fill, stop];
+    let alone: Vec<String> = reqs.iter().map(|(p, b)| stream(&s.addr, p, b)).collect();
+    assert!(alone[0].contains("\"finish_reason\":\"length\""), "{}", alone[0]);
+    assert!(alone[1].contains("\"finish_reason\":\"length\""), "{}", alone[1]);
+    assert!(alone[2].contains("\"finish_reason\":\"stop\""), "{}", alone[2]);
+    let both = together(&s, &reqs);
+    for (i, (a, b)) in alone.iter().zip(&both).enumerate() {
+        assert_eq!(events(a), events(b), "request {i} differs when batched");
+    }
+    assert_eq!(metric(&s.addr, "ds4_active_slots"), 0);
+}
+
+/// A session cut by a stop string and one whose context fills free their
+/// slot at once: with two slots, one held by a long stream, they and a
+/// queued request all go through the other slot and finish while the long
+/// stream is still running.
+#[test]
+fn sessions_that_end_early_free_their_slot_at_once() {
+    let s = start(&[
+        "--batched-session",
+        "2",
+        "--ctx",
+        "512",
+        "--mixed-prefill-quantum",
+        "16",
+    ]);
+    let mut long = Open::post(
+        &s.addr,
+        "/v1/chat/completions",
+        &chat("Keep going for a long time.", 61, 480).1,
+    );
+    long.until("\"content\"");
+    let (p, mut stop) = chat("Stop at the first e.", 62, 200);
+    stop["stop"] = json!(["e"]);
+    let r = stream(&s.addr, p, &stop);
+    assert!(r.contains("\"finish_reason\":\"stop\""), "{r}");
+    let (p, fill) = chat(&"word ".repeat(440), 63, 400);
+    let r = stream(&s.addr, p, &fill);
+    assert!(r.contains("\"finish_reason\":\"length\""), "{r}");
+    let r = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages":[{"role":"user","content":"x"}],"ds4_test_script":"next answer","think":false}),
+    );
+    assert_eq!(status(&r), 200, "{r}");
+    assert!(r.contains("next answer"), "{r}");
+    // All three went through the second slot while the long stream runs
+    // (the gauge is updated after each step: poll for it).
+    wait_for("one slot active: the long stream", || {
+        metric(&s.addr, "ds4_active_slots") == 1
+    });
+    drop(long);
+    wait_for("the long stream's slot freed", || {
+        metric(&s.addr, "ds4_active_slots") == 0
+    });
+}
+
 #[test]
 fn over_context_is_refused_while_slots_are_busy_and_the_rest_queue() {
     let s = start(&["--batched-session", "2", "--ctx", "512"]);
@@ -570,26 +646,19 @@ fn scrubbed(resp: &str) -> Value {
     v
 }
 
-/// Every log-probability in a scrubbed answer or stream, in order, as f64.
-fn logprob_values(v: &Value, out: &mut Vec<f64>) {
+/// Every log-probability in a scrubbed answer or stream, in order, as f64:
+/// the numbers under a key that names log-probabilities.
+fn logprob_values(v: &Value, inside: bool, out: &mut Vec<f64>) {
     match v {
         Value::Object(m) => {
             for (k, x) in m {
-                match x {
-                    Value::Number(n) if k == "logprob" || k == "token_logprobs" => {
-                        out.push(n.as_f64().unwrap())
-                    }
-                    Value::Array(a) if k == "token_logprobs" => {
-                        out.extend(a.iter().filter_map(Value::as_f64))
-                    }
-                    Value::Object(o) if k == "top_logprobs" => {
-                        out.extend(o.values().filter_map(Value::as_f64));
-                    }
-                    _ => logprob_values(x, out),
+                if k != "text_offset" {
+                    logprob_values(x, inside || k.contains("logprob"), out);
                 }
             }
         }
-        Value::Array(a) => a.iter().for_each(|x| logprob_values(x, out)),
+        Value::Array(a) => a.iter().for_each(|x| logprob_values(x, inside, out)),
+        Value::Number(n) if inside => out.push(n.as_f64().unwrap()),
         _ => {}
     }
 }
@@ -608,7 +677,7 @@ fn logprobs_and_echo_per_slot_equal_the_serial_server() {
     let reqs: Vec<(&str, Value)> = vec![
         (
             "/v1/completions",
-            json!({"prompt":"Once upon a time","logprobs":3,"max_tokens":12,"temperature":0}),
+            json!({"prompt":"Once upon a time","logprobs":3,"max_tokens":12,"think":false,"temperature":0}),
         ),
         (
             "/v1/completions",
@@ -620,7 +689,7 @@ fn logprobs_and_echo_per_slot_equal_the_serial_server() {
         ),
         (
             "/v1/completions",
-            json!({"prompt":[1, 300, 301, 302, 303, 304],"echo":true,"logprobs":1,"max_tokens":4,"temperature":0}),
+            json!({"prompt":[1, 300, 301, 302, 303, 304],"echo":true,"logprobs":1,"max_tokens":4,"seed":5}),
         ),
         (
             "/v1/completions",
@@ -647,7 +716,9 @@ fn logprobs_and_echo_per_slot_equal_the_serial_server() {
     let mut checked = 0;
     for (path, body) in &reqs {
         let want = answer(&serial.addr, path, body);
-        // The same request with three streams decoding beside it.
+        // Each request alone on the serial server (sampled ones with a seed:
+    // every logit bit moves the draw), then with three streams decoding
+    // beside it on the batched one.
         let go = Arc::new(Barrier::new(4));
         let others: Vec<_> = (0..3)
             .map(|i| {
@@ -665,8 +736,8 @@ fn logprobs_and_echo_per_slot_equal_the_serial_server() {
             assert!(h.join().unwrap().contains("[DONE]"));
         }
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        logprob_values(&want, &mut a);
-        logprob_values(&got, &mut b);
+        logprob_values(&want, false, &mut a);
+        logprob_values(&got, false, &mut b);
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&a), bits(&b), "{path} {body}: log-probabilities differ");
         assert_eq!(want, got, "{path} {body}: the answers differ");
