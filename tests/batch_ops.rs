@@ -24,10 +24,10 @@ use common::rng::Rng;
 use oneop::{Builder, Weights};
 
 use ds4::backend::cpu::{fast, CpuBackend};
+use ds4::backend::wgpu::WgpuBackend;
 use ds4::backend::{Backend, BackendError};
 use ds4::gguf::GgufFile;
 use ds4::graph::ops::rope::{RopeConfig, Yarn};
-use ds4::backend::wgpu::WgpuBackend;
 use ds4::graph::ops::{attention, compress, gather, indexer, rope, Op};
 use ds4::graph::{DType, Graph, RowRecord, StateId, StateLayout, StepParams, ValueId};
 use ds4::quant::GgmlType;

@@ -301,9 +301,21 @@ fn sessions_that_end_early_change_no_other_stream() {
     stop.1["stop"] = json!(["e"]);
     let reqs = vec![plain, fill, stop];
     let alone: Vec<String> = reqs.iter().map(|(p, b)| stream(&s.addr, p, b)).collect();
-    assert!(alone[0].contains("\"finish_reason\":\"length\""), "{}", alone[0]);
-    assert!(alone[1].contains("\"finish_reason\":\"length\""), "{}", alone[1]);
-    assert!(alone[2].contains("\"finish_reason\":\"stop\""), "{}", alone[2]);
+    assert!(
+        alone[0].contains("\"finish_reason\":\"length\""),
+        "{}",
+        alone[0]
+    );
+    assert!(
+        alone[1].contains("\"finish_reason\":\"length\""),
+        "{}",
+        alone[1]
+    );
+    assert!(
+        alone[2].contains("\"finish_reason\":\"stop\""),
+        "{}",
+        alone[2]
+    );
     let both = together(&s, &reqs);
     for (i, (a, b)) in alone.iter().zip(&both).enumerate() {
         assert_eq!(events(a), events(b), "request {i} differs when batched");
@@ -717,8 +729,8 @@ fn logprobs_and_echo_per_slot_equal_the_serial_server() {
     for (path, body) in &reqs {
         let want = answer(&serial.addr, path, body);
         // Each request alone on the serial server (sampled ones with a seed:
-    // every logit bit moves the draw), then with three streams decoding
-    // beside it on the batched one.
+        // every logit bit moves the draw), then with three streams decoding
+        // beside it on the batched one.
         let go = Arc::new(Barrier::new(4));
         let others: Vec<_> = (0..3)
             .map(|i| {
@@ -739,7 +751,11 @@ fn logprobs_and_echo_per_slot_equal_the_serial_server() {
         logprob_values(&want, false, &mut a);
         logprob_values(&got, false, &mut b);
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&a), bits(&b), "{path} {body}: log-probabilities differ");
+        assert_eq!(
+            bits(&a),
+            bits(&b),
+            "{path} {body}: log-probabilities differ"
+        );
         assert_eq!(want, got, "{path} {body}: the answers differ");
         checked += a.len();
     }

@@ -33,8 +33,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::health::panic_message;
 use super::job::{Event, NoCache, Work};
-use super::metrics::Metrics;
 use super::logprobs::{first_prompt_entry, score_following, TokenLogprob};
+use super::metrics::Metrics;
 use super::scoring::{JobLogprobs, PickScorer};
 use super::slotdisk::SlotDisk;
 use super::stream::Stream;
@@ -494,9 +494,8 @@ impl Scheduler {
             self.core.tok.clone(),
             p.seq,
         );
-        let scorer = p
-            .lp
-            .pick_scorer(self.core.tok.clone(), thinking, p.events.clone());
+        let scorer =
+            p.lp.pick_scorer(self.core.tok.clone(), thinking, p.events.clone());
         Some(Running::Decode(Box::new(Decoding {
             p,
             stream,

@@ -159,7 +159,13 @@ impl Batch {
             keep: Vec::new(),
         };
         let small = load_graph(backend.as_mut(), model, &kv, slots, &fo)?;
-        let large = load_graph(backend.as_mut(), model, &kv, slots + opts.prefill_chunk, &fo)?;
+        let large = load_graph(
+            backend.as_mut(),
+            model,
+            &kv,
+            slots + opts.prefill_chunk,
+            &fo,
+        )?;
         let backend_notice = format!("{} ({slots} slots, batched steps)", opened.notice);
         Ok(Some(Batch {
             model: model.clone(),
@@ -432,7 +438,8 @@ impl Shared {
                             logits: Logits::All,
                             ..self.forward.clone()
                         };
-                        let g = load_graph(self.backend.as_mut(), model, &self.kv, self.large.1, &fo)?;
+                        let g =
+                            load_graph(self.backend.as_mut(), model, &self.kv, self.large.1, &fo)?;
                         *self.every_row.insert(g)
                     }
                 }
