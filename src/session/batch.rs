@@ -52,7 +52,7 @@ pub struct Batch {
 
 enum Engine {
     /// One backend with a state set per slot.
-    Shared(Shared),
+    Shared(Box<Shared>),
     /// A session per slot, run one after another.
     Serial(Vec<SerialSlot>),
 }
@@ -170,7 +170,7 @@ impl Batch {
         Ok(Some(Batch {
             model: model.clone(),
             opts: opts.clone(),
-            engine: Engine::Shared(Shared {
+            engine: Engine::Shared(Box::new(Shared {
                 backend,
                 kv,
                 small,
@@ -179,7 +179,7 @@ impl Batch {
                 forward: fo,
                 chunk: opts.prefill_chunk,
                 slots: (0..slots).map(|_| SlotData::default()).collect(),
-            }),
+            })),
             backend_notice,
         }))
     }
