@@ -5,7 +5,8 @@
 //! positions, each with its own state set, and must give every session's
 //! rows and state exactly what a step of that session alone gives. Outputs
 //! start poisoned (NaN, or −12345 for indices), so a row a twin skips fails.
-//! On the reference and the fast CPU backend.
+//! On the reference and the fast CPU backend. Plus the output head's
+//! gather of each session's last row.
 
 mod common;
 #[allow(dead_code)]
@@ -23,10 +24,11 @@ use common::rng::Rng;
 use oneop::{Builder, Weights};
 
 use ds4::backend::cpu::{fast, CpuBackend};
+use ds4::backend::wgpu::WgpuBackend;
 use ds4::backend::{Backend, BackendError};
 use ds4::gguf::GgufFile;
 use ds4::graph::ops::rope::{RopeConfig, Yarn};
-use ds4::graph::ops::{attention, compress, indexer, rope, Op};
+use ds4::graph::ops::{attention, compress, gather, indexer, rope, Op};
 use ds4::graph::{DType, Graph, RowRecord, StateId, StateLayout, StepParams, ValueId};
 use ds4::quant::GgmlType;
 
@@ -458,5 +460,73 @@ fn bad_row_tables_are_refused() {
             be.run_rows(h, &[0; 5], &[r(0, 0); 5]),
             Err(BackendError::BadStep { .. })
         ));
+    }
+}
+
+/// The output head's gather (`GatherLast`, issue 18): seeded random steps
+/// of up to four sessions (random subsets, orders, piece lengths and
+/// positions) put each session's last row in its state's row and zeros in
+/// the rows of states the step does not hold, bit for bit, on the CPU
+/// backends and on every wgpu adapter that holds several state sets.
+#[test]
+fn gather_last_per_session() {
+    let mut rng = Rng(0x6A7);
+    let (states, cols) = (4usize, 37usize);
+    let (f, _) = Weights::default().build();
+    let cap = 4 * 9;
+    let mut b = Builder::new(cap, cap);
+    let x = b.rec.tokens_f32("x", cols);
+    let out = b.rec.fixed_f32("out", states, cols);
+    b.rec.op(Op::GatherLast(gather::GatherLast {
+        x,
+        out,
+        cols,
+        states,
+    }));
+    let graph = Arc::new(b.rec.finish(b.tokens, out, vec![x]));
+    let mut all = backends(&f, &b.layout);
+    for gpu in oneop::gpus() {
+        let mut w = WgpuBackend::new(gpu, f.clone(), b.layout.clone()).unwrap();
+        if w.set_state_sets(states).is_ok() {
+            all.push(("wgpu".into(), Box::new(w)));
+        }
+    }
+    for (name, be) in &mut all {
+        be.set_state_sets(states).unwrap();
+        let h = be.load_graph(graph.clone()).unwrap();
+        for round in 0..40 {
+            // A random subset of the states in a random order.
+            let mut order: Vec<usize> = (0..states).collect();
+            for i in (1..states).rev() {
+                order.swap(i, rng.below(i + 1));
+            }
+            order.truncate(1 + rng.below(states));
+            let mut table = Vec::new();
+            for &s in &order {
+                let pos0 = rng.below(500) as u32;
+                let n = 1 + rng.below(9) as u32;
+                table.extend((0..n).map(|t| RowRecord {
+                    pos: pos0 + t,
+                    state: s as u32,
+                }));
+            }
+            let input = rng.scaled(table.len() * cols, 3.0);
+            be.write_value(h, x, &input).unwrap();
+            be.write_value(h, out, &vec![f32::NAN; states * cols])
+                .unwrap();
+            be.run_rows(h, &vec![0; table.len()], &table).unwrap();
+            let got = be.read_value(h, out).unwrap();
+            for s in 0..states {
+                let want = match table.iter().rposition(|r| r.state as usize == s) {
+                    Some(t) => input[t * cols..(t + 1) * cols].to_vec(),
+                    None => vec![0.0; cols],
+                };
+                assert_eq!(
+                    bits(&got[s * cols..(s + 1) * cols]),
+                    bits(&want),
+                    "{name} round {round}: state {s} of {table:?}"
+                );
+            }
+        }
     }
 }

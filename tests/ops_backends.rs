@@ -20,7 +20,7 @@ use ds4::backend::wgpu::{RowRecord, WgpuBackend};
 use ds4::backend::Backend;
 use ds4::graph::ops::rope::{RopeConfig, Yarn};
 use ds4::graph::ops::{
-    attention, basic, compress, hc, indexer, matmul, moe, norm, rope, round, Op,
+    attention, basic, compress, gather, hc, indexer, matmul, moe, norm, rope, round, Op,
 };
 use ds4::graph::StepParams;
 use ds4::quant::GgmlType;
@@ -105,6 +105,21 @@ fn elementwise_cases() -> Vec<Case> {
         let (f, _) = Weights::default().build();
         let op = Op::TakeLast(basic::TakeLast { x, out: o, cols });
         out.push(b.finish(format!("take_last {cols}×{n}"), f, op, inputs, vec![], 0));
+        // gather_last: a step of one session (state 0) into three state
+        // rows; rows of states without rows are zero (several sessions per
+        // step: tests/batch_ops.rs).
+        let mut b = Builder::new(6, n);
+        let x = b.rec.tokens_f32("x", cols);
+        let o = b.rec.fixed_f32("out", 3, cols);
+        let inputs = vec![(x, rng.scaled(n * cols, 1.0))];
+        let (f, _) = Weights::default().build();
+        let op = Op::GatherLast(gather::GatherLast {
+            x,
+            out: o,
+            cols,
+            states: 3,
+        });
+        out.push(b.finish(format!("gather_last {cols}×{n}"), f, op, inputs, vec![], 0));
         // hc_init
         let mut b = Builder::new(6, n);
         let x = b.rec.tokens_f32("x", cols);

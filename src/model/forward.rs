@@ -11,6 +11,7 @@ use crate::gguf::TensorRef;
 use crate::graph::ops::attention::{Attention, CompressedRows, RingWrite};
 use crate::graph::ops::basic::{Add, Embed, Scale, TakeLast};
 use crate::graph::ops::compress::{Compress, RowRounding};
+use crate::graph::ops::gather::GatherLast;
 use crate::graph::ops::hc::{HcCollapse, HcExpand, HcInit, HcMix};
 use crate::graph::ops::indexer::IndexerTopK;
 use crate::graph::ops::matmul::MatMul;
@@ -48,6 +49,10 @@ pub enum Logits {
     Last,
     /// Every token of the step (validation, perplexity).
     All,
+    /// The last row of each session's piece, in row `state` of a fixed
+    /// value of `n` rows (a step of up to `n` sessions, issue 18): a
+    /// prefill piece pays the vocabulary projection once, not per row.
+    LastPerState(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -556,14 +561,26 @@ pub(crate) fn record_head(r: &mut Recorder, s: &HeadStep, x: ValueId) -> ValueId
             let xn = record_rms_norm(r, s.eps, "out_norm", x, d, Some(s.output_norm));
             record_matmul(r, "logits", s.output, xn, 1)
         }
-        Logits::Last => {
-            let last = r.fixed_f32("out_last", 1, d);
-            r.op(Op::TakeLast(TakeLast {
-                x,
-                out: last,
-                cols: d,
-            }));
-            let xn = r.fixed_f32("out_norm", 1, d);
+        Logits::Last | Logits::LastPerState(_) => {
+            let rows = match s.logits {
+                Logits::LastPerState(n) => n.max(1),
+                _ => 1,
+            };
+            let last = r.fixed_f32("out_last", rows, d);
+            r.op(match s.logits {
+                Logits::LastPerState(_) => Op::GatherLast(GatherLast {
+                    x,
+                    out: last,
+                    cols: d,
+                    states: rows,
+                }),
+                _ => Op::TakeLast(TakeLast {
+                    x,
+                    out: last,
+                    cols: d,
+                }),
+            });
+            let xn = r.fixed_f32("out_norm", rows, d);
             r.op(Op::RmsNorm(RmsNorm {
                 x: last,
                 out: xn,
@@ -572,7 +589,7 @@ pub(crate) fn record_head(r: &mut Recorder, s: &HeadStep, x: ValueId) -> ValueId
                 eps: s.eps,
                 rows: Rows::of(r.value(xn), d),
             }));
-            let logits = r.fixed_f32("logits", 1, s.n_vocab);
+            let logits = r.fixed_f32("logits", rows, s.n_vocab);
             r.op(Op::MatMul(MatMul {
                 w: s.output.clone(),
                 x: xn,

@@ -74,20 +74,37 @@ pub fn score_prompt(
 ) -> Result<Vec<TokenLogprob>, SessionError> {
     let rows = sess.score(tokens)?;
     let v = sess.model().config.n_vocab;
-    Ok(tokens
-        .iter()
-        .enumerate()
-        .map(|(i, &id)| match i {
-            0 => TokenLogprob {
-                id,
-                bytes: tok.token_bytes(id).unwrap_or(&[]).to_vec(),
-                logprob: None,
-                top: Vec::new(),
-                part: Part::Prompt,
-            },
-            _ => score(tok, &rows[(i - 1) * v..i * v], id, k, Part::Prompt),
-        })
-        .collect())
+    let mut out = vec![first_prompt_entry(tok, tokens[0])];
+    out.extend(score_following(tok, &rows, v, &tokens[1..], k));
+    Ok(out)
+}
+
+/// The entry of a prompt's first token: nothing before it predicts it.
+pub fn first_prompt_entry(tok: &Tokenizer, id: u32) -> TokenLogprob {
+    TokenLogprob {
+        id,
+        bytes: tok.token_bytes(id).unwrap_or(&[]).to_vec(),
+        logprob: None,
+        top: Vec::new(),
+        part: Part::Prompt,
+    }
+}
+
+/// Prompt entries for `next` scored from `rows` (`vocab` floats each): row
+/// `i` holds the logits after the token before `next[i]`. Rows beyond
+/// `next` are not read, so a piece's last row may stand without a token
+/// after it.
+pub fn score_following(
+    tok: &Tokenizer,
+    rows: &[f32],
+    vocab: usize,
+    next: &[u32],
+    k: usize,
+) -> Vec<TokenLogprob> {
+    rows.chunks_exact(vocab)
+        .zip(next)
+        .map(|(row, &id)| score(tok, row, id, k, Part::Prompt))
+        .collect()
 }
 
 /// Byte offsets of each entry's start in the concatenated bytes, as

@@ -86,26 +86,38 @@ impl JobLogprobs {
         if !req.scoring.echo {
             return None;
         }
-        let text = String::from_utf8_lossy(&tok.decode(prompt)).into_owned();
         let stats = match self.top {
-            Some(k) => match score_prompt(sess, tok, prompt, k) {
-                Ok(e) => {
-                    let _ = events.send(Event::Logprobs(e.clone()));
-                    self.entries = e;
-                    Ok(SyncStats {
-                        reused: 0,
-                        evaluated: prompt.len(),
-                    })
+            Some(k) => score_prompt(sess, tok, prompt, k).map(|e| {
+                self.echoed(tok, prompt, Some(e), events);
+                SyncStats {
+                    reused: 0,
+                    evaluated: prompt.len(),
                 }
-                Err(e) => Err(e),
-            },
-            None => sess.sync(prompt, &mut |_, _| {}),
+            }),
+            None => sess.sync(prompt, &mut |_, _| {}).inspect(|_| {
+                self.echoed(tok, prompt, None, events);
+            }),
         };
-        if stats.is_ok() {
-            let _ = events.send(Event::Text(text.clone()));
-            self.echo = Some(text);
-        }
         Some(stats)
+    }
+
+    /// The end of an `echo` prefill (a session's or a slot's): the prompt's
+    /// entries (with logprobs) and then its text go to the stream, in that
+    /// order, and are kept for the final answer.
+    pub fn echoed(
+        &mut self,
+        tok: &Tokenizer,
+        prompt: &[u32],
+        entries: Option<Vec<TokenLogprob>>,
+        events: &UnboundedSender<Event>,
+    ) {
+        if let Some(e) = entries {
+            let _ = events.send(Event::Logprobs(e.clone()));
+            self.entries = e;
+        }
+        let text = String::from_utf8_lossy(&tok.decode(prompt)).into_owned();
+        let _ = events.send(Event::Text(text.clone()));
+        self.echo = Some(text);
     }
 
     /// Wraps the job's picker so that each pick is scored.
@@ -118,6 +130,19 @@ impl JobLogprobs {
     ) -> Recorder<'p> {
         Recorder {
             inner,
+            scorer: self.pick_scorer(tok, thinking, events),
+        }
+    }
+
+    /// The scorer of this job's picks (the slot scheduler calls it beside
+    /// its own picker; the serial worker through [`Recorder`]).
+    pub fn pick_scorer(
+        &self,
+        tok: Arc<Tokenizer>,
+        thinking: bool,
+        events: UnboundedSender<Event>,
+    ) -> PickScorer {
+        PickScorer {
             top: self.top,
             reasoning: thinking,
             think_close: tok.specials().think_close,
@@ -150,10 +175,9 @@ impl JobLogprobs {
     }
 }
 
-/// A picker that scores every token its inner picker picks, from the same
-/// logits, and sends the entry to the stream before the token's text.
-pub struct Recorder<'p> {
-    inner: &'p mut dyn TokenPicker,
+/// Scores picked tokens from the logits they were picked from and sends
+/// each entry to the stream before the token's text.
+pub struct PickScorer {
     top: Option<usize>,
     /// Still before `</think>`.
     reasoning: bool,
@@ -163,25 +187,38 @@ pub struct Recorder<'p> {
     pub entries: Vec<TokenLogprob>,
 }
 
+impl PickScorer {
+    /// Records the pick `id` made from `logits` (nothing when no
+    /// log-probabilities were asked for).
+    pub fn record(&mut self, logits: &[f32], id: u32) {
+        let Some(k) = self.top else { return };
+        let part = if self.reasoning {
+            Part::Reasoning
+        } else {
+            Part::Content
+        };
+        if id == self.think_close {
+            self.reasoning = false;
+        }
+        let e = score(&self.tok, logits, id, k, part);
+        let _ = self.events.send(Event::Logprobs(vec![e.clone()]));
+        self.entries.push(e);
+    }
+}
+
+/// A picker that scores every token its inner picker picks, from the same
+/// logits.
+pub struct Recorder<'p> {
+    inner: &'p mut dyn TokenPicker,
+    pub scorer: PickScorer,
+}
+
 impl TokenPicker for Recorder<'_> {
     fn pick(&mut self, logits: &[f32], greedy: bool) -> u32 {
         let id = self.inner.pick(logits, greedy);
         // A dead-end pick is discarded by `generate`: nothing to record.
-        if self.inner.dead_end() {
-            return id;
-        }
-        if let Some(k) = self.top {
-            let part = if self.reasoning {
-                Part::Reasoning
-            } else {
-                Part::Content
-            };
-            if id == self.think_close {
-                self.reasoning = false;
-            }
-            let e = score(&self.tok, logits, id, k, part);
-            let _ = self.events.send(Event::Logprobs(vec![e.clone()]));
-            self.entries.push(e);
+        if !self.inner.dead_end() {
+            self.scorer.record(logits, id);
         }
         id
     }

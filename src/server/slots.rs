@@ -31,11 +31,11 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::error::ApiError;
 use super::health::panic_message;
 use super::job::{Event, NoCache, Work};
+use super::logprobs::{first_prompt_entry, score_following, TokenLogprob};
 use super::metrics::Metrics;
-use super::scoring::JobLogprobs;
+use super::scoring::{JobLogprobs, PickScorer};
 use super::slotdisk::SlotDisk;
 use super::stream::Stream;
 use super::worker::{
@@ -134,6 +134,10 @@ struct Prefilling {
     stops: Vec<(usize, SaveReason)>,
     /// This job's pieces fail (`--debug-fail-prefill-on-prompt`).
     poisoned: bool,
+    /// Completions `echo` with `logprobs`: the prompt's entries so far
+    /// (each piece runs with the logits of every row; the slot starts
+    /// empty, as `Session::score` does).
+    scored: Option<Vec<TokenLogprob>>,
 }
 
 struct Decoding {
@@ -146,6 +150,8 @@ struct Decoding {
     t1: Instant,
     /// The observer asked to stop after the token now being evaluated.
     stop_after: bool,
+    /// Scores each pick (`logprobs`), as the serial worker's recorder.
+    scorer: PickScorer,
 }
 
 /// What a slot puts into the coming step.
@@ -226,14 +232,6 @@ impl Scheduler {
             core.admit(job, ctx, &live)
         };
         match catch_unwind(AssertUnwindSafe(admit)) {
-            Ok(Some(a)) if a.req.scoring.top.is_some() || a.req.scoring.echo => {
-                // Prompt scoring reads every position's logits through a
-                // Session (scoring.rs); the slots do not offer that yet.
-                let _ = a.events.send(Event::Rejected(ApiError::invalid(
-                    "logprobs and echo are served with --batched-session 1 (the default); this server runs several sessions at once",
-                )));
-                self.dequeued();
-            }
             Ok(Some(a)) => self.pending.push_back(a),
             Ok(None) => self.dequeued(),
             Err(payload) => {
@@ -317,6 +315,9 @@ impl Scheduler {
     /// reuses most (else an empty one, else the least recently used).
     fn place(&mut self, a: Admitted, free: &[usize]) {
         let ctx = self.batch.ctx();
+        if a.req.scoring.raw_prompt() {
+            return self.place_raw(a, free);
+        }
         let mut best: Option<(usize, Plan)> = None;
         for &i in free {
             let live = self.slots[i].tokens.clone();
@@ -339,6 +340,38 @@ impl Scheduler {
                 (i, self.plan_cold(i, &a))
             }
         };
+        self.start_prefill(a, slot, (eff, cached, source));
+    }
+
+    /// A job whose prompt is the client's own tokens (`echo`, token ids):
+    /// that prompt as is, nothing reported cached (as the serial worker).
+    /// It continues the free slot holding the longest prefix of it, except
+    /// when its prompt is scored: that needs every row's logits, so it
+    /// starts on an empty slot.
+    fn place_raw(&mut self, a: Admitted, free: &[usize]) {
+        let scores = a.req.scoring.echo && a.req.scoring.top.is_some();
+        let prefix = |t: &[u32]| !t.is_empty() && t.len() < a.full.len() && a.full.starts_with(t);
+        let reuse = free
+            .iter()
+            .copied()
+            .filter(|&i| !scores && prefix(&self.slots[i].tokens))
+            .max_by_key(|&i| self.slots[i].tokens.len());
+        let slot = reuse.unwrap_or_else(|| {
+            *free
+                .iter()
+                .min_by_key(|&&i| (!self.slots[i].tokens.is_empty(), self.slots[i].last_used))
+                .expect("a free slot")
+        });
+        if reuse.is_none() {
+            self.clear(slot);
+        }
+        let full = a.full.clone();
+        self.start_prefill(a, slot, (full, 0, "none"));
+    }
+
+    /// The job takes `slot` with its plan: accepted (or refused), then its
+    /// prefill (or, with the whole prompt live, its decode) begins.
+    fn start_prefill(&mut self, a: Admitted, slot: usize, (eff, cached, source): Plan) {
         let live_before = self.slots[slot].tokens.len();
         if !self.core.accept(&a, eff.len(), cached, source, live_before) {
             return;
@@ -366,6 +399,11 @@ impl Scheduler {
             Some(d) => d.stops(&self.core.tok, &eff, cached, done),
             None => Vec::new(),
         };
+        let scored = match (a.req.scoring.echo, a.req.scoring.top) {
+            // The slot was emptied for it (`place_raw`).
+            (true, Some(_)) => Some(vec![first_prompt_entry(&self.core.tok, eff[0])]),
+            _ => None,
+        };
         let job = Prefilling {
             a,
             eff,
@@ -373,6 +411,7 @@ impl Scheduler {
             done,
             stops,
             poisoned,
+            scored,
         };
         let running = if job.done == job.eff.len() && !job.eff.is_empty() {
             // The whole prompt is live already: its logits are current.
@@ -426,9 +465,18 @@ impl Scheduler {
     /// The job's decode phase; `None` (the slot is free) when its picker
     /// cannot be built (a grammar the engine refused), reported to its client.
     fn start_decode(&mut self, job: Prefilling) -> Option<Running> {
-        let Prefilling { a, eff, cached, .. } = job;
+        let Prefilling {
+            a,
+            eff,
+            cached,
+            scored,
+            ..
+        } = job;
         let ctx = self.batch.ctx();
-        let lp = JobLogprobs::new(&a.req);
+        let mut lp = JobLogprobs::new(&a.req);
+        if a.req.scoring.echo {
+            lp.echoed(&self.core.tok, &eff, scored, &a.events);
+        }
         let mut p = a.prefilled(eff.len(), cached, lp);
         let thinking = p.req.chat_style() && p.req.mode.thinks();
         let max_new = self.core.max_new(&p.req, ctx, p.prompt);
@@ -446,6 +494,8 @@ impl Scheduler {
             self.core.tok.clone(),
             p.seq,
         );
+        let scorer =
+            p.lp.pick_scorer(self.core.tok.clone(), thinking, p.events.clone());
         Some(Running::Decode(Box::new(Decoding {
             p,
             stream,
@@ -455,6 +505,7 @@ impl Scheduler {
             generated: 0,
             t1: Instant::now(),
             stop_after: false,
+            scorer,
         })))
     }
 
@@ -502,6 +553,11 @@ impl Scheduler {
         matches!(&self.slots[i].job, Some(Running::Prefill(j)) if j.poisoned)
     }
 
+    /// The slot's prefill pieces keep every row's logits (prompt scoring).
+    fn scores_prompt(&self, i: usize) -> bool {
+        matches!(&self.slots[i].job, Some(Running::Prefill(j)) if j.scored.is_some())
+    }
+
     /// The next prompt tokens of a prefilling slot.
     fn prefill_tokens(&self, i: usize, n: usize) -> &[u32] {
         match &self.slots[i].job {
@@ -531,10 +587,10 @@ impl Scheduler {
         let work: Vec<SlotWork<'_>> = plan
             .iter()
             .zip(&tokens)
-            .map(|((i, _), t)| SlotWork {
+            .map(|((i, p), t)| SlotWork {
                 slot: *i,
                 tokens: t,
-                all_logits: false,
+                all_logits: matches!(p, Piece::Prefill { .. }) && self.scores_prompt(*i),
             })
             .collect();
         let batch = &mut self.batch;
@@ -648,12 +704,15 @@ impl Scheduler {
                     disk.before_decode(&self.batch, i, &c.tok, tools);
                 }
                 let greedy = d.stream.greedy_next();
-                let next = d.picker.pick(self.batch.logits(i), greedy);
+                let logits = self.batch.logits(i);
+                let next = d.picker.pick(logits, greedy);
                 if d.picker.dead_end() {
                     // The grammar has no token left: a `length` finish.
                     self.end(i, Finish::Length);
                     return None;
                 }
+                // As the serial recorder: every kept pick, the EOS included.
+                d.scorer.record(logits, next);
                 if next == eos {
                     self.end(i, Finish::Eos);
                     return None;
@@ -683,6 +742,14 @@ impl Scheduler {
             s.tokens.extend_from_slice(&added);
             match s.job.take() {
                 Some(Running::Prefill(mut j)) => {
+                    if let Some(entries) = j.scored.as_mut() {
+                        // Row k of the piece predicts the token after it.
+                        let next = &j.eff[j.done + 1..(j.done + added.len() + 1).min(j.eff.len())];
+                        let (tok, vocab) = (&self.core.tok, self.batch.model().config.n_vocab);
+                        let k = j.a.req.scoring.top.unwrap_or(0);
+                        let rows = self.batch.piece_logits(i);
+                        entries.extend(score_following(tok, rows, vocab, next, k));
+                    }
                     j.done += added.len();
                     if j.stops.first().is_some_and(|&(b, _)| b == j.done) {
                         let (_, reason) = j.stops.remove(0);
@@ -727,6 +794,7 @@ impl Scheduler {
             thinking,
             generated,
             t1,
+            scorer,
             ..
         } = *d;
         let gen_s = t1.elapsed().as_secs_f64();
@@ -737,7 +805,7 @@ impl Scheduler {
             finish,
             thinking,
             grammar_open,
-            Vec::new(),
+            scorer.entries,
             gen_s,
             p.t_prefill.as_secs_f64(),
         );

@@ -1113,7 +1113,7 @@ impl Worker {
             }
         };
         let grammar_open = picker.unfinished();
-        let logprobs = std::mem::take(&mut picker.entries);
+        let logprobs = std::mem::take(&mut picker.scorer.entries);
         let d = self.core.decoded(
             &mut stream,
             tokens.len(),

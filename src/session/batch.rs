@@ -39,7 +39,7 @@ pub struct SlotWork<'a> {
 }
 
 /// The longest chunk of one slot in one pass: bounds the pass's activations
-/// (logits of every row: rows × vocab floats).
+/// (with `all_logits`, logits of every row: rows × vocab floats).
 pub const MAX_CHUNK: usize = 256;
 
 /// N KV slots on one model.
@@ -52,7 +52,7 @@ pub struct Batch {
 
 enum Engine {
     /// One backend with a state set per slot.
-    Shared(Shared),
+    Shared(Box<Shared>),
     /// A session per slot, run one after another.
     Serial(Vec<SerialSlot>),
 }
@@ -60,10 +60,16 @@ enum Engine {
 struct Shared {
     backend: Box<dyn Backend>,
     kv: KvLayout,
-    /// Logits at every row; capacity `slots` (decode passes) and
+    /// Logits of each slot's last row, in the slot's row
+    /// ([`Logits::LastPerState`]); capacity `slots` (decode passes) and
     /// `slots + chunk` (passes with prefill chunks).
     small: (GraphHandle, usize, ValueId),
     large: (GraphHandle, usize, ValueId),
+    /// Logits at every row, capacity `slots + chunk`: the passes that hold
+    /// an `all_logits` piece. Loaded at the first such pass.
+    every_row: Option<(GraphHandle, usize, ValueId)>,
+    /// What the graphs are recorded from (for `every_row`).
+    forward: ForwardOptions,
     chunk: usize,
     slots: Vec<SlotData>,
 }
@@ -149,28 +155,31 @@ impl Batch {
         backend.set_state_sets(slots)?;
         let fo = ForwardOptions {
             numerics: opts.numerics,
-            logits: Logits::All,
+            logits: Logits::LastPerState(slots),
             keep: Vec::new(),
         };
-        let mut load = |cap: usize| -> Result<(GraphHandle, usize, ValueId), SessionError> {
-            let g = forward::record(cfg, &model.weights, &kv, cap, &fo);
-            let logits = g.logits;
-            Ok((backend.load_graph(Arc::new(g))?, cap, logits))
-        };
-        let small = load(slots)?;
-        let large = load(slots + opts.prefill_chunk)?;
+        let small = load_graph(backend.as_mut(), model, &kv, slots, &fo)?;
+        let large = load_graph(
+            backend.as_mut(),
+            model,
+            &kv,
+            slots + opts.prefill_chunk,
+            &fo,
+        )?;
         let backend_notice = format!("{} ({slots} slots, batched steps)", opened.notice);
         Ok(Some(Batch {
             model: model.clone(),
             opts: opts.clone(),
-            engine: Engine::Shared(Shared {
+            engine: Engine::Shared(Box::new(Shared {
                 backend,
                 kv,
                 small,
                 large,
+                every_row: None,
+                forward: fo,
                 chunk: opts.prefill_chunk,
                 slots: (0..slots).map(|_| SlotData::default()).collect(),
-            }),
+            })),
             backend_notice,
         }))
     }
@@ -292,7 +301,7 @@ impl Batch {
     pub fn step(&mut self, work: &[SlotWork<'_>]) -> Result<(), SessionError> {
         self.check(work)?;
         let r = match &mut self.engine {
-            Engine::Shared(s) => s.step(work, self.model.config.n_vocab),
+            Engine::Shared(s) => s.step(work, &self.model, self.model.config.n_vocab),
             Engine::Serial(v) => serial_step(v, work),
         };
         if r.is_err() {
@@ -358,6 +367,20 @@ impl Batch {
     }
 }
 
+/// Records the forward pass for `cap` rows and loads it: its handle,
+/// capacity and logits value.
+fn load_graph(
+    backend: &mut dyn Backend,
+    model: &ModelFile,
+    kv: &KvLayout,
+    cap: usize,
+    fo: &ForwardOptions,
+) -> Result<(GraphHandle, usize, ValueId), SessionError> {
+    let g = forward::record(&model.config, &model.weights, kv, cap, fo);
+    let logits = g.logits;
+    Ok((backend.load_graph(Arc::new(g))?, cap, logits))
+}
+
 fn serial_step(v: &mut [SerialSlot], work: &[SlotWork<'_>]) -> Result<(), SessionError> {
     for w in work {
         let s = &mut v[w.slot];
@@ -373,7 +396,12 @@ fn serial_step(v: &mut [SerialSlot], work: &[SlotWork<'_>]) -> Result<(), Sessio
 
 impl Shared {
     /// Runs the pieces in passes of at most one chunk per slot.
-    fn step(&mut self, work: &[SlotWork<'_>], vocab: usize) -> Result<(), SessionError> {
+    fn step(
+        &mut self,
+        work: &[SlotWork<'_>],
+        model: &ModelFile,
+        vocab: usize,
+    ) -> Result<(), SessionError> {
         for w in work {
             self.slots[w.slot].piece_logits.clear();
         }
@@ -398,7 +426,24 @@ impl Shared {
             if pass.is_empty() {
                 return Ok(());
             }
-            let (g, _, logits_v) = if rows <= self.small.1 {
+            // A pass with an `all_logits` piece projects every row; the
+            // others only each slot's last row (the same bits: the head
+            // works row by row).
+            let every_row = pass.iter().any(|&(i, _, _)| work[i].all_logits);
+            let (g, _, logits_v) = if every_row {
+                match self.every_row {
+                    Some(g) => g,
+                    None => {
+                        let fo = ForwardOptions {
+                            logits: Logits::All,
+                            ..self.forward.clone()
+                        };
+                        let g =
+                            load_graph(self.backend.as_mut(), model, &self.kv, self.large.1, &fo)?;
+                        *self.every_row.insert(g)
+                    }
+                }
+            } else if rows <= self.small.1 {
                 self.small
             } else {
                 self.large
@@ -422,11 +467,16 @@ impl Shared {
                 let n = to - from;
                 let d = &mut self.slots[w.slot];
                 d.tokens.extend_from_slice(&w.tokens[from..to]);
-                let rows = &all[at * vocab..(at + n) * vocab];
                 d.logits.clear();
-                d.logits.extend_from_slice(&rows[(n - 1) * vocab..]);
-                if w.all_logits {
-                    d.piece_logits.extend_from_slice(rows);
+                if every_row {
+                    let rows = &all[at * vocab..(at + n) * vocab];
+                    d.logits.extend_from_slice(&rows[(n - 1) * vocab..]);
+                    if w.all_logits {
+                        d.piece_logits.extend_from_slice(rows);
+                    }
+                } else {
+                    d.logits
+                        .extend_from_slice(&all[w.slot * vocab..(w.slot + 1) * vocab]);
                 }
                 at += n;
                 done[i] = to;

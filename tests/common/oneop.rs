@@ -27,6 +27,7 @@ pub const TOLERANCE: &[(&str, f32, f32)] = &[
     ("add", 0.0, 0.0),
     ("scale", 0.0, 0.0),
     ("take_last", 0.0, 0.0),
+    ("gather_last", 0.0, 0.0),
     ("ring_write", 0.0, 0.0),
     ("swiglu", 1e-6, 1e-5),
     ("rms_norm", 1e-6, 1e-5),

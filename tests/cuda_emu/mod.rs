@@ -28,6 +28,7 @@ const FAMILIES: &[&str] = &[
     "compress",
     "indexer",
     "router",
+    "gather",
     "matmul",
     "moe",
     "bandwidth",

@@ -412,6 +412,7 @@ fn run_op(cx: &mut CpuCx, op: &Op, fast: Option<&fast::Kernels>) {
         Op::Add(o) => o.cpu(cx),
         Op::Scale(o) => o.cpu(cx),
         Op::TakeLast(o) => o.cpu(cx),
+        Op::GatherLast(o) => o.cpu(cx),
         Op::V41(o) => o.cpu(cx),
     }
 }

@@ -761,6 +761,20 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 0,
                 vec![v(o.x), v(o.out), Arg::U32(u(o.cols))],
             )?,
+            // One state set: every row is state 0 (a null row-state array).
+            Op::GatherLast(o) => launch(
+                "gather_last",
+                Grid::Threads(fixed(u(o.states * o.cols))),
+                THREADS,
+                0,
+                vec![
+                    v(o.x),
+                    v(o.out),
+                    Arg::Ptr(0),
+                    Arg::U32(u(o.cols)),
+                    Arg::U32(u(o.states)),
+                ],
+            )?,
             Op::V41(o) => {
                 return Err(unsupported(format!(
                     "{}: op not supported on this backend yet",

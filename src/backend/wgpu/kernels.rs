@@ -72,7 +72,7 @@ pub fn storage_layout(family: &str) -> Option<&'static [Access]> {
         "hc_mix" => &[R, R, R, W, W, W],
         "hc" => &[R, R, R, R, W],
         "round" => &[R, W],
-        "ring" => &[R, W, R],
+        "ring" | "gather" => &[R, W, R],
         // The chunked cached rows: chunk 0 in place, chunks 1..8 appended.
         "attention" => &[R, R, R, R, R, R, W, R, R, R, R, R, R, R, R],
         "compress" => &[R, R, R, W, W, W, W, W, W, W, W, W, W, R],
@@ -86,7 +86,7 @@ pub fn storage_layout(family: &str) -> Option<&'static [Access]> {
 pub fn uses_row_table(family: &str) -> bool {
     matches!(
         shaders::base_family(family).0,
-        "rope" | "ring" | "attention" | "compress" | "indexer"
+        "rope" | "ring" | "attention" | "compress" | "indexer" | "gather"
     )
 }
 

@@ -47,6 +47,7 @@ params! {
         f16: u32, _pad0: u32, _pad1: u32, _pad2: u32,
     }
     RingParams { window: u32, dim: u32, _pad0: u32, _pad1: u32 }
+    GatherParams { cols: u32, states: u32, _pad0: u32, _pad1: u32 }
     AttnParams {
         n_head: u32, head_dim: u32, window: u32, top_k: u32,
         ratio: u32, has_sel: u32, scale: f32, chunk_rows: u32,

@@ -734,6 +734,19 @@ impl Rec<'_> {
                 };
                 one(self.kernel("elementwise", "take_last", &p, &s, size)?)
             }
+            Op::GatherLast(o) => {
+                let p = GatherParams {
+                    cols: o.cols as u32,
+                    states: o.states as u32,
+                    ..Default::default()
+                };
+                let s = [self.val(o.x), self.val(o.out)];
+                let size = Size::Threads {
+                    per_token: 0,
+                    fixed: (o.states * o.cols) as u32,
+                };
+                one(self.kernel("gather", "gather_last", &p, &s, size)?)
+            }
             Op::V41(o) => Err(unsupported(format!(
                 "{}: op not supported on this backend yet",
                 o.name()

@@ -46,6 +46,7 @@ const FAMILIES: &[(&str, &[&str], &str)] = &[
     family!("compress", &["common", "rowops"]),
     family!("indexer", &["common"]),
     family!("router", &["common"]),
+    family!("gather", &["common"]),
     // Matrix products (dense) and routed experts; see src/backend/wgpu/matmul.rs.
     (
         "matmul",

@@ -4,11 +4,13 @@
 //! their numerics are plain: f32 activations, weights dequantised to f32 on
 //! the fly, f32 accumulation in fixed order (results do not depend on the
 //! number of threads). Families: [`matmul`], [`norm`], [`hc`], [`rope`],
-//! [`round`], [`attention`], [`compress`], [`indexer`], [`moe`], [`basic`].
+//! [`round`], [`attention`], [`compress`], [`indexer`], [`moe`], [`basic`],
+//! [`gather`].
 
 pub mod attention;
 pub mod basic;
 pub mod compress;
+pub mod gather;
 pub mod hc;
 pub mod indexer;
 pub mod matmul;
@@ -44,6 +46,7 @@ pub enum Op {
     Add(basic::Add),
     Scale(basic::Scale),
     TakeLast(basic::TakeLast),
+    GatherLast(gather::GatherLast),
     /// DeepSeek V4.1's own ops (Engram, candidate blocks, its compressor).
     V41(v41::V41Op),
 }
@@ -76,6 +79,7 @@ impl Op {
             Op::Add(o) => vec![o.a, o.b],
             Op::Scale(o) => vec![o.x],
             Op::TakeLast(o) => vec![o.x],
+            Op::GatherLast(o) => vec![o.x],
             Op::V41(o) => o.inputs(),
         }
     }
@@ -108,6 +112,7 @@ impl Op {
             Op::Add(o) => vec![o.out],
             Op::Scale(o) => vec![o.out],
             Op::TakeLast(o) => vec![o.out],
+            Op::GatherLast(o) => vec![o.out],
             Op::V41(o) => o.outputs(),
         }
     }
@@ -166,7 +171,8 @@ impl Op {
             | Op::SwiGlu(_)
             | Op::Add(_)
             | Op::Scale(_)
-            | Op::TakeLast(_) => vec![],
+            | Op::TakeLast(_)
+            | Op::GatherLast(_) => vec![],
         }
     }
 
@@ -215,6 +221,7 @@ impl Op {
             Op::Add(_) => "add",
             Op::Scale(_) => "scale",
             Op::TakeLast(_) => "take_last",
+            Op::GatherLast(_) => "gather_last",
             Op::V41(o) => o.name(),
         }
     }
