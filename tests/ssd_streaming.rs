@@ -338,7 +338,10 @@ fn the_preload_profile_round_trips_and_a_bad_one_is_ignored() {
             .map(|e| counts[e as usize])
             .max()
             .unwrap();
-        assert!(least_held >= most_other, "layer {l}: {held:?} of {counts:?}");
+        assert!(
+            least_held >= most_other,
+            "layer {l}: {held:?} of {counts:?}"
+        );
     }
     let (got, out) = run(&mut s, &prompt, 6);
     assert_eq!(out, want_out);
@@ -354,7 +357,10 @@ fn the_preload_profile_round_trips_and_a_bad_one_is_ignored() {
         opts(ProfileFile::At(path.clone()), false, Some(n)),
     );
     let line = s.expert_cache().unwrap().startup_line().unwrap();
-    assert!(line.contains("profile ignored") && line.contains("corrupt"), "{line}");
+    assert!(
+        line.contains("profile ignored") && line.contains("corrupt"),
+        "{line}"
+    );
     assert_eq!(run(&mut s, &prompt, 6).1, want_out);
     drop(s);
     // Another model's profile (the q8 file's) is refused.

@@ -279,7 +279,8 @@ pub struct StreamStats {
     pub predictable: u64,
     /// Bytes read from the file (passes, read-ahead and preload).
     pub bytes_read: u64,
-    /// Seconds the passes waited for their own reads.
+    /// Seconds the passes waited for reads: their own misses and
+    /// read-aheads still in flight (the reads compute did not hide).
     pub read_wait_s: f64,
 }
 
@@ -452,7 +453,11 @@ impl LayerCache {
     /// Reads expert `e`'s slice (its three slabs in parallel, into one
     /// buffer), into an evicted slice's buffer when the layer has one.
     fn read_slice(&self, reader: &SliceReader, e: u32) -> Result<Slice, ReadError> {
-        let mut buf = self.lock().spare.pop().unwrap_or_else(|| AlignedBuf::zeroed(0));
+        let mut buf = self
+            .lock()
+            .spare
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::zeroed(0));
         let extents: Vec<(u64, usize)> = (0..3)
             .map(|p| {
                 let n = self.info.part_bytes(p);
@@ -640,10 +645,9 @@ impl ExpertCache {
                     path.display()
                 ))
             }
-            (Some(path), Some(Ok(None))) => Some(format!(
-                "no profile yet, recording to {}",
-                path.display()
-            )),
+            (Some(path), Some(Ok(None))) => {
+                Some(format!("no profile yet, recording to {}", path.display()))
+            }
             (_, Some(Err(e))) => Some(format!("profile ignored: {e}")),
             _ => None,
         };
@@ -931,8 +935,12 @@ impl ExpertCache {
                 st.prev = want.clone();
             }
             // A read-ahead of one of ours is under way: wait for it.
-            while want.iter().any(|e| st.in_flight.contains(e)) {
-                st = layer.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+            if want.iter().any(|e| st.in_flight.contains(e)) {
+                let t = Instant::now();
+                while want.iter().any(|e| st.in_flight.contains(e)) {
+                    st = layer.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+                add(&stats.read_wait_ns, t.elapsed().as_nanos() as u64);
             }
             st.clock += 1;
             let now = st.clock;

@@ -40,7 +40,10 @@ impl ModelKey {
     pub fn of(file: &GgufFile, layers: &[ExpertLayer]) -> ModelKey {
         let mut h = Fnv::new();
         h.bytes(&file.file_len().to_le_bytes());
-        let head = file.data_offset().min(file.file_len()).min(HEADER_HASH_BYTES);
+        let head = file
+            .data_offset()
+            .min(file.file_len())
+            .min(HEADER_HASH_BYTES);
         h.bytes(file.raw_bytes(0, head));
         for l in layers {
             for p in &l.parts {
@@ -241,7 +244,9 @@ mod tests {
         assert_eq!(p.total(), 13);
         // One digit changed: the checksum catches it.
         let bad = text.replacen("layer 0: 5", "layer 0: 6", 1);
-        assert!(parse(bad.as_bytes(), &key()).unwrap_err().contains("checksum"));
+        assert!(parse(bad.as_bytes(), &key())
+            .unwrap_err()
+            .contains("checksum"));
         // Cut short.
         let cut = &text.as_bytes()[..text.len() / 2];
         assert!(parse(cut, &key()).is_err());

@@ -472,7 +472,10 @@ mod tests {
             let mut buf = AlignedBuf::zeroed(0);
             let got = r.read_extents_into(&ext, &mut buf).unwrap();
             for (rg, &(o, n)) in got.iter().zip(&ext) {
-                assert_eq!(&buf.as_slice()[rg.clone()], &data[o as usize..o as usize + n]);
+                assert_eq!(
+                    &buf.as_slice()[rg.clone()],
+                    &data[o as usize..o as usize + n]
+                );
             }
             // The last extent runs past the end of the file.
             let off = 4 * ALIGN as u64 + 10;
