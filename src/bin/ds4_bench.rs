@@ -739,7 +739,7 @@ fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), Stri
     let resident_tps = n_gen as f64 / best;
     println!("# resident: {resident_tps:.3} tokens/s (fastest of {repeat} blocks of {n_gen})");
     println!(
-        "budget,slots,cache,decode_tps,of_resident_pct,read_mib_per_token,hit_pct,cache_hit_pct,prefetch_used_pct,predictor_pct,read_wait_ms_per_token,disk_mb_s,disk_roofline_tps,serial_bound_tps,of_bound_pct"
+        "budget,slots,cache,decode_tps,of_resident_pct,read_mib_per_token,hit_pct,cache_hit_pct,prefetch_used_pct,predictor_pct,read_wait_ms_per_token,disk_roofline_tps,serial_bound_tps,of_bound_pct"
     );
     for item in list.split(',') {
         let item = item.trim();
@@ -794,11 +794,6 @@ fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), Stri
             }
             let (s, st) = best.expect("at least one block");
             let tps = n_gen as f64 / s;
-            // The disk again, right after the blocks (512 MiB sequential):
-            // the machine's other jobs move its bandwidth by ±30 % over a
-            // sweep, and each line's roofline is taken with its own.
-            let disk = ds4::backend::experts::read::probe_disk(&a.model, 512 << 20, 0.0, 8)
-                .map_err(|e| format!("{}: {e}", a.model.display()))?;
             let per_tok = st.bytes_per_token();
             let disk_roof = if per_tok > 0.0 {
                 disk.sequential / per_tok
@@ -809,7 +804,7 @@ fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), Stri
             let serial = 1.0 / (1.0 / resident_tps + per_tok / disk.sequential);
             let bound = resident_tps.min(disk_roof);
             println!(
-                "{item},{},{mode},{tps:.3},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.0},{:.3},{serial:.3},{:.1}",
+                "{item},{},{mode},{tps:.3},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.3},{serial:.3},{:.1}",
                 plan.slots,
                 100.0 * tps / resident_tps,
                 per_tok / (1u64 << 20) as f64,
@@ -818,7 +813,6 @@ fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), Stri
                 100.0 * st.prefetch_hit_rate(),
                 100.0 * st.predictor_rate(),
                 1e3 * st.read_wait_s / st.tokens.max(1) as f64,
-                disk.sequential / 1e6,
                 disk_roof,
                 100.0 * tps / bound,
             );
