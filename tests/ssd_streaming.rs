@@ -267,3 +267,120 @@ fn the_q2_file_fits_an_80_gb_gpu_budget_when_experts_stream() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A copy of the tiny q2 or q8 model in a directory of its own, so that
+/// its profile file is this test's alone.
+fn private_copy(v: Variant, dir: &std::path::Path) -> Arc<ModelFile> {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(format!("tiny-{}.gguf", v.name()));
+    std::fs::copy(common::tiny_model_path(v), &path).unwrap();
+    Arc::new(ModelFile::open(&path).unwrap())
+}
+
+#[test]
+fn the_preload_profile_round_trips_and_a_bad_one_is_ignored() {
+    use ds4::backend::experts::profile;
+    use ds4::backend::options::ProfileFile;
+    let dir = std::env::temp_dir().join(format!("ds4-ssd-profile-{}", std::process::id()));
+    let model = private_copy(Variant::Q2, &dir);
+    let path = dir.join("experts.profile");
+    let k = model.config.n_expert_used;
+    let prompt = common::tokens(19, 5);
+    let opts = |profile: ProfileFile, cold: bool, preload: Option<usize>| {
+        streaming(StreamingOptions {
+            budget: CacheBudget::Experts(k + 1),
+            cold,
+            preload_experts: preload,
+            profile,
+            read_threads: 2,
+            ..StreamingOptions::default()
+        })
+    };
+    let (want, want_out) = run(
+        &mut session(model.clone(), BackendKind::Cpu, BackendOptions::default()),
+        &prompt,
+        6,
+    );
+    // Record: a cold session writes its counts when it drops.
+    let recorded = {
+        let mut s = session(
+            model.clone(),
+            BackendKind::Cpu,
+            opts(ProfileFile::At(path.clone()), true, None),
+        );
+        let line = s.expert_cache().unwrap().startup_line().unwrap();
+        assert!(line.contains("no profile yet"), "{line}");
+        run(&mut s, &prompt, 6);
+        s.expert_cache().unwrap().profile().unwrap()
+    };
+    assert!(recorded.total() > 0);
+    // The file holds what was recorded.
+    let layers = layers(&model);
+    let key = profile::ModelKey::of(&model.file, &layers);
+    assert_eq!(profile::load(&path, &key).unwrap(), Some(recorded.clone()));
+    // Preload from it: each streamed layer starts with its most chosen
+    // experts, the output is unchanged.
+    let n = 2;
+    let mut s = session(
+        model.clone(),
+        BackendKind::Cpu,
+        opts(ProfileFile::At(path.clone()), false, Some(n)),
+    );
+    let c = s.expert_cache().unwrap();
+    let line = c.startup_line().unwrap();
+    assert!(line.contains("preload order from the profile"), "{line}");
+    for (l, counts) in recorded.counts.iter().enumerate() {
+        let held = c.cached_experts(l);
+        assert_eq!(held.len(), n, "layer {l}");
+        let least_held = held.iter().map(|&e| counts[e as usize]).min().unwrap();
+        let most_other = (0..counts.len() as u32)
+            .filter(|e| !held.contains(e))
+            .map(|e| counts[e as usize])
+            .max()
+            .unwrap();
+        assert!(
+            least_held >= most_other,
+            "layer {l}: {held:?} of {counts:?}"
+        );
+    }
+    let (got, out) = run(&mut s, &prompt, 6);
+    assert_eq!(out, want_out);
+    assert!(bits(&got) == bits(&want));
+    drop(s);
+    // Corrupt: ignored with the reason in the start-up line; the session
+    // runs as without a profile.
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replacen("layer 1:", "layer 1: 7", 1)).unwrap();
+    let mut s = session(
+        model.clone(),
+        BackendKind::Cpu,
+        opts(ProfileFile::At(path.clone()), false, Some(n)),
+    );
+    let line = s.expert_cache().unwrap().startup_line().unwrap();
+    assert!(
+        line.contains("profile ignored") && line.contains("corrupt"),
+        "{line}"
+    );
+    assert_eq!(run(&mut s, &prompt, 6).1, want_out);
+    drop(s);
+    // Another model's profile (the q8 file's) is refused.
+    let other = private_copy(Variant::Q8, &dir);
+    let other_path = dir.join("other.profile");
+    {
+        let mut s = session(
+            other.clone(),
+            BackendKind::Cpu,
+            opts(ProfileFile::At(other_path.clone()), true, None),
+        );
+        run(&mut s, &prompt[..4], 1);
+    }
+    let s = session(
+        model.clone(),
+        BackendKind::Cpu,
+        opts(ProfileFile::At(other_path.clone()), false, Some(n)),
+    );
+    let line = s.expert_cache().unwrap().startup_line().unwrap();
+    assert!(line.contains("another model"), "{line}");
+    drop(s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -4,7 +4,7 @@
 //! Also the `--ssd-streaming*` flags ([`StreamingFlags`]), which become
 //! [`crate::backend::options::StreamingOptions`].
 
-use crate::backend::options::{CacheBudget, EvictionPolicy, StreamingOptions};
+use crate::backend::options::{CacheBudget, EvictionPolicy, ProfileFile, StreamingOptions};
 use crate::backend::BackendKind;
 
 /// The `--ssd-streaming*` flags as the binaries parse them (ds4's
@@ -56,6 +56,8 @@ impl StreamingFlags {
             o.preload_experts = Some(n);
         }
         o.policy = EvictionPolicy::default();
+        // The binaries record the popularity profile next to the model.
+        o.profile = ProfileFile::NextToModel;
         Ok(Some(o))
     }
 }

@@ -151,6 +151,21 @@ pub struct StreamingOptions {
     /// helps nor double-counts; falls back to buffered reads where the
     /// filesystem refuses it.
     pub direct_io: bool,
+    /// The expert popularity profile the cache records and preloads from.
+    pub profile: ProfileFile,
+}
+
+/// Where the expert popularity profile lives (docs/SSD_STREAMING.md
+/// § Preload profile).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ProfileFile {
+    /// None recorded or read (the library's default: tests and embedders
+    /// write nothing next to the model unless asked).
+    #[default]
+    Off,
+    /// `<model>.experts-profile` (what the binaries use).
+    NextToModel,
+    At(std::path::PathBuf),
 }
 
 impl Default for StreamingOptions {
@@ -164,6 +179,7 @@ impl Default for StreamingOptions {
             read_threads: 8,
             prefetch: true,
             direct_io: true,
+            profile: ProfileFile::Off,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use argh::FromArgs;
-use ds4::backend::options::{CacheBudget, EvictionPolicy, StreamingOptions};
+use ds4::backend::options::{CacheBudget, EvictionPolicy, ProfileFile, StreamingOptions};
 use ds4::backend::BackendOptions;
 use ds4::kvcache::{
     routed_quant_bits, CacheKey, DiskCache, KvCacheConfig, LookupOutcome, SaveReason, StoreOutcome,
@@ -149,6 +149,12 @@ struct Args {
     /// with --ssd-streaming: no read-ahead of the hash layers' experts
     #[argh(switch)]
     ssd_no_prefetch: bool,
+    /// with a --ssd-streaming budget list: after the sweep, record a
+    /// popularity profile at this budget (a percentage of the routed
+    /// bytes), then time the first -n tokens of fresh preloaded sessions
+    /// with and without it
+    #[argh(option)]
+    ssd_profile_check: Option<f64>,
     /// instead of context frontiers: serve this many sessions at once,
     /// comma-separated counts (e.g. 1,2,4,8,16): all arrive together with
     /// prompts of --session-prompt tokens, prefill in pieces of
@@ -197,6 +203,10 @@ impl Args {
             EvictionPolicy::parse(&self.ssd_policy).map_err(|e| format!("--ssd-policy: {e}"))?;
         o.read_threads = self.ssd_read_threads.max(1);
         o.prefetch = !self.ssd_no_prefetch;
+        // The sweep's sessions neither read nor write a profile (each
+        // would change the next one's preload); --ssd-profile-check
+        // measures it on its own.
+        o.profile = ProfileFile::Off;
         Ok(Some(o))
     }
 
@@ -729,7 +739,7 @@ fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), Stri
     let resident_tps = n_gen as f64 / best;
     println!("# resident: {resident_tps:.3} tokens/s (fastest of {repeat} blocks of {n_gen})");
     println!(
-        "budget,slots,cache,decode_tps,of_resident_pct,read_mib_per_token,hit_pct,cache_hit_pct,prefetch_used_pct,predictor_pct,disk_roofline_tps,serial_bound_tps,of_bound_pct"
+        "budget,slots,cache,decode_tps,of_resident_pct,read_mib_per_token,hit_pct,cache_hit_pct,prefetch_used_pct,predictor_pct,read_wait_ms_per_token,disk_roofline_tps,serial_bound_tps,of_bound_pct"
     );
     for item in list.split(',') {
         let item = item.trim();
@@ -794,7 +804,7 @@ fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), Stri
             let serial = 1.0 / (1.0 / resident_tps + per_tok / disk.sequential);
             let bound = resident_tps.min(disk_roof);
             println!(
-                "{item},{},{mode},{tps:.3},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.3},{serial:.3},{:.1}",
+                "{item},{},{mode},{tps:.3},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.3},{serial:.3},{:.1}",
                 plan.slots,
                 100.0 * tps / resident_tps,
                 per_tok / (1u64 << 20) as f64,
@@ -802,13 +812,92 @@ fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), Stri
                 100.0 * st.cache_hit_rate(),
                 100.0 * st.prefetch_hit_rate(),
                 100.0 * st.predictor_rate(),
+                1e3 * st.read_wait_s / st.tokens.max(1) as f64,
                 disk_roof,
                 100.0 * tps / bound,
             );
             let _ = std::io::stdout().flush();
         }
     }
+    if let Some(pct) = a.ssd_profile_check {
+        profile_check(&session, &bo, &base, &prompt, routed, pct, n_gen, repeat, a)?;
+    }
     Ok(())
+}
+
+/// `--ssd-profile-check PCT`: records a popularity profile (prompt, then
+/// -n greedy tokens, at PCT % of the routed bytes, cold), then times the
+/// first -n tokens after the prompt of fresh sessions preloaded with and
+/// without it (the fastest of `repeat` each). The decode repeats the
+/// recorded run's tokens, so this is the case the profile is for: traffic
+/// like the traffic it was recorded on.
+#[allow(clippy::too_many_arguments)]
+fn profile_check(
+    session: &dyn Fn(BackendOptions) -> Result<Session, String>,
+    bo: &BackendOptions,
+    base: &StreamingOptions,
+    prompt: &[u32],
+    routed: u64,
+    pct: f64,
+    n_gen: usize,
+    repeat: usize,
+    a: &Args,
+) -> Result<(), String> {
+    let budget = CacheBudget::Bytes((routed as f64 * pct / 100.0).ceil() as u64);
+    let mut path = a.model.as_os_str().to_owned();
+    path.push(".bench-profile");
+    let path = PathBuf::from(path);
+    let _ = std::fs::remove_file(&path);
+    let opts = |cold: bool, profile: ProfileFile| BackendOptions {
+        ssd_streaming: Some(StreamingOptions {
+            budget,
+            cold,
+            profile,
+            ..base.clone()
+        }),
+        ..bo.clone()
+    };
+    {
+        let mut sess = session(opts(true, ProfileFile::At(path.clone())))?;
+        sess.sync(prompt, &mut |_, _| {})
+            .map_err(|e| e.to_string())?;
+        decode(&mut sess, n_gen)?;
+        let cache = sess.expert_cache().ok_or("no expert cache")?;
+        cache.save_profile()?;
+    }
+    println!("# preload profile at {pct} %: first {n_gen} tokens after the prompt, fresh session");
+    println!("preload,decode_tps,hit_pct,cache_hit_pct,read_mib_per_token");
+    let result = (|| {
+        for (label, profile) in [
+            ("no profile", ProfileFile::Off),
+            ("profile", ProfileFile::At(path.clone())),
+        ] {
+            let mut best: Option<(f64, ds4::backend::experts::StreamStats)> = None;
+            for _ in 0..repeat {
+                let mut sess = session(opts(false, profile.clone()))?;
+                let cache = sess.expert_cache().ok_or("no expert cache")?;
+                eprintln!("ds4-bench: {}", cache.startup_line().unwrap_or_default());
+                sess.sync(prompt, &mut |_, _| {})
+                    .map_err(|e| e.to_string())?;
+                cache.reset_stats();
+                let s = decode(&mut sess, n_gen)?;
+                if best.is_none_or(|(b, _)| s < b) {
+                    best = Some((s, cache.stats()));
+                }
+            }
+            let (s, st) = best.expect("at least one run");
+            println!(
+                "{label},{:.3},{:.1},{:.1},{:.1}",
+                n_gen as f64 / s,
+                100.0 * st.hit_rate(),
+                100.0 * st.cache_hit_rate(),
+                st.bytes_per_token() / (1u64 << 20) as f64,
+            );
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&path);
+    result
 }
 
 /// The bytes one batched step reads under the model of issue 18: every

@@ -17,10 +17,11 @@
 //! counted ([`StreamStats::predicted`]). Decisions and measurements:
 //! docs/SSD_STREAMING.md.
 
+pub mod profile;
 pub mod read;
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::Instant;
@@ -28,7 +29,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use self::read::{AlignedBuf, ReadError, SliceReader};
-use super::options::{CacheBudget, EvictionPolicy, StreamingOptions};
+use super::options::{CacheBudget, EvictionPolicy, ProfileFile, StreamingOptions};
 use crate::gguf::{GgufFile, TensorRef};
 use crate::graph::ops::moe::{MoeExperts, PinnedSlabs};
 use crate::graph::ops::Op;
@@ -278,7 +279,8 @@ pub struct StreamStats {
     pub predictable: u64,
     /// Bytes read from the file (passes, read-ahead and preload).
     pub bytes_read: u64,
-    /// Seconds the passes waited for their own reads.
+    /// Seconds the passes waited for reads: their own misses and
+    /// read-aheads still in flight (the reads compute did not hide).
     pub read_wait_s: f64,
 }
 
@@ -342,15 +344,15 @@ fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
-/// One expert's three slabs, read from the file.
+/// One expert's three slabs, read from the file into one buffer.
 pub struct Slice {
-    parts: [(AlignedBuf, std::ops::Range<usize>); 3],
+    buf: AlignedBuf,
+    parts: [std::ops::Range<usize>; 3],
 }
 
 impl Slice {
     fn part(&self, p: usize) -> &[u8] {
-        let (buf, r) = &self.parts[p];
-        &buf.as_slice()[r.clone()]
+        &self.buf.as_slice()[self.parts[p].clone()]
     }
 }
 
@@ -373,9 +375,14 @@ struct LayerState {
     clock: u64,
     /// The previous single-token step's choice (the predictor).
     prev: Vec<u32>,
-    /// Buffers of evicted slices, reused by the next reads: a fresh buffer
-    /// costs a page fault per page on its first read.
-    spare: Vec<Slice>,
+    /// Buffers of evicted (or cleared) slices, reused by the next reads: a
+    /// fresh buffer costs a page fault per page on its first read. At most
+    /// [`SPARE_SLICES`] from evictions; [`ExpertCache::clear`] keeps every
+    /// emptied slot's (the slots are empty then, so the memory is the same).
+    spare: Vec<AlignedBuf>,
+    /// How often the router chose each expert (the popularity profile,
+    /// the loaded file's counts included).
+    chosen: Vec<u64>,
 }
 
 /// Evicted buffers a layer keeps for reuse.
@@ -425,32 +432,49 @@ impl LayerCache {
                 }
                 if st.spare.len() < SPARE_SLICES {
                     if let Ok(s) = Arc::try_unwrap(en.slice) {
-                        st.spare.push(s);
+                        st.spare.push(s.buf);
                     }
                 }
             }
         }
     }
 
-    /// Reads expert `e`'s slice, into an evicted slice's buffers when the
-    /// layer has one spare.
+    /// Experts in the order a preload takes them: most chosen first by the
+    /// profile, ties (and everything without a profile) in the layer's
+    /// own order ([`ExpertLayer::popularity_order`]).
+    fn preload_order(&self, file: &GgufFile) -> Vec<u32> {
+        let mut order = self.info.popularity_order(file);
+        let st = self.lock();
+        let n = |e: u32| st.chosen.get(e as usize).copied().unwrap_or(0);
+        order.sort_by_key(|&e| std::cmp::Reverse(n(e)));
+        order
+    }
+
+    /// Reads expert `e`'s slice (its three slabs in parallel, into one
+    /// buffer), into an evicted slice's buffer when the layer has one.
     fn read_slice(&self, reader: &SliceReader, e: u32) -> Result<Slice, ReadError> {
-        let spare = self.lock().spare.pop();
-        let mut bufs = match spare {
-            Some(s) => s.parts.map(|(b, _)| Some(b)),
-            None => [None, None, None],
-        };
-        let mut read = |p: usize| {
-            let n = self.info.part_bytes(p);
-            let at = self.info.parts[p].offset + e as u64 * n;
-            match bufs[p].take() {
-                Some(mut b) => reader.read_into(at, n as usize, &mut b).map(|r| (b, r)),
-                None => reader.read(at, n as usize),
+        let mut buf = self
+            .lock()
+            .spare
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::zeroed(0));
+        let extents: Vec<(u64, usize)> = (0..3)
+            .map(|p| {
+                let n = self.info.part_bytes(p);
+                (self.info.parts[p].offset + e as u64 * n, n as usize)
+            })
+            .collect();
+        let r = reader.read_extents_into(&extents, &mut buf);
+        match r {
+            Ok(r) => Ok(Slice {
+                buf,
+                parts: [r[0].clone(), r[1].clone(), r[2].clone()],
+            }),
+            Err(err) => {
+                self.lock().spare.push(buf);
+                Err(err)
             }
-        };
-        Ok(Slice {
-            parts: [read(0)?, read(1)?, read(2)?],
-        })
+        }
     }
 
     fn insert(&self, st: &mut LayerState, e: u32, slice: Arc<Slice>, prefetched: bool) {
@@ -506,7 +530,18 @@ pub struct ExpertCache {
     stats: Arc<Counters>,
     /// Reads slices: a pass's misses in parallel, and the read-ahead.
     readers: rayon::ThreadPool,
+    /// The popularity profile's file, if recorded.
+    profile_path: Option<PathBuf>,
+    /// The model the profile belongs to (set with the plan).
+    model_key: OnceLock<profile::ModelKey>,
+    /// What became of the profile at start (for the start-up line).
+    profile_note: Mutex<Option<String>>,
+    /// Tokens run since the profile was last written.
+    profile_unsaved: AtomicU64,
 }
+
+/// Tokens between two writes of the popularity profile.
+const PROFILE_EVERY_TOKENS: u64 = 1024;
 
 fn read_err_to_string(e: ReadError) -> String {
     e.to_string()
@@ -546,6 +581,14 @@ impl ExpertCache {
             }),
             stats: Arc::default(),
             readers,
+            profile_path: match &opts.profile {
+                ProfileFile::Off => None,
+                ProfileFile::NextToModel => Some(profile::default_path(path)),
+                ProfileFile::At(p) => Some(p.clone()),
+            },
+            model_key: OnceLock::new(),
+            profile_note: Mutex::new(None),
+            profile_unsaved: AtomicU64::new(0),
         })
     }
 
@@ -569,21 +612,46 @@ impl ExpertCache {
             return Ok(());
         }
         let plan = StreamPlan::new(self.file_len, &layers, &self.opts)?;
+        let key = profile::ModelKey::of(file, &layers);
+        let loaded = self.profile_path.as_ref().map(|p| profile::load(p, &key));
         let mut reg = self.registry.write().unwrap_or_else(|p| p.into_inner());
         for (i, info) in layers.into_iter().enumerate() {
+            let info_n_expert = info.n_expert;
             reg.by_gate.insert(info.parts[0].offset, i);
             reg.layers.push(Arc::new(LayerCache {
                 info,
                 streamed: i >= plan.full_layers,
                 capacity: plan.slots,
                 policy: self.opts.policy,
-                state: Mutex::default(),
+                state: Mutex::new(LayerState {
+                    chosen: vec![0; info_n_expert],
+                    ..LayerState::default()
+                }),
                 ready: Condvar::new(),
             }));
         }
         let layers = reg.layers.clone();
         drop(reg);
         let _ = self.plan.set(plan);
+        let _ = self.model_key.set(key);
+        let note = match (&self.profile_path, loaded) {
+            (Some(path), Some(Ok(Some(p)))) => {
+                let total = p.total();
+                for (l, c) in layers.iter().zip(p.counts) {
+                    l.lock().chosen = c;
+                }
+                Some(format!(
+                    "preload order from the profile {} ({total} tokens)",
+                    path.display()
+                ))
+            }
+            (Some(path), Some(Ok(None))) => {
+                Some(format!("no profile yet, recording to {}", path.display()))
+            }
+            (_, Some(Err(e))) => Some(format!("profile ignored: {e}")),
+            _ => None,
+        };
+        *self.profile_note.lock().unwrap_or_else(|p| p.into_inner()) = note;
         if !self.opts.cold {
             self.preload(file, &layers).map_err(read_err_to_string)?;
         }
@@ -602,7 +670,7 @@ impl ExpertCache {
                     .preload_experts
                     .unwrap_or(l.capacity)
                     .min(l.capacity);
-                let order = l.info.popularity_order(file);
+                let order = l.preload_order(file);
                 order.into_iter().take(n).map(move |e| (l.clone(), e))
             })
             .collect();
@@ -643,7 +711,12 @@ impl ExpertCache {
         } else {
             p.uniform_hit_rate()
         };
-        Some(p.line(hit, self.reader.is_direct()))
+        let mut line = p.line(hit, self.reader.is_direct());
+        if let Some(n) = &*self.profile_note.lock().unwrap_or_else(|p| p.into_inner()) {
+            line.push_str("; ");
+            line.push_str(n);
+        }
+        Some(line)
     }
 
     pub fn stats(&self) -> StreamStats {
@@ -693,14 +766,20 @@ impl ExpertCache {
         }
     }
 
-    /// Empties every layer (the benchmark's cold runs).
+    /// Empties every layer (the benchmark's cold runs); the emptied slots'
+    /// buffers are kept for the next reads, so a cold block measures the
+    /// reads, not the allocator.
     pub fn clear(&self) {
         let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
         for l in &reg.layers {
             let mut st = l.lock();
-            st.slots.clear();
+            let slots = std::mem::take(&mut st.slots);
+            for en in slots.into_values() {
+                if let Ok(s) = Arc::try_unwrap(en.slice) {
+                    st.spare.push(s.buf);
+                }
+            }
             st.prev.clear();
-            st.spare.clear();
         }
     }
 
@@ -717,6 +796,7 @@ impl ExpertCache {
     pub fn begin_step(&self, file: &GgufFile, tokens: &[u32]) -> Result<(), ReadError> {
         self.reader.check_unchanged()?;
         add(&self.stats.tokens, tokens.len() as u64);
+        self.profile_tokens(tokens.len() as u64);
         if !self.opts.prefetch {
             return Ok(());
         }
@@ -749,6 +829,68 @@ impl ExpertCache {
         Ok(())
     }
 
+    /// The experts layer `layer` holds now, in index order (tests and
+    /// diagnostics).
+    pub fn cached_experts(&self, layer: usize) -> Vec<u32> {
+        let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<u32> = reg
+            .layers
+            .get(layer)
+            .map(|l| l.lock().slots.keys().copied().collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
+    /// The popularity profile recorded so far (the loaded file's counts
+    /// included); `None` before the first graph.
+    pub fn profile(&self) -> Option<profile::Profile> {
+        self.model_key.get()?;
+        let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        Some(profile::Profile {
+            counts: reg.layers.iter().map(|l| l.lock().chosen.clone()).collect(),
+        })
+    }
+
+    /// Writes the profile to its file (nothing when profiles are off or
+    /// nothing was recorded). Also done every
+    /// [`PROFILE_EVERY_TOKENS`] tokens and when the cache drops.
+    pub fn save_profile(&self) -> Result<(), String> {
+        let (Some(path), Some(key)) = (&self.profile_path, self.model_key.get()) else {
+            return Ok(());
+        };
+        match self.profile() {
+            Some(p) if p.total() > 0 => {
+                profile::save(path, &p, key).map_err(|e| format!("{}: {e}", path.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts `n` tokens toward the next periodic write of the profile and
+    /// writes it on the reader pool when one is due.
+    fn profile_tokens(&self, n: u64) {
+        let Some(key) = self.model_key.get() else {
+            return;
+        };
+        let Some(path) = &self.profile_path else {
+            return;
+        };
+        let since = self.profile_unsaved.fetch_add(n, Ordering::Relaxed) + n;
+        if since < PROFILE_EVERY_TOKENS {
+            return;
+        }
+        self.profile_unsaved.store(0, Ordering::Relaxed);
+        if let Some(p) = self.profile() {
+            let (path, key) = (path.clone(), *key);
+            self.readers.spawn(move || {
+                // A failed periodic write is retried at the next one and
+                // reported when the cache drops.
+                let _ = profile::save(&path, &p, &key);
+            });
+        }
+    }
+
     /// Pins the experts `o` selected this step (`sel`, `n_tokens × k`),
     /// reading the missing ones; `None` for a layer kept whole (read
     /// through the mapping). A failed read fails this pass (the error
@@ -779,6 +921,11 @@ impl ExpertCache {
         let mut missing = Vec::new();
         {
             let mut st = layer.lock();
+            for &e in &sel[..(n_tokens * o.k).min(sel.len())] {
+                if let Some(c) = st.chosen.get_mut(e.max(0) as usize).filter(|_| e >= 0) {
+                    *c += 1;
+                }
+            }
             if n_tokens == 1 {
                 if !st.prev.is_empty() {
                     let p = want.iter().filter(|e| st.prev.contains(e)).count();
@@ -788,8 +935,12 @@ impl ExpertCache {
                 st.prev = want.clone();
             }
             // A read-ahead of one of ours is under way: wait for it.
-            while want.iter().any(|e| st.in_flight.contains(e)) {
-                st = layer.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+            if want.iter().any(|e| st.in_flight.contains(e)) {
+                let t = Instant::now();
+                while want.iter().any(|e| st.in_flight.contains(e)) {
+                    st = layer.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+                add(&stats.read_wait_ns, t.elapsed().as_nanos() as u64);
             }
             st.clock += 1;
             let now = st.clock;
@@ -860,4 +1011,14 @@ fn read_ahead(l: &LayerCache, reader: &SliceReader, stats: &Counters, e: u32) {
     }
     drop(st);
     l.ready.notify_all();
+}
+
+impl Drop for ExpertCache {
+    /// Writes the popularity profile at exit (the one log line the cache
+    /// prints itself: there is no caller left to return the error to).
+    fn drop(&mut self) {
+        if let Err(e) = self.save_profile() {
+            eprintln!("ssd streaming: the expert profile was not written: {e}");
+        }
+    }
 }
