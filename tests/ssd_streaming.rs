@@ -178,23 +178,27 @@ fn have_gpu() -> bool {
 /// logits bit-identical to the same backend with every expert resident,
 /// the same greedy tokens, with a budget of `k` or `k + 1` slots so that
 /// every step evicts and a prefill chunk (7 tokens) selects more experts
-/// than there are slots (the pass runs in rounds).
+/// than there are slots (the pass runs in rounds). Every case on the first
+/// variant, the hardest (`k` slots, cold) on the others: lavapipe and the
+/// CUDA emulator are slow, and the other cases exercise no weight type.
 fn gpu_streaming_is_exact(backend: BackendKind, variants: &[Variant]) {
     let prompt = common::tokens(23, 11);
-    for &v in variants {
+    for (i, &v) in variants.iter().enumerate() {
         let model = common::tiny_model(v);
         let k = model.config.n_expert_used;
         let (want, want_out) = run(
             &mut session(model.clone(), backend, BackendOptions::default()),
             &prompt,
-            12,
+            8,
         );
         let cases = [
             (k, EvictionPolicy::Lru, true, 0, true),
             (k + 1, EvictionPolicy::Lfu, false, 1, true),
             (k + 1, EvictionPolicy::Lru, true, 0, false),
         ];
-        for (slots, policy, prefetch, full, cold) in cases {
+        for (slots, policy, prefetch, full, cold) in
+            cases.into_iter().take(if i == 0 { 3 } else { 1 })
+        {
             let o = StreamingOptions {
                 budget: CacheBudget::Experts(slots),
                 full_layers: full,
@@ -207,7 +211,7 @@ fn gpu_streaming_is_exact(backend: BackendKind, variants: &[Variant]) {
             let t = std::time::Instant::now();
             let mut s = session(model.clone(), backend, streaming(o));
             let cache = s.expert_cache().expect("a streaming backend has a cache");
-            let (got, out) = run(&mut s, &prompt, 12);
+            let (got, out) = run(&mut s, &prompt, 8);
             let what = format!(
                 "{v:?} {backend:?} {slots} slots {policy:?} prefetch {prefetch} cold {cold}"
             );
@@ -227,7 +231,10 @@ fn gpu_streaming_is_exact(backend: BackendKind, variants: &[Variant]) {
 #[test]
 fn streamed_experts_give_bit_identical_logits_on_wgpu() {
     if have_gpu() {
-        gpu_streaming_is_exact(BackendKind::Wgpu, &[Variant::Q2, Variant::Mxfp4, Variant::Q8]);
+        gpu_streaming_is_exact(
+            BackendKind::Wgpu,
+            &[Variant::Q2, Variant::Mxfp4, Variant::Q8],
+        );
     }
 }
 
@@ -351,7 +358,9 @@ fn the_q2_file_fits_an_80_gb_gpu_budget_when_experts_stream() {
     // passes (a prefill pass pins its misses of one layer while it runs).
     let staging = p.k as u64 * p.slot_bytes;
     eprintln!(
-        "80 GB GPU: {:.2} GiB resident weights + {:.2} GiB expert slots ({} of {} per layer          × {} layers) + {:.0} GiB reserve = {:.1} of {:.1} GB; streamed from disk: {:.2} GiB          of routed experts, {:.1} MiB per token at most; host staging {:.2} GiB",
+        "80 GB GPU: {:.2} GiB resident weights + {:.2} GiB expert slots ({} of {} per layer \
+         × {} layers) + {:.0} GiB reserve = {:.1} of {:.1} GB; streamed from disk: {:.2} GiB \
+         of routed experts, {:.1} MiB per token when every choice misses; host staging {:.2} GiB",
         gib(p.resident_bytes),
         gib(p.cache_bytes),
         p.slots,

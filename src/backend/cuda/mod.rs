@@ -337,10 +337,8 @@ impl Backend for CudaBackend {
         upload_async(self.step.ptr, bytemuck::bytes_of(&step), self.dev.stream)?;
         if let Some(c) = &self.experts {
             let file = self.file.clone();
-            c.begin_step_except((*file).as_ref(), tokens, &|gate, e| {
-                self.on_device(gate, e)
-            })
-            .map_err(|e| BackendError::Weights(e.to_string()))?;
+            c.begin_step_except((*file).as_ref(), tokens, &|gate, e| self.on_device(gate, e))
+                .map_err(|e| BackendError::Weights(e.to_string()))?;
             let r = self.enqueue_streaming(h.0, &tokens[..p.n_tokens]);
             self.staged = None;
             r?;

@@ -669,9 +669,9 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                             t: &TensorRef|
                  -> Result<CUdeviceptr, BackendError> {
                     match stream {
-                        Some(l) => l
-                            .ptr(t)
-                            .ok_or_else(|| unsupported(format!("streamed {} without slots", t.name))),
+                        Some(l) => l.ptr(t).ok_or_else(|| {
+                            unsupported(format!("streamed {} without slots", t.name))
+                        }),
                         None => weights.tensor(file, t, progress),
                     }
                 };

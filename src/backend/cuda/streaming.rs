@@ -86,7 +86,10 @@ fn hash_selection(p: &StreamPoint, file: &GgufFile, tokens: &[u32]) -> Option<Ve
 
 /// The hash table of the router that writes `o`'s selection from the
 /// step's token ids, if any.
-pub fn hash_of(graph: &Graph, o: &crate::graph::ops::moe::MoeExperts) -> Option<(TensorRef, usize)> {
+pub fn hash_of(
+    graph: &Graph,
+    o: &crate::graph::ops::moe::MoeExperts,
+) -> Option<(TensorRef, usize)> {
     use crate::graph::ops::Op;
     graph.ops().find_map(|op| match op {
         Op::Router(r) if r.selected == o.selected && r.tokens == graph.tokens => {
@@ -223,7 +226,9 @@ impl CudaBackend {
             .iter()
             .find(|&&e| !table.holds(e) && pinned.as_ref().and_then(|s| s.part(e, 0)).is_none())
         {
-            return Err(weights_err(format!("ssd streaming: expert {e} was not read")));
+            return Err(weights_err(format!(
+                "ssd streaming: expert {e} was not read"
+            )));
         }
         let mut rounds = layer.table.plan(&want);
         if rounds.is_empty() {

@@ -827,7 +827,11 @@ impl ExpertCache {
         if self.opts.cold || !l.streamed {
             return Vec::new();
         }
-        let n = self.opts.preload_experts.unwrap_or(plan.slots).min(plan.slots);
+        let n = self
+            .opts
+            .preload_experts
+            .unwrap_or(plan.slots)
+            .min(plan.slots);
         let mut order = l.info.popularity_order(file);
         order.truncate(n);
         order

@@ -556,10 +556,8 @@ impl WgpuBackend {
         super::check_step(&graph, tokens, &p)?;
         if let Some(c) = &self.experts {
             let file = self.file.clone();
-            c.begin_step_except((*file).as_ref(), tokens, &|gate, e| {
-                self.on_device(gate, e)
-            })
-            .map_err(|e| BackendError::Weights(e.to_string()))?;
+            c.begin_step_except((*file).as_ref(), tokens, &|gate, e| self.on_device(gate, e))
+                .map_err(|e| BackendError::Weights(e.to_string()))?;
         }
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         self.gpu

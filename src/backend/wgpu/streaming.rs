@@ -277,10 +277,9 @@ pub(super) fn record_streamed(
     });
     // A hash router reading the step's token ids decides from them alone.
     let hash = graph.ops().find_map(|op| match op {
-        Op::Router(r) if r.selected == o.selected && r.tokens == graph.tokens => r
-            .tid2eid
-            .clone()
-            .map(|t| (t, r.table_cols())),
+        Op::Router(r) if r.selected == o.selected && r.tokens == graph.tokens => {
+            r.tid2eid.clone().map(|t| (t, r.table_cols()))
+        }
         _ => None,
     });
     let mm = b.pipes.matmul(&b.gpu)?;

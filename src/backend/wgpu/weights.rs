@@ -283,7 +283,10 @@ impl GpuTensor {
         bytes: &[u8],
     ) -> Result<(), BackendError> {
         let unit = self.unit_rows * self.row_bytes;
-        let chunk = self.chunks.iter().find(|c| (c.first..c.first + c.count).contains(&slot));
+        let chunk = self
+            .chunks
+            .iter()
+            .find(|c| (c.first..c.first + c.count).contains(&slot));
         match chunk {
             Some(c) if bytes.len() as u64 == unit => {
                 queue.write_buffer(&c.buffer, (slot - c.first) * unit, bytes);
