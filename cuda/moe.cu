@@ -14,7 +14,9 @@
 //   expert_swiglu: h[slot][f] = w[slot] * swiglu(g, u, clamp); grid-stride
 //     (after two expert_rows launches, when gate and up differ in type).
 //   expert_sum: out[t] = sum over slots i in order of y[t*k+i]; grid-stride.
-// An index outside 0..n_expert yields zeros (never a wild read).
+// An index outside 0..n_expert yields zeros (never a wild read), except -2:
+// SSD streaming runs a pass whose experts exceed the device slots in rounds,
+// and -2 marks the entries of other rounds, whose outputs stay as written.
 
 #define EX_ROWS 8
 
@@ -25,6 +27,7 @@ __device__ void expert_rows_impl(const u8* w, u32 row_bytes, u64 slab_bytes, u32
     const u32 o = blockIdx.x * EX_ROWS + warp, slot = blockIdx.y;
     if (o >= n_out || slot >= st->n_tokens * k) return;
     const int e = sel[slot];
+    if (e == -2) return;  // another round's entry (SSD streaming): left as written
     float acc = 0.0f;
     if (e >= 0 && (u32)e < n_expert) {
         const u8* row = w + (u64)e * slab_bytes + (u64)o * row_bytes;
@@ -59,6 +62,7 @@ __device__ void expert_gate_up_impl(const u8* gate, const u8* up, u32 row_bytes,
     const u32 f = blockIdx.x * EX_ROWS + warp, slot = blockIdx.y;
     if (f >= ff || slot >= st->n_tokens * k) return;
     const int e = sel[slot];
+    if (e == -2) return;  // another round's entry (SSD streaming): left as written
     float ag = 0.0f, au = 0.0f;
     if (e >= 0 && (u32)e < n_expert) {
         const u64 off = (u64)e * slab_bytes + (u64)f * row_bytes;

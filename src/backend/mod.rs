@@ -390,9 +390,9 @@ pub fn open(
 }
 
 /// A backend that streams routed experts through an [`experts::ExpertCache`].
-/// The CPU backends read from the cache; the GPU backends still need every
-/// weight in device memory (docs/SSD_STREAMING.md), so `auto` takes the
-/// fast CPU backend and naming a GPU is an error.
+/// The CPU backends read from the cache; wgpu and CUDA keep the cached
+/// experts in device slots and use the cache to read and stage the misses
+/// (docs/SSD_STREAMING.md). `auto` takes the fast CPU backend.
 fn open_streaming(
     kind: BackendKind,
     file: WeightFile,
@@ -403,8 +403,12 @@ fn open_streaming(
         .ssd_streaming
         .as_ref()
         .expect("called with streaming options");
-    let cache = experts::ExpertCache::open((*file).as_ref(), so).map_err(BackendError::Weights)?;
-    let cache = Arc::new(cache);
+    let open = if matches!(kind, BackendKind::Wgpu | BackendKind::Cuda) {
+        experts::ExpertCache::open_for_device
+    } else {
+        experts::ExpertCache::open
+    };
+    let cache = Arc::new(open((*file).as_ref(), so).map_err(BackendError::Weights)?);
     let (b, auto) = match kind {
         BackendKind::CpuRef => (
             cpu::CpuBackend::new(file, layout).with_profile(opts.cpu_profile),
@@ -413,14 +417,21 @@ fn open_streaming(
         BackendKind::Cpu => (fast_cpu(file, layout, opts)?, ""),
         BackendKind::Auto => (
             fast_cpu(file, layout, opts)?,
-            " (auto; --ssd-streaming runs on the CPU backends)",
+            " (auto; --backend wgpu|cuda streams into device memory)",
         ),
-        BackendKind::Wgpu | BackendKind::Cuda => {
-            return Err(BackendError::Unsupported {
-                backend: if kind == BackendKind::Wgpu { "wgpu" } else { "cuda" }.into(),
-                what: "--ssd-streaming yet (the device-resident expert cache is not built; use --backend cpu)".into(),
-            })
+        BackendKind::Wgpu => {
+            let b = self::wgpu::WgpuBackend::open(opts, true, file, layout)?
+                .with_experts(cache, so.policy);
+            let notice = format!(
+                "backend: wgpu on {}, experts streamed from disk into device slots",
+                b.device()
+            );
+            return Ok(Opened {
+                backend: Box::new(b),
+                notice,
+            });
         }
+        BackendKind::Cuda => return open_cuda_streaming(file, layout, opts, cache, so.policy),
     };
     let b = b.with_experts(cache);
     let notice = format!("backend: {}{auto}, experts streamed from disk", b.device());
@@ -457,6 +468,37 @@ fn open_cuda(
         backend: "cuda".into(),
         reason: "this binary was built without CUDA support (cargo build --features cuda); use --backend cpu or wgpu".into(),
     })
+}
+
+/// CUDA with routed experts streamed into device slots.
+#[cfg(feature = "cuda")]
+fn open_cuda_streaming(
+    file: WeightFile,
+    layout: StateLayout,
+    opts: &BackendOptions,
+    cache: Arc<experts::ExpertCache>,
+    policy: options::EvictionPolicy,
+) -> Result<Opened, BackendError> {
+    let b = cuda::CudaBackend::open(file, layout, opts)?.with_experts(cache, policy);
+    let notice = format!(
+        "backend: cuda on {}, experts streamed from disk into device slots",
+        b.device()
+    );
+    Ok(Opened {
+        backend: Box::new(b),
+        notice,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda_streaming(
+    file: WeightFile,
+    layout: StateLayout,
+    opts: &BackendOptions,
+    _cache: Arc<experts::ExpertCache>,
+    _policy: options::EvictionPolicy,
+) -> Result<Opened, BackendError> {
+    open_cuda(file, layout, opts)
 }
 
 /// CUDA devices, one line each (`ds4 --list-devices`); the reason when

@@ -18,6 +18,7 @@ pub mod mem;
 pub mod modules;
 pub mod nvrtc;
 pub mod record;
+pub mod streaming;
 pub mod weights;
 
 use std::collections::HashMap;
@@ -67,12 +68,21 @@ struct LoadedGraph {
     launches: Vec<Launch>,
     captured: Option<Captured>,
     n_tokens: usize,
+    /// The streamed layers' routed passes in `launches` (`--ssd-streaming`).
+    points: Vec<streaming::StreamPoint>,
 }
 
 pub struct CudaBackend {
     // Field order matters for drop: graphs and buffers before the modules
     // and the context.
     graphs: Vec<LoadedGraph>,
+    /// Routed experts streamed through this cache (`--ssd-streaming`): the
+    /// streamed layers' slots by their `gate` tensor's file offset, the
+    /// slices pinned for the pass being enqueued, the slots' policy.
+    experts: Option<Arc<super::experts::ExpertCache>>,
+    streamed: HashMap<u64, streaming::StreamedLayer>,
+    staged: Option<Arc<super::experts::Pinned>>,
+    stream_policy: super::options::EvictionPolicy,
     states: Vec<DevBuf>,
     step: DevBuf,
     freqs: HashMap<String, DevBuf>,
@@ -132,6 +142,10 @@ impl CudaBackend {
         }
         Ok(CudaBackend {
             graphs: Vec::new(),
+            experts: None,
+            streamed: HashMap::new(),
+            staged: None,
+            stream_policy: Default::default(),
             states,
             step: DevBuf::alloc(std::mem::size_of::<StepDev>())?,
             freqs: HashMap::new(),
@@ -152,6 +166,20 @@ impl CudaBackend {
     pub fn set_tensor_cores(&mut self, on: bool) -> bool {
         self.tensor_cores = on && self.dev.info.cc_number() >= 80;
         self.tensor_cores
+    }
+
+    /// Streams routed experts through `cache` into device slots evicted by
+    /// `policy`, instead of uploading the expert tensors; no CUDA graph is
+    /// captured (docs/SSD_STREAMING.md). Before the first graph.
+    pub fn with_experts(
+        mut self,
+        cache: Arc<super::experts::ExpertCache>,
+        policy: super::options::EvictionPolicy,
+    ) -> CudaBackend {
+        self.experts = Some(cache);
+        self.stream_policy = policy;
+        self.use_graphs = false;
+        self
     }
 
     fn loaded(&self, h: GraphHandle) -> Result<&LoadedGraph, BackendError> {
@@ -228,6 +256,10 @@ impl Backend for CudaBackend {
         &self.layout
     }
 
+    fn expert_cache(&self) -> Option<Arc<super::experts::ExpertCache>> {
+        self.experts.clone()
+    }
+
     fn load_graph(&mut self, graph: Arc<Graph>) -> Result<GraphHandle, BackendError> {
         self.dev.bind()?;
         let p = plan(&graph);
@@ -249,7 +281,9 @@ impl Backend for CudaBackend {
                 }
             })
             .collect();
+        self.stream_layers(&graph)?;
         let mut scratch = Vec::new();
+        let mut points = Vec::new();
         let file = self.file.clone();
         let launches = record::record(
             record::Ctx {
@@ -263,6 +297,8 @@ impl Backend for CudaBackend {
                 values: &values,
                 scratch: &mut scratch,
                 tensor_cores: self.tensor_cores,
+                streamed: &self.streamed,
+                points: &mut points,
             },
             &graph,
         )?;
@@ -274,6 +310,7 @@ impl Backend for CudaBackend {
             launches,
             captured: None,
             n_tokens: 0,
+            points,
         });
         Ok(GraphHandle(self.graphs.len() - 1))
     }
@@ -298,6 +335,17 @@ impl Backend for CudaBackend {
             _pad: [0; 2],
         };
         upload_async(self.step.ptr, bytemuck::bytes_of(&step), self.dev.stream)?;
+        if let Some(c) = &self.experts {
+            let file = self.file.clone();
+            c.begin_step_except((*file).as_ref(), tokens, &|gate, e| self.on_device(gate, e))
+                .map_err(|e| BackendError::Weights(e.to_string()))?;
+            let r = self.enqueue_streaming(h.0, &tokens[..p.n_tokens]);
+            self.staged = None;
+            r?;
+            self.dev.sync()?;
+            self.graphs[h.0].n_tokens = p.n_tokens;
+            return Ok(());
+        }
         let capture = self.use_graphs && graph.max_tokens <= CAPTURE_MAX_TOKENS;
         if capture && g.captured.is_none() {
             // Captured once with grids for the graph's capacity; kernels

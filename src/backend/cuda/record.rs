@@ -160,6 +160,10 @@ pub struct Ctx<'a> {
     pub scratch: &'a mut Vec<DevBuf>,
     /// Record the tensor-core prefill matmul (sm_80+, opt-in).
     pub tensor_cores: bool,
+    /// Streamed layers' device slots (`--ssd-streaming`), by `gate` offset:
+    /// their routed passes read the slots and are marked in `points`.
+    pub streamed: &'a HashMap<u64, super::streaming::StreamedLayer>,
+    pub points: &'a mut Vec<super::streaming::StreamPoint>,
 }
 
 struct List<'a> {
@@ -239,6 +243,8 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
         values,
         scratch: scratch_list,
         tensor_cores,
+        streamed,
+        points,
     } = c;
     let mut progress = Progress::new(weight_bytes(graph));
     let mut list = List {
@@ -255,6 +261,8 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
     };
     for node in &graph.nodes {
         let Node::Op(op) = node else { continue };
+        let before = list.out.len();
+        let mut pending: Option<super::streaming::StreamPoint> = None;
         let mut launch =
             |kernel: &'static str, grid: Grid, block: u32, shared: u32, args: Vec<Arg>| {
                 list.launch(kernel, grid, block, shared, args)
@@ -636,6 +644,37 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 let slots = graph.max_tokens * k;
                 let h = scratch(scratch_list, slots * ff * 4)?;
                 let y = scratch(scratch_list, slots * d * 4)?;
+                // A streamed layer reads its device slots through a slot-id
+                // selection (super::streaming).
+                let stream = streamed.get(&o.gate.offset);
+                let (n_ex, sel) = match stream {
+                    Some(l) => {
+                        let slot_sel = scratch(scratch_list, slots * 4)?;
+                        pending = Some(super::streaming::StreamPoint {
+                            first: 0,
+                            sum: 0,
+                            gate: o.gate.offset,
+                            k,
+                            n_expert,
+                            selected: values[o.selected.0 as usize],
+                            slot_sel,
+                            hash: super::streaming::hash_of(graph, o),
+                        });
+                        (l.slots, Arg::Ptr(slot_sel))
+                    }
+                    None => (n_expert, v(o.selected)),
+                };
+                let wptr = |weights: &mut Weights,
+                            progress: &mut Progress,
+                            t: &TensorRef|
+                 -> Result<CUdeviceptr, BackendError> {
+                    match stream {
+                        Some(l) => l.ptr(t).ok_or_else(|| {
+                            unsupported(format!("streamed {} without slots", t.name))
+                        }),
+                        None => weights.tensor(file, t, progress),
+                    }
+                };
                 let rows = |weights: &mut Weights,
                             progress: &mut Progress,
                             t: &TensorRef,
@@ -646,7 +685,7 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                             dst: CUdeviceptr|
                  -> Result<(&'static str, Vec<Arg>), BackendError> {
                     let name = per_type("expert_rows_", t.ty)?;
-                    let w = weights.tensor(file, t, progress)?;
+                    let w = wptr(weights, progress, t)?;
                     let slab = t.n_bytes / n_expert as u64;
                     Ok((
                         name,
@@ -654,12 +693,12 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                             Arg::Ptr(w),
                             Arg::U32(u(t.row_bytes())),
                             Arg::U64(slab),
-                            Arg::U32(u(n_expert)),
+                            Arg::U32(u(n_ex)),
                             Arg::U32(u(n_in)),
                             Arg::U32(u(n_out)),
                             x,
                             Arg::U32(per_slot),
-                            v(o.selected),
+                            sel,
                             Arg::U32(u(k)),
                             Arg::Ptr(dst),
                         ],
@@ -671,8 +710,8 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                     // One launch reads both rows and writes the weighted,
                     // clamped SwiGLU product (cuda/moe.cu expert_gate_up_*).
                     let name = per_type("expert_gate_up_", o.gate.ty)?;
-                    let gw = weights.tensor(file, &o.gate, &mut progress)?;
-                    let uw = weights.tensor(file, &o.up, &mut progress)?;
+                    let gw = wptr(weights, &mut progress, &o.gate)?;
+                    let uw = wptr(weights, &mut progress, &o.up)?;
                     launch(
                         name,
                         grid(ff),
@@ -683,11 +722,11 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                             Arg::Ptr(uw),
                             Arg::U32(u(o.gate.row_bytes())),
                             Arg::U64(o.gate.n_bytes / n_expert as u64),
-                            Arg::U32(u(n_expert)),
+                            Arg::U32(u(n_ex)),
                             Arg::U32(u(d)),
                             Arg::U32(u(ff)),
                             v(o.x),
-                            v(o.selected),
+                            sel,
                             v(o.weights),
                             Arg::U32(u(k)),
                             Arg::F32(o.clamp),
@@ -781,6 +820,12 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                     o.name()
                 )))
             }
+        }
+        if let Some(mut p) = pending {
+            // The pass's launches: rows from `before`, the sum last.
+            p.first = before;
+            p.sum = list.out.len() - 1;
+            points.push(p);
         }
     }
     progress.finish();

@@ -18,6 +18,7 @@
 //! docs/SSD_STREAMING.md.
 
 pub mod profile;
+pub mod device;
 pub mod read;
 
 use std::collections::{HashMap, HashSet};
@@ -499,6 +500,13 @@ pub struct Pinned {
     slices: HashMap<u32, Arc<Slice>>,
 }
 
+impl Pinned {
+    /// Part `p` (0 `gate`, 1 `up`, 2 `down`) of expert `e`'s slice.
+    pub fn part(&self, e: u32, p: usize) -> Option<&[u8]> {
+        Some(self.slices.get(&e)?.part(p))
+    }
+}
+
 impl PinnedSlabs for Pinned {
     fn slab(&self, t: &TensorRef, e: usize) -> Option<&[u8]> {
         let p = self.offsets.iter().position(|&o| o == t.offset)?;
@@ -538,6 +546,10 @@ pub struct ExpertCache {
     profile_note: Mutex<Option<String>>,
     /// Tokens run since the profile was last written.
     profile_unsaved: AtomicU64,
+    /// A GPU backend's cache ([`ExpertCache::open_for_device`]): the slots
+    /// live in device memory, this one only stages reads (`k` slices per
+    /// layer plus what a pass pins) and is never preloaded.
+    staging_only: bool,
 }
 
 /// Tokens between two writes of the popularity profile.
@@ -589,7 +601,23 @@ impl ExpertCache {
             model_key: OnceLock::new(),
             profile_note: Mutex::new(None),
             profile_unsaved: AtomicU64::new(0),
+            staging_only: false,
         })
+    }
+
+    /// The cache of a GPU backend: the plan, reads, read-ahead, policy of
+    /// the staging slices and counters as [`ExpertCache::open`], but the
+    /// cache slots themselves are device memory ([`device::SlotTable`]), so
+    /// host memory holds only the slices being uploaded (`k` per layer,
+    /// plus a pass's misses while it runs) and nothing is preloaded here
+    /// (the backend preloads its slots through [`ExpertCache::read_experts`]).
+    pub fn open_for_device(
+        file: &GgufFile,
+        opts: &StreamingOptions,
+    ) -> Result<ExpertCache, String> {
+        let mut c = ExpertCache::open(file, opts)?;
+        c.staging_only = true;
+        Ok(c)
     }
 
     /// Registers the routed layers of `graph`. The first graph sets the
@@ -618,10 +646,15 @@ impl ExpertCache {
         for (i, info) in layers.into_iter().enumerate() {
             let info_n_expert = info.n_expert;
             reg.by_gate.insert(info.parts[0].offset, i);
+            let capacity = if self.staging_only {
+                info.k
+            } else {
+                plan.slots
+            };
             reg.layers.push(Arc::new(LayerCache {
                 info,
                 streamed: i >= plan.full_layers,
-                capacity: plan.slots,
+                capacity,
                 policy: self.opts.policy,
                 state: Mutex::new(LayerState {
                     chosen: vec![0; info_n_expert],
@@ -652,7 +685,7 @@ impl ExpertCache {
             _ => None,
         };
         *self.profile_note.lock().unwrap_or_else(|p| p.into_inner()) = note;
-        if !self.opts.cold {
+        if !self.opts.cold && !self.staging_only {
             self.preload(file, &layers).map_err(read_err_to_string)?;
         }
         Ok(())
@@ -794,6 +827,18 @@ impl ExpertCache {
     /// the tokens and starts reading the hash layers' experts, which the
     /// token ids alone decide.
     pub fn begin_step(&self, file: &GgufFile, tokens: &[u32]) -> Result<(), ReadError> {
+        self.begin_step_except(file, tokens, &|_, _| false)
+    }
+
+    /// [`ExpertCache::begin_step`] for a GPU backend: experts for which
+    /// `on_device(gate offset, expert)` holds are already in device memory
+    /// and are not read ahead.
+    pub fn begin_step_except(
+        &self,
+        file: &GgufFile,
+        tokens: &[u32],
+        on_device: &dyn Fn(u64, u32) -> bool,
+    ) -> Result<(), ReadError> {
         self.reader.check_unchanged()?;
         add(&self.stats.tokens, tokens.len() as u64);
         self.profile_tokens(tokens.len() as u64);
@@ -818,7 +863,10 @@ impl ExpertCache {
                     en.reserved = true;
                 }
             }
-            want.retain(|e| !st.slots.contains_key(e) && !st.in_flight.contains(e));
+            let gate = l.info.parts[0].offset;
+            want.retain(|e| {
+                !st.slots.contains_key(e) && !st.in_flight.contains(e) && !on_device(gate, *e)
+            });
             drop(st);
             for e in want {
                 let (l, reader, stats) = (l.clone(), self.reader.clone(), self.stats.clone());
@@ -901,38 +949,115 @@ impl ExpertCache {
         sel: &[i32],
         n_tokens: usize,
     ) -> Result<Option<Arc<Pinned>>, ReadError> {
-        let Some(layer) = self.layer_of(o.gate.offset) else {
+        let sel = &sel[..(n_tokens * o.k).min(sel.len())];
+        if let Some(layer) = self.layer_of(o.gate.offset) {
+            // Every choice counts toward the popularity profile (repeats
+            // within a step included), not only the distinct experts.
+            let mut st = layer.lock();
+            for &e in sel {
+                if let Some(c) = usize::try_from(e).ok().and_then(|e| st.chosen.get_mut(e)) {
+                    *c += 1;
+                }
+            }
+        }
+        let want = distinct_experts(sel, o.dims().n_expert);
+        self.pin_experts(o.gate.offset, &want, n_tokens == 1, &|_| false)
+    }
+
+    /// Whether the layer whose `gate` tensor starts at `gate_offset` streams
+    /// (registered and not kept whole).
+    pub fn is_streamed(&self, gate_offset: u64) -> bool {
+        self.layer_of(gate_offset).is_some_and(|l| l.streamed)
+    }
+
+    /// The experts a GPU backend preloads into its slots of the layer at
+    /// `gate_offset`: none when cold, else the most popular
+    /// (`--ssd-streaming-preload-experts`, at most the slots).
+    pub fn preload_list(&self, file: &GgufFile, gate_offset: u64) -> Vec<u32> {
+        let (Some(l), Some(plan)) = (self.layer_of(gate_offset), self.plan.get()) else {
+            return Vec::new();
+        };
+        if self.opts.cold || !l.streamed {
+            return Vec::new();
+        }
+        let n = self
+            .opts
+            .preload_experts
+            .unwrap_or(plan.slots)
+            .min(plan.slots);
+        let mut order = l.info.popularity_order(file);
+        order.truncate(n);
+        order
+    }
+
+    /// Reads `experts` of the layer at `gate_offset` in parallel, outside
+    /// the cache and its hit counters (a GPU backend's preload); `None`
+    /// for a layer that does not stream.
+    pub fn read_experts(
+        &self,
+        gate_offset: u64,
+        experts: &[u32],
+    ) -> Result<Option<Pinned>, ReadError> {
+        let Some(layer) = self.layer_of(gate_offset).filter(|l| l.streamed) else {
+            return Ok(None);
+        };
+        let read: Vec<(u32, Slice)> = self.readers.install(|| {
+            experts
+                .par_iter()
+                .map(|&e| Ok((e, layer.read_slice(&self.reader, e)?)))
+                .collect::<Result<_, ReadError>>()
+        })?;
+        add(
+            &self.stats.bytes_read,
+            read.len() as u64 * layer.info.slice_bytes(),
+        );
+        let offsets = [0, 1, 2].map(|p| layer.info.parts[p].offset);
+        Ok(Some(Pinned {
+            layer,
+            stats: self.stats.clone(),
+            offsets,
+            slices: read.into_iter().map(|(e, s)| (e, Arc::new(s))).collect(),
+        }))
+    }
+
+    /// Pins the distinct experts `want` of the layer at `gate_offset`
+    /// (see [`ExpertCache::pin`]); those for which `on_device` holds are
+    /// already in a GPU backend's slots: counted as hits, neither read nor
+    /// pinned.
+    pub fn pin_experts(
+        &self,
+        gate_offset: u64,
+        want: &[u32],
+        single_token: bool,
+        on_device: &dyn Fn(u32) -> bool,
+    ) -> Result<Option<Arc<Pinned>>, ReadError> {
+        let Some(layer) = self.layer_of(gate_offset) else {
             return Ok(None);
         };
         if !layer.streamed {
             return Ok(None);
         }
-        let n_expert = layer.info.n_expert;
-        let mut want: Vec<u32> = sel[..(n_tokens * o.k).min(sel.len())]
-            .iter()
-            .filter(|&&e| e >= 0 && (e as usize) < n_expert)
-            .map(|&e| e as u32)
-            .collect();
-        want.sort_unstable();
-        want.dedup();
         let stats = &self.stats;
         add(&stats.lookups, want.len() as u64);
+        let resident: Vec<u32> = want.iter().copied().filter(|&e| on_device(e)).collect();
+        let want: Vec<u32> = want.iter().copied().filter(|&e| !on_device(e)).collect();
+        add(&stats.hits, resident.len() as u64);
         let mut got: HashMap<u32, Arc<Slice>> = HashMap::with_capacity(want.len());
         let mut missing = Vec::new();
         {
             let mut st = layer.lock();
-            for &e in &sel[..(n_tokens * o.k).min(sel.len())] {
-                if let Some(c) = st.chosen.get_mut(e.max(0) as usize).filter(|_| e >= 0) {
-                    *c += 1;
-                }
-            }
-            if n_tokens == 1 {
+            if single_token {
+                let want: Vec<u32> = {
+                    let mut all = [resident.as_slice(), want.as_slice()].concat();
+                    all.sort_unstable();
+                    all
+                };
                 if !st.prev.is_empty() {
                     let p = want.iter().filter(|e| st.prev.contains(e)).count();
                     add(&stats.predicted, p as u64);
                     add(&stats.predictable, want.len() as u64);
                 }
-                st.prev = want.clone();
+                st.prev = want;
             }
             // A read-ahead of one of ours is under way: wait for it.
             if want.iter().any(|e| st.in_flight.contains(e)) {
@@ -988,6 +1113,18 @@ impl ExpertCache {
             slices: got,
         })))
     }
+}
+
+/// The distinct valid expert ids of a selection, sorted.
+pub fn distinct_experts(sel: &[i32], n_expert: usize) -> Vec<u32> {
+    let mut want: Vec<u32> = sel
+        .iter()
+        .filter(|&&e| e >= 0 && (e as usize) < n_expert)
+        .map(|&e| e as u32)
+        .collect();
+    want.sort_unstable();
+    want.dedup();
+    want
 }
 
 /// One read-ahead on a reader thread: skipped when the slice arrived

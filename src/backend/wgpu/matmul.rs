@@ -617,6 +617,14 @@ impl RoutedExperts {
     /// Records gate, up (+ SwiGLU and routing weight), down per weight chunk,
     /// then the sum over slots.
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        self.encode_rows(pass, n_tokens);
+        self.encode_sum(pass, n_tokens);
+    }
+
+    /// Gate, up, down for the selected entries (entries whose expert id is
+    /// outside the tensor, −1 included, are skipped and keep their
+    /// contributions: a streamed pass runs these in rounds).
+    pub fn encode_rows(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         let n = n_tokens.min(self.max_tokens as u32);
         if n == 0 {
             return;
@@ -629,6 +637,14 @@ impl RoutedExperts {
             });
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(*gx, *gy, n * self.k);
+        }
+    }
+
+    /// The sum over each token's `k` contributions.
+    pub fn encode_sum(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        let n = n_tokens.min(self.max_tokens as u32);
+        if n == 0 {
+            return;
         }
         let (bg, gx, gy) = &self.sum_dispatch;
         pass.set_pipeline(&self.sum);

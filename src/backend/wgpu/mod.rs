@@ -15,13 +15,14 @@ pub mod kernels;
 pub mod matmul;
 pub mod params;
 pub mod shaders;
+pub mod streaming;
 pub mod weights;
 
 mod record;
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
@@ -140,6 +141,9 @@ pub enum Work {
     /// (the last-token head) rather than the step's tokens.
     Dense(matmul::DenseMatmul, Option<u32>),
     Experts(matmul::RoutedExperts),
+    /// A routed pass over a streamed layer (`--ssd-streaming`): `run_step`
+    /// stops encoding there to find its experts and upload the misses.
+    Streamed(Box<streaming::StreamedExperts>),
 }
 
 impl Work {
@@ -158,6 +162,7 @@ impl Work {
             }
             Work::Dense(d, fixed) => d.encode(pass, fixed.unwrap_or(n)),
             Work::Experts(e) => e.encode(pass, n),
+            Work::Streamed(s) => s.experts.encode(pass, n),
         }
     }
 }
@@ -209,6 +214,12 @@ pub struct WgpuBackend {
     chunk_bytes: u64,
     /// [`BackendOptions::wgpu_profile`].
     profile: bool,
+    /// Routed experts streamed through this cache (`--ssd-streaming`); the
+    /// streamed layers' slots, by their `gate` tensor's file offset.
+    experts: Option<Arc<super::experts::ExpertCache>>,
+    streamed: Mutex<HashMap<u64, streaming::StreamedLayer>>,
+    /// How the device slots evict (`--ssd-policy`).
+    stream_policy: super::options::EvictionPolicy,
 }
 
 fn bytes_of_f32(v: &[f32]) -> &[u8] {
@@ -328,6 +339,9 @@ impl WgpuBackend {
             graphs: Vec::new(),
             chunk_bytes: cap,
             profile: opts.wgpu_profile,
+            experts: None,
+            streamed: Mutex::default(),
+            stream_policy: Default::default(),
         };
         b.reset_states();
         b.gpu.check()?;
@@ -336,6 +350,26 @@ impl WgpuBackend {
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// Streams routed experts through `cache` into device slots evicted by
+    /// `policy`, instead of uploading the expert tensors
+    /// (docs/SSD_STREAMING.md). Before the first graph.
+    pub fn with_experts(
+        mut self,
+        cache: Arc<super::experts::ExpertCache>,
+        policy: super::options::EvictionPolicy,
+    ) -> WgpuBackend {
+        self.experts = Some(cache);
+        self.stream_policy = policy;
+        self
+    }
+
+    /// Whether `o`'s layer streams (its tensors are not uploaded).
+    fn is_streamed(&self, o: &crate::graph::ops::moe::MoeExperts) -> bool {
+        self.experts
+            .as_ref()
+            .is_some_and(|c| c.is_streamed(o.gate.offset))
     }
 
     /// Whether state `s` is stored as f16 on the device.
@@ -357,7 +391,8 @@ impl WgpuBackend {
         use crate::graph::ops::Op;
         let mut todo: Vec<&crate::gguf::TensorRef> = Vec::new();
         for op in graph.ops() {
-            if matches!(op, Op::MatMul(_) | Op::MoeExperts(_)) {
+            let streamed = matches!(op, Op::MoeExperts(o) if self.is_streamed(o));
+            if matches!(op, Op::MatMul(_) | Op::MoeExperts(_)) && !streamed {
                 for t in op.weights() {
                     if !self.tensors.contains_key(&t.name) && !todo.iter().any(|x| x.name == t.name)
                     {
@@ -519,6 +554,11 @@ impl WgpuBackend {
 
         let graph = g.graph.clone();
         super::check_step(&graph, tokens, &p)?;
+        if let Some(c) = &self.experts {
+            let file = self.file.clone();
+            c.begin_step_except((*file).as_ref(), tokens, &|gate, e| self.on_device(gate, e))
+                .map_err(|e| BackendError::Weights(e.to_string()))?;
+        }
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         self.gpu
             .queue
@@ -547,13 +587,26 @@ impl WgpuBackend {
         let profile = self.profile;
         for (i, seg) in g.segments.iter().enumerate() {
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            if profile {
-                self.profile_segment(seg, n)?;
-            } else {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                for (_, w) in seg {
-                    w.encode(&mut pass, n);
+            // Split at the streamed routed passes (none without streaming).
+            let mut rest = &seg[..];
+            loop {
+                let cut = rest
+                    .iter()
+                    .position(|(_, w)| matches!(w, Work::Streamed(_)));
+                let run = &rest[..cut.unwrap_or(rest.len())];
+                if profile {
+                    self.profile_segment(run, n)?;
+                } else if !run.is_empty() {
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    for (_, w) in run {
+                        w.encode(&mut pass, n);
+                    }
                 }
+                let Some(c) = cut else { break };
+                if let Work::Streamed(se) = &rest[c].1 {
+                    enc = self.routed_pass(enc, se, &tokens[..p.n_tokens])?;
+                }
+                rest = &rest[c + 1..];
             }
             if i == last && live > 0 {
                 enc.copy_buffer_to_buffer(
@@ -639,6 +692,10 @@ impl Backend for WgpuBackend {
         &self.layout
     }
 
+    fn expert_cache(&self) -> Option<Arc<super::experts::ExpertCache>> {
+        self.experts.clone()
+    }
+
     fn load_graph(&mut self, graph: Arc<Graph>) -> Result<GraphHandle, BackendError> {
         let p = plan(&graph);
         let mut slots = Vec::with_capacity(p.slot_len.len());
@@ -669,6 +726,7 @@ impl Backend for WgpuBackend {
             n_tokens: 0,
             logits: Vec::new(),
         };
+        self.stream_layers(&graph)?;
         self.upload_matrices(&graph)?;
         lg.segments = record::record(self, &lg)?;
         self.gpu.wait()?;

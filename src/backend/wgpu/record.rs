@@ -367,6 +367,10 @@ impl Rec<'_> {
                     })?;
                 one(Work::Dense(d, fixed))
             }
+            Op::MoeExperts(o) if self.b.is_streamed(o) => {
+                let s = super::streaming::record_streamed(self.b, self.g, o)?;
+                one(Work::Streamed(Box::new(s)))
+            }
             Op::MoeExperts(o) => {
                 let gate = self.tensor(&o.gate)?;
                 let up = self.tensor(&o.up)?;

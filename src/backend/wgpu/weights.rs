@@ -8,6 +8,11 @@
 //! (~550 MB) exceed lavapipe's 128 MiB binding limit and become 5 chunks; on
 //! a GPU with a larger limit they are one buffer.
 //!
+//! With `--ssd-streaming` a streamed layer's expert tensors are not uploaded:
+//! [`GpuTensor::slots`] makes room for a fixed number of expert slabs that
+//! the backend fills from the routed-expert cache as passes need them
+//! (docs/SSD_STREAMING.md).
+//!
 //! Upload streams from the caller's slice (the mmap) in pieces of
 //! [`UPLOAD_PIECE`] bytes through `Queue::write_buffer`, waiting for the queue
 //! every [`UPLOAD_FLUSH`] bytes, so the host never holds a second full copy of
@@ -198,6 +203,102 @@ impl GpuTensor {
             unit_rows,
             chunks,
         })
+    }
+
+    /// The device slots of a streamed expert tensor (`--ssd-streaming`):
+    /// room for `slots` expert slabs of the 3-D tensor `ne` (`ne[2]` experts),
+    /// in chunks of whole slabs like an uploaded tensor, holding nothing
+    /// until [`GpuTensor::write_slab`] fills a slot. Its `ne[2]` is `slots`,
+    /// so the routed kernels index it by slot id.
+    pub fn slots(
+        gpu: &Gpu,
+        name: &str,
+        ty: GgmlType,
+        ne: [u64; 4],
+        slots: usize,
+    ) -> Result<GpuTensor, BackendError> {
+        let row_bytes = ty.row_bytes(ne[0]).unwrap_or(0);
+        let unit_bytes = row_bytes * ne[1];
+        // write_buffer writes whole words at word offsets.
+        if !gpu_decodable(ty) || unit_bytes == 0 || unit_bytes % 4 != 0 || ne[3] > 1 {
+            return Err(BackendError::Unsupported {
+                backend: "wgpu".into(),
+                what: format!(
+                    "streaming expert tensor {name} ({ty} {ne:?}: slabs of {unit_bytes} bytes)"
+                ),
+            });
+        }
+        let limit = gpu.max_binding().min(MAX_CHUNK);
+        let per_chunk = limit.saturating_sub(8) / unit_bytes;
+        if per_chunk == 0 {
+            return Err(err(
+                gpu,
+                name,
+                format!("one expert slab of {unit_bytes} bytes exceeds the binding limit {limit}"),
+            ));
+        }
+        let units = slots as u64;
+        let mut chunks = Vec::new();
+        let mut first = 0u64;
+        while first < units {
+            let count = per_chunk.min(units - first);
+            let size = count * unit_bytes + 4;
+            let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(name),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            if let Some(e) = pollster::block_on(oom.pop()) {
+                return Err(err(
+                    gpu,
+                    name,
+                    format!("out of memory for {size} bytes of expert slots: {e}"),
+                ));
+            }
+            chunks.push(WeightChunk {
+                buffer,
+                first,
+                count,
+            });
+            first += count;
+        }
+        Ok(GpuTensor {
+            name: format!("{name} (slots)"),
+            ty,
+            ne: [ne[0], ne[1], units, 1],
+            row_bytes,
+            unit_rows: ne[1],
+            chunks,
+        })
+    }
+
+    /// Queues the write of one expert slab into slot `slot` (ordered before
+    /// the next submit's work, after the previous one's).
+    pub fn write_slab(
+        &self,
+        queue: &wgpu::Queue,
+        slot: u64,
+        bytes: &[u8],
+    ) -> Result<(), BackendError> {
+        let unit = self.unit_rows * self.row_bytes;
+        let chunk = self
+            .chunks
+            .iter()
+            .find(|c| (c.first..c.first + c.count).contains(&slot));
+        match chunk {
+            Some(c) if bytes.len() as u64 == unit => {
+                queue.write_buffer(&c.buffer, (slot - c.first) * unit, bytes);
+                Ok(())
+            }
+            _ => Err(BackendError::Weights(format!(
+                "{}: slot {slot} of {} bytes written with {} bytes",
+                self.name,
+                unit,
+                bytes.len()
+            ))),
+        }
     }
 
     /// Bytes of the tensor's data (without padding).
