@@ -276,6 +276,86 @@ macro_rules! avx512_kernels {
             _mm512_reduce_add_ps(acc)
         }
 
+        /// [`q8_0`] of one weight row against several activation rows:
+        /// `out[j] = q8_0(row, ys[j])` bit for bit. Each pair of weight
+        /// blocks is loaded, split into magnitude and sign, and its scales
+        /// converted once; every activation row then takes the integer
+        /// products, the f32 scale products, the accumulation order and
+        /// the final reduction of [`q8_0`] in its own accumulator. Rows go
+        /// in groups of 8, 4, 2, 1 so the accumulators stay in registers.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q8_0_many(row: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+            assert_eq!(ys.len(), out.len());
+            for y in ys {
+                assert_eq!(row.len(), y.len() * 34);
+            }
+            let mut j = 0;
+            while j < ys.len() {
+                let left = ys.len() - j;
+                let n = if left >= 8 {
+                    q8_0_n::<8>(row, &ys[j..j + 8], &mut out[j..j + 8]);
+                    8
+                } else if left >= 4 {
+                    q8_0_n::<4>(row, &ys[j..j + 4], &mut out[j..j + 4]);
+                    4
+                } else if left >= 2 {
+                    q8_0_n::<2>(row, &ys[j..j + 2], &mut out[j..j + 2]);
+                    2
+                } else {
+                    q8_0_n::<1>(row, &ys[j..j + 1], &mut out[j..j + 1]);
+                    1
+                };
+                j += n;
+            }
+        }
+
+        /// [`q8_0_many`] for exactly `N` activation rows (lengths checked
+        /// by the caller).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn q8_0_n<const N: usize>(row: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+            let n = row.len() / 34;
+            let y: [*const BlockQ8x32; N] = std::array::from_fn(|t| ys[t].as_ptr());
+            let mut acc = [_mm512_setzero_ps(); N];
+            let zero = _mm512_setzero_si512();
+            let mut i = 0;
+            // Pairs of blocks (the `two` case of `q8_0`).
+            while i + 1 < n {
+                let b0 = row.as_ptr().add(34 * i);
+                let b1 = b0.add(34);
+                let w = pair256(b0.add(2), Some(b1.add(2)));
+                let neg = _mm512_movepi8_mask(w);
+                let aw = _mm512_abs_epi8(w);
+                let (dw0, dw1) = (f16_at(b0), f16_at(b1));
+                for t in 0..N {
+                    let (a0, a1) = (&*y[t].add(i), &*y[t].add(i + 1));
+                    let x = pair256(a0.qs.as_ptr() as *const u8, Some(a1.qs.as_ptr() as *const u8));
+                    let xs = _mm512_mask_sub_epi8(x, neg, zero, x);
+                    let p = _mm512_cvtepi32_ps(dot4(zero, aw, xs));
+                    acc[t] = _mm512_fmadd_ps(pair_ps(dw0 * a0.d, dw1 * a1.d), p, acc[t]);
+                }
+                i += 2;
+            }
+            // An odd last block: the high half is zero, its scale 0.0.
+            if i < n {
+                let b0 = row.as_ptr().add(34 * i);
+                let w = pair256(b0.add(2), None);
+                let neg = _mm512_movepi8_mask(w);
+                let aw = _mm512_abs_epi8(w);
+                let dw0 = f16_at(b0);
+                for t in 0..N {
+                    let a0 = &*y[t].add(i);
+                    let x = pair256(a0.qs.as_ptr() as *const u8, None);
+                    let xs = _mm512_mask_sub_epi8(x, neg, zero, x);
+                    let p = _mm512_cvtepi32_ps(dot4(zero, aw, xs));
+                    acc[t] = _mm512_fmadd_ps(pair_ps(dw0 * a0.d, 0.0), p, acc[t]);
+                }
+            }
+            for t in 0..N {
+                out[t] = _mm512_reduce_add_ps(acc[t]);
+            }
+        }
+
         /// Signed MXFP4 values as magnitudes; the sign is nibble bit 3.
         const MXFP4_ABS: [i8; 16] = {
             let mut t = [0i8; 16];

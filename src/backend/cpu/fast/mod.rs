@@ -132,6 +132,13 @@ type DotK = fn(&[u8], &[BlockQ8K]) -> f32;
 type Dot32 = fn(&[u8], &[BlockQ8x32]) -> f32;
 type DotF = fn(&[u8], &[f32]) -> f32;
 type DotE = fn(&[i8], &[f32], &[BlockQ8x32]) -> f32;
+/// One weight row against several activation rows (`out[j]` = the row's
+/// 1-row dot with `ys[j]`, bit for bit).
+type Many32 = fn(&[u8], &[&[BlockQ8x32]], &mut [f32]);
+
+/// Activation rows one multi-row dot call takes at most
+/// ([`Kernels::dot_many`]).
+pub const MANY_MAX: usize = 16;
 
 /// The dot products of one path, one per weight format.
 #[derive(Clone, Copy)]
@@ -145,6 +152,9 @@ pub struct Kernels {
     f32: DotF,
     f16: DotF,
     bf16: DotF,
+    /// The multi-row Q8_0 kernel where the path has one (AVX-512); the
+    /// 1-row kernel per activation row otherwise.
+    q8_0_many: Option<Many32>,
     /// Expanded rows (prefill path of the 2/4-bit formats, [`expand`]).
     pub expanded: DotE,
     /// `y += a·x`.
@@ -238,6 +248,7 @@ macro_rules! simd_safe {
                     f32,
                     f16,
                     bf16,
+                    q8_0_many: None,
                     expanded,
                     axpy,
                 }
@@ -247,6 +258,18 @@ macro_rules! simd_safe {
 }
 #[cfg(target_arch = "x86_64")]
 simd_safe!(avx512_vnni_safe, super::avx512::vnni, Isa::Avx512);
+/// Safe wrappers over the AVX-512 multi-row kernels; only reachable through
+/// [`Kernels::avx512`] after the features were detected.
+#[cfg(target_arch = "x86_64")]
+mod avx512_many {
+    use super::*;
+    pub fn q8_0_vnni(r: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+        unsafe { super::avx512::vnni::q8_0_many(r, ys, out) }
+    }
+    pub fn q8_0_bw(r: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+        unsafe { super::avx512::bw::q8_0_many(r, ys, out) }
+    }
+}
 #[cfg(target_arch = "x86_64")]
 simd_safe!(avx512_bw_safe, super::avx512::bw, Isa::Avx512);
 #[cfg(target_arch = "aarch64")]
@@ -265,10 +288,14 @@ impl Kernels {
                 return None;
             }
             if !vnni {
-                return Some(avx512_bw_safe::kernels());
+                let mut k = avx512_bw_safe::kernels();
+                k.q8_0_many = Some(avx512_many::q8_0_bw);
+                return Some(k);
             }
             if is_x86_feature_detected!("avx512vnni") {
-                return Some(avx512_vnni_safe::kernels());
+                let mut k = avx512_vnni_safe::kernels();
+                k.q8_0_many = Some(avx512_many::q8_0_vnni);
+                return Some(k);
             }
             None
         }
@@ -319,6 +346,7 @@ impl Kernels {
                 f32: portable::f32,
                 f16: portable::f16,
                 bf16: portable::bf16,
+                q8_0_many: None,
                 expanded: expand::dot_portable,
                 axpy: portable::axpy,
             },
@@ -333,6 +361,7 @@ impl Kernels {
                 f32: avx2_safe::f32,
                 f16: avx2_safe::f16,
                 bf16: avx2_safe::bf16,
+                q8_0_many: None,
                 expanded: avx2_safe::expanded,
                 axpy: avx2_safe::axpy,
             },
@@ -402,6 +431,31 @@ impl Kernels {
                     _ => (self.f32)(w, x),
                 }
             }
+        }
+    }
+}
+
+impl Kernels {
+    /// [`Kernels::dot`] of one weight row with activation rows `rows` (at
+    /// most [`MANY_MAX`]): `out[j] = self.dot(ty, w, acts, rows[j])` bit for
+    /// bit, through a multi-row kernel (the weight row decoded once for all
+    /// of them) where the path has one for `ty`.
+    pub fn dot_many(&self, ty: GgmlType, w: &[u8], acts: &act::Acts, rows: &[usize], out: &mut [f32]) {
+        use act::Acts;
+        debug_assert!(rows.len() <= MANY_MAX && out.len() == rows.len());
+        if let (Acts::Q8x32 { blocks, per_row }, GgmlType::Q8_0, Some(many)) =
+            (acts, ty, self.q8_0_many)
+        {
+            if rows.len() > 1 {
+                let mut ys: [&[BlockQ8x32]; MANY_MAX] = [&[]; MANY_MAX];
+                for (y, &r) in ys.iter_mut().zip(rows) {
+                    *y = &blocks[r * per_row..(r + 1) * per_row];
+                }
+                return many(w, &ys[..rows.len()], out);
+            }
+        }
+        for (o, &r) in out.iter_mut().zip(rows) {
+            *o = self.dot(ty, w, acts, r);
         }
     }
 }
