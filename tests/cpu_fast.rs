@@ -496,9 +496,7 @@ fn multi_row_direct_kernels_match_the_one_row_kernel_bit_for_bit() {
             // dot_many against dot.
             let n_rows = 1 + rng.below(MANY_MAX);
             let w = quantize(ty, &rng.vec(n_in), n_in);
-            let xs: Vec<Vec<f32>> = (0..MANY_MAX + 3)
-                .map(|_| rng.scaled(n_in, 3.0))
-                .collect();
+            let xs: Vec<Vec<f32>> = (0..MANY_MAX + 3).map(|_| rng.scaled(n_in, 3.0)).collect();
             let acts = Acts::quantize(kind, n_in, xs.iter().map(|v| v.as_slice()));
             for m in 1..=n_rows {
                 let rows: Vec<usize> = (0..m).map(|_| rng.below(xs.len())).collect();

@@ -329,7 +329,10 @@ macro_rules! avx512_kernels {
                 let (dw0, dw1) = (f16_at(b0), f16_at(b1));
                 for t in 0..N {
                     let (a0, a1) = (&*y[t].add(i), &*y[t].add(i + 1));
-                    let x = pair256(a0.qs.as_ptr() as *const u8, Some(a1.qs.as_ptr() as *const u8));
+                    let x = pair256(
+                        a0.qs.as_ptr() as *const u8,
+                        Some(a1.qs.as_ptr() as *const u8),
+                    );
                     let xs = _mm512_mask_sub_epi8(x, neg, zero, x);
                     let p = _mm512_cvtepi32_ps(dot4(zero, aw, xs));
                     acc[t] = _mm512_fmadd_ps(pair_ps(dw0 * a0.d, dw1 * a1.d), p, acc[t]);
@@ -365,7 +368,15 @@ macro_rules! avx512_kernels {
                 let mut j = 0;
                 while j < ys.len() {
                     let left = ys.len() - j;
-                    let n = if left >= 8 { 8 } else if left >= 4 { 4 } else if left >= 2 { 2 } else { 1 };
+                    let n = if left >= 8 {
+                        8
+                    } else if left >= 4 {
+                        4
+                    } else if left >= 2 {
+                        2
+                    } else {
+                        1
+                    };
                     match n {
                         8 => $f::<8>(row, &ys[j..j + 8], &mut out[j..j + 8]),
                         4 => $f::<4>(row, &ys[j..j + 4], &mut out[j..j + 4]),

@@ -74,7 +74,13 @@ pub fn matmul_acts(
                         *a = t * groups + g;
                     }
                     let m = t1 - t0;
-                    k.dot_many(ty, &w[o * rb..(o + 1) * rb], acts, &idx[..m], &mut vals[..m]);
+                    k.dot_many(
+                        ty,
+                        &w[o * rb..(o + 1) * rb],
+                        acts,
+                        &idx[..m],
+                        &mut vals[..m],
+                    );
                     chunk[r * n_tokens + t0..r * n_tokens + t1].copy_from_slice(&vals[..m]);
                 }
                 t0 = t1;

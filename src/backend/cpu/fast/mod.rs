@@ -476,7 +476,14 @@ impl Kernels {
     /// most [`MANY_MAX`]): `out[j] = self.dot(ty, w, acts, rows[j])` bit for
     /// bit, through a multi-row kernel (the weight row decoded once for all
     /// of them) where the path has one for `ty`.
-    pub fn dot_many(&self, ty: GgmlType, w: &[u8], acts: &act::Acts, rows: &[usize], out: &mut [f32]) {
+    pub fn dot_many(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        acts: &act::Acts,
+        rows: &[usize],
+        out: &mut [f32],
+    ) {
         use act::Acts;
         debug_assert!(rows.len() <= MANY_MAX && out.len() == rows.len());
         if rows.len() > 1 {
