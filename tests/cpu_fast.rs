@@ -468,3 +468,82 @@ fn f32_dot_and_axpy_on_every_path() {
         }
     }
 }
+
+/// The multi-row direct kernels (issue 18: a batched decode step meets each
+/// weight row once for all its rows) against the 1-row kernel, bit for bit:
+/// `Kernels::dot_many` over 1..=16 activation rows, and the direct product
+/// over 1..=17 one-row session pieces (`matmul_segments`: tiles, token
+/// groups and the thread split) against each row's own 1-token product.
+/// Odd block counts, odd output counts, a grouped projection, outputs
+/// poisoned with NaN.
+#[test]
+fn multi_row_direct_kernels_match_the_one_row_kernel_bit_for_bit() {
+    use ds4::backend::cpu::fast::act::Acts;
+    use ds4::backend::cpu::fast::matmul::matmul_segments;
+    use ds4::backend::cpu::fast::MANY_MAX;
+    use ds4::graph::Segment;
+
+    let mut rng = Rng(0x6d75_6c74_6972_6f77);
+    for (name, k) in all_kernels() {
+        for &(ty, _) in REL {
+            let block = ty.block_elems();
+            let n_in = match block {
+                32 => 32 * (1 + 2 * rng.below(70)), // odd block counts up to 139
+                1 => 1 + 2 * rng.below(300),
+                _ => 256 * (1 + rng.below(9)),
+            };
+            let kind = Kernels::act_kind(ty).unwrap();
+            // dot_many against dot.
+            let n_rows = 1 + rng.below(MANY_MAX);
+            let w = quantize(ty, &rng.vec(n_in), n_in);
+            let xs: Vec<Vec<f32>> = (0..MANY_MAX + 3).map(|_| rng.scaled(n_in, 3.0)).collect();
+            let acts = Acts::quantize(kind, n_in, xs.iter().map(|v| v.as_slice()));
+            for m in 1..=n_rows {
+                let rows: Vec<usize> = (0..m).map(|_| rng.below(xs.len())).collect();
+                let mut got = vec![f32::NAN; m];
+                k.dot_many(ty, &w, &acts, &rows, &mut got);
+                for (j, &r) in rows.iter().enumerate() {
+                    let want = k.dot(ty, &w, &acts, r);
+                    assert_eq!(
+                        got[j].to_bits(),
+                        want.to_bits(),
+                        "{name} {ty} n_in {n_in}: dot_many of {m} rows, row {j}: {} vs {want}",
+                        got[j]
+                    );
+                }
+            }
+            // The direct product over one-row pieces against each row alone.
+            let groups = 1 + rng.below(2);
+            let n_out = groups * (1 + rng.below(150));
+            let w = quantize(ty, &rng.vec(n_in * n_out), n_in);
+            for n_tok in [1, 2, 3, 5, 8, 9, 16, 17] {
+                let width = groups * n_in;
+                let x = rng.scaled(n_tok * width, 3.0);
+                let segs: Vec<Segment> = (0..n_tok)
+                    .map(|t| Segment {
+                        row0: t,
+                        n: 1,
+                        pos0: 0,
+                        state: t,
+                    })
+                    .collect();
+                let mut got = vec![f32::NAN; n_tok * n_out];
+                assert!(matmul_segments(
+                    &k, ty, &w, n_in, n_out, groups, &x, &segs, &mut got
+                ));
+                for t in 0..n_tok {
+                    let mut want = vec![f32::NAN; n_out];
+                    let xt = &x[t * width..(t + 1) * width];
+                    assert!(matmul(&k, ty, &w, n_in, n_out, groups, xt, 1, &mut want));
+                    for o in 0..n_out {
+                        assert_eq!(
+                            got[t * n_out + o].to_bits(),
+                            want[o].to_bits(),
+                            "{name} {ty} {n_in}x{n_out} g{groups}: {n_tok} pieces, row {t} out {o}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -944,6 +944,9 @@ fn run_sessions(
     }
     let threads = ds4::app::threads::init_global_pool(a.threads);
     let model = open_model(a)?;
+    // Every weight page faulted in first (as --warm-weights does), so the
+    // first engine measured does not pay the file's page-in.
+    model.warm(&mut |_, _| {});
     let vocab = model.config.n_vocab;
     let base: Vec<u32> = match &a.prompt_file {
         Some(p) => {

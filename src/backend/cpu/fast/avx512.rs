@@ -276,6 +276,250 @@ macro_rules! avx512_kernels {
             _mm512_reduce_add_ps(acc)
         }
 
+        /// [`q8_0`] of one weight row against several activation rows:
+        /// `out[j] = q8_0(row, ys[j])` bit for bit. Each pair of weight
+        /// blocks is loaded, split into magnitude and sign, and its scales
+        /// converted once; every activation row then takes the integer
+        /// products, the f32 scale products, the accumulation order and
+        /// the final reduction of [`q8_0`] in its own accumulator. Rows go
+        /// in groups of 8, 4, 2, 1 so the accumulators stay in registers.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q8_0_many(row: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+            assert_eq!(ys.len(), out.len());
+            for y in ys {
+                assert_eq!(row.len(), y.len() * 34);
+            }
+            let mut j = 0;
+            while j < ys.len() {
+                let left = ys.len() - j;
+                let n = if left >= 8 {
+                    q8_0_n::<8>(row, &ys[j..j + 8], &mut out[j..j + 8]);
+                    8
+                } else if left >= 4 {
+                    q8_0_n::<4>(row, &ys[j..j + 4], &mut out[j..j + 4]);
+                    4
+                } else if left >= 2 {
+                    q8_0_n::<2>(row, &ys[j..j + 2], &mut out[j..j + 2]);
+                    2
+                } else {
+                    q8_0_n::<1>(row, &ys[j..j + 1], &mut out[j..j + 1]);
+                    1
+                };
+                j += n;
+            }
+        }
+
+        /// [`q8_0_many`] for exactly `N` activation rows (lengths checked
+        /// by the caller).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn q8_0_n<const N: usize>(row: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+            let n = row.len() / 34;
+            let y: [*const BlockQ8x32; N] = std::array::from_fn(|t| ys[t].as_ptr());
+            let mut acc = [_mm512_setzero_ps(); N];
+            let zero = _mm512_setzero_si512();
+            let mut i = 0;
+            // Pairs of blocks (the `two` case of `q8_0`).
+            while i + 1 < n {
+                let b0 = row.as_ptr().add(34 * i);
+                let b1 = b0.add(34);
+                let w = pair256(b0.add(2), Some(b1.add(2)));
+                let neg = _mm512_movepi8_mask(w);
+                let aw = _mm512_abs_epi8(w);
+                let (dw0, dw1) = (f16_at(b0), f16_at(b1));
+                for t in 0..N {
+                    let (a0, a1) = (&*y[t].add(i), &*y[t].add(i + 1));
+                    let x = pair256(
+                        a0.qs.as_ptr() as *const u8,
+                        Some(a1.qs.as_ptr() as *const u8),
+                    );
+                    let xs = _mm512_mask_sub_epi8(x, neg, zero, x);
+                    let p = _mm512_cvtepi32_ps(dot4(zero, aw, xs));
+                    acc[t] = _mm512_fmadd_ps(pair_ps(dw0 * a0.d, dw1 * a1.d), p, acc[t]);
+                }
+                i += 2;
+            }
+            // An odd last block: the high half is zero, its scale 0.0.
+            if i < n {
+                let b0 = row.as_ptr().add(34 * i);
+                let w = pair256(b0.add(2), None);
+                let neg = _mm512_movepi8_mask(w);
+                let aw = _mm512_abs_epi8(w);
+                let dw0 = f16_at(b0);
+                for t in 0..N {
+                    let a0 = &*y[t].add(i);
+                    let x = pair256(a0.qs.as_ptr() as *const u8, None);
+                    let xs = _mm512_mask_sub_epi8(x, neg, zero, x);
+                    let p = _mm512_cvtepi32_ps(dot4(zero, aw, xs));
+                    acc[t] = _mm512_fmadd_ps(pair_ps(dw0 * a0.d, 0.0), p, acc[t]);
+                }
+            }
+            for t in 0..N {
+                out[t] = _mm512_reduce_add_ps(acc[t]);
+            }
+        }
+
+        /// Splits `ys`/`out` into groups of 8, 4, 2, 1 rows and runs
+        /// `$f::<N>` on each (accumulators in registers).
+        macro_rules! by_groups {
+            ($f:ident, $row:expr, $ys:expr, $out:expr) => {{
+                let (row, ys, out) = ($row, $ys, $out);
+                assert_eq!(ys.len(), out.len());
+                let mut j = 0;
+                while j < ys.len() {
+                    let left = ys.len() - j;
+                    let n = if left >= 8 {
+                        8
+                    } else if left >= 4 {
+                        4
+                    } else if left >= 2 {
+                        2
+                    } else {
+                        1
+                    };
+                    match n {
+                        8 => $f::<8>(row, &ys[j..j + 8], &mut out[j..j + 8]),
+                        4 => $f::<4>(row, &ys[j..j + 4], &mut out[j..j + 4]),
+                        2 => $f::<2>(row, &ys[j..j + 2], &mut out[j..j + 2]),
+                        _ => $f::<1>(row, &ys[j..j + 1], &mut out[j..j + 1]),
+                    }
+                    j += n;
+                }
+            }};
+        }
+
+        /// [`iq2xxs`] of one weight row against several activation rows,
+        /// `out[j] = iq2xxs(row, ys[j])` bit for bit: per super-block the
+        /// grid rows, signs and scales are decoded once, then each
+        /// activation row takes [`iq2xxs`]'s products and accumulation.
+        #[target_feature(enable = $features)]
+        pub unsafe fn iq2xxs_many(row: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+            for y in ys {
+                assert_eq!(row.len(), y.len() * 66);
+            }
+            by_groups!(iq2xxs_n, row, ys, out)
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn iq2xxs_n<const N: usize>(row: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+            let nb = row.len() / 66;
+            let y: [*const BlockQ8K; N] = std::array::from_fn(|t| ys[t].as_ptr());
+            let mut acc = [_mm512_setzero_ps(); N];
+            for i in 0..nb {
+                let b = row.as_ptr().add(66 * i);
+                let dw = f16_at(b);
+                let mut grids = [_mm512_setzero_si512(); 4];
+                let mut negs = [0u64; 4];
+                let mut scales = [_mm512_setzero_si512(); 4];
+                for gp in 0..4 {
+                    let q0 = b.add(2 + 16 * gp);
+                    let q1 = q0.add(8);
+                    let a0 = std::ptr::read_unaligned(q0.add(4) as *const u32).to_le();
+                    let a1 = std::ptr::read_unaligned(q1.add(4) as *const u32).to_le();
+                    grids[gp] = _mm512_set_epi64(
+                        IQ2XXS_GRID[*q1.add(3) as usize] as i64,
+                        IQ2XXS_GRID[*q1.add(2) as usize] as i64,
+                        IQ2XXS_GRID[*q1.add(1) as usize] as i64,
+                        IQ2XXS_GRID[*q1 as usize] as i64,
+                        IQ2XXS_GRID[*q0.add(3) as usize] as i64,
+                        IQ2XXS_GRID[*q0.add(2) as usize] as i64,
+                        IQ2XXS_GRID[*q0.add(1) as usize] as i64,
+                        IQ2XXS_GRID[*q0 as usize] as i64,
+                    );
+                    let mut neg = 0u64;
+                    for k in 0..4 {
+                        neg |= (KSIGNS_IQ2XS[((a0 >> (7 * k)) & 127) as usize] as u64) << (8 * k);
+                        neg |=
+                            (KSIGNS_IQ2XS[((a1 >> (7 * k)) & 127) as usize] as u64) << (8 * k + 32);
+                    }
+                    negs[gp] = neg;
+                    scales[gp] = _mm512_mask_blend_epi32(
+                        0xFF00,
+                        _mm512_set1_epi32((2 * (a0 >> 28) + 1) as i32),
+                        _mm512_set1_epi32((2 * (a1 >> 28) + 1) as i32),
+                    );
+                }
+                for t in 0..N {
+                    let a = &*y[t].add(i);
+                    let d = dw * a.d * 0.125;
+                    let mut sumi = _mm512_setzero_si512();
+                    for gp in 0..4 {
+                        let x = _mm512_loadu_si512(a.qs.as_ptr().add(64 * gp) as *const _);
+                        let xs = _mm512_mask_sub_epi8(x, negs[gp], _mm512_setzero_si512(), x);
+                        sumi = dot4_scaled(sumi, grids[gp], xs, scales[gp]);
+                    }
+                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[t]);
+                }
+            }
+            for t in 0..N {
+                out[t] = _mm512_reduce_add_ps(acc[t]);
+            }
+        }
+
+        /// [`q2k`] of one weight row against several activation rows,
+        /// `out[j] = q2k(row, ys[j])` bit for bit: per super-block the codes,
+        /// sub-block scales and mins are unpacked once, then each activation
+        /// row takes [`q2k`]'s products and accumulation.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q2k_many(row: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+            for y in ys {
+                assert_eq!(row.len(), y.len() * 84);
+            }
+            by_groups!(q2k_n, row, ys, out)
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn q2k_n<const N: usize>(row: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+            let nb = row.len() / 84;
+            let y: [*const BlockQ8K; N] = std::array::from_fn(|t| ys[t].as_ptr());
+            let m3 = _mm512_set1_epi8(3);
+            let m4 = _mm_set1_epi8(0xF);
+            let lanes: [__m512i; 4] = std::array::from_fn(|i| load_i32x16(&Q2K_LANES[i]));
+            let shifts = [
+                _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0),
+                _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4),
+            ];
+            let mut acc = [_mm512_setzero_ps(); N];
+            let mut accm = [_mm256_setzero_ps(); N];
+            for i in 0..nb {
+                let b = row.as_ptr().add(84 * i);
+                let (dw, dminw) = (f16_at(b.add(80)), f16_at(b.add(82)));
+                let sc = _mm_loadu_si128(b as *const __m128i);
+                let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m4));
+                let scales = _mm512_cvtepu8_epi32(_mm_and_si128(sc, m4));
+                let mut codes = [_mm512_setzero_si512(); 4];
+                let mut scl = [_mm512_setzero_si512(); 4];
+                for h in 0..2 {
+                    let q = _mm256_loadu_si256(b.add(16 + 32 * h) as *const __m256i);
+                    let qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
+                    for jp in 0..2 {
+                        codes[2 * h + jp] = _mm512_and_si512(_mm512_srlv_epi64(qq, shifts[jp]), m3);
+                        scl[2 * h + jp] = _mm512_permutexvar_epi32(lanes[2 * h + jp], scales);
+                    }
+                }
+                for t in 0..N {
+                    let a = &*y[t].add(i);
+                    let d = dw * a.d;
+                    let dmin = dminw * a.d;
+                    let bsums = _mm256_loadu_si256(a.bsums.as_ptr() as *const __m256i);
+                    let pm = _mm256_madd_epi16(mins, bsums);
+                    let mut sumi = _mm512_setzero_si512();
+                    for c in 0..4 {
+                        let act = _mm512_loadu_si512(a.qs.as_ptr().add(64 * c) as *const _);
+                        sumi = dot4_scaled(sumi, codes[c], act, scl[c]);
+                    }
+                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[t]);
+                    accm[t] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm[t]);
+                }
+            }
+            for t in 0..N {
+                out[t] = _mm512_reduce_add_ps(acc[t]) - hsum256(accm[t]);
+            }
+        }
+
         /// Signed MXFP4 values as magnitudes; the sign is nibble bit 3.
         const MXFP4_ABS: [i8; 16] = {
             let mut t = [0i8; 16];

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::act::{Acts, BlockQ8x32};
-use super::{expand, gemm, Kernels};
+use super::{expand, gemm, Kernels, MANY_MAX};
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts, SlabSource};
 use crate::graph::Segment;
@@ -53,18 +53,37 @@ pub fn matmul_acts(
     if let (Acts::Q8x32 { blocks, per_row }, true, false) = (acts, expand::expandable(ty), direct) {
         return matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
     }
+    // Per tile of weight rows and group of up to `MANY_MAX` tokens, one
+    // multi-row dot per weight row ([`Kernels::dot_many`]): the row's blocks
+    // decoded once for the whole group, each token's result the one its
+    // 1-row dot gives.
     let work = |first: usize, chunk: &mut [f32]| {
         let rows = chunk.len() / n_tokens;
+        let mut idx = [0usize; MANY_MAX];
+        let mut vals = [0f32; MANY_MAX];
         let mut r0 = 0;
         while r0 < rows {
             let r1 = (r0 + ROW_TILE).min(rows);
-            for t in 0..n_tokens {
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let t1 = (t0 + MANY_MAX).min(n_tokens);
                 for r in r0..r1 {
                     let o = first + r;
                     let g = o / rows_per_group;
-                    chunk[r * n_tokens + t] =
-                        k.dot(ty, &w[o * rb..(o + 1) * rb], acts, t * groups + g);
+                    for (a, t) in idx.iter_mut().zip(t0..t1) {
+                        *a = t * groups + g;
+                    }
+                    let m = t1 - t0;
+                    k.dot_many(
+                        ty,
+                        &w[o * rb..(o + 1) * rb],
+                        acts,
+                        &idx[..m],
+                        &mut vals[..m],
+                    );
+                    chunk[r * n_tokens + t0..r * n_tokens + t1].copy_from_slice(&vals[..m]);
                 }
+                t0 = t1;
             }
             r0 = r1;
         }

@@ -132,6 +132,14 @@ type DotK = fn(&[u8], &[BlockQ8K]) -> f32;
 type Dot32 = fn(&[u8], &[BlockQ8x32]) -> f32;
 type DotF = fn(&[u8], &[f32]) -> f32;
 type DotE = fn(&[i8], &[f32], &[BlockQ8x32]) -> f32;
+/// One weight row against several activation rows (`out[j]` = the row's
+/// 1-row dot with `ys[j]`, bit for bit).
+type Many32 = fn(&[u8], &[&[BlockQ8x32]], &mut [f32]);
+type ManyK = fn(&[u8], &[&[BlockQ8K]], &mut [f32]);
+
+/// Activation rows one multi-row dot call takes at most
+/// ([`Kernels::dot_many`]).
+pub const MANY_MAX: usize = 16;
 
 /// The dot products of one path, one per weight format.
 #[derive(Clone, Copy)]
@@ -145,6 +153,12 @@ pub struct Kernels {
     f32: DotF,
     f16: DotF,
     bf16: DotF,
+    /// The multi-row Q8_0 kernel where the path has one (AVX-512); the
+    /// 1-row kernel per activation row otherwise.
+    q8_0_many: Option<Many32>,
+    /// The same for IQ2_XXS and Q2_K rows (the q2 mix's routed experts).
+    iq2xxs_many: Option<ManyK>,
+    q2k_many: Option<ManyK>,
     /// Expanded rows (prefill path of the 2/4-bit formats, [`expand`]).
     pub expanded: DotE,
     /// `y += a·x`.
@@ -238,6 +252,9 @@ macro_rules! simd_safe {
                     f32,
                     f16,
                     bf16,
+                    q8_0_many: None,
+                    iq2xxs_many: None,
+                    q2k_many: None,
                     expanded,
                     axpy,
                 }
@@ -247,6 +264,30 @@ macro_rules! simd_safe {
 }
 #[cfg(target_arch = "x86_64")]
 simd_safe!(avx512_vnni_safe, super::avx512::vnni, Isa::Avx512);
+/// Safe wrappers over the AVX-512 multi-row kernels; only reachable through
+/// [`Kernels::avx512`] after the features were detected.
+#[cfg(target_arch = "x86_64")]
+mod avx512_many {
+    use super::*;
+    pub fn q8_0_vnni(r: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+        unsafe { super::avx512::vnni::q8_0_many(r, ys, out) }
+    }
+    pub fn q8_0_bw(r: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+        unsafe { super::avx512::bw::q8_0_many(r, ys, out) }
+    }
+    pub fn iq2xxs_vnni(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+        unsafe { super::avx512::vnni::iq2xxs_many(r, ys, out) }
+    }
+    pub fn iq2xxs_bw(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+        unsafe { super::avx512::bw::iq2xxs_many(r, ys, out) }
+    }
+    pub fn q2k_vnni(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+        unsafe { super::avx512::vnni::q2k_many(r, ys, out) }
+    }
+    pub fn q2k_bw(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+        unsafe { super::avx512::bw::q2k_many(r, ys, out) }
+    }
+}
 #[cfg(target_arch = "x86_64")]
 simd_safe!(avx512_bw_safe, super::avx512::bw, Isa::Avx512);
 #[cfg(target_arch = "aarch64")]
@@ -265,10 +306,18 @@ impl Kernels {
                 return None;
             }
             if !vnni {
-                return Some(avx512_bw_safe::kernels());
+                let mut k = avx512_bw_safe::kernels();
+                k.q8_0_many = Some(avx512_many::q8_0_bw);
+                k.iq2xxs_many = Some(avx512_many::iq2xxs_bw);
+                k.q2k_many = Some(avx512_many::q2k_bw);
+                return Some(k);
             }
             if is_x86_feature_detected!("avx512vnni") {
-                return Some(avx512_vnni_safe::kernels());
+                let mut k = avx512_vnni_safe::kernels();
+                k.q8_0_many = Some(avx512_many::q8_0_vnni);
+                k.iq2xxs_many = Some(avx512_many::iq2xxs_vnni);
+                k.q2k_many = Some(avx512_many::q2k_vnni);
+                return Some(k);
             }
             None
         }
@@ -319,6 +368,9 @@ impl Kernels {
                 f32: portable::f32,
                 f16: portable::f16,
                 bf16: portable::bf16,
+                q8_0_many: None,
+                iq2xxs_many: None,
+                q2k_many: None,
                 expanded: expand::dot_portable,
                 axpy: portable::axpy,
             },
@@ -333,6 +385,9 @@ impl Kernels {
                 f32: avx2_safe::f32,
                 f16: avx2_safe::f16,
                 bf16: avx2_safe::bf16,
+                q8_0_many: None,
+                iq2xxs_many: None,
+                q2k_many: None,
                 expanded: avx2_safe::expanded,
                 axpy: avx2_safe::axpy,
             },
@@ -402,6 +457,57 @@ impl Kernels {
                     _ => (self.f32)(w, x),
                 }
             }
+        }
+    }
+}
+
+/// Rows `rows` (at most [`MANY_MAX`]) of a block array (`per_row` blocks
+/// each), as slices on the stack.
+fn pick<'a, B>(blocks: &'a [B], per_row: usize, rows: &[usize]) -> [&'a [B]; MANY_MAX] {
+    let mut ys: [&[B]; MANY_MAX] = [&[]; MANY_MAX];
+    for (y, &r) in ys.iter_mut().zip(rows) {
+        *y = &blocks[r * per_row..(r + 1) * per_row];
+    }
+    ys
+}
+
+impl Kernels {
+    /// [`Kernels::dot`] of one weight row with activation rows `rows` (at
+    /// most [`MANY_MAX`]): `out[j] = self.dot(ty, w, acts, rows[j])` bit for
+    /// bit, through a multi-row kernel (the weight row decoded once for all
+    /// of them) where the path has one for `ty`.
+    pub fn dot_many(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        acts: &act::Acts,
+        rows: &[usize],
+        out: &mut [f32],
+    ) {
+        use act::Acts;
+        debug_assert!(rows.len() <= MANY_MAX && out.len() == rows.len());
+        if rows.len() > 1 {
+            match (acts, ty) {
+                (Acts::Q8x32 { blocks, per_row }, GgmlType::Q8_0) => {
+                    if let Some(many) = self.q8_0_many {
+                        return many(w, &pick(blocks, *per_row, rows)[..rows.len()], out);
+                    }
+                }
+                (Acts::Q8K { blocks, per_row }, GgmlType::Iq2Xxs | GgmlType::Q2K) => {
+                    let many = if ty == GgmlType::Q2K {
+                        self.q2k_many
+                    } else {
+                        self.iq2xxs_many
+                    };
+                    if let Some(many) = many {
+                        return many(w, &pick(blocks, *per_row, rows)[..rows.len()], out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (o, &r) in out.iter_mut().zip(rows) {
+            *o = self.dot(ty, w, acts, r);
         }
     }
 }
