@@ -593,8 +593,7 @@ impl Rec<'_> {
                     ..Default::default()
                 };
                 self.check_f16_write(o.ring, self.f16_values.contains(&o.kv), "ring_write")?;
-                let storage =
-                    |r: &Self, set: usize| Ok(vec![r.val(o.kv), r.state(set, o.ring)?]);
+                let storage = |r: &Self, set: usize| Ok(vec![r.val(o.kv), r.state(set, o.ring)?]);
                 let fam = self.kv_family("ring", &[o.ring])?;
                 one(self.kernel_sets(&fam, "ring_write", &p, storage, per_token(o.dim))?)
             }
