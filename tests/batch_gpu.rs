@@ -200,7 +200,7 @@ fn wgpu_sessions_are_batch_invariant() {
 /// is refused before anything runs, on a backend holding state sets.
 #[test]
 fn wgpu_refuses_bad_row_tables() {
-    use ds4::backend::{Backend, BackendError};
+    use ds4::backend::BackendError;
     use ds4::graph::RowRecord;
     if !wgpu_opens() {
         return;

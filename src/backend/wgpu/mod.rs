@@ -664,7 +664,7 @@ fn make_states(
         let f16 = f16_ok && d.f16_values && d.cols % 2 == 0;
         let vb = if f16 { 2 } else { 4 };
         let row_bytes = (d.cols * vb).max(4) as u64;
-        check_binding(&gpu, &format!("a row of state {}", d.name), row_bytes)?;
+        check_binding(gpu, &format!("a row of state {}", d.name), row_bytes)?;
         // Whole rows per chunk; every chunk but the last is full.
         let chunk_rows = ((cap / row_bytes) as usize).clamp(1, d.rows.max(1));
         let n_chunks = d.rows.div_ceil(chunk_rows).max(1);
