@@ -65,7 +65,7 @@ fn options(backend: BackendKind, ctx: usize) -> SessionOptions {
 /// Runs the plans together on one batch of `plans.len()` slots.
 fn run_together(model: &Arc<ModelFile>, opts: &SessionOptions, plans: &[Plan]) -> Vec<Trace> {
     let mut b = Batch::new(model.clone(), opts.clone(), plans.len()).unwrap();
-    // The CPU and GPU backends hold a state set per slot: one pass for all slots.
+    // The CPU backends hold a state set per slot: one pass for all slots.
     assert!(
         b.backend_notice().ends_with("batched steps)"),
         "{}",
@@ -179,28 +179,6 @@ fn cpu_fast_sessions_are_batch_invariant() {
     // q2: the routed experts' kernels differ between few and many rows
     // (Q8_K against Q8x32 activations), so the per-piece choice matters.
     tiny_schedules(BackendKind::Cpu, Variant::Q2);
-}
-
-/// Whether a wgpu adapter opens (lavapipe in CI, where its absence fails).
-fn wgpu_opens() -> bool {
-    match ds4::backend::wgpu::Gpu::shared(&BackendOptions::default(), true) {
-        Ok(_) => true,
-        Err(e) if std::env::var_os("CI").is_some() => panic!("CI: no wgpu adapter: {e}"),
-        Err(e) => {
-            eprintln!("skipping wgpu: {e}");
-            false
-        }
-    }
-}
-
-/// wgpu holds a state set per slot: the per-session kernels (ring write,
-/// attention, compressor, indexer) dispatch once per session against its
-/// set, every other kernel once over all rows.
-#[test]
-fn wgpu_sessions_are_batch_invariant() {
-    if wgpu_opens() {
-        tiny_schedules(BackendKind::Wgpu, Variant::Q8);
-    }
 }
 
 /// The long-context model, where the indexer really selects (top-k 64 of
