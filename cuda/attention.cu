@@ -34,6 +34,12 @@ extern "C" __global__ void attention(const float* q, const float* kv, const floa
     __shared__ float wmax[ATT_WARPS], wden[ATT_WARPS];
     const u32 h = blockIdx.x, t = blockIdx.y;
     if (t >= st->n_tokens || hd > ATT_MAX_HD) return;
+    // This session's rows start at row0 of the step's activations.
+    const u64 row0 = st->row0;
+    q += row0 * n_head * hd;
+    kv += row0 * hd;
+    out += row0 * n_head * hd;
+    if (sel) sel += row0 * top_k;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 pos0 = st->pos0, p = pos0 + t;
     const u32 lo = p + 1 > window ? p + 1 - window : 0, n_win = p + 1 - lo;

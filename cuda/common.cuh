@@ -12,12 +12,16 @@ typedef unsigned long long u64;
 #endif
 
 // Per-step parameters, written to device memory before every step (a
-// captured CUDA graph replays with new values). Twin: cuda::StepDev.
+// captured CUDA graph replays with new values). Twin: cuda::StepDev. The
+// per-session kernels (RoPE, ring write, attention, compressor, indexer)
+// read the Step of their session's state set: its rows are n_tokens rows
+// from row0 of the step's activations, at positions pos0.. (row0 is 0 in
+// the step-wide Step every other kernel reads).
 struct Step {
     u32 pos0;
     u32 n_tokens;
+    u32 row0;
     u32 pad0;
-    u32 pad1;
 };
 
 // Rows of a value this step: fixed rows (> 0) or the step's token count.

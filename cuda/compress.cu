@@ -13,6 +13,8 @@ extern "C" __global__ void __launch_bounds__(1024) compress(const float* kv, con
     __shared__ float row[1024];
     __shared__ double scratch[32];
     const u32 j = threadIdx.x, m = ratio, c = overlapped ? 2 * hd : hd, cur = overlapped ? m : 0;
+    kv += (u64)st->row0 * c;  // this session's rows
+    gate += (u64)st->row0 * c;
     for (u32 t = 0; t < st->n_tokens; t++) {
         const u32 p = st->pos0 + t, i = p % m, slot = cur + i;
         if (j < c) {

@@ -33,6 +33,10 @@ extern "C" __global__ void indexer_topk(const float* q, const float* weights, co
     __shared__ u32 sel_prefix, sel_need;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32* keys = scratch + (u64)blockIdx.x * max_rows;
+    // This session's rows start at row0 of the step's activations.
+    q += (u64)st->row0 * n_head * hd;
+    weights += (u64)st->row0 * n_head;
+    out += (u64)st->row0 * top_k;
     for (u32 t = blockIdx.x; t < st->n_tokens; t += gridDim.x) {
         int* o = out + (u64)t * top_k;
         const u32 n = min((st->pos0 + t + 1) / ratio, max_rows);

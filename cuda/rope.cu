@@ -5,6 +5,8 @@
 extern "C" __global__ void rope(const float* x, float* out, const double* freqs, u32 n_pairs, u32 heads,
                                 u32 head_dim, u32 inverse, const Step* st) {
     const u32 w = heads * head_dim, total = st->n_tokens * w, tail = head_dim - 2 * n_pairs;
+    x += (u64)st->row0 * w;  // this session's rows
+    out += (u64)st->row0 * w;
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         const u32 t = i / w, d = i % head_dim;
         if (d < tail) {

@@ -78,7 +78,8 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let nh = prm.n_head;
     let hd = prm.head_dim;
     if (g >= step.n_tokens * nh) { return; }
-    let t = g / nh;
+    // This session's rows start at step.row0 in the step's activations.
+    let t = step.row0 + g / nh;
     let h = g % nh;
     let p = row_table[t].pos;
     let w = prm.window;
@@ -107,7 +108,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             let pos = lo + c;
             if (pos >= step.pos0) {
                 s = SRC_KV;
-                o = (pos - step.pos0) * hd;
+                o = (step.row0 + pos - step.pos0) * hd;
             } else {
                 s = SRC_RING;
                 o = (pos % w) * hd;

@@ -6,14 +6,19 @@
 struct StepUniform {
     pos0: u32,
     n_tokens: u32,
+    // The first row of these tokens in the step's activations (0 except in
+    // the per-session uniform of a step of several sessions).
+    row0: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 // One row of the step (twin of `RowRecord` in src/backend/wgpu/gpu.rs): its
-// absolute position and its session state (0 today). Kernels take a row's
-// own position from `row_table[t].pos`; `StepUniform.pos0` only tells which
-// raw rows attention finds in the step itself rather than in the ring.
+// absolute position and its session state. Kernels take a row's own
+// position from `row_table[t].pos`. The per-session kernels (ring write,
+// attention, compressor, indexer) run once per session of the step against
+// that session's state buffers, with a uniform of their own: `n_tokens` and
+// `pos0` of the session's rows, `row0` their first row in the step; `pos0`
+// tells which raw rows attention finds in the step rather than in the ring.
 struct RowRecord {
     pos: u32,
     state: u32,

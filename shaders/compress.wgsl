@@ -90,7 +90,9 @@ fn compress(@builtin(local_invocation_index) tid: u32) {
     let norm_at = m * c;
     let rope_at = norm_at + hd;
     let t_end = min(prm.t1, step.n_tokens);
-    for (var t = prm.t0; t < t_end; t++) {
+    for (var tl = prm.t0; tl < t_end; tl++) {
+        // This session's rows start at step.row0 in the step's activations.
+        let t = step.row0 + tl;
         let p = row_table[t].pos;
         let i = p % m;
         let slot = cur + i;

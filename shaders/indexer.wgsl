@@ -88,8 +88,10 @@ fn key(f: f32) -> u32 {
 @compute @workgroup_size(WG)
 fn indexer_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) tid: u32) {
-    let t = prm.t0 + group_id(wid, nwg);
-    if (t >= step.n_tokens) { return; }
+    let tl = prm.t0 + group_id(wid, nwg);
+    if (tl >= step.n_tokens) { return; }
+    // This session's rows start at step.row0 in the step's activations.
+    let t = step.row0 + tl;
     let k = prm.top_k;
     let nh = prm.n_head;
     let hd = prm.head_dim;
@@ -99,7 +101,7 @@ fn indexer_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         for (var i = tid; i < k; i += WG) { out[o + i] = select(-1, i32(i), i < n); }
         return;
     }
-    let sb = (t - prm.t0) * prm.max_rows;
+    let sb = (tl - prm.t0) * prm.max_rows;
     for (var r = tid; r < n; r += WG) {
         var s = 0.0;
         let kc = r / prm.chunk_rows;

@@ -21,7 +21,8 @@ fn ring_write(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let d = prm.dim;
     let first = select(0u, n - prm.window, n > prm.window);
     if (i >= (n - first) * d) { return; }
-    let t = first + i / d;
+    // This session's rows start at step.row0 in the step's activations.
+    let t = step.row0 + first + i / d;
     let j = i % d;
     let r = row_table[t].pos % prm.window;
     ring[r * d + j] = kvt(kv[t * d + j]);

@@ -5,8 +5,10 @@
 //! positions, each with its own state set, and must give every session's
 //! rows and state exactly what a step of that session alone gives. Outputs
 //! start poisoned (NaN, or −12345 for indices), so a row a twin skips fails.
-//! On the reference and the fast CPU backend. Plus the output head's
-//! gather of each session's last row.
+//! On the reference and the fast CPU backend, wgpu (lavapipe in CI: one
+//! bind group per state set, dispatched per session) and, under the `cuda`
+//! feature, CUDA (the host emulator in CI).
+//! Plus the output head's gather of each session's last row.
 
 mod common;
 #[allow(dead_code)]
@@ -62,6 +64,16 @@ fn backends(file: &Arc<GgufFile>, layout: &StateLayout) -> Vec<(String, Box<dyn 
             format!("cpu {}", isa.name()),
             Box::new(CpuBackend::fast(file.clone(), layout.clone(), k)),
         ));
+    }
+    for gpu in oneop::gpus() {
+        let b = WgpuBackend::new(gpu.clone(), file.clone(), layout.clone()).unwrap();
+        v.push((format!("wgpu {}", gpu.shader_variant().name()), Box::new(b)));
+    }
+    #[cfg(feature = "cuda")]
+    if cuda_emu::install().is_ok() {
+        let opts = ds4::backend::BackendOptions::default();
+        let b = ds4::backend::cuda::CudaBackend::open(file.clone(), layout.clone(), &opts).unwrap();
+        v.push(("cuda".into(), Box::new(b)));
     }
     v
 }

@@ -398,7 +398,7 @@ fn rope_rows_carry_their_own_positions() {
             .iter()
             .map(|&pos| RowRecord { pos, state: 0 })
             .collect();
-        wg.run_rows(h, &vec![0; n], &rows).unwrap();
+        wg.run_free_positions(h, &vec![0; n], &rows).unwrap();
         let got = wg.read_value(h, o).unwrap();
         let mut cpu = CpuBackend::new(case.file.clone(), case.layout.clone());
         let hc = cpu.load_graph(case.graph.clone()).unwrap();

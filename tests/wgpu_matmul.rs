@@ -144,7 +144,7 @@ fn step(gpu: &Gpu, n_tokens: u32) -> wgpu::Buffer {
     let s = StepUniform {
         pos0: 0,
         n_tokens,
-        _pad: [0; 2],
+        ..Default::default()
     };
     gpu.device
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {

@@ -43,7 +43,7 @@ impl Bench {
         let step = DevBuf::from_bytes(bytemuck::bytes_of(&StepDev {
             pos0: 0,
             n_tokens: 1,
-            _pad: [0; 2],
+            ..Default::default()
         }))?;
         Ok(Bench { step, modules, dev })
     }

@@ -31,7 +31,7 @@ use cudarc::driver::sys::{self, CUdeviceptr};
 pub use device::{list_devices, DeviceInfo};
 
 use super::{state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile};
-use crate::graph::{plan, DType, Graph, StateId, StateLayout, StepParams, ValueId};
+use crate::graph::{plan, DType, Graph, Segment, StateId, StateLayout, StepParams, ValueId};
 use device::Device;
 use mem::{checked, download, upload, upload_async, DevBuf};
 use modules::Modules;
@@ -40,11 +40,14 @@ use record::{Launch, THREADS};
 /// Per-step parameters in device memory (twin of `struct Step` in
 /// cuda/common.cuh).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable, Default)]
 pub struct StepDev {
     pub pos0: u32,
     pub n_tokens: u32,
-    pub _pad: [u32; 2],
+    /// First row of these tokens in the step's activations (0 in the
+    /// step-wide parameters; a session's first row in its set's).
+    pub row0: u32,
+    pub _pad: u32,
 }
 
 /// Graphs up to this many tokens are captured into a CUDA graph (decode and
@@ -70,6 +73,8 @@ struct LoadedGraph {
     n_tokens: usize,
     /// The streamed layers' routed passes in `launches` (`--ssd-streaming`).
     points: Vec<streaming::StreamPoint>,
+    /// Device u32 per row: the step's state set of each row.
+    row_states: CUdeviceptr,
 }
 
 pub struct CudaBackend {
@@ -83,8 +88,12 @@ pub struct CudaBackend {
     streamed: HashMap<u64, streaming::StreamedLayer>,
     staged: Option<Arc<super::experts::Pinned>>,
     stream_policy: super::options::EvictionPolicy,
-    states: Vec<DevBuf>,
+    /// `sets[set][state]`: one copy of the state buffers per session.
+    sets: Vec<Vec<DevBuf>>,
+    /// The step-wide parameters every launch over all rows reads.
     step: DevBuf,
+    /// Per state set: the parameters of its per-session launches.
+    set_steps: Vec<DevBuf>,
     freqs: HashMap<String, DevBuf>,
     weights: weights::Weights,
     modules: Modules,
@@ -108,6 +117,15 @@ fn unsupported(what: String) -> BackendError {
         what,
     }
 }
+
+/// What recording a graph gives: its launches, its scratch, its streamed
+/// passes and the device address of its row-state buffer.
+type Recorded = (
+    Vec<Launch>,
+    Vec<DevBuf>,
+    Vec<streaming::StreamPoint>,
+    CUdeviceptr,
+);
 
 impl CudaBackend {
     /// Opens device `opts.cuda_device` (default 0), compiles or loads the
@@ -134,20 +152,16 @@ impl CudaBackend {
             nv_version.1,
             weights.mode
         );
-        let mut states = Vec::new();
-        for s in &layout.states {
-            let b = DevBuf::alloc(s.rows * s.cols * 4)?;
-            upload(b.ptr, bytemuck::cast_slice(&vec![s.init; s.rows * s.cols]))?;
-            states.push(b);
-        }
+        let states = alloc_states(&layout)?;
         Ok(CudaBackend {
             graphs: Vec::new(),
             experts: None,
             streamed: HashMap::new(),
             staged: None,
             stream_policy: Default::default(),
-            states,
+            sets: vec![states],
             step: DevBuf::alloc(std::mem::size_of::<StepDev>())?,
+            set_steps: vec![DevBuf::alloc(std::mem::size_of::<StepDev>())?],
             freqs: HashMap::new(),
             weights,
             modules,
@@ -164,7 +178,10 @@ impl CudaBackend {
     /// from now on (the default is `DS4_CUDA_MMA=1`); returns whether it is
     /// on (never below compute capability 8.0).
     pub fn set_tensor_cores(&mut self, on: bool) -> bool {
-        self.tensor_cores = on && self.dev.info.cc_number() >= 80;
+        // The tensor-core path is chosen by the whole step's row count, so
+        // a session's rows would round differently beside other sessions:
+        // not with several state sets.
+        self.tensor_cores = on && self.dev.info.cc_number() >= 80 && self.sets.len() == 1;
         self.tensor_cores
     }
 
@@ -182,17 +199,177 @@ impl CudaBackend {
         self
     }
 
+    /// The launch list of `graph` over the value addresses `values`, the
+    /// scratch it allocated, its streamed passes and its row-state buffer.
+    fn record(&mut self, graph: &Graph, values: &[CUdeviceptr]) -> Result<Recorded, BackendError> {
+        let mut scratch = Vec::new();
+        let mut points = Vec::new();
+        let file = self.file.clone();
+        let set_steps: Vec<CUdeviceptr> = self.set_steps.iter().map(|b| b.ptr).collect();
+        // The step's per-row state sets (the head's gather reads them).
+        let row_states = record::scratch(&mut scratch, graph.max_tokens.max(1) * 4)?;
+        let launches = record::record(
+            record::Ctx {
+                file: (*file).as_ref(),
+                funcs: &self.modules.funcs,
+                weights: &mut self.weights,
+                states: &self.sets,
+                set_steps: &set_steps,
+                row_states,
+                layout: &self.layout,
+                freqs: &mut self.freqs,
+                step: self.step.ptr,
+                values,
+                scratch: &mut scratch,
+                tensor_cores: self.tensor_cores,
+                streamed: &self.streamed,
+                points: &mut points,
+            },
+            graph,
+        )?;
+        Ok((launches, scratch, points, row_states))
+    }
+
+    /// The state buffers of set `set`, or an error naming it.
+    fn set(&self, set: usize) -> Result<&[DevBuf], BackendError> {
+        self.sets
+            .get(set)
+            .map(|v| &v[..])
+            .ok_or_else(|| BackendError::State {
+                state: format!("set {set}"),
+                msg: format!("cuda holds {} state sets", self.sets.len()),
+            })
+    }
+
+    fn reset_set_buffers(&self, set: usize) -> Result<(), BackendError> {
+        for (b, d) in self.sets[set].iter().zip(&self.layout.states) {
+            upload(b.ptr, bytemuck::cast_slice(&vec![d.init; d.rows * d.cols]))?;
+        }
+        Ok(())
+    }
+
+    /// One step over the rows `rows` (checked into `segs`).
+    fn run_step(
+        &mut self,
+        h: GraphHandle,
+        tokens: &[u32],
+        rows: &[crate::graph::RowRecord],
+        segs: &[Segment],
+    ) -> Result<(), BackendError> {
+        self.dev.bind()?;
+        let g = self.loaded(h)?;
+        let graph = g.graph.clone();
+        if let Some(s) = segs.iter().find(|s| s.pos0 + s.n > u32::MAX as usize) {
+            return Err(unsupported(format!("position {} (beyond 2^32)", s.pos0)));
+        }
+        let n_rows = rows.len();
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        upload_async(
+            g.values[graph.tokens.0 as usize],
+            bytemuck::cast_slice(&ids),
+            self.dev.stream,
+        )?;
+        let step = StepDev {
+            pos0: segs.first().map_or(0, |s| s.pos0 as u32),
+            n_tokens: n_rows as u32,
+            ..Default::default()
+        };
+        upload_async(self.step.ptr, bytemuck::bytes_of(&step), self.dev.stream)?;
+        if self.sets.len() > 1 {
+            let states: Vec<u32> = rows.iter().map(|r| r.state).collect();
+            upload_async(g.row_states, bytemuck::cast_slice(&states), self.dev.stream)?;
+        }
+        if let Some(c) = &self.experts {
+            let file = self.file.clone();
+            c.begin_step_except((*file).as_ref(), tokens, &|gate, e| self.on_device(gate, e))
+                .map_err(|e| BackendError::Weights(e.to_string()))?;
+        }
+        // Every set's parameters: a set without rows this step has none (a
+        // captured graph launches its per-session kernels all the same).
+        for (set, buf) in self.set_steps.iter().enumerate() {
+            let s = segs.iter().find(|s| s.state == set);
+            let p = StepDev {
+                pos0: s.map_or(0, |s| s.pos0 as u32),
+                n_tokens: s.map_or(0, |s| s.n as u32),
+                row0: s.map_or(0, |s| s.row0 as u32),
+                _pad: 0,
+            };
+            upload_async(buf.ptr, bytemuck::bytes_of(&p), self.dev.stream)?;
+        }
+        if self.experts.is_some() {
+            let r = self.enqueue_streaming(h.0, &tokens[..n_rows], segs);
+            self.staged = None;
+            r?;
+            self.dev.sync()?;
+            self.graphs[h.0].n_tokens = n_rows;
+            return Ok(());
+        }
+        let capture = self.use_graphs && graph.max_tokens <= CAPTURE_MAX_TOKENS;
+        if capture && g.captured.is_none() {
+            // Captured once with grids for the graph's capacity; kernels
+            // bound-check against the step's token count.
+            let stream = self.dev.stream;
+            // SAFETY: our stream; capture ends below on every path.
+            checked("cuStreamBeginCapture", unsafe {
+                sys::cuStreamBeginCapture_v2(
+                    stream,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )
+            })?;
+            let enq = self.enqueue(&g.launches, graph.max_tokens as u32, None);
+            let mut cg: sys::CUgraph = std::ptr::null_mut();
+            // SAFETY: ends the capture begun above.
+            let end = checked("cuStreamEndCapture", unsafe {
+                sys::cuStreamEndCapture(stream, &mut cg)
+            });
+            enq?;
+            end?;
+            let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+            // SAFETY: `cg` is the graph just captured.
+            checked("cuGraphInstantiate", unsafe {
+                sys::cuGraphInstantiateWithFlags(&mut exec, cg, 0)
+            })?;
+            self.graphs[h.0].captured = Some(Captured { graph: cg, exec });
+        }
+        let g = &self.graphs[h.0];
+        match &g.captured {
+            // SAFETY: an instantiated graph on our stream.
+            Some(c) if capture => checked("cuGraphLaunch", unsafe {
+                sys::cuGraphLaunch(c.exec, self.dev.stream)
+            })?,
+            _ => self.enqueue(&g.launches, n_rows as u32, Some(segs))?,
+        }
+        self.dev.sync()?;
+        self.graphs[h.0].n_tokens = n_rows;
+        Ok(())
+    }
+
     fn loaded(&self, h: GraphHandle) -> Result<&LoadedGraph, BackendError> {
         self.graphs.get(h.0).ok_or(BackendError::UnknownGraph(h.0))
     }
 
-    /// Enqueues a launch list on the stream for `n` live tokens.
-    fn enqueue(&self, launches: &[Launch], n: u32) -> Result<(), BackendError> {
+    /// Enqueues a launch list on the stream for `n` live tokens; a
+    /// per-session launch is sized from its session's rows in `segs` (and
+    /// skipped when the set has none), or from `n` when `segs` is `None`
+    /// (capture: the kernels bound-check against their set's parameters).
+    fn enqueue(
+        &self,
+        launches: &[Launch],
+        n: u32,
+        segs: Option<&[Segment]>,
+    ) -> Result<(), BackendError> {
         for l in launches {
             if !l.tokens.contains(&n) {
                 continue;
             }
-            let Some((gx, gy)) = l.grid.dims(n) else {
+            let rows = match (l.set, segs) {
+                (Some(set), Some(segs)) => match segs.iter().find(|s| s.state == set) {
+                    Some(s) => s.n as u32,
+                    None => continue,
+                },
+                _ => n,
+            };
+            let Some((gx, gy)) = l.grid.dims(rows) else {
                 continue;
             };
             let mut storage: Vec<u64> = l.args.iter().map(|a| a.bits()).collect();
@@ -282,26 +459,7 @@ impl Backend for CudaBackend {
             })
             .collect();
         self.stream_layers(&graph)?;
-        let mut scratch = Vec::new();
-        let mut points = Vec::new();
-        let file = self.file.clone();
-        let launches = record::record(
-            record::Ctx {
-                file: (*file).as_ref(),
-                funcs: &self.modules.funcs,
-                weights: &mut self.weights,
-                states: &self.states,
-                layout: &self.layout,
-                freqs: &mut self.freqs,
-                step: self.step.ptr,
-                values: &values,
-                scratch: &mut scratch,
-                tensor_cores: self.tensor_cores,
-                streamed: &self.streamed,
-                points: &mut points,
-            },
-            &graph,
-        )?;
+        let (launches, scratch, points, row_states) = self.record(&graph, &values)?;
         self.graphs.push(LoadedGraph {
             graph,
             _arena: arena,
@@ -311,79 +469,112 @@ impl Backend for CudaBackend {
             captured: None,
             n_tokens: 0,
             points,
+            row_states,
         });
         Ok(GraphHandle(self.graphs.len() - 1))
     }
 
     fn run(&mut self, h: GraphHandle, tokens: &[u32], p: StepParams) -> Result<(), BackendError> {
-        self.dev.bind()?;
-        let g = self.loaded(h)?;
-        let graph = g.graph.clone();
-        super::check_step(&graph, tokens, &p)?;
-        if p.pos0 + p.n_tokens > u32::MAX as usize {
-            return Err(unsupported(format!("position {} (beyond 2^32)", p.pos0)));
-        }
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        upload_async(
-            g.values[graph.tokens.0 as usize],
-            bytemuck::cast_slice(&ids),
-            self.dev.stream,
-        )?;
-        let step = StepDev {
-            pos0: p.pos0 as u32,
-            n_tokens: p.n_tokens as u32,
-            _pad: [0; 2],
-        };
-        upload_async(self.step.ptr, bytemuck::bytes_of(&step), self.dev.stream)?;
-        if let Some(c) = &self.experts {
-            let file = self.file.clone();
-            c.begin_step_except((*file).as_ref(), tokens, &|gate, e| self.on_device(gate, e))
-                .map_err(|e| BackendError::Weights(e.to_string()))?;
-            let r = self.enqueue_streaming(h.0, &tokens[..p.n_tokens]);
-            self.staged = None;
-            r?;
-            self.dev.sync()?;
-            self.graphs[h.0].n_tokens = p.n_tokens;
-            return Ok(());
-        }
-        let capture = self.use_graphs && graph.max_tokens <= CAPTURE_MAX_TOKENS;
-        if capture && g.captured.is_none() {
-            // Captured once with grids for the graph's capacity; kernels
-            // bound-check against the step's token count.
-            let stream = self.dev.stream;
-            // SAFETY: our stream; capture ends below on every path.
-            checked("cuStreamBeginCapture", unsafe {
-                sys::cuStreamBeginCapture_v2(
-                    stream,
-                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                )
-            })?;
-            let enq = self.enqueue(&g.launches, graph.max_tokens as u32);
-            let mut cg: sys::CUgraph = std::ptr::null_mut();
-            // SAFETY: ends the capture begun above.
-            let end = checked("cuStreamEndCapture", unsafe {
-                sys::cuStreamEndCapture(stream, &mut cg)
+        self.run_rows(h, tokens, &crate::graph::RowRecord::contiguous(p))
+    }
+
+    fn state_sets(&self) -> usize {
+        self.sets.len()
+    }
+
+    /// Holds `n` fresh state sets; the loaded graphs are recorded again so
+    /// that their per-session launches cover every set. Refused with the
+    /// tensor-core prefill on (it picks its kernel by the whole step's rows).
+    fn set_state_sets(&mut self, n: usize) -> Result<(), BackendError> {
+        if n == 0 || (n > 1 && self.tensor_cores) {
+            return Err(BackendError::Unsupported {
+                backend: "cuda".into(),
+                what: if n == 0 {
+                    "zero state sets".into()
+                } else {
+                    format!("{n} sessions in one step with the tensor-core prefill (DS4_CUDA_MMA)")
+                },
             });
-            enq?;
-            end?;
-            let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-            // SAFETY: `cg` is the graph just captured.
-            checked("cuGraphInstantiate", unsafe {
-                sys::cuGraphInstantiateWithFlags(&mut exec, cg, 0)
-            })?;
-            self.graphs[h.0].captured = Some(Captured { graph: cg, exec });
         }
-        let g = &self.graphs[h.0];
-        match &g.captured {
-            // SAFETY: an instantiated graph on our stream.
-            Some(c) if capture => checked("cuGraphLaunch", unsafe {
-                sys::cuGraphLaunch(c.exec, self.dev.stream)
-            })?,
-            _ => self.enqueue(&g.launches, p.n_tokens as u32)?,
-        }
+        self.dev.bind()?;
         self.dev.sync()?;
-        self.graphs[h.0].n_tokens = p.n_tokens;
+        self.sets.truncate(n);
+        self.set_steps.truncate(n);
+        while self.sets.len() < n {
+            self.sets.push(alloc_states(&self.layout)?);
+            self.set_steps
+                .push(DevBuf::alloc(std::mem::size_of::<StepDev>())?);
+        }
+        for set in 0..n {
+            self.reset_set_buffers(set)?;
+        }
+        for i in 0..self.graphs.len() {
+            if let Some(c) = self.graphs[i].captured.take() {
+                // SAFETY: created in `run_step`, destroyed once.
+                unsafe {
+                    let _ = sys::cuGraphExecDestroy(c.exec);
+                    let _ = sys::cuGraphDestroy(c.graph);
+                }
+            }
+            let graph = self.graphs[i].graph.clone();
+            let values = std::mem::take(&mut self.graphs[i].values);
+            let r = self.record(&graph, &values);
+            self.graphs[i].values = values;
+            let (launches, scratch, points, row_states) = r?;
+            self.graphs[i].launches = launches;
+            self.graphs[i]._scratch = scratch;
+            self.graphs[i].points = points;
+            self.graphs[i].row_states = row_states;
+        }
         Ok(())
+    }
+
+    fn run_rows(
+        &mut self,
+        h: GraphHandle,
+        tokens: &[u32],
+        rows: &[crate::graph::RowRecord],
+    ) -> Result<(), BackendError> {
+        let graph = self.loaded(h)?.graph.clone();
+        let segs = super::check_rows(&graph, tokens, rows, self.sets.len())?;
+        self.run_step(h, tokens, rows, &segs)
+    }
+
+    fn read_set_rows(
+        &self,
+        set: usize,
+        s: StateId,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, BackendError> {
+        self.dev.bind()?;
+        let r = state_range(&self.layout, s, 0, None, Some(rows))?;
+        let mut out = vec![0f32; r.len()];
+        download(
+            self.set(set)?[s.0 as usize].ptr + (r.start * 4) as u64,
+            bytemuck::cast_slice_mut(&mut out),
+        )?;
+        Ok(out)
+    }
+
+    fn write_set_rows(
+        &mut self,
+        set: usize,
+        s: StateId,
+        first: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
+        self.dev.bind()?;
+        let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
+        upload(
+            self.set(set)?[s.0 as usize].ptr + (r.start * 4) as u64,
+            bytemuck::cast_slice(data),
+        )
+    }
+
+    fn reset_set(&mut self, set: usize) -> Result<(), BackendError> {
+        self.dev.bind()?;
+        self.set(set)?;
+        self.reset_set_buffers(set)
     }
 
     fn read_value(&self, h: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
@@ -422,14 +613,7 @@ impl Backend for CudaBackend {
     }
 
     fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
-        self.dev.bind()?;
-        let r = state_range(&self.layout, s, 0, None, Some(rows))?;
-        let mut out = vec![0f32; r.len()];
-        download(
-            self.states[s.0 as usize].ptr + (r.start * 4) as u64,
-            bytemuck::cast_slice_mut(&mut out),
-        )?;
-        Ok(out)
+        self.read_set_rows(0, s, rows)
     }
 
     fn write_state_rows(
@@ -438,24 +622,28 @@ impl Backend for CudaBackend {
         first: usize,
         data: &[f32],
     ) -> Result<(), BackendError> {
-        self.dev.bind()?;
-        let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
-        upload(
-            self.states[s.0 as usize].ptr + (r.start * 4) as u64,
-            bytemuck::cast_slice(data),
-        )
+        self.write_set_rows(0, s, first, data)
     }
 
     fn reset_states(&mut self) {
         if self.dev.bind().is_err() {
             return;
         }
-        for (b, d) in self.states.iter().zip(&self.layout.states) {
-            // The trait gives no way to report this; a failed reset leaves a
-            // device error that the next step reports.
-            let _ = upload(b.ptr, bytemuck::cast_slice(&vec![d.init; d.rows * d.cols]));
-        }
+        // The trait gives no way to report this; a failed reset leaves a
+        // device error that the next step reports.
+        let _ = self.reset_set_buffers(0);
     }
+}
+
+/// One set of state buffers for `layout`, at their fresh values.
+fn alloc_states(layout: &StateLayout) -> Result<Vec<DevBuf>, BackendError> {
+    let mut states = Vec::new();
+    for s in &layout.states {
+        let b = DevBuf::alloc(s.rows * s.cols * 4)?;
+        upload(b.ptr, bytemuck::cast_slice(&vec![s.init; s.rows * s.cols]))?;
+        states.push(b);
+    }
+    Ok(states)
 }
 
 /// Threads per block of the grid-stride kernels (re-exported for docs).

@@ -4,6 +4,12 @@
 //! the same list, or the CUDA graph captured from it, serves every step).
 //! Launch configurations are documented in docs/CUDA.md and in each
 //! `cuda/<family>.cu`.
+//!
+//! Several sessions in one step: the per-session ops ([`Op::per_segment`]:
+//! RoPE, ring write, attention, compressor, indexer) get one launch per
+//! state set, each with that set's state buffers and its own `Step` (the
+//! session's position, row count and first row in the step); the other ops
+//! get one launch over all rows.
 
 use cudarc::driver::sys::{CUdeviceptr, CUfunction};
 
@@ -110,6 +116,9 @@ pub struct Launch {
     /// Steps whose token count lies in this range run the launch (the
     /// tensor-core prefill and the CUDA-core matmul split a graph's steps).
     pub tokens: std::ops::RangeInclusive<u32>,
+    /// `Some(set)` for a per-session launch: it runs for the rows of state
+    /// set `set` (sized from that session's rows), reading its `Step`.
+    pub set: Option<usize>,
 }
 
 /// Prefill steps of at least this many tokens take the tensor-core matmul
@@ -149,7 +158,13 @@ pub struct Ctx<'a> {
     pub file: &'a crate::gguf::GgufFile,
     pub funcs: &'a HashMap<String, CUfunction>,
     pub weights: &'a mut Weights,
-    pub states: &'a [DevBuf],
+    /// `states[set][state]`: one copy of the state buffers per session.
+    pub states: &'a [Vec<DevBuf>],
+    /// Device address of each state set's `Step` (per-session launches).
+    pub set_steps: &'a [CUdeviceptr],
+    /// The step's per-row state set (u32 per row, uploaded each step), read
+    /// by the head's gather when several sets are held.
+    pub row_states: CUdeviceptr,
     pub layout: &'a crate::graph::StateLayout,
     pub freqs: &'a mut HashMap<String, DevBuf>,
     /// Device address of the step parameters.
@@ -194,6 +209,7 @@ impl List<'_> {
             shared,
             args,
             tokens: 0..=u32::MAX,
+            set: None,
         });
         Ok(())
     }
@@ -206,7 +222,7 @@ impl List<'_> {
     }
 }
 
-fn scratch(list: &mut Vec<DevBuf>, bytes: usize) -> Result<CUdeviceptr, BackendError> {
+pub(super) fn scratch(list: &mut Vec<DevBuf>, bytes: usize) -> Result<CUdeviceptr, BackendError> {
     let b = DevBuf::alloc(bytes)?;
     let p = b.ptr;
     list.push(b);
@@ -237,6 +253,8 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
         funcs,
         weights,
         states,
+        set_steps,
+        row_states,
         layout,
         freqs: freq_map,
         step,
@@ -253,579 +271,593 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
         out: Vec::new(),
     };
     let v = |id: ValueId| Arg::Ptr(values[id.0 as usize]);
-    let st = |s: crate::graph::StateId| -> Result<Arg, BackendError> {
-        states
-            .get(s.0 as usize)
-            .map(|d| Arg::Ptr(d.ptr))
-            .ok_or_else(|| unsupported(format!("state #{} outside the layout", s.0)))
-    };
     for node in &graph.nodes {
         let Node::Op(op) = node else { continue };
-        let before = list.out.len();
-        let mut pending: Option<super::streaming::StreamPoint> = None;
-        let mut launch =
-            |kernel: &'static str, grid: Grid, block: u32, shared: u32, args: Vec<Arg>| {
-                list.launch(kernel, grid, block, shared, args)
+        let per_session = op.per_segment();
+        for set in 0..if per_session { states.len() } else { 1 } {
+            list.step = if per_session { set_steps[set] } else { step };
+            let st = |s: crate::graph::StateId| -> Result<Arg, BackendError> {
+                states[set]
+                    .get(s.0 as usize)
+                    .map(|d| Arg::Ptr(d.ptr))
+                    .ok_or_else(|| unsupported(format!("state #{} outside the layout", s.0)))
             };
-        match op {
-            Op::Embed(o) => {
-                let ty = o.table.ty;
-                let name = per_type("embed_", ty)?;
-                let d = o.dim();
-                let items = if d % 32 == 0 { d / 32 } else { d };
-                let table = weights.tensor(file, &o.table, &mut progress)?;
-                launch(
-                    name,
-                    Grid::Threads(per_token(u(items))),
-                    THREADS,
-                    0,
-                    vec![
-                        Arg::Ptr(table),
-                        Arg::U32(u(o.table.row_bytes())),
-                        Arg::U32(u(d)),
-                        v(o.tokens),
-                        v(o.out),
-                    ],
-                )?;
-            }
-            Op::HcInit(o) => launch(
-                "hc_init",
-                Grid::Threads(per_token(u(o.items()))),
-                THREADS,
-                0,
-                vec![v(o.x), v(o.out), Arg::U32(u(o.n_hc)), Arg::U32(u(o.dim))],
-            )?,
-            Op::RmsNorm(o) => {
-                let w = match &o.weight {
-                    Some(t) => weights.small_f32(file, t)?,
-                    None => 0,
+            let before = list.out.len();
+            let mut pending: Option<super::streaming::StreamPoint> = None;
+            let mut launch =
+                |kernel: &'static str, grid: Grid, block: u32, shared: u32, args: Vec<Arg>| {
+                    list.launch(kernel, grid, block, shared, args)
                 };
-                let (rows_per_token, fixed_rows) = (u(o.rows.per_token), u(o.rows.fixed));
-                let grid = match o.rows.fixed_only() {
-                    None => per_token(rows_per_token),
-                    Some(_) => fixed(fixed_rows),
-                };
-                launch(
-                    "rms_norm",
-                    Grid::Blocks(grid, fixed(1)),
-                    THREADS,
-                    0,
-                    vec![
-                        v(o.x),
-                        Arg::Ptr(w),
-                        v(o.out),
-                        Arg::U32(u(o.dim)),
-                        Arg::F32(o.eps),
-                        Arg::U32(rows_per_token),
-                        Arg::U32(fixed_rows),
-                    ],
-                )?;
-            }
-            Op::MatMul(o) => {
-                let name = per_type("matmul_", o.w.ty)?;
-                let (n_in, n_out) = (o.in_dim(), o.out_dim());
-                if o.groups == 0 || n_out % o.groups != 0 {
-                    return Err(unsupported(format!(
-                        "matmul {} ({n_in} × {n_out}, {} groups)",
-                        o.w.name, o.groups
-                    )));
-                }
-                let fixed_rows = u(o.rows.fixed_only().unwrap_or(0));
-                let per_token_rows = o.rows.fixed_only().is_none();
-                let w = weights.tensor(file, &o.w, &mut progress)?;
-                // y: token tiles of MM_TT = 8.
-                let ty = if per_token_rows {
-                    per_tokens(8)
-                } else {
-                    fixed(fixed_rows.div_ceil(8))
-                };
-                let args = vec![
-                    Arg::Ptr(w),
-                    Arg::U32(u(o.w.row_bytes())),
-                    Arg::U32(u(n_in)),
-                    Arg::U32(u(n_out)),
-                    Arg::U32(u(o.groups)),
-                    v(o.x),
-                    v(o.out),
-                ];
-                let mut cuda_core = args.clone();
-                cuda_core.push(Arg::U32(fixed_rows));
-                launch(
-                    name,
-                    Grid::Blocks(fixed(u(n_out).div_ceil(8)), ty),
-                    THREADS,
-                    0,
-                    cuda_core,
-                )?;
-                // Tensor cores for prefill steps: whole 32-value units and
-                // 64-row tiles that never straddle an output group.
-                let per_group = n_out / o.groups;
-                if tensor_cores
-                    && per_token_rows
-                    && u(graph.max_tokens) >= MMA_MIN_TOKENS
-                    && n_in % 32 == 0
-                    && (o.groups == 1 || per_group % 64 == 0)
-                {
-                    list.only_for(0..=MMA_MIN_TOKENS - 1);
-                    list.launch(
-                        per_type("mma_", o.w.ty)?,
-                        Grid::Blocks(fixed(u(n_out).div_ceil(64)), per_tokens(32)),
-                        128,
+            match op {
+                Op::Embed(o) => {
+                    let ty = o.table.ty;
+                    let name = per_type("embed_", ty)?;
+                    let d = o.dim();
+                    let items = if d % 32 == 0 { d / 32 } else { d };
+                    let table = weights.tensor(file, &o.table, &mut progress)?;
+                    launch(
+                        name,
+                        Grid::Threads(per_token(u(items))),
+                        THREADS,
                         0,
-                        args,
+                        vec![
+                            Arg::Ptr(table),
+                            Arg::U32(u(o.table.row_bytes())),
+                            Arg::U32(u(d)),
+                            v(o.tokens),
+                            v(o.out),
+                        ],
                     )?;
-                    list.only_for(MMA_MIN_TOKENS..=u32::MAX);
                 }
-            }
-            Op::HcMix(o) => {
-                let scale = weights.small_f32(file, &o.scale)?;
-                let base = weights.small_f32(file, &o.base)?;
-                if o.n_hc > 8 {
-                    return Err(unsupported(format!(
-                        "{} hyper-connection streams (at most 8)",
-                        o.n_hc
-                    )));
-                }
-                launch(
-                    "hc_mix",
-                    Grid::Blocks(per_tokens(64), fixed(1)),
-                    64,
+                Op::HcInit(o) => launch(
+                    "hc_init",
+                    Grid::Threads(per_token(u(o.items()))),
+                    THREADS,
                     0,
-                    vec![
-                        v(o.logits),
-                        Arg::Ptr(scale),
-                        Arg::Ptr(base),
-                        v(o.pre),
-                        o.post.map_or(Arg::Ptr(0), v),
-                        o.comb.map_or(Arg::Ptr(0), v),
-                        Arg::U32(u(o.n_hc)),
-                        Arg::U32(u(o.mix_dim())),
-                        Arg::U32(u(o.sinkhorn_iters)),
-                        Arg::F32(o.eps),
-                    ],
-                )?;
-            }
-            Op::HcCollapse(o) => launch(
-                "hc_collapse",
-                Grid::Threads(per_token(u(o.items()))),
-                THREADS,
-                0,
-                vec![
-                    v(o.state),
-                    v(o.pre),
-                    v(o.out),
-                    Arg::U32(u(o.n_hc)),
-                    Arg::U32(u(o.dim)),
-                ],
-            )?,
-            Op::HcExpand(o) => launch(
-                "hc_expand",
-                Grid::Threads(per_token(u(o.items()))),
-                THREADS,
-                0,
-                vec![
-                    v(o.state),
-                    v(o.y),
-                    v(o.post),
-                    v(o.comb),
-                    v(o.out),
-                    Arg::U32(u(o.n_hc)),
-                    Arg::U32(u(o.dim)),
-                ],
-            )?,
-            Op::Rope(o) => {
-                let f = freqs(freq_map, &o.rope)?;
-                launch(
-                    "rope",
+                    vec![v(o.x), v(o.out), Arg::U32(u(o.n_hc)), Arg::U32(u(o.dim))],
+                )?,
+                Op::RmsNorm(o) => {
+                    let w = match &o.weight {
+                        Some(t) => weights.small_f32(file, t)?,
+                        None => 0,
+                    };
+                    let (rows_per_token, fixed_rows) = (u(o.rows.per_token), u(o.rows.fixed));
+                    let grid = match o.rows.fixed_only() {
+                        None => per_token(rows_per_token),
+                        Some(_) => fixed(fixed_rows),
+                    };
+                    launch(
+                        "rms_norm",
+                        Grid::Blocks(grid, fixed(1)),
+                        THREADS,
+                        0,
+                        vec![
+                            v(o.x),
+                            Arg::Ptr(w),
+                            v(o.out),
+                            Arg::U32(u(o.dim)),
+                            Arg::F32(o.eps),
+                            Arg::U32(rows_per_token),
+                            Arg::U32(fixed_rows),
+                        ],
+                    )?;
+                }
+                Op::MatMul(o) => {
+                    let name = per_type("matmul_", o.w.ty)?;
+                    let (n_in, n_out) = (o.in_dim(), o.out_dim());
+                    if o.groups == 0 || n_out % o.groups != 0 {
+                        return Err(unsupported(format!(
+                            "matmul {} ({n_in} × {n_out}, {} groups)",
+                            o.w.name, o.groups
+                        )));
+                    }
+                    let fixed_rows = u(o.rows.fixed_only().unwrap_or(0));
+                    let per_token_rows = o.rows.fixed_only().is_none();
+                    let w = weights.tensor(file, &o.w, &mut progress)?;
+                    // y: token tiles of MM_TT = 8.
+                    let ty = if per_token_rows {
+                        per_tokens(8)
+                    } else {
+                        fixed(fixed_rows.div_ceil(8))
+                    };
+                    let args = vec![
+                        Arg::Ptr(w),
+                        Arg::U32(u(o.w.row_bytes())),
+                        Arg::U32(u(n_in)),
+                        Arg::U32(u(n_out)),
+                        Arg::U32(u(o.groups)),
+                        v(o.x),
+                        v(o.out),
+                    ];
+                    let mut cuda_core = args.clone();
+                    cuda_core.push(Arg::U32(fixed_rows));
+                    launch(
+                        name,
+                        Grid::Blocks(fixed(u(n_out).div_ceil(8)), ty),
+                        THREADS,
+                        0,
+                        cuda_core,
+                    )?;
+                    // Tensor cores for prefill steps: whole 32-value units and
+                    // 64-row tiles that never straddle an output group.
+                    let per_group = n_out / o.groups;
+                    if tensor_cores
+                        && per_token_rows
+                        && u(graph.max_tokens) >= MMA_MIN_TOKENS
+                        && n_in % 32 == 0
+                        && (o.groups == 1 || per_group % 64 == 0)
+                    {
+                        list.only_for(0..=MMA_MIN_TOKENS - 1);
+                        list.launch(
+                            per_type("mma_", o.w.ty)?,
+                            Grid::Blocks(fixed(u(n_out).div_ceil(64)), per_tokens(32)),
+                            128,
+                            0,
+                            args,
+                        )?;
+                        list.only_for(MMA_MIN_TOKENS..=u32::MAX);
+                    }
+                }
+                Op::HcMix(o) => {
+                    let scale = weights.small_f32(file, &o.scale)?;
+                    let base = weights.small_f32(file, &o.base)?;
+                    if o.n_hc > 8 {
+                        return Err(unsupported(format!(
+                            "{} hyper-connection streams (at most 8)",
+                            o.n_hc
+                        )));
+                    }
+                    launch(
+                        "hc_mix",
+                        Grid::Blocks(per_tokens(64), fixed(1)),
+                        64,
+                        0,
+                        vec![
+                            v(o.logits),
+                            Arg::Ptr(scale),
+                            Arg::Ptr(base),
+                            v(o.pre),
+                            o.post.map_or(Arg::Ptr(0), v),
+                            o.comb.map_or(Arg::Ptr(0), v),
+                            Arg::U32(u(o.n_hc)),
+                            Arg::U32(u(o.mix_dim())),
+                            Arg::U32(u(o.sinkhorn_iters)),
+                            Arg::F32(o.eps),
+                        ],
+                    )?;
+                }
+                Op::HcCollapse(o) => launch(
+                    "hc_collapse",
                     Grid::Threads(per_token(u(o.items()))),
                     THREADS,
                     0,
                     vec![
-                        v(o.x),
+                        v(o.state),
+                        v(o.pre),
                         v(o.out),
-                        Arg::Ptr(f),
-                        Arg::U32(u(o.rope.n_rot / 2)),
-                        Arg::U32(u(o.heads)),
-                        Arg::U32(u(o.head_dim)),
-                        Arg::U32(o.inverse as u32),
-                    ],
-                )?;
-            }
-            Op::KvRound(o) => {
-                let block = 32 * u(o.dim.div_ceil(64));
-                if block > 1024 {
-                    return Err(unsupported(format!(
-                        "kv_round of {} dims (at most 2048)",
-                        o.dim
-                    )));
-                }
-                launch(
-                    "kv_round",
-                    Grid::Blocks(per_token(1), fixed(1)),
-                    block,
-                    0,
-                    vec![
-                        v(o.x),
-                        v(o.out),
+                        Arg::U32(u(o.n_hc)),
                         Arg::U32(u(o.dim)),
-                        Arg::U32(u(o.n_rot)),
-                        Arg::U32(o.fp8 as u32),
-                        Arg::U32(o.f16 as u32),
                     ],
-                )?;
-            }
-            Op::HadamardFp4(o) => {
-                let hd = o.head_dim;
-                if !hd.is_power_of_two() || hd > 1024 || o.cols % hd != 0 {
-                    return Err(unsupported(format!("hadamard_fp4 over heads of {hd}")));
-                }
-                launch(
-                    "hadamard_fp4",
-                    Grid::Blocks(per_token(u(o.blocks())), fixed(1)),
-                    u(hd.max(32)),
-                    u(4 * hd),
-                    vec![v(o.x), v(o.out), Arg::U32(u(o.cols)), Arg::U32(u(hd))],
-                )?;
-            }
-            Op::Attention(o) => {
-                if o.head_dim > 512 {
-                    return Err(unsupported(format!(
-                        "attention head dim {} (at most 512)",
-                        o.head_dim
-                    )));
-                }
-                let sinks = weights.small_f32(file, &o.sinks)?;
-                let (comp, ratio) = match o.compressed {
-                    Some(c) => (st(c.rows)?, c.ratio),
-                    None => (Arg::Ptr(0), 0),
-                };
-                launch(
-                    "attention",
-                    Grid::Blocks(fixed(u(o.n_head)), per_token(1)),
+                )?,
+                Op::HcExpand(o) => launch(
+                    "hc_expand",
+                    Grid::Threads(per_token(u(o.items()))),
                     THREADS,
                     0,
                     vec![
-                        v(o.q),
+                        v(o.state),
+                        v(o.y),
+                        v(o.post),
+                        v(o.comb),
+                        v(o.out),
+                        Arg::U32(u(o.n_hc)),
+                        Arg::U32(u(o.dim)),
+                    ],
+                )?,
+                Op::Rope(o) => {
+                    let f = freqs(freq_map, &o.rope)?;
+                    launch(
+                        "rope",
+                        Grid::Threads(per_token(u(o.items()))),
+                        THREADS,
+                        0,
+                        vec![
+                            v(o.x),
+                            v(o.out),
+                            Arg::Ptr(f),
+                            Arg::U32(u(o.rope.n_rot / 2)),
+                            Arg::U32(u(o.heads)),
+                            Arg::U32(u(o.head_dim)),
+                            Arg::U32(o.inverse as u32),
+                        ],
+                    )?;
+                }
+                Op::KvRound(o) => {
+                    let block = 32 * u(o.dim.div_ceil(64));
+                    if block > 1024 {
+                        return Err(unsupported(format!(
+                            "kv_round of {} dims (at most 2048)",
+                            o.dim
+                        )));
+                    }
+                    launch(
+                        "kv_round",
+                        Grid::Blocks(per_token(1), fixed(1)),
+                        block,
+                        0,
+                        vec![
+                            v(o.x),
+                            v(o.out),
+                            Arg::U32(u(o.dim)),
+                            Arg::U32(u(o.n_rot)),
+                            Arg::U32(o.fp8 as u32),
+                            Arg::U32(o.f16 as u32),
+                        ],
+                    )?;
+                }
+                Op::HadamardFp4(o) => {
+                    let hd = o.head_dim;
+                    if !hd.is_power_of_two() || hd > 1024 || o.cols % hd != 0 {
+                        return Err(unsupported(format!("hadamard_fp4 over heads of {hd}")));
+                    }
+                    launch(
+                        "hadamard_fp4",
+                        Grid::Blocks(per_token(u(o.blocks())), fixed(1)),
+                        u(hd.max(32)),
+                        u(4 * hd),
+                        vec![v(o.x), v(o.out), Arg::U32(u(o.cols)), Arg::U32(u(hd))],
+                    )?;
+                }
+                Op::Attention(o) => {
+                    if o.head_dim > 512 {
+                        return Err(unsupported(format!(
+                            "attention head dim {} (at most 512)",
+                            o.head_dim
+                        )));
+                    }
+                    let sinks = weights.small_f32(file, &o.sinks)?;
+                    let (comp, ratio) = match o.compressed {
+                        Some(c) => (st(c.rows)?, c.ratio),
+                        None => (Arg::Ptr(0), 0),
+                    };
+                    launch(
+                        "attention",
+                        Grid::Blocks(fixed(u(o.n_head)), per_token(1)),
+                        THREADS,
+                        0,
+                        vec![
+                            v(o.q),
+                            v(o.kv),
+                            st(o.ring)?,
+                            comp,
+                            o.selected.map_or(Arg::Ptr(0), v),
+                            Arg::Ptr(sinks),
+                            v(o.out),
+                            Arg::U32(u(o.window)),
+                            Arg::U32(u(ratio)),
+                            Arg::U32(u(o.top_k)),
+                            Arg::U32(u(o.n_head)),
+                            Arg::U32(u(o.head_dim)),
+                        ],
+                    )?;
+                }
+                Op::RingWrite(o) => launch(
+                    "ring_write",
+                    Grid::Threads(per_token(u(o.dim))),
+                    THREADS,
+                    0,
+                    vec![
                         v(o.kv),
                         st(o.ring)?,
-                        comp,
-                        o.selected.map_or(Arg::Ptr(0), v),
-                        Arg::Ptr(sinks),
-                        v(o.out),
                         Arg::U32(u(o.window)),
-                        Arg::U32(u(ratio)),
-                        Arg::U32(u(o.top_k)),
-                        Arg::U32(u(o.n_head)),
-                        Arg::U32(u(o.head_dim)),
+                        Arg::U32(u(o.dim)),
                     ],
-                )?;
-            }
-            Op::RingWrite(o) => launch(
-                "ring_write",
-                Grid::Threads(per_token(u(o.dim))),
-                THREADS,
-                0,
-                vec![
-                    v(o.kv),
-                    st(o.ring)?,
-                    Arg::U32(u(o.window)),
-                    Arg::U32(u(o.dim)),
-                ],
-            )?,
-            Op::Compress(o) => {
-                let hd = o.head_dim;
-                if o.width() > 1024
-                    || (o.rounding == RowRounding::HadamardFp4F16 && !hd.is_power_of_two())
-                {
-                    return Err(unsupported(format!("compressor of width {}", o.width())));
-                }
-                let ape = weights.small_f32(file, &o.ape)?;
-                let norm = weights.small_f32(file, &o.norm)?;
-                let f = freqs(freq_map, &o.rope)?;
-                let rounding = match o.rounding {
-                    RowRounding::None => 0,
-                    RowRounding::Fp8F16 => 1,
-                    RowRounding::HadamardFp4F16 => 2,
-                };
-                launch(
-                    "compress",
-                    Grid::Blocks(fixed(1), fixed(1)),
-                    1024,
-                    0,
-                    vec![
-                        v(o.kv),
-                        v(o.gate),
-                        Arg::Ptr(ape),
-                        Arg::Ptr(norm),
-                        st(o.state_kv)?,
-                        st(o.state_score)?,
-                        st(o.rows)?,
-                        Arg::Ptr(f),
-                        Arg::U32(u(o.ratio)),
-                        Arg::U32(u(hd)),
-                        Arg::U32(o.overlapped as u32),
-                        Arg::U32(u(o.rope.n_rot)),
-                        Arg::U32(rounding),
-                        Arg::F32(o.eps),
-                    ],
-                )?;
-            }
-            Op::IndexerTopK(o) => {
-                let max_rows = layout.get(o.rows).rows;
-                let blocks = u(graph.max_tokens).min(64);
-                let scratch = scratch(scratch_list, blocks as usize * max_rows.max(1) * 4)?;
-                launch(
-                    "indexer_topk",
-                    Grid::Blocks(fixed(blocks), fixed(1)),
-                    256,
-                    0,
-                    vec![
-                        v(o.q),
-                        v(o.weights),
-                        st(o.rows)?,
-                        v(o.out),
-                        Arg::Ptr(scratch),
-                        Arg::U32(u(o.ratio)),
-                        Arg::U32(u(o.top_k)),
-                        Arg::U32(u(o.n_head)),
-                        Arg::U32(u(o.head_dim)),
-                        Arg::U32(u(max_rows)),
-                    ],
-                )?;
-            }
-            Op::Router(o) => {
-                if o.n_expert > 1024 {
-                    return Err(unsupported(format!(
-                        "router over {} experts (at most 1024)",
-                        o.n_expert
-                    )));
-                }
-                let bias = match &o.bias {
-                    Some(t) => weights.small_f32(file, t)?,
-                    None => 0,
-                };
-                let (table, table_cols) = match &o.tid2eid {
-                    Some(t) => (
-                        weights.tensor(file, t, &mut progress)?,
-                        o.table_cols() as u32,
-                    ),
-                    None => (0, 0),
-                };
-                launch(
-                    "router",
-                    Grid::Blocks(per_token(1), fixed(1)),
-                    256,
-                    0,
-                    vec![
-                        v(o.logits),
-                        v(o.tokens),
-                        Arg::Ptr(bias),
-                        Arg::Ptr(table),
-                        Arg::U32(table_cols),
-                        v(o.selected),
-                        v(o.weights),
-                        Arg::U32(u(o.n_expert)),
-                        Arg::U32(u(o.k)),
-                        Arg::F32(o.scale),
-                        Arg::U32(o.normalize as u32),
-                    ],
-                )?;
-            }
-            Op::MoeExperts(o) => {
-                let crate::graph::ops::moe::ExpertDims {
-                    dim: d,
-                    hidden: ff,
-                    n_expert,
-                } = o.dims();
-                if n_expert == 0 {
-                    return Err(unsupported(format!("experts {d} × {ff}")));
-                }
-                let k = o.k;
-                let slots = graph.max_tokens * k;
-                let h = scratch(scratch_list, slots * ff * 4)?;
-                let y = scratch(scratch_list, slots * d * 4)?;
-                // A streamed layer reads its device slots through a slot-id
-                // selection (super::streaming).
-                let stream = streamed.get(&o.gate.offset);
-                let (n_ex, sel) = match stream {
-                    Some(l) => {
-                        let slot_sel = scratch(scratch_list, slots * 4)?;
-                        pending = Some(super::streaming::StreamPoint {
-                            first: 0,
-                            sum: 0,
-                            gate: o.gate.offset,
-                            k,
-                            n_expert,
-                            selected: values[o.selected.0 as usize],
-                            slot_sel,
-                            hash: super::streaming::hash_of(graph, o),
-                        });
-                        (l.slots, Arg::Ptr(slot_sel))
+                )?,
+                Op::Compress(o) => {
+                    let hd = o.head_dim;
+                    if o.width() > 1024
+                        || (o.rounding == RowRounding::HadamardFp4F16 && !hd.is_power_of_two())
+                    {
+                        return Err(unsupported(format!("compressor of width {}", o.width())));
                     }
-                    None => (n_expert, v(o.selected)),
-                };
-                let wptr = |weights: &mut Weights,
-                            progress: &mut Progress,
-                            t: &TensorRef|
-                 -> Result<CUdeviceptr, BackendError> {
-                    match stream {
-                        Some(l) => l.ptr(t).ok_or_else(|| {
-                            unsupported(format!("streamed {} without slots", t.name))
-                        }),
-                        None => weights.tensor(file, t, progress),
-                    }
-                };
-                let rows = |weights: &mut Weights,
-                            progress: &mut Progress,
-                            t: &TensorRef,
-                            n_in: usize,
-                            n_out: usize,
-                            x: Arg,
-                            per_slot: u32,
-                            dst: CUdeviceptr|
-                 -> Result<(&'static str, Vec<Arg>), BackendError> {
-                    let name = per_type("expert_rows_", t.ty)?;
-                    let w = wptr(weights, progress, t)?;
-                    let slab = t.n_bytes / n_expert as u64;
-                    Ok((
-                        name,
-                        vec![
-                            Arg::Ptr(w),
-                            Arg::U32(u(t.row_bytes())),
-                            Arg::U64(slab),
-                            Arg::U32(u(n_ex)),
-                            Arg::U32(u(n_in)),
-                            Arg::U32(u(n_out)),
-                            x,
-                            Arg::U32(per_slot),
-                            sel,
-                            Arg::U32(u(k)),
-                            Arg::Ptr(dst),
-                        ],
-                    ))
-                };
-                let grid =
-                    |n_out: usize| Grid::Blocks(fixed(u(n_out).div_ceil(8)), per_token(u(k)));
-                if o.gate_up_alike() {
-                    // One launch reads both rows and writes the weighted,
-                    // clamped SwiGLU product (cuda/moe.cu expert_gate_up_*).
-                    let name = per_type("expert_gate_up_", o.gate.ty)?;
-                    let gw = wptr(weights, &mut progress, &o.gate)?;
-                    let uw = wptr(weights, &mut progress, &o.up)?;
+                    let ape = weights.small_f32(file, &o.ape)?;
+                    let norm = weights.small_f32(file, &o.norm)?;
+                    let f = freqs(freq_map, &o.rope)?;
+                    let rounding = match o.rounding {
+                        RowRounding::None => 0,
+                        RowRounding::Fp8F16 => 1,
+                        RowRounding::HadamardFp4F16 => 2,
+                    };
                     launch(
-                        name,
-                        grid(ff),
-                        THREADS,
+                        "compress",
+                        Grid::Blocks(fixed(1), fixed(1)),
+                        1024,
                         0,
                         vec![
-                            Arg::Ptr(gw),
-                            Arg::Ptr(uw),
-                            Arg::U32(u(o.gate.row_bytes())),
-                            Arg::U64(o.gate.n_bytes / n_expert as u64),
-                            Arg::U32(u(n_ex)),
-                            Arg::U32(u(d)),
-                            Arg::U32(u(ff)),
-                            v(o.x),
-                            sel,
-                            v(o.weights),
-                            Arg::U32(u(k)),
-                            Arg::F32(o.clamp),
-                            Arg::Ptr(h),
-                        ],
-                    )?;
-                } else {
-                    let g = scratch(scratch_list, slots * ff * 4)?;
-                    let up = scratch(scratch_list, slots * ff * 4)?;
-                    let (name, args) = rows(weights, &mut progress, &o.gate, d, ff, v(o.x), 0, g)?;
-                    launch(name, grid(ff), THREADS, 0, args)?;
-                    let (name, args) = rows(weights, &mut progress, &o.up, d, ff, v(o.x), 0, up)?;
-                    launch(name, grid(ff), THREADS, 0, args)?;
-                    launch(
-                        "expert_swiglu",
-                        Grid::Threads(per_token(u(k * ff))),
-                        THREADS,
-                        0,
-                        vec![
-                            Arg::Ptr(g),
-                            Arg::Ptr(up),
-                            v(o.weights),
-                            Arg::Ptr(h),
-                            Arg::U32(u(ff)),
-                            Arg::U32(u(k)),
-                            Arg::F32(o.clamp),
+                            v(o.kv),
+                            v(o.gate),
+                            Arg::Ptr(ape),
+                            Arg::Ptr(norm),
+                            st(o.state_kv)?,
+                            st(o.state_score)?,
+                            st(o.rows)?,
+                            Arg::Ptr(f),
+                            Arg::U32(u(o.ratio)),
+                            Arg::U32(u(hd)),
+                            Arg::U32(o.overlapped as u32),
+                            Arg::U32(u(o.rope.n_rot)),
+                            Arg::U32(rounding),
+                            Arg::F32(o.eps),
                         ],
                     )?;
                 }
-                let (name, args) = rows(weights, &mut progress, &o.down, ff, d, Arg::Ptr(h), 1, y)?;
-                launch(name, grid(d), THREADS, 0, args)?;
-                launch(
-                    "expert_sum",
-                    Grid::Threads(per_token(u(d))),
+                Op::IndexerTopK(o) => {
+                    let max_rows = layout.get(o.rows).rows;
+                    let blocks = u(graph.max_tokens).min(64);
+                    let scratch = scratch(scratch_list, blocks as usize * max_rows.max(1) * 4)?;
+                    launch(
+                        "indexer_topk",
+                        Grid::Blocks(fixed(blocks), fixed(1)),
+                        256,
+                        0,
+                        vec![
+                            v(o.q),
+                            v(o.weights),
+                            st(o.rows)?,
+                            v(o.out),
+                            Arg::Ptr(scratch),
+                            Arg::U32(u(o.ratio)),
+                            Arg::U32(u(o.top_k)),
+                            Arg::U32(u(o.n_head)),
+                            Arg::U32(u(o.head_dim)),
+                            Arg::U32(u(max_rows)),
+                        ],
+                    )?;
+                }
+                Op::Router(o) => {
+                    if o.n_expert > 1024 {
+                        return Err(unsupported(format!(
+                            "router over {} experts (at most 1024)",
+                            o.n_expert
+                        )));
+                    }
+                    let bias = match &o.bias {
+                        Some(t) => weights.small_f32(file, t)?,
+                        None => 0,
+                    };
+                    let (table, table_cols) = match &o.tid2eid {
+                        Some(t) => (
+                            weights.tensor(file, t, &mut progress)?,
+                            o.table_cols() as u32,
+                        ),
+                        None => (0, 0),
+                    };
+                    launch(
+                        "router",
+                        Grid::Blocks(per_token(1), fixed(1)),
+                        256,
+                        0,
+                        vec![
+                            v(o.logits),
+                            v(o.tokens),
+                            Arg::Ptr(bias),
+                            Arg::Ptr(table),
+                            Arg::U32(table_cols),
+                            v(o.selected),
+                            v(o.weights),
+                            Arg::U32(u(o.n_expert)),
+                            Arg::U32(u(o.k)),
+                            Arg::F32(o.scale),
+                            Arg::U32(o.normalize as u32),
+                        ],
+                    )?;
+                }
+                Op::MoeExperts(o) => {
+                    let crate::graph::ops::moe::ExpertDims {
+                        dim: d,
+                        hidden: ff,
+                        n_expert,
+                    } = o.dims();
+                    if n_expert == 0 {
+                        return Err(unsupported(format!("experts {d} × {ff}")));
+                    }
+                    let k = o.k;
+                    let slots = graph.max_tokens * k;
+                    let h = scratch(scratch_list, slots * ff * 4)?;
+                    let y = scratch(scratch_list, slots * d * 4)?;
+                    // A streamed layer reads its device slots through a slot-id
+                    // selection (super::streaming).
+                    let stream = streamed.get(&o.gate.offset);
+                    let (n_ex, sel) = match stream {
+                        Some(l) => {
+                            let slot_sel = scratch(scratch_list, slots * 4)?;
+                            pending = Some(super::streaming::StreamPoint {
+                                first: 0,
+                                sum: 0,
+                                gate: o.gate.offset,
+                                k,
+                                n_expert,
+                                selected: values[o.selected.0 as usize],
+                                slot_sel,
+                                hash: super::streaming::hash_of(graph, o),
+                            });
+                            (l.slots, Arg::Ptr(slot_sel))
+                        }
+                        None => (n_expert, v(o.selected)),
+                    };
+                    let wptr = |weights: &mut Weights,
+                                progress: &mut Progress,
+                                t: &TensorRef|
+                     -> Result<CUdeviceptr, BackendError> {
+                        match stream {
+                            Some(l) => l.ptr(t).ok_or_else(|| {
+                                unsupported(format!("streamed {} without slots", t.name))
+                            }),
+                            None => weights.tensor(file, t, progress),
+                        }
+                    };
+                    let rows =
+                        |weights: &mut Weights,
+                         progress: &mut Progress,
+                         t: &TensorRef,
+                         n_in: usize,
+                         n_out: usize,
+                         x: Arg,
+                         per_slot: u32,
+                         dst: CUdeviceptr|
+                         -> Result<(&'static str, Vec<Arg>), BackendError> {
+                            let name = per_type("expert_rows_", t.ty)?;
+                            let w = wptr(weights, progress, t)?;
+                            let slab = t.n_bytes / n_expert as u64;
+                            Ok((
+                                name,
+                                vec![
+                                    Arg::Ptr(w),
+                                    Arg::U32(u(t.row_bytes())),
+                                    Arg::U64(slab),
+                                    Arg::U32(u(n_ex)),
+                                    Arg::U32(u(n_in)),
+                                    Arg::U32(u(n_out)),
+                                    x,
+                                    Arg::U32(per_slot),
+                                    sel,
+                                    Arg::U32(u(k)),
+                                    Arg::Ptr(dst),
+                                ],
+                            ))
+                        };
+                    let grid =
+                        |n_out: usize| Grid::Blocks(fixed(u(n_out).div_ceil(8)), per_token(u(k)));
+                    if o.gate_up_alike() {
+                        // One launch reads both rows and writes the weighted,
+                        // clamped SwiGLU product (cuda/moe.cu expert_gate_up_*).
+                        let name = per_type("expert_gate_up_", o.gate.ty)?;
+                        let gw = wptr(weights, &mut progress, &o.gate)?;
+                        let uw = wptr(weights, &mut progress, &o.up)?;
+                        launch(
+                            name,
+                            grid(ff),
+                            THREADS,
+                            0,
+                            vec![
+                                Arg::Ptr(gw),
+                                Arg::Ptr(uw),
+                                Arg::U32(u(o.gate.row_bytes())),
+                                Arg::U64(o.gate.n_bytes / n_expert as u64),
+                                Arg::U32(u(n_ex)),
+                                Arg::U32(u(d)),
+                                Arg::U32(u(ff)),
+                                v(o.x),
+                                sel,
+                                v(o.weights),
+                                Arg::U32(u(k)),
+                                Arg::F32(o.clamp),
+                                Arg::Ptr(h),
+                            ],
+                        )?;
+                    } else {
+                        let g = scratch(scratch_list, slots * ff * 4)?;
+                        let up = scratch(scratch_list, slots * ff * 4)?;
+                        let (name, args) =
+                            rows(weights, &mut progress, &o.gate, d, ff, v(o.x), 0, g)?;
+                        launch(name, grid(ff), THREADS, 0, args)?;
+                        let (name, args) =
+                            rows(weights, &mut progress, &o.up, d, ff, v(o.x), 0, up)?;
+                        launch(name, grid(ff), THREADS, 0, args)?;
+                        launch(
+                            "expert_swiglu",
+                            Grid::Threads(per_token(u(k * ff))),
+                            THREADS,
+                            0,
+                            vec![
+                                Arg::Ptr(g),
+                                Arg::Ptr(up),
+                                v(o.weights),
+                                Arg::Ptr(h),
+                                Arg::U32(u(ff)),
+                                Arg::U32(u(k)),
+                                Arg::F32(o.clamp),
+                            ],
+                        )?;
+                    }
+                    let (name, args) =
+                        rows(weights, &mut progress, &o.down, ff, d, Arg::Ptr(h), 1, y)?;
+                    launch(name, grid(d), THREADS, 0, args)?;
+                    launch(
+                        "expert_sum",
+                        Grid::Threads(per_token(u(d))),
+                        THREADS,
+                        0,
+                        vec![Arg::Ptr(y), v(o.out), Arg::U32(u(d)), Arg::U32(u(k))],
+                    )?;
+                }
+                Op::SwiGlu(o) => launch(
+                    "swiglu_clamped",
+                    Grid::Threads(per_token(u(o.cols))),
                     THREADS,
                     0,
-                    vec![Arg::Ptr(y), v(o.out), Arg::U32(u(d)), Arg::U32(u(k))],
-                )?;
+                    vec![
+                        v(o.gate),
+                        v(o.up),
+                        v(o.out),
+                        Arg::F32(o.clamp),
+                        Arg::U32(u(o.cols)),
+                    ],
+                )?,
+                Op::Add(o) => launch(
+                    "add",
+                    Grid::Threads(per_token(u(o.cols))),
+                    THREADS,
+                    0,
+                    vec![v(o.a), v(o.b), v(o.out), Arg::U32(u(o.cols))],
+                )?,
+                Op::Scale(o) => launch(
+                    "scale",
+                    Grid::Threads(per_token(u(o.cols))),
+                    THREADS,
+                    0,
+                    vec![v(o.x), v(o.out), Arg::F32(o.factor), Arg::U32(u(o.cols))],
+                )?,
+                Op::TakeLast(o) => launch(
+                    "take_last",
+                    Grid::Threads(fixed(u(o.cols))),
+                    THREADS,
+                    0,
+                    vec![v(o.x), v(o.out), Arg::U32(u(o.cols))],
+                )?,
+                // One state set: every row is state 0 (a null row-state array);
+                // several: the step's row states, uploaded by `run_step`.
+                Op::GatherLast(o) => launch(
+                    "gather_last",
+                    Grid::Threads(fixed(u(o.states * o.cols))),
+                    THREADS,
+                    0,
+                    vec![
+                        v(o.x),
+                        v(o.out),
+                        Arg::Ptr(if states.len() > 1 { row_states } else { 0 }),
+                        Arg::U32(u(o.cols)),
+                        Arg::U32(u(o.states)),
+                    ],
+                )?,
+                Op::V41(o) => {
+                    return Err(unsupported(format!(
+                        "{}: op not supported on this backend yet",
+                        o.name()
+                    )))
+                }
             }
-            Op::SwiGlu(o) => launch(
-                "swiglu_clamped",
-                Grid::Threads(per_token(u(o.cols))),
-                THREADS,
-                0,
-                vec![
-                    v(o.gate),
-                    v(o.up),
-                    v(o.out),
-                    Arg::F32(o.clamp),
-                    Arg::U32(u(o.cols)),
-                ],
-            )?,
-            Op::Add(o) => launch(
-                "add",
-                Grid::Threads(per_token(u(o.cols))),
-                THREADS,
-                0,
-                vec![v(o.a), v(o.b), v(o.out), Arg::U32(u(o.cols))],
-            )?,
-            Op::Scale(o) => launch(
-                "scale",
-                Grid::Threads(per_token(u(o.cols))),
-                THREADS,
-                0,
-                vec![v(o.x), v(o.out), Arg::F32(o.factor), Arg::U32(u(o.cols))],
-            )?,
-            Op::TakeLast(o) => launch(
-                "take_last",
-                Grid::Threads(fixed(u(o.cols))),
-                THREADS,
-                0,
-                vec![v(o.x), v(o.out), Arg::U32(u(o.cols))],
-            )?,
-            // One state set: every row is state 0 (a null row-state array).
-            Op::GatherLast(o) => launch(
-                "gather_last",
-                Grid::Threads(fixed(u(o.states * o.cols))),
-                THREADS,
-                0,
-                vec![
-                    v(o.x),
-                    v(o.out),
-                    Arg::Ptr(0),
-                    Arg::U32(u(o.cols)),
-                    Arg::U32(u(o.states)),
-                ],
-            )?,
-            Op::V41(o) => {
-                return Err(unsupported(format!(
-                    "{}: op not supported on this backend yet",
-                    o.name()
-                )))
+            if let Some(mut p) = pending {
+                // The pass's launches: rows from `before`, the sum last.
+                p.first = before;
+                p.sum = list.out.len() - 1;
+                points.push(p);
             }
-        }
-        if let Some(mut p) = pending {
-            // The pass's launches: rows from `before`, the sum last.
-            p.first = before;
-            p.sum = list.out.len() - 1;
-            points.push(p);
+            if per_session {
+                for l in &mut list.out[before..] {
+                    l.set = Some(set);
+                }
+            }
         }
     }
     progress.finish();

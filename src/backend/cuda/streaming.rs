@@ -158,6 +158,7 @@ impl CudaBackend {
         &mut self,
         h: usize,
         tokens: &[u32],
+        segs: &[crate::graph::Segment],
     ) -> Result<(), BackendError> {
         let n = tokens.len() as u32;
         let g = &self.graphs[h];
@@ -165,7 +166,7 @@ impl CudaBackend {
         for i in 0..g.points.len() {
             let g = &self.graphs[h];
             let p = &g.points[i];
-            self.enqueue(&g.launches[at..p.first], n)?;
+            self.enqueue(&g.launches[at..p.first], n, Some(segs))?;
             let rounds = self.stream_pass(h, i, tokens)?;
             let g = &self.graphs[h];
             let p = &g.points[i];
@@ -176,13 +177,13 @@ impl CudaBackend {
                 let staged = |e, part| self.staged.as_ref().and_then(|s| s.part(e, part));
                 upload(&self.streamed[&p.gate], round, &staged, self.dev.stream)?;
                 upload_async(p.slot_sel, bytemuck::cast_slice(slots), self.dev.stream)?;
-                self.enqueue(&g.launches[p.first..p.sum], n)?;
+                self.enqueue(&g.launches[p.first..p.sum], n, Some(segs))?;
             }
             self.staged = None;
             at = p.sum;
         }
         let g = &self.graphs[h];
-        self.enqueue(&g.launches[at..], n)
+        self.enqueue(&g.launches[at..], n, Some(segs))
     }
 
     /// The rounds of streamed pass `i` of graph `h` (with their slot-id

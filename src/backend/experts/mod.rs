@@ -17,8 +17,8 @@
 //! counted ([`StreamStats::predicted`]). Decisions and measurements:
 //! docs/SSD_STREAMING.md.
 
-pub mod profile;
 pub mod device;
+pub mod profile;
 pub mod read;
 
 use std::collections::{HashMap, HashSet};

@@ -315,7 +315,7 @@ pub fn matvec(
             contents: bytemuck::bytes_of(&StepUniform {
                 pos0: 0,
                 n_tokens: 1,
-                _pad: [0; 2],
+                ..Default::default()
             }),
             usage: wgpu::BufferUsages::UNIFORM,
         });

@@ -93,7 +93,12 @@ pub struct StepUniform {
     pub pos0: u32,
     /// Live tokens in this step (kernels bound-check against it).
     pub n_tokens: u32,
-    pub _pad: [u32; 2],
+    /// The first row of these tokens in the step's activations: 0 for the
+    /// step uniform every kernel reads; a session's first row in the
+    /// uniform of its state set, which the per-session kernels (attention,
+    /// ring write, compressor, indexer) read in a step of several sessions.
+    pub row0: u32,
+    pub _pad: u32,
 }
 
 /// One row of a step in the row table every position-dependent kernel reads

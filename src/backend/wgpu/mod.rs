@@ -8,6 +8,16 @@
 //! between [`Node::Flush`] points, each submitted as soon as it is encoded)
 //! and reads back only the logits. Kernels bound-check against the step's
 //! token count, so one recorded list serves every step of its shape class.
+//!
+//! Several sessions in one step ([`Backend::run_rows`]): the backend holds
+//! one copy of the state buffers per session ([`Backend::set_state_sets`]).
+//! The per-session ops (ring write, attention, compressor, indexer) are
+//! recorded with one bind group per state set, each binding that set's
+//! states and its own step uniform (the session's `pos0`, row count and first
+//! row); a step dispatches them once per session piece. Every other op runs
+//! once over all rows; its kernels reduce each row in one fixed order
+//! whatever the row count, so a session's logits do not depend on the rest
+//! of the batch.
 
 pub mod bandwidth;
 pub mod gpu;
@@ -29,7 +39,7 @@ use wgpu::util::DeviceExt;
 pub use gpu::{AdapterChoice, Gpu, RowRecord, StepUniform};
 
 use super::{state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile};
-use crate::graph::{plan, DType, Graph, StateId, StateLayout, StepParams, ValueId};
+use crate::graph::{plan, DType, Graph, Segment, StateId, StateLayout, StepParams, ValueId};
 
 /// How many workgroups a dispatch needs for `n` live tokens.
 #[derive(Clone, Copy, Debug)]
@@ -144,10 +154,20 @@ pub enum Work {
     /// A routed pass over a streamed layer (`--ssd-streaming`): `run_step`
     /// stops encoding there to find its experts and upload the misses.
     Streamed(Box<streaming::StreamedExperts>),
+    /// A per-session kernel: `binds[set]` binds state set `set` and its
+    /// step uniform; dispatched once per session piece of the step, sized
+    /// from the piece's row count.
+    PerSession {
+        pipeline: wgpu::ComputePipeline,
+        binds: Vec<wgpu::BindGroup>,
+        size: Size,
+    },
 }
 
 impl Work {
-    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n: u32) {
+    /// Records this entry for a step of `n` rows whose session pieces are
+    /// `segs`.
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n: u32, segs: &[Segment]) {
         match self {
             Work::Kernel {
                 pipeline,
@@ -158,6 +178,19 @@ impl Work {
                     pass.set_pipeline(pipeline);
                     pass.set_bind_group(0, bind, &[]);
                     pass.dispatch_workgroups(x, y, z);
+                }
+            }
+            Work::PerSession {
+                pipeline,
+                binds,
+                size,
+            } => {
+                for s in segs {
+                    if let Some([x, y, z]) = size.workgroups(s.n as u32) {
+                        pass.set_pipeline(pipeline);
+                        pass.set_bind_group(0, &binds[s.state], &[]);
+                        pass.dispatch_workgroups(x, y, z);
+                    }
                 }
             }
             Work::Dense(d, fixed) => d.encode(pass, fixed.unwrap_or(n)),
@@ -194,8 +227,15 @@ pub struct WgpuBackend {
     pipes: Arc<kernels::Pipelines>,
     file: WeightFile,
     layout: StateLayout,
-    states: Vec<GpuState>,
+    /// `sets[set][state]`: one copy of the state buffers per session.
+    sets: Vec<Vec<GpuState>>,
+    /// The step uniform every kernel over all rows reads.
     step: wgpu::Buffer,
+    /// Per state set: the uniform its per-session kernels read (the
+    /// session's `pos0`, row count and first row in the step).
+    set_steps: Vec<wgpu::Buffer>,
+    /// States may be stored as f16 (device feature, not `kv_f32`).
+    f16_ok: bool,
     /// Matrices and expert tensors as stored in the file, in chunks of
     /// whole rows (shared by every graph).
     tensors: HashMap<String, Arc<weights::GpuTensor>>,
@@ -256,9 +296,6 @@ impl WgpuBackend {
         layout: StateLayout,
         opts: &BackendOptions,
     ) -> Result<WgpuBackend, BackendError> {
-        let storage = wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST;
         let cap = match opts.state_chunk_cap {
             Some(c) if c > 0 => c.min(gpu.max_binding()),
             _ => gpu.max_binding(),
@@ -266,52 +303,9 @@ impl WgpuBackend {
         // f16 rows need shader-f16 and whole u32 words per row (buffer
         // copies and writes move 4-byte multiples).
         let f16_ok = !opts.kv_f32 && gpu.features.contains(wgpu::Features::SHADER_F16);
-        let mut states = Vec::new();
-        for d in &layout.states {
-            let f16 = f16_ok && d.f16_values && d.cols % 2 == 0;
-            let vb = if f16 { 2 } else { 4 };
-            let row_bytes = (d.cols * vb).max(4) as u64;
-            check_binding(&gpu, &format!("a row of state {}", d.name), row_bytes)?;
-            // Whole rows per chunk; every chunk but the last is full.
-            let chunk_rows = ((cap / row_bytes) as usize).clamp(1, d.rows.max(1));
-            let n_chunks = d.rows.div_ceil(chunk_rows).max(1);
-            if n_chunks > MAX_STATE_CHUNKS {
-                return Err(BackendError::Device {
-                    device: gpu.describe(),
-                    msg: format!(
-                        "state {} needs {} bytes, {n_chunks} bindings of at most {cap} bytes; \
-                         kernels bind at most {MAX_STATE_CHUNKS} (max_storage_buffer_binding_size {}); \
-                         use a smaller --ctx",
-                        d.name,
-                        d.rows * d.cols * vb,
-                        gpu.limits.max_storage_buffer_binding_size
-                    ),
-                });
-            }
-            let chunks = (0..n_chunks)
-                .map(|c| {
-                    let rows = chunk_rows.min(d.rows - (c * chunk_rows).min(d.rows));
-                    gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some(&format!("{} chunk {c}", d.name)),
-                        size: (rows * d.cols * vb).next_multiple_of(4).max(4) as u64,
-                        usage: storage,
-                        mapped_at_creation: false,
-                    })
-                })
-                .collect();
-            states.push(GpuState {
-                chunks,
-                chunk_rows,
-                cols: d.cols,
-                f16,
-            });
-        }
-        let step = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("step"),
-            size: std::mem::size_of::<StepUniform>() as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let states = make_states(&gpu, &layout, cap, f16_ok)?;
+        let step = step_buffer(&gpu, "step");
+        let set_step = step_buffer(&gpu, "step of set 0");
         let small_buf = |label: &str| {
             gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -329,8 +323,10 @@ impl WgpuBackend {
             gpu,
             file,
             layout,
-            states,
+            sets: vec![states],
+            set_steps: vec![set_step],
             step,
+            f16_ok,
             tensors: HashMap::new(),
             small: HashMap::new(),
             tables: HashMap::new(),
@@ -374,12 +370,12 @@ impl WgpuBackend {
 
     /// Whether state `s` is stored as f16 on the device.
     pub fn state_is_f16(&self, s: StateId) -> bool {
-        self.states.get(s.0 as usize).is_some_and(|st| st.f16)
+        self.sets[0].get(s.0 as usize).is_some_and(|st| st.f16)
     }
 
     /// How many bindings (chunks of whole rows) state `s` spans.
     pub fn state_chunks(&self, s: StateId) -> usize {
-        self.states
+        self.sets[0]
             .get(s.0 as usize)
             .map_or(0, |st| st.chunks.len())
     }
@@ -467,14 +463,19 @@ impl WgpuBackend {
 
     /// [`BackendOptions::wgpu_profile`]: runs each dispatch alone and waits for it, then
     /// prints wall time per op kind (stderr). Slow; for finding hot spots.
-    fn profile_segment(&self, seg: &[(&'static str, Work)], n: u32) -> Result<(), BackendError> {
+    fn profile_segment(
+        &self,
+        seg: &[(&'static str, Work)],
+        n: u32,
+        segs: &[Segment],
+    ) -> Result<(), BackendError> {
         let mut t: Vec<(&str, f64, usize)> = Vec::new();
         for (name, w) in seg {
             let t0 = std::time::Instant::now();
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                w.encode(&mut pass, n);
+                w.encode(&mut pass, n, segs);
             }
             self.gpu.queue.submit([enc.finish()]);
             self.gpu.wait()?;
@@ -540,20 +541,18 @@ impl WgpuBackend {
             })
     }
 
-    /// One step whose rows carry the positions in `rows` (the row table);
-    /// `p.pos0` is the position of the step's first raw row (what attention
-    /// finds in the step rather than in the ring).
+    /// One step: row `t` is token `tokens[t]` at `rows[t].pos` of session
+    /// `rows[t].state`; `segs` are the step's session pieces (checked).
     fn run_step(
         &mut self,
         h: GraphHandle,
         tokens: &[u32],
-        p: StepParams,
         rows: &[RowRecord],
+        segs: &[Segment],
     ) -> Result<(), BackendError> {
         let g = self.loaded(h)?;
-
         let graph = g.graph.clone();
-        super::check_step(&graph, tokens, &p)?;
+        let n_rows = rows.len();
         if let Some(c) = &self.experts {
             let file = self.file.clone();
             c.begin_step_except((*file).as_ref(), tokens, &|gate, e| self.on_device(gate, e))
@@ -564,19 +563,30 @@ impl WgpuBackend {
             .queue
             .write_buffer(g.buffer(graph.tokens), 0, bytemuck::cast_slice(&ids));
         let u = StepUniform {
-            pos0: p.pos0 as u32,
-            n_tokens: p.n_tokens as u32,
-            _pad: [0; 2],
+            pos0: segs.first().map_or(0, |s| s.pos0 as u32),
+            n_tokens: n_rows as u32,
+            ..Default::default()
         };
         self.gpu
             .queue
             .write_buffer(&self.step, 0, bytemuck::bytes_of(&u));
+        for s in segs {
+            let u = StepUniform {
+                pos0: s.pos0 as u32,
+                n_tokens: s.n as u32,
+                row0: s.row0 as u32,
+                _pad: 0,
+            };
+            self.gpu
+                .queue
+                .write_buffer(&self.set_steps[s.state], 0, bytemuck::bytes_of(&u));
+        }
         self.gpu
             .queue
             .write_buffer(&g.rows, 0, bytemuck::cast_slice(rows));
-        let n = p.n_tokens as u32;
+        let n = n_rows as u32;
         let logits = graph.value(graph.logits);
-        let live = logits.live_rows(p.n_tokens) * logits.cols;
+        let live = logits.live_rows(n_rows) * logits.cols;
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
             size: (live * 4).max(4) as u64,
@@ -595,16 +605,16 @@ impl WgpuBackend {
                     .position(|(_, w)| matches!(w, Work::Streamed(_)));
                 let run = &rest[..cut.unwrap_or(rest.len())];
                 if profile {
-                    self.profile_segment(run, n)?;
+                    self.profile_segment(run, n, segs)?;
                 } else if !run.is_empty() {
                     let mut pass = enc.begin_compute_pass(&Default::default());
                     for (_, w) in run {
-                        w.encode(&mut pass, n);
+                        w.encode(&mut pass, n, segs);
                     }
                 }
                 let Some(c) = cut else { break };
                 if let Work::Streamed(se) = &rest[c].1 {
-                    enc = self.routed_pass(enc, se, &tokens[..p.n_tokens])?;
+                    enc = self.routed_pass(enc, se, &tokens[..n_rows])?;
                 }
                 rest = &rest[c + 1..];
             }
@@ -622,32 +632,127 @@ impl WgpuBackend {
         let bytes = self.map_read(&staging, (live * 4) as u64)?;
         let g = &mut self.graphs[h.0];
         g.logits = to_f32(logits.dtype, &bytes);
-        g.n_tokens = p.n_tokens;
+        g.n_tokens = n_rows;
         Ok(())
     }
 
-    /// Runs graph `h` over rows with explicit positions (the row table):
-    /// row `t` is at `rows[t].pos`. Rows of one step that depend on each
-    /// other through the KV state must be consecutive (what `run` passes);
-    /// ops that treat rows independently (RoPE) accept any positions.
-    pub fn run_rows(
+    /// Runs graph `h` over rows of session 0 at any positions (`rows[t].pos`),
+    /// for graphs whose ops treat rows independently (RoPE): the row table
+    /// of a step of sessions ([`Backend::run_rows`]) must give each session
+    /// one block of consecutive positions, which the KV ops rely on.
+    pub fn run_free_positions(
         &mut self,
         h: GraphHandle,
         tokens: &[u32],
         rows: &[RowRecord],
     ) -> Result<(), BackendError> {
-        if rows.len() != tokens.len() {
-            return Err(BackendError::Value {
-                value: "row table".into(),
-                msg: format!("{} rows for {} tokens", rows.len(), tokens.len()),
-            });
-        }
+        let graph = self.loaded(h)?.graph.clone();
         let p = StepParams {
             pos0: rows.first().map_or(0, |r| r.pos as usize),
             n_tokens: rows.len(),
         };
-        self.run_step(h, tokens, p, rows)
+        super::check_step(&graph, tokens, &p)?;
+        if let Some(t) = rows.iter().position(|r| r.state != 0) {
+            return Err(BackendError::BadRows(format!(
+                "row {t}: state {} (rows at free positions belong to set 0)",
+                rows[t].state
+            )));
+        }
+        let seg = Segment {
+            row0: 0,
+            n: p.n_tokens,
+            pos0: p.pos0,
+            state: 0,
+        };
+        self.run_step(h, tokens, rows, &[seg])
     }
+
+    /// The state buffers of set `set`, or an error naming it.
+    fn set(&self, set: usize) -> Result<&[GpuState], BackendError> {
+        self.sets
+            .get(set)
+            .map(|v| &v[..])
+            .ok_or_else(|| BackendError::State {
+                state: format!("set {set}"),
+                msg: format!("wgpu holds {} state sets", self.sets.len()),
+            })
+    }
+
+    /// Puts every state of set `set` back to its fresh value.
+    fn reset_set_buffers(&self, set: usize) {
+        for (st, d) in self.sets[set].iter().zip(&self.layout.states) {
+            let vb = st.value_bytes();
+            for (c, off, n) in st.pieces(0..d.rows * d.cols) {
+                let bytes = st.encode(&vec![d.init; n]);
+                self.gpu
+                    .queue
+                    .write_buffer(&st.chunks[c], (off * vb) as u64, &bytes);
+            }
+        }
+    }
+}
+
+/// A step uniform buffer, written per step.
+fn step_buffer(gpu: &Gpu, label: &str) -> wgpu::Buffer {
+    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: std::mem::size_of::<StepUniform>() as u64,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    })
+}
+
+/// One set of state buffers for `layout`: chunks of whole rows of at most
+/// `cap` bytes, f16 where allowed and every value is f16.
+fn make_states(
+    gpu: &Gpu,
+    layout: &StateLayout,
+    cap: u64,
+    f16_ok: bool,
+) -> Result<Vec<GpuState>, BackendError> {
+    let storage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    let mut states = Vec::new();
+    for d in &layout.states {
+        let f16 = f16_ok && d.f16_values && d.cols % 2 == 0;
+        let vb = if f16 { 2 } else { 4 };
+        let row_bytes = (d.cols * vb).max(4) as u64;
+        check_binding(gpu, &format!("a row of state {}", d.name), row_bytes)?;
+        // Whole rows per chunk; every chunk but the last is full.
+        let chunk_rows = ((cap / row_bytes) as usize).clamp(1, d.rows.max(1));
+        let n_chunks = d.rows.div_ceil(chunk_rows).max(1);
+        if n_chunks > MAX_STATE_CHUNKS {
+            return Err(BackendError::Device {
+                device: gpu.describe(),
+                msg: format!(
+                    "state {} needs {} bytes, {n_chunks} bindings of at most {cap} bytes; \
+                     kernels bind at most {MAX_STATE_CHUNKS} (max_storage_buffer_binding_size {}); \
+                     use a smaller --ctx",
+                    d.name,
+                    d.rows * d.cols * vb,
+                    gpu.limits.max_storage_buffer_binding_size
+                ),
+            });
+        }
+        let chunks = (0..n_chunks)
+            .map(|c| {
+                let rows = chunk_rows.min(d.rows - (c * chunk_rows).min(d.rows));
+                gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(&format!("{} chunk {c}", d.name)),
+                    size: (rows * d.cols * vb).next_multiple_of(4).max(4) as u64,
+                    usage: storage,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect();
+        states.push(GpuState {
+            chunks,
+            chunk_rows,
+            cols: d.cols,
+            f16,
+        });
+    }
+    Ok(states)
 }
 
 /// Values read back, i32 ones converted to f32 numbers (as the CPU does).
@@ -735,14 +840,97 @@ impl Backend for WgpuBackend {
     }
 
     fn run(&mut self, h: GraphHandle, tokens: &[u32], p: StepParams) -> Result<(), BackendError> {
-        // One session per step today: consecutive positions, state 0.
-        let rows: Vec<RowRecord> = (0..p.n_tokens)
-            .map(|t| RowRecord {
-                pos: (p.pos0 + t) as u32,
-                state: 0,
-            })
-            .collect();
-        self.run_step(h, tokens, p, &rows)
+        self.run_rows(h, tokens, &crate::graph::RowRecord::contiguous(p))
+    }
+
+    fn state_sets(&self) -> usize {
+        self.sets.len()
+    }
+
+    /// Holds `n` fresh state sets; the loaded graphs are recorded again so
+    /// that their per-session kernels bind every set.
+    fn set_state_sets(&mut self, n: usize) -> Result<(), BackendError> {
+        if n == 0 {
+            return Err(BackendError::State {
+                state: "sets".into(),
+                msg: "at least one state set".into(),
+            });
+        }
+        let cap = self.chunk_bytes;
+        self.sets.truncate(n);
+        self.set_steps.truncate(n);
+        while self.sets.len() < n {
+            let states = make_states(&self.gpu, &self.layout, cap, self.f16_ok)?;
+            self.sets.push(states);
+            let label = format!("step of set {}", self.set_steps.len());
+            self.set_steps.push(step_buffer(&self.gpu, &label));
+        }
+        for set in 0..n {
+            self.reset_set_buffers(set);
+        }
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let r = graphs.iter_mut().try_for_each(|g| {
+            g.segments = record::record(self, g)?;
+            Ok(())
+        });
+        self.graphs = graphs;
+        r?;
+        self.gpu.check()
+    }
+
+    fn run_rows(
+        &mut self,
+        h: GraphHandle,
+        tokens: &[u32],
+        rows: &[crate::graph::RowRecord],
+    ) -> Result<(), BackendError> {
+        let graph = self.loaded(h)?.graph.clone();
+        let segs = super::check_rows(&graph, tokens, rows, self.sets.len())?;
+        self.run_step(h, tokens, rows, &segs)
+    }
+
+    fn read_set_rows(
+        &self,
+        set: usize,
+        s: StateId,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, BackendError> {
+        let r = state_range(&self.layout, s, 0, None, Some(rows))?;
+        let st = &self.set(set)?[s.0 as usize];
+        let mut out = Vec::with_capacity(r.len());
+        let vb = st.value_bytes();
+        for (c, off, n) in st.pieces(r) {
+            let bytes = self.read_bytes(&st.chunks[c], (off * vb) as u64, (n * vb) as u64)?;
+            out.extend(st.decode(&bytes));
+        }
+        Ok(out)
+    }
+
+    fn write_set_rows(
+        &mut self,
+        set: usize,
+        s: StateId,
+        first: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
+        let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
+        let st = &self.set(set)?[s.0 as usize];
+        let mut at = 0;
+        let vb = st.value_bytes();
+        for (c, off, n) in st.pieces(r) {
+            let bytes = st.encode(&data[at..at + n]);
+            self.gpu
+                .queue
+                .write_buffer(&st.chunks[c], (off * vb) as u64, &bytes);
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn reset_set(&mut self, set: usize) -> Result<(), BackendError> {
+        self.set(set)?;
+        self.reset_set_buffers(set);
+        Ok(())
     }
 
     fn read_value(&self, h: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
@@ -784,15 +972,7 @@ impl Backend for WgpuBackend {
     }
 
     fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
-        let r = state_range(&self.layout, s, 0, None, Some(rows))?;
-        let st = &self.states[s.0 as usize];
-        let mut out = Vec::with_capacity(r.len());
-        let vb = st.value_bytes();
-        for (c, off, n) in st.pieces(r) {
-            let bytes = self.read_bytes(&st.chunks[c], (off * vb) as u64, (n * vb) as u64)?;
-            out.extend(st.decode(&bytes));
-        }
-        Ok(out)
+        self.read_set_rows(0, s, rows)
     }
 
     fn write_state_rows(
@@ -801,29 +981,10 @@ impl Backend for WgpuBackend {
         first: usize,
         data: &[f32],
     ) -> Result<(), BackendError> {
-        let r = state_range(&self.layout, s, first, Some(data.len()), None)?;
-        let st = &self.states[s.0 as usize];
-        let mut at = 0;
-        let vb = st.value_bytes();
-        for (c, off, n) in st.pieces(r) {
-            let bytes = st.encode(&data[at..at + n]);
-            self.gpu
-                .queue
-                .write_buffer(&st.chunks[c], (off * vb) as u64, &bytes);
-            at += n;
-        }
-        Ok(())
+        self.write_set_rows(0, s, first, data)
     }
 
     fn reset_states(&mut self) {
-        for (st, d) in self.states.iter().zip(&self.layout.states) {
-            let vb = st.value_bytes();
-            for (c, off, n) in st.pieces(0..d.rows * d.cols) {
-                let bytes = st.encode(&vec![d.init; n]);
-                self.gpu
-                    .queue
-                    .write_buffer(&st.chunks[c], (off * vb) as u64, &bytes);
-            }
-        }
+        self.reset_set_buffers(0);
     }
 }

@@ -27,7 +27,7 @@ macro_rules! params {
 params! {
     /// shaders/common.wgsl (the Rust side is `gpu::StepUniform`; mirrored
     /// here so the layout check covers it).
-    StepUniform { pos0: u32, n_tokens: u32, _pad0: u32, _pad1: u32 }
+    StepUniform { pos0: u32, n_tokens: u32, row0: u32, _pad0: u32 }
     /// shaders/common.wgsl (the Rust side is `gpu::RowRecord`).
     RowRecord { pos: u32, state: u32 }
     EltParams { cols: u32, factor: f32, clamp: f32, n_hc: u32 }

@@ -64,10 +64,10 @@ impl Rec<'_> {
         self.g.buffer(v).clone()
     }
 
-    /// A state bound whole (ring, compressor frontier: sizes that do not
-    /// grow with the context).
-    fn state(&self, s: StateId) -> Result<wgpu::Buffer, BackendError> {
-        let st = &self.b.states[s.0 as usize];
+    /// State `s` of set `set` bound whole (ring, compressor frontier: sizes
+    /// that do not grow with the context).
+    fn state(&self, set: usize, s: StateId) -> Result<wgpu::Buffer, BackendError> {
+        let st = &self.b.sets[set][s.0 as usize];
         if st.chunks.len() != 1 {
             return Err(BackendError::Device {
                 device: self.b.gpu.describe(),
@@ -118,8 +118,8 @@ impl Rec<'_> {
     /// A state of cached rows bound as `MAX_STATE_CHUNKS` bindings of whole
     /// rows (unused ones repeat chunk 0, or get a dummy when writable), and
     /// the rows per chunk.
-    fn state_chunks(&self, s: StateId, writable: bool) -> (Vec<wgpu::Buffer>, u32) {
-        let st = &self.b.states[s.0 as usize];
+    fn state_chunks(&self, set: usize, s: StateId, writable: bool) -> (Vec<wgpu::Buffer>, u32) {
+        let st = &self.b.sets[set][s.0 as usize];
         let mut out = st.chunks.clone();
         for i in out.len()..MAX_STATE_CHUNKS {
             out.push(if writable {
@@ -196,10 +196,60 @@ impl Rec<'_> {
             .unwrap_or_else(|p| p.into_inner())
             .pipeline(&self.b.gpu, family, entry)?;
         let pbuf = self.b.uniform(entry, params);
+        let bind = self.bind(family, entry, &layout, &self.b.step, &pbuf, storage)?;
+        Ok(Work::Kernel {
+            pipeline,
+            bind,
+            size,
+        })
+    }
+
+    /// A per-session kernel: one bind group per state set, each binding
+    /// that set's step uniform and the buffers `storage(set)` gives.
+    fn kernel_sets<P: bytemuck::Pod>(
+        &mut self,
+        family: &str,
+        entry: &str,
+        params: &P,
+        storage: impl Fn(&Self, usize) -> Result<Vec<wgpu::Buffer>, BackendError>,
+        size: Size,
+    ) -> Result<Work, BackendError> {
+        let (pipeline, layout) = self
+            .b
+            .pipes
+            .kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pipeline(&self.b.gpu, family, entry)?;
+        let pbuf = self.b.uniform(entry, params);
+        let mut binds = Vec::with_capacity(self.b.sets.len());
+        for set in 0..self.b.sets.len() {
+            let s = storage(self, set)?;
+            let step = &self.b.set_steps[set];
+            binds.push(self.bind(family, entry, &layout, step, &pbuf, &s)?);
+        }
+        Ok(Work::PerSession {
+            pipeline,
+            binds,
+            size,
+        })
+    }
+
+    /// The bind group of one dispatch: step uniform, parameters, storage
+    /// buffers in order, then the row table where the family reads it.
+    fn bind(
+        &self,
+        family: &str,
+        entry: &str,
+        layout: &wgpu::BindGroupLayout,
+        step: &wgpu::Buffer,
+        pbuf: &wgpu::Buffer,
+        storage: &[wgpu::Buffer],
+    ) -> Result<wgpu::BindGroup, BackendError> {
         let mut entries = vec![
             wgpu::BindGroupEntry {
                 binding: 0,
-                resource: self.b.step.as_entire_binding(),
+                resource: step.as_entire_binding(),
             },
             wgpu::BindGroupEntry {
                 binding: 1,
@@ -219,17 +269,12 @@ impl Rec<'_> {
             });
         }
         let gpu = &self.b.gpu;
-        let bind = kernels::scoped(gpu, &format!("bind group of {family}::{entry}"), || {
+        kernels::scoped(gpu, &format!("bind group of {family}::{entry}"), || {
             gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(entry),
-                layout: &layout,
+                layout,
                 entries: &entries,
             })
-        })?;
-        Ok(Work::Kernel {
-            pipeline,
-            bind,
-            size,
         })
     }
 
@@ -353,7 +398,7 @@ impl Rec<'_> {
                     let u = super::StepUniform {
                         pos0: 0,
                         n_tokens: r,
-                        _pad: [0; 2],
+                        ..Default::default()
                     };
                     self.b.uniform("fixed rows", &u)
                 });
@@ -512,29 +557,38 @@ impl Rec<'_> {
                     scale: 1.0 / (o.head_dim as f32).sqrt(),
                     chunk_rows: 0,
                 };
-                let (comp, chunk_rows) = match o.compressed {
-                    Some(c) => self.state_chunks(c.rows, false),
-                    None => (vec![self.dummy(); MAX_STATE_CHUNKS], 1),
+                let comp = |r: &Self, set: usize| match o.compressed {
+                    Some(c) => r.state_chunks(set, c.rows, false),
+                    None => (vec![r.dummy(); MAX_STATE_CHUNKS], 1),
                 };
-                let p = AttnParams { chunk_rows, ..p };
+                let p = AttnParams {
+                    chunk_rows: comp(self, 0).1,
+                    ..p
+                };
                 let sel = match o.selected {
                     Some(v) => self.val(v),
                     None => self.dummy(),
                 };
-                let mut s = vec![
-                    self.val(o.q),
-                    self.val(o.kv),
-                    self.state(o.ring)?,
-                    comp[0].clone(),
-                    sel,
-                    self.small(&o.sinks)?,
-                    self.val(o.out),
-                ];
-                s.extend_from_slice(&comp[1..]);
+                let sinks = self.small(&o.sinks)?;
+                let storage = |r: &Self, set: usize| {
+                    let (comp, _) = comp(r, set);
+                    let mut s = vec![
+                        r.val(o.q),
+                        r.val(o.kv),
+                        r.state(set, o.ring)?,
+                        comp[0].clone(),
+                        sel.clone(),
+                        sinks.clone(),
+                        r.val(o.out),
+                    ];
+                    s.extend_from_slice(&comp[1..]);
+                    Ok(s)
+                };
                 let mut kv_states = vec![o.ring];
                 kv_states.extend(o.compressed.map(|c| c.rows));
                 let fam = self.kv_family("attention", &kv_states)?;
-                one(self.kernel(&fam, "attention", &p, &s, groups_per_token(o.n_head))?)
+                let size = groups_per_token(o.n_head);
+                one(self.kernel_sets(&fam, "attention", &p, storage, size)?)
             }
             Op::RingWrite(o) => {
                 let p = RingParams {
@@ -543,9 +597,9 @@ impl Rec<'_> {
                     ..Default::default()
                 };
                 self.check_f16_write(o.ring, self.f16_values.contains(&o.kv), "ring_write")?;
-                let s = [self.val(o.kv), self.state(o.ring)?];
+                let storage = |r: &Self, set: usize| Ok(vec![r.val(o.kv), r.state(set, o.ring)?]);
                 let fam = self.kv_family("ring", &[o.ring])?;
-                one(self.kernel(&fam, "ring_write", &p, &s, per_token(o.dim))?)
+                one(self.kernel_sets(&fam, "ring_write", &p, storage, per_token(o.dim))?)
             }
             Op::Compress(o) => {
                 if o.head_dim > 1024 {
@@ -572,19 +626,22 @@ impl Rec<'_> {
                     eps: o.eps,
                     ..Default::default()
                 };
-                let (rows, chunk_rows) = self.state_chunks(o.rows, true);
+                let chunk_rows = self.state_chunks(0, o.rows, true).1;
                 let p = CompressParams { chunk_rows, ..p };
                 let cb = self
                     .b
                     .storage_init("compressor constants", bytemuck::cast_slice(&consts));
-                let mut s = vec![
-                    self.val(o.kv),
-                    self.val(o.gate),
-                    cb,
-                    self.state(o.state_kv)?,
-                    self.state(o.state_score)?,
-                ];
-                s.extend(rows);
+                let storage = |r: &Self, set: usize| {
+                    let mut s = vec![
+                        r.val(o.kv),
+                        r.val(o.gate),
+                        cb.clone(),
+                        r.state(set, o.state_kv)?,
+                        r.state(set, o.state_score)?,
+                    ];
+                    s.extend(r.state_chunks(set, o.rows, true).0);
+                    Ok(s)
+                };
                 self.check_f16_write(o.rows, o.rounding != RowRounding::None, "compress")?;
                 let fam = self.kv_family("compress", &[o.rows])?;
                 // One workgroup walks the tokens in order; one dispatch per
@@ -601,7 +658,7 @@ impl Rec<'_> {
                         first: first as u32,
                         count: 1,
                     };
-                    out.push(self.kernel(&fam, "compress", &p, &s, size)?);
+                    out.push(self.kernel_sets(&fam, "compress", &p, storage, size)?);
                 }
                 Ok(out)
             }
@@ -637,16 +694,20 @@ impl Rec<'_> {
                     max_rows: max_rows as u32,
                     ..Default::default()
                 };
-                let (krows, chunk_rows) = self.state_chunks(o.rows, false);
+                let chunk_rows = self.state_chunks(0, o.rows, false).1;
                 let p = IndexerParams { chunk_rows, ..p };
-                let mut s = vec![
-                    self.val(o.q),
-                    self.val(o.weights),
-                    krows[0].clone(),
-                    scratch,
-                    self.val(o.out),
-                ];
-                s.extend_from_slice(&krows[1..]);
+                let storage = |r: &Self, set: usize| {
+                    let krows = r.state_chunks(set, o.rows, false).0;
+                    let mut s = vec![
+                        r.val(o.q),
+                        r.val(o.weights),
+                        krows[0].clone(),
+                        scratch.clone(),
+                        r.val(o.out),
+                    ];
+                    s.extend_from_slice(&krows[1..]);
+                    Ok(s)
+                };
                 let fam = self.kv_family("indexer", &[o.rows])?;
                 let mut out = Vec::new();
                 for first in (0..max_tokens).step_by(block) {
@@ -658,7 +719,7 @@ impl Rec<'_> {
                         first: first as u32,
                         count: block as u32,
                     };
-                    out.push(self.kernel(&fam, "indexer_topk", &p, &s, size)?);
+                    out.push(self.kernel_sets(&fam, "indexer_topk", &p, storage, size)?);
                 }
                 Ok(out)
             }
