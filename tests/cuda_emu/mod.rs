@@ -28,6 +28,7 @@ const FAMILIES: &[&str] = &[
     "compress",
     "indexer",
     "router",
+    "v41",
     "matmul",
     "moe",
     "bandwidth",

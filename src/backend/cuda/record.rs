@@ -18,6 +18,8 @@ use crate::graph::ops::Op;
 use crate::graph::{Graph, Node, ValueId};
 use crate::quant::GgmlType;
 
+mod v41;
+
 /// One kernel argument (stored as 8 bytes; the kernel reads its size).
 #[derive(Clone, Copy, Debug)]
 pub enum Arg {
@@ -761,12 +763,18 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                 0,
                 vec![v(o.x), v(o.out), Arg::U32(u(o.cols))],
             )?,
-            Op::V41(o) => {
-                return Err(unsupported(format!(
-                    "{}: op not supported on this backend yet",
-                    o.name()
-                )))
+            Op::V41(o) => v41::V41Cx {
+                list: &mut list,
+                file,
+                weights,
+                states,
+                layout,
+                freqs: freq_map,
+                values,
+                scratch: scratch_list,
+                max_tokens: graph.max_tokens,
             }
+            .record(o)?,
         }
     }
     progress.finish();
