@@ -50,7 +50,14 @@ fn hc_one_hot_matches_the_cpu() {
         let mut b = Builder::new(n.max(8), n);
         let out = b.rec.tokens_f32("pre", n_hc);
         let op = Op::V41(V41Op::HcOneHot(HcOneHot { out, n_hc }));
-        cases.push(b.finish(format!("hc_one_hot {n_hc} streams n {n}"), f, op, vec![], vec![], 0));
+        cases.push(b.finish(
+            format!("hc_one_hot {n_hc} streams n {n}"),
+            f,
+            op,
+            vec![],
+            vec![],
+            0,
+        ));
     }
     check(cases);
 }
@@ -59,7 +66,12 @@ fn hc_one_hot_matches_the_cpu() {
 fn engram_gate_matches_the_cpu() {
     let mut rng = Rng(0xE6A7E);
     let mut cases = Vec::new();
-    for &(n_hc, d, n) in &[(4usize, 64usize, 3usize), (4, 300, 2), (1, 7, 5), (2, 513, 1)] {
+    for &(n_hc, d, n) in &[
+        (4usize, 64usize, 3usize),
+        (4, 300, 2),
+        (1, 7, 5),
+        (2, 513, 1),
+    ] {
         let mut w = Weights::default();
         // Near 1 as trained norms are; the product is what the gate uses.
         let qw: Vec<f32> = (0..n_hc * d).map(|_| 1.0 + 0.3 * rng.f()).collect();
@@ -128,7 +140,12 @@ fn v41_compressor_matches_the_cpu() {
             GgmlType::F16,
             &rng.scaled(hd * ihd, 0.3),
         );
-        w.add("index_norm", &[ihd as u64], GgmlType::F32, &rng.scaled(ihd, 1.5));
+        w.add(
+            "index_norm",
+            &[ihd as u64],
+            GgmlType::F32,
+            &rng.scaled(ihd, 1.5),
+        );
         let (f, refs) = w.build();
         let mut b = Builder::new(16, n);
         let cap = if cap > 0 { cap } else { (pos0 + n) / ratio + 2 };
@@ -247,17 +264,89 @@ impl SelectCase {
 
 const SELECT_CASES: &[SelectCase] = &[
     // Fewer blocks than kept: all of them.
-    SelectCase { ratio: 1, nh: 2, hd: 16, kb: 2, bs: 2, n: 3, pos0: 0, grid: false },
-    SelectCase { ratio: 1, nh: 2, hd: 16, kb: 3, bs: 4, n: 5, pos0: 40, grid: false },
-    SelectCase { ratio: 4, nh: 3, hd: 24, kb: 5, bs: 3, n: 4, pos0: 300, grid: false },
+    SelectCase {
+        ratio: 1,
+        nh: 2,
+        hd: 16,
+        kb: 2,
+        bs: 2,
+        n: 3,
+        pos0: 0,
+        grid: false,
+    },
+    SelectCase {
+        ratio: 1,
+        nh: 2,
+        hd: 16,
+        kb: 3,
+        bs: 4,
+        n: 5,
+        pos0: 40,
+        grid: false,
+    },
+    SelectCase {
+        ratio: 4,
+        nh: 3,
+        hd: 24,
+        kb: 5,
+        bs: 3,
+        n: 4,
+        pos0: 300,
+        grid: false,
+    },
     // One kept block: the newest only.
-    SelectCase { ratio: 2, nh: 1, hd: 8, kb: 1, bs: 2, n: 3, pos0: 20, grid: false },
+    SelectCase {
+        ratio: 2,
+        nh: 1,
+        hd: 8,
+        kb: 1,
+        bs: 2,
+        n: 3,
+        pos0: 20,
+        grid: false,
+    },
     // Hundreds of blocks (several passes of 256 threads), 17 heads.
-    SelectCase { ratio: 1, nh: 17, hd: 8, kb: 9, bs: 8, n: 2, pos0: 3000, grid: false },
-    SelectCase { ratio: 1, nh: 4, hd: 32, kb: 300, bs: 2, n: 2, pos0: 1500, grid: false },
+    SelectCase {
+        ratio: 1,
+        nh: 17,
+        hd: 8,
+        kb: 9,
+        bs: 8,
+        n: 2,
+        pos0: 3000,
+        grid: false,
+    },
+    SelectCase {
+        ratio: 1,
+        nh: 4,
+        hd: 32,
+        kb: 300,
+        bs: 2,
+        n: 2,
+        pos0: 1500,
+        grid: false,
+    },
     // Exact ties between block maxima and rows.
-    SelectCase { ratio: 1, nh: 2, hd: 4, kb: 4, bs: 2, n: 4, pos0: 60, grid: true },
-    SelectCase { ratio: 2, nh: 3, hd: 3, kb: 6, bs: 3, n: 3, pos0: 400, grid: true },
+    SelectCase {
+        ratio: 1,
+        nh: 2,
+        hd: 4,
+        kb: 4,
+        bs: 2,
+        n: 4,
+        pos0: 60,
+        grid: true,
+    },
+    SelectCase {
+        ratio: 2,
+        nh: 3,
+        hd: 3,
+        kb: 6,
+        bs: 3,
+        n: 3,
+        pos0: 400,
+        grid: true,
+    },
 ];
 
 #[test]
@@ -337,9 +426,7 @@ fn candidate_topk_matches_the_cpu() {
                 }
             }
             chosen.sort_unstable();
-            blocks_in.extend(
-                (0..c.kb).map(|j| chosen.get(j).map_or(-1.0, |&b| b as f32)),
-            );
+            blocks_in.extend((0..c.kb).map(|j| chosen.get(j).map_or(-1.0, |&b| b as f32)));
         }
         // top_k: below, at and above the candidate count.
         let top_k = match i % 3 {
