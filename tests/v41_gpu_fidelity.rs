@@ -332,11 +332,13 @@ fn gpu_backends_refuse_graphs_that_read_engram_tables() {
         engram_from_host: false,
     };
     let g = Arc::new(record(&m.config, &m.weights, &kv, 4, &opts));
-    let mut kinds = vec![BackendKind::Wgpu];
     #[cfg(feature = "cuda")]
-    if cuda_emu::install().is_ok() {
-        kinds.push(BackendKind::Cuda);
-    }
+    let kinds = match cuda_emu::install() {
+        Ok(_) => vec![BackendKind::Wgpu, BackendKind::Cuda],
+        Err(_) => vec![BackendKind::Wgpu],
+    };
+    #[cfg(not(feature = "cuda"))]
+    let kinds = vec![BackendKind::Wgpu];
     for kind in kinds {
         let Some(mut b) = open(kind, &m, &kv) else {
             continue;
