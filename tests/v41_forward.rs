@@ -307,50 +307,6 @@ fn v41_graph_with_engram_rows_read_by_the_host() {
     assert!(st.cache_hits > 0 && st.bytes_read <= st.rows_requested * eg.row_bytes() as u64);
 }
 
-/// Backends without V4.1 kernels refuse the graph with a clear error, never
-/// a panic (wgpu here, on whatever adapter the machine has, lavapipe in CI).
-#[test]
-fn wgpu_refuses_the_v41_graph_until_it_has_kernels() {
-    let m = model();
-    let kv = V41KvLayout::new(&m.config, 32);
-    let opts = V41ForwardOptions {
-        logits: Logits::Last,
-        keep: Vec::new(),
-        engram_from_host: false,
-    };
-    let g = Arc::new(record(&m.config, &m.weights, &kv, 4, &opts));
-    let opened = backend::open(
-        BackendKind::Wgpu,
-        m.clone(),
-        kv.layout.clone(),
-        &BackendOptions::default(),
-    );
-    let Ok(opened) = opened else {
-        eprintln!("no wgpu adapter: skipped");
-        return;
-    };
-    let mut b = opened.backend;
-    let err = match b.load_graph(g) {
-        Err(e) => e.to_string(),
-        Ok(h) => match b.run(
-            h,
-            &[0, 1, 2, 3],
-            StepParams {
-                pos0: 0,
-                n_tokens: 4,
-            },
-        ) {
-            Err(e) => e.to_string(),
-            Ok(()) => panic!("wgpu ran a graph it has no kernels for"),
-        },
-    };
-    eprintln!("wgpu: {err}");
-    assert!(
-        err.contains("op not supported on this backend yet"),
-        "{err}"
-    );
-}
-
 /// A 3,000-token context against the float64 reference (top-5 log-probs at
 /// every position of tests/golden/v41-tiny-3k.json): the window (4) and the
 /// indexer's top-3 among up to 3,000 compressed rows, the candidate blocks

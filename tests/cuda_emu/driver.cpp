@@ -216,6 +216,7 @@ REG(add) REG(scale) REG(swiglu_clamped) REG(take_last) REG(rms_norm) REG(hc_mix)
 REG(hc_collapse) REG(hc_expand) REG(rope) REG(kv_round) REG(hadamard_fp4) REG(ring_write)
 REG(attention) REG(compress) REG(indexer_topk) REG(router) REG(expert_swiglu) REG(expert_sum)
 REG(read_all) REG(gather_last)
+REG(hc_one_hot) REG(engram_gate) REG(v41_compress) REG(candidate_blocks) REG(candidate_topk)
 REG_TYPED(embed_) REG_TYPED(matmul_) REG_TYPED(expert_rows_) REG_TYPED(expert_gate_up_) REG_TYPED(mma_)
 
 // ---- the driver API subset ----
@@ -383,5 +384,6 @@ ARITY(add) ARITY(scale) ARITY(swiglu_clamped) ARITY(take_last) ARITY(rms_norm) A
 ARITY(hc_collapse) ARITY(hc_expand) ARITY(rope) ARITY(kv_round) ARITY(hadamard_fp4) ARITY(ring_write)
 ARITY(attention) ARITY(compress) ARITY(indexer_topk) ARITY(router) ARITY(expert_swiglu) ARITY(expert_sum)
 ARITY(read_all) ARITY(gather_last)
+ARITY(hc_one_hot) ARITY(engram_gate) ARITY(v41_compress) ARITY(candidate_blocks) ARITY(candidate_topk)
 ARITY_TYPED(embed_) ARITY_TYPED(matmul_) ARITY_TYPED(expert_rows_) ARITY_TYPED(expert_gate_up_) ARITY_TYPED(mma_)
 static unsigned n_params(emu::Run r) { return arity()[r]; }

@@ -29,6 +29,7 @@ const FAMILIES: &[&str] = &[
     "indexer",
     "router",
     "gather",
+    "v41",
     "matmul",
     "moe",
     "bandwidth",

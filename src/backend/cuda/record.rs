@@ -24,6 +24,8 @@ use crate::graph::ops::Op;
 use crate::graph::{Graph, Node, ValueId};
 use crate::quant::GgmlType;
 
+mod v41;
+
 /// One kernel argument (stored as 8 bytes; the kernel reads its size).
 #[derive(Clone, Copy, Debug)]
 pub enum Arg {
@@ -840,12 +842,18 @@ pub fn record(c: Ctx<'_>, graph: &Graph) -> Result<Vec<Launch>, BackendError> {
                         Arg::U32(u(o.states)),
                     ],
                 )?,
-                Op::V41(o) => {
-                    return Err(unsupported(format!(
-                        "{}: op not supported on this backend yet",
-                        o.name()
-                    )))
+                Op::V41(o) => v41::V41Cx {
+                    list: &mut list,
+                    file,
+                    weights,
+                    states: &states[set],
+                    layout,
+                    freqs: freq_map,
+                    values,
+                    scratch: scratch_list,
+                    max_tokens: graph.max_tokens,
                 }
+                .record(o)?,
             }
             if let Some(mut p) = pending {
                 // The pass's launches: rows from `before`, the sum last.

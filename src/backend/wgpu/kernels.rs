@@ -78,6 +78,9 @@ pub fn storage_layout(family: &str) -> Option<&'static [Access]> {
         "compress" => &[R, R, R, W, W, W, W, W, W, W, W, W, W, R],
         "indexer" => &[R, R, R, W, W, R, R, R, R, R, R, R, R],
         "router" => &[R, R, R, R, W, W],
+        "v41_gate" => &[R, R, R, R, W],
+        "v41_compress" => &[R, R, R, W, W, W, W, R],
+        "v41_select" => &[R, R, R, R, W, W, R],
         _ => return None,
     })
 }
@@ -86,7 +89,14 @@ pub fn storage_layout(family: &str) -> Option<&'static [Access]> {
 pub fn uses_row_table(family: &str) -> bool {
     matches!(
         shaders::base_family(family).0,
-        "rope" | "ring" | "attention" | "compress" | "indexer" | "gather"
+        "rope"
+            | "ring"
+            | "attention"
+            | "compress"
+            | "indexer"
+            | "gather"
+            | "v41_compress"
+            | "v41_select"
     )
 }
 

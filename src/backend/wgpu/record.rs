@@ -17,6 +17,8 @@ use crate::graph::ops::{self, Op};
 use crate::graph::{Node, StateId, ValueId};
 use crate::quant::GgmlType;
 
+mod v41;
+
 struct Rec<'a> {
     b: &'a mut WgpuBackend,
     g: &'a LoadedGraph,
@@ -812,10 +814,7 @@ impl Rec<'_> {
                 };
                 one(self.kernel("gather", "gather_last", &p, &s, size)?)
             }
-            Op::V41(o) => Err(unsupported(format!(
-                "{}: op not supported on this backend yet",
-                o.name()
-            ))),
+            Op::V41(o) => self.v41(o),
         }
     }
 }

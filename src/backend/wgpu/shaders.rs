@@ -47,6 +47,10 @@ const FAMILIES: &[(&str, &[&str], &str)] = &[
     family!("indexer", &["common"]),
     family!("router", &["common"]),
     family!("gather", &["common"]),
+    // DeepSeek V4.1's own ops (docs/V41.md).
+    family!("v41_gate", &["common", "rowops"]),
+    family!("v41_compress", &["common", "rowops"]),
+    family!("v41_select", &["common"]),
     // Matrix products (dense) and routed experts; see src/backend/wgpu/matmul.rs.
     (
         "matmul",

@@ -1,0 +1,132 @@
+// DeepSeek V4.1's compressor of a kv-source layer (twin:
+// ops::v41::V41Compress): a sequential state machine over the step's
+// tokens, so one workgroup runs it and threads split the columns. Ratio 1
+// takes each token's projection as its latent; ratio r > 1 keeps the
+// partial group in the frontier (slot = position mod r) and pools each
+// whole group with a per-channel softmax of its gate scores. The latent is
+// RMS-normed; the index key is rope(k_norm(wk . latent)); both are roped at
+// the group's first position and stored at row position / r. One dispatch
+// takes the tokens t0..t1 (a block sized by the recorder so that no
+// invocation loops more than llvmpipe allows; see shaders/compress.wgsl).
+
+struct V41CompressParams {
+    ratio: u32,
+    head_dim: u32,
+    index_head_dim: u32,
+    n_rot: u32,
+    eps: f32,
+    // Rows of the `rows` and `index_rows` states.
+    capacity: u32,
+    t0: u32,
+    t1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: StepUniform;
+@group(0) @binding(1) var<uniform> prm: V41CompressParams;
+@group(0) @binding(2) var<storage, read> kv: array<f32>;
+@group(0) @binding(3) var<storage, read> gate: array<f32>;
+// norm (head_dim), index norm (index_head_dim), wk (index_head_dim rows of
+// head_dim), then the rope table (shaders/rope.wgsl's hi/mid/lo turns).
+@group(0) @binding(4) var<storage, read> consts: array<f32>;
+@group(0) @binding(5) var<storage, read_write> st_kv: array<f32>;
+@group(0) @binding(6) var<storage, read_write> st_score: array<f32>;
+@group(0) @binding(7) var<storage, read_write> rows: array<f32>;
+@group(0) @binding(8) var<storage, read_write> index_rows: array<f32>;
+@group(0) @binding(9) var<storage, read> row_table: array<RowRecord>;
+
+var<workgroup> ikey: array<f32, MAXROW>;
+
+fn centered_fract(v: f32) -> f32 {
+    return v - round(v);
+}
+
+// (cos, sin) of pair k at `pos`, the angle built as shaders/rope.wgsl does.
+fn cos_sin(k: u32, pos: u32, tab: u32) -> vec2<f32> {
+    let hi = consts[tab + 3u * k];
+    let mid = consts[tab + 3u * k + 1u];
+    let lo = consts[tab + 3u * k + 2u];
+    let ph = f32(pos >> 12u);
+    let pl = f32(pos & 0xfffu);
+    var turns = centered_fract(ph * hi * 4096.0) + centered_fract(ph * mid * 4096.0)
+        + centered_fract(pl * hi) + centered_fract(pl * mid) + centered_fract(f32(pos) * lo);
+    turns = centered_fract(turns);
+    let a = turns * 6.283185307179586;
+    return vec2<f32>(cos(a), sin(a));
+}
+
+@compute @workgroup_size(WG)
+fn v41_compress(@builtin(local_invocation_index) tid: u32) {
+    let r = prm.ratio;
+    let hd = prm.head_dim;
+    let ihd = prm.index_head_dim;
+    let inorm_at = hd;
+    let wk_at = hd + ihd;
+    let rope_at = wk_at + ihd * hd;
+    let t_end = min(prm.t1, step.n_tokens);
+    for (var t = prm.t0; t < t_end; t++) {
+        let p = row_table[t].pos;
+        if (r > 1u) {
+            let slot = p % r;
+            for (var j = tid; j < hd; j += WG) {
+                st_kv[slot * hd + j] = kv[t * hd + j];
+                st_score[slot * hd + j] = gate[t * hd + j];
+            }
+            if ((p + 1u) % r != 0u) { continue; }
+            storageBarrier();
+            workgroupBarrier();
+            for (var j = tid; j < hd; j += WG) {
+                var mx = -3.4028235e38;
+                for (var s = 0u; s < r; s++) { mx = max(mx, st_score[s * hd + j]); }
+                var num = 0.0;
+                var den = 0.0;
+                for (var s = 0u; s < r; s++) {
+                    let e = exp(st_score[s * hd + j] - mx);
+                    den += e;
+                    num += e * st_kv[s * hd + j];
+                }
+                row[j] = num / den;
+            }
+        } else {
+            for (var j = tid; j < hd; j += WG) { row[j] = kv[t * hd + j]; }
+        }
+        workgroupBarrier();
+        let w = p / max(r, 1u);
+        if (w >= prm.capacity) { continue; }
+        var ss = 0.0;
+        for (var j = tid; j < hd; j += WG) { ss += row[j] * row[j]; }
+        let scale = 1.0 / sqrt(wg_sum(ss, tid) / f32(hd) + prm.eps);
+        for (var j = tid; j < hd; j += WG) { row[j] = row[j] * scale * consts[j]; }
+        workgroupBarrier();
+        for (var i = tid; i < ihd; i += WG) {
+            var acc = 0.0;
+            for (var j = 0u; j < hd; j++) { acc += consts[wk_at + i * hd + j] * row[j]; }
+            ikey[i] = acc;
+        }
+        workgroupBarrier();
+        var ks = 0.0;
+        for (var i = tid; i < ihd; i += WG) { ks += ikey[i] * ikey[i]; }
+        let kscale = 1.0 / sqrt(wg_sum(ks, tid) / f32(ihd) + prm.eps);
+        for (var i = tid; i < ihd; i += WG) { ikey[i] = ikey[i] * kscale * consts[inorm_at + i]; }
+        workgroupBarrier();
+        // RoPE of both rows' tail pairs at the group's first position.
+        let at = w * max(r, 1u);
+        let ktail = ihd - prm.n_rot;
+        let tail = hd - prm.n_rot;
+        for (var k = tid; k < prm.n_rot / 2u; k += WG) {
+            let cs = cos_sin(k, at, rope_at);
+            let a0 = ikey[ktail + 2u * k];
+            let a1 = ikey[ktail + 2u * k + 1u];
+            ikey[ktail + 2u * k] = a0 * cs.x - a1 * cs.y;
+            ikey[ktail + 2u * k + 1u] = a0 * cs.y + a1 * cs.x;
+            let x0 = row[tail + 2u * k];
+            let x1 = row[tail + 2u * k + 1u];
+            row[tail + 2u * k] = x0 * cs.x - x1 * cs.y;
+            row[tail + 2u * k + 1u] = x0 * cs.y + x1 * cs.x;
+        }
+        workgroupBarrier();
+        for (var i = tid; i < ihd; i += WG) { index_rows[w * ihd + i] = ikey[i]; }
+        for (var j = tid; j < hd; j += WG) { rows[w * hd + j] = row[j]; }
+        storageBarrier();
+        workgroupBarrier();
+    }
+}
