@@ -73,7 +73,7 @@ pub fn score_prompt(
     k: usize,
 ) -> Result<Vec<TokenLogprob>, SessionError> {
     let rows = sess.score(tokens)?;
-    let v = sess.model().config.n_vocab;
+    let v = sess.n_vocab();
     Ok(tokens
         .iter()
         .enumerate()

@@ -2,7 +2,7 @@
 //! from Flash's fixed shapes to the model's configuration: 13 u32 header
 //! fields, then tokens, logits, per-layer row counts and per-layer state.
 
-use super::{Session, SessionError};
+use super::{Net, Session, SessionError};
 use crate::backend::{state_desc, Backend};
 use crate::model::state::KvLayout;
 use crate::model::{AttentionKind, ModelFile};
@@ -70,31 +70,39 @@ pub(super) struct Store<'a> {
 }
 
 impl Session {
-    fn store(&self) -> Store<'_> {
-        Store {
-            model: &self.model,
-            kv: &self.kv,
-            ctx: self.opts.ctx,
-            prefill_chunk: self.opts.prefill_chunk,
-        }
-    }
-
     /// Serialises the whole session (tokens, logits, every KV state).
     pub fn save_snapshot(&self) -> Result<Vec<u8>, SessionError> {
-        self.store()
-            .save(self.backend.as_ref(), 0, &self.tokens, &self.logits)
+        let (ctx, chunk) = (self.opts.ctx, self.opts.prefill_chunk);
+        let b = self.backend.as_ref();
+        match &self.net {
+            Net::V4 { model, kv } => Store {
+                model,
+                kv,
+                ctx,
+                prefill_chunk: chunk,
+            }
+            .save(b, 0, &self.tokens, &self.logits),
+            Net::V41(n) => n.save(b, 0, &self.tokens, &self.logits, ctx, chunk),
+        }
     }
 
     /// Replaces the session with a snapshot made by [`Session::save_snapshot`]
-    /// for the same model. On error the session is left empty.
+    /// for the same model. A payload of the other model family (V4 for a
+    /// V4.1 session or the reverse) is refused by its first word. On error
+    /// the session is left empty.
     pub fn load_snapshot(&mut self, payload: &[u8]) -> Result<(), SessionError> {
-        let r = Store {
-            model: &self.model,
-            kv: &self.kv,
-            ctx: self.opts.ctx,
-            prefill_chunk: self.opts.prefill_chunk,
-        }
-        .load(self.backend.as_mut(), 0, payload);
+        let ctx = self.opts.ctx;
+        let chunk = self.opts.prefill_chunk;
+        let r = match &mut self.net {
+            Net::V4 { model, kv } => Store {
+                model,
+                kv,
+                ctx,
+                prefill_chunk: chunk,
+            }
+            .load(self.backend.as_mut(), 0, payload),
+            Net::V41(n) => n.load(self.backend.as_mut(), 0, payload, ctx),
+        };
         match r {
             Ok((tokens, logits)) => {
                 self.tokens = tokens;
@@ -226,6 +234,9 @@ impl Store<'_> {
         let mut h = [0u32; HEADER_FIELDS];
         for (i, f) in h.iter_mut().enumerate() {
             *f = r.u32(&format!("header field {i}"))?;
+            if i == 0 {
+                super::v41::refuse_other_arch(*f, false)?;
+            }
         }
         if h[0] != SNAPSHOT_MAGIC || h[1] != VERSION {
             return Err(bad(format!(
