@@ -192,26 +192,31 @@ fn kv_checkpoints_are_refused_by_their_header_across_v4_and_v41() {
 
     // The disk cache, both ways: each family's checkpoint is a miss for
     // the other and stays on disk; each loads into its own.
-    for (writer, reader) in [(&mut v4, &mut v41), (&mut v41, &mut v4)] {
-        let cdir = common::fresh_dir("v41-session", &format!("cache-{:?}", writer.arch()));
-        let cache = DiskCache::open(&common::disk_cache_config(&cdir, 0), 2)
-            .unwrap()
-            .unwrap();
-        let text = b"a rendered prompt of some length, cached";
-        let out = cache.store(writer, text, kvcache::CacheKey::Tokens, SaveReason::Cold, &[]);
-        assert!(matches!(out, StoreOutcome::Stored { .. }), "{out:?}");
-        let files = || std::fs::read_dir(&cdir).unwrap().count();
-        assert_eq!(files(), 1);
-        reader.reset();
-        let hit = cache.lookup(reader, text);
-        assert!(matches!(hit, LookupOutcome::Miss), "{hit:?}");
-        assert!(reader.tokens().is_empty());
-        assert_eq!(files(), 1, "the other family's checkpoint is kept");
-        assert_eq!(cache.metrics().snapshot().load_failures, 0);
-        writer.reset();
-        assert!(matches!(cache.lookup(writer, text), LookupOutcome::Hit(_)));
-        assert_eq!(writer.tokens().len(), toks.len());
-    }
+    cache_keeps_families_apart(&mut v4, &mut v41, &toks);
+    cache_keeps_families_apart(&mut v41, &mut v4, &toks);
+}
+
+fn cache_keeps_families_apart(writer: &mut Session, reader: &mut Session, toks: &[u32]) {
+    writer.sync(toks, &mut |_, _| {}).unwrap();
+    let n = toks.len();
+    let cdir = common::fresh_dir("v41-session", &format!("cache-{:?}", writer.arch()));
+    let cache = DiskCache::open(&common::disk_cache_config(&cdir, 0), 2)
+        .unwrap()
+        .unwrap();
+    let text = b"a rendered prompt of some length, cached";
+    let out = cache.store(writer, text, kvcache::CacheKey::Tokens, SaveReason::Cold, &[]);
+    assert!(matches!(out, StoreOutcome::Stored { .. }), "{out:?}");
+    let files = || std::fs::read_dir(&cdir).unwrap().count();
+    assert_eq!(files(), 1);
+    reader.reset();
+    let hit = cache.lookup(reader, text);
+    assert!(matches!(hit, LookupOutcome::Miss), "{hit:?}");
+    assert!(reader.tokens().is_empty());
+    assert_eq!(files(), 1, "the other family's checkpoint is kept");
+    assert_eq!(cache.metrics().snapshot().load_failures, 0);
+    writer.reset();
+    assert!(matches!(cache.lookup(writer, text), LookupOutcome::Hit(_)));
+    assert_eq!(writer.tokens().len(), n);
 }
 
 fn vectors() -> Value {
@@ -468,14 +473,31 @@ fn ds4_server_serves_the_tiny_v41_model() {
     assert_eq!(models["data"][0]["name"], "DeepSeek V4.1 Flash");
     assert!(get(&s.addr, "/v1/models/deepseek-v4-pro").starts_with("HTTP/1.1 200"));
     let long = "tell me a story about a lighthouse keeper and the sea, ".repeat(3);
-    let body = json!({"model":"deepseek-v4-flash","messages":[{"role":"user","content":long}],
-        "max_tokens":4,"temperature":0});
-    let r = json_body(&post(&s.addr, "/v1/chat/completions", &body));
-    assert_eq!(r["object"], "chat.completion", "{r}");
-    assert!(r["usage"]["prompt_tokens"].as_u64().unwrap() > 20);
-    // Again: the live session (or the disk checkpoint) is reused.
-    let r2 = json_body(&post(&s.addr, "/v1/chat/completions", &body));
-    assert!(r2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0) > 0, "{r2}");
+    let turn1 = json!([{"role":"user","content":long}]);
+    let ask = |msgs: &Value| {
+        let body = json!({"model":"deepseek-v4-flash","messages":msgs,"max_tokens":4,
+            "temperature":0,"reasoning_effort":"none"});
+        json_body(&post(&s.addr, "/v1/chat/completions", &body))
+    };
+    let r1 = ask(&turn1);
+    assert_eq!(r1["object"], "chat.completion", "{r1}");
+    assert!(r1["usage"]["prompt_tokens"].as_u64().unwrap() > 20);
+    // The next turn continues the live session (live prefix reuse).
+    let reply = r1["choices"][0]["message"]["content"].as_str().unwrap();
+    let turn2 = json!([{"role":"user","content":long},
+        {"role":"assistant","content":reply},
+        {"role":"user","content":"and then?"}]);
+    let r2 = ask(&turn2);
+    let cached = |r: &Value| r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    assert!(cached(&r2) > 20, "live reuse: {r2}");
+    // The first turn again: the live session has moved on, so the cold
+    // checkpoint on disk (a V4.1 one) is what brings it back.
+    let r3 = ask(&turn1);
+    assert!(cached(&r3) > 0, "disk checkpoint: {r3}");
+    // A request that thinks (at the server's --think-level 40).
+    let body = json!({"messages":[{"role":"user","content":"hi"}],"max_tokens":2});
+    let r4 = json_body(&post(&s.addr, "/v1/chat/completions", &body));
+    assert_eq!(r4["object"], "chat.completion", "{r4}");
     // /metrics: the Engram counters (set after each job).
     let t0 = Instant::now();
     let text = loop {
@@ -487,6 +509,7 @@ fn ds4_server_serves_the_tiny_v41_model() {
     };
     assert!(common::server::metric(&text, "ds4_engram_tokens_total") > 20, "{text}");
     assert!(text.contains("ds4_engram_hit_rate"), "{text}");
+    assert!(common::server::metric(&text, "ds4_kv_disk_hits_total") >= 1, "{text}");
     let log = s.terminate();
     assert!(log.contains("ds4-server"), "{log}");
     // The cache folder holds V4.1 checkpoints (byte 7 names the family).
