@@ -158,10 +158,16 @@ fn snapshots_of_the_other_family_are_refused_both_ways() {
     let p4 = v4.save_snapshot().unwrap();
     let p41 = v41.save_snapshot().unwrap();
     let e = v41.load_snapshot(&p4).unwrap_err().to_string();
-    assert!(e.contains("DeepSeek V4 (deepseek4)") && e.contains("refused"), "{e}");
+    assert!(
+        e.contains("DeepSeek V4 (deepseek4)") && e.contains("refused"),
+        "{e}"
+    );
     assert!(v41.tokens().is_empty());
     let e = v4.load_snapshot(&p41).unwrap_err().to_string();
-    assert!(e.contains("DeepSeek V4.1 (deepseek41)") && e.contains("refused"), "{e}");
+    assert!(
+        e.contains("DeepSeek V4.1 (deepseek41)") && e.contains("refused"),
+        "{e}"
+    );
     assert!(v4.tokens().is_empty());
 }
 
@@ -185,7 +191,11 @@ fn kv_checkpoints_are_refused_by_their_header_across_v4_and_v41() {
     assert_eq!(h.arch, Arch::V41);
     let e = kvcache::load_file(&f4, &mut v41).unwrap_err().to_string();
     assert!(e.contains("header") && e.contains("refused"), "{e}");
-    assert_eq!(v41.tokens().len(), toks.len(), "a refused file loads nothing");
+    assert_eq!(
+        v41.tokens().len(),
+        toks.len(),
+        "a refused file loads nothing"
+    );
     let e = kvcache::load_file(&f41, &mut v4).unwrap_err().to_string();
     assert!(e.contains("header") && e.contains("refused"), "{e}");
     assert_eq!(v4.tokens().len(), toks.len());
@@ -204,7 +214,13 @@ fn cache_keeps_families_apart(writer: &mut Session, reader: &mut Session, toks: 
         .unwrap()
         .unwrap();
     let text = b"a rendered prompt of some length, cached";
-    let out = cache.store(writer, text, kvcache::CacheKey::Tokens, SaveReason::Cold, &[]);
+    let out = cache.store(
+        writer,
+        text,
+        kvcache::CacheKey::Tokens,
+        SaveReason::Cold,
+        &[],
+    );
     assert!(matches!(out, StoreOutcome::Stored { .. }), "{out:?}");
     let files = || std::fs::read_dir(&cdir).unwrap().count();
     assert_eq!(files(), 1);
@@ -387,7 +403,16 @@ fn v41_dsml_round_trips_through_the_parser() {
 
 fn ds4() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ds4"));
-    c.args(["--backend", "cpu-ref", "--ctx", "256", "--temp", "0", "-n", "6"]);
+    c.args([
+        "--backend",
+        "cpu-ref",
+        "--ctx",
+        "256",
+        "--temp",
+        "0",
+        "-n",
+        "6",
+    ]);
     c
 }
 
@@ -398,12 +423,7 @@ fn ds4() -> Command {
 fn ds4_cli_runs_the_tiny_v41_model() {
     let m = v41_path();
     let run = |extra: &[&str]| {
-        let out = ds4()
-            .arg("-m")
-            .arg(&m)
-            .args(extra)
-            .output()
-            .unwrap();
+        let out = ds4().arg("-m").arg(&m).args(extra).output().unwrap();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -456,7 +476,16 @@ fn ds4_server_serves_the_tiny_v41_model() {
         .env_remove("DS4_API_KEY")
         .arg("-m")
         .arg(&m)
-        .args(["--port", "0", "--ctx", "512", "-n", "8", "--backend", "cpu-ref"])
+        .args([
+            "--port",
+            "0",
+            "--ctx",
+            "512",
+            "-n",
+            "8",
+            "--backend",
+            "cpu-ref",
+        ])
         .args(["--think-level", "40", "--kv-disk-dir"])
         .arg(&dir)
         .args(common::server::SMALL_SAVES);
@@ -488,7 +517,11 @@ fn ds4_server_serves_the_tiny_v41_model() {
         {"role":"assistant","content":reply},
         {"role":"user","content":"and then?"}]);
     let r2 = ask(&turn2);
-    let cached = |r: &Value| r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    let cached = |r: &Value| {
+        r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0)
+    };
     assert!(cached(&r2) > 20, "live reuse: {r2}");
     // The first turn again: the live session has moved on, so the cold
     // checkpoint on disk (a V4.1 one) is what brings it back.
@@ -507,9 +540,15 @@ fn ds4_server_serves_the_tiny_v41_model() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(common::server::metric(&text, "ds4_engram_tokens_total") > 20, "{text}");
+    assert!(
+        common::server::metric(&text, "ds4_engram_tokens_total") > 20,
+        "{text}"
+    );
     assert!(text.contains("ds4_engram_hit_rate"), "{text}");
-    assert!(common::server::metric(&text, "ds4_kv_disk_hits_total") >= 1, "{text}");
+    assert!(
+        common::server::metric(&text, "ds4_kv_disk_hits_total") >= 1,
+        "{text}"
+    );
     let log = s.terminate();
     assert!(log.contains("ds4-server"), "{log}");
     // The cache folder holds V4.1 checkpoints (byte 7 names the family).

@@ -333,7 +333,9 @@ fn run(a: Args) -> Result<(), String> {
             .unwrap_or_else(|| mode.v41_level(chat::v41::DEFAULT_LEVEL))
     });
     if a.warm_weights && model.arch() == Arch::V41 {
-        eprintln!("ds4: --warm-weights: V4.1 files are not warmed (their Engram tables are read by row)");
+        eprintln!(
+            "ds4: --warm-weights: V4.1 files are not warmed (their Engram tables are read by row)"
+        );
     }
     if let (true, Some(model)) = (a.warm_weights, model.v4()) {
         let bar = indicatif::ProgressBar::new(model.weights.total_bytes());

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use argh::FromArgs;
 use ds4::backend::{BackendKind, BackendOptions};
+use ds4::chat::Dialect;
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
-use ds4::chat::Dialect;
 use ds4::model::v41::Arch;
 use ds4::server::guard::CorsOrigins;
 use ds4::server::job::{self, KvCacheHook};
@@ -500,9 +500,8 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let threads = ds4::app::threads::init_global_pool(a.threads);
     let path = model_path(&a)?;
     let any = AnyModel::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let tok = Arc::new(
-        Tokenizer::from_gguf(any.file()).map_err(|e| format!("{}: {e}", path.display()))?,
-    );
+    let tok =
+        Arc::new(Tokenizer::from_gguf(any.file()).map_err(|e| format!("{}: {e}", path.display()))?);
     let dialect = match any.arch() {
         Arch::V4 if a.think_level.is_some() => {
             return Err("--think-level is for V4.1 models; a V4 request picks its thinking mode with its own fields".into())

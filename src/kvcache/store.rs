@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::file::{
-    Arch,
-    self, checkpoint_stem, read_contents, sha1_hex, ContentError, Entry, KtmEntry, KvcHeader,
+    self, checkpoint_stem, read_contents, sha1_hex, Arch, ContentError, Entry, KtmEntry, KvcHeader,
     NewCheckpoint, Probe, SaveReason, EXT_RESPONSES_TEXT, EXT_THINKING_TEXT, EXT_TOOL_MAP,
 };
 use super::guard::{self, FileId, Removal};

@@ -5,8 +5,7 @@
 use super::job::{DiskResumed, KvCacheHook, VisibleKind};
 use super::metrics::Metrics;
 use crate::kvcache::{
-    CacheKey, DiskCache, KtmEntry, KvCacheConfig, SaveMoments, ToolIds,
-    VisibleKey,
+    CacheKey, DiskCache, KtmEntry, KvCacheConfig, SaveMoments, ToolIds, VisibleKey,
 };
 use crate::session::{Session, SessionError, SyncStats};
 use crate::tokenizer::Tokenizer;
@@ -46,8 +45,7 @@ pub fn open_cache(
     write_limit: Option<u64>,
 ) -> Result<Option<DiskCache>, String> {
     cfg.validate()?;
-    let Some(mut cache) = DiskCache::open(cfg, quant_bits).map_err(|e| e.to_string())?
-    else {
+    let Some(mut cache) = DiskCache::open(cfg, quant_bits).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
     cache.set_write_limit(write_limit);

@@ -78,19 +78,7 @@ pub fn canonical_dsml(calls: &[ToolCall]) -> String {
     out
 }
 
-/// Looks up the exact sampled block of a turn's calls (tool memory).
-pub trait ReplayLookup {
-    fn block_for(&mut self, ids: &[&str]) -> Option<String>;
-}
-
-/// No memory: always canonical.
-pub struct NoReplay;
-
-impl ReplayLookup for NoReplay {
-    fn block_for(&mut self, _ids: &[&str]) -> Option<String> {
-        None
-    }
-}
+pub use super::replay::{NoReplay, ReplayLookup};
 
 fn tool_calls_text(calls: &[ToolCall], replay: &mut dyn ReplayLookup) -> String {
     if calls.is_empty() {

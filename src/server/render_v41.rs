@@ -23,7 +23,7 @@
 
 use std::borrow::Cow;
 
-use super::render::ReplayLookup;
+use super::replay::ReplayLookup;
 use super::request::{Api, GenRequest, Message, Role};
 use crate::chat::template::{esc_markers, MARKER_BREAK, TOOL_RESULT_CLOSE, TOOL_RESULT_OPEN};
 use crate::chat::v41::{
@@ -52,7 +52,10 @@ fn result_block(raw: &str) -> String {
 
 /// One message after the encoder's merge step.
 enum Item<'a> {
-    System { text: Cow<'a, str>, tools: bool },
+    System {
+        text: Cow<'a, str>,
+        tools: bool,
+    },
     /// The blocks of one user turn, each with the tool-call id it answers
     /// (`None` for text).
     User(Vec<(Option<String>, String)>),
@@ -61,11 +64,8 @@ enum Item<'a> {
 
 /// The V4.1 level this request is rendered at (0 = no thinking).
 pub fn level(req: &GenRequest) -> u8 {
-    req.dialect.level(
-        req.mode,
-        req.think_level.effort,
-        req.think_level.explicit,
-    )
+    req.dialect
+        .level(req.mode, req.think_level.effort, req.think_level.explicit)
 }
 
 /// The whole prompt text of a request for a V4.1 model.
@@ -136,10 +136,7 @@ fn merge(msgs: &[Message], tools: bool) -> Vec<Item<'_>> {
                 items.push(Item::Assistant(m));
                 continue;
             }
-            Role::Tool => vec![(
-                m.tool_result_ids.first().cloned(),
-                result_block(&m.content),
-            )],
+            Role::Tool => vec![(m.tool_result_ids.first().cloned(), result_block(&m.content))],
             Role::User => user_blocks(m),
         };
         match items.last_mut() {

@@ -133,7 +133,11 @@ impl GenRequest {
     pub fn set_dialect(&mut self, d: Dialect) {
         self.dialect = d;
         if d != Dialect::V4
-            && d.level(self.mode, self.think_level.effort, self.think_level.explicit) == 0
+            && d.level(
+                self.mode,
+                self.think_level.effort,
+                self.think_level.explicit,
+            ) == 0
         {
             self.mode = ThinkMode::None;
         }

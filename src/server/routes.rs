@@ -19,7 +19,6 @@ use warp::hyper::Body;
 use warp::Filter;
 
 use super::error::ApiError;
-use crate::chat::Dialect;
 use super::guard::{self, CorsOrigins};
 use super::job::{Event, Final, Job};
 use super::metrics::Metrics;
@@ -28,6 +27,7 @@ use super::request::{self, Api, ParseContext};
 use super::tokenize::{self, SharedTokenizer};
 use super::worker::Queue;
 use super::{anthropic, openai, page, render, responses, StreamFormat};
+use crate::chat::Dialect;
 
 /// The model id ds4 serves and lists.
 pub const MODEL_ID: &str = "deepseek-v4-flash";
@@ -296,8 +296,7 @@ where
             return json_response(200, format!("{v}\n"));
         }
         (Method::GET, p)
-            if p
-                .strip_prefix("/v1/models/")
+            if p.strip_prefix("/v1/models/")
                 .is_some_and(|id| model_ids(&state.opts).contains(&id)) =>
         {
             let id = p.trim_start_matches("/v1/models/");

@@ -20,8 +20,8 @@ use crate::model::v41::{Arch, V41ModelFile};
 use crate::model::ModelFile;
 
 pub use batch::{Batch, SlotWork};
-pub use snapshot::SNAPSHOT_MAGIC;
-pub use v41::{DEFAULT_ENGRAM_CACHE_ROWS, V41_SNAPSHOT_MAGIC};
+pub use snapshot::{SNAPSHOT_MAGIC, V41_SNAPSHOT_MAGIC};
+pub use v41::DEFAULT_ENGRAM_CACHE_ROWS;
 
 /// ds4's prefill chunk (tokens per batched step).
 pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
@@ -169,9 +169,8 @@ impl Session {
         opts: SessionOptions,
         engram_cache_rows: usize,
     ) -> Result<Session, SessionError> {
-        let fallback = |opts: SessionOptions| {
-            Self::with_backend_v41(model.clone(), opts, engram_cache_rows)
-        };
+        let fallback =
+            |opts: SessionOptions| Self::with_backend_v41(model.clone(), opts, engram_cache_rows);
         Self::with_fallback(opts, &fallback)
     }
 
@@ -602,9 +601,7 @@ impl Session {
                             &fo,
                         )
                     }
-                    Net::V41(n) => {
-                        n.record(self.opts.prefill_chunk, Logits::All, &self.opts.dump)
-                    }
+                    Net::V41(n) => n.record(self.opts.prefill_chunk, Logits::All, &self.opts.dump),
                 };
                 let graph = Arc::new(graph);
                 let h = self.backend.load_graph(graph.clone())?;

@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use super::snapshot::{put_f32s, refuse_other_arch, Reader, V41_SNAPSHOT_MAGIC};
 use super::SessionError;
 use crate::backend::{state_desc, Backend, GraphHandle};
 use crate::graph::{Graph, ValueName};
@@ -27,8 +28,6 @@ use crate::model::v41::engram_reader::{EngramReader, EngramStats};
 use crate::model::v41::forward::{self, engram_input, V41ForwardOptions, V41KvLayout};
 use crate::model::v41::{LayerRole, V41ModelFile};
 
-/// `D S 4 1` little-endian: the first word of a V4.1 session payload.
-pub const V41_SNAPSHOT_MAGIC: u32 = u32::from_le_bytes(*b"DS41");
 const VERSION: u32 = 1;
 const HEADER_FIELDS: usize = 11;
 
@@ -292,66 +291,11 @@ impl V41Net {
     }
 }
 
-/// Refuses a payload of the other family by its first word: `v41` says
-/// whether the session is V4.1.
-pub(super) fn refuse_other_arch(magic: u32, v41: bool) -> Result<(), SessionError> {
-    let (theirs, ours) = match (magic, v41) {
-        (super::SNAPSHOT_MAGIC, true) => ("DeepSeek V4 (deepseek4)", "V4.1 (deepseek41)"),
-        (V41_SNAPSHOT_MAGIC, false) => ("DeepSeek V4.1 (deepseek41)", "V4 (deepseek4)"),
-        _ => return Ok(()),
-    };
-    Err(SessionError::Snapshot(format!(
-        "this checkpoint holds a {theirs} session; the loaded model is {ours}: refused, nothing loaded"
-    )))
-}
-
 /// Tokens per compressed row of a kv-source layer (1 for the others, which
 /// own no rows).
 fn role_ratio(role: LayerRole) -> usize {
     match role {
         LayerRole::Source { ratio } => ratio.max(1),
         _ => 1,
-    }
-}
-
-fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
-    for x in v {
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-    pos: usize,
-}
-
-impl Reader<'_> {
-    fn bytes(&mut self, n: usize, what: &str) -> Result<&[u8], SessionError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| {
-                SessionError::Snapshot(format!("truncated payload while reading {what}"))
-            })?;
-        let s = &self.b[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-
-    fn u32(&mut self, what: &str) -> Result<u32, SessionError> {
-        let b = self.bytes(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
-    fn f32s(&mut self, n: usize, what: &str) -> Result<Vec<f32>, SessionError> {
-        let len = n
-            .checked_mul(4)
-            .ok_or_else(|| SessionError::Snapshot(format!("{what}: size overflows")))?;
-        Ok(self
-            .bytes(len, what)?
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
     }
 }

@@ -187,7 +187,13 @@ impl EngramReader {
         self.decode_rows(slot, t, rows, out)
     }
 
-    fn decode_rows(&mut self, slot: usize, t: Table, rows: &[u32], out: &mut [f32]) -> io::Result<()> {
+    fn decode_rows(
+        &mut self,
+        slot: usize,
+        t: Table,
+        rows: &[u32],
+        out: &mut [f32],
+    ) -> io::Result<()> {
         let hd = self.head_dim;
         for (i, &r) in rows.iter().enumerate() {
             let o = &mut out[i * hd..(i + 1) * hd];
