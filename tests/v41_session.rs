@@ -9,14 +9,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ds4::backend::BackendKind;
 use ds4::chat::{Dialect, ThinkMode};
 use ds4::kvcache::{self, DiskCache, LookupOutcome, SaveReason, StoreOutcome};
 use ds4::model::forward::Numerics;
-use ds4::model::v41::{Arch, V41ModelFile};
+use ds4::model::v41::Arch;
 use ds4::server::dsml::{self, LiveTools, ToolEvent};
 use ds4::server::render::{self, NoReplay};
 use ds4::server::request::{self, ParseContext};
@@ -563,5 +562,4 @@ fn ds4_server_serves_the_tiny_v41_model() {
         let h = ds4::kvcache::file::KvcHeader::decode(b[..48].try_into().unwrap()).unwrap();
         assert_eq!(h.arch, Arch::V41);
     }
-    let _ = Arc::new(V41ModelFile::open(&m).unwrap());
 }
