@@ -72,7 +72,7 @@ fn fast_cpu_logits_follow_the_reference_on_every_tiny_variant_and_path() {
         for numerics in [Numerics::Plain, Numerics::Model] {
             let mut r = session(v, numerics, BackendKind::CpuRef, 37);
             let want = r.score(&toks).unwrap();
-            let vocab = r.model().config.n_vocab;
+            let vocab = r.n_vocab();
             // Token-by-token decode (the one-row kernels) on two variants.
             let decode: &[u32] = if matches!(v, Variant::Q2 | Variant::Mxfp4) {
                 &decode

@@ -41,7 +41,7 @@ fn prefill_logits_match_the_cpu_on_every_tiny_variant() {
             let mut g = session(v, numerics, BackendKind::Cuda, 512, 37);
             let want = c.score(&toks).unwrap();
             let got = g.score(&toks).unwrap();
-            let d = max_dlogprob(&got, &want, c.model().config.n_vocab);
+            let d = max_dlogprob(&got, &want, c.n_vocab());
             eprintln!("{v:?} {numerics:?}: max |Δ log-prob| {d:e}");
             assert!(d <= MAX_DLOGPROB, "{v:?} {numerics:?}: {d:e}");
         }
@@ -66,7 +66,7 @@ fn decode_with_and_without_the_cuda_graph_matches_the_cpu() {
                 common::session_with(v, Numerics::Model, BackendKind::Cuda, 256, 16, opts.clone());
             c.sync(head, &mut |_, _| {}).unwrap();
             g.sync(head, &mut |_, _| {}).unwrap();
-            let vocab = c.model().config.n_vocab;
+            let vocab = c.n_vocab();
             let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
             for &t in tail {
                 c.eval(t).unwrap();

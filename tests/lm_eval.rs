@@ -98,7 +98,7 @@ fn lm_eval_loglikelihoods_equal_the_engines_scoring() {
 
     // The engine on the server's backend, scoring each document itself.
     let (mut sess, tok) = cpu_engine();
-    let v = sess.model().config.n_vocab;
+    let v = sess.n_vocab();
     let mut seen = 0;
     for line in lines.lines() {
         let d: Value = serde_json::from_str(line).unwrap();

@@ -72,7 +72,7 @@ fn long_context_figures() {
                 differ += (p != q) as usize;
             }
         }
-        let vocab = r.model().config.n_vocab;
+        let vocab = r.n_vocab();
         let prompt = max_dlogprob(b.logits(), r.logits(), vocab);
         let mut worst = prompt;
         for &t in &toks[n..] {

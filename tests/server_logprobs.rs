@@ -154,7 +154,7 @@ fn echo_scores_the_prompt_as_the_engine_does() {
     let text = "The quick brown fox jumps over the lazy dog. Ünïcödé 色 too.";
     let ids = tok.encode_chat(text);
     let rows = sess.score(&ids).unwrap();
-    let v = sess.model().config.n_vocab;
+    let v = sess.n_vocab();
     let s = start(BACKEND);
     for prompt in [json!(text), json!(ids), json!([ids])] {
         let body = json!({"prompt": prompt, "echo": true, "max_tokens": 0, "logprobs": 3});

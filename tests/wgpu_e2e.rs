@@ -154,7 +154,7 @@ fn check_scored(v: Variant, numerics: Numerics, n: usize, chunk: usize) -> f32 {
     let mut g = session(v, numerics, BackendKind::Wgpu, 512, chunk);
     let want = c.score(&toks).unwrap();
     let got = g.score(&toks).unwrap();
-    let vocab = c.model().config.n_vocab;
+    let vocab = c.n_vocab();
     let d = max_dlogprob(&got, &want, vocab);
     eprintln!("{v:?} {numerics:?}: every position of {n} tokens in chunks of {chunk}: max |Δ log-prob| {d:e}");
     if d > MAX_DLOGPROB {
@@ -178,7 +178,7 @@ fn check_prefill_then_decode(v: Variant, numerics: Numerics, n: usize, chunk: us
     let mut g = session(v, numerics, BackendKind::Wgpu, 512, chunk);
     c.sync(&toks[..n], &mut |_, _| {}).unwrap();
     g.sync(&toks[..n], &mut |_, _| {}).unwrap();
-    let vocab = c.model().config.n_vocab;
+    let vocab = c.n_vocab();
     let mut d = max_dlogprob(g.logits(), c.logits(), vocab);
     for &t in &toks[n..] {
         c.eval(t).unwrap();
@@ -235,7 +235,7 @@ fn decode_snapshot_and_greedy_continuation_match_the_cpu() {
         c.sync(head, &mut |_, _| {}).unwrap();
         g.sync(head, &mut |_, _| {}).unwrap();
         let snap = g.save_snapshot().unwrap();
-        let vocab = c.model().config.n_vocab;
+        let vocab = c.n_vocab();
         let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
         for &t in tail {
             c.eval(t).unwrap();
@@ -278,7 +278,7 @@ fn long_context_wraps_the_window_and_indexes_many_rows() {
     let mut g = session(Variant::Q8, Numerics::Model, BackendKind::Wgpu, 1152, 550);
     c.sync(&toks, &mut |_, _| {}).unwrap();
     g.sync(&toks, &mut |_, _| {}).unwrap();
-    let vocab = c.model().config.n_vocab;
+    let vocab = c.n_vocab();
     let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
     for &t in &tokens(2, 5) {
         c.eval(t).unwrap();
@@ -317,7 +317,7 @@ fn long_context_every_position_matches_the_cpu() {
     let toks = tokens(n, 16);
     let mut c = long_session(BackendKind::CpuRef, n, step);
     let mut g = long_session(BackendKind::Wgpu, n, step);
-    let vocab = c.model().config.n_vocab;
+    let vocab = c.n_vocab();
     let (mut worst, mut at) = (0f32, 0usize);
     for (i, piece) in toks.chunks(step).enumerate() {
         let want = c.score_more(piece).unwrap();
@@ -355,7 +355,7 @@ fn long_context_default_prefill_steps_match_the_cpu() {
     let mut g = long_session(BackendKind::Wgpu, n + 2, 2048);
     c.sync(&toks[..n], &mut |_, _| {}).unwrap();
     g.sync(&toks[..n], &mut |_, _| {}).unwrap();
-    let vocab = c.model().config.n_vocab;
+    let vocab = c.n_vocab();
     let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
     for &t in &toks[n..] {
         c.eval(t).unwrap();

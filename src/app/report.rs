@@ -19,6 +19,19 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// The V4.1 Engram reader's end-of-run line: bytes read per token and
+/// the hot-row hit rate.
+pub fn engram_line(st: &crate::model::v41::engram_reader::EngramStats) -> String {
+    format!(
+        "engram: {:.0} bytes read per token, hot-row hit rate {:.1} % ({} row lookups over {} tokens, {} read)",
+        st.bytes_per_token(),
+        100.0 * st.hit_rate(),
+        st.rows_requested,
+        st.tokens,
+        human(st.bytes_read)
+    )
+}
+
 /// Name, type, shape and bytes of every tensor in the directory.
 fn print_tensor_table(f: &crate::gguf::GgufFile) {
     println!(

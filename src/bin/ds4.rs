@@ -4,7 +4,6 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use argh::FromArgs;
@@ -16,9 +15,9 @@ use ds4::generate::{
 };
 use ds4::graph::ValueName;
 use ds4::model::forward::Numerics;
-use ds4::model::ModelFile;
+use ds4::model::v41::Arch;
 use ds4::sampler::{Rng, SamplerConfig};
-use ds4::session::{Session, SessionOptions};
+use ds4::session::{AnyModel, Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
 /// ds4 — DeepSeek V4 Flash inference engine. Without -p it starts an interactive chat.
@@ -75,6 +74,11 @@ struct Args {
     /// no thinking
     #[argh(switch)]
     nothink: bool,
+    /// thinking effort 0..100: 0 = no thinking; on a V4.1 model the level
+    /// of the "Reasoning Effort" line (default 75, max 100); on V4 0 acts as
+    /// --nothink, 100 as --think-max, any other as --think
+    #[argh(option)]
+    think_level: Option<u8>,
     /// greedy continuation with top-k logprobs written to FILE as JSON
     #[argh(option)]
     dump_logprobs: Option<PathBuf>,
@@ -197,6 +201,15 @@ fn read_prompt(a: &Args) -> Result<Option<String>, String> {
 }
 
 fn think_mode(a: &Args) -> Result<ThinkMode, String> {
+    if let Some(l) = a.think_level {
+        if a.think || a.think_max || a.nothink {
+            return Err("give --think-level or one of --think, --think-max, --nothink".into());
+        }
+        if l > chat::v41::MAX_LEVEL {
+            return Err(format!("--think-level must be in 0..=100, got {l}"));
+        }
+        return Ok(ThinkMode::of_level(l));
+    }
     match (a.think, a.think_max, a.nothink) {
         (_, false, false) => Ok(ThinkMode::High),
         (false, true, false) => Ok(ThinkMode::Max),
@@ -300,16 +313,31 @@ fn run(a: Args) -> Result<(), String> {
     let threads = ds4::app::threads::init_global_pool(a.threads);
 
     let t0 = Instant::now();
-    let model = Arc::new(ModelFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
-    let tok = Tokenizer::from_gguf(&model.file).map_err(|e| format!("{}: {e}", path.display()))?;
+    let model = AnyModel::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let tok = Tokenizer::from_gguf(model.file()).map_err(|e| format!("{}: {e}", path.display()))?;
     eprintln!(
-        "ds4: loaded {} ({}, {} layers) in {:.0} ms; {threads} CPU threads",
+        "ds4: loaded {} ({}, {} layers{}) in {:.0} ms; {threads} CPU threads",
         path.display(),
-        ds4::app::report::human(model.file.file_len()),
-        model.config.n_layer,
+        ds4::app::report::human(model.file().file_len()),
+        model.n_layer(),
+        if model.arch() == Arch::V41 {
+            ", DeepSeek V4.1"
+        } else {
+            ""
+        },
         t0.elapsed().as_secs_f64() * 1e3
     );
-    if a.warm_weights {
+    // V4.1: the level the prompt writes (`None` on V4).
+    let v41_level = (model.arch() == Arch::V41).then(|| {
+        a.think_level
+            .unwrap_or_else(|| mode.v41_level(chat::v41::DEFAULT_LEVEL))
+    });
+    if a.warm_weights && model.arch() == Arch::V41 {
+        eprintln!(
+            "ds4: --warm-weights: V4.1 files are not warmed (their Engram tables are read by row)"
+        );
+    }
+    if let (true, Some(model)) = (a.warm_weights, model.v4()) {
         let bar = indicatif::ProgressBar::new(model.weights.total_bytes());
         bar.set_style(
             indicatif::ProgressStyle::with_template(
@@ -321,7 +349,7 @@ fn run(a: Args) -> Result<(), String> {
         bar.finish_and_clear();
     }
     let eff = mode.effective(a.ctx);
-    if mode == ThinkMode::Max && eff != mode {
+    if mode == ThinkMode::Max && eff != mode && v41_level.is_none() {
         eprintln!(
             "ds4: warning: Think Max needs --ctx ≥ {}; using thinking mode high",
             chat::THINK_MAX_MIN_CTX
@@ -339,7 +367,7 @@ fn run(a: Args) -> Result<(), String> {
         backend_options: bo.clone(),
         dump: dumps.clone(),
     };
-    let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+    let mut sess = Session::open_any(&model, opts).map_err(|e| e.to_string())?;
     eprintln!("ds4: {}", sess.backend_notice());
     if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
         eprintln!("ds4: {line}");
@@ -386,7 +414,7 @@ fn run(a: Args) -> Result<(), String> {
                 backend_options: bo.clone(),
                 dump: Vec::new(),
             };
-            Session::new(model.clone(), opts).map_err(|e| e.to_string())
+            Session::open_any(&model, opts).map_err(|e| e.to_string())
         };
         return repl(
             sess,
@@ -394,11 +422,16 @@ fn run(a: Args) -> Result<(), String> {
             &mut gen,
             &system,
             mode,
+            v41_level,
             a.tokens.map(|n| n as usize),
         );
     };
 
-    let ptoks = chat::one_shot_prompt(&tok, &system, &prompt, eff);
+    let ptoks = match v41_level {
+        Some(level) => chat::v41::one_shot_prompt(&tok, &system, &prompt, level),
+        None => chat::one_shot_prompt(&tok, &system, &prompt, eff),
+    };
+    let thinks = v41_level.map_or(eff.thinks(), |l| l > 0);
     if ptoks.len() >= a.ctx {
         return Err(format!(
             "the prompt has {} tokens but the context is {} (use a larger --ctx)",
@@ -438,7 +471,7 @@ fn run(a: Args) -> Result<(), String> {
         );
     }
     let t2 = Instant::now();
-    let generated = gen.run(&mut sess, max_new, eff.thinks())?;
+    let generated = gen.run(&mut sess, max_new, thinks)?;
     let gen_s = t2.elapsed().as_secs_f64();
     eprintln!(
         "ds4: prefill: {:.2} t/s, generation: {:.2} t/s",
@@ -447,6 +480,9 @@ fn run(a: Args) -> Result<(), String> {
     );
     if let Some(c) = sess.expert_cache() {
         eprintln!("ds4: {}", c.stats().line());
+    }
+    if let Some(st) = sess.engram_stats() {
+        eprintln!("ds4: {}", ds4::app::report::engram_line(&st));
     }
     if STOP.load(Ordering::SeqCst) {
         eprintln!("ds4: interrupted");
@@ -613,14 +649,22 @@ fn repl(
     gen: &mut Generator<'_>,
     system: &str,
     mut mode: ThinkMode,
+    v41_level: Option<u8>,
     max_tokens: Option<usize>,
 ) -> Result<(), String> {
     use std::io::BufRead;
     let sess = &mut session;
     let tok = gen.tok;
     let eos = tok.specials().eos;
-    let start =
-        |mode: ThinkMode, ctx: usize| chat::transcript_start(tok, system, mode.effective(ctx));
+    // V4.1 has no Think Max context rule: its levels are written as given.
+    let effective = |mode: ThinkMode, ctx: usize| match v41_level {
+        Some(_) => mode,
+        None => mode.effective(ctx),
+    };
+    let start = |mode: ThinkMode, ctx: usize| match v41_level {
+        Some(l) => chat::v41::transcript_start(tok, system, mode.v41_level(l)),
+        None => chat::transcript_start(tok, system, mode.effective(ctx)),
+    };
     let mut head = start(mode, sess.ctx());
     let mut turns: Vec<u32> = Vec::new();
     eprintln!("{REPL_HELP}");
@@ -661,7 +705,7 @@ fn repl(
                 // Only the transcript start changes (Think Max prefix); the
                 // next sync notices the KV no longer matches (PROMPT.md §10).
                 head = start(mode, sess.ctx());
-                let eff = mode.effective(sess.ctx());
+                let eff = effective(mode, sess.ctx());
                 match (mode, eff) {
                     (ThinkMode::Max, ThinkMode::High) => println!(
                         "Thinking mode: high (ctx below {}).",
@@ -763,7 +807,7 @@ fn repl(
             }
             _ => line.to_string(),
         };
-        let eff = mode.effective(sess.ctx());
+        let eff = effective(mode, sess.ctx());
         let turn = chat::user_turn(tok, &text, eff);
         let mut transcript = head.clone();
         transcript.extend(&turns);

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use argh::FromArgs;
 use ds4::backend::{BackendKind, BackendOptions};
+use ds4::chat::Dialect;
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
-use ds4::model::ModelFile;
+use ds4::model::v41::Arch;
 use ds4::server::guard::CorsOrigins;
 use ds4::server::job::{self, KvCacheHook};
 use ds4::server::kvdisk::{self, DiskHook};
@@ -23,7 +24,7 @@ use ds4::server::routes::{self, HttpOptions, State};
 use ds4::server::slotdisk::SlotDisk;
 use ds4::server::slots::{self, SlotConfig};
 use ds4::server::worker::{self, WorkerConfig};
-use ds4::session::{Batch, Session, SessionOptions};
+use ds4::session::{AnyModel, Batch, Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
 /// ds4-server — OpenAI chat/completions/Responses and Anthropic messages for DeepSeek V4 Flash.
@@ -40,6 +41,11 @@ struct Args {
     /// model GGUF (default ./ds4flash.gguf)
     #[argh(option, short = 'm')]
     model: Option<PathBuf>,
+    /// V4.1 models: the thinking level 0..100 written for requests that
+    /// think without naming an effort (default 75; 0 = requests that say
+    /// nothing about thinking do not think)
+    #[argh(option)]
+    think_level: Option<u8>,
     /// serve a generated tiny model with random weights (no download needed)
     #[argh(switch)]
     demo: bool,
@@ -371,6 +377,9 @@ fn check(a: &Args) -> Result<(), String> {
     kv_config(a).validate()?;
     kv_write_limit()?;
     slot_count(a)?;
+    if a.think_level.is_some_and(|l| l > 100) {
+        return Err("--think-level must be in 0..=100".into());
+    }
     if a.ctx < 2 || a.tokens == 0 || a.queue == 0 || a.tool_memory_max_ids == 0 {
         return Err("--ctx must be ≥ 2; --tokens, --queue and --tool-memory-max-ids > 0".into());
     }
@@ -490,10 +499,18 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     backend_options.ssd_streaming = a.streaming().options()?;
     let threads = ds4::app::threads::init_global_pool(a.threads);
     let path = model_path(&a)?;
-    let model = Arc::new(ModelFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?);
-    let tok = Arc::new(
-        Tokenizer::from_gguf(&model.file).map_err(|e| format!("{}: {e}", path.display()))?,
-    );
+    let any = AnyModel::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let tok =
+        Arc::new(Tokenizer::from_gguf(any.file()).map_err(|e| format!("{}: {e}", path.display()))?);
+    let dialect = match any.arch() {
+        Arch::V4 if a.think_level.is_some() => {
+            return Err("--think-level is for V4.1 models; a V4 request picks its thinking mode with its own fields".into())
+        }
+        Arch::V4 => Dialect::V4,
+        Arch::V41 => Dialect::V41 {
+            default_level: a.think_level.unwrap_or(ds4::chat::v41::DEFAULT_LEVEL),
+        },
+    };
     let opts = SessionOptions {
         ctx: a.ctx,
         numerics,
@@ -502,12 +519,19 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         ..SessionOptions::default()
     };
     let slots = slot_count(&a)?;
+    let model = match &any {
+        AnyModel::V4(m) => Some(m.clone()),
+        AnyModel::V41(_) if slots > 1 => {
+            return Err("a V4.1 model is served by one session: --batched-session > 1 is not built for V4.1 yet".into())
+        }
+        AnyModel::V41(_) => None,
+    };
     let scratch_opts = SessionOptions {
         backend: BackendKind::CpuRef,
         backend_options: BackendOptions::default(),
         ..opts.clone()
     };
-    let engine = if slots > 1 {
+    let engine = if let (true, Some(model)) = (slots > 1, &model) {
         let batch = Batch::new(model.clone(), opts, slots).map_err(|e| e.to_string())?;
         let per = batch.slot_state_bytes() as u64;
         ds4::log_line!(
@@ -520,7 +544,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         );
         Engine::Slots(batch)
     } else {
-        let sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+        let sess = Session::open_any(&any, opts).map_err(|e| e.to_string())?;
         if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
             ds4::log_line!("ds4-server: {line}");
         }
@@ -537,7 +561,11 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         .max()
         .unwrap_or(1);
     let metrics = Arc::new(Metrics::default());
-    let cache = kvdisk::open_cache(&kv_cfg, &model, &metrics, kv_write_limit)?;
+    let quant_bits = match &engine {
+        Engine::Serial(s) => s.routed_quant_bits(),
+        Engine::Slots(b) => ds4::kvcache::routed_quant_bits(b.model()),
+    };
+    let cache = kvdisk::open_cache(&kv_cfg, quant_bits, &metrics, kv_write_limit)?;
     if cache.is_some() {
         ds4::log_line!(
             "ds4-server: disk KV cache in {} ({} MiB)",
@@ -580,7 +608,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
                 // CPU scratch session beside the slots (slotdisk.rs).
                 Some(c) => Some(SlotDisk::new(
                     c,
-                    Session::new(model.clone(), scratch_opts).map_err(|e| e.to_string())?,
+                    Session::open_any(&any, scratch_opts).map_err(|e| e.to_string())?,
                     slots,
                 )),
                 None => None,
@@ -600,6 +628,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
             max_prompt_bytes: routes::prompt_byte_bound(a.ctx, longest_token),
             allow_script: std::env::var_os(SCRIPT_ENV).is_some(),
             tokenizer: Some(ds4::server::tokenize::SharedTokenizer(tok.clone())),
+            dialect,
         },
         counter: AtomicU64::new(0),
     });

@@ -8,10 +8,44 @@
 //! which keys its caches on one rendered text, escapes instead).
 
 pub mod template;
+pub mod v41;
 
 pub use template::{DEFAULT_SYSTEM, THINK_MAX_PREFIX};
 
 use crate::tokenizer::Tokenizer;
+
+/// The chat template a model speaks, from its architecture.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dialect {
+    /// DeepSeek V4: [`template`].
+    #[default]
+    V4,
+    /// DeepSeek V4.1: [`v41`]; `default_level` is written for requests
+    /// that think without naming an effort (the server's `--think-level`;
+    /// 0 = requests that say nothing about thinking do not think).
+    V41 { default_level: u8 },
+}
+
+impl Dialect {
+    /// The V4.1 level of a request: `mode` after the request's fields,
+    /// `effort` the level it named (if any), `explicit` whether it said
+    /// anything about thinking. Always 0 for V4.
+    pub fn level(self, mode: ThinkMode, effort: Option<u8>, explicit: bool) -> u8 {
+        let Dialect::V41 { default_level } = self else {
+            return 0;
+        };
+        if !mode.thinks() {
+            return 0;
+        }
+        match effort {
+            Some(e) if e > 0 => e,
+            _ if default_level == 0 && !explicit => 0,
+            _ if default_level == 0 => v41::DEFAULT_LEVEL,
+            _ if mode == ThinkMode::Max => v41::MAX_LEVEL,
+            _ => default_level,
+        }
+    }
+}
 
 /// Think Max needs at least this context; below it `max` acts as `high`.
 pub const THINK_MAX_MIN_CTX: usize = 393_216;
@@ -35,6 +69,26 @@ impl ThinkMode {
 
     pub fn thinks(self) -> bool {
         self != ThinkMode::None
+    }
+
+    /// The mode a `--think-level` names on a V4 model, which has no
+    /// levels: 0 = none, 100 = max, anything else = high.
+    pub fn of_level(level: u8) -> ThinkMode {
+        match level {
+            0 => ThinkMode::None,
+            l if l >= v41::MAX_LEVEL => ThinkMode::Max,
+            _ => ThinkMode::High,
+        }
+    }
+
+    /// The V4.1 level of this mode, `high` being `level` (0 = none).
+    pub fn v41_level(self, level: u8) -> u8 {
+        match self {
+            ThinkMode::None => 0,
+            ThinkMode::High if (1..v41::MAX_LEVEL).contains(&level) => level,
+            ThinkMode::High => v41::DEFAULT_LEVEL,
+            ThinkMode::Max => v41::MAX_LEVEL,
+        }
     }
 }
 

@@ -12,6 +12,13 @@
 //! `u32 text_bytes ‖ text ‖ payload` at bytes 20..24, so a flipped bit in the
 //! text or the 13+ MB of state is caught before it reaches a session. A file
 //! without the mark (written or touched by ds4) is read unchecked, as ds4 does.
+//!
+//! The mark also names the model family (issue 19): `CHECKSUM_MARK` for a
+//! DeepSeek V4 session, `CHECKSUM_MARK_V41` for V4.1. A V4.1 checkpoint is
+//! always written with its checksum; a file without a mark is V4 (ds4's).
+//! So a checkpoint is refused by its header when offered to a model of the
+//! other family, and its payload's first word refuses it once more if a
+//! rewrite by ds4 has cleared the mark (`session::V41_SNAPSHOT_MAGIC`).
 
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -20,6 +27,7 @@ use std::path::{Path, PathBuf};
 use sha1::{Digest, Sha1};
 
 use super::guard;
+pub use crate::model::v41::Arch;
 
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = 48;
@@ -27,8 +35,10 @@ pub const HEADER_BYTES: usize = 48;
 pub const PREFIX_BYTES: u64 = HEADER_BYTES as u64 + 4;
 const MAGIC: [u8; 3] = *b"KVC";
 const VERSION: u8 = 1;
-/// Byte 7 value saying bytes 20..24 hold our payload checksum.
+/// Byte 7 value saying bytes 20..24 hold our payload checksum (V4 session).
 const CHECKSUM_MARK: u8 = 0xC5;
+/// The same for a DeepSeek V4.1 session.
+const CHECKSUM_MARK_V41: u8 = 0xC6;
 
 /// Extension flags, header byte 6.
 pub const EXT_TOOL_MAP: u8 = 1;
@@ -98,6 +108,8 @@ pub struct KvcHeader {
     pub payload_bytes: u64,
     /// CRC-32 of `u32 text_bytes ‖ text ‖ payload`; `None` for ds4's files.
     pub checksum: Option<u32>,
+    /// The model family whose session the payload holds (byte 7).
+    pub arch: Arch,
 }
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
@@ -121,9 +133,14 @@ impl KvcHeader {
         h[8..12].copy_from_slice(&self.tokens.to_le_bytes());
         h[12..16].copy_from_slice(&self.hits.to_le_bytes());
         h[16..20].copy_from_slice(&self.ctx.to_le_bytes());
-        if let Some(c) = self.checksum {
-            h[7] = CHECKSUM_MARK;
-            h[20..24].copy_from_slice(&c.to_le_bytes());
+        // A V4.1 header always carries the mark that names it (with
+        // checksum 0 if none was given, which then fails verification).
+        if self.checksum.is_some() || self.arch == Arch::V41 {
+            h[7] = match self.arch {
+                Arch::V4 => CHECKSUM_MARK,
+                Arch::V41 => CHECKSUM_MARK_V41,
+            };
+            h[20..24].copy_from_slice(&self.checksum.unwrap_or(0).to_le_bytes());
         }
         h[24..32].copy_from_slice(&self.created.to_le_bytes());
         h[32..40].copy_from_slice(&self.last_used.to_le_bytes());
@@ -144,7 +161,12 @@ impl KvcHeader {
             tokens: u32_at(h, 8),
             hits: u32_at(h, 12),
             ctx: u32_at(h, 16),
-            checksum: (h[7] == CHECKSUM_MARK).then(|| u32_at(h, 20)),
+            checksum: matches!(h[7], CHECKSUM_MARK | CHECKSUM_MARK_V41).then(|| u32_at(h, 20)),
+            arch: if h[7] == CHECKSUM_MARK_V41 {
+                Arch::V41
+            } else {
+                Arch::V4
+            },
             created: u64_at(h, 24),
             last_used: u64_at(h, 32),
             payload_bytes: u64_at(h, 40),
@@ -636,6 +658,7 @@ mod tests {
             last_used: 9,
             payload_bytes: 123_456_789_012,
             checksum: None,
+            arch: Arch::V4,
         };
         let b = h.encode();
         assert_eq!(&b[..8], &[b'K', b'V', b'C', 1, 4, 3, 5, 0]);
@@ -646,7 +669,15 @@ mod tests {
             checksum: Some(0xdead_beef),
             ..h
         };
-        assert_eq!(KvcHeader::decode(&with.encode()), Some(with));
+        assert_eq!(KvcHeader::decode(&with.encode()), Some(with.clone()));
+        // The V4.1 mark names the family and still carries the checksum.
+        let v41 = KvcHeader {
+            arch: Arch::V41,
+            ..with
+        };
+        let b = v41.encode();
+        assert_eq!(b[7], CHECKSUM_MARK_V41);
+        assert_eq!(KvcHeader::decode(&b), Some(v41));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::model::ModelFile;
 use crate::quant::GgmlType;
 use crate::session::{Session, SessionError};
 
-pub use file::{KtmEntry, KvcHeader, SaveReason};
+pub use file::{Arch, KtmEntry, KvcHeader, SaveReason};
 pub use moments::{DiskResume, SaveMoments, VisibleKey};
 pub use policy::{ContinuedSaves, KvCacheConfig};
 pub use store::{CacheKey, DiskCache, DiskHit, LookupOutcome, StoreOutcome};
@@ -62,6 +62,14 @@ impl KvCacheError {
             path: path.to_path_buf(),
             source,
         }
+    }
+}
+
+/// The model family as log lines name it.
+pub fn arch_name(a: Arch) -> &'static str {
+    match a {
+        Arch::V4 => "DeepSeek V4 (deepseek4)",
+        Arch::V41 => "DeepSeek V4.1 (deepseek41)",
     }
 }
 
@@ -194,7 +202,8 @@ pub fn save_file(
         .unwrap_or(0);
     let c = file::NewCheckpoint {
         header: KvcHeader {
-            quant_bits: routed_quant_bits(session.model()),
+            quant_bits: session.routed_quant_bits(),
+            arch: session.arch(),
             reason,
             ext_flags: 0,
             tokens: n as u32,
@@ -240,6 +249,13 @@ pub fn load_file(path: &Path, session: &mut Session) -> Result<(KvcHeader, Vec<u
             )))
         }
     };
+    if e.header.arch != session.arch() {
+        return Err(bad(format!(
+            "its header says it holds a {} session; the loaded model is {}: refused, nothing loaded",
+            arch_name(e.header.arch),
+            arch_name(session.arch())
+        )));
+    }
     let (header, c) = file::read_contents(&e, true, usize::MAX).map_err(|e| bad(e.to_string()))?;
     session.load_snapshot(&c.payload)?;
     let got = session.tokens().len();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::file::{
-    self, checkpoint_stem, read_contents, sha1_hex, ContentError, Entry, KtmEntry, KvcHeader,
+    self, checkpoint_stem, read_contents, sha1_hex, Arch, ContentError, Entry, KtmEntry, KvcHeader,
     NewCheckpoint, Probe, SaveReason, EXT_RESPONSES_TEXT, EXT_THINKING_TEXT, EXT_TOOL_MAP,
 };
 use super::guard::{self, FileId, Removal};
@@ -388,7 +388,9 @@ impl DiskCache {
         }
         let sha = sha1_hex(text);
         let path = self.path_for(&sha);
-        if tool_map.is_empty() && self.existing_compatible(&path, &sha, text, session.ctx()) {
+        if tool_map.is_empty()
+            && self.existing_compatible(&path, &sha, text, session.ctx(), session.arch())
+        {
             return StoreOutcome::AlreadyStored { sha };
         }
         let payload = match session.save_snapshot() {
@@ -406,6 +408,7 @@ impl DiskCache {
         }
         let c = NewCheckpoint {
             header: KvcHeader {
+                arch: session.arch(),
                 quant_bits: self.quant_bits,
                 reason,
                 ext_flags: ext,
@@ -471,10 +474,20 @@ impl DiskCache {
 
     /// §5 step 4: a file of that name with the same text, usable by this
     /// session (quant, ctx), makes the store a no-op.
-    fn existing_compatible(&self, path: &Path, sha: &str, text: &[u8], ctx: usize) -> bool {
+    fn existing_compatible(
+        &self,
+        path: &Path,
+        sha: &str,
+        text: &[u8],
+        ctx: usize,
+        arch: Arch,
+    ) -> bool {
         let Ok(Probe::Valid(e)) = file::probe(path, sha) else {
             return false;
         };
+        if e.header.arch != arch {
+            return false;
+        }
         // An unmarked file would never load under --kv-cache-require-checksum:
         // replace it with a marked one rather than keep it.
         if !self.quant_ok(&e.header) || e.header.ctx as usize > ctx || !self.checksum_ok(&e.header)
@@ -514,6 +527,9 @@ impl DiskCache {
 
     fn lookup_inner(&self, session: &mut Session, rendered: &[u8]) -> LookupOutcome {
         let ctx = session.ctx();
+        // Checkpoints of the other model family (V4 / V4.1) are refused by
+        // their header: never candidates, never read, never removed.
+        let arch = session.arch();
         let mut cands: Vec<Entry> = self
             .scan()
             .into_iter()
@@ -521,6 +537,7 @@ impl DiskCache {
                 e.text_bytes as usize <= rendered.len()
                     && e.header.tokens as usize >= self.cfg.kv_cache_min_tokens
                     && e.header.ctx as usize <= ctx
+                    && e.header.arch == arch
                     && self.quant_ok(&e.header)
             })
             .collect();
@@ -576,7 +593,11 @@ impl DiskCache {
             }
             Err(err) => return fail(err.to_string(), false, false),
         };
-        if header.ctx as usize > ctx || !self.quant_ok(&header) || !self.checksum_ok(&header) {
+        if header.ctx as usize > ctx
+            || header.arch != arch
+            || !self.quant_ok(&header)
+            || !self.checksum_ok(&header)
+        {
             return fail("the header changed since the scan".into(), false, false);
         }
         if !rendered.starts_with(&contents.text) {

@@ -6,14 +6,19 @@ use serde_json::Value;
 
 use crate::generate::find;
 
-/// Block start markers in priority order (PROMPT.md §7 step 2).
-const STARTS: [&str; 6] = [
+/// Block start markers in priority order (PROMPT.md §7 step 2), two per
+/// variant of [`VARIANTS`]. The last pair is DeepSeek V4.1's spelling
+/// (`<｜DSML｜ calls>`, docs/V41.md): it comes after every V4 spelling, and
+/// no V4 marker is a part of it, so V4 output parses as before.
+const STARTS: [&str; 8] = [
     "\n\n<｜DSML｜tool_calls>",
     "<｜DSML｜tool_calls>",
     "\n\n<DSML｜tool_calls>",
     "<DSML｜tool_calls>",
     "\n\n<tool_calls>",
     "<tool_calls>",
+    "\n\n<｜DSML｜ calls>",
+    "<｜DSML｜ calls>",
 ];
 
 /// The tag spellings of one syntax variant.
@@ -25,9 +30,12 @@ struct Tags {
     invoke_close: &'static str,
     param: &'static str,
     param_close: &'static str,
+    /// String bodies carry entity escapes (`&lt;`…) to decode: V4's
+    /// prompt asks for them; V4.1's says "as is".
+    entities: bool,
 }
 
-const VARIANTS: [Tags; 3] = [
+const VARIANTS: [Tags; 4] = [
     Tags {
         open: "<｜DSML｜tool_calls>",
         close: "</｜DSML｜tool_calls>",
@@ -35,6 +43,7 @@ const VARIANTS: [Tags; 3] = [
         invoke_close: "</｜DSML｜invoke>",
         param: "<｜DSML｜parameter",
         param_close: "</｜DSML｜parameter>",
+        entities: true,
     },
     Tags {
         open: "<DSML｜tool_calls>",
@@ -43,6 +52,7 @@ const VARIANTS: [Tags; 3] = [
         invoke_close: "</DSML｜invoke>",
         param: "<DSML｜parameter",
         param_close: "</DSML｜parameter>",
+        entities: true,
     },
     Tags {
         open: "<tool_calls>",
@@ -51,6 +61,16 @@ const VARIANTS: [Tags; 3] = [
         invoke_close: "</invoke>",
         param: "<parameter",
         param_close: "</parameter>",
+        entities: true,
+    },
+    Tags {
+        open: crate::chat::v41::CALLS_OPEN,
+        close: crate::chat::v41::CALLS_CLOSE,
+        invoke: crate::chat::v41::INVOKE_OPEN,
+        invoke_close: crate::chat::v41::INVOKE_CLOSE,
+        param: crate::chat::v41::PARAM_OPEN,
+        param_close: crate::chat::v41::PARAM_CLOSE,
+        entities: false,
     },
 ];
 
@@ -259,7 +279,11 @@ fn parse_param<'a>(s: &'a str, t: &Tags, depth: usize) -> Result<(String, String
     let end = body.find(t.param_close).ok_or(())?;
     let raw = &body[..end];
     let value = if string.as_deref().unwrap_or("true") == "true" {
-        json_str(&entity_decode(raw))
+        if t.entities {
+            json_str(&entity_decode(raw))
+        } else {
+            json_str(raw)
+        }
     } else {
         let m = minify(raw);
         if m.is_empty() {
@@ -464,7 +488,7 @@ impl LiveTools {
                                 break;
                             }
                         }
-                        if string {
+                        if string && t.entities {
                             if let Some(amp) = self.buf[..keep].rfind('&') {
                                 let tail = &self.buf[amp..keep];
                                 if ENTITIES
@@ -480,7 +504,11 @@ impl LiveTools {
                 };
                 let body: String = self.buf.drain(..body_end).collect();
                 let mut frag = if string {
-                    let decoded = entity_decode(&body);
+                    let decoded = if t.entities {
+                        entity_decode(&body)
+                    } else {
+                        body
+                    };
                     let q = json_str(&decoded);
                     q[1..q.len() - 1].to_string()
                 } else {

@@ -5,10 +5,8 @@
 use super::job::{DiskResumed, KvCacheHook, VisibleKind};
 use super::metrics::Metrics;
 use crate::kvcache::{
-    routed_quant_bits, CacheKey, DiskCache, KtmEntry, KvCacheConfig, SaveMoments, ToolIds,
-    VisibleKey,
+    CacheKey, DiskCache, KtmEntry, KvCacheConfig, SaveMoments, ToolIds, VisibleKey,
 };
-use crate::model::ModelFile;
 use crate::session::{Session, SessionError, SyncStats};
 use crate::tokenizer::Tokenizer;
 
@@ -18,16 +16,17 @@ pub struct DiskHook {
 
 impl DiskHook {
     /// Opens the cache folder of `cfg` (`Ok(None)` without `--kv-disk-dir`)
-    /// and makes its counters part of `/metrics`. `write_limit` is the
+    /// and makes its counters part of `/metrics`. `quant_bits` is the loaded
+    /// model's routed-expert quant (`Session::routed_quant_bits`). `write_limit` is the
     /// library's test hook (every write fails with ENOSPC after that many
     /// bytes: a full disk without privileges).
     pub fn open(
         cfg: &KvCacheConfig,
-        model: &ModelFile,
+        quant_bits: u8,
         metrics: &Metrics,
         write_limit: Option<u64>,
     ) -> Result<Option<DiskHook>, String> {
-        Ok(open_cache(cfg, model, metrics, write_limit)?.map(DiskHook::new))
+        Ok(open_cache(cfg, quant_bits, metrics, write_limit)?.map(DiskHook::new))
     }
 
     pub fn new(cache: DiskCache) -> DiskHook {
@@ -41,14 +40,12 @@ impl DiskHook {
 /// scheduler's per-slot save moments (`slotdisk.rs`).
 pub fn open_cache(
     cfg: &KvCacheConfig,
-    model: &ModelFile,
+    quant_bits: u8,
     metrics: &Metrics,
     write_limit: Option<u64>,
 ) -> Result<Option<DiskCache>, String> {
     cfg.validate()?;
-    let Some(mut cache) =
-        DiskCache::open(cfg, routed_quant_bits(model)).map_err(|e| e.to_string())?
-    else {
+    let Some(mut cache) = DiskCache::open(cfg, quant_bits).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
     cache.set_write_limit(write_limit);

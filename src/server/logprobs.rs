@@ -73,7 +73,7 @@ pub fn score_prompt(
     k: usize,
 ) -> Result<Vec<TokenLogprob>, SessionError> {
     let rows = sess.score(tokens)?;
-    let v = sess.model().config.n_vocab;
+    let v = sess.n_vocab();
     let mut out = vec![first_prompt_entry(tok, tokens[0])];
     out.extend(score_following(tok, &rows, v, &tokens[1..], k));
     Ok(out)

@@ -1,9 +1,12 @@
 //! Counters for `GET /metrics` (Prometheus text format): queue depth,
 //! prompt/generated tokens, speed, live prefix reuse, and the disk KV
-//! cache's counters when `--kv-disk-dir` is set.
+//! cache's counters when `--kv-disk-dir` is set, and a V4.1 model's Engram
+//! reads (bytes per token, hot-row hit rate).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+
+use crate::model::v41::engram_reader::EngramStats;
 
 #[derive(Default)]
 pub struct Metrics {
@@ -33,9 +36,18 @@ pub struct Metrics {
     pub kv_disk: std::sync::OnceLock<std::sync::Arc<crate::kvcache::KvCacheMetrics>>,
     /// (generated tokens/s, prefill seconds) of the last request.
     last: Mutex<(f64, f64)>,
+    /// A V4.1 model's Engram reader, after the last request.
+    engram: Mutex<Option<EngramStats>>,
 }
 
 impl Metrics {
+    /// The V4.1 Engram reader's counters (the worker calls it after each job).
+    pub fn record_engram(&self, st: EngramStats) {
+        if let Ok(mut e) = self.engram.lock() {
+            *e = Some(st);
+        }
+    }
+
     pub fn record_speed(&self, tokens: usize, gen_s: f64, prefill_s: f64) {
         if let Ok(mut l) = self.last.lock() {
             *l = (tokens as f64 / gen_s.max(1e-9), prefill_s);
@@ -186,6 +198,51 @@ impl Metrics {
             "Prefill time of the last request.",
             format!("{prefill:.3}"),
         );
+        let engram = self.engram.lock().map(|e| *e).unwrap_or(None);
+        if let Some(e) = engram {
+            for (name, kind, help, v) in [
+                (
+                    "engram_tokens_total",
+                    "counter",
+                    "Tokens whose Engram rows were read (V4.1).",
+                    e.tokens.to_string(),
+                ),
+                (
+                    "engram_row_lookups_total",
+                    "counter",
+                    "Engram table rows asked for.",
+                    e.rows_requested.to_string(),
+                ),
+                (
+                    "engram_row_hits_total",
+                    "counter",
+                    "Engram rows found in the hot-row cache.",
+                    e.cache_hits.to_string(),
+                ),
+                (
+                    "engram_bytes_read_total",
+                    "counter",
+                    "Bytes of Engram rows read from the model file.",
+                    e.bytes_read.to_string(),
+                ),
+                (
+                    "engram_bytes_per_token",
+                    "gauge",
+                    "Engram bytes read per token since start-up.",
+                    format!("{:.1}", e.bytes_per_token()),
+                ),
+                (
+                    "engram_hit_rate",
+                    "gauge",
+                    "Fraction of Engram row lookups served by the hot-row cache.",
+                    format!("{:.4}", e.hit_rate()),
+                ),
+            ] {
+                s.push_str(&format!(
+                    "# HELP ds4_{name} {help}\n# TYPE ds4_{name} {kind}\nds4_{name} {v}\n"
+                ));
+            }
+        }
         if let Some(k) = self.kv_disk.get() {
             s.push_str(&k.snapshot().prometheus());
         }

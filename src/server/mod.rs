@@ -28,6 +28,8 @@ pub mod openai;
 pub mod page;
 pub mod plan;
 pub mod render;
+pub mod render_v41;
+pub mod replay;
 pub mod request;
 pub mod responses;
 pub mod routes;

@@ -17,7 +17,7 @@ use super::request::{Api, GenRequest, Message, Role, ToolCall};
 use crate::chat::template::{
     self, assistant_prefix, esc_markers, tools_prompt, ASSISTANT, THINK_CLOSE, THINK_OPEN, USER,
 };
-use crate::chat::{ThinkMode, DEFAULT_SYSTEM};
+use crate::chat::{Dialect, ThinkMode, DEFAULT_SYSTEM};
 
 use crate::chat::template::EOS;
 
@@ -28,6 +28,18 @@ fn attr(s: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+/// Canonical DSML for a list of calls in the request's dialect.
+pub fn canonical_dsml_for(req: &GenRequest, calls: &[ToolCall]) -> String {
+    if req.dialect == Dialect::V4 {
+        return canonical_dsml(calls);
+    }
+    let c: Vec<(&str, &str)> = calls
+        .iter()
+        .map(|c| (c.name.as_str(), c.arguments.as_str()))
+        .collect();
+    crate::chat::v41::calls_block(&c)
 }
 
 /// Canonical DSML for a list of calls (PROMPT.md §5.3 step 2).
@@ -66,19 +78,7 @@ pub fn canonical_dsml(calls: &[ToolCall]) -> String {
     out
 }
 
-/// Looks up the exact sampled block of a turn's calls (tool memory).
-pub trait ReplayLookup {
-    fn block_for(&mut self, ids: &[&str]) -> Option<String>;
-}
-
-/// No memory: always canonical.
-pub struct NoReplay;
-
-impl ReplayLookup for NoReplay {
-    fn block_for(&mut self, _ids: &[&str]) -> Option<String> {
-        None
-    }
-}
+pub use super::replay::{NoReplay, ReplayLookup};
 
 fn tool_calls_text(calls: &[ToolCall], replay: &mut dyn ReplayLookup) -> String {
     if calls.is_empty() {
@@ -95,6 +95,9 @@ fn tool_calls_text(calls: &[ToolCall], replay: &mut dyn ReplayLookup) -> String 
 
 /// The whole prompt text of a request (PROMPT.md §3.3 and §3.4).
 pub fn render(req: &GenRequest, replay: &mut dyn ReplayLookup) -> String {
+    if req.dialect != Dialect::V4 {
+        return super::render_v41::render(req, replay);
+    }
     let mode = req.mode;
     if req.api == Api::Completions {
         let prompt = esc_markers(req.prompt.as_deref().unwrap_or(""));
@@ -173,6 +176,9 @@ fn render_messages(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
 /// messages by the §3.3 rules (an assistant message always with its
 /// reasoning in thinking mode), then the assistant prefix.
 pub fn render_tail(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLookup) -> String {
+    if req.dialect != Dialect::V4 {
+        return super::render_v41::render_tail(msgs, req, replay);
+    }
     let think = req.mode.thinks();
     let mut out = String::from(EOS);
     let mut pending_tool = false;

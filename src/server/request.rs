@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::strict::{self, ToolGrammar};
-use crate::chat::ThinkMode;
+use crate::chat::{Dialect, ThinkMode};
 use crate::constrain::{self, OutputGrammar};
 use crate::sampler::SamplerConfig;
 
@@ -105,11 +105,42 @@ pub struct GenRequest {
     pub raw: Vec<u8>,
     /// Log-probabilities and echo (chat and completions only).
     pub scoring: Scoring,
+    /// The thinking level the request named, for a V4.1 model.
+    pub think_level: ThinkLevel,
+    /// The chat template of the loaded model (set by the HTTP layer from
+    /// the server's options; V4 until then).
+    pub dialect: Dialect,
+}
+
+/// What a request said about thinking effort, as a V4.1 level: an effort
+/// name (`chat::v41::level_of_name`) or a number 0–100 (0 = none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThinkLevel {
+    pub effort: Option<u8>,
+    /// Any thinking field was given (`thinking`, `think`, an effort).
+    pub explicit: bool,
 }
 
 impl GenRequest {
     pub fn tools_active(&self) -> bool {
         !self.tool_lines.is_empty() && !self.tools_disabled
+    }
+
+    /// Renders this request in the loaded model's template. On V4.1 a
+    /// request that ends up at level 0 (the server's `--think-level 0` and
+    /// no thinking field) does not think, so its output is not parsed as
+    /// reasoning either.
+    pub fn set_dialect(&mut self, d: Dialect) {
+        self.dialect = d;
+        if d != Dialect::V4
+            && d.level(
+                self.mode,
+                self.think_level.effort,
+                self.think_level.explicit,
+            ) == 0
+        {
+            self.mode = ThinkMode::None;
+        }
     }
 
     /// Chat-style: tool calls and reasoning are parsed out of the output.
@@ -191,6 +222,8 @@ struct Thinking {
     max: bool,
     none_effort: bool,
     explicit: bool,
+    /// The V4.1 level of the last effort given.
+    level: Option<u8>,
 }
 
 impl Thinking {
@@ -200,6 +233,7 @@ impl Thinking {
             max: false,
             none_effort: false,
             explicit: false,
+            level: None,
         }
     }
 
@@ -230,6 +264,7 @@ impl Thinking {
         match v {
             None | Some(Value::Null) => Ok(()),
             Some(Value::String(s)) => {
+                self.level = crate::chat::v41::level_of_name(s);
                 match s.as_str() {
                     "max" => {
                         self.max = true;
@@ -244,7 +279,27 @@ impl Thinking {
                 }
                 Ok(())
             }
+            // A V4.1 level, 0 (none) to 100 (max), as the official encoder
+            // takes it; on V4 it picks none, high or max.
+            Some(Value::Number(n)) => {
+                let l = n
+                    .as_u64()
+                    .filter(|&l| l <= 100)
+                    .ok_or_else(|| ApiError::invalid("reasoning effort must be 0..100"))?
+                    as u8;
+                self.level = Some(l);
+                self.none_effort = l == 0;
+                self.max = l >= 100;
+                Ok(())
+            }
             Some(_) => Err(bad()),
+        }
+    }
+
+    fn think_level(&self) -> ThinkLevel {
+        ThinkLevel {
+            effort: self.level,
+            explicit: self.explicit || self.level.is_some(),
         }
     }
 
@@ -279,7 +334,7 @@ fn thinking(
     model: &str,
     api: Api,
     ctx: usize,
-) -> Result<(ThinkMode, bool), ApiError> {
+) -> Result<(ThinkMode, bool, ThinkLevel), ApiError> {
     let mut th = Thinking::new();
     let mut summary = false;
     if api == Api::Responses {
@@ -300,7 +355,7 @@ fn thinking(
             }
             Some(_) => return Err(bad()),
         }
-        return Ok((th.mode(model, ctx), summary));
+        return Ok((th.mode(model, ctx), summary, th.think_level()));
     }
     th.thinking_field(m)?;
     if api == Api::Messages {
@@ -312,7 +367,7 @@ fn thinking(
         th.explicit = true;
     }
     th.effort(m.get("reasoning_effort"))?;
-    Ok((th.mode(model, ctx), summary))
+    Ok((th.mode(model, ctx), summary, th.think_level()))
 }
 
 /// Sampling fields; thinking modes use the fixed official values.
@@ -543,7 +598,7 @@ fn model(m: &Map<String, Value>) -> Result<String, ApiError> {
 pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
     let m = object(body)?;
     let model = model(&m)?;
-    let (mode, _) = thinking(&m, &model, Api::Chat, pc.ctx)?;
+    let (mode, _, think_level) = thinking(&m, &model, Api::Chat, pc.ctx)?;
     let Some(msgs) = m.get("messages") else {
         return Err(ApiError::invalid("missing messages"));
     };
@@ -594,6 +649,8 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
     let tools_disabled =
         matches!(m.get("tool_choice"), Some(Value::String(s)) if s == "none") || output.is_some();
     Ok(GenRequest {
+        think_level,
+        dialect: Dialect::V4,
         api: Api::Chat,
         sampler: sampling(&m, true, true, mode)?,
         seed: seed(&m)?,
@@ -620,7 +677,7 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
 pub fn parse_completions(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
     let m = object(body)?;
     let model = model(&m)?;
-    let (mode, _) = thinking(&m, &model, Api::Completions, pc.ctx)?;
+    let (mode, _, think_level) = thinking(&m, &model, Api::Completions, pc.ctx)?;
     let scoring = completion_scoring(&m)?;
     // A raw prompt has no template, so no thinking mode (which would also
     // override the sampling fields).
@@ -636,6 +693,8 @@ pub fn parse_completions(body: &[u8], pc: ParseContext) -> Result<GenRequest, Ap
         Some(_) => return Err(bad()),
     };
     Ok(GenRequest {
+        think_level,
+        dialect: Dialect::V4,
         api: Api::Completions,
         sampler: sampling(&m, true, true, mode)?,
         seed: seed(&m)?,
@@ -687,7 +746,7 @@ fn anthropic_system(v: Option<&Value>) -> Result<Option<String>, ApiError> {
 pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
     let m = object(body)?;
     let model = model(&m)?;
-    let (mode, _) = thinking(&m, &model, Api::Messages, pc.ctx)?;
+    let (mode, _, think_level) = thinking(&m, &model, Api::Messages, pc.ctx)?;
     let Some(msgs) = m.get("messages") else {
         return Err(ApiError::invalid("missing messages"));
     };
@@ -754,6 +813,8 @@ pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiEr
         .and_then(Value::as_str)
         == Some("none");
     Ok(GenRequest {
+        think_level,
+        dialect: Dialect::V4,
         api: Api::Messages,
         sampler: sampling(&m, false, true, mode)?,
         seed: None,
@@ -801,7 +862,7 @@ fn responses_content(v: Option<&Value>) -> Result<String, ApiError> {
 pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError> {
     let m = object(body)?;
     let model = model(&m)?;
-    let (mode, summary) = thinking(&m, &model, Api::Responses, pc.ctx)?;
+    let (mode, summary, think_level) = thinking(&m, &model, Api::Responses, pc.ctx)?;
     for k in ["previous_response_id", "conversation"] {
         if m.get(k).is_some_and(|v| !v.is_null()) {
             let what = if k == "conversation" {
@@ -952,6 +1013,8 @@ pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiE
         Some(_) => return Err(bad()),
     }
     Ok(GenRequest {
+        think_level,
+        dialect: Dialect::V4,
         api: Api::Responses,
         sampler: sampling(&m, false, false, mode)?,
         seed: None,

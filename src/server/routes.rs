@@ -27,6 +27,7 @@ use super::request::{self, Api, ParseContext};
 use super::tokenize::{self, SharedTokenizer};
 use super::worker::Queue;
 use super::{anthropic, openai, page, render, responses, StreamFormat};
+use crate::chat::Dialect;
 
 /// The model id ds4 serves and lists.
 pub const MODEL_ID: &str = "deepseek-v4-flash";
@@ -52,6 +53,9 @@ pub struct HttpOptions {
     pub allow_script: bool,
     /// For `/tokenize`, `/detokenize` and `/tokenizer_info` (absent: 404).
     pub tokenizer: Option<SharedTokenizer>,
+    /// The loaded model's chat template (V4.1: with the server's default
+    /// thinking level); every request is rendered in it.
+    pub dialect: Dialect,
 }
 
 impl Default for HttpOptions {
@@ -66,6 +70,7 @@ impl Default for HttpOptions {
             max_prompt_bytes: usize::MAX,
             allow_script: false,
             tokenizer: None,
+            dialect: Dialect::V4,
         }
     }
 }
@@ -215,9 +220,30 @@ fn authorized(headers: &HeaderMap, key: &str) -> bool {
         .any(|k| same_key(k.trim().as_bytes(), key.as_bytes()))
 }
 
+/// The other name the official API answers with V4.1 Flash (research
+/// note: both V4 names were moved to V4.1 in September).
+pub const V41_ALIAS: &str = "deepseek-v4-pro";
+
+/// The model ids `/v1/models` lists: `deepseek-v4-flash`, and for a V4.1
+/// model also its alias.
+pub fn model_ids(opts: &HttpOptions) -> &'static [&'static str] {
+    match opts.dialect {
+        Dialect::V4 => &[MODEL_ID],
+        Dialect::V41 { .. } => &[MODEL_ID, V41_ALIAS],
+    }
+}
+
 pub fn model_object(opts: &HttpOptions) -> serde_json::Value {
-    json!({"id": MODEL_ID, "object": "model", "created": 1767225600u64, "owned_by": "ds4.c",
-        "name": "DeepSeek V4 Flash", "context_length": opts.ctx,
+    model_object_named(opts, MODEL_ID)
+}
+
+fn model_object_named(opts: &HttpOptions, id: &str) -> serde_json::Value {
+    let name = match opts.dialect {
+        Dialect::V4 => "DeepSeek V4 Flash",
+        Dialect::V41 { .. } => "DeepSeek V4.1 Flash",
+    };
+    json!({"id": id, "object": "model", "created": 1767225600u64, "owned_by": "ds4.c",
+        "name": name, "context_length": opts.ctx,
         "top_provider": {"context_length": opts.ctx,
             "max_completion_tokens": opts.default_tokens.min(opts.ctx), "is_moderated": false},
         "supported_parameters": ["tools", "tool_choice", "max_tokens", "temperature", "top_p",
@@ -262,11 +288,19 @@ where
     }
     let api = match (method.clone(), path) {
         (Method::GET, "/v1/models") => {
-            let v = json!({"object": "list", "data": [model_object(&state.opts)]});
+            let data: Vec<serde_json::Value> = model_ids(&state.opts)
+                .iter()
+                .map(|id| model_object_named(&state.opts, id))
+                .collect();
+            let v = json!({"object": "list", "data": data});
             return json_response(200, format!("{v}\n"));
         }
-        (Method::GET, p) if p == format!("/v1/models/{MODEL_ID}") => {
-            return json_response(200, format!("{}\n", model_object(&state.opts)));
+        (Method::GET, p)
+            if p.strip_prefix("/v1/models/")
+                .is_some_and(|id| model_ids(&state.opts).contains(&id)) =>
+        {
+            let id = p.trim_start_matches("/v1/models/");
+            return json_response(200, format!("{}\n", model_object_named(&state.opts, id)));
         }
         (Method::GET, "/tokenizer_info") if state.opts.tokenizer.is_some() => {
             let tok = state.opts.tokenizer.as_ref().map(|t| t.0.clone());
@@ -308,6 +342,7 @@ where
         Ok(r) => r,
         Err(e) => return error_response(e),
     };
+    req.set_dialect(state.opts.dialect);
     // A prompt that cannot fit is refused here, before it queues and before
     // the worker tokenizes it (tokenizing megabytes would hold the engine).
     let max = state.opts.max_prompt_bytes;

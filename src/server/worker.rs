@@ -874,7 +874,7 @@ impl Core {
                                 arguments: c.arguments.clone(),
                             })
                             .collect();
-                        render::canonical_dsml(&calls)
+                        render::canonical_dsml_for(req, &calls)
                     };
                     v.push_str(&block);
                 }
@@ -957,6 +957,9 @@ impl Worker {
             let m = self.core.metrics.clone();
             m.active_slots.store(1, Ordering::Relaxed);
             self.run_job(job);
+            if let Some(st) = self.sess.engram_stats() {
+                m.record_engram(st);
+            }
             m.active_slots.store(0, Ordering::Relaxed);
         }
     }

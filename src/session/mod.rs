@@ -5,6 +5,7 @@
 
 mod batch;
 mod snapshot;
+mod v41;
 
 use std::sync::Arc;
 
@@ -14,10 +15,13 @@ use crate::backend::{self, Backend, BackendError, BackendKind, BackendOptions, G
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
 use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;
+use crate::model::v41::engram_reader::EngramStats;
+use crate::model::v41::{Arch, V41ModelFile};
 use crate::model::ModelFile;
 
 pub use batch::{Batch, SlotWork};
-pub use snapshot::SNAPSHOT_MAGIC;
+pub use snapshot::{SNAPSHOT_MAGIC, V41_SNAPSHOT_MAGIC};
+pub use v41::DEFAULT_ENGRAM_CACHE_ROWS;
 
 /// ds4's prefill chunk (tokens per batched step).
 pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
@@ -41,6 +45,66 @@ pub enum SessionError {
     Batch(String),
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
+    /// Reading the Engram rows of a V4.1 model failed.
+    #[error("engram rows: {0}")]
+    Engram(String),
+}
+
+/// An opened model of either family, recognised by `general.architecture`.
+#[derive(Clone)]
+pub enum AnyModel {
+    V4(Arc<ModelFile>),
+    V41(Arc<V41ModelFile>),
+}
+
+impl AnyModel {
+    /// Opens a V4 or V4.1 GGUF (nothing read beyond the header).
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<AnyModel, crate::model::ModelError> {
+        let file = crate::gguf::GgufFile::open(path.as_ref())?;
+        Ok(match Arch::of(&file)? {
+            Arch::V4 => {
+                drop(file);
+                AnyModel::V4(Arc::new(ModelFile::open(path)?))
+            }
+            Arch::V41 => AnyModel::V41(Arc::new(V41ModelFile::from_file(file)?)),
+        })
+    }
+
+    pub fn arch(&self) -> Arch {
+        match self {
+            AnyModel::V4(_) => Arch::V4,
+            AnyModel::V41(_) => Arch::V41,
+        }
+    }
+
+    pub fn file(&self) -> &crate::gguf::GgufFile {
+        match self {
+            AnyModel::V4(m) => &m.file,
+            AnyModel::V41(m) => &m.file,
+        }
+    }
+
+    pub fn n_layer(&self) -> usize {
+        match self {
+            AnyModel::V4(m) => m.config.n_layer,
+            AnyModel::V41(m) => m.config.n_layer,
+        }
+    }
+
+    /// The V4 model, if this is one.
+    pub fn v4(&self) -> Option<&Arc<ModelFile>> {
+        match self {
+            AnyModel::V4(m) => Some(m),
+            AnyModel::V41(_) => None,
+        }
+    }
+}
+
+/// The model and state layout a session runs: V4's, or V4.1's with its
+/// host-side Engram reader.
+enum Net {
+    V4 { model: Arc<ModelFile>, kv: KvLayout },
+    V41(Box<v41::V41Net>),
 }
 
 #[derive(Clone, Debug)]
@@ -77,9 +141,8 @@ pub struct SyncStats {
 }
 
 pub struct Session {
-    model: Arc<ModelFile>,
+    net: Net,
     backend: Box<dyn Backend>,
-    kv: KvLayout,
     opts: SessionOptions,
     decode: GraphHandle,
     prefill: GraphHandle,
@@ -96,7 +159,38 @@ pub struct Session {
 
 impl Session {
     pub fn new(model: Arc<ModelFile>, opts: SessionOptions) -> Result<Session, SessionError> {
-        match Self::with_backend(model.clone(), opts.clone()) {
+        Self::open_any(&AnyModel::V4(model), opts)
+    }
+
+    /// A session over a V4.1 model, with an Engram hot-row cache of
+    /// `engram_cache_rows` rows.
+    pub fn new_v41(
+        model: Arc<V41ModelFile>,
+        opts: SessionOptions,
+        engram_cache_rows: usize,
+    ) -> Result<Session, SessionError> {
+        let fallback =
+            |opts: SessionOptions| Self::with_backend_v41(model.clone(), opts, engram_cache_rows);
+        Self::with_fallback(opts, &fallback)
+    }
+
+    /// A session over a model of either family (V4.1 with the default
+    /// Engram cache).
+    pub fn open_any(model: &AnyModel, opts: SessionOptions) -> Result<Session, SessionError> {
+        match model {
+            AnyModel::V4(m) => {
+                let open = |opts: SessionOptions| Self::with_backend(m.clone(), opts);
+                Self::with_fallback(opts, &open)
+            }
+            AnyModel::V41(m) => Self::new_v41(m.clone(), opts, DEFAULT_ENGRAM_CACHE_ROWS),
+        }
+    }
+
+    fn with_fallback(
+        opts: SessionOptions,
+        open: &dyn Fn(SessionOptions) -> Result<Session, SessionError>,
+    ) -> Result<Session, SessionError> {
+        match open(opts.clone()) {
             // `auto` falls back to the CPU when the GPU it picked cannot load
             // the graphs (a limit, a missing feature), saying so in one line.
             Err(SessionError::Backend(e)) if opts.backend == BackendKind::Auto => {
@@ -104,7 +198,7 @@ impl Session {
                     backend: BackendKind::Cpu,
                     ..opts
                 };
-                let mut s = Self::with_backend(model, cpu)?;
+                let mut s = open(cpu)?;
                 s.backend_notice =
                     format!("backend: cpu (auto; the GPU could not load the model: {e})");
                 Ok(s)
@@ -156,9 +250,8 @@ impl Session {
             decode
         };
         Ok(Session {
-            model,
+            net: Net::V4 { model, kv },
             backend,
-            kv,
             opts: SessionOptions {
                 prefill_chunk: chunk,
                 ..opts
@@ -174,8 +267,99 @@ impl Session {
         })
     }
 
-    pub fn model(&self) -> &ModelFile {
-        &self.model
+    fn with_backend_v41(
+        model: Arc<V41ModelFile>,
+        opts: SessionOptions,
+        engram_cache_rows: usize,
+    ) -> Result<Session, SessionError> {
+        let net = v41::V41Net::open(model.clone(), opts.ctx, engram_cache_rows)?;
+        let opened = backend::open(
+            opts.backend,
+            model.clone(),
+            net.kv.layout.clone(),
+            &opts.backend_options,
+        )?;
+        let mut backend = opened.backend;
+        let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
+        let mut graphs = Vec::new();
+        let decode_graph = net.record(1, Logits::Last, &opts.dump);
+        if let Some(d) = opts.dump.iter().find(|d| decode_graph.find(d).is_none()) {
+            return Err(SessionError::UnknownValue(d.to_string()));
+        }
+        let mut load =
+            |backend: &mut Box<dyn Backend>, g: Graph| -> Result<GraphHandle, SessionError> {
+                let g = Arc::new(g);
+                let h = backend.load_graph(g.clone())?;
+                graphs.push((h, g));
+                Ok(h)
+            };
+        let decode = load(&mut backend, decode_graph)?;
+        let prefill = if chunk > 1 {
+            load(&mut backend, net.record(chunk, Logits::Last, &opts.dump))?
+        } else {
+            decode
+        };
+        Ok(Session {
+            net: Net::V41(Box::new(net)),
+            backend,
+            opts: SessionOptions {
+                prefill_chunk: chunk,
+                ..opts
+            },
+            decode,
+            prefill,
+            scoring: None,
+            last: decode,
+            graphs,
+            backend_notice: opened.notice,
+            tokens: Vec::new(),
+            logits: Vec::new(),
+        })
+    }
+
+    /// The V4 model; `None` for a V4.1 session (see [`Session::arch`]).
+    pub fn model(&self) -> Option<&ModelFile> {
+        match &self.net {
+            Net::V4 { model, .. } => Some(model),
+            Net::V41(_) => None,
+        }
+    }
+
+    /// Which model family this session runs.
+    pub fn arch(&self) -> Arch {
+        match &self.net {
+            Net::V4 { .. } => Arch::V4,
+            Net::V41(_) => Arch::V41,
+        }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        match &self.net {
+            Net::V4 { model, .. } => model.config.n_vocab,
+            Net::V41(n) => n.model.config.n_vocab,
+        }
+    }
+
+    /// Routed-expert quant bits for KVC headers (4 iff layer 0's routed
+    /// gate experts are Q4_K, else 2; KVCACHE.md §4.1).
+    pub fn routed_quant_bits(&self) -> u8 {
+        let ty = match &self.net {
+            Net::V4 { model, .. } => model.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
+            Net::V41(n) => n.model.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
+        };
+        if ty == Some(crate::quant::GgmlType::Q4K) {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// What the Engram reader did (V4.1 sessions only).
+    pub fn engram_stats(&self) -> Option<EngramStats> {
+        match &self.net {
+            Net::V4 { .. } => None,
+            Net::V41(n) => Some(n.stats()),
+        }
     }
 
     /// One line saying which backend and device run this session.
@@ -203,17 +387,23 @@ impl Session {
 
     /// Bytes of KV state this session holds on its backend.
     pub fn state_bytes(&self) -> usize {
-        self.kv.bytes()
+        match &self.net {
+            Net::V4 { kv, .. } => kv.bytes(),
+            Net::V41(n) => n.kv.layout.states.iter().map(|s| s.rows * s.cols * 4).sum(),
+        }
     }
 
     pub fn reset(&mut self) {
+        if let Net::V41(n) = &mut self.net {
+            n.reset();
+        }
         self.backend.reset_states();
         self.tokens.clear();
         self.logits.clear();
     }
 
     fn check(&self, tokens: &[u32]) -> Result<(), SessionError> {
-        let vocab = self.model.config.n_vocab;
+        let vocab = self.n_vocab();
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(SessionError::BadToken { id, vocab });
         }
@@ -321,6 +511,25 @@ impl Session {
             pos0: self.tokens.len(),
             n_tokens: tokens.len(),
         };
+        if let Net::V41(n) = &mut self.net {
+            // The ids are known: the step's Engram rows are read now,
+            // before it runs.
+            let graph = self
+                .graphs
+                .iter()
+                .find(|(h, _)| *h == g)
+                .map(|(_, gr)| gr.clone());
+            let fed = match graph {
+                Some(gr) => n.feed(self.backend.as_mut(), g, &gr, tokens),
+                None => Err(SessionError::UnknownValue(
+                    "graph handle of another session".into(),
+                )),
+            };
+            if let Err(e) = fed {
+                self.reset();
+                return Err(e);
+            }
+        }
         if let Err(e) = self.backend.run(g, tokens, params) {
             // A failed step leaves the state undefined: start over next time.
             self.reset();
@@ -330,7 +539,7 @@ impl Session {
         self.last = g;
         let graph_logits = self.logits_value(g);
         let all = self.backend.read_value(g, graph_logits)?;
-        let v = self.model.config.n_vocab;
+        let v = self.n_vocab();
         self.logits = all[all.len() - v..].to_vec();
         Ok(all)
     }
@@ -377,18 +586,23 @@ impl Session {
         let g = match self.scoring {
             Some(g) => g,
             None => {
-                let fo = ForwardOptions {
-                    numerics: self.opts.numerics,
-                    logits: Logits::All,
-                    keep: self.opts.dump.clone(),
+                let graph = match &self.net {
+                    Net::V4 { model, kv } => {
+                        let fo = ForwardOptions {
+                            numerics: self.opts.numerics,
+                            logits: Logits::All,
+                            keep: self.opts.dump.clone(),
+                        };
+                        forward::record(
+                            &model.config,
+                            &model.weights,
+                            kv,
+                            self.opts.prefill_chunk,
+                            &fo,
+                        )
+                    }
+                    Net::V41(n) => n.record(self.opts.prefill_chunk, Logits::All, &self.opts.dump),
                 };
-                let graph = forward::record(
-                    &self.model.config,
-                    &self.model.weights,
-                    &self.kv,
-                    self.opts.prefill_chunk,
-                    &fo,
-                );
                 let graph = Arc::new(graph);
                 let h = self.backend.load_graph(graph.clone())?;
                 self.graphs.push((h, graph));
@@ -396,7 +610,7 @@ impl Session {
                 h
             }
         };
-        let mut out = Vec::with_capacity(tokens.len() * self.model.config.n_vocab);
+        let mut out = Vec::with_capacity(tokens.len() * self.n_vocab());
         for c in tokens.chunks(self.opts.prefill_chunk) {
             out.extend(self.run(g, c)?);
         }

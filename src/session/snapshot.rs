@@ -2,19 +2,36 @@
 //! from Flash's fixed shapes to the model's configuration: 13 u32 header
 //! fields, then tokens, logits, per-layer row counts and per-layer state.
 
-use super::{Session, SessionError};
+use super::{Net, Session, SessionError};
 use crate::backend::{state_desc, Backend};
 use crate::model::state::KvLayout;
 use crate::model::{AttentionKind, ModelFile};
 
 /// `D S V 4` little-endian.
 pub const SNAPSHOT_MAGIC: u32 = 0x3456_5344;
+/// `D S 4 1` little-endian: the first word of a V4.1 session payload
+/// (`session/v41.rs`).
+pub const V41_SNAPSHOT_MAGIC: u32 = u32::from_le_bytes(*b"DS41");
 const VERSION: u32 = 1;
 const HEADER_FIELDS: usize = 13;
 
-struct Reader<'a> {
-    b: &'a [u8],
-    pos: usize,
+/// Refuses a payload of the other family by its first word: `v41` says
+/// whether the session is V4.1.
+pub(super) fn refuse_other_arch(magic: u32, v41: bool) -> Result<(), SessionError> {
+    let (theirs, ours) = match (magic, v41) {
+        (SNAPSHOT_MAGIC, true) => ("DeepSeek V4 (deepseek4)", "V4.1 (deepseek41)"),
+        (V41_SNAPSHOT_MAGIC, false) => ("DeepSeek V4.1 (deepseek41)", "V4 (deepseek4)"),
+        _ => return Ok(()),
+    };
+    Err(SessionError::Snapshot(format!(
+        "this checkpoint holds a {theirs} session; the loaded model is {ours}: refused, nothing loaded"
+    )))
+}
+
+/// A payload being read, with the position reached.
+pub(super) struct Reader<'a> {
+    pub b: &'a [u8],
+    pub pos: usize,
 }
 
 impl Reader<'_> {
@@ -31,12 +48,12 @@ impl Reader<'_> {
         Ok(s)
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32, SessionError> {
+    pub fn u32(&mut self, what: &str) -> Result<u32, SessionError> {
         let b = self.bytes(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    fn f32s(&mut self, n: usize, what: &str) -> Result<Vec<f32>, SessionError> {
+    pub fn f32s(&mut self, n: usize, what: &str) -> Result<Vec<f32>, SessionError> {
         let len = n
             .checked_mul(4)
             .ok_or_else(|| SessionError::Snapshot(format!("{what}: size overflows")))?;
@@ -52,7 +69,7 @@ fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
-fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
+pub(super) fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
     for x in v {
         out.extend_from_slice(&x.to_le_bytes());
     }
@@ -70,31 +87,39 @@ pub(super) struct Store<'a> {
 }
 
 impl Session {
-    fn store(&self) -> Store<'_> {
-        Store {
-            model: &self.model,
-            kv: &self.kv,
-            ctx: self.opts.ctx,
-            prefill_chunk: self.opts.prefill_chunk,
-        }
-    }
-
     /// Serialises the whole session (tokens, logits, every KV state).
     pub fn save_snapshot(&self) -> Result<Vec<u8>, SessionError> {
-        self.store()
-            .save(self.backend.as_ref(), 0, &self.tokens, &self.logits)
+        let (ctx, chunk) = (self.opts.ctx, self.opts.prefill_chunk);
+        let b = self.backend.as_ref();
+        match &self.net {
+            Net::V4 { model, kv } => Store {
+                model,
+                kv,
+                ctx,
+                prefill_chunk: chunk,
+            }
+            .save(b, 0, &self.tokens, &self.logits),
+            Net::V41(n) => n.save(b, 0, &self.tokens, &self.logits, ctx, chunk),
+        }
     }
 
     /// Replaces the session with a snapshot made by [`Session::save_snapshot`]
-    /// for the same model. On error the session is left empty.
+    /// for the same model. A payload of the other model family (V4 for a
+    /// V4.1 session or the reverse) is refused by its first word. On error
+    /// the session is left empty.
     pub fn load_snapshot(&mut self, payload: &[u8]) -> Result<(), SessionError> {
-        let r = Store {
-            model: &self.model,
-            kv: &self.kv,
-            ctx: self.opts.ctx,
-            prefill_chunk: self.opts.prefill_chunk,
-        }
-        .load(self.backend.as_mut(), 0, payload);
+        let ctx = self.opts.ctx;
+        let chunk = self.opts.prefill_chunk;
+        let r = match &mut self.net {
+            Net::V4 { model, kv } => Store {
+                model,
+                kv,
+                ctx,
+                prefill_chunk: chunk,
+            }
+            .load(self.backend.as_mut(), 0, payload),
+            Net::V41(n) => n.load(self.backend.as_mut(), 0, payload, ctx),
+        };
         match r {
             Ok((tokens, logits)) => {
                 self.tokens = tokens;
@@ -226,6 +251,9 @@ impl Store<'_> {
         let mut h = [0u32; HEADER_FIELDS];
         for (i, f) in h.iter_mut().enumerate() {
             *f = r.u32(&format!("header field {i}"))?;
+            if i == 0 {
+                refuse_other_arch(*f, false)?;
+            }
         }
         if h[0] != SNAPSHOT_MAGIC || h[1] != VERSION {
             return Err(bad(format!(

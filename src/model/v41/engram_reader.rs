@@ -116,9 +116,24 @@ impl EngramReader {
         self.cache.cap().get() * self.row_bytes
     }
 
-    /// Reads the rows not cached yet into the cache (sorted, deduplicated).
+    /// Counts the lookups of `rows` (a hit: cached already, or repeated in
+    /// this request), then reads the rows not cached yet into the cache
+    /// (sorted, deduplicated). A session calls it with a step's rows as soon
+    /// as the step's ids are known, then [`EngramReader::decode`]s them.
     /// Ids past the table are skipped (they read as zeros).
     pub fn prefetch(&mut self, slot: usize, rows: &[u32]) -> io::Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for &r in rows {
+            self.stats.rows_requested += 1;
+            if self.cache.contains(&(slot, r)) || !seen.insert(r) {
+                self.stats.cache_hits += 1;
+            }
+        }
+        self.fetch_missing(slot, rows)
+    }
+
+    /// The rows of `rows` not cached yet, read into the cache.
+    fn fetch_missing(&mut self, slot: usize, rows: &[u32]) -> io::Result<()> {
         let Some(&t) = self.tables.get(slot) else {
             return Err(io::Error::other(format!("no Engram table {slot}")));
         };
@@ -154,17 +169,33 @@ impl EngramReader {
             .tables
             .get(slot)
             .ok_or_else(|| io::Error::other(format!("no Engram table {slot}")))?;
-        let cached_before: Vec<bool> = rows
-            .iter()
-            .map(|&r| self.cache.contains(&(slot, r)))
-            .collect();
         self.prefetch(slot, rows)?;
-        let mut seen = std::collections::HashSet::new();
+        self.decode_rows(slot, t, rows, out)
+    }
+
+    /// Decodes rows already [`EngramReader::prefetch`]ed (lookups counted
+    /// there) into `out`, as [`EngramReader::read`] does; a row evicted
+    /// since is read again.
+    pub fn decode(&mut self, slot: usize, rows: &[u32], out: &mut [f32]) -> io::Result<()> {
+        if out.len() < rows.len() * self.head_dim {
+            return Err(io::Error::other("output shorter than the rows asked for"));
+        }
+        let t = *self
+            .tables
+            .get(slot)
+            .ok_or_else(|| io::Error::other(format!("no Engram table {slot}")))?;
+        self.decode_rows(slot, t, rows, out)
+    }
+
+    fn decode_rows(
+        &mut self,
+        slot: usize,
+        t: Table,
+        rows: &[u32],
+        out: &mut [f32],
+    ) -> io::Result<()> {
+        let hd = self.head_dim;
         for (i, &r) in rows.iter().enumerate() {
-            self.stats.rows_requested += 1;
-            if cached_before[i] || !seen.insert(r) {
-                self.stats.cache_hits += 1;
-            }
             let o = &mut out[i * hd..(i + 1) * hd];
             o.fill(0.0);
             if r as u64 >= t.rows {

@@ -1,0 +1,301 @@
+//! The DeepSeek V4.1 side of a [`super::Session`] (docs/V41.md § CLI and
+//! server): the V4.1 graphs with their state layout, the Engram rows fed
+//! from the host, and the V4.1 snapshot payload.
+//!
+//! Engram rows are never resident: the graphs are recorded with
+//! `engram_from_host`, so no op names the tables and no backend maps or
+//! uploads them. Before each step the token ids are hashed to table rows
+//! (`engram::hash_rows`, the ids are all it needs), every row the step will
+//! read is prefetched by positioned reads (sorted, deduplicated, behind the
+//! reader's hot-row LRU), and then decoded into each Engram layer's
+//! `engram_rows@L` input. The host keeps the last `max_ngram − 1`
+//! compressed ids itself, so decode continues the prompt's n-grams; a
+//! snapshot load rebuilds them from the restored tokens.
+//!
+//! The snapshot payload is our own layout (V4.1 has no ds4 payload to
+//! match): magic `DS41`, so a V4 payload (`DSV4`) offered to a V4.1 session
+//! or the reverse is refused by its first word, never loaded.
+
+use std::sync::Arc;
+
+use super::snapshot::{put_f32s, refuse_other_arch, Reader, V41_SNAPSHOT_MAGIC};
+use super::SessionError;
+use crate::backend::{state_desc, Backend, GraphHandle};
+use crate::graph::{Graph, ValueName};
+use crate::model::forward::Logits;
+use crate::model::v41::engram::{hash_rows, EngramHistory};
+use crate::model::v41::engram_reader::{EngramReader, EngramStats};
+use crate::model::v41::forward::{self, engram_input, V41ForwardOptions, V41KvLayout};
+use crate::model::v41::{LayerRole, V41ModelFile};
+
+const VERSION: u32 = 1;
+const HEADER_FIELDS: usize = 11;
+
+/// Hot Engram rows kept by default: 64 Ki rows (16.5 MiB of 264-byte rows
+/// at real size), against tables of 384 M rows each.
+pub const DEFAULT_ENGRAM_CACHE_ROWS: usize = 1 << 16;
+
+/// The V4.1 model, its state layout and the Engram reader of one session.
+pub(super) struct V41Net {
+    pub model: Arc<V41ModelFile>,
+    pub kv: V41KvLayout,
+    reader: EngramReader,
+    history: EngramHistory,
+}
+
+impl V41Net {
+    pub fn open(
+        model: Arc<V41ModelFile>,
+        ctx: usize,
+        cache_rows: usize,
+    ) -> Result<V41Net, SessionError> {
+        let kv = V41KvLayout::new(&model.config, ctx);
+        let reader = EngramReader::open(
+            model.file.path(),
+            &model.config.engram,
+            &model.weights,
+            cache_rows,
+        )
+        .map_err(|e| SessionError::Engram(format!("{}: {e}", model.file.path().display())))?;
+        let history = EngramHistory::new(&model.config.engram);
+        Ok(V41Net {
+            model,
+            kv,
+            reader,
+            history,
+        })
+    }
+
+    /// The V4.1 forward for steps of up to `max_tokens`, Engram rows fed by the host.
+    pub fn record(&self, max_tokens: usize, logits: Logits, keep: &[ValueName]) -> Graph {
+        let opts = V41ForwardOptions {
+            logits,
+            keep: keep.to_vec(),
+            engram_from_host: true,
+        };
+        forward::record(
+            &self.model.config,
+            &self.model.weights,
+            &self.kv,
+            max_tokens,
+            &opts,
+        )
+    }
+
+    pub fn stats(&self) -> EngramStats {
+        self.reader.stats()
+    }
+
+    /// The history of an empty sequence.
+    pub fn reset(&mut self) {
+        self.history = EngramHistory::new(&self.model.config.engram);
+    }
+
+    /// The history after `tokens`: only the last `max_ngram − 1` matter.
+    fn rebuild_history(&mut self, tokens: &[u32]) {
+        let eg = &self.model.config.engram;
+        let mut h = EngramHistory::new(eg);
+        let tail = &tokens[tokens.len().saturating_sub(eg.max_ngram - 1)..];
+        hash_rows(eg, &mut h, tail, None);
+        self.history = h;
+    }
+
+    /// Hashes `tokens` (the step's ids, known before it runs), prefetches
+    /// every table row they need and writes the decoded rows into each
+    /// Engram layer's input of graph `g`.
+    pub fn feed(
+        &mut self,
+        backend: &mut dyn Backend,
+        g: GraphHandle,
+        graph: &Graph,
+        tokens: &[u32],
+    ) -> Result<(), SessionError> {
+        let eg = &self.model.config.engram;
+        let (n_slots, cols, hd) = (eg.layer_ids.len(), eg.cols(), eg.head_dim);
+        let rows = hash_rows(eg, &mut self.history, tokens, None);
+        self.reader.count_tokens(tokens.len());
+        let per_slot: Vec<Vec<u32>> = (0..n_slots)
+            .map(|slot| {
+                (0..tokens.len())
+                    .flat_map(|t| {
+                        let o = (t * n_slots + slot) * cols;
+                        rows[o..o + cols].iter().copied()
+                    })
+                    .collect()
+            })
+            .collect();
+        let io = |e: std::io::Error| SessionError::Engram(e.to_string());
+        // Per table: every row of the step read first (ascending, each
+        // once), then decoded from the cache into the layer's input.
+        for (slot, (&l, r)) in eg.layer_ids.iter().zip(&per_slot).enumerate() {
+            self.reader.prefetch(slot, r).map_err(io)?;
+            let input = engram_input(graph, l).ok_or_else(|| {
+                SessionError::Engram(format!("the graph has no engram_rows@{l} input"))
+            })?;
+            let mut buf = vec![0f32; r.len() * hd];
+            self.reader.decode(slot, r, &mut buf).map_err(io)?;
+            backend.write_value(g, input, &buf)?;
+        }
+        Ok(())
+    }
+
+    /// Serialises the session's state (set `set` of `backend`).
+    pub fn save(
+        &self,
+        backend: &dyn Backend,
+        set: usize,
+        tokens: &[u32],
+        logits: &[f32],
+        ctx: usize,
+        prefill_chunk: usize,
+    ) -> Result<Vec<u8>, SessionError> {
+        let cfg = &self.model.config;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(SessionError::Snapshot("the session holds no tokens".into()));
+        }
+        let mut out = Vec::new();
+        for v in self.header(ctx, prefill_chunk, t) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for &tok in tokens {
+            out.extend_from_slice(&tok.to_le_bytes());
+        }
+        put_f32s(&mut out, logits);
+        for (l, ls) in self.kv.layers.iter().enumerate() {
+            let w = state_desc(backend.state_layout(), ls.ring)?.rows;
+            put_f32s(&mut out, &backend.read_set_rows(set, ls.ring, 0..w)?);
+            let ratio = role_ratio(cfg.roles[l]);
+            for s in [ls.rows, ls.index_rows].into_iter().flatten() {
+                let cap = state_desc(backend.state_layout(), s)?.rows;
+                let n = (t / ratio).min(cap);
+                if n > 0 {
+                    put_f32s(&mut out, &backend.read_set_rows(set, s, 0..n)?);
+                }
+            }
+            if let Some(f) = ls.frontier {
+                for s in [f.kv, f.score] {
+                    let d = state_desc(backend.state_layout(), s)?;
+                    put_f32s(&mut out, &backend.read_set_rows(set, s, 0..d.rows)?);
+                }
+            }
+        }
+        let h = self.kv.engram_history;
+        let d = state_desc(backend.state_layout(), h)?;
+        put_f32s(&mut out, &backend.read_set_rows(set, h, 0..d.rows)?);
+        Ok(out)
+    }
+
+    fn header(&self, ctx: usize, prefill_chunk: usize, t: usize) -> [u32; HEADER_FIELDS] {
+        let cfg = &self.model.config;
+        [
+            V41_SNAPSHOT_MAGIC,
+            VERSION,
+            ctx as u32,
+            prefill_chunk as u32,
+            cfg.sliding_window as u32,
+            t as u32,
+            cfg.n_layer as u32,
+            cfg.head_dim as u32,
+            cfg.indexer_head_dim as u32,
+            cfg.n_vocab as u32,
+            (cfg.engram.max_ngram - 1) as u32,
+        ]
+    }
+
+    /// Reads a payload made by [`V41Net::save`] into set `set`; returns its
+    /// tokens and logits. On error the set is undefined (the caller resets).
+    pub fn load(
+        &mut self,
+        backend: &mut dyn Backend,
+        set: usize,
+        payload: &[u8],
+        ctx: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
+        let bad = |m: String| SessionError::Snapshot(m);
+        let mut r = Reader { b: payload, pos: 0 };
+        let mut h = [0u32; HEADER_FIELDS];
+        for (i, f) in h.iter_mut().enumerate() {
+            *f = r.u32(&format!("header field {i}"))?;
+            if i == 0 {
+                refuse_other_arch(*f, true)?;
+            }
+        }
+        if h[1] != VERSION {
+            return Err(bad(format!("V4.1 session payload version {}", h[1])));
+        }
+        let (saved_ctx, t) = (h[2] as usize, h[5] as usize);
+        if saved_ctx > ctx || t >= ctx || t == 0 {
+            return Err(bad(format!(
+                "saved with context {saved_ctx} and {t} tokens; this session's context is {ctx}"
+            )));
+        }
+        let want = self.header(saved_ctx, h[3] as usize, t);
+        if h[4..] != want[4..] {
+            return Err(bad(format!(
+                "different model layout: window, tokens, layers, head dims, vocab, n-gram history {:?} vs {:?}",
+                &h[4..],
+                &want[4..]
+            )));
+        }
+        let cfg = self.model.config.clone();
+        let tokens: Vec<u32> = (0..t)
+            .map(|i| r.u32(&format!("token {i}")))
+            .collect::<Result<_, _>>()?;
+        if let Some(&id) = tokens.iter().find(|&&x| x as usize >= cfg.n_vocab) {
+            return Err(SessionError::BadToken {
+                id,
+                vocab: cfg.n_vocab,
+            });
+        }
+        let logits = r.f32s(cfg.n_vocab, "logits")?;
+        backend.reset_set(set)?;
+        let layers = self.kv.layers.clone();
+        for (l, ls) in layers.iter().enumerate() {
+            let d = state_desc(backend.state_layout(), ls.ring)?;
+            let (rows, cols) = (d.rows, d.cols);
+            let v = r.f32s(rows * cols, "window rows")?;
+            backend.write_set_rows(set, ls.ring, 0, &v)?;
+            let ratio = role_ratio(cfg.roles[l]);
+            for s in [ls.rows, ls.index_rows].into_iter().flatten() {
+                let d = state_desc(backend.state_layout(), s)?;
+                let (cap, cols) = (d.rows, d.cols);
+                let n = (t / ratio).min(cap);
+                let v = r.f32s(n * cols, "compressed rows")?;
+                if n > 0 {
+                    backend.write_set_rows(set, s, 0, &v)?;
+                }
+            }
+            if let Some(f) = ls.frontier {
+                for s in [f.kv, f.score] {
+                    let d = state_desc(backend.state_layout(), s)?;
+                    let (rows, cols) = (d.rows, d.cols);
+                    let v = r.f32s(rows * cols, "compressor frontier")?;
+                    backend.write_set_rows(set, s, 0, &v)?;
+                }
+            }
+        }
+        let hs = self.kv.engram_history;
+        let d = state_desc(backend.state_layout(), hs)?;
+        let (rows, cols) = (d.rows, d.cols);
+        let v = r.f32s(rows * cols, "engram history")?;
+        backend.write_set_rows(set, hs, 0, &v)?;
+        if r.pos != payload.len() {
+            return Err(bad(format!(
+                "{} trailing payload bytes",
+                payload.len() - r.pos
+            )));
+        }
+        self.rebuild_history(&tokens);
+        Ok((tokens, logits))
+    }
+}
+
+/// Tokens per compressed row of a kv-source layer (1 for the others, which
+/// own no rows).
+fn role_ratio(role: LayerRole) -> usize {
+    match role {
+        LayerRole::Source { ratio } => ratio.max(1),
+        _ => 1,
+    }
+}

@@ -1,0 +1,565 @@
+//! DeepSeek V4.1 through the session, the CLI and the server (issue 19
+//! items 5 and 6): prefill/decode and live prefix reuse against a
+//! from-scratch run, snapshots, the disk KV cache, KV checkpoints refused
+//! across V4/V4.1 in both directions, the chat template's bytes against the
+//! official encoder's published vectors, think levels, the V4.1 DSML round
+//! trip, and the real `ds4` and `ds4-server` binaries on the tiny V4.1 model.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ds4::backend::BackendKind;
+use ds4::chat::{Dialect, ThinkMode};
+use ds4::kvcache::{self, DiskCache, LookupOutcome, SaveReason, StoreOutcome};
+use ds4::model::forward::Numerics;
+use ds4::model::v41::Arch;
+use ds4::server::dsml::{self, LiveTools, ToolEvent};
+use ds4::server::render::{self, NoReplay};
+use ds4::server::request::{self, ParseContext};
+use ds4::session::{AnyModel, Session, SessionOptions};
+use ds4::testmodel::v41::{write_v41_model, V41Spec, V41Variant};
+use ds4::testmodel::{Variant, Vocab};
+use serde_json::{json, Value};
+
+use common::server::{get, json_body, launch, lock_file, post, START_BOUND};
+
+const CTX: usize = 256;
+
+/// The tiny V4.1 model (`ds4-make-test-model --arch deepseek41`), made
+/// once per build tree.
+fn v41_path() -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("test-models");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny-v41-f32.gguf");
+    if !path.exists() {
+        let tmp = dir.join(format!("tiny-v41.{}.tmp", std::process::id()));
+        let vocab = Vocab::load_default().unwrap();
+        write_v41_model(&V41Spec::tiny(), V41Variant::F32, &vocab, &tmp).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
+}
+
+fn v41_model() -> AnyModel {
+    AnyModel::open(v41_path()).unwrap()
+}
+
+fn opts() -> SessionOptions {
+    SessionOptions {
+        ctx: CTX,
+        prefill_chunk: 16,
+        numerics: Numerics::Plain,
+        backend: BackendKind::CpuRef,
+        ..SessionOptions::default()
+    }
+}
+
+fn v41_session() -> Session {
+    Session::open_any(&v41_model(), opts()).unwrap()
+}
+
+fn v4_session() -> Session {
+    Session::new(common::tiny_model(Variant::F32), opts()).unwrap()
+}
+
+fn ids(n: usize, seed: u64) -> Vec<u32> {
+    // Ids of the tiny vocabulary; a repeated span makes Engram rows recur.
+    let mut v = common::tokens(n, seed);
+    if n > 20 {
+        let span: Vec<u32> = v[3..9].to_vec();
+        v[12..18].copy_from_slice(&span);
+    }
+    v
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Prefill in chunks, then decode: the logits after every token equal
+/// those of one whole-prompt scoring pass; a longer prompt reuses the
+/// live prefix and matches a cold run; the Engram reader counts its reads.
+#[test]
+fn v41_session_prefill_decode_and_live_reuse_match_a_cold_run() {
+    let toks = ids(40, 7);
+    let mut cold = v41_session();
+    let all = cold.score(&toks).unwrap();
+    let v = cold.n_vocab();
+    let mut s = v41_session();
+    assert_eq!(s.arch(), Arch::V41);
+    let st = s.sync(&toks[..30], &mut |_, _| {}).unwrap();
+    assert_eq!((st.reused, st.evaluated), (0, 30));
+    let d = max_diff(s.logits(), &all[29 * v..30 * v]);
+    assert!(d < 1e-4, "prefill differs by {d}");
+    for (i, &t) in toks[30..35].iter().enumerate() {
+        s.eval(t).unwrap();
+        let p = 30 + i;
+        let d = max_diff(s.logits(), &all[p * v..(p + 1) * v]);
+        assert!(d < 1e-4, "decode at {p} differs by {d}");
+    }
+    // Live prefix reuse: the session holds 35 tokens, the request 40.
+    let st = s.sync(&toks, &mut |_, _| {}).unwrap();
+    assert_eq!((st.reused, st.evaluated), (35, 5));
+    let d = max_diff(s.logits(), &all[39 * v..40 * v]);
+    assert!(d < 1e-4, "after reuse differs by {d}");
+    // A diverging prompt starts over and still matches.
+    let mut other = toks.clone();
+    other[20] = (other[20] + 1) % v as u32;
+    let st = s.sync(&other, &mut |_, _| {}).unwrap();
+    assert_eq!(st.reused, 0);
+    let want = cold.score(&other).unwrap();
+    let d = max_diff(s.logits(), &want[39 * v..40 * v]);
+    assert!(d < 1e-4, "restart differs by {d}");
+    let e = s.engram_stats().expect("a V4.1 session reads Engram rows");
+    assert!(e.tokens >= 80 && e.rows_requested > 0 && e.bytes_read > 0);
+    assert!(e.cache_hits > 0, "the repeated span hits the hot-row cache");
+    assert!(v4_session().engram_stats().is_none());
+}
+
+/// A snapshot restores the whole V4.1 state: decode after a load equals
+/// decode without the round trip.
+#[test]
+fn v41_snapshot_round_trips_and_decode_continues() {
+    let toks = ids(33, 3);
+    let mut a = v41_session();
+    a.sync(&toks, &mut |_, _| {}).unwrap();
+    let payload = a.save_snapshot().unwrap();
+    assert_eq!(&payload[..4], b"DS41");
+    let mut b = v41_session();
+    b.load_snapshot(&payload).unwrap();
+    assert_eq!(b.tokens(), a.tokens());
+    assert_eq!(b.logits(), a.logits());
+    for t in [5u32, 9, 11, 5] {
+        a.eval(t).unwrap();
+        b.eval(t).unwrap();
+        let d = max_diff(a.logits(), b.logits());
+        assert!(d < 1e-6, "after load, decode differs by {d}");
+    }
+}
+
+/// A V4 payload offered to a V4.1 session, and the reverse, is refused by
+/// its first word: nothing is loaded, the session is left empty.
+#[test]
+fn snapshots_of_the_other_family_are_refused_both_ways() {
+    let toks = ids(20, 1);
+    let mut v4 = v4_session();
+    v4.sync(&toks, &mut |_, _| {}).unwrap();
+    let mut v41 = v41_session();
+    v41.sync(&toks, &mut |_, _| {}).unwrap();
+    let p4 = v4.save_snapshot().unwrap();
+    let p41 = v41.save_snapshot().unwrap();
+    let e = v41.load_snapshot(&p4).unwrap_err().to_string();
+    assert!(
+        e.contains("DeepSeek V4 (deepseek4)") && e.contains("refused"),
+        "{e}"
+    );
+    assert!(v41.tokens().is_empty());
+    let e = v4.load_snapshot(&p41).unwrap_err().to_string();
+    assert!(
+        e.contains("DeepSeek V4.1 (deepseek41)") && e.contains("refused"),
+        "{e}"
+    );
+    assert!(v4.tokens().is_empty());
+}
+
+/// KVC files: the header names the family (byte 7); `load_file` refuses a
+/// checkpoint of the other family before reading its payload, and the
+/// disk cache never picks one (a miss, the file kept), in both directions.
+#[test]
+fn kv_checkpoints_are_refused_by_their_header_across_v4_and_v41() {
+    let dir = common::fresh_dir("v41-session", "kvc");
+    let toks = ids(24, 5);
+    let mut v4 = v4_session();
+    v4.sync(&toks, &mut |_, _| {}).unwrap();
+    let mut v41 = v41_session();
+    v41.sync(&toks, &mut |_, _| {}).unwrap();
+    let (f4, f41) = (dir.join("v4.kv"), dir.join("v41.kv"));
+    kvcache::save_file(&f4, &v4, b"text", SaveReason::Unknown).unwrap();
+    kvcache::save_file(&f41, &v41, b"text", SaveReason::Unknown).unwrap();
+    let byte7 = |p: &Path| std::fs::read(p).unwrap()[7];
+    assert_ne!(byte7(&f4), byte7(&f41), "the header must tell them apart");
+    let (h, _) = kvcache::load_file(&f41, &mut v41).unwrap();
+    assert_eq!(h.arch, Arch::V41);
+    let e = kvcache::load_file(&f4, &mut v41).unwrap_err().to_string();
+    assert!(e.contains("header") && e.contains("refused"), "{e}");
+    assert_eq!(
+        v41.tokens().len(),
+        toks.len(),
+        "a refused file loads nothing"
+    );
+    let e = kvcache::load_file(&f41, &mut v4).unwrap_err().to_string();
+    assert!(e.contains("header") && e.contains("refused"), "{e}");
+    assert_eq!(v4.tokens().len(), toks.len());
+
+    // The disk cache, both ways: each family's checkpoint is a miss for
+    // the other and stays on disk; each loads into its own.
+    cache_keeps_families_apart(&mut v4, &mut v41, &toks);
+    cache_keeps_families_apart(&mut v41, &mut v4, &toks);
+}
+
+fn cache_keeps_families_apart(writer: &mut Session, reader: &mut Session, toks: &[u32]) {
+    writer.sync(toks, &mut |_, _| {}).unwrap();
+    let n = toks.len();
+    let cdir = common::fresh_dir("v41-session", &format!("cache-{:?}", writer.arch()));
+    let cache = DiskCache::open(&common::disk_cache_config(&cdir, 0), 2)
+        .unwrap()
+        .unwrap();
+    let text = b"a rendered prompt of some length, cached";
+    let out = cache.store(
+        writer,
+        text,
+        kvcache::CacheKey::Tokens,
+        SaveReason::Cold,
+        &[],
+    );
+    assert!(matches!(out, StoreOutcome::Stored { .. }), "{out:?}");
+    let files = || std::fs::read_dir(&cdir).unwrap().count();
+    assert_eq!(files(), 1);
+    reader.reset();
+    let hit = cache.lookup(reader, text);
+    assert!(matches!(hit, LookupOutcome::Miss), "{hit:?}");
+    assert!(reader.tokens().is_empty());
+    assert_eq!(files(), 1, "the other family's checkpoint is kept");
+    assert_eq!(cache.metrics().snapshot().load_failures, 0);
+    writer.reset();
+    assert!(matches!(cache.lookup(writer, text), LookupOutcome::Hit(_)));
+    assert_eq!(writer.tokens().len(), n);
+}
+
+fn vectors() -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/v41-chat-vectors.json");
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+const PC: ParseContext = ParseContext {
+    ctx: 1 << 20,
+    allow_script: false,
+};
+
+fn render_v41(body: &Value, default_level: u8) -> String {
+    let mut r = request::parse_chat(body.to_string().as_bytes(), PC).unwrap();
+    r.set_dialect(Dialect::V41 { default_level });
+    render::render(&r, &mut NoReplay)
+}
+
+/// The V4.1 renderer against the official encoder's output as published
+/// in other projects' tests (tests/data/v41-chat-vectors.json, each case
+/// naming its source; tools/v41_chat_vectors.py re-derives them from the
+/// encoder): byte for byte.
+#[test]
+fn v41_template_bytes_match_the_official_encoder_vectors() {
+    let doc = vectors();
+    let default = doc["default_level"].as_u64().unwrap() as u8;
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(cases.len() >= 8);
+    for c in cases {
+        let name = c["name"].as_str().unwrap();
+        let mut got = render_v41(&c["request"], default);
+        if let Some(from) = c["expected_from"].as_str() {
+            let at = got
+                .find(from)
+                .unwrap_or_else(|| panic!("{name}: no {from:?} in {got:?}"));
+            got = got[at..].to_string();
+        }
+        if let Some(want) = c["expected"].as_str() {
+            assert_eq!(got, want, "{name}");
+        }
+        for s in c["expected_contains"].as_array().into_iter().flatten() {
+            assert!(got.contains(s.as_str().unwrap()), "{name}: missing {s}");
+        }
+        for s in c["expected_absent"].as_array().into_iter().flatten() {
+            assert!(!got.contains(s.as_str().unwrap()), "{name}: has {s}");
+        }
+    }
+    // V4 requests render as before (PROMPT.md example 2).
+    let body = json!({"messages":[{"role":"user","content":"What is 2+2?"}]});
+    let r = request::parse_chat(body.to_string().as_bytes(), PC).unwrap();
+    assert_eq!(
+        render::render(&r, &mut NoReplay),
+        "<｜begin▁of▁sentence｜><｜User｜>What is 2+2?<｜Assistant｜><think>"
+    );
+}
+
+/// Think levels: effort names and numbers of the official API, the
+/// server's default, and `0` = no thinking.
+#[test]
+fn think_levels_from_requests_and_the_server_default() {
+    let line = |l: u8| {
+        format!(
+            "Reasoning Effort: {l} (range 1-100, the higher the value, the more thorough the reasoning)\n\n"
+        )
+    };
+    let user = json!([{"role":"user","content":"Hi"}]);
+    let with = |extra: Value| {
+        let mut b = json!({"messages": user});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    for (extra, level) in [
+        (json!({}), 75),
+        (json!({"reasoning_effort":"low"}), 50),
+        (json!({"reasoning_effort":"high"}), 75),
+        (json!({"reasoning_effort":"max"}), 100),
+        (json!({"reasoning_effort":30}), 30),
+        (json!({"reasoning_effort":100}), 100),
+    ] {
+        let got = render_v41(&with(extra.clone()), 75);
+        let want = format!(
+            "<｜begin▁of▁sentence｜><｜System｜>{}<｜User｜>Hi<｜Assistant｜><think>",
+            line(level)
+        );
+        assert_eq!(got, want, "{extra}");
+    }
+    let none = "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>";
+    for extra in [
+        json!({"reasoning_effort":"none"}),
+        json!({"reasoning_effort":0}),
+        json!({"thinking":{"type":"disabled"}}),
+    ] {
+        assert_eq!(render_v41(&with(extra.clone()), 75), none, "{extra}");
+    }
+    // Server default 40; 0 = a request that says nothing does not think
+    // (and its output is then not parsed as reasoning).
+    assert!(render_v41(&with(json!({})), 40).contains(&line(40)));
+    assert_eq!(render_v41(&with(json!({})), 0), none);
+    let mut r = request::parse_chat(with(json!({})).to_string().as_bytes(), PC).unwrap();
+    r.set_dialect(Dialect::V41 { default_level: 0 });
+    assert_eq!(r.mode, ThinkMode::None);
+    assert!(render_v41(&with(json!({"reasoning_effort":"high"})), 0).contains(&line(75)));
+    // Out of range is a 400, not a clamp.
+    let bad = with(json!({"reasoning_effort":101}));
+    assert!(request::parse_chat(bad.to_string().as_bytes(), PC).is_err());
+    // The CLI's mapping of levels onto V4's modes.
+    assert_eq!(ThinkMode::of_level(0), ThinkMode::None);
+    assert_eq!(ThinkMode::of_level(40), ThinkMode::High);
+    assert_eq!(ThinkMode::of_level(100), ThinkMode::Max);
+}
+
+/// DSML with the V4.1 spelling: the canonical block the renderer writes
+/// parses back to the same calls (whole and streamed), entities are not
+/// decoded in V4.1 string values, and V4 blocks parse as before.
+#[test]
+fn v41_dsml_round_trips_through_the_parser() {
+    let body = json!({"messages":[
+        {"role":"user","content":"go"},
+        {"role":"assistant","content":"","tool_calls":[
+            {"id":"c1","type":"function","function":{"name":"bash","arguments":"{\"command\":\"ls && echo &amp;\",\"timeout\":10,\"env\":{\"A\":[1,2]}}"}}]},
+        {"role":"tool","tool_call_id":"c1","content":"ok"}],
+        "tools":[{"type":"function","function":{"name":"bash","parameters":{"type":"object"}}}]});
+    let text = render_v41(&body, 75);
+    let block = "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"bash\">\n<｜DSML｜ parameter name=\"command\" string=\"true\">ls && echo &amp;</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"timeout\" string=\"false\">10</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"env\" string=\"false\">{\"A\": [1, 2]}</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+    assert!(text.contains(block), "{text}");
+    let out = format!("Let me look.</think>Sure.{block}");
+    let p = dsml::parse_output(&out, true);
+    assert!(!p.failed, "{p:?}");
+    assert_eq!(p.reasoning.as_deref(), Some("Let me look."));
+    assert_eq!(p.content, "Sure.");
+    assert_eq!(p.calls.len(), 1);
+    assert_eq!(p.calls[0].name, "bash");
+    let args: Value = serde_json::from_str(&p.calls[0].arguments).unwrap();
+    assert_eq!(
+        args,
+        json!({"command":"ls && echo &amp;","timeout":10,"env":{"A":[1,2]}})
+    );
+    assert_eq!(p.raw_dsml.as_deref(), Some(block));
+    // Streamed a few bytes at a time, the fragments build the same call.
+    let (pos, v) = dsml::block_start(out.as_bytes()).unwrap();
+    let open = dsml::block_open(v);
+    assert_eq!(open, "<｜DSML｜ calls>");
+    let after = &out[pos + out[pos..].find(open).unwrap() + open.len()..];
+    let mut lt = LiveTools::new(v);
+    let mut args_text = String::new();
+    let mut name = String::new();
+    let chars: Vec<char> = after.chars().collect();
+    for piece in chars.chunks(3) {
+        for e in lt.push(&piece.iter().collect::<String>()) {
+            match e {
+                ToolEvent::Start(n) => name = n,
+                ToolEvent::Args(a) => args_text.push_str(&a),
+                ToolEvent::End => {}
+            }
+        }
+    }
+    assert!(!lt.broken());
+    assert_eq!(name, "bash");
+    let streamed: Value = serde_json::from_str(&args_text).unwrap();
+    assert_eq!(streamed, args);
+    // V4's spelling parses as before, entities decoded.
+    let v4 = "</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\" string=\"true\">a &amp; b</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    let p = dsml::parse_output(v4, true);
+    assert_eq!(p.calls[0].arguments, r#"{"x":"a & b"}"#);
+}
+
+fn ds4() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ds4"));
+    c.args([
+        "--backend",
+        "cpu-ref",
+        "--ctx",
+        "256",
+        "--temp",
+        "0",
+        "-n",
+        "6",
+    ]);
+    c
+}
+
+/// `ds4 -m v41.gguf -p …` generates, prints the Engram line, honours
+/// `--think-level`, and refuses bad levels; the REPL's /save and /load
+/// keep a V4.1 transcript.
+#[test]
+fn ds4_cli_runs_the_tiny_v41_model() {
+    let m = v41_path();
+    let run = |extra: &[&str]| {
+        let out = ds4().arg("-m").arg(&m).args(extra).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = run(&["-p", "hello"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("DeepSeek V4.1"), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("ds4: engram: "))
+        .unwrap_or_else(|| panic!("no engram line: {err}"));
+    assert!(line.contains("bytes read per token") && line.contains("hit rate"));
+    // Same seedless greedy run, levels 0 and 30: different prompts.
+    let (c0, out0, e0) = run(&["-p", "hello", "--think-level", "0"]);
+    let (c30, _, e30) = run(&["-p", "hello", "--think-level", "30"]);
+    assert_eq!((c0, c30), (Some(0), Some(0)), "{e0}{e30}");
+    let _ = out0;
+    // The prompt token counts show the effort line is there at 30, not at 0.
+    let prefill_tokens = |e: &str| {
+        e.lines()
+            .find_map(|l| l.strip_prefix("ds4: engram: "))
+            .and_then(|l| l.split(" over ").nth(1))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap()
+    };
+    assert!(prefill_tokens(&e30) > prefill_tokens(&e0) + 10);
+    let (code, _, err) = run(&["-p", "hello", "--think-level", "101"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--think-level must be in 0..=100"), "{err}");
+    let (code, _, err) = run(&["-p", "hello", "--think-level", "5", "--nothink"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--think-level"), "{err}");
+}
+
+/// `ds4-server -m v41.gguf`: the model ids, a chat completion, a streamed
+/// tool-free answer, `/metrics` with the Engram counters, the disk KV
+/// cache storing and reusing a V4.1 checkpoint; a V4 checkpoint in the
+/// same folder is never loaded.
+#[test]
+fn ds4_server_serves_the_tiny_v41_model() {
+    let dir = common::fresh_dir("v41-session", "server-cache");
+    // A V4 checkpoint already in the folder, for the same text the V4.1
+    // server will render: it must be left alone.
+    let m = v41_path();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
+    cmd.env("DS4_LOCK_FILE", lock_file())
+        .env_remove("DS4_API_KEY")
+        .arg("-m")
+        .arg(&m)
+        .args([
+            "--port",
+            "0",
+            "--ctx",
+            "512",
+            "-n",
+            "8",
+            "--backend",
+            "cpu-ref",
+        ])
+        .args(["--think-level", "40", "--kv-disk-dir"])
+        .arg(&dir)
+        .args(common::server::SMALL_SAVES);
+    let log = common::server::temp_path("v41-server");
+    let s = launch(cmd, log, START_BOUND);
+    let models = json_body(&get(&s.addr, "/v1/models"));
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["deepseek-v4-flash", "deepseek-v4-pro"]);
+    assert_eq!(models["data"][0]["name"], "DeepSeek V4.1 Flash");
+    assert!(get(&s.addr, "/v1/models/deepseek-v4-pro").starts_with("HTTP/1.1 200"));
+    let long = "tell me a story about a lighthouse keeper and the sea, ".repeat(3);
+    let turn1 = json!([{"role":"user","content":long}]);
+    let ask = |msgs: &Value| {
+        let body = json!({"model":"deepseek-v4-flash","messages":msgs,"max_tokens":4,
+            "temperature":0,"reasoning_effort":"none"});
+        json_body(&post(&s.addr, "/v1/chat/completions", &body))
+    };
+    let r1 = ask(&turn1);
+    assert_eq!(r1["object"], "chat.completion", "{r1}");
+    assert!(r1["usage"]["prompt_tokens"].as_u64().unwrap() > 20);
+    // The next turn continues the live session (live prefix reuse).
+    let reply = r1["choices"][0]["message"]["content"].as_str().unwrap();
+    let turn2 = json!([{"role":"user","content":long},
+        {"role":"assistant","content":reply},
+        {"role":"user","content":"and then?"}]);
+    let r2 = ask(&turn2);
+    let cached = |r: &Value| {
+        r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert!(cached(&r2) > 20, "live reuse: {r2}");
+    // The first turn again: the live session has moved on, so the cold
+    // checkpoint on disk (a V4.1 one) is what brings it back.
+    let r3 = ask(&turn1);
+    assert!(cached(&r3) > 0, "disk checkpoint: {r3}");
+    // A request that thinks (at the server's --think-level 40).
+    let body = json!({"messages":[{"role":"user","content":"hi"}],"max_tokens":2});
+    let r4 = json_body(&post(&s.addr, "/v1/chat/completions", &body));
+    assert_eq!(r4["object"], "chat.completion", "{r4}");
+    // /metrics: the Engram counters (set after each job).
+    let t0 = Instant::now();
+    let text = loop {
+        let t = get(&s.addr, "/metrics");
+        if t.contains("ds4_engram_bytes_per_token") || t0.elapsed() > Duration::from_secs(10) {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        common::server::metric(&text, "ds4_engram_tokens_total") > 20,
+        "{text}"
+    );
+    assert!(text.contains("ds4_engram_hit_rate"), "{text}");
+    assert!(
+        common::server::metric(&text, "ds4_kv_disk_hits_total") >= 1,
+        "{text}"
+    );
+    let log = s.terminate();
+    assert!(log.contains("ds4-server"), "{log}");
+    // The cache folder holds V4.1 checkpoints (byte 7 names the family).
+    let kvs: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "kv"))
+        .collect();
+    assert!(!kvs.is_empty(), "no checkpoint written: {log}");
+    for e in &kvs {
+        let b = std::fs::read(e.path()).unwrap();
+        let h = ds4::kvcache::file::KvcHeader::decode(b[..48].try_into().unwrap()).unwrap();
+        assert_eq!(h.arch, Arch::V41);
+    }
+}
