@@ -52,13 +52,14 @@ fn env(name: &str, default: usize) -> usize {
 const MIB: f64 = (1u64 << 20) as f64;
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// A prompt with the repetition real text has: a 32-token phrase recurs
-/// every 96 tokens (so Engram n-grams recur), the rest spread over the vocab.
+/// A prompt with the repetition real text has: the first 16 tokens recur
+/// at the start of every 32 (so Engram n-grams recur), the rest spread over
+/// the vocab.
 fn prompt(n: usize, n_vocab: usize) -> Vec<u32> {
     let v = (n_vocab as u32 - 10).min(120_000);
     (0..n as u32)
         .map(|i| {
-            let j = if i % 96 < 32 && i >= 96 { i % 96 } else { i };
+            let j = if i % 32 < 16 { i % 32 } else { i };
             (j * 7919) % v + 10
         })
         .collect()
@@ -379,7 +380,7 @@ fn main() {
         bw / 1e9,
         load.trim()
     );
-    println!("prompt {n_prefill} tokens (a 32-token phrase recurring every 96), decode {n_decode} tokens, fast CPU backend");
+    println!("prompt {n_prefill} tokens (its first 16 tokens recurring every 32), decode {n_decode} tokens, fast CPU backend");
     let a = v4(&dir, layers, n_prefill, n_decode, bw);
     if std::env::var_os("DS4_BENCH_KEEP").is_none() {
         let _ = std::fs::remove_file(dir.join(format!("v4-medium-q2-{layers}l.gguf")));
