@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::{encode_tensor, Rng, Vocab};
+use super::{encode_tensor, random_blocks, Rng, Vocab};
 use crate::gguf::{GgufWriter, MetaArray, MetaValue};
 use crate::quant::small_float::e4m3_encode;
 use crate::quant::GgmlType;
@@ -748,24 +748,41 @@ fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
     }
 }
 
+/// How `add_planned` fills the data region.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Data {
+    /// Seeded values, quantized: what the reference can reproduce.
+    Values,
+    /// Quantized tensors get random but valid blocks (V4's benchmark
+    /// models do the same): quantizing gigabytes of Gaussians would take
+    /// far longer than the benchmark.
+    RandomBlocks,
+    /// No data at all: a header over a hole.
+    Hole,
+}
+
 // Apart from the V4 writer: types come from V4.1's own Kind, and Engram tables get real rows.
 fn add_planned(
     w: &mut GgufWriter,
     plan: Vec<Planned>,
     variant: V41Variant,
     seed: u64,
-    hole: bool,
+    data: Data,
 ) -> io::Result<()> {
     for t in plan {
         let ty = variant.ty(t.kind);
         let ne = t.ne.clone();
         let name = t.name.clone();
-        if hole {
+        if data == Data::Hole {
             w.add_tensor_hole(&name, &ne, ty)?;
             continue;
         }
+        let quantized = matches!(ty, GgmlType::Q8_0 | GgmlType::Iq2Xxs | GgmlType::Q2K);
         let make: crate::gguf::writer::LazyData = if t.kind == Kind::EngramRows {
             Box::new(move || Ok(engram_rows(&t, seed)))
+        } else if data == Data::RandomBlocks && quantized {
+            let n = t.ne.iter().product::<u64>() as usize;
+            Box::new(move || Ok(random_blocks(ty, n, &mut Rng::for_name(seed, &t.name))))
         } else {
             Box::new(move || encode_tensor(ty, t.ne[0] as usize, &fill(&t, seed)))
         };
@@ -788,7 +805,23 @@ pub fn write_v41_model(
         plan(spec, vocab.tokens.len()),
         variant,
         spec.seed,
-        false,
+        Data::Values,
+    )?;
+    w.write_to_path(path)
+}
+
+/// Writes `spec` in ds4's q2 recipe with random quantized blocks, for
+/// benchmarks at real widths (`bench/v41.rs`): seconds per gigabyte instead
+/// of the minutes quantizing seeded values would take. Not for goldens.
+pub fn write_v41_bench_model(spec: &V41Spec, vocab: &Vocab, path: &Path) -> io::Result<()> {
+    let mut w = GgufWriter::new();
+    add_metadata(&mut w, spec, vocab);
+    add_planned(
+        &mut w,
+        plan(spec, vocab.tokens.len()),
+        V41Variant::Q2,
+        spec.seed,
+        Data::RandomBlocks,
     )?;
     w.write_to_path(path)
 }
@@ -804,7 +837,7 @@ pub fn write_sparse_v41_flash(vocab: &Vocab, path: &Path) -> io::Result<()> {
         plan(&spec, vocab.tokens.len()),
         V41Variant::Q2,
         0,
-        true,
+        Data::Hole,
     )?;
     w.write_to_path(path)
 }
@@ -832,6 +865,6 @@ pub fn write_v41_edited(
         .into_iter()
         .filter(|t| !drop_tensors.contains(&t.name.as_str()))
         .collect();
-    add_planned(&mut w, plan, V41Variant::F32, spec.seed, true)?;
+    add_planned(&mut w, plan, V41Variant::F32, spec.seed, Data::Hole)?;
     w.write_to_path(path)
 }

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Goldens for the tiny DeepSeek V4.1 model: builds it with the Rust generator
-(`ds4-make-test-model --arch deepseek41`), runs `v41_reference.py` (numpy
-float64, official inference/model.py semantics) on two prompts and writes
-tests/golden/v41-tiny.json and v41-tiny.hc.bin. Byte-identical on rerun.
+(`ds4-make-test-model --arch deepseek41`), runs a float64 reference of the
+official inference/model.py semantics on two prompts and a 3,000-token one,
+and writes tests/golden/v41-tiny.json, v41-tiny.hc.bin and v41-tiny-3k.json.
+Byte-identical on rerun with the same backend.
 
     cargo build --release --bin ds4-make-test-model
-    python3 tools/reference/make_v41_goldens.py --generator target/release/ds4-make-test-model
+    python3 tools/reference/make_v41_goldens.py --generator target/release/ds4-make-test-model \
+        [--backend numpy|torch]
 
-Needs numpy and gguf-py (pip install numpy gguf). About a minute on 2 cores.
+--backend numpy (the default; the committed goldens) runs v41_reference.py and
+needs numpy and gguf-py; --backend torch runs v41_torch.py (the port of the
+official modules, with their caches) and needs torch too. The two agree to
+~5e-15 in log-probability (docs/V41.md), so either can write the goldens.
 """
 
 import argparse
@@ -20,7 +25,19 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from v41_reference import V41Reference  # noqa: E402
+
+
+def load_reference(backend, path):
+    """The numpy or torch reference; both give forward(ids, hc_positions)
+    -> float64 logits and the same trace keys."""
+    if backend == "torch":
+        from v41_torch import TorchReference
+
+        return TorchReference(path, max_seq_len=LONG_TOKENS + 8)
+    from v41_reference import V41Reference
+
+    return V41Reference(path)
+
 
 TOP_K = 20
 LONG_TOKENS = 3000
@@ -57,6 +74,8 @@ def summarise(logits, top=TOP_K):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--generator", required=True)
+    ap.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
+                    help="which float64 reference writes the goldens (default numpy)")
     ap.add_argument("--work", default="/tmp/ds4-v41-goldens")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "tests", "golden"))
     a = ap.parse_args()
@@ -66,7 +85,7 @@ def main():
     data = open(gguf_path, "rb").read()
     sha = hashlib.sha256(data).hexdigest()
 
-    ref = V41Reference(gguf_path)
+    ref = load_reference(a.backend, gguf_path)
     prompts = []
     hc_bin = None
     for name, n, seed in (("short", 16, 7), ("long", 64, 41)):
@@ -100,11 +119,13 @@ def main():
         "generator": {"command": "ds4-make-test-model " + " ".join(GEN_ARGS) + " -o tiny-v41.gguf"},
         "gguf": {"file": "tiny-v41.gguf", "sha256": sha, "size": len(data)},
         "reference": {
-            "script": "tools/reference/make_v41_goldens.py + v41_reference.py",
+            "script": "tools/reference/make_v41_goldens.py + "
+                      + ("v41_torch.py" if a.backend == "torch" else "v41_reference.py"),
             "dtype": "float64",
             "semantics": "official inference/model.py @ dba1be0a (prefill at start_pos 0), no fake-quant, no bf16",
             "topk_ties": "lowest index wins (router, candidate blocks, indexer rows)",
             "numpy": np.__version__,
+            **({"torch": __import__("torch").__version__} if a.backend == "torch" else {}),
         },
         "top_k": TOP_K,
         "prompts": prompts,
