@@ -563,3 +563,36 @@ fn ds4_server_serves_the_tiny_v41_model() {
         assert_eq!(h.arch, Arch::V41);
     }
 }
+
+/// `<｜System｜>` is one control token where the vocabulary has it (the
+/// V4.1 tokenizer) and plain text where it does not (the V4 tokenizer, whose
+/// chat text must tokenize exactly as before).
+#[test]
+fn the_system_marker_is_a_chat_marker_only_where_the_vocabulary_has_it() {
+    use ds4::tokenizer::{markers, Tokenizer};
+    let text = format!("{}Reasoning Effort: 50{}hi", markers::SYSTEM, markers::USER);
+    let v = Vocab::load_default().expect("the V4 tokenizer.json");
+    let v4 = Tokenizer::from_vocab(
+        v.tokens.clone(),
+        v.merges.clone(),
+        Some(v.token_types.clone()),
+    )
+    .unwrap();
+    assert_eq!(v4.token_id(markers::SYSTEM), None);
+    let user = v4.specials().user;
+    let mut plain = v4.encode_plain(&format!("{}Reasoning Effort: 50", markers::SYSTEM));
+    plain.push(user);
+    plain.extend(v4.encode_plain("hi"));
+    assert_eq!(v4.encode_chat(&text), plain);
+
+    let (mut tokens, mut types) = (v.tokens, v.token_types);
+    tokens.push(markers::SYSTEM.to_string());
+    types.push(3);
+    let v41 = Tokenizer::from_vocab(tokens, v.merges, Some(types)).unwrap();
+    let system = v41.token_id(markers::SYSTEM).expect("the added marker");
+    let mut want = vec![system];
+    want.extend(v41.encode_plain("Reasoning Effort: 50"));
+    want.push(user);
+    want.extend(v41.encode_plain("hi"));
+    assert_eq!(v41.encode_chat(&text), want);
+}

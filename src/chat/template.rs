@@ -61,12 +61,26 @@ pub fn esc_result(s: &str) -> String {
     s.replace(TOOL_RESULT_CLOSE, "&lt;/tool_result>")
 }
 
+/// The markers broken in client text: the seven chat markers and V4.1's
+/// `<｜System｜>`, which the tokenizer takes as a marker wherever the
+/// vocabulary has it.
+const ESCAPED_MARKERS: [&str; 8] = [
+    CHAT_MARKERS[0],
+    CHAT_MARKERS[1],
+    CHAT_MARKERS[2],
+    CHAT_MARKERS[3],
+    CHAT_MARKERS[4],
+    CHAT_MARKERS[5],
+    CHAT_MARKERS[6],
+    crate::tokenizer::markers::SYSTEM,
+];
+
 /// Client text with every chat marker broken by [`MARKER_BREAK`], so that
 /// `Tokenizer::encode_chat` tokenizes it as ordinary text. Text without a
 /// marker (every ordinary conversation) is returned unchanged, byte for
 /// byte.
 pub fn esc_markers(s: &str) -> Cow<'_, str> {
-    if !CHAT_MARKERS.iter().any(|m| s.contains(m)) {
+    if !ESCAPED_MARKERS.iter().any(|m| s.contains(m)) {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 16);
@@ -78,7 +92,7 @@ pub fn esc_markers(s: &str) -> Cow<'_, str> {
         // character leaves no marker, and scanning on from the next
         // character also breaks a marker that starts inside this one
         // (`<｜DSML｜` breaks at the bar).
-        let at_marker = CHAT_MARKERS
+        let at_marker = ESCAPED_MARKERS
             .iter()
             .any(|m| m.starts_with(c) && rest.starts_with(&m[c.len_utf8()..]));
         if at_marker {
@@ -138,9 +152,9 @@ mod tests {
     #[test]
     fn markers_are_broken_and_plain_text_is_untouched() {
         assert!(matches!(esc_markers("plain < | ｜ text"), Cow::Borrowed(_)));
-        for m in CHAT_MARKERS {
+        for m in ESCAPED_MARKERS {
             let e = esc_markers(m);
-            assert!(CHAT_MARKERS.iter().all(|x| !e.contains(x)), "{m}");
+            assert!(ESCAPED_MARKERS.iter().all(|x| !e.contains(x)), "{m}");
             assert_eq!(e.replace(MARKER_BREAK, ""), m);
         }
         let nasty = "<｜DSML｜DSML｜<think></think><｜<｜User｜>>";

@@ -18,7 +18,7 @@ use crate::tokenizer::Tokenizer;
 pub use super::template::{ASSISTANT, BOS, EOS, THINK_CLOSE, THINK_OPEN, USER};
 
 /// The V4.1 system marker (a control token in the V4.1 vocabulary).
-pub const SYSTEM: &str = "<｜System｜>";
+pub const SYSTEM: &str = crate::tokenizer::markers::SYSTEM;
 
 /// The default level: the official encoder's default effort, 75 (research
 /// note §5 item 10; docs/V41.md says where the sources disagree).

@@ -6,7 +6,8 @@
 //! pre-tokenizer ([`pretokenize`]), the byte-level alphabet ([`byte_level`])
 //! and BPE ([`bpe`]). Three entry points: [`Tokenizer::encode`] (every added
 //! token recognised, as HF does), [`Tokenizer::encode_plain`] (none) and
-//! [`Tokenizer::encode_chat`] (only the seven chat markers, PROMPT.md §1.1).
+//! [`Tokenizer::encode_chat`] (only the seven chat markers, PROMPT.md §1.1,
+//! plus V4.1's `<｜System｜>` where the vocabulary has it).
 
 pub mod bpe;
 pub mod byte_level;
@@ -70,6 +71,9 @@ pub mod markers {
     pub const THINK_OPEN: &str = "<think>";
     pub const THINK_CLOSE: &str = "</think>";
     pub const DSML: &str = "｜DSML｜";
+    /// V4.1's system marker: a chat marker only where the vocabulary has
+    /// it as a token (the V4.1 tokenizer), plain text elsewhere.
+    pub const SYSTEM: &str = "<｜System｜>";
 }
 
 /// The seven strings recognised inside rendered chat text, in the order they
@@ -95,7 +99,9 @@ pub struct Tokenizer {
     merges: bpe::Merges,
     /// Added tokens by first char, longest first.
     added: HashMap<char, Vec<(String, u32)>>,
-    chat: [(String, u32); 7],
+    /// The seven chat markers, then `<｜System｜>` where the vocabulary
+    /// has it.
+    chat: Vec<(String, u32)>,
     specials: SpecialTokens,
     cache: Mutex<HashMap<String, Vec<u32>>>,
 }
@@ -174,15 +180,13 @@ impl Tokenizer {
                 .copied()
                 .ok_or_else(|| TokenizerError::MissingSpecial(s.to_string()))
         };
-        let chat = [
-            (CHAT_MARKERS[0].to_string(), find(CHAT_MARKERS[0])?),
-            (CHAT_MARKERS[1].to_string(), find(CHAT_MARKERS[1])?),
-            (CHAT_MARKERS[2].to_string(), find(CHAT_MARKERS[2])?),
-            (CHAT_MARKERS[3].to_string(), find(CHAT_MARKERS[3])?),
-            (CHAT_MARKERS[4].to_string(), find(CHAT_MARKERS[4])?),
-            (CHAT_MARKERS[5].to_string(), find(CHAT_MARKERS[5])?),
-            (CHAT_MARKERS[6].to_string(), find(CHAT_MARKERS[6])?),
-        ];
+        let mut chat = CHAT_MARKERS
+            .iter()
+            .map(|m| Ok((m.to_string(), find(m)?)))
+            .collect::<Result<Vec<_>, TokenizerError>>()?;
+        if let Some(&id) = ids.get(markers::SYSTEM) {
+            chat.push((markers::SYSTEM.to_string(), id));
+        }
         let specials = SpecialTokens {
             bos: chat[0].1,
             eos: chat[1].1,
