@@ -407,13 +407,26 @@ impl Shared {
         }
         let mut done = vec![0usize; work.len()];
         loop {
-            // This pass: the next chunk of every unfinished piece, in order,
-            // while they fit the large graph.
+            // This pass: the next chunk of every unfinished piece of one
+            // kind, in order, while they fit the large graph. The kinds
+            // (every row's logits, or only the last row's) never share a
+            // pass: a piece's rows meet the head on the path its own row
+            // count picks in the every-row graph, but its last row alone
+            // in the last-row graph, and a fast backend's two paths round
+            // differently; so a piece gets the head it gets alone.
+            let Some(every_row) = work
+                .iter()
+                .zip(&done)
+                .find(|(w, &d)| d < w.tokens.len())
+                .map(|(w, _)| w.all_logits)
+            else {
+                return Ok(());
+            };
             let mut pass: Vec<(usize, usize, usize)> = Vec::new(); // (work index, from, to)
             let mut rows = 0;
             for (i, w) in work.iter().enumerate() {
                 let from = done[i];
-                if from == w.tokens.len() {
+                if from == w.tokens.len() || w.all_logits != every_row {
                     continue;
                 }
                 let to = (from + self.chunk).min(w.tokens.len());
@@ -423,13 +436,8 @@ impl Shared {
                 rows += to - from;
                 pass.push((i, from, to));
             }
-            if pass.is_empty() {
-                return Ok(());
-            }
-            // A pass with an `all_logits` piece projects every row; the
-            // others only each slot's last row (the same bits: the head
-            // works row by row).
-            let every_row = pass.iter().any(|&(i, _, _)| work[i].all_logits);
+            // A pass of `all_logits` pieces projects every row; the others
+            // only each slot's last row.
             let (g, _, logits_v) = if every_row {
                 match self.every_row {
                     Some(g) => g,

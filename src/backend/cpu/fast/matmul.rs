@@ -251,6 +251,27 @@ pub fn matmul(
     )
 }
 
+/// [`matmul`] over rows that are each the last row of a different session
+/// (the head after `TakeLast` / `GatherLast`): every row takes the path of
+/// a 1-row piece, as it does when its session runs alone, whatever the
+/// number of rows. (Choosing the path by the row count, as [`matmul`] does,
+/// put 4 or more sessions' last rows on the many-token path and changed
+/// their logits.)
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_rows_apart(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    n_in: usize,
+    n_out: usize,
+    groups: usize,
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+) -> bool {
+    matmul_path(k, ty, w, n_in, n_out, groups, x, rows, wide(1), out)
+}
+
 /// [`matmul`] on the path `wide` names.
 #[allow(clippy::too_many_arguments)]
 fn matmul_path(

@@ -538,10 +538,12 @@ impl Kernels {
                     )
                 })
             }
+            // Fixed rows: only the head over each session's last row
+            // (`TakeLast`, `GatherLast`), one session per row.
             Op::MatMul(o) => {
                 let rows = o.rows.at(n);
                 cx.write(o.out, |cx, out| {
-                    matmul::matmul(
+                    matmul::matmul_rows_apart(
                         self,
                         o.w.ty,
                         o.w.bytes(cx.file),
