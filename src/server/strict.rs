@@ -13,6 +13,8 @@
 //! forced call the grammar waits for the model's first
 //! `｜DSML｜` token (the model may answer in text); `tool_choice`
 //! `"required"` or a named function makes the block the whole answer.
+//! The tags are spelled as the loaded model writes them: V4's
+//! `<｜DSML｜tool_calls>`, or V4.1's `<｜DSML｜ calls>` (docs/V41.md).
 
 use serde_json::{Map, Value};
 
