@@ -25,7 +25,6 @@
 //! disk), DS4_BENCH_ENGRAM_CACHE (hot rows, default 4096), DS4_BENCH_DIR
 //! (default /tmp/ds4-bench-v41).
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,7 +33,7 @@ use ds4::backend::{self, BackendKind, BackendOptions};
 use ds4::graph::StepParams;
 use ds4::model::forward::{Logits, Numerics};
 use ds4::model::v41::engram::{hash_rows, EngramHistory};
-use ds4::model::v41::engram_reader::EngramReader;
+use ds4::model::v41::engram_reader::{drop_table_pages, EngramReader};
 use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLayout};
 use ds4::model::v41::V41ModelFile;
 use ds4::model::ModelFile;
@@ -141,63 +140,11 @@ fn v4(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) -> 
     f
 }
 
-/// Weight bytes a decoded token reads: one embedding row, the head, every
-/// dense tensor, top-k of n routed experts; never the Engram tables.
-fn v41_active_bytes(m: &V41ModelFile) -> u64 {
-    let c = &m.config;
-    let w = &m.weights;
-    let mut total =
-        w.token_embd.n_bytes / c.n_vocab as u64 + w.output_norm.n_bytes + w.output.n_bytes;
-    for l in &w.layers {
-        let routed = [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps];
-        let table = l.engram.as_ref().map(|e| &e.table);
-        for t in l.all() {
-            if routed.iter().any(|r| std::ptr::eq(*r, t)) {
-                total += t.n_bytes / c.n_expert as u64 * c.n_expert_used as u64;
-            } else if !table.is_some_and(|x| std::ptr::eq(x, t)) {
-                total += t.n_bytes;
-            }
-        }
-    }
-    total
-}
-
-/// Drops the Engram tables' pages from the page cache (this file only), so
-/// the next reads come from the disk.
-fn evict_tables(m: &V41ModelFile) {
-    let f = std::fs::File::open(m.file.path()).expect("open for fadvise");
-    for l in m.weights.layers.iter().filter_map(|l| l.engram.as_ref()) {
-        // SAFETY: a valid descriptor and a range inside the file; advice only.
-        unsafe {
-            libc::posix_fadvise(
-                f.as_raw_fd(),
-                l.table.offset as libc::off_t,
-                l.table.n_bytes as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            );
-        }
-    }
-}
-
 fn v41(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) -> Figures {
     let engram_vocab = env("DS4_BENCH_ENGRAM_VOCAB", 50_000) as u64;
     let path = dir.join(format!("v41-flash-q2-{layers}l-e{engram_vocab}.gguf"));
     if !path.exists() {
-        // Flash's first layers: window layers (two from 3 layers on, Engram
-        // at 1 as in the release), then kv/index sources of ratio 2 (the
-        // first one the candidate source), the second Engram table on the
-        // last layer.
-        let mut spec = V41Spec::flash();
-        let windows = window_layers(layers);
-        spec.compress_ratios = (0..layers)
-            .map(|l| if l < windows { 0 } else { 2 })
-            .collect();
-        spec.kv_source_layers = (windows..layers).collect();
-        spec.index_source_layers = (windows..layers).collect();
-        spec.candidate_source = windows;
-        spec.engram_layers = vec![windows - 1, layers - 1];
-        spec.engram_vocab_size = engram_vocab;
-        spec.name = format!("V4.1 bench model ({layers} Flash-width layers, random blocks)");
+        let spec = V41Spec::flash_bench(layers, engram_vocab);
         eprintln!("generating {} ...", path.display());
         let t = Instant::now();
         write_v41_bench_model(&spec, &Vocab::load_default().expect("vocab"), &path)
@@ -206,22 +153,9 @@ fn v41(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) ->
     }
     let m = Arc::new(V41ModelFile::open(&path).expect("open V4.1 model"));
     let cfg = &m.config;
-    let weight_bytes = v41_active_bytes(&m);
+    let weight_bytes = m.weights.active_bytes_per_token(cfg);
     // Fault the resident weights in (as V4's `warm`); the tables stay out.
-    let mut sink = 0u8;
-    for t in m.weights.all() {
-        if m.weights
-            .layers
-            .iter()
-            .any(|l| l.engram.as_ref().is_some_and(|e| std::ptr::eq(&e.table, t)))
-        {
-            continue;
-        }
-        for chunk in t.bytes(&m.file).chunks(1 << 24) {
-            sink ^= chunk.iter().step_by(4096).fold(0u8, |a, &b| a ^ b);
-        }
-    }
-    std::hint::black_box(sink);
+    m.warm();
 
     let kv = V41KvLayout::new(cfg, n_prefill + 2 * n_decode + 8);
     let graph = |step: usize| {
@@ -303,7 +237,7 @@ fn v41(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) ->
         (n_decode as f64 / s, bytes, hits)
     };
     let (warm_tps, warm_bytes, warm_hits) = decode(&mut b, &mut reader, &mut next, n_prefill);
-    evict_tables(&m);
+    drop_table_pages(&m).expect("drop the tables' pages");
     let (cold_tps, cold_bytes, cold_hits) =
         decode(&mut b, &mut reader, &mut next, n_prefill + n_decode);
     let f = Figures {

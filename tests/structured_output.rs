@@ -404,7 +404,7 @@ fn the_dsml_grammar_takes_valid_blocks_and_refuses_bad_ones() {
     ]});
     let g = strict::parse(body.as_object().unwrap()).unwrap().unwrap();
     assert!(!g.forced);
-    let grammar = OutputGrammar::Lark(g.lark(tok.specials().dsml));
+    let grammar = OutputGrammar::Lark(g.lark(tok.specials().dsml, ds4::chat::Dialect::V4));
     // How far `text` (what follows the block's first `｜DSML｜`) gets.
     let run = |text: &str| -> (usize, usize, bool) {
         let ids = tok.encode_chat(text);

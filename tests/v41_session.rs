@@ -596,3 +596,386 @@ fn the_system_marker_is_a_chat_marker_only_where_the_vocabulary_has_it() {
     want.extend(v41.encode_plain("hi"));
     assert_eq!(v41.encode_chat(&text), want);
 }
+
+/// The weights a decoded token reads, from the tensor directory of the
+/// file by name (one embedding row, every dense tensor, top-k of n of each
+/// routed-expert tensor, no Engram table), against the model's own
+/// accounting; the resident bytes are everything but the tables.
+#[test]
+fn v41_weight_bytes_per_token_match_the_tensor_directory() {
+    let AnyModel::V41(m) = v41_model() else {
+        panic!("the tiny V4.1 model opened as V4")
+    };
+    let c = &m.config;
+    let infos = m.file.tensor_infos();
+    // Every tensor of the file is bound, so the directory is the model.
+    assert_eq!(infos.len(), m.weights.all().len());
+    let (mut active, mut tables, mut total) = (0u64, 0u64, 0u64);
+    for t in infos {
+        total += t.n_bytes;
+        if t.name.ends_with(".engram_embd.weight") {
+            tables += t.n_bytes;
+        } else if t.name == "token_embd.weight" {
+            active += t.n_bytes / c.n_vocab as u64;
+        } else if t.name.contains("_exps.") {
+            active += t.n_bytes / c.n_expert as u64 * c.n_expert_used as u64;
+        } else {
+            active += t.n_bytes;
+        }
+    }
+    // The tiny tables: 420 and 508 rows of 32 E4M3 codes + 1 scale.
+    assert_eq!(tables, (420 + 508) * 33);
+    assert_eq!(m.weights.engram_table_bytes(), tables);
+    assert_eq!(m.weights.resident_bytes(), total - tables);
+    assert_eq!(m.weights.active_bytes_per_token(c), active);
+    let mix: u64 = m.weights.type_mix().iter().map(|s| s.bytes).sum();
+    assert_eq!(mix, total);
+    assert_eq!(ds4::app::report::v41_engram_cold_bytes(c), 2 * 4 * 33);
+}
+
+fn ds4_bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
+}
+
+/// `ds4-bench -m v41.gguf`: one CSV row per frontier with the weight bytes
+/// per token (the model's accounting), the Engram bytes read per token and
+/// hit rates (consistent with each other: every miss reads one 33-byte row,
+/// 8 lookups a token), and the roofline percentage from those bytes; a V4
+/// file keeps its columns unless `--roofline`; V4-only options are refused.
+#[test]
+fn ds4_bench_runs_a_v41_file_with_bytes_and_hit_rates() {
+    let m = v41_path();
+    let dir = common::fresh_dir("v41-session", "bench");
+    let prompt = dir.join("p.txt");
+    std::fs::write(
+        &prompt,
+        "the cat sat on the mat, and the dog sat too. ".repeat(20),
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        let o = ds4_bench()
+            .arg("-m")
+            .arg(&m)
+            .arg("--prompt-file")
+            .arg(&prompt)
+            .args([
+                "--backend",
+                "cpu-ref",
+                "--ctx-start",
+                "32",
+                "--ctx-max",
+                "96",
+            ])
+            .args(["--step-incr", "32", "-n", "6"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,\
+         weight_bytes_per_token,prefill_engram_bytes_per_token,prefill_engram_hit_pct,\
+         gen_engram_bytes_per_token,gen_engram_hit_pct,read_gbps,gen_roofline_pct"
+    );
+    let AnyModel::V41(model) = v41_model() else {
+        panic!()
+    };
+    let weights = model.weights.active_bytes_per_token(&model.config);
+    let rows: Vec<Vec<f64>> = lines[1..]
+        .iter()
+        .map(|l| l.split(',').map(|x| x.parse::<f64>().unwrap()).collect())
+        .collect();
+    assert_eq!(
+        rows.iter().map(|r| r[0] as u64).collect::<Vec<_>>(),
+        [32, 64, 96]
+    );
+    let per_token = 8.0 * 33.0;
+    for r in &rows {
+        assert_eq!(r[6] as u64, weights, "{r:?}");
+        // bytes = misses × 33 = lookups × (1 − hit) × 33, per token.
+        for (bytes, hit) in [(r[7], r[8]), (r[9], r[10])] {
+            assert!((0.0..=100.0).contains(&hit), "{r:?}");
+            let want = per_token * (1.0 - hit / 100.0);
+            assert!((bytes - want).abs() <= 1.0, "{bytes} vs {want}: {r:?}");
+        }
+        // The roofline: (weights + Engram) per decoded token × tokens/s ÷ bandwidth.
+        let (tps, gbps, pct) = (r[4], r[11], r[12]);
+        assert!(tps > 0.0 && gbps > 0.0 && pct > 0.0, "{r:?}");
+        let want = 100.0 * (r[6] + r[9]) * tps / (gbps * 1e9);
+        assert!((pct - want).abs() <= 0.05 * want + 0.1, "{pct} vs {want}");
+    }
+    // The prompt repeats itself: later frontiers find rows in the cache.
+    assert!(rows[2][8] > 50.0, "{rows:?}");
+    // The run's whole line: lookups = 8 per token over every evaluated token.
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("ds4-bench: engram: "))
+        .unwrap_or_else(|| panic!("no engram line: {err}"));
+    assert!(line.contains("hot-row hit rate"), "{line}");
+    assert!(err.contains("DeepSeek V4.1: Engram tables"), "{err}");
+
+    // A one-row cache: nearly every lookup misses, so more bytes per token.
+    let (code, out1, err1) = run(&["--engram-cache-rows", "1"]);
+    assert_eq!(code, Some(0), "{err1}");
+    let last = |o: &str| -> Vec<f64> {
+        o.lines()
+            .last()
+            .unwrap()
+            .split(',')
+            .map(|x| x.parse().unwrap())
+            .collect()
+    };
+    assert!(last(&out1)[7] > last(&out)[7], "{out1}\n{out}");
+
+    // Options that do not apply to V4.1 are errors naming the file's family.
+    for bad in [
+        &["--sessions", "1,2"][..],
+        &["--ssd-streaming"][..],
+        &["--engram-cache-rows", "0"][..],
+    ] {
+        let (code, _, err) = run(bad);
+        assert_eq!(code, Some(1), "{bad:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(err.contains("ds4-bench: "), "{err}");
+    }
+    let (_, _, err) = run(&["--sessions", "1"]);
+    assert!(err.contains("DeepSeek V4.1 file"), "{err}");
+
+    // V4: the columns it always had, and with --roofline the weights of
+    // its own accounting; the Engram options are refused.
+    let v4 = common::tiny_model_path(Variant::Q8);
+    let run4 = |extra: &[&str]| {
+        ds4_bench()
+            .arg("-m")
+            .arg(&v4)
+            .arg("--prompt-file")
+            .arg(&prompt)
+            .args(["--ctx-start", "32", "--ctx-max", "32", "-n", "2"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = run4(&["--roofline"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mut l = out.lines();
+    assert_eq!(
+        l.next().unwrap(),
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,\
+         weight_bytes_per_token,read_gbps,gen_roofline_pct"
+    );
+    let row: Vec<&str> = l.next().unwrap().split(',').collect();
+    let m4 = common::tiny_model(Variant::Q8);
+    assert_eq!(
+        row[6].parse::<u64>().unwrap(),
+        m4.weights.active_bytes_per_token(&m4.config)
+    );
+    let o = run4(&["--engram-cold"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("V4.1 files only"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `ds4 --info` on a V4.1 file: the family, the layer roles (the tiny
+/// geometry of docs/V41.md), both Engram tables with their sizes, the
+/// resident bytes (all but the tables) and the roofline section.
+#[test]
+fn ds4_info_describes_a_v41_file() {
+    let m = v41_path();
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4"))
+        .arg("-m")
+        .arg(&m)
+        .args(["--info", "--cpu"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{}{out}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("DeepSeek V4.1 (general.architecture deepseek41)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("layer roles          W W S2 U2<2/2 S1 U1<4/4 R1<4 U1<4/6 "),
+        "{out}"
+    );
+    let table = |l: &str| {
+        out.lines()
+            .find(|x| x.starts_with(&format!("table blk.{l} ")))
+            .unwrap_or_else(|| panic!("no table line for {l}: {out}"))
+    };
+    assert!(table("1").contains(" 420 rows, 13860 bytes "), "{out}");
+    assert!(table("4").contains(" 508 rows, 16764 bytes "), "{out}");
+    assert!(out.contains("at most 264 bytes"), "{out}");
+    let AnyModel::V41(model) = v41_model() else {
+        panic!()
+    };
+    let num = |key: &str| -> u64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {key}: {out}"))
+    };
+    let dir_total: u64 = model.file.tensor_infos().iter().map(|t| t.n_bytes).sum();
+    assert_eq!(num("total weight bytes:"), dir_total);
+    assert_eq!(num("resident weight bytes:"), dir_total - (420 + 508) * 33);
+    assert_eq!(
+        num("active weight bytes per token:"),
+        model.weights.active_bytes_per_token(&model.config)
+    );
+    assert!(out.contains("== decode roofline =="), "{out}");
+    assert!(out.contains("decode ceiling"), "{out}");
+}
+
+/// The strict-tool grammar in each dialect's DSML spelling, over the V4.1
+/// tokenizer: V4.1's takes a `<｜DSML｜ calls>` block and refuses V4's
+/// `tool_calls`, V4's the reverse; the accepted V4.1 block parses back
+/// into the call.
+#[test]
+fn strict_tool_grammar_uses_each_dialects_spelling() {
+    use ds4::constrain::{GrammarEngine, OutputGrammar};
+    use ds4::server::strict;
+    use ds4::Tokenizer;
+    let model = v41_model();
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let engine = GrammarEngine::new(&tok).unwrap();
+    let body = json!({"tools": [{"type": "function", "function": {"name": "bash", "strict": true,
+        "parameters": {"type": "object", "properties": {
+            "command": {"type": "string"},
+            "timeout": {"type": "integer", "minimum": 1, "maximum": 600}},
+            "required": ["command"]}}}],
+        "tool_choice": "required"});
+    let g = strict::parse(body.as_object().unwrap()).unwrap().unwrap();
+    assert!(g.forced);
+    let dsml_id = tok.specials().dsml;
+    let v41 = g.lark(dsml_id, Dialect::V41 { default_level: 75 });
+    let v4 = g.lark(dsml_id, Dialect::V4);
+    assert!(
+        v41.contains(r#"" calls>\n""#) && !v41.contains("tool_calls"),
+        "{v41}"
+    );
+    assert!(v41.contains(r#"" invoke name=\"""#), "{v41}");
+    assert!(
+        v41.contains(r#"" parameter name=\"command\" string=\"true\">""#),
+        "{v41}"
+    );
+    assert!(
+        v4.contains(r#""tool_calls>\n""#) && !v4.contains(" calls"),
+        "{v4}"
+    );
+    let accepts = |grammar: &str, text: &str| -> bool {
+        let mut c = engine
+            .constraint(&OutputGrammar::Lark(grammar.to_string()))
+            .unwrap();
+        for t in tok.encode_chat(text) {
+            if !c.allowed().unwrap().is_allowed(t) {
+                return false;
+            }
+            c.commit(t).unwrap();
+        }
+        c.accepting()
+    };
+    let block41 = "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"bash\">\n<｜DSML｜ parameter name=\"command\" string=\"true\">ls -la</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"timeout\" string=\"false\">10</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+    let block4 = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls -la</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    assert!(accepts(&v41, block41));
+    assert!(!accepts(&v41, block4));
+    assert!(accepts(&v4, block4));
+    assert!(!accepts(&v4, block41));
+    assert!(!accepts(&v41, &block41.replace(">10<", ">9999<")));
+    let p = dsml::parse_output(&format!("</think>{block41}"), true);
+    assert_eq!(p.calls.len(), 1, "{p:?}");
+    assert_eq!(p.calls[0].name, "bash");
+    let args: Value = serde_json::from_str(&p.calls[0].arguments).unwrap();
+    assert_eq!(args, json!({"command": "ls -la", "timeout": 10}));
+}
+
+/// `ds4-server -m v41.gguf` with a strict tool and `tool_choice` forcing
+/// it: the random model's answer is a V4.1-spelled DSML block (the trace's
+/// generated text), returned as an OpenAI tool call whose arguments satisfy
+/// the schema.
+#[test]
+fn ds4_server_forces_a_strict_tool_call_in_v41_tags() {
+    let m = v41_path();
+    let trace = common::server::temp_path("v41-strict-trace");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
+    cmd.env("DS4_LOCK_FILE", lock_file())
+        .env_remove("DS4_API_KEY")
+        .arg("-m")
+        .arg(&m)
+        .args([
+            "--port",
+            "0",
+            "--ctx",
+            "512",
+            "-n",
+            "8",
+            "--backend",
+            "cpu-ref",
+        ])
+        .arg("--trace")
+        .arg(&trace);
+    let log = common::server::temp_path("v41-strict-server");
+    let s = launch(cmd, log, START_BOUND);
+    let tool = json!({"type": "function", "function": {"name": "weather", "description": "t",
+        "strict": true, "parameters": {"type": "object", "properties": {
+            "city": {"enum": ["Paris", "Oslo", "Lima"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "days"], "additionalProperties": false}}});
+    for (i, choice) in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "weather"}}),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let body = json!({"messages": [{"role": "user", "content": "weather?"}],
+            "reasoning_effort": "none", "max_tokens": 200, "temperature": i as f64, "seed": 5,
+            "tools": [tool], "tool_choice": choice, "parallel_tool_calls": false});
+        let v = json_body(&post(&s.addr, "/v1/chat/completions", &body));
+        assert_eq!(
+            v["choices"][0]["finish_reason"], "tool_calls",
+            "{choice}: {v}"
+        );
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        assert_eq!(calls[0]["function"]["name"], "weather");
+        let args: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        let o = args.as_object().unwrap();
+        assert_eq!(o.len(), 2, "{args}");
+        assert!(
+            ["Paris", "Oslo", "Lima"].contains(&o["city"].as_str().unwrap()),
+            "{args}"
+        );
+        assert!((1..=7).contains(&o["days"].as_i64().unwrap()), "{args}");
+    }
+    s.terminate();
+    let t = std::fs::read_to_string(&trace).unwrap();
+    let generated: Vec<&str> = t
+        .split("--- generated text ---\n")
+        .skip(1)
+        .map(|x| x.split("\n\n--- parsed message ---").next().unwrap())
+        .collect();
+    assert_eq!(generated.len(), 2, "{t}");
+    for g in generated {
+        assert!(
+            g.starts_with("<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"weather\">\n"),
+            "{g}"
+        );
+        assert!(g.contains("</｜DSML｜ invoke>\n</｜DSML｜ calls>"), "{g}");
+        assert!(!g.contains("tool_calls"), "{g}");
+    }
+    let _ = std::fs::remove_file(&trace);
+}

@@ -64,6 +64,15 @@ struct Args {
     /// --window, --init-gain and --seed apply, the other shape options do not)
     #[argh(option, default = "String::from(\"deepseek4\")")]
     arch: String,
+    /// with --arch deepseek41: the Flash-width bench model of
+    /// `cargo bench --bench v41` over this many layers (q2 recipe, random
+    /// blocks; what `ds4-bench -m` runs), instead of the tiny model
+    #[argh(option)]
+    flash_bench: Option<usize>,
+    /// with --flash-bench: where the Engram prime search starts (default
+    /// 50000: 1.2 M-row tables; the release's 16000000 gives 384 M rows)
+    #[argh(option)]
+    engram_vocab: Option<u64>,
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -74,6 +83,9 @@ fn run(a: Args) -> Result<(), String> {
         None => Vocab::load_default()?,
     };
     match a.arch.as_str() {
+        "deepseek4" if a.flash_bench.is_some() || a.engram_vocab.is_some() => {
+            return Err("--flash-bench and --engram-vocab need --arch deepseek41".into())
+        }
         "deepseek4" => {}
         "deepseek41" => return run_v41(&a, &vocab),
         other => return Err(format!("--arch: unknown {other:?} (deepseek4, deepseek41)")),
@@ -161,7 +173,28 @@ fn run(a: Args) -> Result<(), String> {
 /// `--arch deepseek41`: the tiny V4.1 model (testmodel::v41) or the sparse
 /// full-shape V4.1 Flash file.
 fn run_v41(a: &Args, vocab: &Vocab) -> Result<(), String> {
-    use testmodel::v41::{write_sparse_v41_flash, write_v41_model, V41Spec, V41Variant};
+    use testmodel::v41::{
+        write_sparse_v41_flash, write_v41_bench_model, write_v41_model, V41Spec, V41Variant,
+    };
+    if let Some(layers) = a.flash_bench {
+        if layers < 2 {
+            return Err("--flash-bench: at least 2 layers".into());
+        }
+        if a.sparse_flash || a.variant != "f32" || a.window.is_some() || a.ratios.is_some() {
+            return Err("--flash-bench takes --engram-vocab and --seed only".into());
+        }
+        let mut spec = V41Spec::flash_bench(layers, a.engram_vocab.unwrap_or(50_000));
+        if let Some(v) = a.seed {
+            spec.seed = v;
+        }
+        write_v41_bench_model(&spec, vocab, &a.out)
+            .map_err(|e| format!("{}: {e}", a.out.display()))?;
+        eprintln!("wrote {} ({})", a.out.display(), spec.name);
+        return Ok(());
+    }
+    if a.engram_vocab.is_some() {
+        return Err("--engram-vocab needs --flash-bench".into());
+    }
     if a.sparse_flash {
         write_sparse_v41_flash(vocab, &a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
         eprintln!(

@@ -72,6 +72,13 @@ pub fn info(
     roofline_for: Option<(crate::backend::BackendKind, &crate::backend::BackendOptions)>,
 ) -> Result<(), String> {
     let t0 = Instant::now();
+    if crate::gguf::GgufFile::open(path)
+        .ok()
+        .and_then(|f| crate::model::v41::Arch::of(&f).ok())
+        == Some(crate::model::v41::Arch::V41)
+    {
+        return info_v41(path, roofline_for);
+    }
     let m = match ModelFile::open(path) {
         Ok(m) => m,
         Err(crate::model::ModelError::WrongKind(_))
@@ -197,6 +204,218 @@ pub fn info(
     Ok(())
 }
 
+/// A V4.1 layer's role in a word: `W` window, `S2` kv/index source of ratio
+/// 2, `R2<20` reindexing over source 20's keys, `U2<20/24` reusing source
+/// 20's rows and index source 24's top-k.
+pub fn v41_role(r: crate::model::v41::LayerRole) -> String {
+    use crate::model::v41::LayerRole;
+    match r {
+        LayerRole::Window => "W".into(),
+        LayerRole::Source { ratio } => format!("S{ratio}"),
+        LayerRole::Reindex { ratio, kv_source } => format!("R{ratio}<{kv_source}"),
+        LayerRole::Reuse {
+            ratio,
+            kv_source,
+            index_source,
+        } => format!("U{ratio}<{kv_source}/{index_source}"),
+    }
+}
+
+/// Engram bytes a token reads from the file when no row is cached: one
+/// row per hash column per Engram layer.
+pub fn v41_engram_cold_bytes(c: &crate::model::v41::V41Config) -> u64 {
+    let eg = &c.engram;
+    (eg.cols() * eg.row_bytes() * eg.layer_ids.len()) as u64
+}
+
+/// `--info` on a DeepSeek V4.1 file: shape, layer roles, the Engram tables
+/// (which stay on disk), the type mix, what is resident and the decode
+/// roofline.
+fn info_v41(
+    path: &Path,
+    roofline_for: Option<(crate::backend::BackendKind, &crate::backend::BackendOptions)>,
+) -> Result<(), String> {
+    let t0 = Instant::now();
+    let m = crate::model::v41::V41ModelFile::open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let load = t0.elapsed();
+    let (c, w) = (&m.config, &m.weights);
+    println!(
+        "file: {} ({}, GGUF v{}, alignment {}) — DeepSeek V4.1 (general.architecture deepseek41)",
+        path.display(),
+        human(m.file.file_len()),
+        m.file.version(),
+        m.file.alignment()
+    );
+    println!(
+        "loaded and validated in {:.1} ms (no tensor data read, the Engram tables included)",
+        load.as_secs_f64() * 1e3
+    );
+    println!("\n== metadata ==");
+    for (k, v) in m.file.metadata() {
+        println!("{k:<48} {}", v.summary());
+    }
+    println!("\n== configuration ==");
+    println!("name                 {}", c.name);
+    println!("layers               {}", c.n_layer);
+    println!("embedding            {}", c.n_embd);
+    println!("vocab                {}", c.n_vocab);
+    println!(
+        "heads                {} × {} (one kv head, rotary dims {})",
+        c.n_head, c.head_dim, c.n_rot
+    );
+    println!("q low rank           {}", c.q_lora_rank);
+    println!(
+        "output groups        {} × rank {}",
+        c.o_groups, c.o_lora_rank
+    );
+    println!("sliding window       {}", c.sliding_window);
+    let roles: Vec<String> = c.roles.iter().map(|&r| v41_role(r)).collect();
+    println!(
+        "layer roles          {} (W window, S kv/index source, R reindex < kv source, U reuse < kv/index source; number = ratio)",
+        roles.join(" ")
+    );
+    let count =
+        |f: fn(&crate::model::v41::LayerRole) -> bool| c.roles.iter().filter(|r| f(r)).count();
+    println!(
+        "                     {} window, {} source, {} reindex, {} reuse; kv sources {:?}, index sources {:?}",
+        count(|r| matches!(r, crate::model::v41::LayerRole::Window)),
+        count(|r| matches!(r, crate::model::v41::LayerRole::Source { .. })),
+        count(|r| matches!(r, crate::model::v41::LayerRole::Reindex { .. })),
+        count(|r| matches!(r, crate::model::v41::LayerRole::Reuse { .. })),
+        c.kv_source_layers,
+        c.index_source_layers
+    );
+    println!(
+        "indexer              {} heads × {}, top-k {}",
+        c.indexer_heads, c.indexer_head_dim, c.indexer_top_k
+    );
+    match c.candidate_source {
+        Some(l) => println!(
+            "candidate blocks     from layer {l}: top {} blocks of {}",
+            c.candidate_topk_blocks, c.candidate_block_size
+        ),
+        None => println!("candidate blocks     none"),
+    }
+    println!(
+        "hyper-connections    {} streams, {} Sinkhorn iterations, eps {:e}",
+        c.hc_count, c.hc_sinkhorn_iters, c.hc_eps
+    );
+    println!("rms eps              {:e}", c.rms_eps);
+    println!(
+        "rope                 base {} (window layers), {} (compressed layers)",
+        c.rope_base, c.compress_rope_base
+    );
+    match c.yarn {
+        Some(y) => println!(
+            "yarn                 factor {}, original context {}, beta fast {} slow {}",
+            y.factor, y.original_context, y.beta_fast, y.beta_slow
+        ),
+        None => println!("yarn                 off"),
+    }
+    println!(
+        "experts              {} routed, {} used, ff {}, {} shared",
+        c.n_expert, c.n_expert_used, c.expert_ff, c.n_expert_shared
+    );
+    println!(
+        "routing              weights scale {}, normalised {}, swiglu limit {}",
+        c.routed_scale, c.norm_topk_prob, c.swiglu_limit
+    );
+    if let Some(ctx) = c.context_length {
+        println!("trained context      {ctx}");
+    }
+    let eg = &c.engram;
+    println!("\n== engram (tables stay on disk; rows read per step, behind a hot-row cache) ==");
+    println!(
+        "layers               {:?}; n-grams 2..={}, {} heads: {} hash columns per token and layer",
+        eg.layer_ids,
+        eg.max_ngram,
+        eg.n_heads,
+        eg.cols()
+    );
+    println!(
+        "rows                 {} E4M3 codes and {} E8M0 scale bytes = {} bytes each",
+        eg.head_dim,
+        eg.head_dim / 32,
+        eg.row_bytes()
+    );
+    println!(
+        "compressed vocab     {} ids (pad {})",
+        eg.compressed_vocab, eg.pad_id
+    );
+    for &l in &eg.layer_ids {
+        if let Some(e) = w.layers.get(l).and_then(|x| x.engram.as_ref()) {
+            println!(
+                "table blk.{l:<3}        {} rows, {} bytes ({}) at file offset {}",
+                e.table.ne[1],
+                e.table.n_bytes,
+                human(e.table.n_bytes),
+                e.table.offset
+            );
+        }
+    }
+    let tables = w.engram_table_bytes();
+    let cold = v41_engram_cold_bytes(c);
+    println!(
+        "tables total         {tables} bytes ({}, {:.1} % of the file), never mapped or uploaded",
+        human(tables),
+        100.0 * tables as f64 / m.file.file_len().max(1) as f64
+    );
+    println!(
+        "read per token       at most {cold} bytes ({} columns × {} bytes × {} layers; cached rows are not read again)",
+        eg.cols(),
+        eg.row_bytes(),
+        eg.layer_ids.len()
+    );
+    println!("\n== tensors ==");
+    print_tensor_table(&m.file);
+    println!(
+        "\ntensors: {} in file, {} bound",
+        m.file.tensor_infos().len(),
+        w.all().len()
+    );
+    let total: u64 = w.all().iter().map(|t| t.n_bytes).sum();
+    println!("\n== type mix (bound tensors; the Engram tables are the I8) ==");
+    for share in w.type_mix() {
+        println!(
+            "{:<8} {:>5} tensors {:>16} bytes ({:>10}, {:5.1} %)",
+            share.ty.name(),
+            share.tensors,
+            share.bytes,
+            human(share.bytes),
+            100.0 * share.bytes as f64 / total.max(1) as f64
+        );
+    }
+    let mut routed: Vec<([crate::quant::GgmlType; 3], usize)> = Vec::new();
+    for l in &w.layers {
+        let k = [l.ffn_gate_exps.ty, l.ffn_up_exps.ty, l.ffn_down_exps.ty];
+        match routed.iter_mut().find(|(t, _)| *t == k) {
+            Some((_, n)) => *n += 1,
+            None => routed.push((k, 1)),
+        }
+    }
+    for ([g, u, d], n) in routed {
+        println!("routed experts: gate {g}, up {u}, down {d} ({n} layers)");
+    }
+    let resident = w.resident_bytes();
+    let active = w.active_bytes_per_token(c);
+    println!("total weight bytes:            {total} ({})", human(total));
+    println!(
+        "resident weight bytes:         {resident} ({}; all but the Engram tables)",
+        human(resident)
+    );
+    println!(
+        "active weight bytes per token: {active} ({}) + Engram rows from disk (at most {cold} bytes)",
+        human(active)
+    );
+    if let Some((kind, opts)) = roofline_for {
+        // The Engram rows come from the file (or the page cache), not
+        // device memory: the ceiling counts the weights only.
+        decode_roofline(kind, opts, active);
+    }
+    Ok(())
+}
+
 /// (device, read bytes/s) of the CUDA device (backend/cuda/bandwidth.rs).
 #[cfg(feature = "cuda")]
 fn cuda_read(opts: &crate::backend::BackendOptions, bytes: u64) -> Result<(String, f64), String> {
@@ -211,14 +430,13 @@ fn cuda_read(_opts: &crate::backend::BackendOptions, _bytes: u64) -> Result<(Str
     Err("cuda: this binary was built without CUDA support (cargo build --features cuda)".into())
 }
 
-/// The decode ceiling on the device `kind` would run on: measured read
-/// bandwidth ÷ active weight bytes per token (KV reads come on top at long
-/// context). A device that cannot be measured is named with the reason.
-pub fn decode_roofline(
+/// The read bandwidth of the device `kind` would run on, measured:
+/// (device, bytes/s). Host memory for the CPU backends (and for `auto`
+/// without a real GPU); the reason when the device cannot be measured.
+pub fn read_bandwidth_for(
     kind: crate::backend::BackendKind,
     opts: &crate::backend::BackendOptions,
-    active: u64,
-) {
+) -> Result<(String, f64), String> {
     use crate::backend::wgpu::{bandwidth, gpu, Gpu};
     use crate::backend::BackendKind;
     const PROBE: u64 = 256 << 20;
@@ -229,7 +447,7 @@ pub fn decode_roofline(
             m.bytes as f64 / m.seconds,
         )
     };
-    let measured = match kind {
+    match kind {
         BackendKind::Cpu | BackendKind::CpuRef => Ok(host()),
         BackendKind::Cuda => cuda_read(opts, PROBE),
         BackendKind::Wgpu | BackendKind::Auto => {
@@ -243,9 +461,19 @@ pub fn decode_roofline(
                 Err(e) => Err(format!("wgpu: {e}")),
             }
         }
-    };
+    }
+}
+
+/// The decode ceiling on the device `kind` would run on: measured read
+/// bandwidth ÷ active weight bytes per token (KV reads add to it at long
+/// context). A device that cannot be measured is named with the reason.
+pub fn decode_roofline(
+    kind: crate::backend::BackendKind,
+    opts: &crate::backend::BackendOptions,
+    active: u64,
+) {
     println!("\n== decode roofline ==");
-    match measured {
+    match read_bandwidth_for(kind, opts) {
         Ok((device, bw)) => {
             println!("device                        {device}");
             println!("read bandwidth (measured)     {:.2} GB/s", bw / 1e9);

@@ -10,11 +10,11 @@ use std::time::Instant;
 use argh::FromArgs;
 use ds4::backend::options::{CacheBudget, EvictionPolicy, ProfileFile, StreamingOptions};
 use ds4::backend::BackendOptions;
-use ds4::kvcache::{
-    routed_quant_bits, CacheKey, DiskCache, KvCacheConfig, LookupOutcome, SaveReason, StoreOutcome,
-};
+use ds4::kvcache::{CacheKey, DiskCache, KvCacheConfig, LookupOutcome, SaveReason, StoreOutcome};
+use ds4::model::v41::engram_reader::{drop_table_pages, EngramStats};
+use ds4::model::v41::Arch;
 use ds4::model::ModelFile;
-use ds4::session::{Batch, Session, SessionOptions, SlotWork};
+use ds4::session::{AnyModel, Batch, Session, SessionOptions, SlotWork};
 use ds4::tokenizer::Tokenizer;
 
 /// Measure prefill and generation speed at context frontiers ctx-start,
@@ -174,6 +174,23 @@ struct Args {
     /// and load it back with the server's disk-cache code (files removed after)
     #[argh(option)]
     kv_restore_dir: Option<PathBuf>,
+    /// also measure the backend's read bandwidth and add weight bytes per
+    /// token and decode as a percentage of the read roofline to each row
+    /// (always on for DeepSeek V4.1 files)
+    #[argh(switch)]
+    roofline: bool,
+    /// fault every resident weight page in before the first frontier (not
+    /// V4.1's Engram tables), so the first prefill does not pay the page-in
+    #[argh(switch)]
+    warm_weights: bool,
+    /// V4.1 files: the Engram hot-row cache in rows (default 65536)
+    #[argh(option)]
+    engram_cache_rows: Option<usize>,
+    /// V4.1 files: drop the Engram tables' pages from the OS page cache
+    /// before each timed prefill and decode, so rows the hot-row cache misses
+    /// come from the disk (as at real size, where the tables dwarf RAM)
+    #[argh(switch)]
+    engram_cold: bool,
 }
 
 impl Args {
@@ -458,7 +475,7 @@ fn decode_step(
 
 /// The server's disk cache (`DiskCache::store` / `lookup`), set so that
 /// every frontier is stored whole and nothing is evicted or consumed.
-fn restore_cache(dir: &std::path::Path, model: &ModelFile) -> Result<DiskCache, String> {
+fn restore_cache(dir: &std::path::Path, routed_bits: u8) -> Result<DiskCache, String> {
     let cfg = KvCacheConfig {
         kv_disk_dir: Some(dir.to_path_buf()),
         kv_disk_space_mb: 1 << 30,
@@ -466,7 +483,7 @@ fn restore_cache(dir: &std::path::Path, model: &ModelFile) -> Result<DiskCache, 
         kv_cache_cold_max_tokens: 0,
         ..KvCacheConfig::default()
     };
-    DiskCache::open(&cfg, routed_quant_bits(model))
+    DiskCache::open(&cfg, routed_bits)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| "no cache folder".to_string())
 }
@@ -499,8 +516,79 @@ fn store_and_restore(
     Ok((store_s, restore_s, bytes))
 }
 
+/// The family of `path` from its header, `None` when it cannot be read
+/// (the open that follows reports why).
+fn peek_arch(path: &std::path::Path) -> Option<Arch> {
+    let f = ds4::gguf::GgufFile::open(path).ok()?;
+    Arch::of(&f).ok()
+}
+
+/// Options that do not apply to the file's family, refused before any work.
+fn check_family(a: &Args, arch: Option<Arch>) -> Result<(), String> {
+    let v41 = arch == Some(Arch::V41);
+    if !v41 && (a.engram_cache_rows.is_some() || a.engram_cold) {
+        return Err(
+            "--engram-cache-rows and --engram-cold apply to DeepSeek V4.1 files only".into(),
+        );
+    }
+    if !v41 {
+        return Ok(());
+    }
+    let what = if a.sessions.is_some() {
+        Some("--sessions (batched sessions run DeepSeek V4 only)")
+    } else if a.ssd_streaming
+        || a.ssd_streaming_cache_experts.is_some()
+        || a.ssd_streaming_full_layers.is_some()
+        || a.ssd_streaming_cold
+        || a.ssd_streaming_preload_experts.is_some()
+        || a.ssd_profile_check.is_some()
+    {
+        Some("--ssd-streaming (routed-expert streaming is wired for DeepSeek V4 only)")
+    } else if a.bandwidth && a.bw_decode {
+        Some("--bw-decode (whole decode steps are timed for DeepSeek V4 only)")
+    } else {
+        None
+    };
+    match what {
+        Some(w) => Err(format!(
+            "{w}: {} is a DeepSeek V4.1 file (general.architecture deepseek41); V4.1 runs the frontier benchmark (--prompt-file/--chat-prompt-file, --ctx-*, -n, --backend, --kv-restore-dir, --engram-cache-rows, --engram-cold)",
+            a.model.display()
+        )),
+        None if a.engram_cache_rows == Some(0) => {
+            Err("--engram-cache-rows must be positive".into())
+        }
+        None => Ok(()),
+    }
+}
+
+/// Weight bytes one decoded token reads, from the model's own accounting
+/// (routed experts at top-k of n; never V4.1's Engram tables).
+fn weight_bytes_per_token(m: &AnyModel) -> u64 {
+    match m {
+        AnyModel::V4(m) => m.weights.active_bytes_per_token(&m.config),
+        AnyModel::V41(m) => m.weights.active_bytes_per_token(&m.config),
+    }
+}
+
+/// What the Engram reader did between two readings: (bytes read per
+/// token, hot-row hit rate in %).
+fn engram_delta(before: Option<EngramStats>, after: Option<EngramStats>) -> (f64, f64) {
+    match (before, after) {
+        (Some(b), Some(a)) => {
+            let tokens = a.tokens - b.tokens;
+            let asked = a.rows_requested - b.rows_requested;
+            (
+                (a.bytes_read - b.bytes_read) as f64 / tokens.max(1) as f64,
+                100.0 * (a.cache_hits - b.cache_hits) as f64 / asked.max(1) as f64,
+            )
+        }
+        _ => (0.0, 0.0),
+    }
+}
+
 fn run(a: Args) -> Result<(), String> {
     let mut bo = BackendOptions::from_env();
+    check_family(&a, peek_arch(&a.model))?;
     if a.bandwidth {
         return run_bandwidth(&a, &bo);
     }
@@ -526,16 +614,29 @@ fn run(a: Args) -> Result<(), String> {
         ));
     }
     let threads = ds4::app::threads::init_global_pool(a.threads);
-    let model =
-        Arc::new(ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?);
+    let model = AnyModel::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
+    let v41 = model.arch() == Arch::V41;
+    if a.warm_weights {
+        let t = Instant::now();
+        match &model {
+            AnyModel::V4(m) => m.warm(&mut |_, _| {}),
+            AnyModel::V41(m) => m.warm(),
+        }
+        eprintln!(
+            "ds4-bench: weights warmed in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
     let tok =
-        Tokenizer::from_gguf(&model.file).map_err(|e| format!("{}: {e}", a.model.display()))?;
+        Tokenizer::from_gguf(model.file()).map_err(|e| format!("{}: {e}", a.model.display()))?;
     let read = |p: &PathBuf| -> Result<String, String> {
         String::from_utf8(std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?)
             .map_err(|_| format!("{}: not UTF-8", p.display()))
     };
     let tokens: Vec<u32> = match (&a.prompt_file, &a.chat_prompt_file) {
         (Some(p), None) => tok.encode_plain(&read(p)?),
+        // One non-thinking turn in the file's own template.
+        (None, Some(p)) if v41 => ds4::chat::v41::one_shot_prompt(&tok, &a.system, &read(p)?, 0),
         (None, Some(p)) => {
             let mut t = ds4::chat::transcript_start(&tok, &a.system, ds4::chat::ThinkMode::None);
             t.extend(ds4::chat::user_turn(
@@ -557,44 +658,105 @@ fn run(a: Args) -> Result<(), String> {
     let opts = SessionOptions {
         ctx,
         backend,
-        backend_options: bo,
+        backend_options: bo.clone(),
         ..Default::default()
     };
-    let mut sess = Session::new(model.clone(), opts).map_err(|e| e.to_string())?;
+    let mut sess = match &model {
+        AnyModel::V41(m) => Session::new_v41(
+            m.clone(),
+            opts,
+            a.engram_cache_rows
+                .unwrap_or(ds4::session::DEFAULT_ENGRAM_CACHE_ROWS),
+        ),
+        m => Session::open_any(m, opts),
+    }
+    .map_err(|e| e.to_string())?;
     let streaming = sess.expert_cache();
     if let Some(line) = streaming.as_ref().and_then(|c| c.startup_line()) {
         eprintln!("ds4-bench: {line}");
     }
     eprintln!(
-        "ds4-bench: context buffers {:.1} MiB for {ctx} tokens; {threads} CPU threads",
+        "ds4-bench: {}; context buffers {:.1} MiB for {ctx} tokens; {threads} CPU threads",
+        sess.backend_notice(),
         sess.state_bytes() as f64 / (1u64 << 20) as f64
     );
+    let weights = weight_bytes_per_token(&model);
+    // The roofline columns: on request for V4, always for V4.1 (whose
+    // per-token bytes are the point of running it).
+    let roofline = a.roofline || v41;
+    let bandwidth = if roofline {
+        let (device, bw) = ds4::app::report::read_bandwidth_for(sess_backend(&sess, backend), &bo)?;
+        eprintln!(
+            "ds4-bench: read bandwidth {:.2} GB/s ({device}); weights read per decoded token {} (the model's accounting: routed experts at {} of {})",
+            bw / 1e9,
+            ds4::app::report::human(weights),
+            experts_used(&model),
+            experts(&model),
+        );
+        bw
+    } else {
+        0.0
+    };
+    if let AnyModel::V41(m) = &model {
+        let eg = &m.config.engram;
+        eprintln!(
+            "ds4-bench: DeepSeek V4.1: Engram tables {} on disk at layers {:?} (never mapped), rows of {} bytes read per step, at most {} bytes per token; hot-row cache {} rows{}",
+            ds4::app::report::human(m.weights.engram_table_bytes()),
+            eg.layer_ids,
+            eg.row_bytes(),
+            ds4::app::report::v41_engram_cold_bytes(&m.config),
+            a.engram_cache_rows
+                .unwrap_or(ds4::session::DEFAULT_ENGRAM_CACHE_ROWS),
+            if a.engram_cold {
+                "; table pages dropped from the page cache before each timed phase"
+            } else {
+                ""
+            }
+        );
+    }
     let mut out: Box<dyn Write> = match &a.csv {
         Some(p) => Box::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
         None => Box::new(std::io::stdout()),
     };
     let cache = match &a.kv_restore_dir {
-        Some(d) => Some(restore_cache(d, &model)?),
+        Some(d) => Some(restore_cache(d, sess.routed_quant_bits())?),
         None => None,
     };
-    let extra = if cache.is_some() {
-        ",prefill_total_s,kv_store_s,kv_restore_s,kv_file_bytes"
-    } else {
-        ""
-    };
+    let mut extra = String::new();
+    if cache.is_some() {
+        extra += ",prefill_total_s,kv_store_s,kv_restore_s,kv_file_bytes";
+    }
+    if roofline {
+        extra += ",weight_bytes_per_token";
+        if v41 {
+            extra += ",prefill_engram_bytes_per_token,prefill_engram_hit_pct,gen_engram_bytes_per_token,gen_engram_hit_pct";
+        }
+        extra += ",read_gbps,gen_roofline_pct";
+    }
     writeln!(
         out,
         "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes{extra}"
     )
     .map_err(|e| e.to_string())?;
+    let cold = |m: &AnyModel| -> Result<(), String> {
+        match m {
+            AnyModel::V41(m) if a.engram_cold => {
+                drop_table_pages(m).map_err(|e| format!("{}: {e}", a.model.display()))
+            }
+            _ => Ok(()),
+        }
+    };
     let mut prefill_total_s = 0.0;
     let eos = tok.specials().eos as usize;
     let (mut f, mut prev) = (a.ctx_start, 0usize);
     loop {
+        cold(&model)?;
+        let e0 = sess.engram_stats();
         let t = Instant::now();
         sess.sync(&tokens[..f], &mut |_, _| {})
             .map_err(|e| e.to_string())?;
         let prefill_s = t.elapsed().as_secs_f64();
+        let e1 = sess.engram_stats();
         prefill_total_s += prefill_s;
         let restore = match &cache {
             Some(c) => {
@@ -604,6 +766,8 @@ fn run(a: Args) -> Result<(), String> {
             None => String::new(),
         };
         let snap = sess.save_snapshot().map_err(|e| e.to_string())?;
+        cold(&model)?;
+        let e2 = sess.engram_stats();
         let t = Instant::now();
         for _ in 0..a.gen_tokens {
             let logits = sess.logits();
@@ -617,18 +781,38 @@ fn run(a: Args) -> Result<(), String> {
             sess.eval(next as u32).map_err(|e| e.to_string())?;
         }
         let gen_s = t.elapsed().as_secs_f64();
+        let e3 = sess.engram_stats();
         sess.load_snapshot(&snap).map_err(|e| e.to_string())?;
         let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        let gen_tps = rate(a.gen_tokens, gen_s);
+        let mut bytes = String::new();
+        if roofline {
+            let (pb, ph) = engram_delta(e0, e1);
+            let (gb, gh) = engram_delta(e2, e3);
+            bytes += &format!(",{weights}");
+            if v41 {
+                bytes += &format!(",{pb:.0},{ph:.1},{gb:.0},{gh:.1}");
+            }
+            // Weights from memory plus the Engram rows read from the file,
+            // per decoded token, against the measured read bandwidth.
+            let per_token = weights as f64 + gb;
+            bytes += &format!(
+                ",{:.2},{:.1}",
+                bandwidth / 1e9,
+                100.0 * per_token * gen_tps / bandwidth.max(1.0)
+            );
+        }
         writeln!(
             out,
-            "{},{},{:.2},{},{:.2},{}{}",
+            "{},{},{:.2},{},{:.2},{}{}{}",
             f,
             f - prev,
             rate(f - prev, prefill_s),
             a.gen_tokens,
-            rate(a.gen_tokens, gen_s),
+            gen_tps,
             snap.len(),
-            restore
+            restore,
+            bytes
         )
         .and_then(|_| out.flush())
         .map_err(|e| e.to_string())?;
@@ -646,7 +830,35 @@ fn run(a: Args) -> Result<(), String> {
     if let Some(c) = streaming {
         eprintln!("ds4-bench: {}", c.stats().line());
     }
+    if let Some(st) = sess.engram_stats() {
+        eprintln!("ds4-bench: {}", ds4::app::report::engram_line(&st));
+    }
     Ok(())
+}
+
+/// The backend whose memory the roofline measures: `auto` as resolved.
+fn sess_backend(sess: &Session, asked: ds4::backend::BackendKind) -> ds4::backend::BackendKind {
+    use ds4::backend::BackendKind;
+    match (asked, sess.backend_name()) {
+        (BackendKind::Auto, "wgpu") => BackendKind::Wgpu,
+        (BackendKind::Auto, "cuda") => BackendKind::Cuda,
+        (BackendKind::Auto, _) => BackendKind::Cpu,
+        (k, _) => k,
+    }
+}
+
+fn experts(m: &AnyModel) -> usize {
+    match m {
+        AnyModel::V4(m) => m.config.n_expert,
+        AnyModel::V41(m) => m.config.n_expert,
+    }
+}
+
+fn experts_used(m: &AnyModel) -> usize {
+    match m {
+        AnyModel::V4(m) => m.config.n_expert_used,
+        AnyModel::V41(m) => m.config.n_expert_used,
+    }
 }
 
 /// Greedy decode of `n` tokens; seconds taken.

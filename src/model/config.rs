@@ -193,7 +193,7 @@ impl ModelConfig {
         if let Some(arch) = f.get_str("general.architecture") {
             if arch == "deepseek41" {
                 return Err(ModelError::WrongKind(
-                    "this is a DeepSeek V4.1 Flash file (general.architecture deepseek41); this tool opens V4 files only (ds4 and ds4-server run V4.1; docs/V41.md)".into(),
+                    "this is a DeepSeek V4.1 Flash file (general.architecture deepseek41); this path opens V4 files only (ds4, ds4-server, ds4-bench and --info run V4.1; docs/V41.md)".into(),
                 ));
             }
             if arch != ARCH {

@@ -20,6 +20,26 @@ pub struct TypeShare {
     pub bytes: u64,
 }
 
+/// Per type, how many of `tensors` and their bytes, largest share first.
+pub(crate) fn type_mix_of(tensors: &[&TensorRef]) -> Vec<TypeShare> {
+    let mut mix: Vec<TypeShare> = Vec::new();
+    for t in tensors {
+        match mix.iter_mut().find(|s| s.ty == t.ty) {
+            Some(s) => {
+                s.tensors += 1;
+                s.bytes += t.n_bytes;
+            }
+            None => mix.push(TypeShare {
+                ty: t.ty,
+                tensors: 1,
+                bytes: t.n_bytes,
+            }),
+        }
+    }
+    mix.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.ty.id().cmp(&b.ty.id())));
+    mix
+}
+
 /// Which element types a tensor may have.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Class {
@@ -273,22 +293,7 @@ impl Weights {
     /// The file's type mix over the bound tensors: per type, how many tensors
     /// and bytes, largest share first (what `ds4 --info` prints).
     pub fn type_mix(&self) -> Vec<TypeShare> {
-        let mut mix: Vec<TypeShare> = Vec::new();
-        for t in self.all() {
-            match mix.iter_mut().find(|s| s.ty == t.ty) {
-                Some(s) => {
-                    s.tensors += 1;
-                    s.bytes += t.n_bytes;
-                }
-                None => mix.push(TypeShare {
-                    ty: t.ty,
-                    tensors: 1,
-                    bytes: t.n_bytes,
-                }),
-            }
-        }
-        mix.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.ty.id().cmp(&b.ty.id())));
-        mix
+        type_mix_of(&self.all())
     }
 
     /// The distinct (gate, up, down) type triples of the routed experts, with

@@ -13,10 +13,13 @@
 //! forced call the grammar waits for the model's first
 //! `｜DSML｜` token (the model may answer in text); `tool_choice`
 //! `"required"` or a named function makes the block the whole answer.
+//! The tags are spelled as the loaded model writes them: V4's
+//! `<｜DSML｜tool_calls>`, or V4.1's `<｜DSML｜ calls>` (docs/V41.md).
 
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use crate::chat::Dialect;
 use crate::constrain::{self, OutputGrammar};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -237,10 +240,38 @@ fn lit(s: &str) -> String {
     Value::String(s.into()).to_string()
 }
 
+/// The words after `｜DSML｜` in a dialect's tags: V4 writes
+/// `<｜DSML｜tool_calls>`, V4.1 `<｜DSML｜ calls>` (a space, another word;
+/// `chat::v41`), and likewise for `invoke` and `parameter`, so a forced or
+/// strict call comes out in the spelling the model was trained on and its
+/// parser reads back (`server::dsml`).
+struct Words {
+    calls: &'static str,
+    invoke: &'static str,
+    param: &'static str,
+}
+
+fn words(dialect: Dialect) -> Words {
+    match dialect {
+        Dialect::V4 => Words {
+            calls: "tool_calls",
+            invoke: "invoke",
+            param: "parameter",
+        },
+        Dialect::V41 { .. } => Words {
+            calls: " calls",
+            invoke: " invoke",
+            param: " parameter",
+        },
+    }
+}
+
 impl ToolGrammar {
-    /// The grammar, `dsml` being the `｜DSML｜` token id. Forced: the whole
-    /// block from its `<`; otherwise what follows the first `｜DSML｜`.
-    pub fn lark(&self, dsml: u32) -> String {
+    /// The grammar, `dsml` being the `｜DSML｜` token id, in the tag
+    /// spelling of `dialect`. Forced: the whole block from its `<`;
+    /// otherwise what follows the first `｜DSML｜`.
+    pub fn lark(&self, dsml: u32, dialect: Dialect) -> String {
+        let w = words(dialect);
         let d = format!("<[{dsml}]>");
         let mut g = String::new();
         let head = if self.forced {
@@ -251,13 +282,13 @@ impl ToolGrammar {
         let invokes = if self.single { "invoke" } else { "invoke+" };
         g += &format!(
             "start: {head}{} {invokes} \"</\" {d} {}\n",
-            lit("tool_calls>\n"),
-            lit("tool_calls>")
+            lit(&format!("{}>\n", w.calls)),
+            lit(&format!("{}>", w.calls))
         );
         let alts: Vec<String> = (0..self.tools.len()).map(|i| format!("t{i}")).collect();
         g += &format!(
             "invoke: \"<\" {d} {} ({})\n",
-            lit("invoke name=\""),
+            lit(&format!("{} name=\"", w.invoke)),
             alts.join(" | ")
         );
         // Raw text ends at the `</` before the closing `｜DSML｜` token;
@@ -266,13 +297,13 @@ impl ToolGrammar {
         g += "NAME: /[^\"<>\\n]{1,64}/\n";
         g += &format!(
             "free: \"<\" {d} {} NAME {} (\"true\" | \"false\") {} RAW {d} {}\n",
-            lit("parameter name=\""),
+            lit(&format!("{} name=\"", w.param)),
             lit("\" string=\""),
             lit("\">"),
-            lit("parameter>\n")
+            lit(&format!("{}>\n", w.param))
         );
         for (i, t) in self.tools.iter().enumerate() {
-            let close = format!("\"</\" {d} {}", lit("invoke>\n"));
+            let close = format!("\"</\" {d} {}", lit(&format!("{}>\n", w.invoke)));
             let open = lit(&format!("{}\">\n", t.name));
             match &t.params {
                 None => g += &format!("t{i}: {open} free* {close}\n"),
@@ -283,15 +314,18 @@ impl ToolGrammar {
                         let value = if p.raw {
                             format!(
                                 "{} RAW {d} {}",
-                                lit(&format!("parameter name=\"{}\" string=\"true\">", p.name)),
-                                lit("parameter>\n")
+                                lit(&format!("{} name=\"{}\" string=\"true\">", w.param, p.name)),
+                                lit(&format!("{}>\n", w.param))
                             )
                         } else {
                             format!(
                                 "{} %json {} \"</\" {d} {}",
-                                lit(&format!("parameter name=\"{}\" string=\"false\">", p.name)),
+                                lit(&format!(
+                                    "{} name=\"{}\" string=\"false\">",
+                                    w.param, p.name
+                                )),
                                 constrain::with_layout(&p.schema),
-                                lit("parameter>\n")
+                                lit(&format!("{}>\n", w.param))
                             )
                         };
                         g += &format!("{rule}: \"<\" {d} {value}\n");

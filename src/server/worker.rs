@@ -631,7 +631,7 @@ impl Core {
                     gates.push(specials.dsml);
                 }
                 (
-                    crate::constrain::OutputGrammar::Lark(t.lark(specials.dsml)),
+                    crate::constrain::OutputGrammar::Lark(t.lark(specials.dsml, req.dialect)),
                     t.forced,
                 )
             }

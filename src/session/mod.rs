@@ -362,6 +362,12 @@ impl Session {
         }
     }
 
+    /// The name of the backend this session runs on (`cpu`, `wgpu`,
+    /// `cuda`; `auto` resolved).
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
     /// One line saying which backend and device run this session.
     pub fn backend_notice(&self) -> &str {
         &self.backend_notice

@@ -168,6 +168,29 @@ impl V41Spec {
         }
     }
 
+    /// The Flash-width bench model (`cargo bench --bench v41`, `ds4-bench`):
+    /// Flash's widths over `layers` layers (at least 2). Window layers first
+    /// (two from 3 layers on, one with 2; an Engram table on the last of
+    /// them, as the release's layer 1), then kv/index sources of ratio 2,
+    /// the first one the candidate source, the second Engram table on the
+    /// last layer. `engram_vocab` is where the prime search starts (the
+    /// release's 16,000,000 gives 384 M-row tables; 50,000 gives 1.2 M).
+    pub fn flash_bench(layers: usize, engram_vocab: u64) -> V41Spec {
+        let layers = layers.max(2);
+        let windows = if layers > 2 { 2 } else { 1 };
+        let mut spec = V41Spec::flash();
+        spec.compress_ratios = (0..layers)
+            .map(|l| if l < windows { 0 } else { 2 })
+            .collect();
+        spec.kv_source_layers = (windows..layers).collect();
+        spec.index_source_layers = (windows..layers).collect();
+        spec.candidate_source = windows;
+        spec.engram_layers = vec![windows - 1, layers - 1];
+        spec.engram_vocab_size = engram_vocab;
+        spec.name = format!("V4.1 bench model ({layers} Flash-width layers, random blocks)");
+        spec
+    }
+
     pub fn n_layer(&self) -> usize {
         self.compress_ratios.len()
     }

@@ -236,6 +236,32 @@ fn read_at(f: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
     f.read_exact(buf)
 }
 
+/// Drops the Engram tables' pages of `m`'s file from the OS page cache
+/// (`POSIX_FADV_DONTNEED` over each table; Linux, best effort, elsewhere
+/// nothing), so the next row reads come from the disk: what a real-size
+/// table, far larger than RAM, does for rows outside the hot set.
+pub fn drop_table_pages(m: &super::V41ModelFile) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::io::AsRawFd;
+        let f = File::open(m.file.path())?;
+        for e in m.weights.layers.iter().filter_map(|l| l.engram.as_ref()) {
+            // SAFETY: a valid open descriptor; the call only gives advice.
+            unsafe {
+                libc::posix_fadvise(
+                    f.as_raw_fd(),
+                    e.table.offset as libc::off_t,
+                    e.table.n_bytes as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = m;
+    Ok(())
+}
+
 /// Scattered row reads: tell Linux not to read ahead (best effort).
 fn advise_random(f: &File) {
     #[cfg(target_os = "linux")]

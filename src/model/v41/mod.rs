@@ -63,6 +63,30 @@ impl V41ModelFile {
     }
 }
 
+impl V41ModelFile {
+    /// Touches every page of the resident weights (as V4's
+    /// `ModelFile::warm`), so a timed run does not pay their page-in; the
+    /// Engram tables are skipped: they are read by row, never resident.
+    pub fn warm(&self) {
+        let tables: Vec<&crate::gguf::TensorRef> = self
+            .weights
+            .layers
+            .iter()
+            .filter_map(|l| l.engram.as_ref().map(|e| &e.table))
+            .collect();
+        let mut sink = 0u8;
+        for t in self.weights.all() {
+            if tables.iter().any(|x| std::ptr::eq(*x, t)) {
+                continue;
+            }
+            for chunk in t.bytes(&self.file).chunks(1 << 24) {
+                sink ^= chunk.iter().step_by(4096).fold(0u8, |a, &b| a ^ b);
+            }
+        }
+        std::hint::black_box(sink);
+    }
+}
+
 impl AsRef<GgufFile> for V41ModelFile {
     fn as_ref(&self) -> &GgufFile {
         &self.file

@@ -8,7 +8,7 @@
 //! of the real file stay on disk.
 
 use crate::gguf::{GgufFile, TensorRef};
-use crate::model::weights::{Binder, Class};
+use crate::model::weights::{type_mix_of, Binder, Class, TypeShare};
 use crate::model::ModelError;
 
 use super::config::{LayerRole, V41Config};
@@ -124,6 +124,34 @@ impl V41Weights {
     /// Bytes of everything else: what a backend may map or upload.
     pub fn resident_bytes(&self) -> u64 {
         self.all().iter().map(|t| t.n_bytes).sum::<u64>() - self.engram_table_bytes()
+    }
+
+    /// The type mix of the bound tensors, Engram tables included (as I8),
+    /// largest share first.
+    pub fn type_mix(&self) -> Vec<TypeShare> {
+        type_mix_of(&self.all())
+    }
+
+    /// Weight bytes read to produce one token at decode time: one embedding
+    /// row, every dense tensor, the chosen experts' slabs (top-k of n), the
+    /// head; never the Engram tables, whose rows are read from the file
+    /// (`EngramStats::bytes_read` counts those).
+    pub fn active_bytes_per_token(&self, cfg: &V41Config) -> u64 {
+        let mut total = self.token_embd.n_bytes / cfg.n_vocab.max(1) as u64
+            + self.output_norm.n_bytes
+            + self.output.n_bytes;
+        for l in &self.layers {
+            let routed = [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps];
+            let table = l.engram.as_ref().map(|e| &e.table);
+            for t in l.all() {
+                if routed.iter().any(|r| std::ptr::eq(*r, t)) {
+                    total += t.n_bytes / cfg.n_expert.max(1) as u64 * cfg.n_expert_used as u64;
+                } else if !table.is_some_and(|x| std::ptr::eq(x, t)) {
+                    total += t.n_bytes;
+                }
+            }
+        }
+        total
     }
 }
 
