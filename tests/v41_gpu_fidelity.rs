@@ -343,7 +343,9 @@ fn open_chunked(
     };
     let b = match WgpuBackend::open(&opts, true, m.clone(), kv.layout.clone()) {
         Ok(b) => b,
-        Err(e) if std::env::var_os("CI").is_some() => panic!("CI is set but wgpu did not open: {e}"),
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("CI is set but wgpu did not open: {e}")
+        }
         Err(e) => {
             eprintln!("skipping wgpu: {e}");
             return None;
@@ -353,13 +355,7 @@ fn open_chunked(
         .layers
         .iter()
         .enumerate()
-        .filter_map(|(l, st)| {
-            Some((
-                l,
-                b.state_chunks(st.rows?),
-                b.state_chunks(st.index_rows?),
-            ))
-        })
+        .filter_map(|(l, st)| Some((l, b.state_chunks(st.rows?), b.state_chunks(st.index_rows?))))
         .collect();
     Some((Box::new(b), chunks))
 }
@@ -408,9 +404,15 @@ fn v41_on_wgpu_with_chunked_state_matches_the_reference_and_the_whole_run() {
         check_choices(&m, p, &b, &what);
         assert_eq!(b.choices.len(), usize::from(step == ids.len()) * 4);
         for (t, (x, y)) in a.logits.iter().zip(&b.logits).enumerate() {
-            assert!(bits(x) == bits(y), "{what}: logits differ from the whole run at {t}");
+            assert!(
+                bits(x) == bits(y),
+                "{what}: logits differ from the whole run at {t}"
+            );
         }
-        assert_eq!(a.choices, b.choices, "{what}: choices differ from the whole run");
+        assert_eq!(
+            a.choices, b.choices,
+            "{what}: choices differ from the whole run"
+        );
         let w = worst(&diffs(p, &b.logits));
         eprintln!(
             "{what}: worst |Δ log-prob| over the top-20 at every position {w:.2e}, bit-identical to whole bindings (whole {ta:.1} s, chunked {:.1} s)",
@@ -418,7 +420,10 @@ fn v41_on_wgpu_with_chunked_state_matches_the_reference_and_the_whole_run() {
         );
         assert!(w < MAX_DLOGPROB, "{what}: {w:.3e}");
     }
-    eprintln!("chunked and whole runs: {:.1} s", t0.elapsed().as_secs_f64());
+    eprintln!(
+        "chunked and whole runs: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 /// The GPU backends have no kernel that reads an Engram table (by design):

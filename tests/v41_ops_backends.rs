@@ -243,7 +243,10 @@ fn v41_compressor_over_chunked_state_matches_the_cpu() {
         .unwrap();
         let err = run_case(&small, &mut b).unwrap_err().to_string();
         eprintln!("frontier over two bindings: {err}");
-        assert!(err.contains("comp_state_kv") && err.contains("independent of the context"), "{err}");
+        assert!(
+            err.contains("comp_state_kv") && err.contains("independent of the context"),
+            "{err}"
+        );
     }
 }
 

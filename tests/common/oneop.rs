@@ -371,6 +371,8 @@ pub fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
 /// states: chunking moves rows, not arithmetic) and within the op's
 /// tolerance of the CPU twin. Returns each case's chunks per state, for the
 /// caller to check that its states really span several.
+// Not every binary including this file uses it (tests/ops_backends.rs).
+#[allow(dead_code)]
 pub fn check_chunked_on_gpu(gpu: &Arc<Gpu>, cases: &[(Case, u64)]) -> Vec<Vec<usize>> {
     let variant = gpu.shader_variant().name();
     let mut failures = Vec::new();
@@ -406,8 +408,16 @@ pub fn check_chunked_on_gpu(gpu: &Arc<Gpu>, cases: &[(Case, u64)]) -> Vec<Vec<us
             }
         };
         let (abs, rel) = tolerance(case.op_name);
-        let outs = b.0.iter().zip(&a.0).zip(&want.0).map(|(x, w)| ("output", x, w));
-        let states = b.1.iter().zip(&a.1).zip(&want.1).map(|(x, w)| ("state", x, w));
+        let outs =
+            b.0.iter()
+                .zip(&a.0)
+                .zip(&want.0)
+                .map(|(x, w)| ("output", x, w));
+        let states =
+            b.1.iter()
+                .zip(&a.1)
+                .zip(&want.1)
+                .map(|(x, w)| ("state", x, w));
         for (i, (what, (got, whole), want)) in outs.chain(states).enumerate() {
             let differ = got
                 .iter()
