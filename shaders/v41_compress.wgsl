@@ -8,6 +8,10 @@
 // the group's first position and stored at row position / r. One dispatch
 // takes the tokens t0..t1 (a block sized by the recorder so that no
 // invocation loops more than llvmpipe allows; see shaders/compress.wgsl).
+// Both row states grow with the context, so each is bound as up to eight
+// chunks of whole rows (docs/ARCHITECTURE.md, "Chunked state bindings"):
+// the row's chunk is picked once per row; the arithmetic is the same as
+// with one binding, so chunked and whole results are bit-identical.
 
 struct V41CompressParams {
     ratio: u32,
@@ -19,6 +23,12 @@ struct V41CompressParams {
     capacity: u32,
     t0: u32,
     t1: u32,
+    // Rows per chunk binding of `rows` (rows0..7) and `index_rows`
+    // (irows0..7).
+    chunk_rows: u32,
+    index_chunk_rows: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
@@ -30,9 +40,52 @@ struct V41CompressParams {
 @group(0) @binding(4) var<storage, read> consts: array<f32>;
 @group(0) @binding(5) var<storage, read_write> st_kv: array<f32>;
 @group(0) @binding(6) var<storage, read_write> st_score: array<f32>;
-@group(0) @binding(7) var<storage, read_write> rows: array<f32>;
-@group(0) @binding(8) var<storage, read_write> index_rows: array<f32>;
-@group(0) @binding(9) var<storage, read> row_table: array<RowRecord>;
+@group(0) @binding(7) var<storage, read_write> rows0: array<f32>;
+@group(0) @binding(8) var<storage, read_write> irows0: array<f32>;
+// Rows beyond one binding: chunks of chunk_rows (index_chunk_rows) rows.
+@group(0) @binding(9) var<storage, read_write> rows1: array<f32>;
+@group(0) @binding(10) var<storage, read_write> rows2: array<f32>;
+@group(0) @binding(11) var<storage, read_write> rows3: array<f32>;
+@group(0) @binding(12) var<storage, read_write> rows4: array<f32>;
+@group(0) @binding(13) var<storage, read_write> rows5: array<f32>;
+@group(0) @binding(14) var<storage, read_write> rows6: array<f32>;
+@group(0) @binding(15) var<storage, read_write> rows7: array<f32>;
+@group(0) @binding(16) var<storage, read_write> irows1: array<f32>;
+@group(0) @binding(17) var<storage, read_write> irows2: array<f32>;
+@group(0) @binding(18) var<storage, read_write> irows3: array<f32>;
+@group(0) @binding(19) var<storage, read_write> irows4: array<f32>;
+@group(0) @binding(20) var<storage, read_write> irows5: array<f32>;
+@group(0) @binding(21) var<storage, read_write> irows6: array<f32>;
+@group(0) @binding(22) var<storage, read_write> irows7: array<f32>;
+@group(0) @binding(23) var<storage, read> row_table: array<RowRecord>;
+
+// Stores `v` at value `o` of chunk `c` of the chunked compressed rows.
+fn rows_store(c: u32, o: u32, v: f32) {
+    switch c {
+        case 1u: { rows1[o] = v; }
+        case 2u: { rows2[o] = v; }
+        case 3u: { rows3[o] = v; }
+        case 4u: { rows4[o] = v; }
+        case 5u: { rows5[o] = v; }
+        case 6u: { rows6[o] = v; }
+        case 7u: { rows7[o] = v; }
+        default: { rows0[o] = v; }
+    }
+}
+
+// Stores `v` at value `o` of chunk `c` of the chunked index keys.
+fn irows_store(c: u32, o: u32, v: f32) {
+    switch c {
+        case 1u: { irows1[o] = v; }
+        case 2u: { irows2[o] = v; }
+        case 3u: { irows3[o] = v; }
+        case 4u: { irows4[o] = v; }
+        case 5u: { irows5[o] = v; }
+        case 6u: { irows6[o] = v; }
+        case 7u: { irows7[o] = v; }
+        default: { irows0[o] = v; }
+    }
+}
 
 var<workgroup> ikey: array<f32, MAXROW>;
 
@@ -124,8 +177,12 @@ fn v41_compress(@builtin(local_invocation_index) tid: u32) {
             row[tail + 2u * k + 1u] = x0 * cs.y + x1 * cs.x;
         }
         workgroupBarrier();
-        for (var i = tid; i < ihd; i += WG) { index_rows[w * ihd + i] = ikey[i]; }
-        for (var j = tid; j < hd; j += WG) { rows[w * hd + j] = row[j]; }
+        let ic = w / prm.index_chunk_rows;
+        let io = (w % prm.index_chunk_rows) * ihd;
+        for (var i = tid; i < ihd; i += WG) { irows_store(ic, io + i, ikey[i]); }
+        let wc = w / prm.chunk_rows;
+        let wo = (w % prm.chunk_rows) * hd;
+        for (var j = tid; j < hd; j += WG) { rows_store(wc, wo + j, row[j]); }
         storageBarrier();
         workgroupBarrier();
     }

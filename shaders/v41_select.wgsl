@@ -17,18 +17,46 @@ struct V41SelectParams {
     max_items: u32,
     // First token of this dispatch's block (scratch row 0 is this token's).
     t0: u32,
+    // Rows per chunk binding of the keys (keys0..7).
+    chunk_rows: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
 @group(0) @binding(1) var<uniform> prm: V41SelectParams;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> wts: array<f32>;
-@group(0) @binding(4) var<storage, read> keys: array<f32>;
+@group(0) @binding(4) var<storage, read> keys0: array<f32>;
 // CandidateBlocks' output (candidate_topk only), [T, topk_blocks].
 @group(0) @binding(5) var<storage, read> blocks: array<i32>;
 @group(0) @binding(6) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<i32>;
-@group(0) @binding(8) var<storage, read> row_table: array<RowRecord>;
+// Keys beyond one binding: chunks of chunk_rows whole rows (the index keys
+// grow with the context; docs/ARCHITECTURE.md, "Chunked state bindings").
+@group(0) @binding(8) var<storage, read> keys1: array<f32>;
+@group(0) @binding(9) var<storage, read> keys2: array<f32>;
+@group(0) @binding(10) var<storage, read> keys3: array<f32>;
+@group(0) @binding(11) var<storage, read> keys4: array<f32>;
+@group(0) @binding(12) var<storage, read> keys5: array<f32>;
+@group(0) @binding(13) var<storage, read> keys6: array<f32>;
+@group(0) @binding(14) var<storage, read> keys7: array<f32>;
+@group(0) @binding(15) var<storage, read> row_table: array<RowRecord>;
+
+// Value `o` of chunk `c` of the chunked keys.
+fn keys_load(c: u32, o: u32) -> f32 {
+    switch c {
+        case 1u: { return keys1[o]; }
+        case 2u: { return keys2[o]; }
+        case 3u: { return keys3[o]; }
+        case 4u: { return keys4[o]; }
+        case 5u: { return keys5[o]; }
+        case 6u: { return keys6[o]; }
+        case 7u: { return keys7[o]; }
+        default: { return keys0[o]; }
+    }
+}
 
 var<workgroup> cnt: array<u32, WG>;
 
@@ -69,11 +97,14 @@ fn order_key(f: f32) -> u32 {
 fn score(t: u32, r: u32) -> f32 {
     let nh = prm.n_head;
     let hd = prm.head_dim;
+    // The row's chunk once per row; the sums are as with one binding.
+    let kc = r / prm.chunk_rows;
+    let ko = (r % prm.chunk_rows) * hd;
     var s = 0.0;
     for (var h = 0u; h < nh; h++) {
         var d = 0.0;
         let qb = (t * nh + h) * hd;
-        for (var j = 0u; j < hd; j++) { d += q[qb + j] * keys[r * hd + j]; }
+        for (var j = 0u; j < hd; j++) { d += q[qb + j] * keys_load(kc, ko + j); }
         s += wts[t * nh + h] * max(d, 0.0);
     }
     return s;

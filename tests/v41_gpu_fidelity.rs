@@ -17,6 +17,7 @@ mod cuda_emu;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use ds4::backend::wgpu::WgpuBackend;
 use ds4::backend::{self, Backend, BackendKind, BackendOptions};
 use ds4::graph::{Graph, StepParams, ValueName};
 use ds4::model::forward::Logits;
@@ -318,6 +319,111 @@ fn v41_on_cuda_matches_the_reference_in_prefill() {
 fn v41_on_cuda_matches_the_reference_at_every_position() {
     install_cuda();
     fidelity(BackendKind::Cuda, "cuda", false);
+}
+
+/// Bytes per state chunk in the chunked run below (a context of 16: 18
+/// rows at ratio 1, 10 at ratio 2): 4 compressed rows of 32 f32 and 9
+/// index keys of 16 (odd, so candidate blocks of 2 straddle a chunk
+/// boundary); the ring (4 rows of 32, 512 bytes) and the compressor
+/// frontiers (2 rows) still fit one binding, as they must.
+const CHUNK_CAP: u64 = 9 * 16 * 4;
+
+/// A wgpu backend whose cached rows are split into chunks of at most
+/// `cap` bytes (`None`: the device's binding limit), with the number of
+/// chunks of each source layer's (compressed rows, index keys).
+#[allow(clippy::type_complexity)]
+fn open_chunked(
+    m: &Arc<V41ModelFile>,
+    kv: &V41KvLayout,
+    cap: Option<u64>,
+) -> Option<(Box<dyn Backend>, Vec<(usize, usize, usize)>)> {
+    let opts = BackendOptions {
+        state_chunk_cap: cap,
+        ..BackendOptions::default()
+    };
+    let b = match WgpuBackend::open(&opts, true, m.clone(), kv.layout.clone()) {
+        Ok(b) => b,
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("CI is set but wgpu did not open: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping wgpu: {e}");
+            return None;
+        }
+    };
+    let chunks = kv
+        .layers
+        .iter()
+        .enumerate()
+        .filter_map(|(l, st)| Some((l, b.state_chunks(st.rows?), b.state_chunks(st.index_rows?))))
+        .collect();
+    Some((Box::new(b), chunks))
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The compressed rows and index keys split over several bindings
+/// (`BackendOptions::state_chunk_cap`, as tests/wgpu_chunked.rs does for
+/// V4): V41Compress writes across chunk boundaries, CandidateBlocks,
+/// CandidateTopK, the indexer and attention read them, also in the layers
+/// that reuse or reindex a source's rows (3 and 5..7). The short prompt
+/// (16 tokens, past the window of 4) in one prefill and in steps of 5 (the
+/// last a single token; lavapipe spends seconds per step on a loaded
+/// machine, so not token by token):
+/// every position matches the golden within the wgpu bound, the prefill's
+/// choices equal the golden's, and logits and choices are bit-identical to
+/// the run with whole bindings (chunking changes where a row is, not the
+/// arithmetic). The context is the prompt's, so that a few rows make
+/// several chunks and the test stays short on lavapipe.
+#[test]
+fn v41_on_wgpu_with_chunked_state_matches_the_reference_and_the_whole_run() {
+    let g = golden("v41-tiny.json");
+    let p = &g["prompts"][0];
+    assert_eq!(p["name"], "short");
+    let ids = ids_of(p);
+    let m = model();
+    let kv = V41KvLayout::new(&m.config, ids.len());
+    let t0 = std::time::Instant::now();
+    for step in [ids.len(), 5] {
+        let Some((mut whole, wc)) = open_chunked(&m, &kv, None) else {
+            return;
+        };
+        assert!(wc.iter().all(|&(_, r, i)| r == 1 && i == 1), "{wc:?}");
+        let (mut chunked, cc) = open_chunked(&m, &kv, Some(CHUNK_CAP)).unwrap();
+        // (layer, compressed-row chunks, index-key chunks): 18 rows in
+        // chunks of 4 and 9 at layer 4, 10 rows at layer 2.
+        assert_eq!(cc, vec![(2, 3, 2), (4, 5, 2)]);
+        let graph = graph(&m, &kv, step, step == ids.len());
+        let t = std::time::Instant::now();
+        let a = run_host_fed(&mut *whole, &m, &graph, &ids, step);
+        let ta = t.elapsed().as_secs_f64();
+        let b = run_host_fed(&mut *chunked, &m, &graph, &ids, step);
+        let what = format!("wgpu chunked short in steps of {step}");
+        check_choices(&m, p, &b, &what);
+        assert_eq!(b.choices.len(), usize::from(step == ids.len()) * 4);
+        for (t, (x, y)) in a.logits.iter().zip(&b.logits).enumerate() {
+            assert!(
+                bits(x) == bits(y),
+                "{what}: logits differ from the whole run at {t}"
+            );
+        }
+        assert_eq!(
+            a.choices, b.choices,
+            "{what}: choices differ from the whole run"
+        );
+        let w = worst(&diffs(p, &b.logits));
+        eprintln!(
+            "{what}: worst |Δ log-prob| over the top-20 at every position {w:.2e}, bit-identical to whole bindings (whole {ta:.1} s, chunked {:.1} s)",
+            t.elapsed().as_secs_f64() - ta
+        );
+        assert!(w < MAX_DLOGPROB, "{what}: {w:.3e}");
+    }
+    eprintln!(
+        "chunked and whole runs: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 /// The GPU backends have no kernel that reads an Engram table (by design):

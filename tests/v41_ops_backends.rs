@@ -117,75 +117,137 @@ fn engram_gate_matches_the_cpu() {
     check(cases);
 }
 
+/// A V41Compress case: (ratio, head_dim, index_head_dim, n_rot, tokens,
+/// pos0, capacity or 0 for enough).
+type CompressShape = (usize, usize, usize, usize, usize, usize, usize);
+
+fn compressor_case(rng: &mut Rng, shape: CompressShape) -> Case {
+    let (ratio, hd, ihd, n_rot, n, pos0, cap) = shape;
+    let mut w = Weights::default();
+    w.add("norm", &[hd as u64], GgmlType::F32, &rng.scaled(hd, 1.5));
+    w.add(
+        "index_wk",
+        &[hd as u64, ihd as u64],
+        GgmlType::F16,
+        &rng.scaled(hd * ihd, 0.3),
+    );
+    w.add(
+        "index_norm",
+        &[ihd as u64],
+        GgmlType::F32,
+        &rng.scaled(ihd, 1.5),
+    );
+    let (f, refs) = w.build();
+    let mut b = Builder::new(16, n);
+    let cap = if cap > 0 { cap } else { (pos0 + n) / ratio + 2 };
+    let rows = b.state("comp_rows", cap, hd, rng.vec(cap * hd));
+    let index_rows = b.state("index_rows", cap, ihd, rng.vec(cap * ihd));
+    let frontier = (ratio > 1).then(|| Frontier {
+        kv: b.state("comp_state_kv", ratio, hd, rng.vec(ratio * hd)),
+        score: b.state("comp_state_score", ratio, hd, rng.scaled(ratio * hd, 2.0)),
+    });
+    let kv = b.rec.tokens_f32("kv", hd);
+    let gate = (ratio > 1).then(|| b.rec.tokens_f32("gate", hd));
+    let mut inputs = vec![(kv, rng.scaled(n * hd, 2.0))];
+    if let Some(g) = gate {
+        inputs.push((g, rng.scaled(n * hd, 2.0)));
+    }
+    let op = Op::V41(V41Op::Compress(V41Compress {
+        kv,
+        gate,
+        norm: refs[0].clone(),
+        index_wk: refs[1].clone(),
+        index_norm: refs[2].clone(),
+        frontier,
+        rows,
+        index_rows,
+        ratio,
+        head_dim: hd,
+        index_head_dim: ihd,
+        rope: rope(n_rot, ratio > 1),
+        eps: 1e-6,
+    }));
+    b.finish(
+        format!("v41_compress r{ratio} {hd}/{ihd} rot {n_rot} n {n} pos {pos0} cap {cap}"),
+        f,
+        op,
+        inputs,
+        vec![],
+        pos0,
+    )
+}
+
 #[test]
 fn v41_compressor_matches_the_cpu() {
     let mut rng = Rng(0xC0317);
-    let mut cases = Vec::new();
-    // (ratio, head_dim, index_head_dim, n_rot, tokens, pos0, capacity or 0
-    // for enough): groups completed and left partial, decode, rows past
-    // 256 threads, and a capacity the step overruns (rows dropped).
-    for &(ratio, hd, ihd, n_rot, n, pos0, cap) in &[
+    // Groups completed and left partial, decode, rows past 256 threads,
+    // and a capacity the step overruns (rows dropped).
+    let cases = [
         (1usize, 32usize, 16usize, 8usize, 5usize, 0usize, 0usize),
         (2, 32, 16, 8, 7, 3, 0),
         (4, 40, 24, 8, 9, 6, 0),
         (1, 300, 130, 64, 3, 17, 0),
         (2, 64, 32, 16, 1, 9, 0),
         (1, 16, 8, 4, 6, 0, 3),
-    ] {
-        let mut w = Weights::default();
-        w.add("norm", &[hd as u64], GgmlType::F32, &rng.scaled(hd, 1.5));
-        w.add(
-            "index_wk",
-            &[hd as u64, ihd as u64],
-            GgmlType::F16,
-            &rng.scaled(hd * ihd, 0.3),
-        );
-        w.add(
-            "index_norm",
-            &[ihd as u64],
-            GgmlType::F32,
-            &rng.scaled(ihd, 1.5),
-        );
-        let (f, refs) = w.build();
-        let mut b = Builder::new(16, n);
-        let cap = if cap > 0 { cap } else { (pos0 + n) / ratio + 2 };
-        let rows = b.state("comp_rows", cap, hd, rng.vec(cap * hd));
-        let index_rows = b.state("index_rows", cap, ihd, rng.vec(cap * ihd));
-        let frontier = (ratio > 1).then(|| Frontier {
-            kv: b.state("comp_state_kv", ratio, hd, rng.vec(ratio * hd)),
-            score: b.state("comp_state_score", ratio, hd, rng.scaled(ratio * hd, 2.0)),
-        });
-        let kv = b.rec.tokens_f32("kv", hd);
-        let gate = (ratio > 1).then(|| b.rec.tokens_f32("gate", hd));
-        let mut inputs = vec![(kv, rng.scaled(n * hd, 2.0))];
-        if let Some(g) = gate {
-            inputs.push((g, rng.scaled(n * hd, 2.0)));
+    ]
+    .map(|shape| compressor_case(&mut rng, shape));
+    check(cases.into_iter().collect());
+}
+
+/// The compressor with its rows and index keys split over several
+/// bindings (chunks of `cap` bytes): the step writes rows on both sides of
+/// chunk boundaries, odd widths, decode, a capacity the step overruns; the
+/// frontier (`ratio` rows) still fits one chunk. Bit-identical to whole
+/// bindings and within tolerance of the CPU.
+#[test]
+fn v41_compressor_over_chunked_state_matches_the_cpu() {
+    let mut rng = Rng(0xC0C4);
+    // (shape, bytes per chunk, (row chunks, key chunks)).
+    let shapes: [(CompressShape, u64, (usize, usize)); 6] = [
+        // Rows 35..43 of 46: chunks of 7 rows of 33 and 13 keys of 17.
+        ((1, 33, 17, 8, 9, 35, 0), 7 * 33 * 4, (7, 4)),
+        // Rows 10..13 of 16 (groups of 2 across the step): 3 rows, 6 keys.
+        ((2, 32, 16, 8, 9, 20, 0), 3 * 32 * 4, (6, 3)),
+        // Rows past 256 threads: 3 rows of 300 (8 chunks), 6 keys of 130.
+        ((1, 300, 130, 64, 3, 17, 0), 3 * 300 * 4, (8, 4)),
+        // Ratio 4: rows in 2 chunks of 4, keys whole; frontier one chunk.
+        ((4, 40, 24, 8, 13, 6, 0), 4 * 40 * 4, (2, 1)),
+        // Decode, ratio 2, the frontier exactly one chunk.
+        ((2, 64, 32, 16, 1, 9, 0), 2 * 64 * 4, (4, 2)),
+        // Capacity 3 overrun by a 6-token step.
+        ((1, 16, 8, 4, 6, 0, 3), 16 * 4, (3, 2)),
+    ];
+    let cases: Vec<(Case, u64)> = shapes
+        .iter()
+        .map(|&(shape, cap, _)| (compressor_case(&mut rng, shape), cap))
+        .collect();
+    // A cap below the frontier (4 rows of 40: 640 bytes): refused with the
+    // reason, not run wrong.
+    let small = compressor_case(&mut rng, (4, 40, 24, 8, 13, 6, 0));
+    for g in gpus() {
+        let chunks = check_chunked_on_gpu(&g, &cases);
+        for ((_, _, want), got) in shapes.iter().zip(&chunks) {
+            assert_eq!((got[0], got[1]), *want, "rows and keys chunks");
+            assert!(got[2..].iter().all(|&c| c == 1), "frontier in one chunk");
         }
-        let op = Op::V41(V41Op::Compress(V41Compress {
-            kv,
-            gate,
-            norm: refs[0].clone(),
-            index_wk: refs[1].clone(),
-            index_norm: refs[2].clone(),
-            frontier,
-            rows,
-            index_rows,
-            ratio,
-            head_dim: hd,
-            index_head_dim: ihd,
-            rope: rope(n_rot, ratio > 1),
-            eps: 1e-6,
-        }));
-        cases.push(b.finish(
-            format!("v41_compress r{ratio} {hd}/{ihd} rot {n_rot} n {n} pos {pos0} cap {cap}"),
-            f,
-            op,
-            inputs,
-            vec![],
-            pos0,
-        ));
+        let opts = ds4::backend::BackendOptions {
+            state_chunk_cap: Some(320),
+            ..Default::default()
+        };
+        let mut b = ds4::backend::wgpu::WgpuBackend::with_options(
+            g.clone(),
+            small.file.clone(),
+            small.layout.clone(),
+            &opts,
+        )
+        .unwrap();
+        let err = run_case(&small, &mut b).unwrap_err().to_string();
+        eprintln!("frontier over two bindings: {err}");
+        assert!(
+            err.contains("comp_state_kv") && err.contains("independent of the context"),
+            "{err}"
+        );
     }
-    check(cases);
 }
 
 /// Grid values: q and keys in {-1, 0, 1}, weights ±{1/4, 1/2, 1}; every
@@ -349,8 +411,9 @@ const SELECT_CASES: &[SelectCase] = &[
     },
 ];
 
-#[test]
-fn candidate_blocks_match_the_cpu() {
+/// CandidateBlocks over SELECT_CASES, and how many grid tokens tie at the
+/// cut.
+fn candidate_blocks_cases() -> (Vec<Case>, usize) {
     let mut rng = Rng(0xB10C5);
     let mut cases = Vec::new();
     let mut ties_at_cut = 0;
@@ -401,12 +464,19 @@ fn candidate_blocks_match_the_cpu() {
             c.pos0,
         ));
     }
+    (cases, ties_at_cut)
+}
+
+#[test]
+fn candidate_blocks_match_the_cpu() {
+    let (cases, ties_at_cut) = candidate_blocks_cases();
     assert!(ties_at_cut > 0, "no grid case ties at the cut");
     check(cases);
 }
 
-#[test]
-fn candidate_topk_matches_the_cpu() {
+/// CandidateTopK over SELECT_CASES, kept blocks drawn as CandidateBlocks
+/// writes them.
+fn candidate_topk_cases() -> Vec<Case> {
     let mut rng = Rng(0x70B4);
     let mut cases = Vec::new();
     for (i, c) in SELECT_CASES.iter().enumerate() {
@@ -463,5 +533,35 @@ fn candidate_topk_matches_the_cpu() {
             c.pos0,
         ));
     }
-    check(cases);
+    cases
+}
+
+#[test]
+fn candidate_topk_matches_the_cpu() {
+    check(candidate_topk_cases());
+}
+
+/// Both selections with the index keys split over several bindings: chunks
+/// of an odd number of rows (so candidate blocks straddle boundaries), at
+/// most 7 per state; every case of SELECT_CASES (ties included) must be
+/// bit-identical to whole bindings and equal to the CPU's.
+#[test]
+fn candidate_selections_over_chunked_keys_match_the_cpu() {
+    let cases: Vec<(Case, u64)> = candidate_blocks_cases()
+        .0
+        .into_iter()
+        .chain(candidate_topk_cases())
+        .map(|c| {
+            let keys = c.layout.get(ds4::graph::StateId(0));
+            let rows = keys.rows.div_ceil(7) | 1;
+            let cap = (rows * keys.cols * 4) as u64;
+            (c, cap)
+        })
+        .collect();
+    for g in gpus() {
+        let chunks = check_chunked_on_gpu(&g, &cases);
+        for ((c, _), n) in cases.iter().zip(&chunks) {
+            assert!(n[0] >= 2, "{}: keys in {} chunk(s)", c.label, n[0]);
+        }
+    }
 }

@@ -364,6 +364,96 @@ pub fn check_on_gpu(gpu: &Arc<Gpu>, cases: &[Case]) {
     );
 }
 
+/// Runs each case on `gpu` twice: with whole state bindings and with every
+/// state split into chunks of whole rows of at most `cap` bytes
+/// (`BackendOptions::state_chunk_cap`, as tests/wgpu_chunked.rs does). The
+/// chunked run must be bit-identical to the whole one (outputs and final
+/// states: chunking moves rows, not arithmetic) and within the op's
+/// tolerance of the CPU twin. Returns each case's chunks per state, for the
+/// caller to check that its states really span several.
+// Not every binary including this file uses it (tests/ops_backends.rs).
+#[allow(dead_code)]
+pub fn check_chunked_on_gpu(gpu: &Arc<Gpu>, cases: &[(Case, u64)]) -> Vec<Vec<usize>> {
+    let variant = gpu.shader_variant().name();
+    let mut failures = Vec::new();
+    let mut chunks = Vec::new();
+    for (case, cap) in cases {
+        let failed_before = failures.len();
+        let mut cpu = CpuBackend::new(case.file.clone(), case.layout.clone());
+        let want = run_case(case, &mut cpu).unwrap_or_else(|e| panic!("{}: cpu: {e}", case.label));
+        let mut whole = WgpuBackend::new(gpu.clone(), case.file.clone(), case.layout.clone())
+            .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        let opts = BackendOptions {
+            state_chunk_cap: Some(*cap),
+            ..BackendOptions::default()
+        };
+        let mut split =
+            WgpuBackend::with_options(gpu.clone(), case.file.clone(), case.layout.clone(), &opts)
+                .unwrap_or_else(|e| panic!("{} (chunks of {cap} B): {e}", case.label));
+        chunks.push(
+            (0..case.states.len())
+                .map(|i| split.state_chunks(StateId(i as u32)))
+                .collect::<Vec<_>>(),
+        );
+        let (a, b) = match (run_case(case, &mut whole), run_case(case, &mut split)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (a, b) => {
+                failures.push(format!(
+                    "{} [{variant}]: whole {:?} / chunked {:?}",
+                    case.label,
+                    a.err(),
+                    b.err()
+                ));
+                continue;
+            }
+        };
+        let (abs, rel) = tolerance(case.op_name);
+        let outs =
+            b.0.iter()
+                .zip(&a.0)
+                .zip(&want.0)
+                .map(|(x, w)| ("output", x, w));
+        let states =
+            b.1.iter()
+                .zip(&a.1)
+                .zip(&want.1)
+                .map(|(x, w)| ("state", x, w));
+        for (i, (what, (got, whole), want)) in outs.chain(states).enumerate() {
+            let differ = got
+                .iter()
+                .zip(whole.iter())
+                .position(|(x, y)| x.to_bits() != y.to_bits());
+            if let Some(at) = differ {
+                failures.push(format!(
+                    "{} [{variant}]: {what} #{i} element {at}: chunked {} vs whole {}",
+                    case.label, got[at], whole[at]
+                ));
+            }
+            let (r, at, gv, wv) = worst(got, want, abs, rel);
+            if r > 1.0 {
+                failures.push(format!(
+                    "{} [{variant}]: {what} #{i} element {at}: chunked wgpu {gv} vs cpu {wv} ({r:.2}× the tolerance)",
+                    case.label
+                ));
+            }
+        }
+        if failures.len() == failed_before {
+            eprintln!(
+                "{:<60} [{variant}] chunks of {cap} B per state {:?}: bit-identical to whole bindings",
+                case.label,
+                chunks.last().unwrap()
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    chunks
+}
+
 /// Runs every case on the CPU twice (fresh backends): the harness itself
 /// must be deterministic and fill every output.
 pub fn check_cpu_self(cases: &[Case]) {

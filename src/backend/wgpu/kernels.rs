@@ -79,8 +79,12 @@ pub fn storage_layout(family: &str) -> Option<&'static [Access]> {
         "indexer" => &[R, R, R, W, W, R, R, R, R, R, R, R, R],
         "router" => &[R, R, R, R, W, W],
         "v41_gate" => &[R, R, R, R, W],
-        "v41_compress" => &[R, R, R, W, W, W, W, R],
-        "v41_select" => &[R, R, R, R, W, W, R],
+        // rows0, irows0 in place, then rows1..7 and irows1..7.
+        "v41_compress" => &[
+            R, R, R, W, W, W, W, W, W, W, W, W, W, W, W, W, W, W, W, W, W, R,
+        ],
+        // keys0 in place, keys1..7 appended.
+        "v41_select" => &[R, R, R, R, W, W, R, R, R, R, R, R, R, R],
         _ => return None,
     })
 }

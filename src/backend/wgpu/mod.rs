@@ -315,7 +315,11 @@ impl WgpuBackend {
             })
         };
         let dummy_read = small_buf("dummy read");
-        let dummy_write = (0..MAX_STATE_CHUNKS + 1)
+        // Two chunked writable states in one kernel (V4.1's compressor:
+        // rows and index keys) take dummies i and MAX_STATE_CHUNKS + i for
+        // an unused chunk i >= 1; indices 0 and MAX_STATE_CHUNKS stand for
+        // other absent outputs.
+        let dummy_write = (0..2 * MAX_STATE_CHUNKS)
             .map(|i| small_buf(&format!("dummy write {i}")))
             .collect();
         let mut b = WgpuBackend {

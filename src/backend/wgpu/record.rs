@@ -121,13 +121,24 @@ impl Rec<'_> {
     /// rows (unused ones repeat chunk 0, or get a dummy when writable), and
     /// the rows per chunk.
     fn state_chunks(&self, set: usize, s: StateId, writable: bool) -> (Vec<wgpu::Buffer>, u32) {
+        self.state_chunks_at(set, s, writable.then_some(0))
+    }
+
+    /// [`Self::state_chunks`] where a writable state's unused chunk `i`
+    /// gets `dummy_write[base + i]` (`Some(base)`; a second writable
+    /// chunked state in the same kernel uses `base = MAX_STATE_CHUNKS`).
+    fn state_chunks_at(
+        &self,
+        set: usize,
+        s: StateId,
+        write_base: Option<usize>,
+    ) -> (Vec<wgpu::Buffer>, u32) {
         let st = &self.b.sets[set][s.0 as usize];
         let mut out = st.chunks.clone();
         for i in out.len()..MAX_STATE_CHUNKS {
-            out.push(if writable {
-                self.b.dummy_write[i].clone()
-            } else {
-                st.chunks[0].clone()
+            out.push(match write_base {
+                Some(base) => self.b.dummy_write[base + i].clone(),
+                None => st.chunks[0].clone(),
             });
         }
         (out, st.chunk_rows as u32)

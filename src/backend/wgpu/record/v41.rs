@@ -17,16 +17,53 @@ const COMPRESS_ITERATION_BUDGET: usize = 40_000;
 const WG: usize = 256;
 
 impl Rec<'_> {
-    /// A state read or written whole by a V4.1 kernel: f32 storage only.
-    fn v41_state(&self, s: StateId, op: &str) -> Result<wgpu::Buffer, BackendError> {
+    /// Refuses a V4.1 kernel's state stored as f16 (the kernels are f32).
+    fn v41_f32(&self, s: StateId, op: &str) -> Result<(), BackendError> {
         if self.b.state_is_f16(s) {
             return Err(unsupported(format!(
                 "{op} over state {} stored as f16",
                 self.b.layout.get(s).name
             )));
         }
+        Ok(())
+    }
+
+    /// A state bound whole by a V4.1 kernel: the compressor frontier,
+    /// `ratio` rows that never grow with the context, so it spans several
+    /// bindings only under a binding limit below `ratio` rows (a few KiB at
+    /// Flash width), which no chunking of whole rows would help with.
+    fn v41_state(&self, s: StateId, op: &str) -> Result<wgpu::Buffer, BackendError> {
+        self.v41_f32(s, op)?;
         // V4.1 runs one session per backend (no batched V4.1 yet): set 0.
-        self.state(0, s)
+        let st = &self.b.sets[0][s.0 as usize];
+        if st.chunks.len() != 1 {
+            let d = self.b.layout.get(s);
+            return Err(BackendError::Device {
+                device: self.b.gpu.describe(),
+                msg: format!(
+                    "{op}: state {} ({} rows of {}, independent of the context) spans {} bindings of at most {} bytes; its kernel binds it whole",
+                    d.name,
+                    d.rows,
+                    d.cols,
+                    st.chunks.len(),
+                    self.b.chunk_bytes
+                ),
+            });
+        }
+        Ok(st.chunks[0].clone())
+    }
+
+    /// A state that grows with the context (compressed rows, index keys)
+    /// bound as `MAX_STATE_CHUNKS` chunks of whole rows, and the rows per
+    /// chunk; `write_base` as in `state_chunks_at` (None: read only).
+    fn v41_chunks(
+        &self,
+        s: StateId,
+        op: &str,
+        write_base: Option<usize>,
+    ) -> Result<(Vec<wgpu::Buffer>, u32), BackendError> {
+        self.v41_f32(s, op)?;
+        Ok(self.state_chunks_at(0, s, write_base))
     }
 
     /// The graph's score scratch, at least `need` bytes (shared with the
@@ -66,14 +103,17 @@ impl Rec<'_> {
         let max_tokens = self.g.graph.max_tokens.max(1);
         let block = ((self.b.chunk_bytes / row_bytes) as usize).clamp(1, max_tokens);
         let scratch = self.v41_scratch(block as u64 * row_bytes)?;
-        let s = [
+        let (kc, chunk_rows) = self.v41_chunks(keys, entry, None)?;
+        let p = V41SelectParams { chunk_rows, ..p };
+        let mut s = vec![
             self.val(q),
             self.val(weights),
-            self.v41_state(keys, entry)?,
+            kc[0].clone(),
             blocks.map_or_else(|| self.dummy(), |b| self.val(b)),
             scratch,
             self.val(out),
         ];
+        s.extend_from_slice(&kc[1..]);
         let mut works = Vec::new();
         for first in (0..max_tokens).step_by(block) {
             let p = V41SelectParams {
@@ -157,8 +197,7 @@ impl Rec<'_> {
                     n_rot: n_rot as u32,
                     eps: o.eps,
                     capacity: capacity.min(self.b.layout.get(o.index_rows).rows) as u32,
-                    t0: 0,
-                    t1: 0,
+                    ..Default::default()
                 };
                 let cb = self
                     .b
@@ -169,21 +208,33 @@ impl Rec<'_> {
                         self.v41_state(f.kv, "v41_compress")?,
                         self.v41_state(f.score, "v41_compress")?,
                     ),
+                    // Dummies 0 and MAX_STATE_CHUNKS: the chunked rows'
+                    // unused bindings take the others.
                     None => (
                         self.dummy(),
                         self.b.dummy_write[0].clone(),
-                        self.b.dummy_write[1].clone(),
+                        self.b.dummy_write[MAX_STATE_CHUNKS].clone(),
                     ),
                 };
-                let s = [
+                let (rows, chunk_rows) = self.v41_chunks(o.rows, "v41_compress", Some(0))?;
+                let (irows, index_chunk_rows) =
+                    self.v41_chunks(o.index_rows, "v41_compress", Some(MAX_STATE_CHUNKS))?;
+                let p = V41CompressParams {
+                    chunk_rows,
+                    index_chunk_rows,
+                    ..p
+                };
+                let mut s = vec![
                     self.val(o.kv),
                     gate,
                     cb,
                     st_kv,
                     st_score,
-                    self.v41_state(o.rows, "v41_compress")?,
-                    self.v41_state(o.index_rows, "v41_compress")?,
+                    rows[0].clone(),
+                    irows[0].clone(),
                 ];
+                s.extend_from_slice(&rows[1..]);
+                s.extend_from_slice(&irows[1..]);
                 // One workgroup walks the tokens in order, in blocks whose
                 // loops stay within llvmpipe's budget: per token a thread
                 // spends up to ceil(ihd/WG) dot products of hd, and a few
