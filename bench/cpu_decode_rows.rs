@@ -5,16 +5,26 @@
 //! matrices (IQ2_XXS gate [4096 → 2048], Q2_K down [2048 → 4096]) — for
 //! m = 1, 2, 4, 8, 16 rows, per kernel path.
 //!
-//! Figures are per second of *process CPU time* (not wall time), so that a
-//! machine shared with other jobs still gives usable ratios; run with
-//! RAYON_NUM_THREADS=1 for per-core figures. `GB/cpu-s` counts weight bytes
-//! (each read once per call); `ns/row·KiB` is CPU time per activation row per
-//! KiB of weights (what one more session costs). Environment:
+//! Three figures per case: `product` is the whole direct product
+//! (`matmul_segments` over m one-row pieces: activations quantised, rows
+//! split over the pool, [`Kernels::dot_many`] per weight row); `many` and
+//! `1-row` are the kernels alone on one thread, every weight row against
+//! the m activation rows through `dot_many` or through m calls of the
+//! 1-row `dot` (what a path without a multi-row kernel does; the two give
+//! the same bits); `product16` is `product` with all m rows in one
+//! multi-row call per weight row (`Kernels::many_rows` = 16). On x86-64 with AVX2 an extra line times the IQ2_XXS
+//! 1-row kernel against its table-lookup twin (`avx2::iq2xxs_lookup`).
+//!
+//! Figures are *process CPU time* (not wall time), so that a machine shared
+//! with other jobs still gives usable ratios; run with RAYON_NUM_THREADS=1
+//! for per-core figures. GB/s counts weight bytes per CPU-second (each
+//! weight row read once per call). Environment:
 //! DS4_BENCH_REPS (default 5; the best is reported), DS4_BENCH_ROWS (e.g.
 //! `1,8`).
 
+use ds4::backend::cpu::fast::act::Acts;
 use ds4::backend::cpu::fast::matmul::matmul_segments;
-use ds4::backend::cpu::fast::{Isa, Kernels};
+use ds4::backend::cpu::fast::{Isa, Kernels, MANY_MAX};
 use ds4::graph::Segment;
 use ds4::quant::GgmlType;
 use ds4::testmodel::{random_blocks, Rng};
@@ -58,8 +68,16 @@ fn main() {
             .trim()
     );
     println!(
-        "{:<28} {:>9} {:>4} {:>10} {:>10} {:>12}",
-        "shape", "path", "rows", "ms/cpu", "GB/cpu-s", "ns/row·KiB"
+        "{:<28} {:>9} {:>4} {:>11} {:>12} {:>11} {:>11} {:>9} {:>9}",
+        "shape",
+        "path",
+        "rows",
+        "product ms",
+        "product16 ms",
+        "many ms",
+        "1-row ms",
+        "many GB/s",
+        "1row GB/s"
     );
     let mut rng = Rng::new(0x6465_636f);
     let cases = [
@@ -69,10 +87,16 @@ fn main() {
     ];
     for (ty, n_in, n_out, what) in cases {
         let w = random_blocks(ty, n_in * n_out, &mut rng);
+        let rb = w.len() / n_out;
         let m_max = rows.iter().copied().max().unwrap_or(1);
         let x: Vec<f32> = (0..n_in * m_max)
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
             .collect();
+        let acts = Acts::quantize(
+            Kernels::act_kind(ty).expect("a fast format"),
+            n_in,
+            x.chunks_exact(n_in),
+        );
         let mut out = vec![0f32; n_out * m_max];
         for isa in Isa::available() {
             let k = Kernels::new(isa).expect("available");
@@ -85,19 +109,71 @@ fn main() {
                         state: t,
                     })
                     .collect();
-                let s = best(reps, || {
+                let product = best(reps, || {
                     matmul_segments(&k, ty, &w, n_in, n_out, 1, &x, &segs, &mut out);
                 });
+                // The same product with every row of the step in one
+                // multi-row call per weight row (the loop before
+                // `Kernels::many_rows`).
+                let mut k16 = k;
+                k16.many_rows = MANY_MAX;
+                let product16 = best(reps, || {
+                    matmul_segments(&k16, ty, &w, n_in, n_out, 1, &x, &segs, &mut out);
+                });
+                let idx: Vec<usize> = (0..m).collect();
+                let mut vals = vec![0f32; m];
+                let many = best(reps, || {
+                    for o in 0..n_out {
+                        k.dot_many(ty, &w[o * rb..(o + 1) * rb], &acts, &idx, &mut vals);
+                        std::hint::black_box(&vals);
+                    }
+                });
+                let one = best(reps, || {
+                    for o in 0..n_out {
+                        for (v, &r) in vals.iter_mut().zip(&idx) {
+                            *v = k.dot(ty, &w[o * rb..(o + 1) * rb], &acts, r);
+                        }
+                        std::hint::black_box(&vals);
+                    }
+                });
                 println!(
-                    "{:<28} {:>9} {:>4} {:>10.3} {:>10.2} {:>12.2}",
+                    "{:<28} {:>9} {:>4} {:>11.3} {:>12.3} {:>11.3} {:>11.3} {:>9.2} {:>9.2}",
                     format!("{what} {n_in}->{n_out}"),
                     isa.name(),
                     m,
-                    s * 1e3,
-                    w.len() as f64 / s / 1e9,
-                    s * 1e9 / m as f64 / (w.len() as f64 / 1024.0)
+                    product * 1e3,
+                    product16 * 1e3,
+                    many * 1e3,
+                    one * 1e3,
+                    w.len() as f64 / many / 1e9,
+                    w.len() as f64 / one / 1e9,
                 );
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if ty == GgmlType::Iq2Xxs && Isa::Avx2.supported() {
+            use ds4::backend::cpu::fast::avx2;
+            let Acts::Q8K { blocks, per_row } = &acts else {
+                unreachable!("IQ2_XXS reads Q8_K")
+            };
+            let y = &blocks[..*per_row];
+            let time = |f: unsafe fn(&[u8], &[ds4::quant::q8_k::BlockQ8K]) -> f32| {
+                best(reps, || {
+                    for o in 0..n_out {
+                        // SAFETY: AVX2/FMA/F16C checked above.
+                        std::hint::black_box(unsafe { f(&w[o * rb..(o + 1) * rb], y) });
+                    }
+                })
+            };
+            let (computed, table) = (time(avx2::iq2xxs), time(avx2::iq2xxs_lookup));
+            println!(
+                "{:<28} avx2 1-row: computed signs {:.3} ms ({:.2} GB/s), table route {:.3} ms ({:.2} GB/s)",
+                format!("{what} {n_in}->{n_out}"),
+                computed * 1e3,
+                w.len() as f64 / computed / 1e9,
+                table * 1e3,
+                w.len() as f64 / table / 1e9,
+            );
         }
     }
 }

@@ -160,21 +160,22 @@ const SPREAD_SIGN_BYTES: [u8; 32] = {
     t
 };
 
-/// One IQ2_XXS super-block at `b` (an f16 scale, then 8 groups of 32
-/// weights: 4 grid indices and a u32 of four 7-bit sign indices and a 4-bit
-/// scale) decoded for the integer products: per group the grid magnitudes,
-/// the signs as ±1 bytes (`SIGNS_PM1`'s bytes exactly) and the scale
-/// `2·s + 1` in every i16 lane.
+/// The words of one IQ2_XXS super-block at `b` (an f16 scale, then 8 groups
+/// of 32 weights: 4 grid indices and a u32 of four 7-bit sign indices and a
+/// 4-bit scale), for [`iq2xxs_group`]: dword g of the first vector holds
+/// group g's four sign bytes (`KSIGNS_IQ2XS` values), of the second its
+/// scale `2·s + 1` in both i16 halves.
 ///
 /// The signs are computed rather than looked up: `KSIGNS_IQ2XS[f]` is the
 /// 7-bit index `f` with its parity as bit 7, so all 32 sign bytes of the
 /// block come out of the eight u32 words in a few vector operations, then
 /// each group's 4 bytes are spread over its 32 lanes. The grid rows stay
-/// table lookups (256 entries of 8 bytes). Same bytes as the table route
-/// ([`iq2xxs_lookup`]), so the products are the same integers.
+/// table lookups (256 entries of 8 bytes). [`iq2xxs_group`] gives the
+/// signs as ±1 bytes, `SIGNS_PM1`'s bytes exactly: the same bytes as the
+/// table route ([`iq2xxs_lookup`]), so the products are the same integers.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq2xxs_decode(b: *const u8) -> ([__m256i; 8], [__m256i; 8], [__m256i; 8]) {
+unsafe fn iq2xxs_words(b: *const u8) -> (__m256i, __m256i) {
     // Groups 0..3 and 4..7: each 64-bit lane holds one group, the grid
     // indices in its low u32 and the sign/scale word in its high u32.
     let q0 = _mm256_loadu_si256(b.add(2) as *const __m256i);
@@ -208,28 +209,34 @@ unsafe fn iq2xxs_decode(b: *const u8) -> ([__m256i; 8], [__m256i; 8], [__m256i; 
     );
     // Scales 2·s + 1 in both i16 halves of dword g.
     let ls = _mm256_or_si256(_mm256_srli_epi32(a, 27), _mm256_set1_epi32(1));
-    let ls = _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16));
+    (ks, _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16)))
+}
+
+/// Group `g` of a super-block at `b` whose words [`iq2xxs_words`] gave
+/// `(ks, ls)`: the grid magnitudes, the signs as ±1 bytes, the scale in
+/// every i16 lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq2xxs_group(
+    b: *const u8,
+    ks: __m256i,
+    ls: __m256i,
+    g: usize,
+) -> (__m256i, __m256i, __m256i) {
+    let q = b.add(2 + 8 * g);
+    let grid = _mm256_set_epi64x(
+        IQ2XXS_GRID[*q.add(3) as usize] as i64,
+        IQ2XXS_GRID[*q.add(2) as usize] as i64,
+        IQ2XXS_GRID[*q.add(1) as usize] as i64,
+        IQ2XXS_GRID[*q as usize] as i64,
+    );
     let bits = _mm256_loadu_si256(BIT_OF_LANE.as_ptr() as *const __m256i);
     let spread = _mm256_loadu_si256(SPREAD_SIGN_BYTES.as_ptr() as *const __m256i);
-    let one = _mm256_set1_epi8(1);
-    let mut grids = [_mm256_setzero_si256(); 8];
-    let mut signs = [_mm256_setzero_si256(); 8];
-    let mut scales = [_mm256_setzero_si256(); 8];
-    for g in 0..8 {
-        let q = b.add(2 + 8 * g);
-        grids[g] = _mm256_set_epi64x(
-            IQ2XXS_GRID[*q.add(3) as usize] as i64,
-            IQ2XXS_GRID[*q.add(2) as usize] as i64,
-            IQ2XXS_GRID[*q.add(1) as usize] as i64,
-            IQ2XXS_GRID[*q as usize] as i64,
-        );
-        let lane = _mm256_set1_epi32(g as i32);
-        let sb = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(ks, lane), spread);
-        let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits);
-        signs[g] = _mm256_or_si256(neg, one);
-        scales[g] = _mm256_permutevar8x32_epi32(ls, lane);
-    }
-    (grids, signs, scales)
+    let lane = _mm256_set1_epi32(g as i32);
+    let sb = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(ks, lane), spread);
+    let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits);
+    let signs = _mm256_or_si256(neg, _mm256_set1_epi8(1));
+    (grid, signs, _mm256_permutevar8x32_epi32(ls, lane))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -239,12 +246,13 @@ pub unsafe fn iq2xxs(row: &[u8], y: &[BlockQ8K]) -> f32 {
     for (i, a) in y.iter().enumerate() {
         let b = row.as_ptr().add(66 * i);
         let d = f16_at(b) * a.d * 0.125;
-        let (grids, signs, scales) = iq2xxs_decode(b);
+        let (ks, ls) = iq2xxs_words(b);
         let mut sumi = _mm256_setzero_si256();
         for g in 0..8 {
+            let (grid, signs, scale) = iq2xxs_group(b, ks, ls, g);
             let act = _mm256_loadu_si256(a.qs.as_ptr().add(32 * g) as *const __m256i);
-            let p = _mm256_maddubs_epi16(grids[g], _mm256_sign_epi8(act, signs[g]));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales[g]));
+            let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(act, signs));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -252,7 +260,7 @@ pub unsafe fn iq2xxs(row: &[u8], y: &[BlockQ8K]) -> f32 {
 }
 
 /// [`iq2xxs`] with the signs looked up per group in `SIGNS_PM1` (the
-/// kernel before [`iq2xxs_decode`]); kept as its twin: the tests check the
+/// kernel before [`iq2xxs_words`]); kept as its twin: the tests check the
 /// two bit for bit.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq2xxs_lookup(row: &[u8], y: &[BlockQ8K]) -> f32 {
@@ -360,7 +368,7 @@ pub unsafe fn q8_0_many(row: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
     for y in ys {
         assert_eq!(row.len(), y.len() * 34);
     }
-    by_groups!(q8_0_n, 6, row, ys, out)
+    by_groups!(q8_0_n, 8, row, ys, out)
 }
 
 #[inline]
@@ -429,7 +437,13 @@ unsafe fn iq2xxs_n<const N: usize>(row: &[u8], ys: &[&[BlockQ8K]], out: &mut [f3
     for i in 0..nb {
         let b = row.as_ptr().add(66 * i);
         let dw = f16_at(b);
-        let (grids, signs, scales) = iq2xxs_decode(b);
+        let (ks, ls) = iq2xxs_words(b);
+        let mut grids = [_mm256_setzero_si256(); 8];
+        let mut signs = [_mm256_setzero_si256(); 8];
+        let mut scales = [_mm256_setzero_si256(); 8];
+        for g in 0..8 {
+            (grids[g], signs[g], scales[g]) = iq2xxs_group(b, ks, ls, g);
+        }
         for t in 0..N {
             let a = &*y[t].add(i);
             let d = dw * a.d * 0.125;
