@@ -11,8 +11,7 @@
 //! `1-row` are the kernels alone on one thread, every weight row against
 //! the m activation rows through `dot_many` or through m calls of the
 //! 1-row `dot` (what a path without a multi-row kernel does; the two give
-//! the same bits); `product16` is `product` with all m rows in one
-//! multi-row call per weight row (`Kernels::many_rows` = 16). On x86-64 with AVX2 an extra line times the IQ2_XXS
+//! the same bits). On x86-64 with AVX2 an extra line times the IQ2_XXS
 //! 1-row kernel against its table-lookup twin (`avx2::iq2xxs_lookup`).
 //!
 //! Figures are *process CPU time* (not wall time), so that a machine shared
@@ -24,7 +23,7 @@
 
 use ds4::backend::cpu::fast::act::Acts;
 use ds4::backend::cpu::fast::matmul::matmul_segments;
-use ds4::backend::cpu::fast::{Isa, Kernels, MANY_MAX};
+use ds4::backend::cpu::fast::{Isa, Kernels};
 use ds4::graph::Segment;
 use ds4::quant::GgmlType;
 use ds4::testmodel::{random_blocks, Rng};
@@ -68,16 +67,8 @@ fn main() {
             .trim()
     );
     println!(
-        "{:<28} {:>9} {:>4} {:>11} {:>12} {:>11} {:>11} {:>9} {:>9}",
-        "shape",
-        "path",
-        "rows",
-        "product ms",
-        "product16 ms",
-        "many ms",
-        "1-row ms",
-        "many GB/s",
-        "1row GB/s"
+        "{:<28} {:>9} {:>4} {:>11} {:>11} {:>11} {:>9} {:>9}",
+        "shape", "path", "rows", "product ms", "many ms", "1-row ms", "many GB/s", "1row GB/s"
     );
     let mut rng = Rng::new(0x6465_636f);
     let cases = [
@@ -112,14 +103,6 @@ fn main() {
                 let product = best(reps, || {
                     matmul_segments(&k, ty, &w, n_in, n_out, 1, &x, &segs, &mut out);
                 });
-                // The same product with every row of the step in one
-                // multi-row call per weight row (the loop before
-                // `Kernels::many_rows`).
-                let mut k16 = k;
-                k16.many_rows = MANY_MAX;
-                let product16 = best(reps, || {
-                    matmul_segments(&k16, ty, &w, n_in, n_out, 1, &x, &segs, &mut out);
-                });
                 let idx: Vec<usize> = (0..m).collect();
                 let mut vals = vec![0f32; m];
                 let many = best(reps, || {
@@ -137,12 +120,11 @@ fn main() {
                     }
                 });
                 println!(
-                    "{:<28} {:>9} {:>4} {:>11.3} {:>12.3} {:>11.3} {:>11.3} {:>9.2} {:>9.2}",
+                    "{:<28} {:>9} {:>4} {:>11.3} {:>11.3} {:>11.3} {:>9.2} {:>9.2}",
                     format!("{what} {n_in}->{n_out}"),
                     isa.name(),
                     m,
                     product * 1e3,
-                    product16 * 1e3,
                     many * 1e3,
                     one * 1e3,
                     w.len() as f64 / many / 1e9,

@@ -596,7 +596,11 @@ fn avx2_iq2xxs_computed_signs_match_the_table_route() {
             for y in &ys {
                 // SAFETY: AVX2/FMA/F16C checked above.
                 let (got, want) = unsafe { (avx2::iq2xxs(&row, y), avx2::iq2xxs_lookup(&row, y)) };
-                assert_eq!(got.to_bits(), want.to_bits(), "{nb} blocks: {got} vs {want}");
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{nb} blocks: {got} vs {want}"
+                );
             }
             let refs: Vec<&[BlockQ8K]> = ys.iter().map(|y| y.as_slice()).collect();
             let mut many = [f32::NAN; 3];

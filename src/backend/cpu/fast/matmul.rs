@@ -53,11 +53,12 @@ pub fn matmul_acts(
     if let (Acts::Q8x32 { blocks, per_row }, true, false) = (acts, expand::expandable(ty), direct) {
         return matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
     }
-    // Per tile of weight rows and group of up to `k.many_rows` tokens, one
+    // Per tile of weight rows and group of up to `MANY_MAX` tokens, one
     // multi-row dot per weight row ([`Kernels::dot_many`]): the row's blocks
     // decoded once for the whole group, each token's result the one its
-    // 1-row dot gives.
-    let group = k.many_rows.clamp(1, MANY_MAX);
+    // 1-row dot gives. (Groups of 4 on AVX2, so that a weight tile meets
+    // activation rows still in L1, measured slower: the blocks are then
+    // decoded twice as often; docs/PERFORMANCE.md.)
     let work = |first: usize, chunk: &mut [f32]| {
         let rows = chunk.len() / n_tokens;
         let mut idx = [0usize; MANY_MAX];
@@ -67,7 +68,7 @@ pub fn matmul_acts(
             let r1 = (r0 + ROW_TILE).min(rows);
             let mut t0 = 0;
             while t0 < n_tokens {
-                let t1 = (t0 + group).min(n_tokens);
+                let t1 = (t0 + MANY_MAX).min(n_tokens);
                 for r in r0..r1 {
                     let o = first + r;
                     let g = o / rows_per_group;

@@ -159,12 +159,6 @@ pub struct Kernels {
     /// The same for IQ2_XXS and Q2_K rows (the q2 mix's routed experts).
     iq2xxs_many: Option<ManyK>,
     q2k_many: Option<ManyK>,
-    /// Activation rows per multi-row call in the direct products
-    /// (`matmul::matmul_acts`, at most [`MANY_MAX`]): the rows whose
-    /// accumulators fit the registers, so that a tile of weight rows meets
-    /// the same few activation rows while they are in L1. Only the grouping
-    /// of the loop: every row's value is its 1-row dot's whatever it is.
-    pub many_rows: usize,
     /// Expanded rows (prefill path of the 2/4-bit formats, [`expand`]).
     pub expanded: DotE,
     /// `y += a·x`.
@@ -270,7 +264,6 @@ macro_rules! simd_safe {
                     q8_0_many: None,
                     iq2xxs_many: None,
                     q2k_many: None,
-                    many_rows: MANY_MAX,
                     expanded,
                     axpy,
                 }
@@ -387,7 +380,6 @@ impl Kernels {
                 q8_0_many: None,
                 iq2xxs_many: None,
                 q2k_many: None,
-                many_rows: MANY_MAX,
                 expanded: expand::dot_portable,
                 axpy: portable::axpy,
             },
@@ -405,9 +397,6 @@ impl Kernels {
                 q8_0_many: Some(avx2_safe::q8_0_many),
                 iq2xxs_many: Some(avx2_safe::iq2xxs_many),
                 q2k_many: Some(avx2_safe::q2k_many),
-                // Q8_0 keeps two accumulators per row: 4 rows fill 8 of
-                // the 16 registers.
-                many_rows: 4,
                 expanded: avx2_safe::expanded,
                 axpy: avx2_safe::axpy,
             },
