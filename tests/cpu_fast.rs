@@ -547,3 +547,71 @@ fn multi_row_direct_kernels_match_the_one_row_kernel_bit_for_bit() {
         }
     }
 }
+
+/// The AVX2 IQ2_XXS kernel computes its sign bytes (index plus parity bit)
+/// instead of looking them up; it must give the table route's results bit
+/// for bit. Raw random blocks (every byte random but the f16 scale), so
+/// every grid index, sign index and sub-block scale occurs, including the
+/// group words whose top bits mix sign index 3 with the scale; odd and
+/// even block counts; the multi-row kernel (which shares the decode)
+/// against the same twin.
+#[test]
+fn avx2_iq2xxs_computed_signs_match_the_table_route() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use ds4::backend::cpu::fast::avx2;
+        use ds4::quant::q8_k::{quantize_block, BlockQ8K};
+        if !Isa::Avx2.supported() {
+            eprintln!("no AVX2 here: nothing to compare");
+            return;
+        }
+        let mut rng = Rng(0x7369_676e_7331);
+        let mut seen = [false; 128];
+        for case in 0..200 {
+            let nb = 1 + case % 9;
+            let mut row = vec![0u8; 66 * nb];
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = rng.next() as u8;
+                if i % 66 == 1 {
+                    // A finite f16 scale (exponent below 31).
+                    *v &= 0xfb;
+                }
+            }
+            for b in 0..nb {
+                for g in 0..8 {
+                    let o = 66 * b + 2 + 8 * g + 4;
+                    let a = u32::from_le_bytes(row[o..o + 4].try_into().unwrap());
+                    for k in 0..4 {
+                        seen[((a >> (7 * k)) & 127) as usize] = true;
+                    }
+                }
+            }
+            let ys: Vec<Vec<BlockQ8K>> = (0..3)
+                .map(|_| {
+                    (0..nb)
+                        .map(|_| quantize_block(&rng.scaled(256, 2.0)))
+                        .collect()
+                })
+                .collect();
+            for y in &ys {
+                // SAFETY: AVX2/FMA/F16C checked above.
+                let (got, want) = unsafe { (avx2::iq2xxs(&row, y), avx2::iq2xxs_lookup(&row, y)) };
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{nb} blocks: {got} vs {want}"
+                );
+            }
+            let refs: Vec<&[BlockQ8K]> = ys.iter().map(|y| y.as_slice()).collect();
+            let mut many = [f32::NAN; 3];
+            // SAFETY: as above.
+            unsafe { avx2::iq2xxs_many(&row, &refs, &mut many) };
+            for (j, y) in ys.iter().enumerate() {
+                // SAFETY: as above.
+                let want = unsafe { avx2::iq2xxs_lookup(&row, y) };
+                assert_eq!(many[j].to_bits(), want.to_bits(), "{nb} blocks, row {j}");
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "every sign index occurred");
+    }
+}

@@ -135,8 +135,135 @@ static SIGNS_PM1: [u64; 128] = {
     t
 };
 
+/// Every byte's own bit (`1 << (i mod 8)`), for spreading a sign byte over
+/// 8 lanes.
+const BIT_OF_LANE: [u8; 32] = {
+    let mut t = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = 1 << (i % 8);
+        i += 1;
+    }
+    t
+};
+
+/// Shuffle indices that give lane `i` byte `i / 8` of a vector whose
+/// 128-bit halves both start with the same 4 bytes (the shuffle works per
+/// half: lanes 0..15 pick bytes 0, 1; lanes 16..31 bytes 2, 3).
+const SPREAD_SIGN_BYTES: [u8; 32] = {
+    let mut t = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = (i / 8) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The words of one IQ2_XXS super-block at `b` (an f16 scale, then 8 groups
+/// of 32 weights: 4 grid indices and a u32 of four 7-bit sign indices and a
+/// 4-bit scale), for [`iq2xxs_group`]: dword g of the first vector holds
+/// group g's four sign bytes (`KSIGNS_IQ2XS` values), of the second its
+/// scale `2·s + 1` in both i16 halves.
+///
+/// The signs are computed rather than looked up: `KSIGNS_IQ2XS[f]` is the
+/// 7-bit index `f` with its parity as bit 7, so all 32 sign bytes of the
+/// block come out of the eight u32 words in a few vector operations, then
+/// each group's 4 bytes are spread over its 32 lanes. The grid rows stay
+/// table lookups (256 entries of 8 bytes). [`iq2xxs_group`] gives the
+/// signs as ±1 bytes, `SIGNS_PM1`'s bytes exactly: the same bytes as the
+/// table route ([`iq2xxs_lookup`]), so the products are the same integers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq2xxs_words(b: *const u8) -> (__m256i, __m256i) {
+    // Groups 0..3 and 4..7: each 64-bit lane holds one group, the grid
+    // indices in its low u32 and the sign/scale word in its high u32.
+    let q0 = _mm256_loadu_si256(b.add(2) as *const __m256i);
+    let q1 = _mm256_loadu_si256(b.add(34) as *const __m256i);
+    let hi = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    let a = _mm256_blend_epi32(
+        _mm256_permutevar8x32_epi32(q0, hi),
+        _mm256_permutevar8x32_epi32(q1, hi),
+        0xF0,
+    );
+    // Dword g = group g's four 7-bit sign indices, one per byte.
+    let m7 = _mm256_set1_epi32(0x7F);
+    let t = _mm256_or_si256(
+        _mm256_or_si256(
+            _mm256_and_si256(a, m7),
+            _mm256_and_si256(_mm256_slli_epi32(a, 1), _mm256_slli_epi32(m7, 8)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_slli_epi32(a, 2), _mm256_slli_epi32(m7, 16)),
+            _mm256_and_si256(_mm256_slli_epi32(a, 3), _mm256_slli_epi32(m7, 24)),
+        ),
+    );
+    // Bit 0 of each byte of `p`: the parity of that byte of `t` (the
+    // shifts bring higher bytes' bits only into bits a byte then ignores).
+    let p = _mm256_xor_si256(t, _mm256_srli_epi32(t, 4));
+    let p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
+    let p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
+    let ks = _mm256_or_si256(
+        t,
+        _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi8(1)), 7),
+    );
+    // Scales 2·s + 1 in both i16 halves of dword g.
+    let ls = _mm256_or_si256(_mm256_srli_epi32(a, 27), _mm256_set1_epi32(1));
+    (ks, _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16)))
+}
+
+/// Group `g` of a super-block at `b` whose words [`iq2xxs_words`] gave
+/// `(ks, ls)`: the grid magnitudes, the signs as ±1 bytes, the scale in
+/// every i16 lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq2xxs_group(
+    b: *const u8,
+    ks: __m256i,
+    ls: __m256i,
+    g: usize,
+) -> (__m256i, __m256i, __m256i) {
+    let q = b.add(2 + 8 * g);
+    let grid = _mm256_set_epi64x(
+        IQ2XXS_GRID[*q.add(3) as usize] as i64,
+        IQ2XXS_GRID[*q.add(2) as usize] as i64,
+        IQ2XXS_GRID[*q.add(1) as usize] as i64,
+        IQ2XXS_GRID[*q as usize] as i64,
+    );
+    let bits = _mm256_loadu_si256(BIT_OF_LANE.as_ptr() as *const __m256i);
+    let spread = _mm256_loadu_si256(SPREAD_SIGN_BYTES.as_ptr() as *const __m256i);
+    let lane = _mm256_set1_epi32(g as i32);
+    let sb = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(ks, lane), spread);
+    let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits);
+    let signs = _mm256_or_si256(neg, _mm256_set1_epi8(1));
+    (grid, signs, _mm256_permutevar8x32_epi32(ls, lane))
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq2xxs(row: &[u8], y: &[BlockQ8K]) -> f32 {
+    assert_eq!(row.len(), y.len() * 66);
+    let mut acc = _mm256_setzero_ps();
+    for (i, a) in y.iter().enumerate() {
+        let b = row.as_ptr().add(66 * i);
+        let d = f16_at(b) * a.d * 0.125;
+        let (ks, ls) = iq2xxs_words(b);
+        let mut sumi = _mm256_setzero_si256();
+        for g in 0..8 {
+            let (grid, signs, scale) = iq2xxs_group(b, ks, ls, g);
+            let act = _mm256_loadu_si256(a.qs.as_ptr().add(32 * g) as *const __m256i);
+            let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(act, signs));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// [`iq2xxs`] with the signs looked up per group in `SIGNS_PM1` (the
+/// kernel before [`iq2xxs_words`]); kept as its twin: the tests check the
+/// two bit for bit.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq2xxs_lookup(row: &[u8], y: &[BlockQ8K]) -> f32 {
     assert_eq!(row.len(), y.len() * 66);
     let mut acc = _mm256_setzero_ps();
     for (i, a) in y.iter().enumerate() {
@@ -200,6 +327,197 @@ pub unsafe fn q8_0(row: &[u8], y: &[BlockQ8x32]) -> f32 {
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * a.d), dot_i8x32(w, x), acc0);
     }
     hsum_ps(_mm256_add_ps(acc0, acc1))
+}
+
+/// Splits `ys`/`out` into groups of `$big`, 4, 2, 1 rows and runs `$f::<N>`
+/// on each (accumulators in registers).
+macro_rules! by_groups {
+    ($f:ident, $big:literal, $row:expr, $ys:expr, $out:expr) => {{
+        let (row, ys, out) = ($row, $ys, $out);
+        assert_eq!(ys.len(), out.len());
+        let mut j = 0;
+        while j < ys.len() {
+            let left = ys.len() - j;
+            let n = if left >= $big {
+                $big
+            } else if left >= 4 {
+                4
+            } else if left >= 2 {
+                2
+            } else {
+                1
+            };
+            match n {
+                $big => $f::<$big>(row, &ys[j..j + $big], &mut out[j..j + $big]),
+                4 => $f::<4>(row, &ys[j..j + 4], &mut out[j..j + 4]),
+                2 => $f::<2>(row, &ys[j..j + 2], &mut out[j..j + 2]),
+                _ => $f::<1>(row, &ys[j..j + 1], &mut out[j..j + 1]),
+            }
+            j += n;
+        }
+    }};
+}
+
+/// [`q8_0`] of one weight row against several activation rows:
+/// `out[j] = q8_0(row, ys[j])` bit for bit. Each weight block is loaded, its
+/// magnitudes taken and its scale converted once; every activation row then
+/// takes [`q8_0`]'s integer products (`|w| · sign(x, w)`), f32 scale
+/// product, two-accumulator order and final reduction in its own registers.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0_many(row: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+    for y in ys {
+        assert_eq!(row.len(), y.len() * 34);
+    }
+    by_groups!(q8_0_n, 8, row, ys, out)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_n<const N: usize>(row: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+    let n = row.len() / 34;
+    let y: [*const BlockQ8x32; N] = std::array::from_fn(|t| ys[t].as_ptr());
+    let mut acc0 = [_mm256_setzero_ps(); N];
+    let mut acc1 = [_mm256_setzero_ps(); N];
+    let mut i = 0;
+    while i + 1 < n {
+        q8_0_block(row, &y, i, &mut acc0);
+        q8_0_block(row, &y, i + 1, &mut acc1);
+        i += 2;
+    }
+    if i < n {
+        q8_0_block(row, &y, i, &mut acc0);
+    }
+    for t in 0..N {
+        out[t] = hsum_ps(_mm256_add_ps(acc0[t], acc1[t]));
+    }
+}
+
+/// Block `i` of `row` into accumulator `acc[t]` of every activation row `t`
+/// ([`dot_i8x32`] with the weight's magnitude and scale hoisted).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_block<const N: usize>(
+    row: &[u8],
+    y: &[*const BlockQ8x32; N],
+    i: usize,
+    acc: &mut [__m256; N],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let b = row.as_ptr().add(34 * i);
+    let w = _mm256_loadu_si256(b.add(2) as *const __m256i);
+    let aw = _mm256_sign_epi8(w, w);
+    let dw = f16_at(b);
+    for t in 0..N {
+        let a = &*y[t].add(i);
+        let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+        let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), p, acc[t]);
+    }
+}
+
+/// [`iq2xxs`] of one weight row against several activation rows,
+/// `out[j] = iq2xxs(row, ys[j])` bit for bit: per super-block the grid rows,
+/// signs and sub-block scales are decoded once, then each activation row
+/// takes [`iq2xxs`]'s products and accumulation.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq2xxs_many(row: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+    for y in ys {
+        assert_eq!(row.len(), y.len() * 66);
+    }
+    by_groups!(iq2xxs_n, 8, row, ys, out)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq2xxs_n<const N: usize>(row: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+    let nb = row.len() / 66;
+    let y: [*const BlockQ8K; N] = std::array::from_fn(|t| ys[t].as_ptr());
+    let mut acc = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        let b = row.as_ptr().add(66 * i);
+        let dw = f16_at(b);
+        let (ks, ls) = iq2xxs_words(b);
+        let mut grids = [_mm256_setzero_si256(); 8];
+        let mut signs = [_mm256_setzero_si256(); 8];
+        let mut scales = [_mm256_setzero_si256(); 8];
+        for g in 0..8 {
+            (grids[g], signs[g], scales[g]) = iq2xxs_group(b, ks, ls, g);
+        }
+        for t in 0..N {
+            let a = &*y[t].add(i);
+            let d = dw * a.d * 0.125;
+            let mut sumi = _mm256_setzero_si256();
+            for g in 0..8 {
+                let act = _mm256_loadu_si256(a.qs.as_ptr().add(32 * g) as *const __m256i);
+                let p = _mm256_maddubs_epi16(grids[g], _mm256_sign_epi8(act, signs[g]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales[g]));
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
+    }
+    for t in 0..N {
+        out[t] = hsum_ps(acc[t]);
+    }
+}
+
+/// [`q2k`] of one weight row against several activation rows,
+/// `out[j] = q2k(row, ys[j])` bit for bit: per super-block the codes,
+/// sub-block scales and mins are unpacked once, then each activation row
+/// takes [`q2k`]'s products and accumulation.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q2k_many(row: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+    for y in ys {
+        assert_eq!(row.len(), y.len() * 84);
+    }
+    by_groups!(q2k_n, 8, row, ys, out)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2k_n<const N: usize>(row: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+    let nb = row.len() / 84;
+    let y: [*const BlockQ8K; N] = std::array::from_fn(|t| ys[t].as_ptr());
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0xF);
+    let masks: [__m256i; 8] = std::array::from_fn(|i| pair_mask(2 * i));
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut accm = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        let b = row.as_ptr().add(84 * i);
+        let (dw, dminw) = (f16_at(b.add(80)), f16_at(b.add(82)));
+        let sc = _mm_loadu_si128(b as *const __m128i);
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m4));
+        let scl = _mm256_broadcastsi128_si256(_mm_and_si128(sc, m4));
+        let mut codes = [_mm256_setzero_si256(); 8];
+        let mut scales = [_mm256_setzero_si256(); 8];
+        for h in 0..2 {
+            let mut q = _mm256_loadu_si256(b.add(16 + 32 * h) as *const __m256i);
+            for j in 0..4 {
+                codes[4 * h + j] = _mm256_and_si256(q, m3);
+                scales[4 * h + j] = _mm256_shuffle_epi8(scl, masks[4 * h + j]);
+                q = _mm256_srli_epi16(q, 2);
+            }
+        }
+        for t in 0..N {
+            let a = &*y[t].add(i);
+            let d = dw * a.d;
+            let dmin = dminw * a.d;
+            let bsums = _mm256_loadu_si256(a.bsums.as_ptr() as *const __m256i);
+            let pm = _mm256_madd_epi16(mins, bsums);
+            let mut sumi = _mm256_setzero_si256();
+            for c in 0..8 {
+                let act = _mm256_loadu_si256(a.qs.as_ptr().add(32 * c) as *const __m256i);
+                let p = _mm256_maddubs_epi16(codes[c], act);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales[c]));
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[t]);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm[t]);
+        }
+    }
+    for t in 0..N {
+        out[t] = hsum_ps(acc[t]) - hsum_ps(accm[t]);
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

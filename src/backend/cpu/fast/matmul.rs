@@ -56,7 +56,9 @@ pub fn matmul_acts(
     // Per tile of weight rows and group of up to `MANY_MAX` tokens, one
     // multi-row dot per weight row ([`Kernels::dot_many`]): the row's blocks
     // decoded once for the whole group, each token's result the one its
-    // 1-row dot gives.
+    // 1-row dot gives. (Groups of 4 on AVX2, so that a weight tile meets
+    // activation rows still in L1, measured slower: the blocks are then
+    // decoded twice as often; docs/PERFORMANCE.md.)
     let work = |first: usize, chunk: &mut [f32]| {
         let rows = chunk.len() / n_tokens;
         let mut idx = [0usize; MANY_MAX];

@@ -153,8 +153,8 @@ pub struct Kernels {
     f32: DotF,
     f16: DotF,
     bf16: DotF,
-    /// The multi-row Q8_0 kernel where the path has one (AVX-512); the
-    /// 1-row kernel per activation row otherwise.
+    /// The multi-row Q8_0 kernel where the path has one (AVX-512, AVX2);
+    /// the 1-row kernel per activation row otherwise.
     q8_0_many: Option<Many32>,
     /// The same for IQ2_XXS and Q2_K rows (the q2 mix's routed experts).
     iq2xxs_many: Option<ManyK>,
@@ -199,6 +199,15 @@ mod avx2_safe {
     }
     pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
         unsafe { super::avx2::axpy(a, x, y) }
+    }
+    pub fn q8_0_many(r: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+        unsafe { super::avx2::q8_0_many(r, ys, out) }
+    }
+    pub fn iq2xxs_many(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+        unsafe { super::avx2::iq2xxs_many(r, ys, out) }
+    }
+    pub fn q2k_many(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+        unsafe { super::avx2::q2k_many(r, ys, out) }
     }
 }
 
@@ -385,9 +394,9 @@ impl Kernels {
                 f32: avx2_safe::f32,
                 f16: avx2_safe::f16,
                 bf16: avx2_safe::bf16,
-                q8_0_many: None,
-                iq2xxs_many: None,
-                q2k_many: None,
+                q8_0_many: Some(avx2_safe::q8_0_many),
+                iq2xxs_many: Some(avx2_safe::iq2xxs_many),
+                q2k_many: Some(avx2_safe::q2k_many),
                 expanded: avx2_safe::expanded,
                 axpy: avx2_safe::axpy,
             },
