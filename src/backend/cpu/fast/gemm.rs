@@ -270,8 +270,15 @@ mod x86 {
         let x: [*const i8; T] = std::array::from_fn(|t| acts.qs.as_ptr().add(toks[t] * n));
         let xd: [*const f32; T] = std::array::from_fn(|t| acts.d.as_ptr().add(toks[t] * n / 32));
         let ones = _mm256_set1_epi16(1);
+        // Even blocks into `acc`, odd blocks into `acc_odd`, added at the
+        // end: the order of the direct AVX2 Q8_0 kernel (`avx2::q8_0`), so
+        // that a Q8_0 product gives the same bits on both paths and a
+        // session's logits do not depend on how its prompt was cut into
+        // pieces (batched prefill quanta, echo scoring).
         let mut acc = [[_mm256_setzero_ps(); T]; R];
+        let mut acc_odd = [[_mm256_setzero_ps(); T]; R];
         for b in 0..n / 32 {
+            let acc = if b % 2 == 0 { &mut acc } else { &mut acc_odd };
             let wv: [__m256i; R] =
                 std::array::from_fn(|r| _mm256_loadu_si256(w[r].add(32 * b) as *const __m256i));
             let aw: [__m256i; R] = std::array::from_fn(|r| _mm256_sign_epi8(wv[r], wv[r]));
@@ -288,7 +295,7 @@ mod x86 {
         }
         for r in 0..R {
             for t in 0..T {
-                out[r][t] = hsum256(acc[r][t]);
+                out[r][t] = hsum256(_mm256_add_ps(acc[r][t], acc_odd[r][t]));
             }
         }
     }
