@@ -125,6 +125,7 @@ fn same(x: &[f32], y: &[f32]) -> bool {
 /// tokens (the longest crosses the 32-token window), 2 or 3 decode steps,
 /// starts 0 to 2, quanta of 9 to 12 tokens, so steps still mix prefill
 /// pieces of different lengths with decode rows at other positions.
+#[cfg(feature = "cuda")]
 fn small_plans() -> Vec<Plan> {
     (0..4)
         .map(|i| plan(11 + i as u64, 3 + 12 * i, 2 + i % 2, i % 3, 9 + i % 4))
