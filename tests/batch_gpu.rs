@@ -287,9 +287,8 @@ fn cuda_sessions_are_batch_invariant() {
 
 /// The full schedule on CUDA (8 sessions, prompts up to 94 tokens):
 /// `cargo test --release --features cuda --test batch_gpu -- --ignored`.
-/// Ignored by default: before the emulator and matmul fixes of 2026-11-27
-/// it ran past 20 minutes on the emulator; about 5x the reduced schedule's
-/// work (docs/ARCHITECTURE.md has the figures).
+/// Ignored by default: about 7 minutes of CPU on the emulator, 4x the
+/// reduced schedule (it passed there on 2026-11-27; docs/ARCHITECTURE.md).
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "the full schedule: minutes on the CUDA host emulator; run on a GPU or by hand"]
