@@ -45,10 +45,15 @@ __device__ void matmul_impl(const u8* w, u32 row_bytes, u32 n_in, u32 n_out, u32
             }
         }
     }
+    // Only the live tokens' sums: `tt` is the same for the whole warp, so
+    // the shuffles stay convergent, and a decode step (tt = 1) reduces one
+    // accumulator instead of MM_TT.
 #pragma unroll
     for (int k = 0; k < MM_TT; k++) {
-        const float s = warp_sum(acc[k]);
-        if (lane == 0 && (u32)k < tt) out[(u64)(t0 + k) * n_out + o] = s;
+        if ((u32)k < tt) {
+            const float s = warp_sum(acc[k]);
+            if (lane == 0) out[(u64)(t0 + k) * n_out + o] = s;
+        }
     }
 }
 

@@ -121,11 +121,21 @@ fn same(x: &[f32], y: &[f32]) -> bool {
     x.len() == y.len() && x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits())
 }
 
-/// Every session's serial run, then 1, 2, 4 and 8 of them together, on
-/// `backend`.
-fn check_backend(model: Arc<ModelFile>, backend: BackendKind) {
+/// The CUDA emulator's schedule (CI): four sessions, prompts of 3 to 39
+/// tokens (the longest crosses the 32-token window), 2 or 3 decode steps,
+/// starts 0 to 2, quanta of 9 to 12 tokens, so steps still mix prefill
+/// pieces of different lengths with decode rows at other positions.
+#[cfg(feature = "cuda")]
+fn small_plans() -> Vec<Plan> {
+    (0..4)
+        .map(|i| plan(11 + i as u64, 3 + 12 * i, 2 + i % 2, i % 3, 9 + i % 4))
+        .collect()
+}
+
+/// Every session's serial run, then the first `n` of them together for
+/// each `n` of `batches`, on `backend`.
+fn check_backend(model: Arc<ModelFile>, backend: BackendKind, plans: &[Plan], batches: &[usize]) {
     let opts = options(backend);
-    let plans = plans();
     let mut one = Batch::new(model.clone(), opts.clone(), 1).unwrap();
     let serial: Vec<Trace> = plans
         .iter()
@@ -134,7 +144,7 @@ fn check_backend(model: Arc<ModelFile>, backend: BackendKind) {
             run(&mut one, &[p]).remove(0)
         })
         .collect();
-    for n in [1usize, 2, 4, 8] {
+    for &n in batches {
         let mut b = Batch::new(model.clone(), opts.clone(), n).unwrap();
         // A state set per slot: one pass for all slots, not one per slot.
         assert!(
@@ -192,7 +202,12 @@ fn wgpu_opens() -> bool {
 #[test]
 fn wgpu_sessions_are_batch_invariant() {
     if wgpu_opens() {
-        check_backend(tiny_model(Variant::Q8), BackendKind::Wgpu);
+        check_backend(
+            tiny_model(Variant::Q8),
+            BackendKind::Wgpu,
+            &plans(),
+            &[1, 2, 4, 8],
+        );
     }
 }
 
@@ -238,21 +253,52 @@ fn wgpu_refuses_bad_row_tables() {
     assert!(b.read_set_rows(2, ds4::graph::StateId(0), 0..1).is_err());
 }
 
-/// On a real GPU: `cargo test --features cuda --test batch_gpu -- --ignored`.
-/// Ignored by default: on the host emulator (CI) this schedule ran past 20
-/// minutes (the per-session kernels are covered there by the one-op cases
-/// of tests/batch_ops.rs, which run on CUDA under the feature).
+/// Whether the CUDA driver, or else the emulator of tests/cuda_emu, opens
+/// (with `CI` set, its absence fails).
 #[cfg(feature = "cuda")]
-#[test]
-#[ignore = "over 20 minutes on the CUDA host emulator; run on a GPU"]
-fn cuda_sessions_are_batch_invariant() {
+fn cuda_opens() -> bool {
     match cuda_emu::install() {
-        Ok(d) => eprintln!("cuda on {d}"),
+        Ok(d) => {
+            eprintln!("cuda on {d}");
+            true
+        }
         Err(e) if std::env::var_os("CI").is_some() => panic!("CI: no CUDA driver or emulator: {e}"),
         Err(e) => {
             eprintln!("skipping cuda: {e}");
-            return;
+            false
         }
     }
-    check_backend(tiny_model(Variant::Q8), BackendKind::Cuda);
+}
+
+/// The reduced schedule on CUDA (CI, on the emulator): 1, 2 and 4 sessions
+/// of `small_plans`, bit for bit against their serial runs.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_sessions_are_batch_invariant() {
+    if cuda_opens() {
+        check_backend(
+            tiny_model(Variant::Q8),
+            BackendKind::Cuda,
+            &small_plans(),
+            &[1, 2, 4],
+        );
+    }
+}
+
+/// The full schedule on CUDA (8 sessions, prompts up to 94 tokens):
+/// `cargo test --release --features cuda --test batch_gpu -- --ignored`.
+/// Ignored by default: about 7 minutes of CPU on the emulator, 4x the
+/// reduced schedule (it passed there on 2026-11-27; docs/ARCHITECTURE.md).
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "the full schedule: minutes on the CUDA host emulator; run on a GPU or by hand"]
+fn cuda_sessions_are_batch_invariant_full_schedule() {
+    if cuda_opens() {
+        check_backend(
+            tiny_model(Variant::Q8),
+            BackendKind::Cuda,
+            &plans(),
+            &[1, 2, 4, 8],
+        );
+    }
 }

@@ -97,9 +97,37 @@ struct Barrier {
 };
 static Barrier block_bar;
 static std::vector<Barrier> warp_bar;
-static std::vector<unsigned long long> warp_slot;
+// Warp exchange slots, two sets used by alternate barrier generations: a
+// lane can write set p again only after the next generation opened, i.e.
+// after every lane has read set p, so one barrier per exchange suffices.
+static std::vector<unsigned long long> warp_slot;      // 2 x 32 per warp
+static std::vector<unsigned char> gather_slot;         // 2 x 32 x 64 bytes per warp
 
-static void yield() { ctx_switch(threads[current].ctx, sched_ctx); }
+// Runs the next live thread after `current` (cyclic order, as a round-robin
+// scheduler would), switching straight from `from`: a barrier costs one
+// switch per waiting thread, not two through a scheduler. With no other
+// live thread it returns to the scheduler (when `from` has exited) or to
+// the caller.
+static void switch_to_next(Ctx& from, bool from_done) {
+    const unsigned n = (unsigned)threads.size();
+    for (unsigned i = 1; i <= n; i++) {
+        const unsigned t = (current + i) % n;
+        if (threads[t].done) continue;
+        if (t == current) return;  // the only live thread: go on running it
+        current = t;
+        threadIdx = Dim3{t, 0, 0};
+        ctx_switch(from, threads[t].ctx);
+        return;
+    }
+    if (from_done) ctx_switch(from, sched_ctx);
+}
+
+static void yield() {
+    const unsigned me = current;
+    switch_to_next(threads[me].ctx, false);
+    // Resumed (by another thread's switch): `current` and threadIdx are
+    // already ours.
+}
 
 static void wait(Barrier& b) {
     const unsigned long long g = b.gen;
@@ -112,22 +140,19 @@ void sync_block() { wait(block_bar); }
 
 unsigned long long warp_exchange(unsigned long long v, unsigned src_lane) {
     const unsigned w = current / 32;
-    warp_slot[current] = v;
+    unsigned long long* set = &warp_slot[(w * 2 + (warp_bar[w].gen & 1)) * 32];
+    set[current % 32] = v;
     wait(warp_bar[w]);  // every lane has published
-    v = warp_slot[w * 32 + src_lane];
-    wait(warp_bar[w]);  // every lane has read before the slots are reused
-    return v;
+    return set[src_lane];
 }
-
-static std::vector<unsigned char> gather_slot;  // 64 bytes per thread
 
 void warp_gather(const void* mine, unsigned bytes, void* all) {
     const unsigned w = current / 32;
-    std::memcpy(&gather_slot[current * 64], mine, bytes);
+    unsigned char* set = &gather_slot[(w * 2 + (warp_bar[w].gen & 1)) * 32 * 64];
+    std::memcpy(&set[(current % 32) * 64], mine, bytes);
     wait(warp_bar[w]);  // every lane has published
     for (unsigned l = 0; l < 32; l++)
-        std::memcpy((unsigned char*)all + l * bytes, &gather_slot[(w * 32 + l) * 64], bytes);
-    wait(warp_bar[w]);  // every lane has read before the slots are reused
+        std::memcpy((unsigned char*)all + l * bytes, &set[l * 64], bytes);
 }
 
 static void trampoline() {
@@ -139,33 +164,28 @@ static void trampoline() {
     Barrier& wb = warp_bar[current / 32];
     wb.alive--;
     wb.open_if_complete();
-    ctx_switch(me.ctx, sched_ctx);
+    // The next live thread, or the scheduler when this was the last.
+    switch_to_next(me.ctx, true);
     std::abort();  // a finished coroutine is never resumed
 }
 
-// Runs one block to completion, round-robin over its coroutines.
+// Runs one block to completion: thread 0 first, then each thread switches
+// to the next live one at a barrier or on exit; the last to exit returns
+// here.
 static void run_block(unsigned n) {
     threads.assign(n, Thread());
     const unsigned warps = (n + 31) / 32;
     warp_bar.assign(warps, Barrier());
     for (unsigned w = 0; w < warps; w++) warp_bar[w].alive = min(32u, n - 32 * w);
-    warp_slot.assign(warps * 32, 0);
-    gather_slot.assign(warps * 32 * 64, 0);
+    warp_slot.assign(warps * 2 * 32, 0);
+    gather_slot.assign(warps * 2 * 32 * 64, 0);
     block_bar = Barrier();
     block_bar.alive = n;
     while (stacks.size() < n) stacks.push_back((char*)std::malloc(STACK));
     for (unsigned t = 0; t < n; t++) ctx_init(threads[t].ctx, stacks[t], STACK, trampoline);
-    unsigned live = n;
-    while (live > 0) {
-        live = 0;
-        for (unsigned t = 0; t < n; t++) {
-            if (threads[t].done) continue;
-            current = t;
-            threadIdx = Dim3{t, 0, 0};
-            ctx_switch(sched_ctx, threads[t].ctx);
-            if (!threads[t].done) live++;
-        }
-    }
+    current = 0;
+    threadIdx = Dim3{0, 0, 0};
+    ctx_switch(sched_ctx, threads[0].ctx);
 }
 
 // One launch at a time in the process (test threads share the emulator).
