@@ -275,10 +275,24 @@ pub fn remove_unread(path: &Path, expected: FileId) -> io::Result<Removal> {
         // another evictor about to delete it (not even a shared one is),
         // which frees its bytes as surely as we would.
         Err(std::fs::TryLockError::WouldBlock) => {
-            return Ok(match f.try_lock_shared() {
-                Err(std::fs::TryLockError::WouldBlock) => Removal::Gone,
-                _ => Removal::Busy,
-            })
+            return match f.try_lock_shared() {
+                Err(std::fs::TryLockError::WouldBlock) => Ok(Removal::Gone),
+                // A shared lock is to be had now. Either readers hold the
+                // file, or the holder was an evictor that has unlinked it
+                // and let go between our two tries: then the name no longer
+                // holds this file, and its bytes are freed as surely as if
+                // we had deleted it. Calling that case `Busy` made a second
+                // evictor delete one file too many.
+                _ => {
+                    let mine = FileId::of(&f.metadata()?);
+                    match FileId::at(path) {
+                        Ok(now) if now == mine => Ok(Removal::Busy),
+                        Ok(_) => Ok(Removal::Gone),
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Removal::Gone),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
         }
         // No working locks here (see `lock_for_reading`): delete unlocked.
         Err(std::fs::TryLockError::Error(_)) => {}
