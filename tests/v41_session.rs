@@ -979,3 +979,88 @@ fn ds4_server_forces_a_strict_tool_call_in_v41_tags() {
     }
     let _ = std::fs::remove_file(&trace);
 }
+
+/// `--ssd-streaming` on a V4.1 file: the routed experts read from the GGUF
+/// into a cache of k (every step evicts) or k + 1 slots per layer give the
+/// resident run's logits bit for bit and its greedy tokens, on both CPU
+/// backends (the Engram tables are read by their own reader either way).
+#[test]
+fn v41_streamed_experts_give_bit_identical_logits_on_the_cpu_backends() {
+    for backend in [BackendKind::CpuRef, BackendKind::Cpu] {
+        v41_streaming_is_exact(backend, &[1, 2, 3, 17, 33, 40], 10, 3);
+    }
+}
+
+/// The same on wgpu, the cache's slots in device memory (lavapipe, ~20 s:
+/// one case, the smallest budget, and a shorter run).
+#[test]
+fn v41_streamed_experts_give_bit_identical_logits_on_wgpu() {
+    v41_streaming_is_exact(BackendKind::Wgpu, &[1, 2, 17], 3, 1);
+}
+
+/// Logits after prefill pieces ending at `ends`, then `decode` greedy
+/// tokens, with the first `n_cases` streaming set-ups against the resident
+/// run on `backend`.
+fn v41_streaming_is_exact(backend: BackendKind, ends: &[usize], decode: usize, n_cases: usize) {
+    use ds4::backend::options::{CacheBudget, EvictionPolicy, StreamingOptions};
+    use ds4::backend::BackendOptions;
+    let model = v41_model();
+    let AnyModel::V41(m) = &model else {
+        panic!("the tiny V4.1 file opens as V4.1")
+    };
+    let (n_expert, k) = (m.config.n_expert, m.config.n_expert_used);
+    let prompt = ids(*ends.last().unwrap(), 7);
+    let run = |s: &mut Session| {
+        let mut rows = Vec::new();
+        for &end in ends {
+            s.sync(&prompt[..end], &mut |_, _| {}).unwrap();
+            rows.push(s.logits().iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        }
+        let mut out = Vec::new();
+        for _ in 0..decode {
+            let next = ds4::sampler::argmax(s.logits()) as u32;
+            out.push(next);
+            s.eval(next).unwrap();
+            rows.push(s.logits().iter().map(|x| x.to_bits()).collect());
+        }
+        (rows, out)
+    };
+    let base = SessionOptions { backend, ..opts() };
+    let (want, want_out) = run(&mut Session::open_any(&model, base.clone()).unwrap());
+    let cases = [
+        (k, EvictionPolicy::Lru, true, 0, true),
+        (k + 1, EvictionPolicy::Lfu, false, 1, true),
+        (k + 1, EvictionPolicy::Lru, true, 0, false),
+    ];
+    for &(slots, policy, prefetch, full, cold) in &cases[..n_cases] {
+        let so = StreamingOptions {
+            budget: CacheBudget::Experts(slots),
+            full_layers: full,
+            cold,
+            policy,
+            prefetch,
+            read_threads: 3,
+            ..StreamingOptions::default()
+        };
+        let o = SessionOptions {
+            backend_options: BackendOptions {
+                ssd_streaming: Some(so),
+                ..BackendOptions::default()
+            },
+            ..base.clone()
+        };
+        let mut s = Session::open_any(&model, o).unwrap();
+        let cache = s.expert_cache().expect("a streaming backend has a cache");
+        let (got, out) = run(&mut s);
+        let what = format!("V4.1 {backend:?} {slots} slots {policy:?} full layers {full}");
+        let plan = cache.plan().expect("planned at the first graph").clone();
+        assert_eq!((plan.slots, plan.full_layers), (slots, full), "{what}");
+        assert_eq!(out, want_out, "{what}: greedy output");
+        assert!(got == want, "{what}: logits differ from the resident run");
+        let st = cache.stats();
+        eprintln!("{what}: {}", st.line());
+        assert!(slots < n_expert);
+        assert!(st.misses > 0 && st.hits > 0, "{what}: {st:?}");
+        assert!(st.bytes_read > 0 && st.lookups == st.hits + st.misses);
+    }
+}

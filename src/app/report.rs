@@ -51,6 +51,39 @@ fn print_tensor_table(f: &crate::gguf::GgufFile) {
     }
 }
 
+/// The tensor table, the bound-tensor type mix, the routed experts' types
+/// and the total weight bytes: the part of the info page V4 and V4.1 share.
+fn print_weights(
+    f: &crate::gguf::GgufFile,
+    n_bound: usize,
+    mix_note: &str,
+    mix: &[crate::model::weights::TypeShare],
+    routed: &[([crate::quant::GgmlType; 3], usize)],
+    total: u64,
+) {
+    println!("\n== tensors ==");
+    print_tensor_table(f);
+    println!(
+        "\ntensors: {} in file, {n_bound} bound",
+        f.tensor_infos().len()
+    );
+    println!("\n== type mix (bound tensors{mix_note}) ==");
+    for share in mix {
+        println!(
+            "{:<8} {:>5} tensors {:>16} bytes ({:>10}, {:5.1} %)",
+            share.ty.name(),
+            share.tensors,
+            share.bytes,
+            human(share.bytes),
+            100.0 * share.bytes as f64 / total.max(1) as f64
+        );
+    }
+    for ([g, u, d], n) in routed {
+        println!("routed experts: gate {g}, up {u}, down {d} ({n} layers)");
+    }
+    println!("total weight bytes:            {total} ({})", human(total));
+}
+
 /// `--info` on an MTP draft file: its tensor directory (its shapes are
 /// validated against a main model when both are loaded).
 fn info_mtp(path: &Path) -> Result<(), String> {
@@ -170,30 +203,16 @@ pub fn info(
     if let Some(ctx) = c.context_length {
         println!("trained context      {ctx}");
     }
-    println!("\n== tensors ==");
-    print_tensor_table(&m.file);
     let total = m.weights.total_bytes();
     let active = m.weights.active_bytes_per_token(c);
-    println!(
-        "\ntensors: {} in file, {} bound",
-        m.file.tensor_infos().len(),
-        m.weights.all().len()
+    print_weights(
+        &m.file,
+        m.weights.all().len(),
+        "",
+        &m.weights.type_mix(),
+        &m.weights.routed_expert_types(),
+        total,
     );
-    println!("\n== type mix (bound tensors) ==");
-    for share in m.weights.type_mix() {
-        println!(
-            "{:<8} {:>5} tensors {:>16} bytes ({:>10}, {:5.1} %)",
-            share.ty.name(),
-            share.tensors,
-            share.bytes,
-            human(share.bytes),
-            100.0 * share.bytes as f64 / total.max(1) as f64
-        );
-    }
-    for ([g, u, d], n) in m.weights.routed_expert_types() {
-        println!("routed experts: gate {g}, up {u}, down {d} ({n} layers)");
-    }
-    println!("total weight bytes:            {total} ({})", human(total));
     println!(
         "active weight bytes per token: {active} ({})",
         human(active)
@@ -367,39 +386,17 @@ fn info_v41(
         eg.row_bytes(),
         eg.layer_ids.len()
     );
-    println!("\n== tensors ==");
-    print_tensor_table(&m.file);
-    println!(
-        "\ntensors: {} in file, {} bound",
-        m.file.tensor_infos().len(),
-        w.all().len()
-    );
     let total: u64 = w.all().iter().map(|t| t.n_bytes).sum();
-    println!("\n== type mix (bound tensors; the Engram tables are the I8) ==");
-    for share in w.type_mix() {
-        println!(
-            "{:<8} {:>5} tensors {:>16} bytes ({:>10}, {:5.1} %)",
-            share.ty.name(),
-            share.tensors,
-            share.bytes,
-            human(share.bytes),
-            100.0 * share.bytes as f64 / total.max(1) as f64
-        );
-    }
-    let mut routed: Vec<([crate::quant::GgmlType; 3], usize)> = Vec::new();
-    for l in &w.layers {
-        let k = [l.ffn_gate_exps.ty, l.ffn_up_exps.ty, l.ffn_down_exps.ty];
-        match routed.iter_mut().find(|(t, _)| *t == k) {
-            Some((_, n)) => *n += 1,
-            None => routed.push((k, 1)),
-        }
-    }
-    for ([g, u, d], n) in routed {
-        println!("routed experts: gate {g}, up {u}, down {d} ({n} layers)");
-    }
+    print_weights(
+        &m.file,
+        w.all().len(),
+        "; the Engram tables are the I8",
+        &w.type_mix(),
+        &w.routed_expert_types(),
+        total,
+    );
     let resident = w.resident_bytes();
     let active = w.active_bytes_per_token(c);
-    println!("total weight bytes:            {total} ({})", human(total));
     println!(
         "resident weight bytes:         {resident} ({}; all but the Engram tables)",
         human(resident)

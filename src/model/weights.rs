@@ -40,6 +40,21 @@ pub(crate) fn type_mix_of(tensors: &[&TensorRef]) -> Vec<TypeShare> {
     mix
 }
 
+/// The distinct (gate, up, down) type triples of per-layer routed experts,
+/// with how many layers use each, in order of first use.
+pub(crate) fn routed_types_of(
+    layers: impl Iterator<Item = [GgmlType; 3]>,
+) -> Vec<([GgmlType; 3], usize)> {
+    let mut out: Vec<([GgmlType; 3], usize)> = Vec::new();
+    for k in layers {
+        match out.iter_mut().find(|(t, _)| *t == k) {
+            Some((_, n)) => *n += 1,
+            None => out.push((k, 1)),
+        }
+    }
+    out
+}
+
 /// Which element types a tensor may have.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Class {
@@ -299,15 +314,11 @@ impl Weights {
     /// The distinct (gate, up, down) type triples of the routed experts, with
     /// how many layers use each, in layer order of first use.
     pub fn routed_expert_types(&self) -> Vec<([GgmlType; 3], usize)> {
-        let mut out: Vec<([GgmlType; 3], usize)> = Vec::new();
-        for l in &self.layers {
-            let k = [l.ffn_gate_exps.ty, l.ffn_up_exps.ty, l.ffn_down_exps.ty];
-            match out.iter_mut().find(|(t, _)| *t == k) {
-                Some((_, n)) => *n += 1,
-                None => out.push((k, 1)),
-            }
-        }
-        out
+        routed_types_of(
+            self.layers
+                .iter()
+                .map(|l| [l.ffn_gate_exps.ty, l.ffn_up_exps.ty, l.ffn_down_exps.ty]),
+        )
     }
 
     /// Bytes of weights read to produce one token at decode time: one

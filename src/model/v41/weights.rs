@@ -8,7 +8,7 @@
 //! of the real file stay on disk.
 
 use crate::gguf::{GgufFile, TensorRef};
-use crate::model::weights::{type_mix_of, Binder, Class, TypeShare};
+use crate::model::weights::{routed_types_of, type_mix_of, Binder, Class, TypeShare};
 use crate::model::ModelError;
 
 use super::config::{LayerRole, V41Config};
@@ -130,6 +130,16 @@ impl V41Weights {
     /// largest share first.
     pub fn type_mix(&self) -> Vec<TypeShare> {
         type_mix_of(&self.all())
+    }
+
+    /// The distinct (gate, up, down) type triples of the routed experts, with
+    /// how many layers use each (as V4's `Weights::routed_expert_types`).
+    pub fn routed_expert_types(&self) -> Vec<([crate::quant::GgmlType; 3], usize)> {
+        routed_types_of(
+            self.layers
+                .iter()
+                .map(|l| [l.ffn_gate_exps.ty, l.ffn_up_exps.ty, l.ffn_down_exps.ty]),
+        )
     }
 
     /// Weight bytes read to produce one token at decode time: one embedding

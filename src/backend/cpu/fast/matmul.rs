@@ -42,6 +42,26 @@ pub fn matmul_acts(
     wide: bool,
     tmp: &mut [f32],
 ) {
+    matmul_acts_on(k, ty, w, n_out, groups, acts, n_tokens, wide, true, tmp)
+}
+
+/// [`matmul_acts`], its weight rows split over the pool when `parallel`,
+/// on the calling thread otherwise (the caller already spreads whole
+/// products over the pool). The same bits either way: each output value
+/// is one [`Kernels::dot_many`] over the same token group.
+#[allow(clippy::too_many_arguments)]
+fn matmul_acts_on(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    n_out: usize,
+    groups: usize,
+    acts: &Acts,
+    n_tokens: usize,
+    wide: bool,
+    parallel: bool,
+    tmp: &mut [f32],
+) {
     if n_out == 0 || n_tokens == 0 {
         return;
     }
@@ -96,7 +116,7 @@ pub fn matmul_acts(
     let min_rows = ((256 << 10) / (rb * n_tokens).max(1)).max(4);
     let chunk_rows = n_out.div_ceil(threads * 4).max(min_rows);
     let tmp = &mut tmp[..n_out * n_tokens];
-    if chunk_rows >= n_out || threads == 1 {
+    if chunk_rows >= n_out || threads == 1 || !parallel {
         work(0, tmp);
         return;
     }
@@ -449,11 +469,8 @@ pub fn moe_experts_segments<'f>(
             .expect("quantised above")
             .1
     };
-    let mut contrib = vec![0f32; n_tokens * kk * d];
-    let mut g = Vec::new();
-    let mut u = Vec::new();
-    let mut y = Vec::new();
-    let mut h = Vec::new();
+    // Each selected expert's users on each path: (expert, wide, users).
+    let mut jobs: Vec<(usize, bool, Vec<usize>)> = Vec::new();
     let mut per_piece = vec![0usize; segs.len()];
     for e in 0..n_expert {
         let users = o.users(sel, n_tokens, e);
@@ -465,58 +482,88 @@ pub fn moe_experts_segments<'f>(
             per_piece[piece[i / kk]] += 1;
         }
         for path in [false, true] {
-            let users: Vec<usize> = users
+            let mine: Vec<usize> = users
                 .iter()
                 .copied()
                 .filter(|&i| (per_piece[piece[i / kk]] >= many) == path)
                 .collect();
-            if users.is_empty() {
-                continue;
-            }
-            let n = users.len();
-            let (kg, ku, kd) = if path {
-                (kgn, kun, kdn)
-            } else {
-                (kg1, ku1, kd1)
-            };
-            let ag = set(kg).gather(users.iter().map(|&i| i / kk));
-            let au = if ku == kg {
-                None
-            } else {
-                Some(set(ku).gather(users.iter().map(|&i| i / kk)))
-            };
-            g.resize(n * ff, 0.0);
-            u.resize(n * ff, 0.0);
-            matmul_acts(k, o.gate.ty, slab(&o.gate, e), ff, 1, &ag, n, path, &mut g);
-            matmul_acts(
-                k,
-                o.up.ty,
-                slab(&o.up, e),
-                ff,
-                1,
-                au.as_ref().unwrap_or(&ag),
-                n,
-                path,
-                &mut u,
-            );
-            // g, u are weight-row-major: element (f, j) at f·n + j.
-            h.resize(n * ff, 0.0);
-            for (j, &slot) in users.iter().enumerate() {
-                let wt = wts[slot];
-                for f in 0..ff {
-                    h[j * ff + f] = wt * swiglu(g[f * n + j], u[f * n + j], o.clamp);
-                }
-            }
-            let ah = Acts::quantize(kd, ff, h.chunks_exact(ff));
-            y.resize(n * d, 0.0);
-            matmul_acts(k, o.down.ty, slab(&o.down, e), d, 1, &ah, n, path, &mut y);
-            for (j, &slot) in users.iter().enumerate() {
-                let c = &mut contrib[slot * d..(slot + 1) * d];
-                for (i, v) in c.iter_mut().enumerate() {
-                    *v = y[i * n + j];
-                }
+            if !mine.is_empty() {
+                jobs.push((e, path, mine));
             }
         }
+    }
+    // One expert over its users: gate, up, SwiGLU with the routing weight,
+    // down; `y` gets the users' output rows (weight-row-major, n per row).
+    let expert = |e: usize, path: bool, users: &[usize], parallel: bool, y: &mut Vec<f32>| {
+        let n = users.len();
+        let (kg, ku, kd) = if path {
+            (kgn, kun, kdn)
+        } else {
+            (kg1, ku1, kd1)
+        };
+        let ag = set(kg).gather(users.iter().map(|&i| i / kk));
+        let au = if ku == kg {
+            None
+        } else {
+            Some(set(ku).gather(users.iter().map(|&i| i / kk)))
+        };
+        let mut g = vec![0f32; n * ff];
+        let mut u = vec![0f32; n * ff];
+        let on = |ty, w, n_out, a: &Acts, out: &mut [f32]| {
+            matmul_acts_on(k, ty, w, n_out, 1, a, n, path, parallel, out)
+        };
+        on(o.gate.ty, slab(&o.gate, e), ff, &ag, &mut g);
+        on(
+            o.up.ty,
+            slab(&o.up, e),
+            ff,
+            au.as_ref().unwrap_or(&ag),
+            &mut u,
+        );
+        // g, u are weight-row-major: element (f, j) at f·n + j.
+        let mut h = vec![0f32; n * ff];
+        for (j, &slot) in users.iter().enumerate() {
+            let wt = wts[slot];
+            for f in 0..ff {
+                h[j * ff + f] = wt * swiglu(g[f * n + j], u[f * n + j], o.clamp);
+            }
+        }
+        let ah = Acts::quantize(kd, ff, h.chunks_exact(ff));
+        y.resize(n * d, 0.0);
+        on(o.down.ty, slab(&o.down, e), d, &ah, y);
+    };
+    // Direct-path experts (decode rows: a step of s sessions meets up to
+    // 6·s of them, each a few MB read by one or a few rows) run whole, one
+    // per task, over the pool: no fork and join per product, and each
+    // thread streams its own expert. Many-token experts split each product
+    // over the pool instead. Either way each output value is the same dot
+    // (docs/ARCHITECTURE.md, "Batch invariance").
+    let direct: Vec<&(usize, bool, Vec<usize>)> = jobs.iter().filter(|j| !j.1).collect();
+    let ys: Vec<Vec<f32>> = direct
+        .par_iter()
+        .map(|(e, _, users)| {
+            let mut y = Vec::new();
+            expert(*e, false, users, false, &mut y);
+            y
+        })
+        .collect();
+    let mut contrib = vec![0f32; n_tokens * kk * d];
+    let mut scatter = |users: &[usize], y: &[f32]| {
+        let n = users.len();
+        for (j, &slot) in users.iter().enumerate() {
+            let c = &mut contrib[slot * d..(slot + 1) * d];
+            for (i, v) in c.iter_mut().enumerate() {
+                *v = y[i * n + j];
+            }
+        }
+    };
+    for ((_, _, users), y) in direct.iter().zip(&ys) {
+        scatter(users, y);
+    }
+    let mut y = Vec::new();
+    for (e, _, users) in jobs.iter().filter(|j| j.1) {
+        expert(*e, true, users, true, &mut y);
+        scatter(users, &y);
     }
     for t in 0..n_tokens {
         let ot = &mut out[t * d..(t + 1) * d];
