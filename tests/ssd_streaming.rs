@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use ds4::backend::experts::{ExpertLayer, StreamPlan};
-use ds4::backend::options::{CacheBudget, EvictionPolicy, StreamingOptions};
+use ds4::backend::options::{CacheBudget, StreamingOptions};
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
@@ -77,21 +77,9 @@ fn streamed_experts_give_bit_identical_logits_on_the_cpu_backends() {
             );
             // The smallest budget (k experts per layer: every step evicts),
             // each policy, with and without read-ahead, one layer whole.
-            let cases = [
-                (k, EvictionPolicy::Lru, true, 0, true),
-                (k + 1, EvictionPolicy::Lfu, false, 1, true),
-                (k + 1, EvictionPolicy::Lru, true, 0, false),
-            ];
-            for (slots, policy, prefetch, full, cold) in cases {
-                let o = StreamingOptions {
-                    budget: CacheBudget::Experts(slots),
-                    full_layers: full,
-                    cold,
-                    policy,
-                    prefetch,
-                    read_threads: 3,
-                    ..StreamingOptions::default()
-                };
+            for o in common::streaming_cases(k) {
+                let (slots, policy, prefetch, full) =
+                    (common::case_slots(&o), o.policy, o.prefetch, o.full_layers);
                 let mut s = session(model.clone(), backend, streaming(o));
                 let cache = s.expert_cache().expect("a streaming backend has a cache");
                 let plan = cache.plan().expect("planned at the first graph").clone();
@@ -191,23 +179,12 @@ fn gpu_streaming_is_exact(backend: BackendKind, variants: &[Variant]) {
             &prompt,
             8,
         );
-        let cases = [
-            (k, EvictionPolicy::Lru, true, 0, true),
-            (k + 1, EvictionPolicy::Lfu, false, 1, true),
-            (k + 1, EvictionPolicy::Lru, true, 0, false),
-        ];
-        for (slots, policy, prefetch, full, cold) in
-            cases.into_iter().take(if i == 0 { 3 } else { 1 })
+        for o in common::streaming_cases(k)
+            .into_iter()
+            .take(if i == 0 { 3 } else { 1 })
         {
-            let o = StreamingOptions {
-                budget: CacheBudget::Experts(slots),
-                full_layers: full,
-                cold,
-                policy,
-                prefetch,
-                read_threads: 3,
-                ..StreamingOptions::default()
-            };
+            let (slots, policy, prefetch, cold) =
+                (common::case_slots(&o), o.policy, o.prefetch, o.cold);
             let t = std::time::Instant::now();
             let mut s = session(model.clone(), backend, streaming(o));
             let cache = s.expert_cache().expect("a streaming backend has a cache");

@@ -1002,7 +1002,6 @@ fn v41_streamed_experts_give_bit_identical_logits_on_wgpu() {
 /// tokens, with the first `n_cases` streaming set-ups against the resident
 /// run on `backend`.
 fn v41_streaming_is_exact(backend: BackendKind, ends: &[usize], decode: usize, n_cases: usize) {
-    use ds4::backend::options::{CacheBudget, EvictionPolicy, StreamingOptions};
     use ds4::backend::BackendOptions;
     let model = v41_model();
     let AnyModel::V41(m) = &model else {
@@ -1027,21 +1026,8 @@ fn v41_streaming_is_exact(backend: BackendKind, ends: &[usize], decode: usize, n
     };
     let base = SessionOptions { backend, ..opts() };
     let (want, want_out) = run(&mut Session::open_any(&model, base.clone()).unwrap());
-    let cases = [
-        (k, EvictionPolicy::Lru, true, 0, true),
-        (k + 1, EvictionPolicy::Lfu, false, 1, true),
-        (k + 1, EvictionPolicy::Lru, true, 0, false),
-    ];
-    for &(slots, policy, prefetch, full, cold) in &cases[..n_cases] {
-        let so = StreamingOptions {
-            budget: CacheBudget::Experts(slots),
-            full_layers: full,
-            cold,
-            policy,
-            prefetch,
-            read_threads: 3,
-            ..StreamingOptions::default()
-        };
+    for so in common::streaming_cases(k).into_iter().take(n_cases) {
+        let (slots, policy, full) = (common::case_slots(&so), so.policy, so.full_layers);
         let o = SessionOptions {
             backend_options: BackendOptions {
                 ssd_streaming: Some(so),

@@ -227,3 +227,33 @@ pub fn argmax(l: &[f32]) -> u32 {
         .map(|(i, _)| i as u32)
         .unwrap_or(0)
 }
+
+/// The streaming exactness tests' set-ups for `k` experts per token, hardest
+/// first: `k` slots LRU, cold, with read-ahead (every step evicts); `k + 1`
+/// slots LFU, cold, one layer whole, no read-ahead; `k + 1` slots LRU,
+/// preloaded, with read-ahead. Three reader threads each.
+pub fn streaming_cases(k: usize) -> [ds4::backend::options::StreamingOptions; 3] {
+    use ds4::backend::options::{CacheBudget, EvictionPolicy, StreamingOptions};
+    let case = |slots, policy, prefetch, full_layers, cold| StreamingOptions {
+        budget: CacheBudget::Experts(slots),
+        full_layers,
+        cold,
+        policy,
+        prefetch,
+        read_threads: 3,
+        ..StreamingOptions::default()
+    };
+    [
+        case(k, EvictionPolicy::Lru, true, 0, true),
+        case(k + 1, EvictionPolicy::Lfu, false, 1, true),
+        case(k + 1, EvictionPolicy::Lru, true, 0, false),
+    ]
+}
+
+/// The slot count of a [`streaming_cases`] set-up.
+pub fn case_slots(o: &ds4::backend::options::StreamingOptions) -> usize {
+    match o.budget {
+        ds4::backend::options::CacheBudget::Experts(n) => n,
+        ref b => panic!("the cases name slots, not {b:?}"),
+    }
+}
