@@ -28,33 +28,12 @@ use ds4::graph::Segment;
 use ds4::quant::GgmlType;
 use ds4::testmodel::{random_blocks, Rng};
 
-fn cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
-fn best(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    (0..reps)
-        .map(|_| {
-            let t = cpu_seconds();
-            f();
-            cpu_seconds() - t
-        })
-        .fold(f64::INFINITY, f64::min)
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::best;
 
 fn main() {
-    let reps: usize = std::env::var("DS4_BENCH_REPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
-        .max(1);
+    let reps = support::reps(5);
     let rows: Vec<usize> = std::env::var("DS4_BENCH_ROWS")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())

@@ -11,6 +11,9 @@
 //! a decoder does not depend on the values. Environment: DS4_BENCH_REPS
 //! (default 5 timed repetitions after one warm-up; the best is reported).
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::time::Instant;
 
 use ds4::graph::ops::matmul::matmul_rows;
@@ -49,11 +52,7 @@ fn step(ty: GgmlType, s: &Slabs, x: &[f32], g: &mut [f32], u: &mut [f32], y: &mu
 }
 
 fn main() {
-    let reps: usize = std::env::var("DS4_BENCH_REPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
-        .max(1);
+    let reps = support::reps(5);
     let threads = rayon::current_num_threads();
     eprintln!("measuring read bandwidth ...");
     let bw = ds4::backend::bandwidth::read_bandwidth(1 << 30, 5);

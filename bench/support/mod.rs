@@ -1,0 +1,38 @@
+//! What the CPU kernel benches share: process CPU time (usable ratios on a
+//! machine shared with other jobs), best-of-N timing, and the repetition
+//! count from `DS4_BENCH_REPS`. Included with `#[path]` by each bench
+//! (bench targets are separate crates).
+
+#![allow(dead_code)]
+
+/// Seconds of CPU this process has used, all threads together.
+pub fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// The least CPU time of `reps` runs of `f`, after one warm-up run.
+pub fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = cpu_seconds();
+            f();
+            cpu_seconds() - t
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// `DS4_BENCH_REPS`, or `default` (at least 1).
+pub fn reps(default: usize) -> usize {
+    std::env::var("DS4_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+        .max(1)
+}
