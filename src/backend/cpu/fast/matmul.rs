@@ -469,8 +469,9 @@ pub fn moe_experts_segments<'f>(
             .expect("quantised above")
             .1
     };
-    // Each selected expert's users on each path: (expert, wide, users).
-    let mut jobs: Vec<(usize, bool, Vec<usize>)> = Vec::new();
+    // Each selected expert's users, per path: (expert, users).
+    let mut direct: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut wide_jobs: Vec<(usize, Vec<usize>)> = Vec::new();
     let mut per_piece = vec![0usize; segs.len()];
     for e in 0..n_expert {
         let users = o.users(sel, n_tokens, e);
@@ -488,13 +489,15 @@ pub fn moe_experts_segments<'f>(
                 .filter(|&i| (per_piece[piece[i / kk]] >= many) == path)
                 .collect();
             if !mine.is_empty() {
-                jobs.push((e, path, mine));
+                if path { &mut wide_jobs } else { &mut direct }.push((e, mine));
             }
         }
     }
     // One expert over its users: gate, up, SwiGLU with the routing weight,
-    // down; `y` gets the users' output rows (weight-row-major, n per row).
-    let expert = |e: usize, path: bool, users: &[usize], parallel: bool, y: &mut Vec<f32>| {
+    // down; the users' output rows (weight-row-major, n per row). A
+    // many-token expert splits each product over the pool; a direct one
+    // runs on the calling thread (whole experts are the tasks, below).
+    let expert = |e: usize, path: bool, users: &[usize]| -> Vec<f32> {
         let n = users.len();
         let (kg, ku, kd) = if path {
             (kgn, kun, kdn)
@@ -510,7 +513,7 @@ pub fn moe_experts_segments<'f>(
         let mut g = vec![0f32; n * ff];
         let mut u = vec![0f32; n * ff];
         let on = |ty, w, n_out, a: &Acts, out: &mut [f32]| {
-            matmul_acts_on(k, ty, w, n_out, 1, a, n, path, parallel, out)
+            matmul_acts_on(k, ty, w, n_out, 1, a, n, path, path, out)
         };
         on(o.gate.ty, slab(&o.gate, e), ff, &ag, &mut g);
         on(
@@ -529,8 +532,9 @@ pub fn moe_experts_segments<'f>(
             }
         }
         let ah = Acts::quantize(kd, ff, h.chunks_exact(ff));
-        y.resize(n * d, 0.0);
-        on(o.down.ty, slab(&o.down, e), d, &ah, y);
+        let mut y = vec![0f32; n * d];
+        on(o.down.ty, slab(&o.down, e), d, &ah, &mut y);
+        y
     };
     // Direct-path experts (decode rows: a step of s sessions meets up to
     // 6·s of them, each a few MB read by one or a few rows) run whole, one
@@ -538,14 +542,9 @@ pub fn moe_experts_segments<'f>(
     // thread streams its own expert. Many-token experts split each product
     // over the pool instead. Either way each output value is the same dot
     // (docs/ARCHITECTURE.md, "Batch invariance").
-    let direct: Vec<&(usize, bool, Vec<usize>)> = jobs.iter().filter(|j| !j.1).collect();
     let ys: Vec<Vec<f32>> = direct
         .par_iter()
-        .map(|(e, _, users)| {
-            let mut y = Vec::new();
-            expert(*e, false, users, false, &mut y);
-            y
-        })
+        .map(|(e, users)| expert(*e, false, users))
         .collect();
     let mut contrib = vec![0f32; n_tokens * kk * d];
     let mut scatter = |users: &[usize], y: &[f32]| {
@@ -557,13 +556,11 @@ pub fn moe_experts_segments<'f>(
             }
         }
     };
-    for ((_, _, users), y) in direct.iter().zip(&ys) {
+    for ((_, users), y) in direct.iter().zip(&ys) {
         scatter(users, y);
     }
-    let mut y = Vec::new();
-    for (e, _, users) in jobs.iter().filter(|j| j.1) {
-        expert(*e, true, users, true, &mut y);
-        scatter(users, &y);
+    for (e, users) in &wide_jobs {
+        scatter(users, &expert(*e, true, users));
     }
     for t in 0..n_tokens {
         let ot = &mut out[t * d..(t + 1) * d];
