@@ -19,7 +19,7 @@ use ds4::model::v41::Arch;
 use ds4::server::dsml::{self, LiveTools, ToolEvent};
 use ds4::server::render::{self, NoReplay};
 use ds4::server::request::{self, ParseContext};
-use ds4::session::{AnyModel, Session, SessionOptions};
+use ds4::session::{AnyModel, Batch, Session, SessionOptions, SlotWork};
 use ds4::testmodel::v41::{write_v41_model, V41Spec, V41Variant};
 use ds4::testmodel::{Variant, Vocab};
 use serde_json::{json, Value};
@@ -562,6 +562,169 @@ fn ds4_server_serves_the_tiny_v41_model() {
         let h = ds4::kvcache::file::KvcHeader::decode(b[..48].try_into().unwrap()).unwrap();
         assert_eq!(h.arch, Arch::V41);
     }
+}
+
+/// Several slots on a V4.1 model (`--batched-session N`): the slots step
+/// one after another (a session per slot; V4.1's pass is not recorded over
+/// several state sets yet), so each slot's logits after every piece are its
+/// own session's, bit for bit, whatever else ran in the step: prompts of
+/// different lengths, start times and piece sizes, one piece scored at
+/// every row. A slot's snapshot restores into another slot.
+#[test]
+fn v41_batch_slots_equal_their_sessions_run_alone() {
+    let model = v41_model();
+    let mut b = Batch::open_any(&model, opts(), 3).unwrap();
+    assert_eq!(b.slots(), 3);
+    assert!(
+        b.backend_notice().contains("one step per slot: V4.1"),
+        "{}",
+        b.backend_notice()
+    );
+    assert_eq!(b.model().arch(), Arch::V41);
+    // (tokens, first step, piece lengths, the piece scored at every row)
+    let plans: [(Vec<u32>, usize, Vec<usize>, usize); 3] = [
+        (ids(40, 1), 0, vec![21, 1, 14, 1, 1, 1, 1], 2),
+        (ids(26, 2), 1, vec![5, 1, 1, 17, 1, 1], 9),
+        (ids(33, 3), 3, vec![30, 1, 1, 1], 0),
+    ];
+    let mut alone: Vec<Session> = (0..3).map(|_| v41_session()).collect();
+    let (mut next, mut done) = ([0usize; 3], [0usize; 3]);
+    let mut step = 0;
+    let mut shared_steps = 0;
+    while (0..3).any(|i| next[i] < plans[i].2.len()) {
+        let mut work = Vec::new();
+        for (i, (toks, start, pieces, every)) in plans.iter().enumerate() {
+            if step >= *start && next[i] < pieces.len() {
+                let (a, z) = (done[i], done[i] + pieces[next[i]]);
+                work.push(SlotWork {
+                    slot: i,
+                    tokens: &toks[a..z],
+                    all_logits: next[i] == *every,
+                });
+            }
+        }
+        shared_steps += usize::from(work.len() > 1);
+        b.step(&work).unwrap();
+        for w in &work {
+            let i = w.slot;
+            let want_rows = if w.all_logits {
+                alone[i].score_more(w.tokens).unwrap()
+            } else {
+                let z = done[i] + w.tokens.len();
+                alone[i].sync(&plans[i].0[..z], &mut |_, _| {}).unwrap();
+                Vec::new()
+            };
+            let same = |a: &[f32], b: &[f32]| {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            };
+            assert!(
+                same(b.logits(i), alone[i].logits()),
+                "slot {i}, piece {}: logits differ from its session alone",
+                next[i]
+            );
+            assert!(same(b.piece_logits(i), &want_rows), "slot {i} rows");
+            if w.all_logits {
+                assert_eq!(want_rows.len(), w.tokens.len() * alone[i].n_vocab());
+            }
+            done[i] += w.tokens.len();
+            next[i] += 1;
+        }
+        step += 1;
+    }
+    assert!(shared_steps >= 4, "{shared_steps} steps held several slots");
+    for (i, p) in plans.iter().enumerate() {
+        assert_eq!(b.tokens(i), &p.0[..], "slot {i} holds its tokens");
+    }
+    // Slot 0's state into slot 2: the next token gives the same logits.
+    let snap = b.save_snapshot(0).unwrap();
+    b.reset(2);
+    b.load_snapshot(2, &snap).unwrap();
+    assert_eq!(b.tokens(2), b.tokens(0));
+    let t = [5u32];
+    for slot in [0, 2] {
+        b.step(&[SlotWork {
+            slot,
+            tokens: &t,
+            all_logits: false,
+        }])
+        .unwrap();
+    }
+    assert_eq!(b.logits(0), b.logits(2));
+    // A V4 snapshot is refused by a V4.1 slot, which is left empty.
+    let mut v4 = v4_session();
+    v4.sync(&ids(10, 4), &mut |_, _| {}).unwrap();
+    assert!(b.load_snapshot(1, &v4.save_snapshot().unwrap()).is_err());
+    assert!(b.tokens(1).is_empty());
+}
+
+/// `ds4-server -m v41.gguf --batched-session 3`: three requests at once
+/// each get the answer they get alone, with the disk KV cache on.
+#[test]
+fn ds4_server_serves_v41_requests_in_slots() {
+    let dir = common::fresh_dir("v41-session", "slots-cache");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
+    cmd.env("DS4_LOCK_FILE", lock_file())
+        .env_remove("DS4_API_KEY")
+        .arg("-m")
+        .arg(v41_path())
+        .args(["--port", "0", "--ctx", "512", "-n", "8"])
+        .args(["--backend", "cpu-ref", "--batched-session", "3"])
+        .args(["--mixed-prefill-quantum", "16", "--kv-disk-dir"])
+        .arg(&dir)
+        .args(common::server::SMALL_SAVES);
+    let s = launch(cmd, common::server::temp_path("v41-slots"), START_BOUND);
+    assert!(
+        s.stderr_text().contains("3 KV slots ×"),
+        "{}",
+        s.stderr_text()
+    );
+    let bodies: Vec<Value> = [
+        "tell me a story about a lighthouse keeper and the sea",
+        "list three colours",
+        "what is the capital of a small island nation, and why does it matter so much to the people",
+    ]
+    .iter()
+    .map(|q| {
+        json!({"messages":[{"role":"user","content":q}],"max_tokens":6,
+            "temperature":0,"reasoning_effort":"none"})
+    })
+    .collect();
+    let answer = |addr: &str, body: &Value| {
+        let r = json_body(&post(addr, "/v1/chat/completions", body));
+        assert_eq!(r["object"], "chat.completion", "{r}");
+        r["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let alone: Vec<String> = bodies.iter().map(|b| answer(&s.addr, b)).collect();
+    let go = std::sync::Arc::new(std::sync::Barrier::new(bodies.len()));
+    let together: Vec<String> = bodies
+        .iter()
+        .cloned()
+        .map(|b| {
+            let (addr, go) = (s.addr.clone(), go.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                answer(&addr, &b)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert_eq!(alone, together);
+    assert!(s.metric("ds4_batch_max_step_slots") >= 2);
+    assert_eq!(s.metric("ds4_slots"), 3);
+    // The Engram counters sum the slots' readers.
+    assert!(s.metric("ds4_engram_tokens_total") > 60);
+    let log = s.terminate();
+    let kvs = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "kv"))
+        .count();
+    assert!(kvs > 0, "no checkpoint written: {log}");
 }
 
 /// `<｜System｜>` is one control token where the vocabulary has it (the

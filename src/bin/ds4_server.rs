@@ -98,7 +98,8 @@ struct Args {
     #[argh(option)]
     max_connections: Option<usize>,
     /// serve N sessions at once: N KV slots, each engine step carries one
-    /// row per decoding session (default 1: one request at a time)
+    /// row per decoding session (default 1: one request at a time; V4.1
+    /// files: the slots take their turns within each step)
     #[argh(option)]
     batched_session: Option<usize>,
     /// same as --batched-session (llama-server's name)
@@ -519,20 +520,13 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         ..SessionOptions::default()
     };
     let slots = slot_count(&a)?;
-    let model = match &any {
-        AnyModel::V4(m) => Some(m.clone()),
-        AnyModel::V41(_) if slots > 1 => {
-            return Err("a V4.1 model is served by one session: --batched-session > 1 is not built for V4.1 yet".into())
-        }
-        AnyModel::V41(_) => None,
-    };
     let scratch_opts = SessionOptions {
         backend: BackendKind::CpuRef,
         backend_options: BackendOptions::default(),
         ..opts.clone()
     };
-    let engine = if let (true, Some(model)) = (slots > 1, &model) {
-        let batch = Batch::new(model.clone(), opts, slots).map_err(|e| e.to_string())?;
+    let engine = if slots > 1 {
+        let batch = Batch::open_any(&any, opts, slots).map_err(|e| e.to_string())?;
         let per = batch.slot_state_bytes() as u64;
         ds4::log_line!(
             "ds4-server: {} loaded; {slots} KV slots × {} = {} for {} tokens each; prefill quantum {}; {threads} CPU threads",
@@ -561,10 +555,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         .max()
         .unwrap_or(1);
     let metrics = Arc::new(Metrics::default());
-    let quant_bits = match &engine {
-        Engine::Serial(s) => s.routed_quant_bits(),
-        Engine::Slots(b) => ds4::kvcache::routed_quant_bits(b.model()),
-    };
+    let quant_bits = any.routed_quant_bits();
     let cache = kvdisk::open_cache(&kv_cfg, quant_bits, &metrics, kv_write_limit)?;
     if cache.is_some() {
         ds4::log_line!(

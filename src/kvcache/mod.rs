@@ -28,8 +28,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
-use crate::model::ModelFile;
-use crate::quant::GgmlType;
 use crate::session::{Session, SessionError};
 
 pub use file::{Arch, KtmEntry, KvcHeader, SaveReason};
@@ -70,15 +68,6 @@ pub fn arch_name(a: Arch) -> &'static str {
     match a {
         Arch::V4 => "DeepSeek V4 (deepseek4)",
         Arch::V41 => "DeepSeek V4.1 (deepseek41)",
-    }
-}
-
-/// Routed-expert quant bits recorded in headers: 4 iff layer 0's routed
-/// gate experts are Q4_K, else 2 (KVCACHE.md §4.1).
-pub fn routed_quant_bits(model: &ModelFile) -> u8 {
-    match model.weights.layers.first() {
-        Some(l) if l.ffn_gate_exps.ty == GgmlType::Q4K => 4,
-        _ => 2,
     }
 }
 

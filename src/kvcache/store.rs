@@ -137,7 +137,7 @@ impl DiskCache {
     /// is absent): creates the folder (mode 0700, parents too), refuses it
     /// if other users can write it ([`guard::check_folder`]), removes temp
     /// files of writers that died, and runs eviction. `quant_bits` is the
-    /// routed-expert quant of the loaded model ([`super::routed_quant_bits`]).
+    /// routed-expert quant of the loaded model ([`crate::session::AnyModel::routed_quant_bits`]).
     pub fn open(cfg: &KvCacheConfig, quant_bits: u8) -> Result<Option<DiskCache>, KvCacheError> {
         let Some(dir) = cfg.kv_disk_dir.clone() else {
             return Ok(None);

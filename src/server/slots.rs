@@ -539,6 +539,9 @@ impl Scheduler {
             .iter()
             .any(|(i, p)| matches!(p, Piece::Prefill { .. }) && self.poisoned(*i));
         let r = self.run_step(&plan, poisoned);
+        if let Some(st) = self.batch.engram_stats() {
+            self.core.metrics.record_engram(st);
+        }
         match r {
             Ok(()) => {
                 for (i, p) in plan {
@@ -745,7 +748,7 @@ impl Scheduler {
                     if let Some(entries) = j.scored.as_mut() {
                         // Row k of the piece predicts the token after it.
                         let next = &j.eff[j.done + 1..(j.done + added.len() + 1).min(j.eff.len())];
-                        let (tok, vocab) = (&self.core.tok, self.batch.model().config.n_vocab);
+                        let (tok, vocab) = (&self.core.tok, self.batch.model().n_vocab());
                         let k = j.a.req.scoring.top.unwrap_or(0);
                         let rows = self.batch.piece_logits(i);
                         entries.extend(score_following(tok, rows, vocab, next, k));

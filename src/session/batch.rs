@@ -14,17 +14,20 @@
 //! set. A piece longer than the chunk ([`SessionOptions::prefill_chunk`],
 //! at most [`MAX_CHUNK`]) runs as chunks of that size in successive passes,
 //! at most one chunk per slot per pass, so a slot's rows meet the kernels in
-//! the same pieces whatever else runs. Backends with one state set run one
-//! [`Session`] per slot, one after another (the same results, no sharing).
+//! the same pieces whatever else runs. Backends with one state set, and
+//! V4.1 models (whose forward pass is not recorded over several state sets
+//! yet), run one [`Session`] per slot, one after another: the same results
+//! as alone, the slots served in turn, no weight read shared.
 
 use std::sync::Arc;
 
 use super::snapshot::Store;
-use super::{Session, SessionError, SessionOptions};
+use super::{AnyModel, Session, SessionError, SessionOptions};
 use crate::backend::{self, Backend, BackendKind, GraphHandle};
 use crate::graph::{RowRecord, ValueId};
 use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;
+use crate::model::v41::engram_reader::EngramStats;
 use crate::model::ModelFile;
 
 /// What one slot does in a step: append `tokens` to its sequence (1 for
@@ -44,7 +47,7 @@ pub const MAX_CHUNK: usize = 256;
 
 /// N KV slots on one model.
 pub struct Batch {
-    model: Arc<ModelFile>,
+    model: AnyModel,
     opts: SessionOptions,
     engine: Engine,
     backend_notice: String,
@@ -58,6 +61,7 @@ enum Engine {
 }
 
 struct Shared {
+    model: Arc<ModelFile>,
     backend: Box<dyn Backend>,
     kv: KvLayout,
     /// Logits of each slot's last row, in the slot's row
@@ -87,8 +91,20 @@ struct SerialSlot {
 }
 
 impl Batch {
+    /// N slots on a V4 model: the shared engine where the backend holds
+    /// several state sets, a session per slot otherwise.
     pub fn new(
         model: Arc<ModelFile>,
+        opts: SessionOptions,
+        slots: usize,
+    ) -> Result<Batch, SessionError> {
+        Self::open_any(&AnyModel::V4(model), opts, slots)
+    }
+
+    /// N slots on a model of either family (a V4.1 model: a session per
+    /// slot, see the module note).
+    pub fn open_any(
+        model: &AnyModel,
         opts: SessionOptions,
         slots: usize,
     ) -> Result<Batch, SessionError> {
@@ -102,22 +118,28 @@ impl Batch {
             prefill_chunk: chunk,
             ..opts
         };
-        if let Some(b) = Self::shared(&model, &opts, slots)? {
-            return Ok(b);
+        if let AnyModel::V4(m) = model {
+            if let Some(b) = Self::shared(m, &opts, slots)? {
+                return Ok(b);
+            }
         }
         let mut v = Vec::with_capacity(slots);
         for _ in 0..slots {
             v.push(SerialSlot {
-                session: Session::new(model.clone(), opts.clone())?,
+                session: Session::open_any(model, opts.clone())?,
                 piece_logits: Vec::new(),
             });
         }
+        let why = match model {
+            AnyModel::V4(_) => "the backend holds one state set",
+            AnyModel::V41(_) => "V4.1 steps one slot at a time",
+        };
         let backend_notice = format!(
-            "{} ({slots} slots, one step per slot: the backend holds one state set)",
+            "{} ({slots} slots, one step per slot: {why})",
             v[0].session.backend_notice()
         );
         Ok(Batch {
-            model,
+            model: model.clone(),
             opts,
             engine: Engine::Serial(v),
             backend_notice,
@@ -168,9 +190,10 @@ impl Batch {
         )?;
         let backend_notice = format!("{} ({slots} slots, batched steps)", opened.notice);
         Ok(Some(Batch {
-            model: model.clone(),
+            model: AnyModel::V4(model.clone()),
             opts: opts.clone(),
             engine: Engine::Shared(Box::new(Shared {
+                model: model.clone(),
                 backend,
                 kv,
                 small,
@@ -203,8 +226,25 @@ impl Batch {
         self.opts.ctx
     }
 
-    pub fn model(&self) -> &ModelFile {
+    /// The model the slots run.
+    pub fn model(&self) -> &AnyModel {
         &self.model
+    }
+
+    /// What the slots' Engram readers did, summed (V4.1 models only).
+    pub fn engram_stats(&self) -> Option<EngramStats> {
+        let Engine::Serial(v) = &self.engine else {
+            return None;
+        };
+        let mut sum: Option<EngramStats> = None;
+        for st in v.iter().filter_map(|s| s.session.engram_stats()) {
+            let t = sum.get_or_insert_with(EngramStats::default);
+            t.tokens += st.tokens;
+            t.rows_requested += st.rows_requested;
+            t.cache_hits += st.cache_hits;
+            t.bytes_read += st.bytes_read;
+        }
+        sum
     }
 
     pub fn backend_notice(&self) -> &str {
@@ -262,7 +302,7 @@ impl Batch {
     /// Checks every entry of a step before anything runs: known, distinct
     /// slots; non-empty pieces of known tokens that fit the context.
     fn check(&self, work: &[SlotWork<'_>]) -> Result<(), SessionError> {
-        let vocab = self.model.config.n_vocab;
+        let vocab = self.model.n_vocab();
         let mut seen = vec![false; self.slots()];
         for w in work {
             if w.slot >= self.slots() {
@@ -301,7 +341,7 @@ impl Batch {
     pub fn step(&mut self, work: &[SlotWork<'_>]) -> Result<(), SessionError> {
         self.check(work)?;
         let r = match &mut self.engine {
-            Engine::Shared(s) => s.step(work, &self.model, self.model.config.n_vocab),
+            Engine::Shared(s) => s.step(work),
             Engine::Serial(v) => serial_step(v, work),
         };
         if r.is_err() {
@@ -318,17 +358,17 @@ impl Batch {
         match &self.engine {
             Engine::Shared(s) => {
                 let d = &s.slots[slot];
-                self.store(&s.kv)
+                self.store(s)
                     .save(s.backend.as_ref(), slot, &d.tokens, &d.logits)
             }
             Engine::Serial(v) => v[slot].session.save_snapshot(),
         }
     }
 
-    fn store<'a>(&'a self, kv: &'a KvLayout) -> Store<'a> {
+    fn store<'a>(&'a self, s: &'a Shared) -> Store<'a> {
         Store {
-            model: &self.model,
-            kv,
+            model: &s.model,
+            kv: &s.kv,
             ctx: self.opts.ctx,
             prefill_chunk: self.opts.prefill_chunk,
         }
@@ -340,7 +380,7 @@ impl Batch {
         let r = match &mut self.engine {
             Engine::Shared(s) => {
                 let store = Store {
-                    model: &self.model,
+                    model: &s.model,
                     kv: &s.kv,
                     ctx: self.opts.ctx,
                     prefill_chunk: self.opts.prefill_chunk,
@@ -396,12 +436,8 @@ fn serial_step(v: &mut [SerialSlot], work: &[SlotWork<'_>]) -> Result<(), Sessio
 
 impl Shared {
     /// Runs the pieces in passes of at most one chunk per slot.
-    fn step(
-        &mut self,
-        work: &[SlotWork<'_>],
-        model: &ModelFile,
-        vocab: usize,
-    ) -> Result<(), SessionError> {
+    fn step(&mut self, work: &[SlotWork<'_>]) -> Result<(), SessionError> {
+        let vocab = self.model.config.n_vocab;
         for w in work {
             self.slots[w.slot].piece_logits.clear();
         }
@@ -446,8 +482,13 @@ impl Shared {
                             logits: Logits::All,
                             ..self.forward.clone()
                         };
-                        let g =
-                            load_graph(self.backend.as_mut(), model, &self.kv, self.large.1, &fo)?;
+                        let g = load_graph(
+                            self.backend.as_mut(),
+                            &self.model,
+                            &self.kv,
+                            self.large.1,
+                            &fo,
+                        )?;
                         *self.every_row.insert(g)
                     }
                 }

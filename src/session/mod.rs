@@ -91,6 +91,28 @@ impl AnyModel {
         }
     }
 
+    /// Routed-expert quant bits for KVC headers (4 iff layer 0's routed
+    /// gate experts are Q4_K, else 2; KVCACHE.md §4.1).
+    pub fn routed_quant_bits(&self) -> u8 {
+        let ty = match self {
+            AnyModel::V4(m) => m.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
+            AnyModel::V41(m) => m.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
+        };
+        if ty == Some(crate::quant::GgmlType::Q4K) {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// The vocabulary size.
+    pub fn n_vocab(&self) -> usize {
+        match self {
+            AnyModel::V4(m) => m.config.n_vocab,
+            AnyModel::V41(m) => m.config.n_vocab,
+        }
+    }
+
     /// The V4 model, if this is one.
     pub fn v4(&self) -> Option<&Arc<ModelFile>> {
         match self {
@@ -343,15 +365,11 @@ impl Session {
     /// Routed-expert quant bits for KVC headers (4 iff layer 0's routed
     /// gate experts are Q4_K, else 2; KVCACHE.md §4.1).
     pub fn routed_quant_bits(&self) -> u8 {
-        let ty = match &self.net {
-            Net::V4 { model, .. } => model.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
-            Net::V41(n) => n.model.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
-        };
-        if ty == Some(crate::quant::GgmlType::Q4K) {
-            4
-        } else {
-            2
+        match &self.net {
+            Net::V4 { model, .. } => AnyModel::V4(model.clone()),
+            Net::V41(n) => AnyModel::V41(n.model.clone()),
         }
+        .routed_quant_bits()
     }
 
     /// What the Engram reader did (V4.1 sessions only).
