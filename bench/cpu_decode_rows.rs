@@ -19,7 +19,8 @@
 //! for per-core figures. GB/s counts weight bytes per CPU-second (each
 //! weight row read once per call). Environment:
 //! DS4_BENCH_REPS (default 5; the best is reported), DS4_BENCH_ROWS (e.g.
-//! `1,8`).
+//! `1,8`), DS4_BENCH_DRAM (set: two more cases larger than any cache, read
+//! from DRAM as a decode step reads its weights).
 
 use ds4::backend::cpu::fast::act::Acts;
 use ds4::backend::cpu::fast::matmul::matmul_segments;
@@ -50,11 +51,19 @@ fn main() {
         "shape", "path", "rows", "product ms", "many ms", "1-row ms", "many GB/s", "1row GB/s"
     );
     let mut rng = Rng::new(0x6465_636f);
-    let cases = [
+    let mut cases = vec![
         (GgmlType::Q8_0, 4096usize, 4096usize, "dense Q8_0"),
         (GgmlType::Iq2Xxs, 4096, 2048, "expert gate IQ2_XXS"),
         (GgmlType::Q2K, 2048, 4096, "expert down Q2_K"),
     ];
+    // The cases above fit the last-level cache, so repeats read them from
+    // there; in a decode step every weight comes from DRAM once. These two
+    // are larger than any cache: a head-sized Q8_0 matrix (276 MiB) and 64
+    // IQ2_XXS expert gates back to back (132 MiB).
+    if std::env::var_os("DS4_BENCH_DRAM").is_some() {
+        cases.push((GgmlType::Q8_0, 4096, 65536, "DRAM head Q8_0"));
+        cases.push((GgmlType::Iq2Xxs, 4096, 131072, "DRAM gates IQ2_XXS"));
+    }
     for (ty, n_in, n_out, what) in cases {
         let w = random_blocks(ty, n_in * n_out, &mut rng);
         let rb = w.len() / n_out;
@@ -112,6 +121,19 @@ fn main() {
             }
         }
         #[cfg(target_arch = "x86_64")]
+        if ty == GgmlType::Q8_0 && n_out == 4096 && Isa::Avx2.supported() {
+            let iters = 1usize << 22;
+            let t = best(reps, || {
+                // SAFETY: AVX2/FMA checked above.
+                std::hint::black_box(unsafe { q8_0_register_ceiling(iters) });
+            });
+            println!(
+                "{:<28} avx2 multi-row kernel's operations on registers only: {:.3} ns per row and block",
+                format!("{what} {n_in}->{n_out}"),
+                t / (iters * 8) as f64 * 1e9
+            );
+        }
+        #[cfg(target_arch = "x86_64")]
         if ty == GgmlType::Iq2Xxs && Isa::Avx2.supported() {
             use ds4::backend::cpu::fast::avx2;
             let Acts::Q8K { blocks, per_row } = &acts else {
@@ -137,4 +159,39 @@ fn main() {
             );
         }
     }
+}
+
+/// The AVX2 Q8_0 multi-row kernel's work per weight block and activation
+/// row (sign, maddubs, madd, convert, scale product, fma) for 8 rows, with
+/// every operand in registers: what the core's vector pipes allow when no
+/// byte has to come from memory, to set beside the kernel's figure per row
+/// and block (`many ms` ÷ (rows × blocks)).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_0_register_ceiling(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+    let mut w = _mm256_set1_epi8(3);
+    let x: [__m256i; 8] = std::array::from_fn(|t| _mm256_set1_epi8(t as i8 + 1));
+    let d: [f32; 8] = std::array::from_fn(|t| t as f32 + 1.0);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for _ in 0..iters {
+        // A new weight block and scale each time, so nothing is hoisted.
+        w = black_box(w);
+        let aw = _mm256_sign_epi8(w, w);
+        let dw = _mm256_set1_ps(black_box(0.5f32));
+        for t in 0..8 {
+            let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[t], w));
+            let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(d[t])), p, acc[t]);
+        }
+    }
+    let mut sum = _mm256_setzero_ps();
+    for a in acc {
+        sum = _mm256_add_ps(sum, a);
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
+    lanes.iter().sum()
 }
