@@ -238,11 +238,7 @@ impl Batch {
         };
         let mut sum: Option<EngramStats> = None;
         for st in v.iter().filter_map(|s| s.session.engram_stats()) {
-            let t = sum.get_or_insert_with(EngramStats::default);
-            t.tokens += st.tokens;
-            t.rows_requested += st.rows_requested;
-            t.cache_hits += st.cache_hits;
-            t.bytes_read += st.bytes_read;
+            *sum.get_or_insert_with(EngramStats::default) += st;
         }
         sum
     }
@@ -358,19 +354,14 @@ impl Batch {
         match &self.engine {
             Engine::Shared(s) => {
                 let d = &s.slots[slot];
-                self.store(s)
-                    .save(s.backend.as_ref(), slot, &d.tokens, &d.logits)
+                store(&s.model, &s.kv, &self.opts).save(
+                    s.backend.as_ref(),
+                    slot,
+                    &d.tokens,
+                    &d.logits,
+                )
             }
             Engine::Serial(v) => v[slot].session.save_snapshot(),
-        }
-    }
-
-    fn store<'a>(&'a self, s: &'a Shared) -> Store<'a> {
-        Store {
-            model: &s.model,
-            kv: &s.kv,
-            ctx: self.opts.ctx,
-            prefill_chunk: self.opts.prefill_chunk,
         }
     }
 
@@ -378,23 +369,15 @@ impl Batch {
     pub fn load_snapshot(&mut self, slot: usize, payload: &[u8]) -> Result<(), SessionError> {
         self.known(slot);
         let r = match &mut self.engine {
-            Engine::Shared(s) => {
-                let store = Store {
-                    model: &s.model,
-                    kv: &s.kv,
-                    ctx: self.opts.ctx,
-                    prefill_chunk: self.opts.prefill_chunk,
-                };
-                store
-                    .load(s.backend.as_mut(), slot, payload)
-                    .map(|(tokens, logits)| {
-                        s.slots[slot] = SlotData {
-                            tokens,
-                            logits,
-                            piece_logits: Vec::new(),
-                        }
-                    })
-            }
+            Engine::Shared(s) => store(&s.model, &s.kv, &self.opts)
+                .load(s.backend.as_mut(), slot, payload)
+                .map(|(tokens, logits)| {
+                    s.slots[slot] = SlotData {
+                        tokens,
+                        logits,
+                        piece_logits: Vec::new(),
+                    }
+                }),
             Engine::Serial(v) => {
                 v[slot].piece_logits.clear();
                 return v[slot].session.load_snapshot(payload);
@@ -404,6 +387,17 @@ impl Batch {
             self.reset(slot);
         }
         r
+    }
+}
+
+/// The snapshot store of the shared engine's slots (fields, not `&Shared`,
+/// so that a load can borrow the backend mutably beside it).
+fn store<'a>(model: &'a ModelFile, kv: &'a KvLayout, opts: &SessionOptions) -> Store<'a> {
+    Store {
+        model,
+        kv,
+        ctx: opts.ctx,
+        prefill_chunk: opts.prefill_chunk,
     }
 }
 

@@ -35,6 +35,16 @@ pub struct EngramStats {
     pub bytes_read: u64,
 }
 
+/// Several readers' counts together (the server's slots, one reader each).
+impl std::ops::AddAssign for EngramStats {
+    fn add_assign(&mut self, o: EngramStats) {
+        self.tokens += o.tokens;
+        self.rows_requested += o.rows_requested;
+        self.cache_hits += o.cache_hits;
+        self.bytes_read += o.bytes_read;
+    }
+}
+
 impl EngramStats {
     pub fn bytes_per_token(&self) -> f64 {
         self.bytes_read as f64 / self.tokens.max(1) as f64
