@@ -16,11 +16,29 @@ use crate::quant::q4_k::unpack_scales;
 use crate::quant::q8_k::BlockQ8K;
 
 /// An f16 at `p` (unaligned) through the F16C unit.
+///
+/// Written in assembly because LLVM turns the intrinsic form
+/// (`_mm_cvtph_ps(_mm_cvtsi32_si128(h))`, of which only lane 0 is used) into
+/// a `vpinsrw` that merges the half into whatever register it likes, often
+/// an accumulator: each block's scale then waited for the previous block's
+/// FMA, and the 1-row Q8_0 dot ran at ~8 cycles per block instead of ~3
+/// (docs/PERFORMANCE.md). `vmovd` from a general register writes the whole
+/// vector register, so the conversion depends on the load alone.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let h = std::ptr::read_unaligned(p as *const u16);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
+    let h = u32::from(std::ptr::read_unaligned(p as *const u16));
+    let x: __m128;
+    // SAFETY: F16C is enabled on this function; the asm reads and writes
+    // registers only.
+    std::arch::asm!(
+        "vmovd {x}, {h:e}",
+        "vcvtph2ps {x}, {x}",
+        h = in(reg) h,
+        x = out(xmm_reg) x,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    _mm_cvtss_f32(x)
 }
 
 #[inline]

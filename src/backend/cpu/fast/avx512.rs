@@ -33,11 +33,11 @@ macro_rules! avx512_kernels {
         /// Whether this variant uses `vpdpbusd`.
         pub const VNNI: bool = $vnni;
 
+        /// The AVX2 kernels' f16 read (its note says why it is assembly).
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn f16_at(p: *const u8) -> f32 {
-            let h = std::ptr::read_unaligned(p as *const u16);
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+            crate::backend::cpu::fast::avx2::f16_at(p)
         }
 
         #[inline]

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::act::{Acts, BlockQ8x32};
-use super::{expand, gemm, Kernels, MANY_MAX};
+use super::{expand, gemm, Kernels, Picked, MANY_MAX};
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts, SlabSource};
 use crate::graph::Segment;
@@ -83,26 +83,27 @@ fn matmul_acts_on(
         let rows = chunk.len() / n_tokens;
         let mut idx = [0usize; MANY_MAX];
         let mut vals = [0f32; MANY_MAX];
+        // The token group's rows, picked again only for another token group
+        // or when the output row enters another group of a grouped product.
+        let mut picked: Option<((usize, usize), Picked)> = None;
         let mut r0 = 0;
         while r0 < rows {
             let r1 = (r0 + ROW_TILE).min(rows);
             let mut t0 = 0;
             while t0 < n_tokens {
                 let t1 = (t0 + MANY_MAX).min(n_tokens);
+                let m = t1 - t0;
                 for r in r0..r1 {
                     let o = first + r;
                     let g = o / rows_per_group;
-                    for (a, t) in idx.iter_mut().zip(t0..t1) {
-                        *a = t * groups + g;
+                    if picked.as_ref().is_none_or(|(key, _)| *key != (t0, g)) {
+                        for (a, t) in idx.iter_mut().zip(t0..t1) {
+                            *a = t * groups + g;
+                        }
+                        picked = Some(((t0, g), Picked::new(acts, &idx[..m])));
                     }
-                    let m = t1 - t0;
-                    k.dot_many(
-                        ty,
-                        &w[o * rb..(o + 1) * rb],
-                        acts,
-                        &idx[..m],
-                        &mut vals[..m],
-                    );
+                    let (_, p) = picked.as_ref().expect("picked above");
+                    k.dot_picked(ty, &w[o * rb..(o + 1) * rb], acts, p, &mut vals[..m]);
                     chunk[r * n_tokens + t0..r * n_tokens + t1].copy_from_slice(&vals[..m]);
                 }
                 t0 = t1;

@@ -470,14 +470,57 @@ impl Kernels {
     }
 }
 
-/// Rows `rows` (at most [`MANY_MAX`]) of a block array (`per_row` blocks
-/// each), as slices on the stack.
-fn pick<'a, B>(blocks: &'a [B], per_row: usize, rows: &[usize]) -> [&'a [B]; MANY_MAX] {
-    let mut ys: [&[B]; MANY_MAX] = [&[]; MANY_MAX];
-    for (y, &r) in ys.iter_mut().zip(rows) {
-        *y = &blocks[r * per_row..(r + 1) * per_row];
+/// Activation rows `rows` (at most [`MANY_MAX`]) picked once as the slices
+/// a multi-row kernel reads, so that a product over many weight rows builds
+/// them once per token group rather than once per weight row (it showed as
+/// 2–3 % of an 8-session decode step).
+pub struct Picked<'a> {
+    rows: [usize; MANY_MAX],
+    m: usize,
+    blocks: PickedBlocks<'a>,
+}
+
+enum PickedBlocks<'a> {
+    Q8x32([&'a [BlockQ8x32]; MANY_MAX]),
+    Q8K([&'a [BlockQ8K]; MANY_MAX]),
+    /// f32 activations: no multi-row kernel reads them.
+    None,
+}
+
+impl<'a> Picked<'a> {
+    pub fn new(acts: &'a act::Acts, rows: &[usize]) -> Picked<'a> {
+        use act::Acts;
+        assert!(
+            rows.len() <= MANY_MAX,
+            "at most MANY_MAX rows per multi-row dot"
+        );
+        fn pick<'a, B>(blocks: &'a [B], per_row: usize, rows: &[usize]) -> [&'a [B]; MANY_MAX] {
+            let mut ys: [&[B]; MANY_MAX] = [&[]; MANY_MAX];
+            for (y, &r) in ys.iter_mut().zip(rows) {
+                *y = &blocks[r * per_row..(r + 1) * per_row];
+            }
+            ys
+        }
+        // One row takes the 1-row dot, which reads `acts` itself.
+        let blocks = match acts {
+            _ if rows.len() < 2 => PickedBlocks::None,
+            Acts::Q8x32 { blocks, per_row } => PickedBlocks::Q8x32(pick(blocks, *per_row, rows)),
+            Acts::Q8K { blocks, per_row } => PickedBlocks::Q8K(pick(blocks, *per_row, rows)),
+            Acts::F32 { .. } => PickedBlocks::None,
+        };
+        let mut all = [0; MANY_MAX];
+        all[..rows.len()].copy_from_slice(rows);
+        Picked {
+            rows: all,
+            m: rows.len(),
+            blocks,
+        }
     }
-    ys
+
+    /// The activation rows, in order.
+    pub fn rows(&self) -> &[usize] {
+        &self.rows[..self.m]
+    }
 }
 
 impl Kernels {
@@ -493,29 +536,37 @@ impl Kernels {
         rows: &[usize],
         out: &mut [f32],
     ) {
-        use act::Acts;
-        debug_assert!(rows.len() <= MANY_MAX && out.len() == rows.len());
-        if rows.len() > 1 {
-            match (acts, ty) {
-                (Acts::Q8x32 { blocks, per_row }, GgmlType::Q8_0) => {
-                    if let Some(many) = self.q8_0_many {
-                        return many(w, &pick(blocks, *per_row, rows)[..rows.len()], out);
-                    }
+        self.dot_picked(ty, w, acts, &Picked::new(acts, rows), out)
+    }
+
+    /// [`Kernels::dot_many`] over rows picked beforehand from `acts`.
+    pub fn dot_picked(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        acts: &act::Acts,
+        p: &Picked<'_>,
+        out: &mut [f32],
+    ) {
+        debug_assert_eq!(out.len(), p.m);
+        if p.m > 1 {
+            let many = match (&p.blocks, ty) {
+                (PickedBlocks::Q8x32(ys), GgmlType::Q8_0) => {
+                    self.q8_0_many.map(|many| many(w, &ys[..p.m], out))
                 }
-                (Acts::Q8K { blocks, per_row }, GgmlType::Iq2Xxs | GgmlType::Q2K) => {
-                    let many = if ty == GgmlType::Q2K {
-                        self.q2k_many
-                    } else {
-                        self.iq2xxs_many
-                    };
-                    if let Some(many) = many {
-                        return many(w, &pick(blocks, *per_row, rows)[..rows.len()], out);
-                    }
+                (PickedBlocks::Q8K(ys), GgmlType::Iq2Xxs) => {
+                    self.iq2xxs_many.map(|many| many(w, &ys[..p.m], out))
                 }
-                _ => {}
+                (PickedBlocks::Q8K(ys), GgmlType::Q2K) => {
+                    self.q2k_many.map(|many| many(w, &ys[..p.m], out))
+                }
+                _ => None,
+            };
+            if many.is_some() {
+                return;
             }
         }
-        for (o, &r) in out.iter_mut().zip(rows) {
+        for (o, &r) in out.iter_mut().zip(p.rows()) {
             *o = self.dot(ty, w, acts, r);
         }
     }
