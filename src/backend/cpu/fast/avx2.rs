@@ -21,8 +21,8 @@ use crate::quant::q8_k::BlockQ8K;
 /// (`_mm_cvtph_ps(_mm_cvtsi32_si128(h))`, of which only lane 0 is used) into
 /// a `vpinsrw` that merges the half into whatever register it likes, often
 /// an accumulator: each block's scale then waited for the previous block's
-/// FMA, and the 1-row Q8_0 dot ran at ~8 cycles per block instead of ~3
-/// (docs/PERFORMANCE.md). `vmovd` from a general register writes the whole
+/// FMA, and the 1-row Q8_0 dot took ~8.5 cycles per block instead of ~5.6
+/// (docs/PERFORMANCE.md, "A false dependency in the f16 scale reads"). `vmovd` from a general register writes the whole
 /// vector register, so the conversion depends on the load alone.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

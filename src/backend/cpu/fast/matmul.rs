@@ -103,7 +103,7 @@ fn matmul_acts_on(
                         picked = Some(((t0, g), Picked::new(acts, &idx[..m])));
                     }
                     let (_, p) = picked.as_ref().expect("picked above");
-                    k.dot_picked(ty, &w[o * rb..(o + 1) * rb], acts, p, &mut vals[..m]);
+                    k.dot_picked(ty, &w[o * rb..(o + 1) * rb], p, &mut vals[..m]);
                     chunk[r * n_tokens + t0..r * n_tokens + t1].copy_from_slice(&vals[..m]);
                 }
                 t0 = t1;

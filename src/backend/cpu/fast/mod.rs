@@ -475,6 +475,7 @@ impl Kernels {
 /// them once per token group rather than once per weight row (it showed as
 /// 2–3 % of an 8-session decode step).
 pub struct Picked<'a> {
+    acts: &'a act::Acts,
     rows: [usize; MANY_MAX],
     m: usize,
     blocks: PickedBlocks<'a>,
@@ -511,6 +512,7 @@ impl<'a> Picked<'a> {
         let mut all = [0; MANY_MAX];
         all[..rows.len()].copy_from_slice(rows);
         Picked {
+            acts,
             rows: all,
             m: rows.len(),
             blocks,
@@ -536,18 +538,11 @@ impl Kernels {
         rows: &[usize],
         out: &mut [f32],
     ) {
-        self.dot_picked(ty, w, acts, &Picked::new(acts, rows), out)
+        self.dot_picked(ty, w, &Picked::new(acts, rows), out)
     }
 
-    /// [`Kernels::dot_many`] over rows picked beforehand from `acts`.
-    pub fn dot_picked(
-        &self,
-        ty: GgmlType,
-        w: &[u8],
-        acts: &act::Acts,
-        p: &Picked<'_>,
-        out: &mut [f32],
-    ) {
+    /// [`Kernels::dot_many`] over activation rows picked beforehand.
+    pub fn dot_picked(&self, ty: GgmlType, w: &[u8], p: &Picked<'_>, out: &mut [f32]) {
         debug_assert_eq!(out.len(), p.m);
         if p.m > 1 {
             let many = match (&p.blocks, ty) {
@@ -567,7 +562,7 @@ impl Kernels {
             }
         }
         for (o, &r) in out.iter_mut().zip(p.rows()) {
-            *o = self.dot(ty, w, acts, r);
+            *o = self.dot(ty, w, p.acts, r);
         }
     }
 }
