@@ -189,7 +189,7 @@ fn two_replicas_saving_the_same_prefix_at_once_leave_one_valid_file() {
                             last_used: NOW,
                             payload_bytes: payload.len() as u64,
                             checksum: Some(file::checksum(&t, &payload)),
-                            arch: ds4::kvcache::Arch::V4,
+                            arch: ds4::model::Arch::V4,
                         },
                         text: &t,
                         payload: &payload,

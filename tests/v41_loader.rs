@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use ds4::gguf::{GgufFile, MetaArray, MetaValue};
-use ds4::model::v41::{Arch, LayerRole, V41ModelFile};
+use ds4::model::v41::{LayerRole, V41ModelFile};
+use ds4::model::Arch;
 use ds4::model::{ModelError, ModelFile};
 use ds4::quant::GgmlType;
 use ds4::testmodel::v41::{

@@ -107,8 +107,8 @@ pub fn info(
     let t0 = Instant::now();
     if crate::gguf::GgufFile::open(path)
         .ok()
-        .and_then(|f| crate::model::v41::Arch::of(&f).ok())
-        == Some(crate::model::v41::Arch::V41)
+        .and_then(|f| crate::model::Arch::of(&f).ok())
+        == Some(crate::model::Arch::V41)
     {
         return info_v41(path, roofline_for);
     }

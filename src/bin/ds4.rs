@@ -15,9 +15,9 @@ use ds4::generate::{
 };
 use ds4::graph::ValueName;
 use ds4::model::forward::Numerics;
-use ds4::model::v41::Arch;
+use ds4::model::{AnyModel, Arch};
 use ds4::sampler::{Rng, SamplerConfig};
-use ds4::session::{AnyModel, Session, SessionOptions};
+use ds4::session::{Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
 /// ds4 — DeepSeek V4 Flash inference engine. Without -p it starts an interactive chat.

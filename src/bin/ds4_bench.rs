@@ -12,9 +12,9 @@ use ds4::backend::options::{CacheBudget, EvictionPolicy, ProfileFile, StreamingO
 use ds4::backend::BackendOptions;
 use ds4::kvcache::{CacheKey, DiskCache, KvCacheConfig, LookupOutcome, SaveReason, StoreOutcome};
 use ds4::model::v41::engram_reader::{drop_table_pages, EngramStats};
-use ds4::model::v41::Arch;
 use ds4::model::ModelFile;
-use ds4::session::{AnyModel, Batch, Session, SessionOptions, SlotWork};
+use ds4::model::{AnyModel, Arch};
+use ds4::session::{Batch, Session, SessionOptions, SlotWork};
 use ds4::tokenizer::Tokenizer;
 
 /// Measure prefill and generation speed at context frontiers ctx-start,

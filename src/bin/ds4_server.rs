@@ -14,7 +14,7 @@ use ds4::backend::{BackendKind, BackendOptions};
 use ds4::chat::Dialect;
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
-use ds4::model::v41::Arch;
+use ds4::model::{AnyModel, Arch};
 use ds4::server::guard::CorsOrigins;
 use ds4::server::job::{self, KvCacheHook};
 use ds4::server::kvdisk::{self, DiskHook};
@@ -24,7 +24,7 @@ use ds4::server::routes::{self, HttpOptions, State};
 use ds4::server::slotdisk::SlotDisk;
 use ds4::server::slots::{self, SlotConfig};
 use ds4::server::worker::{self, WorkerConfig};
-use ds4::session::{AnyModel, Batch, Session, SessionOptions};
+use ds4::session::{Batch, Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
 /// ds4-server — OpenAI chat/completions/Responses and Anthropic messages for DeepSeek V4 Flash.

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use sha1::{Digest, Sha1};
 
 use super::guard;
-pub use crate::model::v41::Arch;
+use crate::model::Arch;
 
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = 48;

@@ -30,7 +30,8 @@ use thiserror::Error;
 
 use crate::session::{Session, SessionError};
 
-pub use file::{Arch, KtmEntry, KvcHeader, SaveReason};
+use crate::model::Arch;
+pub use file::{KtmEntry, KvcHeader, SaveReason};
 pub use moments::{DiskResume, SaveMoments, VisibleKey};
 pub use policy::{ContinuedSaves, KvCacheConfig};
 pub use store::{CacheKey, DiskCache, DiskHit, LookupOutcome, StoreOutcome};

@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::file::{
-    self, checkpoint_stem, read_contents, sha1_hex, Arch, ContentError, Entry, KtmEntry, KvcHeader,
+    self, checkpoint_stem, read_contents, sha1_hex, ContentError, Entry, KtmEntry, KvcHeader,
     NewCheckpoint, Probe, SaveReason, EXT_RESPONSES_TEXT, EXT_THINKING_TEXT, EXT_TOOL_MAP,
 };
 use super::guard::{self, FileId, Removal};
 use super::{KvCacheConfig, KvCacheError, KvCacheMetrics};
+use crate::model::Arch;
 use crate::session::Session;
 
 /// What the cache text of a checkpoint is (§4.2).
@@ -137,7 +138,7 @@ impl DiskCache {
     /// is absent): creates the folder (mode 0700, parents too), refuses it
     /// if other users can write it ([`guard::check_folder`]), removes temp
     /// files of writers that died, and runs eviction. `quant_bits` is the
-    /// routed-expert quant of the loaded model ([`crate::session::AnyModel::routed_quant_bits`]).
+    /// routed-expert quant of the loaded model ([`crate::model::AnyModel::routed_quant_bits`]).
     pub fn open(cfg: &KvCacheConfig, quant_bits: u8) -> Result<Option<DiskCache>, KvCacheError> {
         let Some(dir) = cfg.kv_disk_dir.clone() else {
             return Ok(None);

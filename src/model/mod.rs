@@ -5,6 +5,7 @@ pub mod config;
 mod error;
 pub mod weights;
 
+pub use arch::{AnyModel, Arch};
 pub use config::{AttentionKind, ModelConfig};
 pub use error::ModelError;
 pub use weights::{
@@ -51,6 +52,7 @@ impl ModelFile {
     }
 }
 
+pub mod arch;
 pub mod forward;
 pub mod state;
 /// DeepSeek V4.1 (`deepseek41`): a second model family beside V4's.

@@ -22,12 +22,13 @@
 use std::sync::Arc;
 
 use super::snapshot::Store;
-use super::{AnyModel, Session, SessionError, SessionOptions};
+use super::{Session, SessionError, SessionOptions};
 use crate::backend::{self, Backend, BackendKind, GraphHandle};
 use crate::graph::{RowRecord, ValueId};
 use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;
 use crate::model::v41::engram_reader::EngramStats;
+use crate::model::AnyModel;
 use crate::model::ModelFile;
 
 /// What one slot does in a step: append `tokens` to its sequence (1 for

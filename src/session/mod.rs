@@ -13,10 +13,11 @@ use thiserror::Error;
 
 use crate::backend::{self, Backend, BackendError, BackendKind, BackendOptions, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
+use crate::model::arch::{AnyModel, Arch};
 use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
 use crate::model::state::KvLayout;
 use crate::model::v41::engram_reader::EngramStats;
-use crate::model::v41::{Arch, V41ModelFile};
+use crate::model::v41::V41ModelFile;
 use crate::model::ModelFile;
 
 pub use batch::{Batch, SlotWork};
@@ -48,78 +49,6 @@ pub enum SessionError {
     /// Reading the Engram rows of a V4.1 model failed.
     #[error("engram rows: {0}")]
     Engram(String),
-}
-
-/// An opened model of either family, recognised by `general.architecture`.
-#[derive(Clone)]
-pub enum AnyModel {
-    V4(Arc<ModelFile>),
-    V41(Arc<V41ModelFile>),
-}
-
-impl AnyModel {
-    /// Opens a V4 or V4.1 GGUF (nothing read beyond the header).
-    pub fn open(path: impl AsRef<std::path::Path>) -> Result<AnyModel, crate::model::ModelError> {
-        let file = crate::gguf::GgufFile::open(path.as_ref())?;
-        Ok(match Arch::of(&file)? {
-            Arch::V4 => {
-                drop(file);
-                AnyModel::V4(Arc::new(ModelFile::open(path)?))
-            }
-            Arch::V41 => AnyModel::V41(Arc::new(V41ModelFile::from_file(file)?)),
-        })
-    }
-
-    pub fn arch(&self) -> Arch {
-        match self {
-            AnyModel::V4(_) => Arch::V4,
-            AnyModel::V41(_) => Arch::V41,
-        }
-    }
-
-    pub fn file(&self) -> &crate::gguf::GgufFile {
-        match self {
-            AnyModel::V4(m) => &m.file,
-            AnyModel::V41(m) => &m.file,
-        }
-    }
-
-    pub fn n_layer(&self) -> usize {
-        match self {
-            AnyModel::V4(m) => m.config.n_layer,
-            AnyModel::V41(m) => m.config.n_layer,
-        }
-    }
-
-    /// Routed-expert quant bits for KVC headers (4 iff layer 0's routed
-    /// gate experts are Q4_K, else 2; KVCACHE.md §4.1).
-    pub fn routed_quant_bits(&self) -> u8 {
-        let ty = match self {
-            AnyModel::V4(m) => m.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
-            AnyModel::V41(m) => m.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
-        };
-        if ty == Some(crate::quant::GgmlType::Q4K) {
-            4
-        } else {
-            2
-        }
-    }
-
-    /// The vocabulary size.
-    pub fn n_vocab(&self) -> usize {
-        match self {
-            AnyModel::V4(m) => m.config.n_vocab,
-            AnyModel::V41(m) => m.config.n_vocab,
-        }
-    }
-
-    /// The V4 model, if this is one.
-    pub fn v4(&self) -> Option<&Arc<ModelFile>> {
-        match self {
-            AnyModel::V4(m) => Some(m),
-            AnyModel::V41(_) => None,
-        }
-    }
 }
 
 /// The model and state layout a session runs: V4's, or V4.1's with its

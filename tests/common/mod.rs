@@ -65,7 +65,7 @@ pub fn synthetic_checkpoint(
             last_used: used,
             payload_bytes: payload.len() as u64,
             checksum: Some(file::checksum(text.as_bytes(), &payload)),
-            arch: ds4::kvcache::Arch::V4,
+            arch: ds4::model::Arch::V4,
         },
         text: text.as_bytes(),
         payload: &payload,

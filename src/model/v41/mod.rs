@@ -18,27 +18,6 @@ use crate::model::ModelError;
 pub use config::{EngramConfig, LayerRole, V41Config};
 pub use weights::{V41Compressor, V41Engram, V41Indexer, V41LayerWeights, V41Weights};
 
-/// Which model family a GGUF holds, from `general.architecture`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// `deepseek4` (or no architecture key, as older V4 files): V4 Flash/Pro.
-    V4,
-    /// `deepseek41`: V4.1 Flash.
-    V41,
-}
-
-impl Arch {
-    pub fn of(file: &GgufFile) -> Result<Arch, ModelError> {
-        match file.get_str("general.architecture") {
-            None | Some("deepseek4") => Ok(Arch::V4),
-            Some(config::ARCH) => Ok(Arch::V41),
-            Some(other) => Err(ModelError::WrongKind(format!(
-                "general.architecture is {other:?}; ds4 runs \"deepseek4\" and \"deepseek41\""
-            ))),
-        }
-    }
-}
-
 /// An opened V4.1 model: the mapped file, its configuration and its bound
 /// weights. Opening reads no tensor data (the Engram tables included).
 pub struct V41ModelFile {

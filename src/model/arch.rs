@@ -1,0 +1,105 @@
+//! Which model family a GGUF holds, and an opened model of either family.
+//!
+//! `general.architecture` decides: `deepseek4` (or no key, as older V4
+//! files) is V4 Flash/Pro, `deepseek41` is V4.1 Flash. [`AnyModel`] is what
+//! the session, the binaries and the server open; what the two families
+//! share is read through it without matching on the family.
+
+use std::sync::Arc;
+
+use crate::gguf::GgufFile;
+use crate::model::v41::{config::ARCH as V41_ARCH, V41ModelFile};
+use crate::model::{ModelError, ModelFile};
+
+/// Which model family a GGUF holds, from `general.architecture`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// `deepseek4` (or no architecture key, as older V4 files): V4 Flash/Pro.
+    V4,
+    /// `deepseek41`: V4.1 Flash.
+    V41,
+}
+
+impl Arch {
+    pub fn of(file: &GgufFile) -> Result<Arch, ModelError> {
+        match file.get_str("general.architecture") {
+            None | Some("deepseek4") => Ok(Arch::V4),
+            Some(V41_ARCH) => Ok(Arch::V41),
+            Some(other) => Err(ModelError::WrongKind(format!(
+                "general.architecture is {other:?}; ds4 runs \"deepseek4\" and \"deepseek41\""
+            ))),
+        }
+    }
+}
+
+/// An opened model of either family, recognised by `general.architecture`.
+#[derive(Clone)]
+pub enum AnyModel {
+    V4(Arc<ModelFile>),
+    V41(Arc<V41ModelFile>),
+}
+
+impl AnyModel {
+    /// Opens a V4 or V4.1 GGUF (nothing read beyond the header).
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<AnyModel, ModelError> {
+        let file = crate::gguf::GgufFile::open(path.as_ref())?;
+        Ok(match Arch::of(&file)? {
+            Arch::V4 => {
+                drop(file);
+                AnyModel::V4(Arc::new(ModelFile::open(path)?))
+            }
+            Arch::V41 => AnyModel::V41(Arc::new(V41ModelFile::from_file(file)?)),
+        })
+    }
+
+    pub fn arch(&self) -> Arch {
+        match self {
+            AnyModel::V4(_) => Arch::V4,
+            AnyModel::V41(_) => Arch::V41,
+        }
+    }
+
+    pub fn file(&self) -> &crate::gguf::GgufFile {
+        match self {
+            AnyModel::V4(m) => &m.file,
+            AnyModel::V41(m) => &m.file,
+        }
+    }
+
+    pub fn n_layer(&self) -> usize {
+        match self {
+            AnyModel::V4(m) => m.config.n_layer,
+            AnyModel::V41(m) => m.config.n_layer,
+        }
+    }
+
+    /// Routed-expert quant bits for KVC headers (4 iff layer 0's routed
+    /// gate experts are Q4_K, else 2; KVCACHE.md §4.1).
+    pub fn routed_quant_bits(&self) -> u8 {
+        let ty = match self {
+            AnyModel::V4(m) => m.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
+            AnyModel::V41(m) => m.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
+        };
+        if ty == Some(crate::quant::GgmlType::Q4K) {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// The vocabulary size.
+    pub fn n_vocab(&self) -> usize {
+        match self {
+            AnyModel::V4(m) => m.config.n_vocab,
+            AnyModel::V41(m) => m.config.n_vocab,
+        }
+    }
+
+    /// The V4 model, if this is one.
+    pub fn v4(&self) -> Option<&Arc<ModelFile>> {
+        match self {
+            AnyModel::V4(m) => Some(m),
+            AnyModel::V41(_) => None,
+        }
+    }
+}
