@@ -69,12 +69,12 @@ fn sparse_flash_file_loads_and_validates_without_reading_data() {
         .count();
     assert_eq!((csa, hca), (21, 20));
     let l2 = &m.weights.layers[2];
-    assert_eq!(l2.ffn_gate_exps.ty, GgmlType::Iq2Xxs);
-    assert_eq!(l2.ffn_down_exps.ty, GgmlType::Q2K);
-    assert_eq!(l2.attn_q_b.ty, GgmlType::Q8_0);
+    assert_eq!(l2.ffn.gate_exps.ty, GgmlType::Iq2Xxs);
+    assert_eq!(l2.ffn.down_exps.ty, GgmlType::Q2K);
+    assert_eq!(l2.attn.q_b.ty, GgmlType::Q8_0);
     // Expert slab sizes from GGUF.md §4.
-    assert_eq!(l2.ffn_gate_exps.n_bytes / 256, 2_162_688);
-    assert_eq!(l2.ffn_down_exps.n_bytes / 256, 2_752_512);
+    assert_eq!(l2.ffn.gate_exps.n_bytes / 256, 2_162_688);
+    assert_eq!(l2.ffn.down_exps.n_bytes / 256, 2_752_512);
 
     // Touching the 80 GiB data region would fault in zero pages and grow the
     // resident set by far more than the header (a few MiB of vocabulary).
@@ -123,22 +123,22 @@ fn sparse_flash_mxfp4_file_loads_and_validates_without_reading_data() {
     );
     let mut experts = 0;
     for l in &m.weights.layers {
-        for t in [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps] {
+        for t in [&l.ffn.gate_exps, &l.ffn.up_exps, &l.ffn.down_exps] {
             assert_eq!(t.ty, GgmlType::Mxfp4, "{}", t.name);
             // One expert's [4096 x 2048] matrix: 2048 rows of 128 blocks of 17 bytes.
             assert_eq!(t.n_bytes / 256, 4_456_448, "{}", t.name);
             assert_eq!(t.n_bytes % 256, 0);
             experts += 1;
         }
-        assert_eq!(l.attn_q_b.ty, GgmlType::Q8_0);
+        assert_eq!(l.attn.q_b.ty, GgmlType::Q8_0);
         assert_eq!(
-            l.ffn_gate_shexp.as_ref().map(|t| t.ty),
+            l.ffn.shared.as_ref().map(|s| s.gate.ty),
             Some(GgmlType::Q8_0)
         );
     }
     assert_eq!(experts, 129);
     assert_eq!(
-        m.weights.layers[0].ffn_down_exps.row_bytes(),
+        m.weights.layers[0].ffn.down_exps.row_bytes(),
         2048 / 32 * 17
     );
     let mix = m.weights.type_mix();

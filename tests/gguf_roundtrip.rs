@@ -114,8 +114,8 @@ fn tiny_model_config_comes_from_metadata() {
             Csa { ratio: 8 }
         ]
     );
-    assert!(m.weights.layers[0].tid2eid.is_some() && m.weights.layers[1].tid2eid.is_none());
-    assert!(m.weights.layers[1].exp_probs_b.is_some());
+    assert!(m.weights.layers[0].ffn.tid2eid.is_some() && m.weights.layers[1].ffn.tid2eid.is_none());
+    assert!(m.weights.layers[1].ffn.bias.is_some());
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -134,7 +134,7 @@ fn mtp_file_is_recognised_and_binds_against_the_main_config() {
     let f = GgufFile::open(&mtp).unwrap();
     let w = MtpWeights::bind(&f, &m.config).unwrap();
     assert!(
-        w.block.exp_probs_b.is_some() && w.block.tid2eid.is_none() && w.block.compressor.is_none()
+        w.block.ffn.bias.is_some() && w.block.ffn.tid2eid.is_none() && w.block.compressor.is_none()
     );
     // Passed as a main model, it is named for what it is.
     match ModelFile::open(&mtp) {

@@ -271,13 +271,13 @@ fn layers(m: &ModelFile) -> Vec<ExpertLayer> {
         .iter()
         .map(|l| ExpertLayer {
             parts: [
-                l.ffn_gate_exps.clone(),
-                l.ffn_up_exps.clone(),
-                l.ffn_down_exps.clone(),
+                l.ffn.gate_exps.clone(),
+                l.ffn.up_exps.clone(),
+                l.ffn.down_exps.clone(),
             ],
             n_expert: m.config.n_expert,
             k: m.config.n_expert_used,
-            hash: l.tid2eid.clone(),
+            hash: l.ffn.tid2eid.clone(),
         })
         .collect()
 }

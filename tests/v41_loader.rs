@@ -117,9 +117,9 @@ fn sparse_v41_flash_header_validates_every_tensor_without_reading_data() {
         .unwrap()
         .gate
         .is_none());
-    assert_eq!(l2.ffn_gate_exps.ty, GgmlType::Iq2Xxs);
-    assert_eq!(l2.ffn_down_exps.ty, GgmlType::Q2K);
-    assert_eq!(l2.attn_q_b.ty, GgmlType::Q8_0);
+    assert_eq!(l2.ffn.gate_exps.ty, GgmlType::Iq2Xxs);
+    assert_eq!(l2.ffn.down_exps.ty, GgmlType::Q2K);
+    assert_eq!(l2.attn.q_b.ty, GgmlType::Q8_0);
     let e1 = m.weights.layers[1].engram.as_ref().unwrap();
     assert_eq!(e1.table.ty, GgmlType::I8);
     assert_eq!(e1.table.ne[..2], [264, 384_006_168]);

@@ -338,7 +338,7 @@ fn info_v41(
     );
     println!(
         "routing              weights scale {}, normalised {}, swiglu limit {}",
-        c.routed_scale, c.norm_topk_prob, c.swiglu_limit
+        c.expert_weights_scale, c.expert_weights_norm, c.swiglu_clamp[0]
     );
     if let Some(ctx) = c.context_length {
         println!("trained context      {ctx}");

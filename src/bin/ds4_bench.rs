@@ -888,7 +888,7 @@ fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), Stri
         .weights
         .layers
         .iter()
-        .map(|l| l.ffn_gate_exps.n_bytes + l.ffn_up_exps.n_bytes + l.ffn_down_exps.n_bytes)
+        .map(|l| l.ffn.gate_exps.n_bytes + l.ffn.up_exps.n_bytes + l.ffn.down_exps.n_bytes)
         .sum();
     let n_gen = a.gen_tokens;
     let prompt: Vec<u32> = (0..a.ssd_prompt.max(1) as u32)

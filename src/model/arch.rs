@@ -77,8 +77,8 @@ impl AnyModel {
     /// gate experts are Q4_K, else 2; KVCACHE.md §4.1).
     pub fn routed_quant_bits(&self) -> u8 {
         let ty = match self {
-            AnyModel::V4(m) => m.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
-            AnyModel::V41(m) => m.weights.layers.first().map(|l| l.ffn_gate_exps.ty),
+            AnyModel::V4(m) => m.weights.layers.first().map(|l| l.ffn.gate_exps.ty),
+            AnyModel::V41(m) => m.weights.layers.first().map(|l| l.ffn.gate_exps.ty),
         };
         if ty == Some(crate::quant::GgmlType::Q4K) {
             4

@@ -9,7 +9,7 @@
 use crate::gguf::{GgufFile, TensorInfo, TensorRef};
 use crate::quant::GgmlType;
 
-use super::config::{AttentionKind, ModelConfig};
+use super::config::{AttentionKind, CoreConfig, ModelConfig};
 use super::ModelError;
 
 /// One line of a file's type mix.
@@ -174,36 +174,69 @@ pub struct IndexerWeights {
     pub compressor: CompressorWeights,
 }
 
+/// One sublayer's hyper-connection mix: `fn` `[n·D, (2+n)·n]`, `scale`
+/// `[3]`, `base` `[(2+n)·n]` (MODEL.md §3.3).
+#[derive(Clone, Debug)]
+pub struct HcMixWeights {
+    pub func: TensorRef,
+    pub scale: TensorRef,
+    pub base: TensorRef,
+}
+
+/// The attention projections both families have (MODEL.md §3.4): the
+/// low-rank query, the one shared K=V row, the sinks and the grouped output.
+#[derive(Clone, Debug)]
+pub struct AttnWeights {
+    pub norm: TensorRef,
+    pub q_a: TensorRef,
+    pub q_a_norm: TensorRef,
+    pub q_b: TensorRef,
+    pub kv: TensorRef,
+    pub kv_norm: TensorRef,
+    pub sinks: TensorRef,
+    pub output_a: TensorRef,
+    pub output_b: TensorRef,
+}
+
+/// The shared expert: gate, up, down.
+#[derive(Clone, Debug)]
+pub struct SharedExpert {
+    pub gate: TensorRef,
+    pub up: TensorRef,
+    pub down: TensorRef,
+}
+
+/// The MoE sublayer (MODEL.md §3.7–3.8): router, routed experts and the
+/// optional parts (V4: hash routing on the first layers, no bias there;
+/// V4.1: always a bias and a shared expert).
+#[derive(Clone, Debug)]
+pub struct MoeWeights {
+    pub norm: TensorRef,
+    pub gate_inp: TensorRef,
+    pub bias: Option<TensorRef>,
+    pub tid2eid: Option<TensorRef>,
+    pub gate_exps: TensorRef,
+    pub up_exps: TensorRef,
+    pub down_exps: TensorRef,
+    pub shared: Option<SharedExpert>,
+}
+
+impl MoeWeights {
+    /// The routed experts: gate, up, down.
+    pub fn routed(&self) -> [&TensorRef; 3] {
+        [&self.gate_exps, &self.up_exps, &self.down_exps]
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     pub kind: AttentionKind,
-    pub hc_attn_fn: TensorRef,
-    pub hc_attn_scale: TensorRef,
-    pub hc_attn_base: TensorRef,
-    pub attn_norm: TensorRef,
-    pub attn_q_a: TensorRef,
-    pub attn_q_a_norm: TensorRef,
-    pub attn_q_b: TensorRef,
-    pub attn_kv: TensorRef,
-    pub attn_kv_a_norm: TensorRef,
-    pub attn_sinks: TensorRef,
-    pub attn_output_a: TensorRef,
-    pub attn_output_b: TensorRef,
+    pub hc_attn: HcMixWeights,
+    pub attn: AttnWeights,
     pub compressor: Option<CompressorWeights>,
     pub indexer: Option<IndexerWeights>,
-    pub hc_ffn_fn: TensorRef,
-    pub hc_ffn_scale: TensorRef,
-    pub hc_ffn_base: TensorRef,
-    pub ffn_norm: TensorRef,
-    pub ffn_gate_inp: TensorRef,
-    pub exp_probs_b: Option<TensorRef>,
-    pub tid2eid: Option<TensorRef>,
-    pub ffn_gate_exps: TensorRef,
-    pub ffn_up_exps: TensorRef,
-    pub ffn_down_exps: TensorRef,
-    pub ffn_gate_shexp: Option<TensorRef>,
-    pub ffn_up_shexp: Option<TensorRef>,
-    pub ffn_down_shexp: Option<TensorRef>,
+    pub hc_ffn: HcMixWeights,
+    pub ffn: MoeWeights,
 }
 
 #[derive(Clone, Debug)]
@@ -264,7 +297,7 @@ impl Weights {
     /// created rather than at load, which stays data-free.
     pub fn check_tables(&self, file: &GgufFile, cfg: &ModelConfig) -> Result<(), ModelError> {
         for (l, lw) in self.layers.iter().enumerate() {
-            let Some(t) = &lw.tid2eid else { continue };
+            let Some(t) = &lw.ffn.tid2eid else { continue };
             let bytes = t.bytes(file);
             if let Some((i, v)) = bytes
                 .chunks_exact(4)
@@ -314,11 +347,7 @@ impl Weights {
     /// The distinct (gate, up, down) type triples of the routed experts, with
     /// how many layers use each, in layer order of first use.
     pub fn routed_expert_types(&self) -> Vec<([GgmlType; 3], usize)> {
-        routed_types_of(
-            self.layers
-                .iter()
-                .map(|l| [l.ffn_gate_exps.ty, l.ffn_up_exps.ty, l.ffn_down_exps.ty]),
-        )
+        routed_types_of(self.layers.iter().map(|l| l.ffn.routed().map(|t| t.ty)))
     }
 
     /// Bytes of weights read to produce one token at decode time: one
@@ -329,10 +358,8 @@ impl Weights {
         total += self.output_hc_base.n_bytes + self.output_norm.n_bytes + self.output.n_bytes;
         for l in &self.layers {
             for t in l.all() {
-                let is_routed = [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
-                    .iter()
-                    .any(|e| std::ptr::eq(*e, t));
-                let is_table = l.tid2eid.as_ref().is_some_and(|x| std::ptr::eq(x, t));
+                let is_routed = l.ffn.routed().iter().any(|e| std::ptr::eq(*e, t));
+                let is_table = l.ffn.tid2eid.as_ref().is_some_and(|x| std::ptr::eq(x, t));
                 if is_routed {
                     total += t.n_bytes / cfg.n_expert as u64 * cfg.n_expert_used as u64;
                 } else if is_table {
@@ -346,22 +373,46 @@ impl Weights {
     }
 }
 
+impl HcMixWeights {
+    pub fn all(&self) -> [&TensorRef; 3] {
+        [&self.func, &self.scale, &self.base]
+    }
+}
+
+impl AttnWeights {
+    pub fn all(&self) -> [&TensorRef; 9] {
+        [
+            &self.norm,
+            &self.q_a,
+            &self.q_a_norm,
+            &self.q_b,
+            &self.kv,
+            &self.kv_norm,
+            &self.sinks,
+            &self.output_a,
+            &self.output_b,
+        ]
+    }
+}
+
+impl MoeWeights {
+    /// Norm, router, bias, hash table, routed experts, shared expert.
+    pub fn all(&self) -> Vec<&TensorRef> {
+        let mut v = vec![&self.norm, &self.gate_inp];
+        v.extend(self.bias.iter());
+        v.extend(self.tid2eid.iter());
+        v.extend(self.routed());
+        if let Some(s) = &self.shared {
+            v.extend([&s.gate, &s.up, &s.down]);
+        }
+        v
+    }
+}
+
 impl LayerWeights {
     pub fn all(&self) -> Vec<&TensorRef> {
-        let mut v = vec![
-            &self.hc_attn_fn,
-            &self.hc_attn_scale,
-            &self.hc_attn_base,
-            &self.attn_norm,
-            &self.attn_q_a,
-            &self.attn_q_a_norm,
-            &self.attn_q_b,
-            &self.attn_kv,
-            &self.attn_kv_a_norm,
-            &self.attn_sinks,
-            &self.attn_output_a,
-            &self.attn_output_b,
-        ];
+        let mut v: Vec<&TensorRef> = self.hc_attn.all().into();
+        v.extend(self.attn.all());
         for c in self
             .compressor
             .iter()
@@ -372,21 +423,94 @@ impl LayerWeights {
         if let Some(i) = &self.indexer {
             v.extend([&i.q_b, &i.proj]);
         }
-        v.extend([
-            &self.hc_ffn_fn,
-            &self.hc_ffn_scale,
-            &self.hc_ffn_base,
-            &self.ffn_norm,
-            &self.ffn_gate_inp,
-        ]);
-        v.extend(self.exp_probs_b.iter());
-        v.extend(self.tid2eid.iter());
-        v.extend([&self.ffn_gate_exps, &self.ffn_up_exps, &self.ffn_down_exps]);
-        v.extend(self.ffn_gate_shexp.iter());
-        v.extend(self.ffn_up_shexp.iter());
-        v.extend(self.ffn_down_shexp.iter());
+        v.extend(self.hc_ffn.all());
+        v.extend(self.ffn.all());
         v
     }
+}
+
+/// Binds a sublayer's HC mix (`{p}{sub}_fn`, `_scale`, `_base`).
+pub(crate) fn bind_hc_mix(
+    b: &Binder<'_>,
+    cfg: &CoreConfig,
+    p: &str,
+    sub: &str,
+) -> Result<HcMixWeights, ModelError> {
+    let (hc_d, mix) = (cfg.hc_count * cfg.n_embd, cfg.hc_mix_dim());
+    Ok(HcMixWeights {
+        func: b.bind(
+            &format!("{p}hc_{sub}_fn.weight"),
+            &[hc_d, mix],
+            Class::Dense,
+        )?,
+        scale: b.bind(&format!("{p}hc_{sub}_scale.weight"), &[3], Class::Vector)?,
+        base: b.bind(&format!("{p}hc_{sub}_base.weight"), &[mix], Class::Vector)?,
+    })
+}
+
+/// Binds the attention projections of layer prefix `p`.
+pub(crate) fn bind_attn(
+    b: &Binder<'_>,
+    cfg: &CoreConfig,
+    p: &str,
+) -> Result<AttnWeights, ModelError> {
+    let n = |s: &str| format!("{p}{s}");
+    let (d, hd, ql) = (cfg.n_embd, cfg.head_dim, cfg.q_lora_rank);
+    let ol = cfg.o_groups * cfg.o_lora_rank;
+    Ok(AttnWeights {
+        norm: b.bind(&n("attn_norm.weight"), &[d], Class::Vector)?,
+        q_a: b.bind(&n("attn_q_a.weight"), &[d, ql], Class::Dense)?,
+        q_a_norm: b.bind(&n("attn_q_a_norm.weight"), &[ql], Class::Vector)?,
+        q_b: b.bind(&n("attn_q_b.weight"), &[ql, cfg.q_dim()], Class::Dense)?,
+        kv: b.bind(&n("attn_kv.weight"), &[d, hd], Class::Dense)?,
+        kv_norm: b.bind(&n("attn_kv_a_norm.weight"), &[hd], Class::Vector)?,
+        sinks: b.bind(&n("attn_sinks.weight"), &[cfg.n_head], Class::Vector)?,
+        output_a: b.bind(
+            &n("attn_output_a.weight"),
+            &[cfg.heads_per_group() * hd, ol],
+            Class::Dense,
+        )?,
+        output_b: b.bind(&n("attn_output_b.weight"), &[ol, d], Class::Dense)?,
+    })
+}
+
+/// Binds the MoE sublayer of layer prefix `p`: the router bias and hash
+/// table as given (bound by the family, which knows when they exist), the
+/// shared expert when `shared`.
+pub(crate) fn bind_moe(
+    b: &Binder<'_>,
+    cfg: &CoreConfig,
+    p: &str,
+    bias: Option<TensorRef>,
+    tid2eid: Option<TensorRef>,
+    shared: bool,
+) -> Result<MoeWeights, ModelError> {
+    let n = |s: &str| format!("{p}{s}");
+    let (d, e, ff) = (cfg.n_embd, cfg.n_expert, cfg.expert_ff);
+    let norm = b.bind(&n("ffn_norm.weight"), &[d], Class::Vector)?;
+    let gate_inp = b.bind(&n("ffn_gate_inp.weight"), &[d, e], Class::Dense)?;
+    let gate_exps = b.bind(&n("ffn_gate_exps.weight"), &[d, ff, e], Class::Expert)?;
+    let up_exps = b.bind(&n("ffn_up_exps.weight"), &[d, ff, e], Class::Expert)?;
+    let down_exps = b.bind(&n("ffn_down_exps.weight"), &[ff, d, e], Class::Expert)?;
+    let shared = if shared {
+        Some(SharedExpert {
+            gate: b.bind(&n("ffn_gate_shexp.weight"), &[d, ff], Class::Dense)?,
+            up: b.bind(&n("ffn_up_shexp.weight"), &[d, ff], Class::Dense)?,
+            down: b.bind(&n("ffn_down_shexp.weight"), &[ff, d], Class::Dense)?,
+        })
+    } else {
+        None
+    };
+    Ok(MoeWeights {
+        norm,
+        gate_inp,
+        bias,
+        tid2eid,
+        gate_exps,
+        up_exps,
+        down_exps,
+        shared,
+    })
 }
 
 fn bind_compressor(
@@ -422,8 +546,6 @@ fn bind_layer(
     mtp: bool,
 ) -> Result<LayerWeights, ModelError> {
     let d = cfg.n_embd;
-    let hc_d = cfg.hc_count * d;
-    let mix = cfg.hc_mix_dim();
     let hd = cfg.head_dim;
     let ratio = if mtp { 0 } else { cfg.compress_ratios[l] };
     let n = |s: &str| format!("{p}{s}");
@@ -498,7 +620,6 @@ fn bind_layer(
     };
 
     let hash = !mtp && cfg.is_hash_layer(l);
-    let (e, ff) = (cfg.n_expert, cfg.expert_ff);
     let tid2eid = if hash {
         Some(b.bind(
             &n("ffn_gate_tid2eid.weight"),
@@ -508,64 +629,20 @@ fn bind_layer(
     } else {
         None
     };
-    let exp_probs_b = if mtp {
+    let e = cfg.n_expert;
+    let bias = if mtp {
         Some(b.bind(&n("exp_probs_b.bias"), &[e], Class::Vector)?)
     } else {
         b.bind_opt(&n("exp_probs_b.bias"), &[e], Class::Vector)?
     };
-    let shared = cfg.n_expert_shared > 0;
-    let sh = |s: &str, shape: &[usize]| -> Result<Option<TensorRef>, ModelError> {
-        if shared {
-            b.bind(&n(s), shape, Class::Dense).map(Some)
-        } else {
-            Ok(None)
-        }
-    };
     Ok(LayerWeights {
         kind,
-        hc_attn_fn: b.bind(&n("hc_attn_fn.weight"), &[hc_d, mix], Class::Dense)?,
-        hc_attn_scale: b.bind(&n("hc_attn_scale.weight"), &[3], Class::Vector)?,
-        hc_attn_base: b.bind(&n("hc_attn_base.weight"), &[mix], Class::Vector)?,
-        attn_norm: b.bind(&n("attn_norm.weight"), &[d], Class::Vector)?,
-        attn_q_a: b.bind(&n("attn_q_a.weight"), &[d, cfg.q_lora_rank], Class::Dense)?,
-        attn_q_a_norm: b.bind(
-            &n("attn_q_a_norm.weight"),
-            &[cfg.q_lora_rank],
-            Class::Vector,
-        )?,
-        attn_q_b: b.bind(
-            &n("attn_q_b.weight"),
-            &[cfg.q_lora_rank, cfg.q_dim()],
-            Class::Dense,
-        )?,
-        attn_kv: b.bind(&n("attn_kv.weight"), &[d, hd], Class::Dense)?,
-        attn_kv_a_norm: b.bind(&n("attn_kv_a_norm.weight"), &[hd], Class::Vector)?,
-        attn_sinks: b.bind(&n("attn_sinks.weight"), &[cfg.n_head], Class::Vector)?,
-        attn_output_a: b.bind(
-            &n("attn_output_a.weight"),
-            &[cfg.heads_per_group() * hd, cfg.o_groups * cfg.o_lora_rank],
-            Class::Dense,
-        )?,
-        attn_output_b: b.bind(
-            &n("attn_output_b.weight"),
-            &[cfg.o_groups * cfg.o_lora_rank, d],
-            Class::Dense,
-        )?,
+        hc_attn: bind_hc_mix(b, cfg, p, "attn")?,
+        attn: bind_attn(b, cfg, p)?,
         compressor,
         indexer,
-        hc_ffn_fn: b.bind(&n("hc_ffn_fn.weight"), &[hc_d, mix], Class::Dense)?,
-        hc_ffn_scale: b.bind(&n("hc_ffn_scale.weight"), &[3], Class::Vector)?,
-        hc_ffn_base: b.bind(&n("hc_ffn_base.weight"), &[mix], Class::Vector)?,
-        ffn_norm: b.bind(&n("ffn_norm.weight"), &[d], Class::Vector)?,
-        ffn_gate_inp: b.bind(&n("ffn_gate_inp.weight"), &[d, e], Class::Dense)?,
-        exp_probs_b,
-        tid2eid,
-        ffn_gate_exps: b.bind(&n("ffn_gate_exps.weight"), &[d, ff, e], Class::Expert)?,
-        ffn_up_exps: b.bind(&n("ffn_up_exps.weight"), &[d, ff, e], Class::Expert)?,
-        ffn_down_exps: b.bind(&n("ffn_down_exps.weight"), &[ff, d, e], Class::Expert)?,
-        ffn_gate_shexp: sh("ffn_gate_shexp.weight", &[d, ff])?,
-        ffn_up_shexp: sh("ffn_up_shexp.weight", &[d, ff])?,
-        ffn_down_shexp: sh("ffn_down_shexp.weight", &[ff, d])?,
+        hc_ffn: bind_hc_mix(b, cfg, p, "ffn")?,
+        ffn: bind_moe(b, cfg, p, bias, tid2eid, cfg.n_expert_shared > 0)?,
     })
 }
 

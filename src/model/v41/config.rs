@@ -10,9 +10,10 @@
 //! or multiplier count is caught against them instead of being guessed from
 //! the arrays themselves.
 
-use crate::gguf::{GgufFile, MetaArray, MetaValue};
-use crate::graph::ops::rope::{RopeConfig, Yarn};
-use crate::model::config::{found, layer_rope, meta_float, meta_uint};
+use std::ops::Deref;
+
+use crate::gguf::GgufFile;
+use crate::model::config::{found, ClampKey, CoreConfig, CoreKeys, Meta};
 use crate::model::ModelError;
 
 /// The `general.architecture` of a V4.1 main model.
@@ -102,100 +103,85 @@ impl EngramConfig {
     }
 }
 
+/// A V4.1 model's hyper-parameters: the core V4 reads too, plus the layer
+/// roles, the candidate blocks and the Engram layout.
 #[derive(Clone, Debug, PartialEq)]
 pub struct V41Config {
-    pub name: String,
-    pub n_layer: usize,
-    pub n_embd: usize,
-    pub n_vocab: usize,
-    pub n_head: usize,
-    pub head_dim: usize,
-    pub n_rot: usize,
-    pub q_lora_rank: usize,
-    pub o_lora_rank: usize,
-    pub o_groups: usize,
-    pub sliding_window: usize,
-    pub compress_ratios: Vec<usize>,
+    pub core: CoreConfig,
     pub kv_source_layers: Vec<usize>,
     pub index_source_layers: Vec<usize>,
     pub roles: Vec<LayerRole>,
-    pub indexer_heads: usize,
-    pub indexer_head_dim: usize,
-    pub indexer_top_k: usize,
     /// Layer whose indexer picks the candidate blocks (research §2.3 step 8).
     pub candidate_source: Option<usize>,
     pub candidate_topk_blocks: usize,
     pub candidate_block_size: usize,
-    pub hc_count: usize,
-    pub hc_sinkhorn_iters: usize,
-    pub hc_eps: f32,
-    pub rms_eps: f32,
-    pub rope_base: f32,
-    pub compress_rope_base: f32,
-    pub yarn: Option<Yarn>,
-    pub n_expert: usize,
-    pub n_expert_used: usize,
-    pub expert_ff: usize,
-    pub n_expert_shared: usize,
-    pub routed_scale: f32,
-    pub norm_topk_prob: bool,
-    pub swiglu_limit: f32,
-    pub context_length: Option<u64>,
     pub engram: EngramConfig,
 }
 
-fn key(k: &str) -> String {
-    format!("{ARCH}.{k}")
-}
-
-fn bad(k: &str, expected: impl Into<String>, found: impl Into<String>) -> ModelError {
-    ModelError::BadKey {
-        key: key(k),
-        expected: expected.into(),
-        found: found.into(),
+/// The family configs extend the core: its fields read as their own.
+impl Deref for V41Config {
+    type Target = CoreConfig;
+    fn deref(&self) -> &CoreConfig {
+        &self.core
     }
 }
 
-fn req_uint(f: &GgufFile, k: &str) -> Result<usize, ModelError> {
-    meta_uint(f, &key(k))
-}
-
-fn req_pos(f: &GgufFile, k: &str) -> Result<usize, ModelError> {
-    let v = req_uint(f, k)?;
-    if v == 0 {
-        return Err(bad(k, "a positive value", "0"));
-    }
-    Ok(v)
-}
-
-fn req_float(f: &GgufFile, k: &str) -> Result<f32, ModelError> {
-    meta_float(f, &key(k))
-}
-
-fn req_array<'f>(f: &'f GgufFile, k: &str) -> Result<&'f MetaArray, ModelError> {
-    f.get_array(&key(k)).ok_or_else(|| match f.get(&key(k)) {
-        None => ModelError::MissingKey { key: key(k) },
-        Some(v) => bad(k, "an array of integers", found(Some(v))),
-    })
-}
+/// V4.1's keys for the shared hyper-parameters: the HF field names.
+const V41_KEYS: CoreKeys = CoreKeys {
+    arch: ARCH,
+    n_layer: "num_hidden_layers",
+    n_embd: "hidden_size",
+    n_vocab: "vocab_size",
+    n_head: "num_attention_heads",
+    n_head_kv: "num_key_value_heads",
+    head_dim: "head_dim",
+    value_dim: None,
+    n_rot: "qk_rope_head_dim",
+    indexer_head_dim: "index_head_dim",
+    q_lora_rank: "q_lora_rank",
+    o_lora_rank: "o_lora_rank",
+    o_groups: "o_groups",
+    sliding_window: "sliding_window",
+    compress_ratios: "compress_ratios",
+    min_ratio: 1,
+    indexer_heads: "index_n_heads",
+    indexer_top_k: "index_topk",
+    hc_count: "hc_mult",
+    hc_sinkhorn_iters: "hc_sinkhorn_iters",
+    hc_eps: "hc_eps",
+    rms_eps: "rms_norm_eps",
+    rope_base: "rope_theta",
+    compress_rope_base: "compress_rope_theta",
+    yarn: [
+        "rope_scaling.factor",
+        "rope_scaling.original_max_position_embeddings",
+        "rope_scaling.beta_fast",
+        "rope_scaling.beta_slow",
+    ],
+    n_expert: "n_routed_experts",
+    n_expert_used: "num_experts_per_tok",
+    expert_ff: "moe_intermediate_size",
+    n_expert_shared: "n_shared_experts",
+    expert_weights_scale: "routed_scaling_factor",
+    expert_weights_norm: "norm_topk_prob",
+    swiglu_clamp: ClampKey::One("swiglu_limit"),
+    context_length: "max_position_embeddings",
+};
 
 /// An array of unsigned integers, widened.
-fn req_uints(f: &GgufFile, k: &str) -> Result<Vec<u64>, ModelError> {
-    let a = req_array(f, k)?;
-    let v = a
-        .as_i64_vec()
-        .ok_or_else(|| bad(k, "an array of integers", a.summary()))?;
+fn req_uints(m: &Meta, k: &str) -> Result<Vec<u64>, ModelError> {
+    let v = m.ints(k)?;
     if v.iter().any(|&x| x < 0) {
-        return Err(bad(k, "non-negative integers", a.summary()));
+        return Err(m.bad(k, "non-negative integers", format!("{v:?}")));
     }
     Ok(v.into_iter().map(|x| x as u64).collect())
 }
 
 /// Strictly ascending layer ids below `n_layer`.
-fn layer_list(f: &GgufFile, k: &str, n_layer: usize) -> Result<Vec<usize>, ModelError> {
-    let v = req_uints(f, k)?;
+fn layer_list(m: &Meta, k: &str, n_layer: usize) -> Result<Vec<usize>, ModelError> {
+    let v = req_uints(m, k)?;
     if v.windows(2).any(|w| w[0] >= w[1]) || v.iter().any(|&l| l >= n_layer as u64) {
-        return Err(bad(
+        return Err(m.bad(
             k,
             format!("ascending layer ids below {n_layer}"),
             format!("{v:?}"),
@@ -206,31 +192,33 @@ fn layer_list(f: &GgufFile, k: &str, n_layer: usize) -> Result<Vec<usize>, Model
 
 /// The HF text config embedded as JSON (`deepseek41.config`), `text_config`
 /// when nested.
-fn embedded_config(f: &GgufFile) -> Result<serde_json::Value, ModelError> {
+fn embedded_config(m: &Meta) -> Result<serde_json::Value, ModelError> {
     let k = "config";
-    let s = f.get_str(&key(k)).ok_or_else(|| match f.get(&key(k)) {
-        None => ModelError::MissingKey { key: key(k) },
-        Some(v) => bad(k, "the HF config as a JSON string", found(Some(v))),
-    })?;
+    let s =
+        m.f.get_str(&m.key(k))
+            .ok_or_else(|| match m.f.get(&m.key(k)) {
+                None => ModelError::MissingKey { key: m.key(k) },
+                Some(v) => m.bad(k, "the HF config as a JSON string", found(Some(v))),
+            })?;
     let v: serde_json::Value =
-        serde_json::from_str(s).map_err(|e| bad(k, "valid JSON", e.to_string()))?;
+        serde_json::from_str(s).map_err(|e| m.bad(k, "valid JSON", e.to_string()))?;
     Ok(match v.get("text_config") {
         Some(t) if t.is_object() => t.clone(),
         _ => v,
     })
 }
 
-fn json_uint(cfg: &serde_json::Value, field: &str) -> Result<usize, ModelError> {
+fn json_uint(m: &Meta, cfg: &serde_json::Value, field: &str) -> Result<usize, ModelError> {
     match cfg.get(field) {
         None => Err(ModelError::MissingKey {
-            key: format!("{} (text_config.{field})", key("config")),
+            key: format!("{} (text_config.{field})", m.key("config")),
         }),
         Some(v) => v
             .as_u64()
             .filter(|&x| (1..=1 << 20).contains(&x))
             .map(|x| x as usize)
             .ok_or_else(|| {
-                bad(
+                m.bad(
                     "config",
                     format!("text_config.{field} a positive integer"),
                     v.to_string(),
@@ -240,7 +228,8 @@ fn json_uint(cfg: &serde_json::Value, field: &str) -> Result<usize, ModelError> 
 }
 
 impl V41Config {
-    /// Reads and checks every hyper-parameter of a `deepseek41` file.
+    /// Reads and checks every hyper-parameter of a `deepseek41` file: the
+    /// core through V4.1's keys, then what only V4.1 has.
     pub fn from_gguf(f: &GgufFile) -> Result<V41Config, ModelError> {
         match f.get_str("general.architecture") {
             Some(ARCH) => {}
@@ -250,234 +239,82 @@ impl V41Config {
                 )))
             }
         }
-        let n_layer = req_pos(f, "num_hidden_layers")?;
-        let n_embd = req_pos(f, "hidden_size")?;
-        let n_vocab = req_pos(f, "vocab_size")?;
-        let n_head = req_pos(f, "num_attention_heads")?;
-        let n_kv = req_uint(f, "num_key_value_heads")?;
-        if n_kv != 1 {
-            return Err(bad(
-                "num_key_value_heads",
-                "1 (one shared K=V head)",
-                n_kv.to_string(),
-            ));
+        let core = CoreConfig::read(f, &V41_KEYS)?;
+        let m = Meta { f, arch: ARCH };
+        let n_layer = core.n_layer;
+        for k in [V41_KEYS.indexer_heads, V41_KEYS.indexer_top_k] {
+            m.pos(k)?;
         }
-        let head_dim = req_pos(f, "head_dim")?;
-        let n_rot = req_pos(f, "qk_rope_head_dim")?;
-        let indexer_head_dim = req_pos(f, "index_head_dim")?;
-        if n_rot % 2 != 0 || n_rot > head_dim || n_rot > indexer_head_dim {
-            return Err(bad(
-                "qk_rope_head_dim",
-                format!(
-                    "even and at most head_dim {head_dim} and index_head_dim {indexer_head_dim}"
-                ),
-                n_rot.to_string(),
-            ));
-        }
-        let q_lora_rank = req_pos(f, "q_lora_rank")?;
-        let o_lora_rank = req_pos(f, "o_lora_rank")?;
-        let o_groups = req_pos(f, "o_groups")?;
-        if n_head % o_groups != 0 {
-            return Err(bad(
-                "o_groups",
-                format!("a divisor of num_attention_heads {n_head}"),
-                o_groups.to_string(),
-            ));
-        }
-        let sliding_window = req_pos(f, "sliding_window")?;
-
-        let ratios = req_uints(f, "compress_ratios")?;
-        if ratios.len() < n_layer || ratios[..n_layer].iter().any(|&r| r > 1 << 20) {
-            return Err(bad(
-                "compress_ratios",
-                format!("{n_layer} ratios (0 = window only)"),
-                format!("{ratios:?}"),
-            ));
-        }
-        let compress_ratios: Vec<usize> = ratios[..n_layer].iter().map(|&r| r as usize).collect();
-        let kv_source_layers = layer_list(f, "kv_source_layer_ids", n_layer)?;
-        let index_source_layers = layer_list(f, "index_source_layer_ids", n_layer)?;
-        let roles = layer_roles(&compress_ratios, &kv_source_layers, &index_source_layers)?;
-
-        let indexer_heads = req_pos(f, "index_n_heads")?;
-        let indexer_top_k = req_pos(f, "index_topk")?;
-        let cand = req_uint(f, "candidate_source_layer_id")?;
-        let candidate_topk_blocks = req_uint(f, "candidate_topk_blocks")?;
-        let candidate_block_size = req_uint(f, "candidate_block_size")?;
-        // The official config marks "no candidate source" with a negative id;
-        // ds4 stores u32, so an id past the last layer means none.
-        let candidate_source = (cand < n_layer).then_some(cand);
-        if let Some(c) = candidate_source {
-            if !index_source_layers.contains(&c) {
-                return Err(bad(
-                    "candidate_source_layer_id",
-                    "an index-source layer",
-                    c.to_string(),
-                ));
-            }
-            if candidate_topk_blocks == 0 || candidate_block_size == 0 {
-                return Err(bad(
-                    "candidate_topk_blocks",
-                    "positive block count and size with a candidate source",
-                    format!("{candidate_topk_blocks} blocks of {candidate_block_size}"),
-                ));
-            }
-        }
-
-        let hc_count = req_pos(f, "hc_mult")?;
-        let hc_sinkhorn_iters = req_pos(f, "hc_sinkhorn_iters")?;
-        let hc_eps = req_float(f, "hc_eps")?;
-        let rms_eps = req_float(f, "rms_norm_eps")?;
-        if rms_eps <= 0.0 || hc_eps < 0.0 {
-            return Err(bad(
-                "rms_norm_eps",
-                "positive epsilons",
-                format!("{rms_eps}, {hc_eps}"),
-            ));
-        }
-        let rope_base = req_uint(f, "rope_theta")? as f32;
-        let compress_rope_base = req_uint(f, "compress_rope_theta")? as f32;
-        if rope_base <= 1.0 || compress_rope_base <= 1.0 {
-            return Err(bad(
-                "rope_theta",
-                "RoPE bases > 1",
-                format!("{rope_base}, {compress_rope_base}"),
-            ));
-        }
-        let factor = req_float(f, "rope_scaling.factor")?;
-        let yarn = if factor > 1.0 {
-            let y = Yarn {
-                factor,
-                original_context: req_float(f, "rope_scaling.original_max_position_embeddings")?
-                    as u64,
-                beta_fast: req_float(f, "rope_scaling.beta_fast")?,
-                beta_slow: req_float(f, "rope_scaling.beta_slow")?,
-            };
-            if y.original_context == 0 || y.beta_fast <= 0.0 || y.beta_slow <= 0.0 {
-                return Err(bad(
-                    "rope_scaling",
-                    "positive YaRN parameters",
-                    format!("{y:?}"),
-                ));
-            }
-            Some(y)
-        } else if factor < 1.0 {
-            return Err(bad("rope_scaling.factor", "≥ 1", factor.to_string()));
-        } else {
-            None
-        };
-
-        let n_expert = req_pos(f, "n_routed_experts")?;
-        let n_expert_used = req_pos(f, "num_experts_per_tok")?;
-        if n_expert_used > n_expert {
-            return Err(bad(
-                "num_experts_per_tok",
-                format!("≤ n_routed_experts {n_expert}"),
-                n_expert_used.to_string(),
-            ));
-        }
-        let expert_ff = req_pos(f, "moe_intermediate_size")?;
-        let n_expert_shared = req_uint(f, "n_shared_experts")?;
-        if n_expert_shared != 1 {
-            return Err(bad(
-                "n_shared_experts",
+        if core.n_expert_shared != 1 {
+            return Err(m.bad(
+                V41_KEYS.n_expert_shared,
                 "1 (the official MoE asserts it)",
-                n_expert_shared.to_string(),
+                core.n_expert_shared.to_string(),
             ));
         }
         for (k, want) in [
             ("scoring_func", "sqrtsoftplus"),
             ("topk_method", "noaux_tc"),
         ] {
-            match f.get_str(&key(k)) {
+            match f.get_str(&m.key(k)) {
                 Some(v) if v == want => {}
-                None if f.get(&key(k)).is_none() => {
-                    return Err(ModelError::MissingKey { key: key(k) })
-                }
-                _ => return Err(bad(k, want, found(f.get(&key(k))))),
+                None if !m.has(k) => return Err(ModelError::MissingKey { key: m.key(k) }),
+                _ => return Err(m.bad(k, want, found(f.get(&m.key(k))))),
             }
         }
-        let norm_topk_prob = match f.get(&key("norm_topk_prob")) {
-            Some(MetaValue::Bool(b)) => *b,
-            None => {
-                return Err(ModelError::MissingKey {
-                    key: key("norm_topk_prob"),
-                })
+        let kv_source_layers = layer_list(&m, "kv_source_layer_ids", n_layer)?;
+        let index_source_layers = layer_list(&m, "index_source_layer_ids", n_layer)?;
+        let roles = layer_roles(
+            &core.compress_ratios,
+            &kv_source_layers,
+            &index_source_layers,
+        )?;
+        let cand = m.uint("candidate_source_layer_id")?;
+        let candidate_topk_blocks = m.uint("candidate_topk_blocks")?;
+        let candidate_block_size = m.uint("candidate_block_size")?;
+        // The official config marks "no candidate source" with a negative id;
+        // ds4 stores u32, so an id past the last layer means none.
+        let candidate_source = (cand < n_layer).then_some(cand);
+        if let Some(c) = candidate_source {
+            if !index_source_layers.contains(&c) {
+                return Err(m.bad(
+                    "candidate_source_layer_id",
+                    "an index-source layer",
+                    c.to_string(),
+                ));
             }
-            Some(v) => return Err(bad("norm_topk_prob", "bool", found(Some(v)))),
-        };
-        let routed_scale = req_float(f, "routed_scaling_factor")?;
-        let swiglu_limit = req_float(f, "swiglu_limit")?;
-        if swiglu_limit < 0.0 {
-            return Err(bad("swiglu_limit", "≥ 0", swiglu_limit.to_string()));
+            if candidate_topk_blocks == 0 || candidate_block_size == 0 {
+                return Err(m.bad(
+                    "candidate_topk_blocks",
+                    "positive block count and size with a candidate source",
+                    format!("{candidate_topk_blocks} blocks of {candidate_block_size}"),
+                ));
+            }
         }
-        let context_length = f.get_uint(&key("max_position_embeddings"));
-        let engram = read_engram(f, n_layer, n_vocab)?;
-
+        let engram = read_engram(&m, n_layer, core.n_vocab)?;
         Ok(V41Config {
-            name: f.get_str("general.name").unwrap_or("").to_string(),
-            n_layer,
-            n_embd,
-            n_vocab,
-            n_head,
-            head_dim,
-            n_rot,
-            q_lora_rank,
-            o_lora_rank,
-            o_groups,
-            sliding_window,
-            compress_ratios,
+            core,
             kv_source_layers,
             index_source_layers,
             roles,
-            indexer_heads,
-            indexer_head_dim,
-            indexer_top_k,
             candidate_source,
             candidate_topk_blocks,
             candidate_block_size,
-            hc_count,
-            hc_sinkhorn_iters,
-            hc_eps,
-            rms_eps,
-            rope_base,
-            compress_rope_base,
-            yarn,
-            n_expert,
-            n_expert_used,
-            expert_ff,
-            n_expert_shared,
-            routed_scale,
-            norm_topk_prob,
-            swiglu_limit,
-            context_length,
             engram,
         })
-    }
-
-    pub fn q_dim(&self) -> usize {
-        self.n_head * self.head_dim
-    }
-
-    pub fn hc_mix_dim(&self) -> usize {
-        (2 + self.hc_count) * self.hc_count
     }
 
     /// True when index-source layer `l` keeps only the candidate blocks.
     pub fn uses_candidates(&self, l: usize) -> bool {
         self.candidate_source.is_some_and(|c| c < l) && self.roles[l].indexes()
     }
+}
 
-    /// The RoPE of layer `l`: compressed layers use the compress base with
-    /// YaRN, window layers the plain base without it (as in V4).
-    pub fn rope(&self, l: usize) -> RopeConfig {
-        layer_rope(
-            self.compress_ratios[l],
-            self.rope_base,
-            self.compress_rope_base,
-            self.yarn,
-            self.n_rot,
-        )
+fn role_bad(k: &str, expected: impl Into<String>, found: impl Into<String>) -> ModelError {
+    ModelError::BadKey {
+        key: format!("{ARCH}.{k}"),
+        expected: expected.into(),
+        found: found.into(),
     }
 }
 
@@ -493,7 +330,7 @@ pub fn layer_roles(
     let mut roles = Vec::with_capacity(ratios.len());
     for &s in kv_sources.iter().chain(index_sources) {
         if ratios[s] == 0 {
-            return Err(bad(
+            return Err(role_bad(
                 "kv_source_layer_ids",
                 "source layers with a compression ratio > 0",
                 format!("layer {s} has ratio 0"),
@@ -501,7 +338,7 @@ pub fn layer_roles(
         }
     }
     if let Some(&s) = kv_sources.iter().find(|s| !index_sources.contains(s)) {
-        return Err(bad(
+        return Err(role_bad(
             "index_source_layer_ids",
             "every kv-source layer among the index sources",
             format!("kv source {s} missing"),
@@ -515,14 +352,14 @@ pub fn layer_roles(
         let kv = kv_sources.iter().rev().find(|&&s| s <= l).copied();
         let ix = index_sources.iter().rev().find(|&&s| s <= l).copied();
         let (Some(kv), Some(ix)) = (kv, ix) else {
-            return Err(bad(
+            return Err(role_bad(
                 "kv_source_layer_ids",
                 format!("a kv source and an index source at or below compressed layer {l}"),
                 format!("kv {kv_sources:?}, index {index_sources:?}"),
             ));
         };
         if ratios[kv] != ratio || ratios[ix] != ratio {
-            return Err(bad(
+            return Err(role_bad(
                 "compress_ratios",
                 format!("layer {l} to share its ratio {ratio} with its sources {kv} and {ix}"),
                 format!("{}, {}", ratios[kv], ratios[ix]),
@@ -546,68 +383,68 @@ pub fn layer_roles(
     Ok(roles)
 }
 
-fn read_engram(f: &GgufFile, n_layer: usize, n_vocab: usize) -> Result<EngramConfig, ModelError> {
+fn read_engram(m: &Meta, n_layer: usize, n_vocab: usize) -> Result<EngramConfig, ModelError> {
     let enc = "engram.encoding";
-    match f.get_str(&key(enc)) {
+    match m.f.get_str(&m.key(enc)) {
         Some("e4m3_e8m0_32_row264") => {}
-        None if f.get(&key(enc)).is_none() => return Err(ModelError::MissingKey { key: key(enc) }),
+        None if !m.has(enc) => return Err(ModelError::MissingKey { key: m.key(enc) }),
         _ => {
-            return Err(bad(
+            return Err(m.bad(
                 enc,
                 "\"e4m3_e8m0_32_row264\" (ds4's row layout)",
-                found(f.get(&key(enc))),
+                found(m.f.get(&m.key(enc))),
             ))
         }
     }
-    let text = embedded_config(f)?;
-    let max_ngram = json_uint(&text, "engram_max_ngram_size")?;
-    let n_heads = json_uint(&text, "engram_n_heads")?;
-    let head_dim = json_uint(&text, "engram_head_dim")?;
+    let text = embedded_config(m)?;
+    let max_ngram = json_uint(m, &text, "engram_max_ngram_size")?;
+    let n_heads = json_uint(m, &text, "engram_n_heads")?;
+    let head_dim = json_uint(m, &text, "engram_head_dim")?;
     if !(2..=16).contains(&max_ngram) || head_dim % 32 != 0 {
-        return Err(bad(
+        return Err(m.bad(
             "config",
             "engram_max_ngram_size in 2..=16 and engram_head_dim a multiple of 32",
             format!("{max_ngram}, {head_dim}"),
         ));
     }
-    let layer_ids = layer_list(f, "engram.layer_ids", n_layer)?;
+    let layer_ids = layer_list(m, "engram.layer_ids", n_layer)?;
     let n = layer_ids.len();
-    let rows = req_uints(f, "engram.rows")?;
+    let rows = req_uints(m, "engram.rows")?;
     if rows.len() != n || rows.iter().any(|&r| r == 0 || r > u32::MAX as u64) {
-        return Err(bad(
+        return Err(m.bad(
             "engram.rows",
             format!("{n} positive row counts below 2^32, one per Engram layer"),
             format!("{rows:?}"),
         ));
     }
-    let compressed_vocab = req_pos(f, "engram.compressed_vocab_size")?;
-    let pad_id = req_uint(f, "engram.pad_id")?;
+    let compressed_vocab = m.pos("engram.compressed_vocab_size")?;
+    let pad_id = m.uint("engram.pad_id")?;
     if pad_id >= compressed_vocab {
-        return Err(bad(
+        return Err(m.bad(
             "engram.pad_id",
             format!("a compressed id below {compressed_vocab}"),
             pad_id.to_string(),
         ));
     }
-    let token_map = req_uints(f, "engram.token_map")?;
+    let token_map = req_uints(m, "engram.token_map")?;
     if token_map.len() != n_vocab {
-        return Err(bad(
+        return Err(m.bad(
             "engram.token_map",
             format!("{n_vocab} entries (one per vocabulary id)"),
             format!("{} entries", token_map.len()),
         ));
     }
     if let Some(i) = token_map.iter().position(|&c| c >= compressed_vocab as u64) {
-        return Err(bad(
+        return Err(m.bad(
             "engram.token_map",
             format!("compressed ids below {compressed_vocab}"),
             format!("entry {i} = {}", token_map[i]),
         ));
     }
     let cols = (max_ngram - 1) * n_heads;
-    let primes = req_uints(f, "engram.primes")?;
+    let primes = req_uints(m, "engram.primes")?;
     if primes.len() != n * cols {
-        return Err(bad(
+        return Err(m.bad(
             "engram.primes",
             format!(
                 "{} primes ({n} layers × {} orders × {n_heads} heads)",
@@ -620,7 +457,7 @@ fn read_engram(f: &GgufFile, n_layer: usize, n_vocab: usize) -> Result<EngramCon
     for (s, r) in rows.iter().enumerate() {
         let p = &primes[s * cols..(s + 1) * cols];
         if p.iter().any(|&x| x < 2) || p.iter().sum::<u64>() != *r {
-            return Err(bad(
+            return Err(m.bad(
                 "engram.primes",
                 format!(
                     "primes ≥ 2 whose sum is layer {}'s {r} table rows",
@@ -630,9 +467,9 @@ fn read_engram(f: &GgufFile, n_layer: usize, n_vocab: usize) -> Result<EngramCon
             ));
         }
     }
-    let multipliers = req_uints(f, "engram.multipliers")?;
+    let multipliers = req_uints(m, "engram.multipliers")?;
     if multipliers.len() != n * max_ngram {
-        return Err(bad(
+        return Err(m.bad(
             "engram.multipliers",
             format!("{} multipliers ({n} layers × {max_ngram})", n * max_ngram),
             format!("{} entries", multipliers.len()),
@@ -641,11 +478,11 @@ fn read_engram(f: &GgufFile, n_layer: usize, n_vocab: usize) -> Result<EngramCon
     // The hash multiplies a compressed id by each multiplier in 64 bits; the
     // reference's bound keeps that product below 2^63.
     let limit = i64::MAX as u64 / compressed_vocab as u64;
-    if let Some(m) = multipliers.iter().find(|&&m| m % 2 == 0 || m > limit) {
-        return Err(bad(
+    if let Some(x) = multipliers.iter().find(|&&x| x % 2 == 0 || x > limit) {
+        return Err(m.bad(
             "engram.multipliers",
             format!("odd multipliers ≤ {limit}"),
-            m.to_string(),
+            x.to_string(),
         ));
     }
     Ok(EngramConfig {

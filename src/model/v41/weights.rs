@@ -8,7 +8,10 @@
 //! of the real file stay on disk.
 
 use crate::gguf::{GgufFile, TensorRef};
-use crate::model::weights::{routed_types_of, type_mix_of, Binder, Class, TypeShare};
+use crate::model::weights::{
+    bind_attn, bind_hc_mix, bind_moe, routed_types_of, type_mix_of, AttnWeights, Binder, Class,
+    HcMixWeights, MoeWeights, TypeShare,
+};
 use crate::model::ModelError;
 
 use super::config::{LayerRole, V41Config};
@@ -44,38 +47,20 @@ pub struct V41Engram {
     pub table: TensorRef,
 }
 
-// A sibling of V4's LayerWeights, not one type: router bias and shared expert are required here.
+/// A V4.1 layer: V4's shared parts (HC mixes, attention projections, MoE,
+/// here always with a router bias and a shared expert), V4.1's compressor
+/// and indexer by layer role, and the Engram module.
 #[derive(Clone, Debug)]
 pub struct V41LayerWeights {
     pub role: LayerRole,
-    pub hc_attn_fn: TensorRef,
-    pub hc_attn_scale: TensorRef,
-    pub hc_attn_base: TensorRef,
-    pub attn_norm: TensorRef,
-    pub attn_q_a: TensorRef,
-    pub attn_q_a_norm: TensorRef,
-    pub attn_q_b: TensorRef,
-    pub attn_kv: TensorRef,
-    pub attn_kv_a_norm: TensorRef,
-    pub attn_sinks: TensorRef,
-    pub attn_output_a: TensorRef,
-    pub attn_output_b: TensorRef,
+    pub hc_attn: HcMixWeights,
+    pub attn: AttnWeights,
     pub compressor: Option<V41Compressor>,
     pub indexer: Option<V41Indexer>,
-    pub hc_ffn_fn: TensorRef,
-    pub hc_ffn_scale: TensorRef,
-    pub hc_ffn_base: TensorRef,
-    pub ffn_norm: TensorRef,
-    pub ffn_gate_inp: TensorRef,
-    pub exp_probs_b: TensorRef,
+    pub hc_ffn: HcMixWeights,
+    pub ffn: MoeWeights,
     /// The image-span routing bias; unused for text.
     pub exp_probs_b_vl: Option<TensorRef>,
-    pub ffn_gate_exps: TensorRef,
-    pub ffn_up_exps: TensorRef,
-    pub ffn_down_exps: TensorRef,
-    pub ffn_gate_shexp: TensorRef,
-    pub ffn_up_shexp: TensorRef,
-    pub ffn_down_shexp: TensorRef,
     pub engram: Option<V41Engram>,
 }
 
@@ -135,11 +120,7 @@ impl V41Weights {
     /// The distinct (gate, up, down) type triples of the routed experts, with
     /// how many layers use each (as V4's `Weights::routed_expert_types`).
     pub fn routed_expert_types(&self) -> Vec<([crate::quant::GgmlType; 3], usize)> {
-        routed_types_of(
-            self.layers
-                .iter()
-                .map(|l| [l.ffn_gate_exps.ty, l.ffn_up_exps.ty, l.ffn_down_exps.ty]),
-        )
+        routed_types_of(self.layers.iter().map(|l| l.ffn.routed().map(|t| t.ty)))
     }
 
     /// Weight bytes read to produce one token at decode time: one embedding
@@ -151,7 +132,7 @@ impl V41Weights {
             + self.output_norm.n_bytes
             + self.output.n_bytes;
         for l in &self.layers {
-            let routed = [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps];
+            let routed = l.ffn.routed();
             let table = l.engram.as_ref().map(|e| &e.table);
             for t in l.all() {
                 if routed.iter().any(|r| std::ptr::eq(*r, t)) {
@@ -167,32 +148,10 @@ impl V41Weights {
 
 impl V41LayerWeights {
     pub fn all(&self) -> Vec<&TensorRef> {
-        let mut v = vec![
-            &self.hc_attn_fn,
-            &self.hc_attn_scale,
-            &self.hc_attn_base,
-            &self.attn_norm,
-            &self.attn_q_a,
-            &self.attn_q_a_norm,
-            &self.attn_q_b,
-            &self.attn_kv,
-            &self.attn_kv_a_norm,
-            &self.attn_sinks,
-            &self.attn_output_a,
-            &self.attn_output_b,
-            &self.hc_ffn_fn,
-            &self.hc_ffn_scale,
-            &self.hc_ffn_base,
-            &self.ffn_norm,
-            &self.ffn_gate_inp,
-            &self.exp_probs_b,
-            &self.ffn_gate_exps,
-            &self.ffn_up_exps,
-            &self.ffn_down_exps,
-            &self.ffn_gate_shexp,
-            &self.ffn_up_shexp,
-            &self.ffn_down_shexp,
-        ];
+        let mut v: Vec<&TensorRef> = self.hc_attn.all().into();
+        v.extend(self.attn.all());
+        v.extend(self.hc_ffn.all());
+        v.extend(self.ffn.all());
         v.extend(self.exp_probs_b_vl.as_ref());
         if let Some(c) = &self.compressor {
             v.extend([&c.kv, &c.norm, &c.index_k, &c.index_k_norm]);
@@ -212,10 +171,9 @@ fn bind_layer(b: &Binder, cfg: &V41Config, l: usize) -> Result<V41LayerWeights, 
     let p = |s: &str| format!("blk.{l}.{s}");
     let d = cfg.n_embd;
     let hc = cfg.hc_count;
-    let mix = cfg.hc_mix_dim();
     let hd = cfg.head_dim;
     let role = cfg.roles[l];
-    let (e, ff) = (cfg.n_expert, cfg.expert_ff);
+    let e = cfg.n_expert;
 
     let compressor = match role {
         LayerRole::Source { ratio } => Some(V41Compressor {
@@ -293,51 +251,17 @@ fn bind_layer(b: &Binder, cfg: &V41Config, l: usize) -> Result<V41LayerWeights, 
         });
     }
 
+    let prefix = format!("blk.{l}.");
+    let bias = b.bind(&p("exp_probs_b.bias"), &[e], Class::Vector)?;
     Ok(V41LayerWeights {
         role,
-        hc_attn_fn: b.bind(&p("hc_attn_fn.weight"), &[hc * d, mix], Class::Dense)?,
-        hc_attn_scale: b.bind(&p("hc_attn_scale.weight"), &[3], Class::Vector)?,
-        hc_attn_base: b.bind(&p("hc_attn_base.weight"), &[mix], Class::Vector)?,
-        attn_norm: b.bind(&p("attn_norm.weight"), &[d], Class::Vector)?,
-        attn_q_a: b.bind(&p("attn_q_a.weight"), &[d, cfg.q_lora_rank], Class::Dense)?,
-        attn_q_a_norm: b.bind(
-            &p("attn_q_a_norm.weight"),
-            &[cfg.q_lora_rank],
-            Class::Vector,
-        )?,
-        attn_q_b: b.bind(
-            &p("attn_q_b.weight"),
-            &[cfg.q_lora_rank, cfg.q_dim()],
-            Class::Dense,
-        )?,
-        attn_kv: b.bind(&p("attn_kv.weight"), &[d, hd], Class::Dense)?,
-        attn_kv_a_norm: b.bind(&p("attn_kv_a_norm.weight"), &[hd], Class::Vector)?,
-        attn_sinks: b.bind(&p("attn_sinks.weight"), &[cfg.n_head], Class::Vector)?,
-        attn_output_a: b.bind(
-            &p("attn_output_a.weight"),
-            &[cfg.q_dim() / cfg.o_groups, cfg.o_groups * cfg.o_lora_rank],
-            Class::Dense,
-        )?,
-        attn_output_b: b.bind(
-            &p("attn_output_b.weight"),
-            &[cfg.o_groups * cfg.o_lora_rank, d],
-            Class::Dense,
-        )?,
+        hc_attn: bind_hc_mix(b, cfg, &prefix, "attn")?,
+        attn: bind_attn(b, cfg, &prefix)?,
         compressor,
         indexer,
-        hc_ffn_fn: b.bind(&p("hc_ffn_fn.weight"), &[hc * d, mix], Class::Dense)?,
-        hc_ffn_scale: b.bind(&p("hc_ffn_scale.weight"), &[3], Class::Vector)?,
-        hc_ffn_base: b.bind(&p("hc_ffn_base.weight"), &[mix], Class::Vector)?,
-        ffn_norm: b.bind(&p("ffn_norm.weight"), &[d], Class::Vector)?,
-        ffn_gate_inp: b.bind(&p("ffn_gate_inp.weight"), &[d, e], Class::Dense)?,
-        exp_probs_b: b.bind(&p("exp_probs_b.bias"), &[e], Class::Vector)?,
+        hc_ffn: bind_hc_mix(b, cfg, &prefix, "ffn")?,
+        ffn: bind_moe(b, cfg, &prefix, Some(bias), None, true)?,
         exp_probs_b_vl: b.bind_opt(&p("exp_probs_b_vl.bias"), &[e], Class::Vector)?,
-        ffn_gate_exps: b.bind(&p("ffn_gate_exps.weight"), &[d, ff, e], Class::Expert)?,
-        ffn_up_exps: b.bind(&p("ffn_up_exps.weight"), &[d, ff, e], Class::Expert)?,
-        ffn_down_exps: b.bind(&p("ffn_down_exps.weight"), &[ff, d, e], Class::Expert)?,
-        ffn_gate_shexp: b.bind(&p("ffn_gate_shexp.weight"), &[d, ff], Class::Dense)?,
-        ffn_up_shexp: b.bind(&p("ffn_up_shexp.weight"), &[d, ff], Class::Dense)?,
-        ffn_down_shexp: b.bind(&p("ffn_down_shexp.weight"), &[ff, d], Class::Dense)?,
         engram,
     })
 }

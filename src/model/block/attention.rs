@@ -1,0 +1,151 @@
+//! The attention sublayer (MODEL.md §3.4–3.6) as both families record it:
+//! the low-rank query, the one shared K=V row with its RoPE, attention over
+//! the sliding window plus the compressed rows the layer may read, the ring
+//! write, the inverse RoPE and the grouped output projection.
+//!
+//! What differs is passed in. [`AttnOptions`]: V4 normalises each query
+//! head and, under model numerics, rounds the window row to FP8/f16 before
+//! it is stored. The *sparse part* (which compressed rows the layer reads
+//! and which of them the indexer selects) is a closure run between the
+//! projections and the attention: V4 runs each layer's own compressor and
+//! indexer, V4.1 reads them from its kv-source and index-source layers.
+
+use super::Builder;
+use crate::gguf::TensorRef;
+use crate::graph::ops::attention::{Attention, CompressedRows, RingWrite};
+use crate::graph::ops::basic::Scale;
+use crate::graph::ops::round::{HadamardFp4, KvRound};
+use crate::graph::ops::Op;
+use crate::graph::{StateId, ValueId};
+use crate::model::weights::AttnWeights;
+
+/// How a family's dense attention path differs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttnOptions {
+    /// RMS-normalise each query head before its RoPE (V4; not V4.1).
+    pub q_head_norm: bool,
+    /// Round the window row to FP8 (non-rotary part) and f16 after RoPE
+    /// (V4 model numerics, MODEL.md §3.5.1).
+    pub kv_round: bool,
+}
+
+/// The projections a layer's sparse part reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Projected {
+    /// The normed sublayer input (D).
+    pub xn: ValueId,
+    /// The normed low-rank query (QL).
+    pub qr: ValueId,
+}
+
+/// What the sparse part hands the attention.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Sparse {
+    /// Compressed rows the layer attends to, with their ratio.
+    pub compressed: Option<CompressedRows>,
+    /// The indexer's top-k among them (all of them when `None`).
+    pub selected: Option<ValueId>,
+}
+
+impl Builder<'_> {
+    /// The attention sublayer of layer `l` on the collapsed `x` (D); the
+    /// window ring is `ring`. Returns y (D).
+    pub fn attention(
+        &mut self,
+        l: usize,
+        w: &AttnWeights,
+        ring: StateId,
+        opts: AttnOptions,
+        x: ValueId,
+        sparse: impl FnOnce(&mut Self, Projected) -> Sparse,
+    ) -> ValueId {
+        let cfg = self.cfg;
+        let (hd, nh) = (cfg.head_dim, cfg.n_head);
+        let xn = self.rms_norm("attn_norm", x, cfg.n_embd, Some(&w.norm)); // D
+        let qa = self.matmul("q_a", &w.q_a, xn); // QL
+        let qr = self.rms_norm("q_a_norm", qa, cfg.q_lora_rank, Some(&w.q_a_norm)); // QL
+        let mut q = self.matmul("q", &w.q_b, qr); // H·HD
+        if opts.q_head_norm {
+            q = self.rms_norm("q_head_norm", q, hd, None); // H·HD, per-head RMS
+        }
+        let q = self.rope("q_rope", q, nh, hd, l, false);
+        let kv = self.matmul("kv_proj", &w.kv, xn); // HD
+        let kv = self.rms_norm("kv_norm", kv, hd, Some(&w.kv_norm));
+        let mut kv = self.rope("kv_rope", kv, 1, hd, l, false);
+        if opts.kv_round {
+            let out = self.r.tokens_f32("kv", hd);
+            self.r.op(Op::KvRound(KvRound {
+                x: kv,
+                out,
+                dim: hd,
+                n_rot: cfg.n_rot,
+                fp8: true,
+                f16: true,
+            }));
+            kv = out;
+        }
+
+        // Compressors run before attention: a row completed by token p is
+        // visible to p itself.
+        let s = sparse(self, Projected { xn, qr });
+
+        let o = self.r.tokens_f32("attn_heads", nh * hd); // H·HD
+        self.r.op(Op::Attention(Attention {
+            q,
+            kv,
+            ring,
+            window: cfg.sliding_window,
+            compressed: s.compressed,
+            selected: s.selected,
+            top_k: cfg.indexer_top_k,
+            sinks: w.sinks.clone(),
+            n_head: nh,
+            head_dim: hd,
+            out: o,
+        }));
+        self.r.op(Op::RingWrite(RingWrite {
+            kv,
+            ring,
+            window: cfg.sliding_window,
+            dim: hd,
+        }));
+        let o = self.rope("attn_heads_unrope", o, nh, hd, l, true);
+        let low = self.grouped_matmul("attn_low", &w.output_a, o, cfg.o_groups); // OG·OL
+        self.matmul("attn_out", &w.output_b, low) // D
+    }
+
+    /// The indexer's query heads and head weights (MODEL.md §3.6): `q` (IH·IHD,
+    /// roped; Hadamard + FP4 when `fp4`) and the weights (IH, scaled by
+    /// 1/√(IHD·IH)).
+    pub fn indexer_query(
+        &mut self,
+        l: usize,
+        q_b: &TensorRef,
+        proj: &TensorRef,
+        p: Projected,
+        fp4: bool,
+    ) -> (ValueId, ValueId) {
+        let (ih, ihd) = (self.cfg.indexer_heads, self.cfg.indexer_head_dim);
+        let qi = self.matmul("index_q", q_b, p.qr); // IH·IHD
+        let mut qi = self.rope("index_q_rope", qi, ih, ihd, l, false);
+        if fp4 {
+            let out = self.r.tokens_f32("index_q_fp4", ih * ihd);
+            self.r.op(Op::HadamardFp4(HadamardFp4 {
+                x: qi,
+                out,
+                cols: ih * ihd,
+                head_dim: ihd,
+            }));
+            qi = out;
+        }
+        let wi = self.matmul("index_weights_raw", proj, p.xn); // IH
+        let wis = self.r.tokens_f32("index_weights", ih);
+        self.r.op(Op::Scale(Scale {
+            x: wi,
+            out: wis,
+            factor: 1.0 / ((ihd * ih) as f32).sqrt(),
+            cols: self.r.value(wis).cols,
+        }));
+        (qi, wis)
+    }
+}
