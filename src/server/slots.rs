@@ -11,9 +11,9 @@
 //! `--ctx` is refused here, before it takes a slot) → wait for a free slot
 //! (FIFO; it still counts in the queue depth) → `assign` (the free slot
 //! whose live tokens and bindings reuse most, else the least recently
-//! used; the reuse rules are the serial worker's, `Core::plan_live`) →
-//! prefill pieces → decode steps → `finish` (the serial worker's, with the
-//! slot's own bindings). A job whose client leaves, whose context fills or
+//! used; the reuse rules are the serial worker's, `Core::plan_live` in
+//! `core.rs`) → prefill pieces → decode steps → `finish` (the serial
+//! worker's, `finish.rs`, with the slot's own bindings). A job whose client leaves, whose context fills or
 //! that hits a stop sequence frees its slot at once.
 //!
 //! Faults stay with their slot: a panic in a slot's own work fails that job
@@ -31,6 +31,9 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::core::{
+    missing_tool_ids, tool_ids, visible_at, Admitted, Bindings, Core, Prefilled, WorkerConfig,
+};
 use super::health::panic_message;
 use super::job::{Event, NoCache, Work};
 use super::logprobs::{first_prompt_entry, score_following, TokenLogprob};
@@ -38,9 +41,7 @@ use super::metrics::Metrics;
 use super::scoring::{JobLogprobs, PickScorer};
 use super::slotdisk::SlotDisk;
 use super::stream::Stream;
-use super::worker::{
-    self, tool_ids, visible_at, Admitted, Bindings, Core, Prefilled, Queue, WorkerConfig,
-};
+use super::worker::{self, Queue};
 use crate::generate::{Finish, Observer, Step, TokenPicker};
 use crate::kvcache::SaveReason;
 use crate::session::{Batch, SessionError, SlotWork};
@@ -221,7 +222,7 @@ impl Scheduler {
         let admit = || {
             if let (Some(disk), true) = (disk.as_mut(), core.cfg.exact_replay) {
                 // KVCACHE.md §7: ids the tool memory lacks, from the disk.
-                let missing = worker::missing_tool_ids(&job.req, &core.memory);
+                let missing = missing_tool_ids(&job.req, &core.memory);
                 if !missing.is_empty() {
                     let found = disk.prefetch_tool_ids(&|id: &[u8]| {
                         std::str::from_utf8(id).is_ok_and(|id| missing.contains(id))
