@@ -245,7 +245,8 @@ fn opt_bool_or_null(m: &Map<String, Value>, k: &str) -> Result<Option<bool>, Api
     }
 }
 
-/// Sampling fields; thinking modes use the fixed official values.
+/// Sampling fields, type-checked; a turn that thinks samples with the fixed
+/// official values instead ([`SamplerConfig::for_thinking`]).
 fn sampling(
     m: &Map<String, Value>,
     with_min_p: bool,
@@ -269,10 +270,7 @@ fn sampling(
             c.top_k = t.clamp(i32::MIN as f64, i32::MAX as f64) as i32;
         }
     }
-    if mode.thinks() {
-        c = SamplerConfig::default();
-    }
-    Ok(c)
+    Ok(c.for_thinking(mode.thinks()))
 }
 
 fn seed(m: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
@@ -383,6 +381,26 @@ mod tests {
         assert_eq!(r.mode, ThinkMode::Max);
         let r = parse_responses(br#"{"input":"x","reasoning":{"effort":"none"}}"#, PC).unwrap();
         assert_eq!(r.mode, ThinkMode::None);
+    }
+
+    #[test]
+    fn a_thinking_turn_samples_with_the_defaults() {
+        let body = br#"{"messages":[],"temperature":0.2,"top_p":0.5,"min_p":0,"top_k":7}"#;
+        let thinking = parse_chat(body, PC).unwrap();
+        assert!(thinking.mode.thinks());
+        assert_eq!(thinking.sampler, SamplerConfig::default());
+        let body =
+            br#"{"messages":[],"think":false,"temperature":0.2,"top_p":0.5,"min_p":0,"top_k":7}"#;
+        let plain = parse_chat(body, PC).unwrap();
+        let asked = SamplerConfig {
+            temperature: 0.2,
+            top_p: 0.5,
+            min_p: 0.0,
+            top_k: 7,
+        };
+        assert_eq!(plain.sampler, asked);
+        // The fields are type-checked all the same.
+        assert!(parse_chat(br#"{"messages":[],"temperature":"hot"}"#, PC).is_err());
     }
 
     #[test]
