@@ -3,9 +3,9 @@
 //! [`Core`] keeps everything besides the KV state (the tokenizer, the
 //! settings, the tool memory, the disk-cache hook, `--trace`, the grammar
 //! engine), and a job passes through its phases as [`Admitted`] (rendered,
-//! tokenized, its context checked), [`Prefilled`] (its prompt in a KV slot)
-//! and [`Decoded`] (what generation produced). Admission, the live-reuse
-//! rules 1-6, acceptance and the picker live here; the finish phase is
+//! tokenized, its context checked) and [`Prefilled`] (its prompt in a KV
+//! slot). Admission, the live-reuse rules 1-6, acceptance and the picker
+//! live here; what generation produced (`Decoded`) and the finish phase are
 //! `finish.rs`. What one KV slot remembers about its turn is [`Bindings`].
 
 use std::sync::atomic::Ordering;
@@ -17,7 +17,6 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::error::ApiError;
 use super::health::WorkerHealth;
 use super::job::{Event, Job, KvCacheHook, VisibleKind};
-use super::logprobs::TokenLogprob;
 use super::memory::{
     id_rng, same_set, trailing_tool_run, ProtocolBinding, ToolMemory, VisibleBinding,
 };
@@ -26,10 +25,9 @@ use super::plan;
 use super::render;
 use super::request::{Api, GenRequest, Role};
 use super::scoring::{self, JobLogprobs};
-use super::stream::Stream;
 use super::trace::{self, Trace};
 use crate::constrain::GrammarEngine;
-use crate::generate::{Constrained, Finish, Sampled, Scripted, TokenPicker};
+use crate::generate::{Constrained, Sampled, Scripted, TokenPicker};
 use crate::kvcache::{NoToolIds, ToolIds};
 use crate::sampler::Rng;
 use crate::tokenizer::Tokenizer;
@@ -134,23 +132,6 @@ pub(super) struct Prefilled {
     pub(super) ids: Rng,
     /// Echo and log-probabilities (`scoring.rs`).
     pub(super) lp: JobLogprobs,
-}
-
-/// What generation produced.
-pub(super) struct Decoded {
-    pub(super) tokens: usize,
-    pub(super) finish: Finish,
-    pub(super) thinking: bool,
-    pub(super) stop_hit: bool,
-    pub(super) raw: String,
-    pub(super) saw_close: bool,
-    pub(super) live_ids: Vec<String>,
-    pub(super) live_closed: Vec<bool>,
-    /// The grammar (response format, strict tools) was still open at the
-    /// end: the output is not a complete match, so the finish is `length`.
-    pub(super) grammar_open: bool,
-    /// The generated tokens scored, when log-probabilities were asked for.
-    pub(super) logprobs: Vec<TokenLogprob>,
 }
 
 /// Whether a Responses / Anthropic request ends with results of calls it
@@ -516,39 +497,6 @@ impl Core {
             required,
             specials.eos,
         )))
-    }
-
-    /// The stream observer's results and the decode metrics.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn decoded(
-        &self,
-        obs: &mut Stream,
-        tokens: usize,
-        finish: Finish,
-        thinking: bool,
-        grammar_open: bool,
-        logprobs: Vec<TokenLogprob>,
-        gen_s: f64,
-        prefill_s: f64,
-    ) -> Decoded {
-        obs.flush();
-        let d = Decoded {
-            tokens,
-            finish,
-            thinking,
-            stop_hit: obs.stop_hit,
-            raw: String::from_utf8_lossy(&obs.raw).into_owned(),
-            saw_close: obs.split.saw_close(),
-            live_ids: std::mem::take(&mut obs.live_ids),
-            live_closed: std::mem::take(&mut obs.live_closed),
-            grammar_open,
-            logprobs,
-        };
-        let m = &self.metrics;
-        m.generated_tokens
-            .fetch_add(d.tokens as u64, Ordering::Relaxed);
-        m.record_speed(d.tokens, gen_s, prefill_s);
-        d
     }
 }
 

@@ -1,22 +1,77 @@
 //! The finish phase of a job, shared by the serial worker and the slot
-//! scheduler: the finish reason, the DSML block parsed into calls with ids
-//! (remembered for exact replay), the bindings the next request on the slot
-//! may reuse (SERVER.md §9), the trace, the log line and the `Done` event.
+//! scheduler: what generation produced ([`Decoded`], taken from the stream
+//! observer with the decode metrics), then the finish reason, the DSML
+//! block parsed into calls with ids (remembered for exact replay), the
+//! bindings the next request on the slot may reuse (SERVER.md §9), the
+//! trace, the log line and the `Done` event. `Decoded` lives here, with its
+//! only reader: the phases read no field of it but `stop_hit`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::core::{Bindings, Core, Decoded, Prefilled};
+use super::core::{Bindings, Core, Prefilled};
 use super::dsml::{self, Parsed};
 use super::job::{Event, Final, FinishReason, OutCall, Usage};
+use super::logprobs::TokenLogprob;
 use super::memory::{random_hex, ProtocolBinding, VisibleBinding};
 use super::render;
 use super::request::{Api, GenRequest, Role};
+use super::stream::Stream;
 use crate::chat::template::EOS;
 use crate::generate::Finish;
 use crate::sampler::Rng;
 
+/// What generation produced.
+pub(super) struct Decoded {
+    tokens: usize,
+    finish: Finish,
+    thinking: bool,
+    pub(super) stop_hit: bool,
+    raw: String,
+    saw_close: bool,
+    live_ids: Vec<String>,
+    live_closed: Vec<bool>,
+    /// The grammar (response format, strict tools) was still open at the
+    /// end: the output is not a complete match, so the finish is `length`.
+    grammar_open: bool,
+    /// The generated tokens scored, when log-probabilities were asked for.
+    logprobs: Vec<TokenLogprob>,
+}
+
 impl Core {
+    /// The stream observer's results and the decode metrics.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decoded(
+        &self,
+        obs: &mut Stream,
+        tokens: usize,
+        finish: Finish,
+        thinking: bool,
+        grammar_open: bool,
+        logprobs: Vec<TokenLogprob>,
+        gen_s: f64,
+        prefill_s: f64,
+    ) -> Decoded {
+        obs.flush();
+        let d = Decoded {
+            tokens,
+            finish,
+            thinking,
+            stop_hit: obs.stop_hit,
+            raw: String::from_utf8_lossy(&obs.raw).into_owned(),
+            saw_close: obs.split.saw_close(),
+            live_ids: std::mem::take(&mut obs.live_ids),
+            live_closed: std::mem::take(&mut obs.live_closed),
+            grammar_open,
+            logprobs,
+        };
+        let m = &self.metrics;
+        m.generated_tokens
+            .fetch_add(d.tokens as u64, Ordering::Relaxed);
+        m.record_speed(d.tokens, gen_s, prefill_s);
+        d
+    }
+
     /// Finish: the finish reason, the DSML parse and the call ids, the
     /// bindings the next request on this slot may reuse (`live_len` is the
     /// slot's length now), the trace and the log line.

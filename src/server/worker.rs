@@ -7,8 +7,8 @@
 //! `spawn`, which the slot scheduler shares) and the serial loop. A job runs
 //! in four phases, `admit → prefill → decode → finish`, under
 //! `catch_unwind`: a panic fails that job alone and resets the session.
-//! The phases' shared half is `core.rs` (`Core`, `Admitted`, `Prefilled`,
-//! `Decoded`) and `finish.rs` (the finish phase); the job contract is in
+//! The phases' shared half is `core.rs` (`Core`, `Admitted`, `Prefilled`)
+//! and `finish.rs` (`Decoded`, the finish phase); the job contract is in
 //! `job.rs`, the reuse decision in `plan.rs`, the tool memory and bindings
 //! in `memory.rs`, the token observer in `stream.rs`, `--trace` in
 //! `trace.rs`, liveness and caught panics in `health.rs`.
@@ -19,8 +19,9 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::core::{tool_ids, visible_at, Admitted, Bindings, Core, Decoded, Prefilled};
+use super::core::{tool_ids, visible_at, Admitted, Bindings, Core, Prefilled};
 use super::error::ApiError;
+use super::finish::Decoded;
 use super::health::{panic_message, AliveGuard, WorkerHealth};
 use super::job::{Event, Job, KvCacheHook, Work};
 use super::metrics::Metrics;
