@@ -68,16 +68,15 @@ impl Metrics {
         self.max_step_slots.fetch_max(slots, Ordering::Relaxed);
     }
 
-    /// The Prometheus text of `GET /metrics`: the queue and slots, the
+    /// The Prometheus text of `GET /metrics`: the queue, the slots and the
     /// slot scheduler's steps, the requests, a V4.1 model's Engram reads
     /// (after its first request), then the disk cache's counters.
     pub fn render(&self) -> String {
         let engram = self.engram.lock().map(|e| *e).unwrap_or(None);
         let mut s = String::new();
         for x in self
-            .queue_samples()
+            .slot_samples()
             .into_iter()
-            .chain(self.batch_samples())
             .chain(self.request_samples())
             .chain(engram.as_ref().map(engram_samples).unwrap_or_default())
         {
@@ -89,7 +88,9 @@ impl Metrics {
         s
     }
 
-    fn queue_samples(&self) -> Vec<Sample> {
+    /// The queue, the KV slots, and the slot scheduler's engine steps
+    /// (zero with one slot).
+    fn slot_samples(&self) -> Vec<Sample> {
         vec![
             gauge(
                 "queue_depth",
@@ -102,12 +103,6 @@ impl Metrics {
                 "KV slots running a request now.",
                 load(&self.active_slots),
             ),
-        ]
-    }
-
-    /// The slot scheduler's engine steps (zero with one slot).
-    fn batch_samples(&self) -> Vec<Sample> {
-        vec![
             counter(
                 "batch_steps_total",
                 "Engine steps of the slot scheduler.",
@@ -206,38 +201,43 @@ impl Metrics {
 
 /// A V4.1 model's Engram reader.
 fn engram_samples(e: &EngramStats) -> Vec<Sample> {
-    vec![
-        counter(
+    let counters = [
+        (
             "engram_tokens_total",
             "Tokens whose Engram rows were read (V4.1).",
-            e.tokens.to_string(),
+            e.tokens,
         ),
-        counter(
+        (
             "engram_row_lookups_total",
             "Engram table rows asked for.",
-            e.rows_requested.to_string(),
+            e.rows_requested,
         ),
-        counter(
+        (
             "engram_row_hits_total",
             "Engram rows found in the hot-row cache.",
-            e.cache_hits.to_string(),
+            e.cache_hits,
         ),
-        counter(
+        (
             "engram_bytes_read_total",
             "Bytes of Engram rows read from the model file.",
-            e.bytes_read.to_string(),
+            e.bytes_read,
         ),
-        gauge(
-            "engram_bytes_per_token",
-            "Engram bytes read per token since start-up.",
-            format!("{:.1}", e.bytes_per_token()),
-        ),
-        gauge(
-            "engram_hit_rate",
-            "Fraction of Engram row lookups served by the hot-row cache.",
-            format!("{:.4}", e.hit_rate()),
-        ),
-    ]
+    ];
+    let mut out: Vec<Sample> = counters
+        .into_iter()
+        .map(|(name, help, v)| counter(name, help, v.to_string()))
+        .collect();
+    out.push(gauge(
+        "engram_bytes_per_token",
+        "Engram bytes read per token since start-up.",
+        format!("{:.1}", e.bytes_per_token()),
+    ));
+    out.push(gauge(
+        "engram_hit_rate",
+        "Fraction of Engram row lookups served by the hot-row cache.",
+        format!("{:.4}", e.hit_rate()),
+    ));
+    out
 }
 
 /// One metric of `/metrics`: its name (after `ds4_`), its type (`gauge`
