@@ -2,7 +2,8 @@
 //! otherwise temperature softmax with min-p, top-p and top-k filters in ds4's
 //! order, drawn with a seeded xorshift64* generator.
 
-/// Sampling parameters with ds4's defaults.
+/// Sampling parameters with ds4's defaults. A turn in thinking mode samples
+/// with the defaults whatever the request asked: [`SamplerConfig::for_thinking`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplerConfig {
     pub temperature: f32,
@@ -18,6 +19,23 @@ impl Default for SamplerConfig {
             top_p: 1.0,
             top_k: 0,
             min_p: 0.05,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// The sampler a turn runs with: `self` (what the request asked), or,
+    /// when the turn `thinks`, the defaults in its place: temperature 1,
+    /// top-p 1, no top-k, min-p 0.05. DeepSeek V4's thinking mode is meant
+    /// to be sampled at temperature 1 / top-p 1: the official API fixes
+    /// those values for it and ds4 does the same, so a request's own
+    /// sampling fields do not apply while the mode thinks (SERVER.md §4.3,
+    /// "Thinking mode overrides"; the request parsers call this).
+    pub fn for_thinking(self, thinks: bool) -> SamplerConfig {
+        if thinks {
+            SamplerConfig::default()
+        } else {
+            self
         }
     }
 }

@@ -68,184 +68,223 @@ impl Metrics {
         self.max_step_slots.fetch_max(slots, Ordering::Relaxed);
     }
 
+    /// The Prometheus text of `GET /metrics`: the queue, the slots and the
+    /// slot scheduler's steps, the requests, a V4.1 model's Engram reads
+    /// (after its first request), then the disk cache's counters.
     pub fn render(&self) -> String {
-        let (tps, prefill) = self.last.lock().map(|l| *l).unwrap_or((0.0, 0.0));
-        let mut s = String::new();
-        let mut put = |name: &str, kind: &str, help: &str, v: String| {
-            s.push_str(&format!(
-                "# HELP ds4_{name} {help}\n# TYPE ds4_{name} {kind}\nds4_{name} {v}\n"
-            ));
-        };
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
-        put(
-            "queue_depth",
-            "gauge",
-            "Generation requests waiting for the worker.",
-            self.queue_depth.load(Ordering::Relaxed).to_string(),
-        );
-        let u = |a: &AtomicUsize| a.load(Ordering::Relaxed).to_string();
-        put(
-            "slots",
-            "gauge",
-            "KV slots (--batched-session).",
-            u(&self.slots),
-        );
-        put(
-            "active_slots",
-            "gauge",
-            "KV slots running a request now.",
-            u(&self.active_slots),
-        );
-        put(
-            "batch_steps_total",
-            "counter",
-            "Engine steps of the slot scheduler.",
-            g(&self.steps),
-        );
-        put(
-            "batch_step_slots_total",
-            "counter",
-            "Slots carried by those steps, summed (mean batch: / steps).",
-            g(&self.step_slots),
-        );
-        put(
-            "batch_step_rows_total",
-            "counter",
-            "Token rows carried by those steps, summed.",
-            g(&self.step_rows),
-        );
-        put(
-            "batch_last_step_slots",
-            "gauge",
-            "Slots in the last engine step (the batch size).",
-            u(&self.last_step_slots),
-        );
-        put(
-            "batch_mixed_steps_total",
-            "counter",
-            "Steps that carried prefill pieces beside decode rows.",
-            g(&self.mixed_steps),
-        );
-        put(
-            "batch_max_step_slots",
-            "gauge",
-            "Most slots one engine step carried since start-up.",
-            u(&self.max_step_slots),
-        );
-        put(
-            "batch_last_step_rows",
-            "gauge",
-            "Token rows in the last engine step.",
-            u(&self.last_step_rows),
-        );
-        put(
-            "requests_total",
-            "counter",
-            "Generation requests served.",
-            g(&self.requests),
-        );
-        put(
-            "rejected_total",
-            "counter",
-            "Requests refused (queue full).",
-            g(&self.rejected),
-        );
-        put(
-            "cancelled_total",
-            "counter",
-            "Generations cancelled by a client disconnect.",
-            g(&self.cancelled),
-        );
-        put(
-            "prompt_tokens_total",
-            "counter",
-            "Effective prompt tokens.",
-            g(&self.prompt_tokens),
-        );
-        put(
-            "prompt_tokens_evaluated_total",
-            "counter",
-            "Prompt tokens actually evaluated.",
-            g(&self.evaluated_prompt_tokens),
-        );
-        put(
-            "generated_tokens_total",
-            "counter",
-            "Generated tokens.",
-            g(&self.generated_tokens),
-        );
-        put(
-            "prefix_reuse_hits_total",
-            "counter",
-            "Requests that reused the live session.",
-            g(&self.prefix_hits),
-        );
-        put(
-            "prefix_reused_tokens_total",
-            "counter",
-            "Prompt tokens reused from the live session.",
-            g(&self.reused_tokens),
-        );
-        put(
-            "last_generation_tokens_per_second",
-            "gauge",
-            "Decode speed of the last request.",
-            format!("{tps:.3}"),
-        );
-        put(
-            "last_prefill_seconds",
-            "gauge",
-            "Prefill time of the last request.",
-            format!("{prefill:.3}"),
-        );
         let engram = self.engram.lock().map(|e| *e).unwrap_or(None);
-        if let Some(e) = engram {
-            for (name, kind, help, v) in [
-                (
-                    "engram_tokens_total",
-                    "counter",
-                    "Tokens whose Engram rows were read (V4.1).",
-                    e.tokens.to_string(),
-                ),
-                (
-                    "engram_row_lookups_total",
-                    "counter",
-                    "Engram table rows asked for.",
-                    e.rows_requested.to_string(),
-                ),
-                (
-                    "engram_row_hits_total",
-                    "counter",
-                    "Engram rows found in the hot-row cache.",
-                    e.cache_hits.to_string(),
-                ),
-                (
-                    "engram_bytes_read_total",
-                    "counter",
-                    "Bytes of Engram rows read from the model file.",
-                    e.bytes_read.to_string(),
-                ),
-                (
-                    "engram_bytes_per_token",
-                    "gauge",
-                    "Engram bytes read per token since start-up.",
-                    format!("{:.1}", e.bytes_per_token()),
-                ),
-                (
-                    "engram_hit_rate",
-                    "gauge",
-                    "Fraction of Engram row lookups served by the hot-row cache.",
-                    format!("{:.4}", e.hit_rate()),
-                ),
-            ] {
-                s.push_str(&format!(
-                    "# HELP ds4_{name} {help}\n# TYPE ds4_{name} {kind}\nds4_{name} {v}\n"
-                ));
-            }
+        let mut s = String::new();
+        for x in self
+            .slot_samples()
+            .into_iter()
+            .chain(self.request_samples())
+            .chain(engram.as_ref().map(engram_samples).unwrap_or_default())
+        {
+            x.write(&mut s);
         }
         if let Some(k) = self.kv_disk.get() {
             s.push_str(&k.snapshot().prometheus());
         }
         s
     }
+
+    /// The queue, the KV slots, and the slot scheduler's engine steps
+    /// (zero with one slot).
+    fn slot_samples(&self) -> Vec<Sample> {
+        vec![
+            gauge(
+                "queue_depth",
+                "Generation requests waiting for the worker.",
+                load(&self.queue_depth),
+            ),
+            gauge("slots", "KV slots (--batched-session).", load(&self.slots)),
+            gauge(
+                "active_slots",
+                "KV slots running a request now.",
+                load(&self.active_slots),
+            ),
+            counter(
+                "batch_steps_total",
+                "Engine steps of the slot scheduler.",
+                load64(&self.steps),
+            ),
+            counter(
+                "batch_step_slots_total",
+                "Slots carried by those steps, summed (mean batch: / steps).",
+                load64(&self.step_slots),
+            ),
+            counter(
+                "batch_step_rows_total",
+                "Token rows carried by those steps, summed.",
+                load64(&self.step_rows),
+            ),
+            gauge(
+                "batch_last_step_slots",
+                "Slots in the last engine step (the batch size).",
+                load(&self.last_step_slots),
+            ),
+            counter(
+                "batch_mixed_steps_total",
+                "Steps that carried prefill pieces beside decode rows.",
+                load64(&self.mixed_steps),
+            ),
+            gauge(
+                "batch_max_step_slots",
+                "Most slots one engine step carried since start-up.",
+                load(&self.max_step_slots),
+            ),
+            gauge(
+                "batch_last_step_rows",
+                "Token rows in the last engine step.",
+                load(&self.last_step_rows),
+            ),
+        ]
+    }
+
+    /// Requests, tokens, live prefix reuse and the last request's speed.
+    fn request_samples(&self) -> Vec<Sample> {
+        let (tps, prefill) = self.last.lock().map(|l| *l).unwrap_or((0.0, 0.0));
+        vec![
+            counter(
+                "requests_total",
+                "Generation requests served.",
+                load64(&self.requests),
+            ),
+            counter(
+                "rejected_total",
+                "Requests refused (queue full).",
+                load64(&self.rejected),
+            ),
+            counter(
+                "cancelled_total",
+                "Generations cancelled by a client disconnect.",
+                load64(&self.cancelled),
+            ),
+            counter(
+                "prompt_tokens_total",
+                "Effective prompt tokens.",
+                load64(&self.prompt_tokens),
+            ),
+            counter(
+                "prompt_tokens_evaluated_total",
+                "Prompt tokens actually evaluated.",
+                load64(&self.evaluated_prompt_tokens),
+            ),
+            counter(
+                "generated_tokens_total",
+                "Generated tokens.",
+                load64(&self.generated_tokens),
+            ),
+            counter(
+                "prefix_reuse_hits_total",
+                "Requests that reused the live session.",
+                load64(&self.prefix_hits),
+            ),
+            counter(
+                "prefix_reused_tokens_total",
+                "Prompt tokens reused from the live session.",
+                load64(&self.reused_tokens),
+            ),
+            gauge(
+                "last_generation_tokens_per_second",
+                "Decode speed of the last request.",
+                format!("{tps:.3}"),
+            ),
+            gauge(
+                "last_prefill_seconds",
+                "Prefill time of the last request.",
+                format!("{prefill:.3}"),
+            ),
+        ]
+    }
+}
+
+/// A V4.1 model's Engram reader.
+fn engram_samples(e: &EngramStats) -> Vec<Sample> {
+    let counters = [
+        (
+            "engram_tokens_total",
+            "Tokens whose Engram rows were read (V4.1).",
+            e.tokens,
+        ),
+        (
+            "engram_row_lookups_total",
+            "Engram table rows asked for.",
+            e.rows_requested,
+        ),
+        (
+            "engram_row_hits_total",
+            "Engram rows found in the hot-row cache.",
+            e.cache_hits,
+        ),
+        (
+            "engram_bytes_read_total",
+            "Bytes of Engram rows read from the model file.",
+            e.bytes_read,
+        ),
+    ];
+    let mut out: Vec<Sample> = counters
+        .into_iter()
+        .map(|(name, help, v)| counter(name, help, v.to_string()))
+        .collect();
+    out.push(gauge(
+        "engram_bytes_per_token",
+        "Engram bytes read per token since start-up.",
+        format!("{:.1}", e.bytes_per_token()),
+    ));
+    out.push(gauge(
+        "engram_hit_rate",
+        "Fraction of Engram row lookups served by the hot-row cache.",
+        format!("{:.4}", e.hit_rate()),
+    ));
+    out
+}
+
+/// One metric of `/metrics`: its name (after `ds4_`), its type (`gauge`
+/// or `counter`), its help line and its value as printed.
+struct Sample {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    value: String,
+}
+
+impl Sample {
+    fn write(&self, s: &mut String) {
+        let Sample {
+            name,
+            kind,
+            help,
+            value,
+        } = self;
+        s.push_str(&format!(
+            "# HELP ds4_{name} {help}\n# TYPE ds4_{name} {kind}\nds4_{name} {value}\n"
+        ));
+    }
+}
+
+fn gauge(name: &'static str, help: &'static str, value: String) -> Sample {
+    Sample {
+        name,
+        kind: "gauge",
+        help,
+        value,
+    }
+}
+
+fn counter(name: &'static str, help: &'static str, value: String) -> Sample {
+    Sample {
+        name,
+        kind: "counter",
+        help,
+        value,
+    }
+}
+
+fn load(a: &AtomicUsize) -> String {
+    a.load(Ordering::Relaxed).to_string()
+}
+
+fn load64(a: &AtomicU64) -> String {
+    a.load(Ordering::Relaxed).to_string()
 }

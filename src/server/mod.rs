@@ -8,14 +8,19 @@
 //!   ─► events over a channel ─► openai / anthropic / responses (JSON body or SSE)
 //! ```
 //!
-//! The worker's pieces: `job` (the job / event contract and the disk-cache
-//! hook), `health` (liveness and caught panics for `/health`), `plan` (the live-reuse decision), `memory` (tool memory, bindings,
-//! ids), `stream` (the token observer) with `scan` (its incremental DSML
+//! The worker's pieces: `core` (what the engine thread keeps and a job's
+//! phases, shared by the serial `worker` and the slot scheduler `slots`),
+//! `finish` (the finish phase), `job` (the job / event contract and the
+//! disk-cache hook), `health` (liveness and caught panics for `/health`),
+//! `plan` (the live-reuse decision), `memory` (tool memory, bindings, ids),
+//! `stream` (the token observer) with `scan` (its incremental DSML
 //! detection), `trace` (`--trace`).
 
 pub mod anthropic;
+mod core;
 pub mod dsml;
 pub mod error;
+mod finish;
 pub mod guard;
 pub mod health;
 pub mod job;

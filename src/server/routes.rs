@@ -23,7 +23,7 @@ use super::guard::{self, CorsOrigins};
 use super::job::{Event, Final, Job};
 use super::metrics::Metrics;
 use super::openai::Meta;
-use super::request::{self, Api, ParseContext};
+use super::request::{self, Api, GenRequest, ParseContext};
 use super::tokenize::{self, SharedTokenizer};
 use super::worker::Queue;
 use super::{anthropic, openai, page, render, responses, StreamFormat};
@@ -250,6 +250,8 @@ fn model_object_named(opts: &HttpOptions, id: &str) -> serde_json::Value {
             "top_k", "min_p", "stop", "seed", "stream", "reasoning_effort"]})
 }
 
+/// One request: the routes that need no key (`OPTIONS`, `/health`, the
+/// page), the API key, then the route by method and path.
 async fn handle<S, B>(
     method: Method,
     path: &str,
@@ -261,20 +263,8 @@ where
     S: Stream<Item = Result<B, warp::Error>>,
     B: Buf,
 {
-    if method == Method::OPTIONS {
-        return Response::builder()
-            .status(StatusCode::NO_CONTENT)
-            .body(Body::empty())
-            .unwrap_or_else(|_| Response::new(Body::empty()));
-    }
-    if method == Method::GET && path == "/health" {
-        // 503 once the worker thread is gone, so a supervisor restarts us.
-        let (status, body) = state.queue.health().report();
-        return json_response(status, format!("{body}\n"));
-    }
-    // The chat page holds no secret: it asks for the key when it calls.
-    if method == Method::GET && path == "/" {
-        return page::response();
+    if let Some(r) = open_route(&method, path, &state) {
+        return r;
     }
     // From the headers alone, before any body byte is read: an
     // unauthenticated client cannot make the server take in a large body.
@@ -287,34 +277,6 @@ where
         }
     }
     let api = match (method.clone(), path) {
-        (Method::GET, "/v1/models") => {
-            let data: Vec<serde_json::Value> = model_ids(&state.opts)
-                .iter()
-                .map(|id| model_object_named(&state.opts, id))
-                .collect();
-            let v = json!({"object": "list", "data": data});
-            return json_response(200, format!("{v}\n"));
-        }
-        (Method::GET, p)
-            if p.strip_prefix("/v1/models/")
-                .is_some_and(|id| model_ids(&state.opts).contains(&id)) =>
-        {
-            let id = p.trim_start_matches("/v1/models/");
-            return json_response(200, format!("{}\n", model_object_named(&state.opts, id)));
-        }
-        (Method::GET, "/tokenizer_info") if state.opts.tokenizer.is_some() => {
-            let tok = state.opts.tokenizer.as_ref().map(|t| t.0.clone());
-            return match tok {
-                Some(t) => json_response(200, tokenize::info(&t, state.opts.ctx)),
-                None => closing(error_response(ApiError::new(404, "unknown endpoint"))),
-            };
-        }
-        (Method::GET, "/metrics") => {
-            return Response::builder()
-                .header("content-type", "text/plain; version=0.0.4")
-                .body(Body::from(state.metrics.render()))
-                .unwrap_or_else(|_| Response::new(Body::empty()));
-        }
         (Method::POST, "/v1/chat/completions") => Api::Chat,
         (Method::POST, "/v1/completions") => Api::Completions,
         (Method::POST, "/v1/responses") => Api::Responses,
@@ -322,58 +284,89 @@ where
         (Method::POST, "/tokenize" | "/detokenize") if state.opts.tokenizer.is_some() => {
             return tokenizer_post(path, headers, body, &state).await;
         }
-        _ => return closing(error_response(ApiError::new(404, "unknown endpoint"))),
+        (Method::GET, _) => return get_route(path, &state),
+        _ => return not_found(),
     };
-    let body = match json_body(headers, body, &state).await {
+    generate(api, headers, body, &state).await
+}
+
+/// What is answered before the API key is checked: `OPTIONS` (CORS
+/// preflight), `/health` and the chat page.
+fn open_route(method: &Method, path: &str, state: &State) -> Option<Response<Body>> {
+    if method == Method::OPTIONS {
+        return Some(
+            Response::builder()
+                .status(StatusCode::NO_CONTENT)
+                .body(Body::empty())
+                .unwrap_or_else(|_| Response::new(Body::empty())),
+        );
+    }
+    if method == Method::GET && path == "/health" {
+        // 503 once the worker thread is gone, so a supervisor restarts us.
+        let (status, body) = state.queue.health().report();
+        return Some(json_response(status, format!("{body}\n")));
+    }
+    // The chat page holds no secret: it asks for the key when it calls.
+    if method == Method::GET && path == "/" {
+        return Some(page::response());
+    }
+    None
+}
+
+/// `GET`: the model list, one model, `/tokenizer_info`, `/metrics`; any
+/// other path is a 404.
+fn get_route(path: &str, state: &State) -> Response<Body> {
+    match path {
+        "/v1/models" => {
+            let data: Vec<serde_json::Value> = model_ids(&state.opts)
+                .iter()
+                .map(|id| model_object_named(&state.opts, id))
+                .collect();
+            let v = json!({"object": "list", "data": data});
+            json_response(200, format!("{v}\n"))
+        }
+        p if p
+            .strip_prefix("/v1/models/")
+            .is_some_and(|id| model_ids(&state.opts).contains(&id)) =>
+        {
+            let id = p.trim_start_matches("/v1/models/");
+            json_response(200, format!("{}\n", model_object_named(&state.opts, id)))
+        }
+        "/tokenizer_info" if state.opts.tokenizer.is_some() => {
+            let tok = state.opts.tokenizer.as_ref().map(|t| t.0.clone());
+            match tok {
+                Some(t) => json_response(200, tokenize::info(&t, state.opts.ctx)),
+                None => not_found(),
+            }
+        }
+        "/metrics" => Response::builder()
+            .header("content-type", "text/plain; version=0.0.4")
+            .body(Body::from(state.metrics.render()))
+            .unwrap_or_else(|_| Response::new(Body::empty())),
+        _ => not_found(),
+    }
+}
+
+fn not_found() -> Response<Body> {
+    closing(error_response(ApiError::new(404, "unknown endpoint")))
+}
+
+/// A generation request of `api`: the body read and parsed, the job queued,
+/// then its answer as one JSON body or an SSE stream.
+async fn generate<S, B>(api: Api, headers: &HeaderMap, body: S, state: &State) -> Response<Body>
+where
+    S: Stream<Item = Result<B, warp::Error>>,
+    B: Buf,
+{
+    let body = match json_body(headers, body, state).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let pc = ParseContext {
-        ctx: state.opts.ctx,
-        allow_script: state.opts.allow_script,
-    };
-    let parsed = match api {
-        Api::Chat => request::parse_chat(&body, pc),
-        Api::Completions => request::parse_completions(&body, pc),
-        Api::Responses => request::parse_responses(&body, pc),
-        Api::Messages => request::parse_messages(&body, pc),
-    };
-    let mut req = match parsed {
+    let req = match parse(api, body, state) {
         Ok(r) => r,
         Err(e) => return error_response(e),
     };
-    req.set_dialect(state.opts.dialect);
-    // A prompt that cannot fit is refused here, before it queues and before
-    // the worker tokenizes it (tokenizing megabytes would hold the engine).
-    let max = state.opts.max_prompt_bytes;
-    let bytes = if max == usize::MAX {
-        0
-    } else {
-        render::render(&req, &mut render::NoReplay).len()
-    };
-    if bytes > max {
-        return error_response(ApiError::prompt_bytes(
-            bytes,
-            state.opts.max_prompt_bytes,
-            state.opts.ctx,
-            param_of(api),
-            api == Api::Messages,
-        ));
-    }
-    req.raw = body;
-    let n = state.counter.fetch_add(1, Ordering::Relaxed) + 1;
-    let meta = Meta {
-        id: match api {
-            Api::Completions => format!("cmpl-{n}"),
-            Api::Responses => responses::item_id("resp_"),
-            _ => format!("chatcmpl-{n}"),
-        },
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        model: req.model.clone(),
-    };
+    let meta = meta(api, &req, state);
     let stream = req.stream;
     let include_usage = req.include_usage;
     let summary = req.reasoning_summary;
@@ -393,22 +386,7 @@ where
         _ => return error_response(ApiError::new(500, "the worker stopped")),
     };
     if !stream {
-        loop {
-            match rx.recv().await {
-                Some(Event::Done(f)) => {
-                    let body = match api {
-                        Api::Chat => openai::chat_body(&meta, &f),
-                        Api::Completions => openai::completion_body(&meta, &f),
-                        Api::Messages => anthropic::body(&meta, &f),
-                        Api::Responses => responses::body(&meta, &f, summary),
-                    };
-                    return json_response(200, body);
-                }
-                Some(Event::Failed(msg)) => return error_response(ApiError::new(500, &msg)),
-                Some(_) => {}
-                None => return error_response(ApiError::new(500, "the worker stopped")),
-            }
-        }
+        return json_answer(api, &meta, rx, summary).await;
     }
     let fmt: Box<dyn StreamFormat> = match api {
         Api::Chat => Box::new(openai::ChatStream::new(meta, include_usage)),
@@ -417,6 +395,83 @@ where
         Api::Responses => Box::new(responses::ResponsesStream::new(meta, summary)),
     };
     sse_response(rx, fmt, prompt, cached)
+}
+
+/// The body parsed by `api`'s parser, in the loaded model's template; a
+/// prompt that cannot fit is refused here, before it queues and before the
+/// worker tokenizes it (tokenizing megabytes would hold the engine).
+fn parse(api: Api, body: Vec<u8>, state: &State) -> Result<GenRequest, ApiError> {
+    let pc = ParseContext {
+        ctx: state.opts.ctx,
+        allow_script: state.opts.allow_script,
+    };
+    let mut req = match api {
+        Api::Chat => request::parse_chat(&body, pc),
+        Api::Completions => request::parse_completions(&body, pc),
+        Api::Responses => request::parse_responses(&body, pc),
+        Api::Messages => request::parse_messages(&body, pc),
+    }?;
+    req.set_dialect(state.opts.dialect);
+    let max = state.opts.max_prompt_bytes;
+    let bytes = if max == usize::MAX {
+        0
+    } else {
+        render::render(&req, &mut render::NoReplay).len()
+    };
+    if bytes > max {
+        return Err(ApiError::prompt_bytes(
+            bytes,
+            state.opts.max_prompt_bytes,
+            state.opts.ctx,
+            param_of(api),
+            api == Api::Messages,
+        ));
+    }
+    req.raw = body;
+    Ok(req)
+}
+
+/// The response's id (numbered per server, or a random Responses id), its
+/// creation time and the model the request named.
+fn meta(api: Api, req: &GenRequest, state: &State) -> Meta {
+    let n = state.counter.fetch_add(1, Ordering::Relaxed) + 1;
+    Meta {
+        id: match api {
+            Api::Completions => format!("cmpl-{n}"),
+            Api::Responses => responses::item_id("resp_"),
+            _ => format!("chatcmpl-{n}"),
+        },
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        model: req.model.clone(),
+    }
+}
+
+/// A job's answer as one JSON body, once it is done.
+async fn json_answer(
+    api: Api,
+    meta: &Meta,
+    mut rx: UnboundedReceiver<Event>,
+    summary: bool,
+) -> Response<Body> {
+    loop {
+        match rx.recv().await {
+            Some(Event::Done(f)) => {
+                let body = match api {
+                    Api::Chat => openai::chat_body(meta, &f),
+                    Api::Completions => openai::completion_body(meta, &f),
+                    Api::Messages => anthropic::body(meta, &f),
+                    Api::Responses => responses::body(meta, &f, summary),
+                };
+                return json_response(200, body);
+            }
+            Some(Event::Failed(msg)) => return error_response(ApiError::new(500, &msg)),
+            Some(_) => {}
+            None => return error_response(ApiError::new(500, "the worker stopped")),
+        }
+    }
 }
 
 /// A POST body, after the JSON content-type rule (without a key) and the
