@@ -228,6 +228,11 @@ impl StateLayout {
     }
 
     /// Declares that every value written to `s` is an f16 value.
+    /// Bytes of every state (f32).
+    pub fn bytes(&self) -> usize {
+        self.states.iter().map(|s| s.rows * s.cols * 4).sum()
+    }
+
     pub fn mark_f16_values(&mut self, s: StateId) {
         if let Some(d) = self.states.get_mut(s.0 as usize) {
             d.f16_values = true;

@@ -102,4 +102,12 @@ impl AnyModel {
             AnyModel::V41(_) => None,
         }
     }
+
+    /// The file the backends read weights from.
+    pub fn weight_file(&self) -> Arc<dyn AsRef<GgufFile> + Send + Sync> {
+        match self {
+            AnyModel::V4(m) => m.clone(),
+            AnyModel::V41(m) => m.clone(),
+        }
+    }
 }

@@ -109,6 +109,6 @@ impl KvLayout {
 
     /// Total state size in bytes (f32).
     pub fn bytes(&self) -> usize {
-        self.layout.states.iter().map(|s| s.rows * s.cols * 4).sum()
+        self.layout.bytes()
     }
 }

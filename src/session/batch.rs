@@ -21,15 +21,13 @@
 
 use std::sync::Arc;
 
-use super::snapshot::Store;
+use super::net::{self, Frame, Net};
 use super::{Session, SessionError, SessionOptions};
 use crate::backend::{self, Backend, BackendKind, GraphHandle};
 use crate::graph::{RowRecord, ValueId};
-use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
-use crate::model::state::KvLayout;
+use crate::model::forward::Logits;
 use crate::model::v41::engram_reader::EngramStats;
-use crate::model::AnyModel;
-use crate::model::ModelFile;
+use crate::model::{AnyModel, ModelFile};
 
 /// What one slot does in a step: append `tokens` to its sequence (1 for
 /// decode, up to the prefill quantum for a prefill piece).
@@ -62,9 +60,9 @@ enum Engine {
 }
 
 struct Shared {
-    model: Arc<ModelFile>,
+    net: Box<dyn Net>,
     backend: Box<dyn Backend>,
-    kv: KvLayout,
+    vocab: usize,
     /// Logits of each slot's last row, in the slot's row
     /// ([`Logits::LastPerState`]); capacity `slots` (decode passes) and
     /// `slots + chunk` (passes with prefill chunks).
@@ -73,8 +71,6 @@ struct Shared {
     /// Logits at every row, capacity `slots + chunk`: the passes that hold
     /// an `all_logits` piece. Loaded at the first such pass.
     every_row: Option<(GraphHandle, usize, ValueId)>,
-    /// What the graphs are recorded from (for `every_row`).
-    forward: ForwardOptions,
     chunk: usize,
     slots: Vec<SlotData>,
 }
@@ -119,11 +115,10 @@ impl Batch {
             prefill_chunk: chunk,
             ..opts
         };
-        if let AnyModel::V4(m) = model {
-            if let Some(b) = Self::shared(m, &opts, slots)? {
-                return Ok(b);
-            }
-        }
+        let why = match Self::shared(model, &opts, slots)? {
+            Ok(b) => return Ok(b),
+            Err(why) => why,
+        };
         let mut v = Vec::with_capacity(slots);
         for _ in 0..slots {
             v.push(SerialSlot {
@@ -131,10 +126,6 @@ impl Batch {
                 piece_logits: Vec::new(),
             });
         }
-        let why = match model {
-            AnyModel::V4(_) => "the backend holds one state set",
-            AnyModel::V41(_) => "V4.1 steps one slot at a time",
-        };
         let backend_notice = format!(
             "{} ({slots} slots, one step per slot: {why})",
             v[0].session.backend_notice()
@@ -147,60 +138,53 @@ impl Batch {
         })
     }
 
-    /// The shared engine, or `None` when the backend holds one state set.
+    /// The shared engine, or why not: the model's net or the backend
+    /// cannot step several state sets at once.
     fn shared(
-        model: &Arc<ModelFile>,
+        model: &AnyModel,
         opts: &SessionOptions,
         slots: usize,
-    ) -> Result<Option<Batch>, SessionError> {
-        let cfg = &model.config;
-        model.weights.check_tables(&model.file, cfg)?;
-        let mut kv = KvLayout::new(cfg, &model.weights, opts.ctx);
-        if opts.numerics == Numerics::Model {
-            kv.mark_f16_rows();
+    ) -> Result<Result<Batch, &'static str>, SessionError> {
+        let net = net::open(model, opts)?;
+        if let Some(why) = net.no_batching() {
+            return Ok(Err(why));
         }
         let kind = match opts.backend {
             // `auto` picks a GPU where there is one; those run serially.
-            BackendKind::Auto => return Ok(None),
+            BackendKind::Auto => return Ok(Err("the backend holds one state set")),
             k => k,
         };
         let opened = backend::open(
             kind,
-            model.clone(),
-            kv.layout.clone(),
+            model.weight_file(),
+            net.state_layout().clone(),
             &opts.backend_options,
         )?;
         let mut backend = opened.backend;
         // Probe with two sets so that one slot takes the same engine as many.
         if backend.set_state_sets(slots.max(2)).is_err() {
-            return Ok(None);
+            return Ok(Err("the backend holds one state set"));
         }
         backend.set_state_sets(slots)?;
-        let fo = ForwardOptions {
-            numerics: opts.numerics,
-            logits: Logits::LastPerState(slots),
-            keep: Vec::new(),
-        };
-        let small = load_graph(backend.as_mut(), model, &kv, slots, &fo)?;
+        let logits = Logits::LastPerState(slots);
+        let small = load_graph(backend.as_mut(), net.as_ref(), slots, logits)?;
         let large = load_graph(
             backend.as_mut(),
-            model,
-            &kv,
+            net.as_ref(),
             slots + opts.prefill_chunk,
-            &fo,
+            logits,
         )?;
         let backend_notice = format!("{} ({slots} slots, batched steps)", opened.notice);
-        Ok(Some(Batch {
-            model: AnyModel::V4(model.clone()),
+        Ok(Ok(Batch {
+            model: model.clone(),
             opts: opts.clone(),
             engine: Engine::Shared(Box::new(Shared {
-                model: model.clone(),
+                net,
                 backend,
-                kv,
+                vocab: model.n_vocab(),
                 small,
                 large,
                 every_row: None,
-                forward: fo,
                 chunk: opts.prefill_chunk,
                 slots: (0..slots).map(|_| SlotData::default()).collect(),
             })),
@@ -218,7 +202,7 @@ impl Batch {
     /// KV/state bytes one slot holds (the server prints slots × this).
     pub fn slot_state_bytes(&self) -> usize {
         match &self.engine {
-            Engine::Shared(s) => s.kv.bytes(),
+            Engine::Shared(s) => s.net.state_layout().bytes(),
             Engine::Serial(v) => v[0].session.state_bytes(),
         }
     }
@@ -246,6 +230,13 @@ impl Batch {
 
     pub fn backend_notice(&self) -> &str {
         &self.backend_notice
+    }
+
+    fn frame(&self) -> Frame {
+        Frame {
+            ctx: self.opts.ctx,
+            prefill_chunk: self.opts.prefill_chunk,
+        }
     }
 
     fn known(&self, slot: usize) {
@@ -355,11 +346,12 @@ impl Batch {
         match &self.engine {
             Engine::Shared(s) => {
                 let d = &s.slots[slot];
-                store(&s.model, &s.kv, &self.opts).save(
+                s.net.save(
                     s.backend.as_ref(),
                     slot,
                     &d.tokens,
                     &d.logits,
+                    self.frame(),
                 )
             }
             Engine::Serial(v) => v[slot].session.save_snapshot(),
@@ -369,9 +361,11 @@ impl Batch {
     /// Replaces the slot with a snapshot; on error the slot is left empty.
     pub fn load_snapshot(&mut self, slot: usize, payload: &[u8]) -> Result<(), SessionError> {
         self.known(slot);
+        let frame = self.frame();
         let r = match &mut self.engine {
-            Engine::Shared(s) => store(&s.model, &s.kv, &self.opts)
-                .load(s.backend.as_mut(), slot, payload)
+            Engine::Shared(s) => s
+                .net
+                .load(s.backend.as_mut(), slot, payload, frame)
                 .map(|(tokens, logits)| {
                     s.slots[slot] = SlotData {
                         tokens,
@@ -391,27 +385,15 @@ impl Batch {
     }
 }
 
-/// The snapshot store of the shared engine's slots (fields, not `&Shared`,
-/// so that a load can borrow the backend mutably beside it).
-fn store<'a>(model: &'a ModelFile, kv: &'a KvLayout, opts: &SessionOptions) -> Store<'a> {
-    Store {
-        model,
-        kv,
-        ctx: opts.ctx,
-        prefill_chunk: opts.prefill_chunk,
-    }
-}
-
 /// Records the forward pass for `cap` rows and loads it: its handle,
 /// capacity and logits value.
 fn load_graph(
     backend: &mut dyn Backend,
-    model: &ModelFile,
-    kv: &KvLayout,
+    net: &dyn Net,
     cap: usize,
-    fo: &ForwardOptions,
+    logits: Logits,
 ) -> Result<(GraphHandle, usize, ValueId), SessionError> {
-    let g = forward::record(&model.config, &model.weights, kv, cap, fo);
+    let g = net.record(cap, logits, &[]);
     let logits = g.logits;
     Ok((backend.load_graph(Arc::new(g))?, cap, logits))
 }
@@ -432,7 +414,7 @@ fn serial_step(v: &mut [SerialSlot], work: &[SlotWork<'_>]) -> Result<(), Sessio
 impl Shared {
     /// Runs the pieces in passes of at most one chunk per slot.
     fn step(&mut self, work: &[SlotWork<'_>]) -> Result<(), SessionError> {
-        let vocab = self.model.config.n_vocab;
+        let vocab = self.vocab;
         for w in work {
             self.slots[w.slot].piece_logits.clear();
         }
@@ -473,16 +455,11 @@ impl Shared {
                 match self.every_row {
                     Some(g) => g,
                     None => {
-                        let fo = ForwardOptions {
-                            logits: Logits::All,
-                            ..self.forward.clone()
-                        };
                         let g = load_graph(
                             self.backend.as_mut(),
-                            &self.model,
-                            &self.kv,
+                            self.net.as_ref(),
                             self.large.1,
-                            &fo,
+                            Logits::All,
                         )?;
                         *self.every_row.insert(g)
                     }

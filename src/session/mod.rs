@@ -4,7 +4,9 @@
 //! ds4's session payload layout (KVCACHE.md §4.3).
 
 mod batch;
+mod net;
 mod snapshot;
+mod v4;
 mod v41;
 
 use std::sync::Arc;
@@ -14,8 +16,7 @@ use thiserror::Error;
 use crate::backend::{self, Backend, BackendError, BackendKind, BackendOptions, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
 use crate::model::arch::{AnyModel, Arch};
-use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
-use crate::model::state::KvLayout;
+use crate::model::forward::{Logits, Numerics};
 use crate::model::v41::engram_reader::EngramStats;
 use crate::model::v41::V41ModelFile;
 use crate::model::ModelFile;
@@ -51,13 +52,6 @@ pub enum SessionError {
     Engram(String),
 }
 
-/// The model and state layout a session runs: V4's, or V4.1's with its
-/// host-side Engram reader.
-enum Net {
-    V4 { model: Arc<ModelFile>, kv: KvLayout },
-    V41(Box<v41::V41Net>),
-}
-
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
     pub ctx: usize,
@@ -69,6 +63,9 @@ pub struct SessionOptions {
     pub backend_options: BackendOptions,
     /// Values readable with [`Session::dump`] after each step.
     pub dump: Vec<ValueName>,
+    /// V4.1: hot Engram rows the session's reader keeps
+    /// ([`DEFAULT_ENGRAM_CACHE_ROWS`]); ignored for V4.
+    pub engram_cache_rows: usize,
 }
 
 impl Default for SessionOptions {
@@ -80,6 +77,7 @@ impl Default for SessionOptions {
             backend: BackendKind::CpuRef,
             backend_options: BackendOptions::default(),
             dump: Vec::new(),
+            engram_cache_rows: DEFAULT_ENGRAM_CACHE_ROWS,
         }
     }
 }
@@ -92,7 +90,9 @@ pub struct SyncStats {
 }
 
 pub struct Session {
-    net: Net,
+    model: AnyModel,
+    /// The model family's graphs, state layout, host feed and payload.
+    net: Box<dyn net::Net>,
     backend: Box<dyn Backend>,
     opts: SessionOptions,
     decode: GraphHandle,
@@ -120,28 +120,16 @@ impl Session {
         opts: SessionOptions,
         engram_cache_rows: usize,
     ) -> Result<Session, SessionError> {
-        let fallback =
-            |opts: SessionOptions| Self::with_backend_v41(model.clone(), opts, engram_cache_rows);
-        Self::with_fallback(opts, &fallback)
+        let opts = SessionOptions {
+            engram_cache_rows,
+            ..opts
+        };
+        Self::open_any(&AnyModel::V41(model), opts)
     }
 
-    /// A session over a model of either family (V4.1 with the default
-    /// Engram cache).
+    /// A session over a model of either family.
     pub fn open_any(model: &AnyModel, opts: SessionOptions) -> Result<Session, SessionError> {
-        match model {
-            AnyModel::V4(m) => {
-                let open = |opts: SessionOptions| Self::with_backend(m.clone(), opts);
-                Self::with_fallback(opts, &open)
-            }
-            AnyModel::V41(m) => Self::new_v41(m.clone(), opts, DEFAULT_ENGRAM_CACHE_ROWS),
-        }
-    }
-
-    fn with_fallback(
-        opts: SessionOptions,
-        open: &dyn Fn(SessionOptions) -> Result<Session, SessionError>,
-    ) -> Result<Session, SessionError> {
-        match open(opts.clone()) {
+        match Self::with_backend(model, opts.clone()) {
             // `auto` falls back to the CPU when the GPU it picked cannot load
             // the graphs (a limit, a missing feature), saying so in one line.
             Err(SessionError::Backend(e)) if opts.backend == BackendKind::Auto => {
@@ -149,7 +137,7 @@ impl Session {
                     backend: BackendKind::Cpu,
                     ..opts
                 };
-                let mut s = open(cpu)?;
+                let mut s = Self::with_backend(model, cpu)?;
                 s.backend_notice =
                     format!("backend: cpu (auto; the GPU could not load the model: {e})");
                 Ok(s)
@@ -158,26 +146,16 @@ impl Session {
         }
     }
 
-    fn with_backend(model: Arc<ModelFile>, opts: SessionOptions) -> Result<Session, SessionError> {
-        let cfg = &model.config;
-        model.weights.check_tables(&model.file, cfg)?;
-        let mut kv = KvLayout::new(cfg, &model.weights, opts.ctx);
-        if opts.numerics == Numerics::Model {
-            kv.mark_f16_rows();
-        }
+    fn with_backend(model: &AnyModel, opts: SessionOptions) -> Result<Session, SessionError> {
+        let net = net::open(model, &opts)?;
         let opened = backend::open(
             opts.backend,
-            model.clone(),
-            kv.layout.clone(),
+            model.weight_file(),
+            net.state_layout().clone(),
             &opts.backend_options,
         )?;
         let mut backend = opened.backend;
         let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
-        let fo = |logits| ForwardOptions {
-            numerics: opts.numerics,
-            logits,
-            keep: opts.dump.clone(),
-        };
         let mut graphs = Vec::new();
         let mut load =
             |backend: &mut Box<dyn Backend>, g: Graph| -> Result<GraphHandle, SessionError> {
@@ -186,64 +164,11 @@ impl Session {
                 graphs.push((h, g));
                 Ok(h)
             };
-        let decode_graph = forward::record(cfg, &model.weights, &kv, 1, &fo(Logits::Last));
+        let decode_graph = net.record(1, Logits::Last, &opts.dump);
         // A misspelt --dump name fails here, before any prefill work.
         if let Some(d) = opts.dump.iter().find(|d| decode_graph.find(d).is_none()) {
             return Err(SessionError::UnknownValue(d.to_string()));
         }
-        let decode = load(&mut backend, decode_graph)?;
-        let prefill = if chunk > 1 {
-            load(
-                &mut backend,
-                forward::record(cfg, &model.weights, &kv, chunk, &fo(Logits::Last)),
-            )?
-        } else {
-            decode
-        };
-        Ok(Session {
-            net: Net::V4 { model, kv },
-            backend,
-            opts: SessionOptions {
-                prefill_chunk: chunk,
-                ..opts
-            },
-            decode,
-            prefill,
-            scoring: None,
-            last: decode,
-            graphs,
-            backend_notice: opened.notice,
-            tokens: Vec::new(),
-            logits: Vec::new(),
-        })
-    }
-
-    fn with_backend_v41(
-        model: Arc<V41ModelFile>,
-        opts: SessionOptions,
-        engram_cache_rows: usize,
-    ) -> Result<Session, SessionError> {
-        let net = v41::V41Net::open(model.clone(), opts.ctx, engram_cache_rows)?;
-        let opened = backend::open(
-            opts.backend,
-            model.clone(),
-            net.kv.layout.clone(),
-            &opts.backend_options,
-        )?;
-        let mut backend = opened.backend;
-        let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
-        let mut graphs = Vec::new();
-        let decode_graph = net.record(1, Logits::Last, &opts.dump);
-        if let Some(d) = opts.dump.iter().find(|d| decode_graph.find(d).is_none()) {
-            return Err(SessionError::UnknownValue(d.to_string()));
-        }
-        let mut load =
-            |backend: &mut Box<dyn Backend>, g: Graph| -> Result<GraphHandle, SessionError> {
-                let g = Arc::new(g);
-                let h = backend.load_graph(g.clone())?;
-                graphs.push((h, g));
-                Ok(h)
-            };
         let decode = load(&mut backend, decode_graph)?;
         let prefill = if chunk > 1 {
             load(&mut backend, net.record(chunk, Logits::Last, &opts.dump))?
@@ -251,7 +176,8 @@ impl Session {
             decode
         };
         Ok(Session {
-            net: Net::V41(Box::new(net)),
+            model: model.clone(),
+            net,
             backend,
             opts: SessionOptions {
                 prefill_chunk: chunk,
@@ -268,45 +194,29 @@ impl Session {
         })
     }
 
-    /// The V4 model; `None` for a V4.1 session (see [`Session::arch`]).
-    pub fn model(&self) -> Option<&ModelFile> {
-        match &self.net {
-            Net::V4 { model, .. } => Some(model),
-            Net::V41(_) => None,
-        }
+    /// The model this session runs.
+    pub fn model(&self) -> &AnyModel {
+        &self.model
     }
 
     /// Which model family this session runs.
     pub fn arch(&self) -> Arch {
-        match &self.net {
-            Net::V4 { .. } => Arch::V4,
-            Net::V41(_) => Arch::V41,
-        }
+        self.model.arch()
     }
 
     pub fn n_vocab(&self) -> usize {
-        match &self.net {
-            Net::V4 { model, .. } => model.config.n_vocab,
-            Net::V41(n) => n.model.config.n_vocab,
-        }
+        self.model.n_vocab()
     }
 
     /// Routed-expert quant bits for KVC headers (4 iff layer 0's routed
     /// gate experts are Q4_K, else 2; KVCACHE.md §4.1).
     pub fn routed_quant_bits(&self) -> u8 {
-        match &self.net {
-            Net::V4 { model, .. } => AnyModel::V4(model.clone()),
-            Net::V41(n) => AnyModel::V41(n.model.clone()),
-        }
-        .routed_quant_bits()
+        self.model.routed_quant_bits()
     }
 
     /// What the Engram reader did (V4.1 sessions only).
     pub fn engram_stats(&self) -> Option<EngramStats> {
-        match &self.net {
-            Net::V4 { .. } => None,
-            Net::V41(n) => Some(n.stats()),
-        }
+        self.net.engram_stats()
     }
 
     /// The name of the backend this session runs on (`cpu`, `wgpu`,
@@ -340,16 +250,11 @@ impl Session {
 
     /// Bytes of KV state this session holds on its backend.
     pub fn state_bytes(&self) -> usize {
-        match &self.net {
-            Net::V4 { kv, .. } => kv.bytes(),
-            Net::V41(n) => n.kv.layout.states.iter().map(|s| s.rows * s.cols * 4).sum(),
-        }
+        self.net.state_layout().bytes()
     }
 
     pub fn reset(&mut self) {
-        if let Net::V41(n) = &mut self.net {
-            n.reset();
-        }
+        self.net.reset();
         self.backend.reset_states();
         self.tokens.clear();
         self.logits.clear();
@@ -464,24 +369,12 @@ impl Session {
             pos0: self.tokens.len(),
             n_tokens: tokens.len(),
         };
-        if let Net::V41(n) = &mut self.net {
-            // The ids are known: the step's Engram rows are read now,
-            // before it runs.
-            let graph = self
-                .graphs
-                .iter()
-                .find(|(h, _)| *h == g)
-                .map(|(_, gr)| gr.clone());
-            let fed = match graph {
-                Some(gr) => n.feed(self.backend.as_mut(), g, &gr, tokens),
-                None => Err(SessionError::UnknownValue(
-                    "graph handle of another session".into(),
-                )),
-            };
-            if let Err(e) = fed {
-                self.reset();
-                return Err(e);
-            }
+        // The ids are known: what the host feeds (V4.1's Engram rows) is
+        // written now, before the step runs.
+        let graph = self.graph(g).clone();
+        if let Err(e) = self.net.feed(self.backend.as_mut(), g, &graph, tokens) {
+            self.reset();
+            return Err(e);
         }
         if let Err(e) = self.backend.run(g, tokens, params) {
             // A failed step leaves the state undefined: start over next time.
@@ -497,7 +390,7 @@ impl Session {
         Ok(all)
     }
 
-    fn graph(&self, g: GraphHandle) -> &Graph {
+    fn graph(&self, g: GraphHandle) -> &Arc<Graph> {
         // Handles come only from this session's own `load_graph` calls.
         &self
             .graphs
@@ -539,23 +432,11 @@ impl Session {
         let g = match self.scoring {
             Some(g) => g,
             None => {
-                let graph = match &self.net {
-                    Net::V4 { model, kv } => {
-                        let fo = ForwardOptions {
-                            numerics: self.opts.numerics,
-                            logits: Logits::All,
-                            keep: self.opts.dump.clone(),
-                        };
-                        forward::record(
-                            &model.config,
-                            &model.weights,
-                            kv,
-                            self.opts.prefill_chunk,
-                            &fo,
-                        )
-                    }
-                    Net::V41(n) => n.record(self.opts.prefill_chunk, Logits::All, &self.opts.dump),
-                };
+                let graph = self.net.record(
+                    self.opts.prefill_chunk,
+                    Logits::All,
+                    &self.opts.dump,
+                );
                 let graph = Arc::new(graph);
                 let h = self.backend.load_graph(graph.clone())?;
                 self.graphs.push((h, graph));

@@ -18,10 +18,11 @@
 
 use std::sync::Arc;
 
+use super::net::{Frame, Net};
 use super::snapshot::{put_f32s, refuse_other_arch, Reader, V41_SNAPSHOT_MAGIC};
 use super::SessionError;
 use crate::backend::{state_desc, Backend, GraphHandle};
-use crate::graph::{Graph, ValueName};
+use crate::graph::{Graph, StateLayout, ValueName};
 use crate::model::forward::Logits;
 use crate::model::v41::engram::{hash_rows, EngramHistory};
 use crate::model::v41::engram_reader::{EngramReader, EngramStats};
@@ -37,8 +38,8 @@ pub const DEFAULT_ENGRAM_CACHE_ROWS: usize = 1 << 16;
 
 /// The V4.1 model, its state layout and the Engram reader of one session.
 pub(super) struct V41Net {
-    pub model: Arc<V41ModelFile>,
-    pub kv: V41KvLayout,
+    model: Arc<V41ModelFile>,
+    kv: V41KvLayout,
     reader: EngramReader,
     history: EngramHistory,
 }
@@ -66,8 +67,41 @@ impl V41Net {
         })
     }
 
+
+    fn header(&self, ctx: usize, prefill_chunk: usize, t: usize) -> [u32; HEADER_FIELDS] {
+        let cfg = &self.model.config;
+        [
+            V41_SNAPSHOT_MAGIC,
+            VERSION,
+            ctx as u32,
+            prefill_chunk as u32,
+            cfg.sliding_window as u32,
+            t as u32,
+            cfg.n_layer as u32,
+            cfg.head_dim as u32,
+            cfg.indexer_head_dim as u32,
+            cfg.n_vocab as u32,
+            (cfg.engram.max_ngram - 1) as u32,
+        ]
+    }
+
+    /// The history after `tokens`: only the last `max_ngram − 1` matter.
+    fn rebuild_history(&mut self, tokens: &[u32]) {
+        let eg = &self.model.config.engram;
+        let mut h = EngramHistory::new(eg);
+        let tail = &tokens[tokens.len().saturating_sub(eg.max_ngram - 1)..];
+        hash_rows(eg, &mut h, tail, None);
+        self.history = h;
+    }
+}
+
+impl Net for V41Net {
+    fn state_layout(&self) -> &StateLayout {
+        &self.kv.layout
+    }
+
     /// The V4.1 forward for steps of up to `max_tokens`, Engram rows fed by the host.
-    pub fn record(&self, max_tokens: usize, logits: Logits, keep: &[ValueName]) -> Graph {
+    fn record(&self, max_tokens: usize, logits: Logits, keep: &[ValueName]) -> Graph {
         let opts = V41ForwardOptions {
             logits,
             keep: keep.to_vec(),
@@ -82,28 +116,23 @@ impl V41Net {
         )
     }
 
-    pub fn stats(&self) -> EngramStats {
-        self.reader.stats()
+    fn no_batching(&self) -> Option<&'static str> {
+        Some("V4.1 steps one slot at a time")
+    }
+
+    fn engram_stats(&self) -> Option<EngramStats> {
+        Some(self.reader.stats())
     }
 
     /// The history of an empty sequence.
-    pub fn reset(&mut self) {
+    fn reset(&mut self) {
         self.history = EngramHistory::new(&self.model.config.engram);
-    }
-
-    /// The history after `tokens`: only the last `max_ngram − 1` matter.
-    fn rebuild_history(&mut self, tokens: &[u32]) {
-        let eg = &self.model.config.engram;
-        let mut h = EngramHistory::new(eg);
-        let tail = &tokens[tokens.len().saturating_sub(eg.max_ngram - 1)..];
-        hash_rows(eg, &mut h, tail, None);
-        self.history = h;
     }
 
     /// Hashes `tokens` (the step's ids, known before it runs), prefetches
     /// every table row they need and writes the decoded rows into each
     /// Engram layer's input of graph `g`.
-    pub fn feed(
+    fn feed(
         &mut self,
         backend: &mut dyn Backend,
         g: GraphHandle,
@@ -140,14 +169,13 @@ impl V41Net {
     }
 
     /// Serialises the session's state (set `set` of `backend`).
-    pub fn save(
+    fn save(
         &self,
         backend: &dyn Backend,
         set: usize,
         tokens: &[u32],
         logits: &[f32],
-        ctx: usize,
-        prefill_chunk: usize,
+        frame: Frame,
     ) -> Result<Vec<u8>, SessionError> {
         let cfg = &self.model.config;
         let t = tokens.len();
@@ -155,7 +183,7 @@ impl V41Net {
             return Err(SessionError::Snapshot("the session holds no tokens".into()));
         }
         let mut out = Vec::new();
-        for v in self.header(ctx, prefill_chunk, t) {
+        for v in self.header(frame.ctx, frame.prefill_chunk, t) {
             out.extend_from_slice(&v.to_le_bytes());
         }
         for &tok in tokens {
@@ -186,32 +214,16 @@ impl V41Net {
         Ok(out)
     }
 
-    fn header(&self, ctx: usize, prefill_chunk: usize, t: usize) -> [u32; HEADER_FIELDS] {
-        let cfg = &self.model.config;
-        [
-            V41_SNAPSHOT_MAGIC,
-            VERSION,
-            ctx as u32,
-            prefill_chunk as u32,
-            cfg.sliding_window as u32,
-            t as u32,
-            cfg.n_layer as u32,
-            cfg.head_dim as u32,
-            cfg.indexer_head_dim as u32,
-            cfg.n_vocab as u32,
-            (cfg.engram.max_ngram - 1) as u32,
-        ]
-    }
-
-    /// Reads a payload made by [`V41Net::save`] into set `set`; returns its
-    /// tokens and logits. On error the set is undefined (the caller resets).
-    pub fn load(
+    /// Reads a payload made by `save` into set `set`; returns its tokens
+    /// and logits. On error the set is undefined (the caller resets).
+    fn load(
         &mut self,
         backend: &mut dyn Backend,
         set: usize,
         payload: &[u8],
-        ctx: usize,
+        frame: Frame,
     ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
+        let ctx = frame.ctx;
         let bad = |m: String| SessionError::Snapshot(m);
         let mut r = Reader { b: payload, pos: 0 };
         let mut h = [0u32; HEADER_FIELDS];

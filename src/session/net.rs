@@ -1,0 +1,89 @@
+//! The model family as a session runs it: one [`Net`] trait, implemented by
+//! V4 (`v4.rs`) and V4.1 (`v41.rs`). A session, a batch and the snapshot
+//! code talk to the family only through it; a third family would add one
+//! implementation, not another arm in each of them.
+
+use crate::backend::{Backend, GraphHandle};
+use crate::graph::{Graph, StateLayout, ValueName};
+use crate::model::forward::Logits;
+use crate::model::v41::engram_reader::EngramStats;
+use crate::model::AnyModel;
+
+use super::{SessionError, SessionOptions};
+
+/// A model family's graphs, state and snapshot payload for one session (or
+/// one batch of slots sharing a backend).
+pub(crate) trait Net: Send {
+    /// The session state every graph reads and writes.
+    fn state_layout(&self) -> &StateLayout;
+
+    /// The forward pass for steps of up to `max_tokens` tokens, with the
+    /// values in `keep` readable after a step.
+    fn record(&self, max_tokens: usize, logits: Logits, keep: &[ValueName]) -> Graph;
+
+    /// Why one graph cannot step several state sets at once
+    /// ([`Backend::run_rows`]), if it cannot: V4's can; V4.1's per-session
+    /// host state (Engram history) is not kept per set yet.
+    fn no_batching(&self) -> Option<&'static str>;
+
+    /// What the host writes into graph `g` before a step over `tokens`
+    /// (V4.1: the step's Engram rows). Nothing by default.
+    fn feed(
+        &mut self,
+        _backend: &mut dyn Backend,
+        _g: GraphHandle,
+        _graph: &Graph,
+        _tokens: &[u32],
+    ) -> Result<(), SessionError> {
+        Ok(())
+    }
+
+    /// Serialises state set `set` of `backend` with the session's tokens and
+    /// logits (the family's snapshot payload).
+    fn save(
+        &self,
+        backend: &dyn Backend,
+        set: usize,
+        tokens: &[u32],
+        logits: &[f32],
+        pos: Frame,
+    ) -> Result<Vec<u8>, SessionError>;
+
+    /// Reads a payload made by [`Net::save`] into set `set`; returns its
+    /// tokens and logits. On error the set is undefined (the caller resets).
+    fn load(
+        &mut self,
+        backend: &mut dyn Backend,
+        set: usize,
+        payload: &[u8],
+        pos: Frame,
+    ) -> Result<(Vec<u32>, Vec<f32>), SessionError>;
+
+    /// Forgets host-side state for an empty sequence.
+    fn reset(&mut self) {}
+
+    /// What the Engram reader did (V4.1 only).
+    fn engram_stats(&self) -> Option<EngramStats> {
+        None
+    }
+}
+
+/// The session sizes a snapshot records and checks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Frame {
+    pub ctx: usize,
+    pub prefill_chunk: usize,
+}
+
+/// The family's net for `model`, as `opts` asks (context, numerics, the
+/// Engram cache).
+pub(crate) fn open(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn Net>, SessionError> {
+    Ok(match model {
+        AnyModel::V4(m) => Box::new(super::v4::V4Net::open(m.clone(), opts.ctx, opts.numerics)?),
+        AnyModel::V41(m) => Box::new(super::v41::V41Net::open(
+            m.clone(),
+            opts.ctx,
+            opts.engram_cache_rows,
+        )?),
+    })
+}

@@ -1,0 +1,309 @@
+//! The DeepSeek V4 side of a session: the V4 graphs over their state
+//! layout ([`KvLayout`]), and ds4's session payload layout (KVCACHE.md
+//! §4.3), generalised from Flash's fixed shapes to the model's
+//! configuration: 13 u32 header fields, then tokens, logits, per-layer row
+//! counts and per-layer state.
+
+use std::sync::Arc;
+
+use super::net::{Frame, Net};
+use super::snapshot::{put_f32s, put_u32, refuse_other_arch, Reader, SNAPSHOT_MAGIC};
+use super::SessionError;
+use crate::backend::{state_desc, Backend};
+use crate::graph::{Graph, StateLayout, ValueName};
+use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
+use crate::model::state::KvLayout;
+use crate::model::{AttentionKind, ModelFile};
+
+const VERSION: u32 = 1;
+const HEADER_FIELDS: usize = 13;
+
+/// A V4 model with the state layout of one session (or of each slot of a
+/// batch) and the numerics its graphs are recorded with.
+pub(crate) struct V4Net {
+    model: Arc<ModelFile>,
+    kv: KvLayout,
+    numerics: Numerics,
+}
+
+impl V4Net {
+    pub fn open(
+        model: Arc<ModelFile>,
+        ctx: usize,
+        numerics: Numerics,
+    ) -> Result<V4Net, SessionError> {
+        let cfg = &model.config;
+        model.weights.check_tables(&model.file, cfg)?;
+        let mut kv = KvLayout::new(cfg, &model.weights, ctx);
+        if numerics == Numerics::Model {
+            kv.mark_f16_rows();
+        }
+        Ok(V4Net {
+            model,
+            kv,
+            numerics,
+        })
+    }
+}
+
+impl Net for V4Net {
+    fn state_layout(&self) -> &StateLayout {
+        &self.kv.layout
+    }
+
+    fn record(&self, max_tokens: usize, logits: Logits, keep: &[ValueName]) -> Graph {
+        let fo = ForwardOptions {
+            numerics: self.numerics,
+            logits,
+            keep: keep.to_vec(),
+        };
+        forward::record(&self.model.config, &self.model.weights, &self.kv, max_tokens, &fo)
+    }
+
+    fn no_batching(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn save(
+        &self,
+        backend: &dyn Backend,
+        set: usize,
+        tokens: &[u32],
+        logits: &[f32],
+        frame: Frame,
+    ) -> Result<Vec<u8>, SessionError> {
+        self.save_payload(backend, set, tokens, logits, frame)
+    }
+
+    fn load(
+        &mut self,
+        backend: &mut dyn Backend,
+        set: usize,
+        payload: &[u8],
+        frame: Frame,
+    ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
+        self.load_payload(backend, set, payload, frame)
+    }
+}
+
+impl V4Net {
+    fn raw_window(&self, ctx: usize) -> usize {
+        self.model.config.sliding_window.min(ctx)
+    }
+
+    fn min_ratio(&self) -> usize {
+        self.model
+            .config
+            .compress_ratios
+            .iter()
+            .copied()
+            .filter(|&r| r > 0)
+            .min()
+            .unwrap_or(4)
+    }
+
+    /// ds4's session payload (KVCACHE.md §4.3) of state set `set`.
+    fn save_payload(
+        &self,
+        backend: &dyn Backend,
+        set: usize,
+        tokens: &[u32],
+        logits: &[f32],
+        frame: Frame,
+    ) -> Result<Vec<u8>, SessionError> {
+        let cfg = &self.model.config;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(SessionError::Snapshot("the session holds no tokens".into()));
+        }
+        let w = self.raw_window(frame.ctx);
+        let raw_live = t.min(w);
+        let (hd, ihd) = (cfg.head_dim, cfg.indexer_head_dim);
+        let mut out = Vec::new();
+        for v in [
+            SNAPSHOT_MAGIC,
+            VERSION,
+            frame.ctx as u32,
+            frame.prefill_chunk as u32,
+            w as u32,
+            w as u32,
+            (frame.ctx / self.min_ratio() + 2) as u32,
+            t as u32,
+            cfg.n_layer as u32,
+            hd as u32,
+            ihd as u32,
+            cfg.n_vocab as u32,
+            raw_live as u32,
+        ] {
+            put_u32(&mut out, v);
+        }
+        for &tok in tokens {
+            put_u32(&mut out, tok);
+        }
+        put_f32s(&mut out, logits);
+        let kinds: Vec<AttentionKind> = self.model.weights.layers.iter().map(|l| l.kind).collect();
+        for k in &kinds {
+            put_u32(
+                &mut out,
+                if k.ratio() > 0 {
+                    (t / k.ratio()) as u32
+                } else {
+                    0
+                },
+            );
+        }
+        for k in &kinds {
+            put_u32(
+                &mut out,
+                if matches!(k, AttentionKind::Csa { .. }) {
+                    (t / k.ratio()) as u32
+                } else {
+                    0
+                },
+            );
+        }
+        for (l, ls) in self.kv.layers.iter().enumerate() {
+            // The live ring slots are 0..raw_live (all of them once the
+            // window is full), in position order from slot t % w.
+            let ring = backend.read_set_rows(set, ls.ring, 0..raw_live)?;
+            for pos in t - raw_live..t {
+                let s = pos % w;
+                put_f32s(&mut out, &ring[s * hd..(s + 1) * hd]);
+            }
+            let ratio = kinds[l].ratio();
+            for (c, dim) in [(ls.compressor, hd), (ls.indexer, ihd)] {
+                let Some(c) = c else { continue };
+                let n = t / ratio;
+                if n > 0 {
+                    let rows = backend.read_set_rows(set, c.rows, 0..n)?;
+                    debug_assert_eq!(rows.len(), n * dim);
+                    put_f32s(&mut out, &rows);
+                }
+                for s in [c.kv, c.score] {
+                    let d = state_desc(backend.state_layout(), s)?;
+                    put_f32s(&mut out, &backend.read_set_rows(set, s, 0..d.rows)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads a payload made by `save_payload` into state set `set`.
+    fn load_payload(
+        &self,
+        backend: &mut dyn Backend,
+        set: usize,
+        payload: &[u8],
+        frame: Frame,
+    ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
+        let bad = |m: String| SessionError::Snapshot(m);
+        let cfg = self.model.config.clone();
+        let mut r = Reader { b: payload, pos: 0 };
+        let mut h = [0u32; HEADER_FIELDS];
+        for (i, f) in h.iter_mut().enumerate() {
+            *f = r.u32(&format!("header field {i}"))?;
+            if i == 0 {
+                refuse_other_arch(*f, false)?;
+            }
+        }
+        if h[0] != SNAPSHOT_MAGIC || h[1] != VERSION {
+            return Err(bad(format!(
+                "not a ds4 session payload (magic {:#x}, version {})",
+                h[0], h[1]
+            )));
+        }
+        let (saved_ctx, t) = (h[2] as usize, h[7] as usize);
+        if saved_ctx > frame.ctx || t >= frame.ctx || t == 0 {
+            return Err(bad(format!(
+                "saved with context {saved_ctx} and {t} tokens; this session's context is {}",
+                frame.ctx
+            )));
+        }
+        let want = [cfg.n_layer, cfg.head_dim, cfg.indexer_head_dim, cfg.n_vocab];
+        if h[8..12].iter().zip(want).any(|(&a, b)| a as usize != b) {
+            return Err(bad(format!(
+                "different model layout: {:?} vs {:?}",
+                &h[8..12],
+                want
+            )));
+        }
+        let w = self.raw_window(frame.ctx);
+        let raw_live = h[12] as usize;
+        if h[5] as usize != w || raw_live != t.min(w) {
+            return Err(bad(format!(
+                "raw window {} / live rows {raw_live} do not match window {w}",
+                h[5]
+            )));
+        }
+        let tokens: Vec<u32> = (0..t)
+            .map(|i| r.u32(&format!("token {i}")))
+            .collect::<Result<_, _>>()?;
+        if let Some(&id) = tokens.iter().find(|&&x| x as usize >= cfg.n_vocab) {
+            return Err(SessionError::BadToken {
+                id,
+                vocab: cfg.n_vocab,
+            });
+        }
+        let logits = r.f32s(cfg.n_vocab, "logits")?;
+        let n_comp: Vec<u32> = (0..cfg.n_layer)
+            .map(|_| r.u32("compressed row counts"))
+            .collect::<Result<_, _>>()?;
+        let n_index: Vec<u32> = (0..cfg.n_layer)
+            .map(|_| r.u32("indexer row counts"))
+            .collect::<Result<_, _>>()?;
+        backend.reset_set(set)?;
+        let (hd, ihd) = (cfg.head_dim, cfg.indexer_head_dim);
+        let layers = self.kv.layers.clone();
+        for (l, ls) in layers.iter().enumerate() {
+            let rows = r.f32s(raw_live * hd, "raw rows")?;
+            // Positions t - raw_live..t fill ring slots 0..raw_live; the
+            // rest keep their fresh value.
+            let mut ring = vec![0.0; raw_live * hd];
+            for (i, pos) in (t - raw_live..t).enumerate() {
+                let s = pos % w;
+                ring[s * hd..(s + 1) * hd].copy_from_slice(&rows[i * hd..(i + 1) * hd]);
+            }
+            backend.write_set_rows(set, ls.ring, 0, &ring)?;
+            let kind = self.model.weights.layers[l].kind;
+            let ratio = kind.ratio();
+            for (c, dim, count) in [
+                (ls.compressor, hd, n_comp[l]),
+                (ls.indexer, ihd, n_index[l]),
+            ] {
+                let Some(c) = c else {
+                    if count != 0 {
+                        return Err(bad(format!(
+                            "layer {l}: {count} rows for a layer without them"
+                        )));
+                    }
+                    continue;
+                };
+                let n = count as usize;
+                if n != t / ratio {
+                    return Err(bad(format!(
+                        "layer {l}: {n} compressed rows for {t} tokens at ratio {ratio}"
+                    )));
+                }
+                if n > state_desc(backend.state_layout(), c.rows)?.rows {
+                    return Err(bad(format!("layer {l}: {n} rows exceed the capacity")));
+                }
+                let rows = r.f32s(n * dim, "compressed rows")?;
+                if n > 0 {
+                    backend.write_set_rows(set, c.rows, 0, &rows)?;
+                }
+                for s in [c.kv, c.score] {
+                    let d = state_desc(backend.state_layout(), s)?;
+                    let v = r.f32s(d.rows * d.cols, "compressor state")?;
+                    backend.write_set_rows(set, s, 0, &v)?;
+                }
+            }
+        }
+        if r.pos != payload.len() {
+            return Err(bad(format!(
+                "{} trailing payload bytes",
+                payload.len() - r.pos
+            )));
+        }
+        Ok((tokens, logits))
+    }
+}
