@@ -20,148 +20,105 @@ use ds4::sampler::{Rng, SamplerConfig};
 use ds4::session::{Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
-/// ds4 — DeepSeek V4 Flash inference engine. Without -p it starts an interactive chat.
-#[derive(FromArgs)]
-#[argh(note = "Examples:
+ds4::cli_args! {
+    /// ds4 — DeepSeek V4 Flash inference engine. Without -p it starts an interactive chat.
+    #[derive(FromArgs)]
+    #[argh(note = "Examples:
   {command_name} -m ds4flash.gguf -p \"Explain mmap in two sentences.\"
   {command_name} --demo -p hello            random tiny model, no download
   {command_name} -m MODEL --info            metadata, configuration, tensor table
   {command_name} -m MODEL --dump-tokens -p TEXT
 Get the real model with tools/download_model.sh q2")]
-struct Args {
-    /// model GGUF (default ./ds4flash.gguf)
-    #[argh(option, short = 'm')]
-    model: Option<PathBuf>,
-    /// run on a generated tiny model with random weights (no download needed)
-    #[argh(switch)]
-    demo: bool,
-    /// prompt text
-    #[argh(option, short = 'p')]
-    prompt: Option<String>,
-    /// read the prompt from FILE (must be UTF-8)
-    #[argh(option)]
-    prompt_file: Option<PathBuf>,
-    /// system text (also -sys; default "You are a helpful assistant", "" disables)
-    #[argh(option)]
-    system: Option<String>,
-    /// maximum tokens to generate (default 50000, clamped to the context)
-    #[argh(option, short = 'n')]
-    tokens: Option<i64>,
-    /// sampling temperature, 0 = greedy (default 1)
-    #[argh(option, default = "1.0")]
-    temp: f32,
-    /// nucleus sampling mass (default 1)
-    #[argh(option, default = "1.0")]
-    top_p: f32,
-    /// keep only the K most likely tokens, 0 = no cap (default 0)
-    #[argh(option, default = "0")]
-    top_k: i32,
-    /// drop tokens below this fraction of the top probability (default 0.05)
-    #[argh(option, default = "0.05")]
-    min_p: f32,
-    /// RNG seed (default: time based)
-    #[argh(option)]
-    seed: Option<u64>,
-    /// session context in tokens (default 32768)
-    #[argh(option, short = 'c', default = "32768")]
-    ctx: usize,
-    /// thinking mode high (the default)
-    #[argh(switch)]
-    think: bool,
-    /// thinking mode max (needs --ctx ≥ 393216, else high)
-    #[argh(switch)]
-    think_max: bool,
-    /// no thinking
-    #[argh(switch)]
-    nothink: bool,
-    /// thinking effort 0..100: 0 = no thinking; on a V4.1 model the level
-    /// of the "Reasoning Effort" line (default 75, max 100); on V4 0 acts as
-    /// --nothink, 100 as --think-max, any other as --think
-    #[argh(option)]
-    think_level: Option<u8>,
-    /// greedy continuation with top-k logprobs written to FILE as JSON
-    #[argh(option)]
-    dump_logprobs: Option<PathBuf>,
-    /// constrain the answer to JSON matching the JSON schema in FILE (docs/STRUCTURED_OUTPUT.md)
-    #[argh(option)]
-    json_schema: Option<PathBuf>,
-    /// alternatives per step for --dump-logprobs (default 20, max 128)
-    #[argh(option, default = "20")]
-    logprobs_top_k: usize,
-    /// model: official rounding steps (default); plain: without them
-    #[argh(option, default = "String::from(\"model\")")]
-    numerics: String,
-    /// backend: auto (default: a real GPU through wgpu, else the fast cpu), cpu (fast: int8 SIMD kernels; DS4_CPU_ISA=portable|avx2 forces a path), cpu-ref (the f32 reference), wgpu (aliases metal, vulkan), cuda
-    #[argh(option)]
-    backend: Option<String>,
-    /// same as --backend wgpu (Vulkan where there is no Metal)
-    #[argh(switch)]
-    vulkan: bool,
-    /// print every wgpu adapter (backend, type, limits, features) and exit; DS4_WGPU_ADAPTER picks one by index or name
-    #[argh(switch)]
-    list_devices: bool,
-    /// write every WGSL module, as handed to wgpu, to DIR as .wgsl files and exit
-    #[argh(option)]
-    dump_shaders: Option<PathBuf>,
-    /// same as --backend cpu
-    #[argh(switch)]
-    cpu: bool,
-    /// same as --backend wgpu (Metal on macOS)
-    #[argh(switch)]
-    metal: bool,
-    /// same as --backend cuda
-    #[argh(switch)]
-    cuda: bool,
-    /// stream routed experts from the GGUF into a bounded cache instead of
-    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
-    #[argh(switch)]
-    ssd_streaming: bool,
-    /// with --ssd-streaming: the expert cache as experts per layer (N) or
-    /// a size (NGB; default 32GB)
-    #[argh(option)]
-    ssd_streaming_cache_experts: Option<String>,
-    /// with --ssd-streaming: keep the first N routed layers whole
-    #[argh(option)]
-    ssd_streaming_full_layers: Option<usize>,
-    /// with --ssd-streaming: start with an empty cache (no preload)
-    #[argh(switch)]
-    ssd_streaming_cold: bool,
-    /// with --ssd-streaming: preload only the N most popular experts per layer
-    #[argh(option)]
-    ssd_streaming_preload_experts: Option<usize>,
-    /// read every weight page once before starting (shows progress)
-    #[argh(switch)]
-    warm_weights: bool,
-    /// CPU threads (default: physical cores)
-    #[argh(option, short = 't')]
-    threads: Option<usize>,
-    /// tokens per prefill step (default 2048)
-    #[argh(option, default = "2048")]
-    prefill_chunk: usize,
-    /// print a named value (NAME@LAYER) after the prompt, e.g. attn_out@3
-    #[argh(option)]
-    dump: Vec<String>,
-    /// print the tokenization of the prompt (chat markers recognised) and exit
-    #[argh(switch)]
-    dump_tokens: bool,
-    /// print metadata, configuration and the tensor table, then exit
-    #[argh(switch)]
-    info: bool,
-    /// same as --info
-    #[argh(switch)]
-    inspect: bool,
-}
-
-impl Args {
-    /// The `--ssd-streaming*` flags.
-    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
-        ds4::app::flags::StreamingFlags {
-            on: self.ssd_streaming,
-            cache_experts: self.ssd_streaming_cache_experts.clone(),
-            full_layers: self.ssd_streaming_full_layers,
-            cold: self.ssd_streaming_cold,
-            preload_experts: self.ssd_streaming_preload_experts,
-        }
+    struct Args {
+        /// model GGUF (default ./ds4flash.gguf)
+        #[argh(option, short = 'm')]
+        model: Option<PathBuf>,
+        /// run on a generated tiny model with random weights (no download needed)
+        #[argh(switch)]
+        demo: bool,
+        /// prompt text
+        #[argh(option, short = 'p')]
+        prompt: Option<String>,
+        /// read the prompt from FILE (must be UTF-8)
+        #[argh(option)]
+        prompt_file: Option<PathBuf>,
+        /// system text (also -sys; default "You are a helpful assistant", "" disables)
+        #[argh(option)]
+        system: Option<String>,
+        /// maximum tokens to generate (default 50000, clamped to the context)
+        #[argh(option, short = 'n')]
+        tokens: Option<i64>,
+        /// sampling temperature, 0 = greedy (default 1)
+        #[argh(option, default = "1.0")]
+        temp: f32,
+        /// nucleus sampling mass (default 1)
+        #[argh(option, default = "1.0")]
+        top_p: f32,
+        /// keep only the K most likely tokens, 0 = no cap (default 0)
+        #[argh(option, default = "0")]
+        top_k: i32,
+        /// drop tokens below this fraction of the top probability (default 0.05)
+        #[argh(option, default = "0.05")]
+        min_p: f32,
+        /// RNG seed (default: time based)
+        #[argh(option)]
+        seed: Option<u64>,
+        /// session context in tokens (default 32768)
+        #[argh(option, short = 'c', default = "32768")]
+        ctx: usize,
+        /// thinking mode high (the default)
+        #[argh(switch)]
+        think: bool,
+        /// thinking mode max (needs --ctx ≥ 393216, else high)
+        #[argh(switch)]
+        think_max: bool,
+        /// no thinking
+        #[argh(switch)]
+        nothink: bool,
+        /// thinking effort 0..100: 0 = no thinking; on a V4.1 model the level
+        /// of the "Reasoning Effort" line (default 75, max 100); on V4 0 acts as
+        /// --nothink, 100 as --think-max, any other as --think
+        #[argh(option)]
+        think_level: Option<u8>,
+        /// greedy continuation with top-k logprobs written to FILE as JSON
+        #[argh(option)]
+        dump_logprobs: Option<PathBuf>,
+        /// constrain the answer to JSON matching the JSON schema in FILE (docs/STRUCTURED_OUTPUT.md)
+        #[argh(option)]
+        json_schema: Option<PathBuf>,
+        /// alternatives per step for --dump-logprobs (default 20, max 128)
+        #[argh(option, default = "20")]
+        logprobs_top_k: usize,
+        /// model: official rounding steps (default); plain: without them
+        #[argh(option, default = "String::from(\"model\")")]
+        numerics: String,
+        ..BackendFlags,
+        /// print every wgpu adapter (backend, type, limits, features) and exit; DS4_WGPU_ADAPTER picks one by index or name
+        #[argh(switch)]
+        list_devices: bool,
+        /// write every WGSL module, as handed to wgpu, to DIR as .wgsl files and exit
+        #[argh(option)]
+        dump_shaders: Option<PathBuf>,
+        ..StreamingFlags,
+        /// read every weight page once before starting (shows progress)
+        #[argh(switch)]
+        warm_weights: bool,
+        ..Threads,
+        /// tokens per prefill step (default 2048)
+        #[argh(option, default = "2048")]
+        prefill_chunk: usize,
+        /// print a named value (NAME@LAYER) after the prompt, e.g. attn_out@3
+        #[argh(option)]
+        dump: Vec<String>,
+        /// print the tokenization of the prompt (chat markers recognised) and exit
+        #[argh(switch)]
+        dump_tokens: bool,
+        /// print metadata, configuration and the tensor table, then exit
+        #[argh(switch)]
+        info: bool,
+        /// same as --info
+        #[argh(switch)]
+        inspect: bool,
     }
 }
 
@@ -229,7 +186,7 @@ fn dump_tokens(tok: &Tokenizer, prompt: &str) {
 
 fn run(a: Args) -> Result<(), String> {
     let mut bo = BackendOptions::from_env();
-    bo.ssd_streaming = a.streaming().options()?;
+    bo.ssd_streaming = a.streaming_flags().options()?;
     // Checked before the model loads: a bad schema costs no load time.
     let schema = a.json_schema.as_deref().map(read_json_schema).transpose()?;
     if a.list_devices {
@@ -251,14 +208,7 @@ fn run(a: Args) -> Result<(), String> {
         return Ok(());
     }
     if a.info || a.inspect {
-        let kind = ds4::app::flags::BackendFlags {
-            backend: a.backend.clone(),
-            cpu: a.cpu,
-            metal: a.metal,
-            vulkan: a.vulkan,
-            cuda: a.cuda,
-        }
-        .resolve()?;
+        let kind = a.backend_flags().resolve()?;
         return ds4::app::report::info(&model_path(&a)?, Some((kind, &bo)));
     }
     let prompt = read_prompt(&a)?;
@@ -282,14 +232,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
-    let backend = ds4::app::flags::BackendFlags {
-        backend: a.backend.clone(),
-        cpu: a.cpu,
-        metal: a.metal,
-        vulkan: a.vulkan,
-        cuda: a.cuda,
-    }
-    .resolve()?;
+    let backend = a.backend_flags().resolve()?;
     let mode = think_mode(&a)?;
     if a.ctx < 2 {
         return Err("--ctx must be at least 2".into());

@@ -17,198 +17,157 @@ use ds4::model::{AnyModel, Arch};
 use ds4::session::{Batch, Session, SessionOptions, SlotWork};
 use ds4::tokenizer::Tokenizer;
 
-/// Measure prefill and generation speed at context frontiers ctx-start,
-/// ctx-start+step, … ctx-max. Per frontier: prefill the new tokens (timed),
-/// generate gen-tokens greedily (timed), restore the frontier. With
-/// --kv-restore-dir also: store the frontier as a disk KV checkpoint and
-/// load it back through the server's lookup (timed, restore vs prefill).
-#[derive(FromArgs)]
-struct Args {
-    /// raw text, tokenized as plain text (no BOS, no template)
-    #[argh(option)]
-    prompt_file: Option<PathBuf>,
-    /// text rendered as one non-thinking chat turn
-    #[argh(option)]
-    chat_prompt_file: Option<PathBuf>,
-    /// system text for --chat-prompt-file (also -sys)
-    #[argh(option, default = "String::from(\"You are a helpful assistant.\")")]
-    system: String,
-    /// model GGUF (default ./ds4flash.gguf)
-    #[argh(option, short = 'm', default = "PathBuf::from(\"ds4flash.gguf\")")]
-    model: PathBuf,
-    /// backend: auto, cpu, cpu-ref, wgpu, cuda (default auto)
-    #[argh(option)]
-    backend: Option<String>,
-    /// same as --backend cpu
-    #[argh(switch)]
-    cpu: bool,
-    /// same as --backend wgpu (Metal on macOS)
-    #[argh(switch)]
-    metal: bool,
-    /// same as --backend wgpu (Vulkan)
-    #[argh(switch)]
-    vulkan: bool,
-    /// same as --backend cuda
-    #[argh(switch)]
-    cuda: bool,
-    /// stream routed experts from the GGUF into a bounded cache instead of
-    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
-    #[argh(switch)]
-    ssd_streaming: bool,
-    /// with --ssd-streaming: the expert cache as experts per layer (N) or
-    /// a size (NGB; default 32GB)
-    #[argh(option)]
-    ssd_streaming_cache_experts: Option<String>,
-    /// with --ssd-streaming: keep the first N routed layers whole
-    #[argh(option)]
-    ssd_streaming_full_layers: Option<usize>,
-    /// with --ssd-streaming: start with an empty cache (no preload)
-    #[argh(switch)]
-    ssd_streaming_cold: bool,
-    /// with --ssd-streaming: preload only the N most popular experts per layer
-    #[argh(option)]
-    ssd_streaming_preload_experts: Option<usize>,
-    /// CPU threads (default: physical cores)
-    #[argh(option, short = 't')]
-    threads: Option<usize>,
-    /// first frontier (default 2048)
-    #[argh(option, default = "2048")]
-    ctx_start: usize,
-    /// last frontier (default 32768)
-    #[argh(option, default = "32768")]
-    ctx_max: usize,
-    /// session context (default ctx-max + gen-tokens + 1)
-    #[argh(option)]
-    ctx_alloc: Option<usize>,
-    /// linear step between frontiers (default 2048)
-    #[argh(option, default = "2048")]
-    step_incr: usize,
-    /// multiplicative step (default 1 = linear)
-    #[argh(option, default = "1.0")]
-    step_mul: f64,
-    /// greedy tokens per frontier (default 128)
-    #[argh(option, short = 'n', default = "128")]
-    gen_tokens: usize,
-    /// CSV destination (default stdout; with --bandwidth: only when given)
-    #[argh(option)]
-    csv: Option<PathBuf>,
-    /// instead of a model run: host and device bandwidth (wgpu, or CUDA
-    /// with --backend cuda), then each matvec kernel at the Flash shapes
-    /// as GB/s and fraction of device read
-    #[argh(switch)]
-    bandwidth: bool,
-    /// with --bandwidth: probe buffer size in MiB (default 256)
-    #[argh(option, default = "256")]
-    bw_mib: u64,
-    /// with --bandwidth: timed trials per line, best kept (default 3)
-    #[argh(option, default = "3")]
-    bw_trials: usize,
-    /// with --bandwidth: matvec kernel variants to compare, weight rows per
-    /// workgroup, comma-separated (default: the backend's choice, 4 on
-    /// GPUs, 16 on CPU emulation)
-    #[argh(option)]
-    bw_rows: Option<String>,
-    /// with --bandwidth: also time whole decode steps of the model given
-    /// with -m on the device (e.g. the 4-layer Flash-width bench model
-    /// of bench/cpu_forward.rs), as active weight bytes ÷ time ÷ device read;
-    /// on CUDA with the CUDA graph on and off
-    #[argh(switch)]
-    bw_decode: bool,
-    /// with --bandwidth: at most this many output rows per matvec shape
-    /// (quick checks on emulators; default: the full Flash shapes)
-    #[argh(option)]
-    bw_max_out: Option<u64>,
-    /// with --bandwidth (wgpu): kernel variants to compare in one run, as
-    /// DS4_WGPU_FEATURES values separated by `/` (default
-    /// `all/f16,timestamps` when the adapter has subgroups: subgroup kernels,
-    /// then the workgroup-memory fallback; else `all`)
-    #[argh(option)]
-    bw_features: Option<String>,
-    /// with --bandwidth: only the matvec shapes whose name or type contains
-    /// one of these comma-separated words (`none`: no matvec lines)
-    #[argh(option)]
-    bw_shapes: Option<String>,
-    /// with --bw-decode: decode steps timed, best kept (default 8)
-    #[argh(option, default = "8")]
-    bw_decode_steps: usize,
-    /// with --ssd-streaming and a budget list such as 10%,25%,50%,100%
-    /// (percent of the routed-expert bytes): prompt tokens before the
-    /// decode runs (default 16; synthetic ids, no prompt file needed)
-    #[argh(option, default = "16")]
-    ssd_prompt: usize,
-    /// with a --ssd-streaming budget list: timed blocks of -n tokens per
-    /// line, the fastest kept (this machine is shared; default 3)
-    #[argh(option, default = "3")]
-    ssd_repeat: usize,
-    /// with --ssd-streaming: eviction policy, lru or lfu (default lru)
-    #[argh(option, default = "String::from(\"lru\")")]
-    ssd_policy: String,
-    /// with --ssd-streaming: threads reading expert slices (default 8)
-    #[argh(option, default = "8")]
-    ssd_read_threads: usize,
-    /// with --ssd-streaming: no read-ahead of the hash layers' experts
-    #[argh(switch)]
-    ssd_no_prefetch: bool,
-    /// with a --ssd-streaming budget list: after the sweep, record a
-    /// popularity profile at this budget (a percentage of the routed
-    /// bytes), then time the first -n tokens of fresh preloaded sessions
-    /// with and without it
-    #[argh(option)]
-    ssd_profile_check: Option<f64>,
-    /// instead of context frontiers: serve this many sessions at once,
-    /// comma-separated counts (e.g. 1,2,4,8,16): all arrive together with
-    /// prompts of --session-prompt tokens, prefill in pieces of
-    /// --mixed-prefill-quantum interleaved with the others' decode rows, then
-    /// decode -n tokens each; prints aggregate and per-session decode
-    /// tokens/s, time to first token and the modelled bytes read per step
-    #[argh(option)]
-    sessions: Option<String>,
-    /// with --sessions: prompt tokens per session (default 64; taken from
-    /// --prompt-file when given, else pseudo-random ids)
-    #[argh(option, default = "64")]
-    session_prompt: usize,
-    /// with --sessions: prefill piece per session per step (default 128)
-    #[argh(option, default = "128")]
-    mixed_prefill_quantum: usize,
-    /// restore-vs-prefill: per frontier, store a checkpoint in this folder
-    /// and load it back with the server's disk-cache code (files removed after)
-    #[argh(option)]
-    kv_restore_dir: Option<PathBuf>,
-    /// also measure the backend's read bandwidth and add weight bytes per
-    /// token and decode as a percentage of the read roofline to each row
-    /// (always on for DeepSeek V4.1 files)
-    #[argh(switch)]
-    roofline: bool,
-    /// fault every resident weight page in before the first frontier (not
-    /// V4.1's Engram tables), so the first prefill does not pay the page-in
-    #[argh(switch)]
-    warm_weights: bool,
-    /// V4.1 files: the Engram hot-row cache in rows (default 65536)
-    #[argh(option)]
-    engram_cache_rows: Option<usize>,
-    /// V4.1 files: drop the Engram tables' pages from the OS page cache
-    /// before each timed prefill and decode, so rows the hot-row cache misses
-    /// come from the disk (as at real size, where the tables dwarf RAM)
-    #[argh(switch)]
-    engram_cold: bool,
+ds4::cli_args! {
+    /// Measure prefill and generation speed at context frontiers ctx-start,
+    /// ctx-start+step, … ctx-max. Per frontier: prefill the new tokens (timed),
+    /// generate gen-tokens greedily (timed), restore the frontier. With
+    /// --kv-restore-dir also: store the frontier as a disk KV checkpoint and
+    /// load it back through the server's lookup (timed, restore vs prefill).
+    #[derive(FromArgs)]
+    struct Args {
+        /// raw text, tokenized as plain text (no BOS, no template)
+        #[argh(option)]
+        prompt_file: Option<PathBuf>,
+        /// text rendered as one non-thinking chat turn
+        #[argh(option)]
+        chat_prompt_file: Option<PathBuf>,
+        /// system text for --chat-prompt-file (also -sys)
+        #[argh(option, default = "String::from(\"You are a helpful assistant.\")")]
+        system: String,
+        /// model GGUF (default ./ds4flash.gguf)
+        #[argh(option, short = 'm', default = "PathBuf::from(\"ds4flash.gguf\")")]
+        model: PathBuf,
+        ..BackendFlags,
+        ..StreamingFlags,
+        ..Threads,
+        /// first frontier (default 2048)
+        #[argh(option, default = "2048")]
+        ctx_start: usize,
+        /// last frontier (default 32768)
+        #[argh(option, default = "32768")]
+        ctx_max: usize,
+        /// session context (default ctx-max + gen-tokens + 1)
+        #[argh(option)]
+        ctx_alloc: Option<usize>,
+        /// linear step between frontiers (default 2048)
+        #[argh(option, default = "2048")]
+        step_incr: usize,
+        /// multiplicative step (default 1 = linear)
+        #[argh(option, default = "1.0")]
+        step_mul: f64,
+        /// greedy tokens per frontier (default 128)
+        #[argh(option, short = 'n', default = "128")]
+        gen_tokens: usize,
+        /// CSV destination (default stdout; with --bandwidth: only when given)
+        #[argh(option)]
+        csv: Option<PathBuf>,
+        /// instead of a model run: host and device bandwidth (wgpu, or CUDA
+        /// with --backend cuda), then each matvec kernel at the Flash shapes
+        /// as GB/s and fraction of device read
+        #[argh(switch)]
+        bandwidth: bool,
+        /// with --bandwidth: probe buffer size in MiB (default 256)
+        #[argh(option, default = "256")]
+        bw_mib: u64,
+        /// with --bandwidth: timed trials per line, best kept (default 3)
+        #[argh(option, default = "3")]
+        bw_trials: usize,
+        /// with --bandwidth: matvec kernel variants to compare, weight rows per
+        /// workgroup, comma-separated (default: the backend's choice, 4 on
+        /// GPUs, 16 on CPU emulation)
+        #[argh(option)]
+        bw_rows: Option<String>,
+        /// with --bandwidth: also time whole decode steps of the model given
+        /// with -m on the device (e.g. the 4-layer Flash-width bench model
+        /// of bench/cpu_forward.rs), as active weight bytes ÷ time ÷ device read;
+        /// on CUDA with the CUDA graph on and off
+        #[argh(switch)]
+        bw_decode: bool,
+        /// with --bandwidth: at most this many output rows per matvec shape
+        /// (quick checks on emulators; default: the full Flash shapes)
+        #[argh(option)]
+        bw_max_out: Option<u64>,
+        /// with --bandwidth (wgpu): kernel variants to compare in one run, as
+        /// DS4_WGPU_FEATURES values separated by `/` (default
+        /// `all/f16,timestamps` when the adapter has subgroups: subgroup kernels,
+        /// then the workgroup-memory fallback; else `all`)
+        #[argh(option)]
+        bw_features: Option<String>,
+        /// with --bandwidth: only the matvec shapes whose name or type contains
+        /// one of these comma-separated words (`none`: no matvec lines)
+        #[argh(option)]
+        bw_shapes: Option<String>,
+        /// with --bw-decode: decode steps timed, best kept (default 8)
+        #[argh(option, default = "8")]
+        bw_decode_steps: usize,
+        /// with --ssd-streaming and a budget list such as 10%,25%,50%,100%
+        /// (percent of the routed-expert bytes): prompt tokens before the
+        /// decode runs (default 16; synthetic ids, no prompt file needed)
+        #[argh(option, default = "16")]
+        ssd_prompt: usize,
+        /// with a --ssd-streaming budget list: timed blocks of -n tokens per
+        /// line, the fastest kept (this machine is shared; default 3)
+        #[argh(option, default = "3")]
+        ssd_repeat: usize,
+        /// with --ssd-streaming: eviction policy, lru or lfu (default lru)
+        #[argh(option, default = "String::from(\"lru\")")]
+        ssd_policy: String,
+        /// with --ssd-streaming: threads reading expert slices (default 8)
+        #[argh(option, default = "8")]
+        ssd_read_threads: usize,
+        /// with --ssd-streaming: no read-ahead of the hash layers' experts
+        #[argh(switch)]
+        ssd_no_prefetch: bool,
+        /// with a --ssd-streaming budget list: after the sweep, record a
+        /// popularity profile at this budget (a percentage of the routed
+        /// bytes), then time the first -n tokens of fresh preloaded sessions
+        /// with and without it
+        #[argh(option)]
+        ssd_profile_check: Option<f64>,
+        /// instead of context frontiers: serve this many sessions at once,
+        /// comma-separated counts (e.g. 1,2,4,8,16): all arrive together with
+        /// prompts of --session-prompt tokens, prefill in pieces of
+        /// --mixed-prefill-quantum interleaved with the others' decode rows, then
+        /// decode -n tokens each; prints aggregate and per-session decode
+        /// tokens/s, time to first token and the modelled bytes read per step
+        #[argh(option)]
+        sessions: Option<String>,
+        /// with --sessions: prompt tokens per session (default 64; taken from
+        /// --prompt-file when given, else pseudo-random ids)
+        #[argh(option, default = "64")]
+        session_prompt: usize,
+        /// with --sessions: prefill piece per session per step (default 128)
+        #[argh(option, default = "128")]
+        mixed_prefill_quantum: usize,
+        /// restore-vs-prefill: per frontier, store a checkpoint in this folder
+        /// and load it back with the server's disk-cache code (files removed after)
+        #[argh(option)]
+        kv_restore_dir: Option<PathBuf>,
+        /// also measure the backend's read bandwidth and add weight bytes per
+        /// token and decode as a percentage of the read roofline to each row
+        /// (always on for DeepSeek V4.1 files)
+        #[argh(switch)]
+        roofline: bool,
+        /// fault every resident weight page in before the first frontier (not
+        /// V4.1's Engram tables), so the first prefill does not pay the page-in
+        #[argh(switch)]
+        warm_weights: bool,
+        /// V4.1 files: the Engram hot-row cache in rows (default 65536)
+        #[argh(option)]
+        engram_cache_rows: Option<usize>,
+        /// V4.1 files: drop the Engram tables' pages from the OS page cache
+        /// before each timed prefill and decode, so rows the hot-row cache misses
+        /// come from the disk (as at real size, where the tables dwarf RAM)
+        #[argh(switch)]
+        engram_cold: bool,
+    }
 }
 
 impl Args {
-    /// The `--ssd-streaming*` flags.
-    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
-        ds4::app::flags::StreamingFlags {
-            on: self.ssd_streaming,
-            cache_experts: self.ssd_streaming_cache_experts.clone(),
-            full_layers: self.ssd_streaming_full_layers,
-            cold: self.ssd_streaming_cold,
-            preload_experts: self.ssd_streaming_preload_experts,
-        }
-    }
-
     /// The streaming options these flags give, with the benchmark's
     /// policy and read-ahead threads.
     fn streaming_options(&self) -> Result<Option<StreamingOptions>, String> {
-        let mut flags = self.streaming();
+        let mut flags = self.streaming_flags();
         if self.budget_sweep().is_some() {
             // The list is the sweep's; each run sets its own budget.
             flags.cache_experts = None;
@@ -233,19 +192,6 @@ impl Args {
         let v = self.ssd_streaming_cache_experts.as_deref()?;
         (self.ssd_streaming && (v.contains('%') || v.contains(','))).then_some(v)
     }
-
-    /// The backend the flags name (`--backend`, `--cpu`, `--metal`,
-    /// `--vulkan`, `--cuda`), resolved as ds4 and ds4-server do.
-    fn backend_kind(&self) -> Result<ds4::backend::BackendKind, String> {
-        ds4::app::flags::BackendFlags {
-            backend: self.backend.clone(),
-            cpu: self.cpu,
-            metal: self.metal,
-            vulkan: self.vulkan,
-            cuda: self.cuda,
-        }
-        .resolve()
-    }
 }
 
 /// `--bandwidth`: the table on stdout, the CSV to `--csv` when given. The
@@ -257,7 +203,7 @@ fn run_bandwidth(a: &Args, bo: &BackendOptions) -> Result<(), String> {
     if a.bw_max_out == Some(0) {
         return Err("--bw-max-out must be positive".into());
     }
-    let backend = a.backend_kind()?;
+    let backend = a.backend_flags().resolve()?;
     let csv = if backend == ds4::backend::BackendKind::Cuda {
         bandwidth_cuda(a, bo)?
     } else {
@@ -536,13 +482,7 @@ fn check_family(a: &Args, arch: Option<Arch>) -> Result<(), String> {
     }
     let what = if a.sessions.is_some() {
         Some("--sessions (batched sessions run DeepSeek V4 only)")
-    } else if a.ssd_streaming
-        || a.ssd_streaming_cache_experts.is_some()
-        || a.ssd_streaming_full_layers.is_some()
-        || a.ssd_streaming_cold
-        || a.ssd_streaming_preload_experts.is_some()
-        || a.ssd_profile_check.is_some()
-    {
+    } else if a.streaming_flags().named() || a.ssd_profile_check.is_some() {
         Some("--ssd-streaming (routed-expert streaming is wired for DeepSeek V4 only)")
     } else if a.bandwidth && a.bw_decode {
         Some("--bw-decode (whole decode steps are timed for DeepSeek V4 only)")
@@ -596,7 +536,7 @@ fn run(a: Args) -> Result<(), String> {
         return run_budget_sweep(&a, list, bo);
     }
     bo.ssd_streaming = a.streaming_options()?;
-    let backend = a.backend_kind()?;
+    let backend = a.backend_flags().resolve()?;
     if let Some(list) = &a.sessions {
         return run_sessions(&a, list, backend, bo);
     }
@@ -876,7 +816,7 @@ fn decode(sess: &mut Session, n: usize) -> Result<f64, String> {
 /// then warm (the cache the cold run left), beside the fully resident
 /// speed and the disk's measured bandwidth and the roofline it implies.
 fn run_budget_sweep(a: &Args, list: &str, bo: BackendOptions) -> Result<(), String> {
-    let backend = a.backend_kind()?;
+    let backend = a.backend_flags().resolve()?;
     let base = a
         .streaming_options()?
         .ok_or("--ssd-streaming-cache-experts needs --ssd-streaming")?;

@@ -27,9 +27,10 @@ use ds4::server::worker::{self, WorkerConfig};
 use ds4::session::{Batch, Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
-/// ds4-server — OpenAI chat/completions/Responses and Anthropic messages for DeepSeek V4 Flash.
-#[derive(FromArgs)]
-#[argh(note = "Examples:
+ds4::cli_args! {
+    /// ds4-server — OpenAI chat/completions/Responses and Anthropic messages for DeepSeek V4 Flash.
+    #[derive(FromArgs)]
+    #[argh(note = "Examples:
   {command_name} -m ds4flash.gguf
   {command_name} --demo --port 8000       random tiny model, no download
   DS4_API_KEY=... {command_name} --host 0.0.0.0   serve the network, with a key
@@ -37,157 +38,125 @@ Without a key only local clients are answered: Host localhost, 127.0.0.1 or
 [::1], and JSON POSTs; browser pages only from --cors origins.
 Clients: docs/CLIENTS.md (Claude Code, Codex CLI, opencode)
 Security, keys and every limit: docs/SECURITY.md")]
-struct Args {
-    /// model GGUF (default ./ds4flash.gguf)
-    #[argh(option, short = 'm')]
-    model: Option<PathBuf>,
-    /// V4.1 models: the thinking level 0..100 written for requests that
-    /// think without naming an effort (default 75; 0 = requests that say
-    /// nothing about thinking do not think)
-    #[argh(option)]
-    think_level: Option<u8>,
-    /// serve a generated tiny model with random weights (no download needed)
-    #[argh(switch)]
-    demo: bool,
-    /// bind address, an IPv4 literal or localhost (default 127.0.0.1)
-    #[argh(option, default = "String::from(\"127.0.0.1\")")]
-    host: String,
-    /// bind port (default 8000; 0 picks a free one)
-    #[argh(option, default = "8000")]
-    port: u16,
-    /// context (KV) size in tokens (default 32768)
-    #[argh(option, short = 'c', default = "32768")]
-    ctx: usize,
-    /// max output tokens when a request gives none (default 393216)
-    #[argh(option, short = 'n', default = "393216")]
-    tokens: usize,
-    /// CPU threads (default: physical cores)
-    #[argh(option, short = 't')]
-    threads: Option<usize>,
-    /// let web pages from ORIGIN (e.g. http://localhost:3000) call the
-    /// server, with CORS headers; repeatable; '*' (any page) needs a key
-    #[argh(option)]
-    cors: Vec<String>,
-    /// write a human-readable record of every request to FILE
-    #[argh(option)]
-    trace: Option<PathBuf>,
-    /// require this key (Authorization: Bearer KEY or x-api-key: KEY);
-    /// shown to other local users in the process list: prefer
-    /// --api-key-file, or the environment variable DS4_API_KEY (used when
-    /// neither flag is given)
-    #[argh(option)]
-    api_key: Option<String>,
-    /// read the key from the first line of FILE
-    #[argh(option)]
-    api_key_file: Option<PathBuf>,
-    /// largest request body in bytes (default 67108864)
-    #[argh(option, default = "64 << 20")]
-    max_body_bytes: usize,
-    /// seconds a client may take to send a request's headers (default 10)
-    #[argh(option, default = "10.0")]
-    header_timeout: f64,
-    /// seconds a request body may stall without a byte (default 10)
-    #[argh(option, default = "10.0")]
-    body_timeout: f64,
-    /// seconds an open connection may sit idle between requests, or a
-    /// response wait for the client to read (default 60)
-    #[argh(option, default = "60.0")]
-    idle_timeout: f64,
-    /// open connections at once; one more gets 503 (default: from the
-    /// open-file limit, at most 256)
-    #[argh(option)]
-    max_connections: Option<usize>,
-    /// serve N sessions at once: N KV slots, each engine step carries one
-    /// row per decoding session (default 1: one request at a time; V4.1
-    /// files: the slots take their turns within each step)
-    #[argh(option)]
-    batched_session: Option<usize>,
-    /// same as --batched-session (llama-server's name)
-    #[argh(option)]
-    parallel: Option<usize>,
-    /// with --batched-session > 1: prompt tokens a prefilling session adds
-    /// per step, between the others' decode steps (default 128)
-    #[argh(option, default = "ds4::server::slots::DEFAULT_PREFILL_QUANTUM")]
-    mixed_prefill_quantum: usize,
-    /// requests that may wait for the engine before 503 (default 64)
-    #[argh(option, default = "64")]
-    queue: usize,
-    /// do not remember sampled DSML per tool id (always canonical)
-    #[argh(switch)]
-    disable_exact_dsml_tool_replay: bool,
-    /// max tool ids kept in the replay memory (default 100000)
-    #[argh(option, default = "100000")]
-    tool_memory_max_ids: usize,
-    /// model: official rounding steps (default); plain: without them
-    #[argh(option, default = "String::from(\"model\")")]
-    numerics: String,
-    /// backend: auto (default: a real GPU, else CUDA, else the fast cpu),
-    /// cpu, cpu-ref, wgpu, cuda
-    #[argh(option)]
-    backend: Option<String>,
-    /// same as --backend cpu
-    #[argh(switch)]
-    cpu: bool,
-    /// same as --backend wgpu (Metal on macOS)
-    #[argh(switch)]
-    metal: bool,
-    /// same as --backend wgpu (Vulkan)
-    #[argh(switch)]
-    vulkan: bool,
-    /// same as --backend cuda
-    #[argh(switch)]
-    cuda: bool,
-    /// stream routed experts from the GGUF into a bounded cache instead of
-    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
-    #[argh(switch)]
-    ssd_streaming: bool,
-    /// with --ssd-streaming: the expert cache as experts per layer (N) or
-    /// a size (NGB; default 32GB)
-    #[argh(option)]
-    ssd_streaming_cache_experts: Option<String>,
-    /// with --ssd-streaming: keep the first N routed layers whole
-    #[argh(option)]
-    ssd_streaming_full_layers: Option<usize>,
-    /// with --ssd-streaming: start with an empty cache (no preload)
-    #[argh(switch)]
-    ssd_streaming_cold: bool,
-    /// with --ssd-streaming: preload only the N most popular experts per layer
-    #[argh(option)]
-    ssd_streaming_preload_experts: Option<usize>,
-    /// disk KV cache folder (off unless given; KVCACHE.md)
-    #[argh(option)]
-    kv_disk_dir: Option<PathBuf>,
-    /// disk KV cache budget in MiB (default 4096)
-    #[argh(option, default = "4096")]
-    kv_disk_space_mb: u64,
-    /// shortest prefix worth a checkpoint, in tokens (default 512)
-    #[argh(option, default = "512")]
-    kv_cache_min_tokens: usize,
-    /// longest prompt that gets a cold save; 0 disables (default 30000)
-    #[argh(option, default = "30000")]
-    kv_cache_cold_max_tokens: usize,
-    /// tokens between continued saves; 0 disables (default 10000)
-    #[argh(option, default = "10000")]
-    kv_cache_continued_interval_tokens: usize,
-    /// tokens trimmed off a cold checkpoint's end (default 32)
-    #[argh(option, default = "32")]
-    kv_cache_boundary_trim_tokens: usize,
-    /// checkpoint lengths rounded down to a multiple of this; 0 = none (default 2048)
-    #[argh(option, default = "2048")]
-    kv_cache_boundary_align_tokens: usize,
-    /// skip checkpoints written with other routed-expert quant bits
-    #[argh(switch)]
-    kv_cache_reject_different_quant: bool,
-    /// load only checkpoints carrying our CRC-32 mark (not ds4's files)
-    #[argh(switch)]
-    kv_cache_require_checksum: bool,
-    /// test hook: a job whose prompt contains this text panics
-    #[argh(option, hidden_help)]
-    debug_panic_on_prompt: Option<String>,
-    /// test hook (--batched-session > 1): the engine steps carrying a
-    /// prefill piece of a job whose prompt contains this text fail
-    #[argh(option, hidden_help)]
-    debug_fail_prefill_on_prompt: Option<String>,
+    struct Args {
+        /// model GGUF (default ./ds4flash.gguf)
+        #[argh(option, short = 'm')]
+        model: Option<PathBuf>,
+        /// V4.1 models: the thinking level 0..100 written for requests that
+        /// think without naming an effort (default 75; 0 = requests that say
+        /// nothing about thinking do not think)
+        #[argh(option)]
+        think_level: Option<u8>,
+        /// serve a generated tiny model with random weights (no download needed)
+        #[argh(switch)]
+        demo: bool,
+        /// bind address, an IPv4 literal or localhost (default 127.0.0.1)
+        #[argh(option, default = "String::from(\"127.0.0.1\")")]
+        host: String,
+        /// bind port (default 8000; 0 picks a free one)
+        #[argh(option, default = "8000")]
+        port: u16,
+        /// context (KV) size in tokens (default 32768)
+        #[argh(option, short = 'c', default = "32768")]
+        ctx: usize,
+        /// max output tokens when a request gives none (default 393216)
+        #[argh(option, short = 'n', default = "393216")]
+        tokens: usize,
+        ..Threads,
+        /// let web pages from ORIGIN (e.g. http://localhost:3000) call the
+        /// server, with CORS headers; repeatable; '*' (any page) needs a key
+        #[argh(option)]
+        cors: Vec<String>,
+        /// write a human-readable record of every request to FILE
+        #[argh(option)]
+        trace: Option<PathBuf>,
+        /// require this key (Authorization: Bearer KEY or x-api-key: KEY);
+        /// shown to other local users in the process list: prefer
+        /// --api-key-file, or the environment variable DS4_API_KEY (used when
+        /// neither flag is given)
+        #[argh(option)]
+        api_key: Option<String>,
+        /// read the key from the first line of FILE
+        #[argh(option)]
+        api_key_file: Option<PathBuf>,
+        /// largest request body in bytes (default 67108864)
+        #[argh(option, default = "64 << 20")]
+        max_body_bytes: usize,
+        /// seconds a client may take to send a request's headers (default 10)
+        #[argh(option, default = "10.0")]
+        header_timeout: f64,
+        /// seconds a request body may stall without a byte (default 10)
+        #[argh(option, default = "10.0")]
+        body_timeout: f64,
+        /// seconds an open connection may sit idle between requests, or a
+        /// response wait for the client to read (default 60)
+        #[argh(option, default = "60.0")]
+        idle_timeout: f64,
+        /// open connections at once; one more gets 503 (default: from the
+        /// open-file limit, at most 256)
+        #[argh(option)]
+        max_connections: Option<usize>,
+        /// serve N sessions at once: N KV slots, each engine step carries one
+        /// row per decoding session (default 1: one request at a time; V4.1
+        /// files: the slots take their turns within each step)
+        #[argh(option)]
+        batched_session: Option<usize>,
+        /// same as --batched-session (llama-server's name)
+        #[argh(option)]
+        parallel: Option<usize>,
+        /// with --batched-session > 1: prompt tokens a prefilling session adds
+        /// per step, between the others' decode steps (default 128)
+        #[argh(option, default = "ds4::server::slots::DEFAULT_PREFILL_QUANTUM")]
+        mixed_prefill_quantum: usize,
+        /// requests that may wait for the engine before 503 (default 64)
+        #[argh(option, default = "64")]
+        queue: usize,
+        /// do not remember sampled DSML per tool id (always canonical)
+        #[argh(switch)]
+        disable_exact_dsml_tool_replay: bool,
+        /// max tool ids kept in the replay memory (default 100000)
+        #[argh(option, default = "100000")]
+        tool_memory_max_ids: usize,
+        /// model: official rounding steps (default); plain: without them
+        #[argh(option, default = "String::from(\"model\")")]
+        numerics: String,
+        ..BackendFlags,
+        ..StreamingFlags,
+        /// disk KV cache folder (off unless given; KVCACHE.md)
+        #[argh(option)]
+        kv_disk_dir: Option<PathBuf>,
+        /// disk KV cache budget in MiB (default 4096)
+        #[argh(option, default = "4096")]
+        kv_disk_space_mb: u64,
+        /// shortest prefix worth a checkpoint, in tokens (default 512)
+        #[argh(option, default = "512")]
+        kv_cache_min_tokens: usize,
+        /// longest prompt that gets a cold save; 0 disables (default 30000)
+        #[argh(option, default = "30000")]
+        kv_cache_cold_max_tokens: usize,
+        /// tokens between continued saves; 0 disables (default 10000)
+        #[argh(option, default = "10000")]
+        kv_cache_continued_interval_tokens: usize,
+        /// tokens trimmed off a cold checkpoint's end (default 32)
+        #[argh(option, default = "32")]
+        kv_cache_boundary_trim_tokens: usize,
+        /// checkpoint lengths rounded down to a multiple of this; 0 = none (default 2048)
+        #[argh(option, default = "2048")]
+        kv_cache_boundary_align_tokens: usize,
+        /// skip checkpoints written with other routed-expert quant bits
+        #[argh(switch)]
+        kv_cache_reject_different_quant: bool,
+        /// load only checkpoints carrying our CRC-32 mark (not ds4's files)
+        #[argh(switch)]
+        kv_cache_require_checksum: bool,
+        /// test hook: a job whose prompt contains this text panics
+        #[argh(option, hidden_help)]
+        debug_panic_on_prompt: Option<String>,
+        /// test hook (--batched-session > 1): the engine steps carrying a
+        /// prefill piece of a job whose prompt contains this text fail
+        #[argh(option, hidden_help)]
+        debug_fail_prefill_on_prompt: Option<String>,
+    }
 }
 
 /// `--batched-session N` / `--parallel N`: the number of KV slots.
@@ -208,19 +177,6 @@ fn slot_count(a: &Args) -> Result<usize, String> {
         return Err("--mixed-prefill-quantum must be > 0".into());
     }
     Ok(n)
-}
-
-impl Args {
-    /// The `--ssd-streaming*` flags.
-    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
-        ds4::app::flags::StreamingFlags {
-            on: self.ssd_streaming,
-            cache_experts: self.ssd_streaming_cache_experts.clone(),
-            full_layers: self.ssd_streaming_full_layers,
-            cold: self.ssd_streaming_cold,
-            preload_experts: self.ssd_streaming_preload_experts,
-        }
-    }
 }
 
 /// Hidden test switch: requests may carry `ds4_test_script` (the sampler
@@ -486,18 +442,11 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
     let kv_cfg = kv_config(&a);
     let kv_write_limit = kv_write_limit()?;
-    let backend = ds4::app::flags::BackendFlags {
-        backend: a.backend.clone(),
-        cpu: a.cpu,
-        metal: a.metal,
-        vulkan: a.vulkan,
-        cuda: a.cuda,
-    }
-    .resolve()?;
+    let backend = a.backend_flags().resolve()?;
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
     let mut backend_options = BackendOptions::from_env();
-    backend_options.ssd_streaming = a.streaming().options()?;
+    backend_options.ssd_streaming = a.streaming_flags().options()?;
     let threads = ds4::app::threads::init_global_pool(a.threads);
     let path = model_path(&a)?;
     let any = AnyModel::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
