@@ -1,11 +1,15 @@
 //! What the binaries share and the library's flow does not need: argument
-//! parsing and exit codes ([`cli`]), the backend flags ([`flags`]), the CPU thread count ([`threads`]), the
-//! `--demo` model ([`demo`]), the `--info` report ([`report`]) and the
+//! parsing and exit codes ([`cli`]), the flags the binaries share
+//! ([`flags`]), the CPU thread count ([`threads`]), the `--demo` model
+//! ([`demo`]), the `--info` report ([`report`]), and ds4's own terminal
+//! side: the printing generator ([`terminal`]), the REPL ([`repl`]) and the
 //! `--dump-logprobs` writer ([`logprobs`]). Nothing below `app` imports it.
 
 pub mod cli;
 pub mod demo;
 pub mod flags;
 pub mod logprobs;
+pub mod repl;
 pub mod report;
+pub mod terminal;
 pub mod threads;
