@@ -1,6 +1,7 @@
 //! `ds4-server`: the OpenAI/Anthropic-compatible HTTP server (SERVER.md).
-//! Flags, model and session set-up, then warp on a tokio runtime; the
-//! engine runs on the worker thread of `ds4::server::worker`.
+//! Flags, model and session set-up, then warp on a tokio runtime
+//! (`ds4::app::serve`); the engine runs on the worker thread of
+//! `ds4::server::worker`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -343,95 +344,6 @@ fn check(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// The folder of the default lock file: `ds4-<uid>` in the temporary
-/// directory, mode 0700. Per user because a lock file in a folder every
-/// user writes (`/tmp/ds4.lock`, as SERVER.md §1 has it) lets another user
-/// hold the lock for ever, or plant a symlink there that the open would
-/// follow and truncate. Not in the cache folder: the lock guards the
-/// machine's memory and GPU, servers without a cache take it too, and an
-/// exclusive lock there would stop replicas ever sharing one cache folder.
-fn lock_dir() -> Result<PathBuf, String> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    let dir = std::env::temp_dir().join(format!("ds4-{me}"));
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("lock folder {}: {e}", dir.display())),
-    }
-    // lstat: a symlink planted under our name is refused, not followed.
-    let md = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if !md.is_dir() || md.uid() != me || md.mode() & 0o022 != 0 {
-        return Err(format!(
-            "lock folder {} is not a folder of this user (uid {me}) writable only by it \
-             (found {}, uid {}, mode {:04o}); remove it or set DS4_LOCK_FILE",
-            dir.display(),
-            if md.file_type().is_symlink() {
-                "a symlink"
-            } else if md.is_dir() {
-                "a folder"
-            } else {
-                "a file"
-            },
-            md.uid(),
-            md.mode() & 0o7777
-        ));
-    }
-    Ok(dir)
-}
-
-/// One ds4 engine per user and machine (SERVER.md §1, made per user; see
-/// [`lock_dir`]): an exclusive `flock` on `ds4.lock` in [`lock_dir`] (env
-/// `DS4_LOCK_FILE` overrides), holding our pid. The file is opened without
-/// following a symlink and without blocking on a FIFO, and must be a regular
-/// file. The returned file keeps the lock until the process ends.
-fn take_lock() -> Result<std::fs::File, String> {
-    use std::io::Write;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = match std::env::var_os("DS4_LOCK_FILE") {
-        Some(p) => PathBuf::from(p),
-        None => lock_dir()?.join("ds4.lock"),
-    };
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        // Read too: a FIFO opened write-only without a reader fails with
-        // ENXIO, read-write opens it, so the type check below names it.
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => format!(
-                "lock file {} is a symlink; refusing to follow it (remove it)",
-                path.display()
-            ),
-            _ => format!("lock file {}: {e}", path.display()),
-        })?;
-    let md = f
-        .metadata()
-        .map_err(|e| format!("lock file {}: {e}", path.display()))?;
-    if !md.is_file() {
-        return Err(format!(
-            "lock file {} is not a regular file; remove it",
-            path.display()
-        ));
-    }
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(format!(
-            "another ds4 process holds {} (set DS4_LOCK_FILE to run a second one)",
-            path.display()
-        ));
-    }
-    let _ = f.set_len(0);
-    let _ = writeln!(f, "{}", std::process::id());
-    Ok(f)
-}
-
 /// One session (`--batched-session 1`, the serial worker) or N slots.
 enum Engine {
     Serial(Session),
@@ -452,15 +364,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let any = AnyModel::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let tok =
         Arc::new(Tokenizer::from_gguf(any.file()).map_err(|e| format!("{}: {e}", path.display()))?);
-    let dialect = match any.arch() {
-        Arch::V4 if a.think_level.is_some() => {
-            return Err("--think-level is for V4.1 models; a V4 request picks its thinking mode with its own fields".into())
-        }
-        Arch::V4 => Dialect::V4,
-        Arch::V41 => Dialect::V41 {
-            default_level: a.think_level.unwrap_or(ds4::chat::v41::DEFAULT_LEVEL),
-        },
-    };
+    let dialect = dialect(&a, any.arch())?;
     let opts = SessionOptions {
         ctx: a.ctx,
         numerics,
@@ -474,38 +378,9 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         backend_options: BackendOptions::default(),
         ..opts.clone()
     };
-    let engine = if slots > 1 {
-        let batch = Batch::open_any(&any, opts, slots).map_err(|e| e.to_string())?;
-        let per = batch.slot_state_bytes() as u64;
-        ds4::log_line!(
-            "ds4-server: {} loaded; {slots} KV slots × {} = {} for {} tokens each; prefill quantum {}; {threads} CPU threads",
-            path.display(),
-            ds4::app::report::human(per),
-            ds4::app::report::human(per * slots as u64),
-            a.ctx,
-            a.mixed_prefill_quantum
-        );
-        Engine::Slots(batch)
-    } else {
-        let sess = Session::open_any(&any, opts).map_err(|e| e.to_string())?;
-        if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
-            ds4::log_line!("ds4-server: {line}");
-        }
-        ds4::log_line!(
-            "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
-            path.display(),
-            ds4::app::report::human(sess.state_bytes() as u64),
-            a.ctx
-        );
-        Engine::Serial(sess)
-    };
-    let longest_token = (0..tok.vocab_size() as u32)
-        .filter_map(|id| tok.token_bytes(id).map(<[u8]>::len))
-        .max()
-        .unwrap_or(1);
+    let engine = open_engine(&a, &any, opts, slots, &path, threads)?;
     let metrics = Arc::new(Metrics::default());
-    let quant_bits = any.routed_quant_bits();
-    let cache = kvdisk::open_cache(&kv_cfg, quant_bits, &metrics, kv_write_limit)?;
+    let cache = kvdisk::open_cache(&kv_cfg, any.routed_quant_bits(), &metrics, kv_write_limit)?;
     if cache.is_some() {
         ds4::log_line!(
             "ds4-server: disk KV cache in {} ({} MiB)",
@@ -533,106 +408,112 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
             };
             worker::start(sess, tok.clone(), cfg, metrics.clone(), a.queue, hook)
         }
-        Engine::Slots(batch) => slots::start(
-            batch,
-            tok.clone(),
-            cfg,
-            SlotConfig {
-                prefill_quantum: a.mixed_prefill_quantum,
-                debug_fail_prefill_on_prompt: a.debug_fail_prefill_on_prompt.clone(),
-            },
-            metrics.clone(),
-            a.queue,
-            match cache {
-                // The disk cache reads and writes through a session: one
-                // CPU scratch session beside the slots (slotdisk.rs).
+        Engine::Slots(batch) => {
+            // The disk cache reads and writes through a session: one CPU
+            // scratch session beside the slots (slotdisk.rs).
+            let disk = match cache {
                 Some(c) => Some(SlotDisk::new(
                     c,
                     Session::open_any(&any, scratch_opts).map_err(|e| e.to_string())?,
                     slots,
                 )),
                 None => None,
-            },
-        ),
+            };
+            let slot_cfg = SlotConfig {
+                prefill_quantum: a.mixed_prefill_quantum,
+                debug_fail_prefill_on_prompt: a.debug_fail_prefill_on_prompt.clone(),
+            };
+            slots::start(
+                batch,
+                tok.clone(),
+                cfg,
+                slot_cfg,
+                metrics.clone(),
+                a.queue,
+                disk,
+            )
+        }
     };
     let state = Arc::new(State {
         queue: queue.clone(),
         metrics,
-        opts: HttpOptions {
-            ctx: a.ctx,
-            default_tokens: a.tokens,
-            cors: hf.cors,
-            api_key: hf.api_key.clone(),
-            max_body_bytes: a.max_body_bytes,
-            body_idle: hf.body_idle,
-            max_prompt_bytes: routes::prompt_byte_bound(a.ctx, longest_token),
-            allow_script: std::env::var_os(SCRIPT_ENV).is_some(),
-            tokenizer: Some(ds4::server::tokenize::SharedTokenizer(tok.clone())),
-            dialect,
-        },
+        opts: http_options(&a, &hf, tok, dialect),
         counter: AtomicU64::new(0),
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio: {e}"))?;
-    let keyed = hf.api_key.is_some();
-    rt.block_on(async move {
-        // Handlers are installed here, before the banner, so a signal that
-        // arrives right after start-up still shuts down cleanly.
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("signal: {e}"))?;
-        let mut term = signal(SignalKind::terminate()).map_err(|e| format!("signal: {e}"))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let bound = listener
-            .local_addr()
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        if keyed {
-            eprintln!("ds4-server: API key required (from {})", hf.key_source);
-        }
-        if let Some(w) = listen::exposure_warning(addr.ip(), keyed) {
-            eprintln!("ds4-server: {w}");
-        }
-        let shutdown = async move {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            // A second signal does not wait for the drain.
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-                std::process::exit(130);
-            });
-        };
-        print_banner(bound, keyed);
-        listen::serve(listener, state, hf.limits, shutdown).await;
-        Ok::<(), String>(())
-    })?;
+    let key_source = hf.api_key.is_some().then_some(hf.key_source);
+    ds4::app::serve::serve(addr, state, hf.limits, key_source)?;
     // Listener closed: queued jobs finish, then the cache may save.
     ds4::log_line!("ds4-server: shutting down");
     queue.shutdown();
     Ok(())
 }
 
-/// The URL and ready-to-paste client settings (docs/CLIENTS.md).
-fn print_banner(addr: SocketAddr, keyed: bool) {
-    let url = format!("http://{addr}");
-    let key = if keyed { "<your API key>" } else { "ds4" };
-    // Nobody may be reading stdout: a failed write is dropped.
-    ds4::app::cli::stdout_line(format_args!("ds4-server: listening on {url}"));
-    ds4::app::cli::stdout_line(format_args!("  Claude Code: ANTHROPIC_BASE_URL={url} ANTHROPIC_AUTH_TOKEN={key} ANTHROPIC_MODEL=deepseek-v4-flash claude"));
-    ds4::app::cli::stdout_line(format_args!(
-        "  Codex CLI:   OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={key} codex -m deepseek-v4-flash"
-    ));
-    ds4::app::cli::stdout_line(format_args!(
-        "  opencode:    provider baseURL {url}/v1, model deepseek-v4-flash (docs/CLIENTS.md)"
-    ));
+/// The chat dialect of the model's family; `--think-level` is V4.1's.
+fn dialect(a: &Args, arch: Arch) -> Result<Dialect, String> {
+    match arch {
+        Arch::V4 if a.think_level.is_some() => {
+            Err("--think-level is for V4.1 models; a V4 request picks its thinking mode with its own fields".into())
+        }
+        Arch::V4 => Ok(Dialect::V4),
+        Arch::V41 => Ok(Dialect::V41 {
+            default_level: a.think_level.unwrap_or(ds4::chat::v41::DEFAULT_LEVEL),
+        }),
+    }
+}
+
+/// The session, or the `slots` KV slots of a batch, with the load line.
+fn open_engine(
+    a: &Args,
+    any: &AnyModel,
+    opts: SessionOptions,
+    slots: usize,
+    path: &Path,
+    threads: usize,
+) -> Result<Engine, String> {
+    if slots > 1 {
+        let batch = Batch::open_any(any, opts, slots).map_err(|e| e.to_string())?;
+        let per = batch.slot_state_bytes() as u64;
+        ds4::log_line!(
+            "ds4-server: {} loaded; {slots} KV slots × {} = {} for {} tokens each; prefill quantum {}; {threads} CPU threads",
+            path.display(),
+            ds4::app::report::human(per),
+            ds4::app::report::human(per * slots as u64),
+            a.ctx,
+            a.mixed_prefill_quantum
+        );
+        return Ok(Engine::Slots(batch));
+    }
+    let sess = Session::open_any(any, opts).map_err(|e| e.to_string())?;
+    if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
+        ds4::log_line!("ds4-server: {line}");
+    }
+    ds4::log_line!(
+        "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
+        path.display(),
+        ds4::app::report::human(sess.state_bytes() as u64),
+        a.ctx
+    );
+    Ok(Engine::Serial(sess))
+}
+
+/// What the HTTP handlers check and render with.
+fn http_options(a: &Args, hf: &HttpFlags, tok: Arc<Tokenizer>, dialect: Dialect) -> HttpOptions {
+    let longest_token = (0..tok.vocab_size() as u32)
+        .filter_map(|id| tok.token_bytes(id).map(<[u8]>::len))
+        .max()
+        .unwrap_or(1);
+    HttpOptions {
+        ctx: a.ctx,
+        default_tokens: a.tokens,
+        cors: hf.cors.clone(),
+        api_key: hf.api_key.clone(),
+        max_body_bytes: a.max_body_bytes,
+        body_idle: hf.body_idle,
+        max_prompt_bytes: routes::prompt_byte_bound(a.ctx, longest_token),
+        allow_script: std::env::var_os(SCRIPT_ENV).is_some(),
+        tokenizer: Some(ds4::server::tokenize::SharedTokenizer(tok)),
+        dialect,
+    }
 }
 
 fn main() -> ExitCode {
@@ -649,7 +530,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let _lock = match take_lock() {
+            let lock_file = std::env::var_os("DS4_LOCK_FILE").map(PathBuf::from);
+            let _lock = match ds4::app::lock::take_lock(lock_file) {
                 Ok(f) => f,
                 Err(e) => {
                     ds4::log_line!("ds4-server: {e}");
