@@ -53,6 +53,7 @@ fn long_context_figures() {
                 backend: k,
                 dump: sel.clone(),
                 backend_options: BackendOptions::from_env(),
+                ..Default::default()
             };
             Session::new(model.clone(), opts).unwrap()
         };

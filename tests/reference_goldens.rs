@@ -95,6 +95,7 @@ fn session(model: Arc<ModelFile>, numerics: Numerics, dump: Vec<ValueName>) -> S
         dump,
         backend: backend().0,
         backend_options: ds4::backend::BackendOptions::from_env(),
+        ..Default::default()
     };
     Session::new(model, opts).unwrap()
 }

@@ -84,6 +84,7 @@ fn first_divergence(
             backend: k,
             backend_options: BackendOptions::from_env(),
             dump: names.clone(),
+            ..Default::default()
         };
         let mut s = Session::new(model.clone(), opts).unwrap();
         s.sync(toks, &mut |_, _| {}).unwrap();

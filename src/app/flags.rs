@@ -1,8 +1,10 @@
-//! Backend choice from the command line, shared by `ds4`, `ds4-server` and
-//! `ds4-bench`: `--backend NAME` or one of the aliases `--cpu`, `--metal`,
-//! `--vulkan`, `--cuda`; at most one of them. Nothing named means `auto`.
-//! Also the `--ssd-streaming*` flags ([`StreamingFlags`]), which become
-//! [`crate::backend::options::StreamingOptions`].
+//! The flags the three binaries share, declared once: the backend choice
+//! (`--backend NAME` or one of the aliases `--cpu`, `--metal`, `--vulkan`,
+//! `--cuda`; at most one of them, nothing named means `auto`), the
+//! `--ssd-streaming*` flags and the CPU thread count. [`cli_args!`](crate::cli_args)
+//! splices their argh fields, with their one help text, into each binary's
+//! argument struct; [`BackendFlags`] and [`StreamingFlags`] turn them into a
+//! [`BackendKind`] and [`crate::backend::options::StreamingOptions`].
 
 use crate::backend::options::{CacheBudget, EvictionPolicy, ProfileFile, StreamingOptions};
 use crate::backend::BackendKind;
@@ -24,15 +26,20 @@ pub struct StreamingFlags {
 }
 
 impl StreamingFlags {
+    /// Whether any of the `--ssd-streaming*` flags is given.
+    pub fn named(&self) -> bool {
+        self.on
+            || self.cache_experts.is_some()
+            || self.full_layers.is_some()
+            || self.cold
+            || self.preload_experts.is_some()
+    }
+
     /// The streaming options, `None` without `--ssd-streaming`. The other
     /// flags without it are an error (they would silently do nothing).
     pub fn options(&self) -> Result<Option<StreamingOptions>, String> {
         if !self.on {
-            let given = self.cache_experts.is_some()
-                || self.full_layers.is_some()
-                || self.cold
-                || self.preload_experts.is_some();
-            return if given {
+            return if self.named() {
                 Err("the --ssd-streaming-* options need --ssd-streaming".into())
             } else {
                 Ok(None)
@@ -98,6 +105,132 @@ impl BackendFlags {
             None => Ok(BackendKind::Auto),
         }
     }
+}
+
+/// Declares a binary's argh struct with the flags the three binaries share
+/// spliced in where the struct names their group:
+///
+/// ```text
+/// ds4::cli_args! {
+///     /// ds4-bench — …
+///     #[derive(FromArgs)]
+///     struct Args {
+///         /// model GGUF (default ./ds4flash.gguf)
+///         #[argh(option, short = 'm')]
+///         model: Option<PathBuf>,
+///         ..BackendFlags,   // --backend, --cpu, --metal, --vulkan, --cuda
+///         ..StreamingFlags, // --ssd-streaming and its five companions
+///         ..Threads,        // -t, --threads
+///     }
+/// }
+/// ```
+///
+/// argh cannot flatten one struct into another, so the shared flags are
+/// fields of each binary's own struct; this macro keeps their spelling and
+/// help text in one place and leaves each binary its own `--help` order.
+/// A struct that names a group also gets its method: `backend_flags()`
+/// ([`BackendFlags`]) or `streaming_flags()` ([`StreamingFlags`]).
+///
+/// The struct's own fields are written as usual, each with a trailing comma;
+/// a field's type is a name with at most one generic argument
+/// (`usize`, `Option<PathBuf>`, `Vec<String>`), which covers every flag the
+/// binaries have. Types pass through as plain tokens, not as `ty` fragments:
+/// an opaque `ty` would hide `Option<…>` and `Vec<…>` from argh, which reads
+/// them to make a flag optional or repeatable.
+#[macro_export]
+macro_rules! cli_args {
+    (
+        $(#[$($attr:tt)*])*
+        struct $name:ident { $($body:tt)* }
+    ) => {
+        $crate::cli_args!(@munch [$(#[$($attr)*])* struct $name] [$name] [] [] $($body)*);
+    };
+    (@munch [$($head:tt)*] [$name:ident] [$($fields:tt)*] [$($impls:tt)*]) => {
+        $($head)* { $($fields)* }
+        impl $name { $($impls)* }
+    };
+    (@munch $head:tt $name:tt [$($fields:tt)*] [$($impls:tt)*] ..BackendFlags, $($rest:tt)*) => {
+        $crate::cli_args!(@munch $head $name [$($fields)*
+            /// backend: auto (default: a real GPU through wgpu, else CUDA, else
+            /// the fast cpu), cpu (fast: int8 SIMD kernels;
+            /// DS4_CPU_ISA=portable|avx2 forces a path), cpu-ref (the f32
+            /// reference), wgpu (aliases metal, vulkan), cuda
+            #[argh(option)]
+            backend: Option<String>,
+            /// same as --backend cpu
+            #[argh(switch)]
+            cpu: bool,
+            /// same as --backend wgpu (Metal on macOS)
+            #[argh(switch)]
+            metal: bool,
+            /// same as --backend wgpu (Vulkan where there is no Metal)
+            #[argh(switch)]
+            vulkan: bool,
+            /// same as --backend cuda
+            #[argh(switch)]
+            cuda: bool,
+        ] [$($impls)*
+            /// `--backend`, `--cpu`, `--metal`, `--vulkan`, `--cuda`.
+            fn backend_flags(&self) -> $crate::app::flags::BackendFlags {
+                $crate::app::flags::BackendFlags {
+                    backend: self.backend.clone(),
+                    cpu: self.cpu,
+                    metal: self.metal,
+                    vulkan: self.vulkan,
+                    cuda: self.cuda,
+                }
+            }
+        ] $($rest)*);
+    };
+    (@munch $head:tt $name:tt [$($fields:tt)*] [$($impls:tt)*] ..StreamingFlags, $($rest:tt)*) => {
+        $crate::cli_args!(@munch $head $name [$($fields)*
+            /// stream routed experts from the GGUF into a bounded cache instead of
+            /// keeping them resident (every backend: wgpu and cuda keep the cached
+            /// experts in device slots, auto takes the fast cpu;
+            /// docs/SSD_STREAMING.md)
+            #[argh(switch)]
+            ssd_streaming: bool,
+            /// with --ssd-streaming: the expert cache as experts per layer (N) or
+            /// a size (NGB; default 32GB)
+            #[argh(option)]
+            ssd_streaming_cache_experts: Option<String>,
+            /// with --ssd-streaming: keep the first N routed layers whole
+            #[argh(option)]
+            ssd_streaming_full_layers: Option<usize>,
+            /// with --ssd-streaming: start with an empty cache (no preload)
+            #[argh(switch)]
+            ssd_streaming_cold: bool,
+            /// with --ssd-streaming: preload only the N most popular experts per layer
+            #[argh(option)]
+            ssd_streaming_preload_experts: Option<usize>,
+        ] [$($impls)*
+            /// The `--ssd-streaming*` flags.
+            fn streaming_flags(&self) -> $crate::app::flags::StreamingFlags {
+                $crate::app::flags::StreamingFlags {
+                    on: self.ssd_streaming,
+                    cache_experts: self.ssd_streaming_cache_experts.clone(),
+                    full_layers: self.ssd_streaming_full_layers,
+                    cold: self.ssd_streaming_cold,
+                    preload_experts: self.ssd_streaming_preload_experts,
+                }
+            }
+        ] $($rest)*);
+    };
+    (@munch $head:tt $name:tt [$($fields:tt)*] $impls:tt ..Threads, $($rest:tt)*) => {
+        $crate::cli_args!(@munch $head $name [$($fields)*
+            /// CPU threads (default: physical cores)
+            #[argh(option, short = 't')]
+            threads: Option<usize>,
+        ] $impls $($rest)*);
+    };
+    (@munch $head:tt $name:tt [$($fields:tt)*] $impls:tt
+        $(#[$($a:tt)*])*
+        $field:ident : $ty:ident $(< $($arg:ident)::+ >)?,
+        $($rest:tt)*
+    ) => {
+        $crate::cli_args!(@munch $head $name
+            [$($fields)* $(#[$($a)*])* $field: $ty $(< $($arg)::+ >)?,] $impls $($rest)*);
+    };
 }
 
 #[cfg(test)]

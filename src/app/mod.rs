@@ -1,11 +1,18 @@
 //! What the binaries share and the library's flow does not need: argument
-//! parsing and exit codes ([`cli`]), the backend flags ([`flags`]), the CPU thread count ([`threads`]), the
-//! `--demo` model ([`demo`]), the `--info` report ([`report`]) and the
+//! parsing and exit codes ([`cli`]), the flags the binaries share
+//! ([`flags`]), the CPU thread count ([`threads`]), the `--demo` model
+//! ([`demo`]), the `--info` report ([`report`]), the server's one-engine
+//! lock ([`lock`]) and process edge ([`serve`]), and ds4's own terminal
+//! side: the printing generator ([`terminal`]), the REPL ([`repl`]) and the
 //! `--dump-logprobs` writer ([`logprobs`]). Nothing below `app` imports it.
 
 pub mod cli;
 pub mod demo;
 pub mod flags;
+pub mod lock;
 pub mod logprobs;
+pub mod repl;
 pub mod report;
+pub mod serve;
+pub mod terminal;
 pub mod threads;

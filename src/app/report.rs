@@ -258,7 +258,7 @@ fn info_v41(
     let m = crate::model::v41::V41ModelFile::open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let load = t0.elapsed();
-    let (c, w) = (&m.config, &m.weights);
+    let c = &m.config;
     println!(
         "file: {} ({}, GGUF v{}, alignment {}) — DeepSeek V4.1 (general.architecture deepseek41)",
         path.display(),
@@ -343,6 +343,16 @@ fn info_v41(
     if let Some(ctx) = c.context_length {
         println!("trained context      {ctx}");
     }
+    let cold = print_v41_engram(&m);
+    print_v41_weights(&m, cold, roofline_for);
+    Ok(())
+}
+
+/// The Engram section of the V4.1 info page: layers, rows, tables and
+/// what a token reads; returns the bytes a token reads when no row is
+/// cached.
+fn print_v41_engram(m: &crate::model::v41::V41ModelFile) -> u64 {
+    let (c, w) = (&m.config, &m.weights);
     let eg = &c.engram;
     println!("\n== engram (tables stay on disk; rows read per step, behind a hot-row cache) ==");
     println!(
@@ -386,6 +396,17 @@ fn info_v41(
         eg.row_bytes(),
         eg.layer_ids.len()
     );
+    cold
+}
+
+/// The V4.1 weights: tensor table and type mix, what is resident and what
+/// a token reads (`cold`: its Engram bytes at most), and the roofline.
+fn print_v41_weights(
+    m: &crate::model::v41::V41ModelFile,
+    cold: u64,
+    roofline_for: Option<(crate::backend::BackendKind, &crate::backend::BackendOptions)>,
+) {
+    let (c, w) = (&m.config, &m.weights);
     let total: u64 = w.all().iter().map(|t| t.n_bytes).sum();
     print_weights(
         &m.file,
@@ -410,7 +431,6 @@ fn info_v41(
         // device memory: the ceiling counts the weights only.
         decode_roofline(kind, opts, active);
     }
-    Ok(())
 }
 
 /// (device, read bytes/s) of the CUDA device (backend/cuda/bandwidth.rs).

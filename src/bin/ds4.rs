@@ -1,18 +1,19 @@
 //! `ds4`: one-shot generation, token and logprob dumps, model info (CLI.md §1).
+//! The flags and the steps of a run; the printing generator and the REPL
+//! are `ds4::app::terminal` and `ds4::app::repl`.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use argh::FromArgs;
-use ds4::backend::BackendOptions;
+use ds4::app::terminal::{prefill, Generator};
+use ds4::backend::{BackendKind, BackendOptions};
 use ds4::chat::{self, ThinkMode};
 use ds4::constrain::{GrammarEngine, OutputGrammar};
-use ds4::generate::{
-    generate, Constrained, Observer, Piece, Sampled, Step, ThinkSplit, TokenPicker,
-};
+use ds4::generate::Sampled;
 use ds4::graph::ValueName;
 use ds4::model::forward::Numerics;
 use ds4::model::{AnyModel, Arch};
@@ -20,148 +21,105 @@ use ds4::sampler::{Rng, SamplerConfig};
 use ds4::session::{Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
-/// ds4 — DeepSeek V4 Flash inference engine. Without -p it starts an interactive chat.
-#[derive(FromArgs)]
-#[argh(note = "Examples:
+ds4::cli_args! {
+    /// ds4 — DeepSeek V4 Flash inference engine. Without -p it starts an interactive chat.
+    #[derive(FromArgs)]
+    #[argh(note = "Examples:
   {command_name} -m ds4flash.gguf -p \"Explain mmap in two sentences.\"
   {command_name} --demo -p hello            random tiny model, no download
   {command_name} -m MODEL --info            metadata, configuration, tensor table
   {command_name} -m MODEL --dump-tokens -p TEXT
 Get the real model with tools/download_model.sh q2")]
-struct Args {
-    /// model GGUF (default ./ds4flash.gguf)
-    #[argh(option, short = 'm')]
-    model: Option<PathBuf>,
-    /// run on a generated tiny model with random weights (no download needed)
-    #[argh(switch)]
-    demo: bool,
-    /// prompt text
-    #[argh(option, short = 'p')]
-    prompt: Option<String>,
-    /// read the prompt from FILE (must be UTF-8)
-    #[argh(option)]
-    prompt_file: Option<PathBuf>,
-    /// system text (also -sys; default "You are a helpful assistant", "" disables)
-    #[argh(option)]
-    system: Option<String>,
-    /// maximum tokens to generate (default 50000, clamped to the context)
-    #[argh(option, short = 'n')]
-    tokens: Option<i64>,
-    /// sampling temperature, 0 = greedy (default 1)
-    #[argh(option, default = "1.0")]
-    temp: f32,
-    /// nucleus sampling mass (default 1)
-    #[argh(option, default = "1.0")]
-    top_p: f32,
-    /// keep only the K most likely tokens, 0 = no cap (default 0)
-    #[argh(option, default = "0")]
-    top_k: i32,
-    /// drop tokens below this fraction of the top probability (default 0.05)
-    #[argh(option, default = "0.05")]
-    min_p: f32,
-    /// RNG seed (default: time based)
-    #[argh(option)]
-    seed: Option<u64>,
-    /// session context in tokens (default 32768)
-    #[argh(option, short = 'c', default = "32768")]
-    ctx: usize,
-    /// thinking mode high (the default)
-    #[argh(switch)]
-    think: bool,
-    /// thinking mode max (needs --ctx ≥ 393216, else high)
-    #[argh(switch)]
-    think_max: bool,
-    /// no thinking
-    #[argh(switch)]
-    nothink: bool,
-    /// thinking effort 0..100: 0 = no thinking; on a V4.1 model the level
-    /// of the "Reasoning Effort" line (default 75, max 100); on V4 0 acts as
-    /// --nothink, 100 as --think-max, any other as --think
-    #[argh(option)]
-    think_level: Option<u8>,
-    /// greedy continuation with top-k logprobs written to FILE as JSON
-    #[argh(option)]
-    dump_logprobs: Option<PathBuf>,
-    /// constrain the answer to JSON matching the JSON schema in FILE (docs/STRUCTURED_OUTPUT.md)
-    #[argh(option)]
-    json_schema: Option<PathBuf>,
-    /// alternatives per step for --dump-logprobs (default 20, max 128)
-    #[argh(option, default = "20")]
-    logprobs_top_k: usize,
-    /// model: official rounding steps (default); plain: without them
-    #[argh(option, default = "String::from(\"model\")")]
-    numerics: String,
-    /// backend: auto (default: a real GPU through wgpu, else the fast cpu), cpu (fast: int8 SIMD kernels; DS4_CPU_ISA=portable|avx2 forces a path), cpu-ref (the f32 reference), wgpu (aliases metal, vulkan), cuda
-    #[argh(option)]
-    backend: Option<String>,
-    /// same as --backend wgpu (Vulkan where there is no Metal)
-    #[argh(switch)]
-    vulkan: bool,
-    /// print every wgpu adapter (backend, type, limits, features) and exit; DS4_WGPU_ADAPTER picks one by index or name
-    #[argh(switch)]
-    list_devices: bool,
-    /// write every WGSL module, as handed to wgpu, to DIR as .wgsl files and exit
-    #[argh(option)]
-    dump_shaders: Option<PathBuf>,
-    /// same as --backend cpu
-    #[argh(switch)]
-    cpu: bool,
-    /// same as --backend wgpu (Metal on macOS)
-    #[argh(switch)]
-    metal: bool,
-    /// same as --backend cuda
-    #[argh(switch)]
-    cuda: bool,
-    /// stream routed experts from the GGUF into a bounded cache instead of
-    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
-    #[argh(switch)]
-    ssd_streaming: bool,
-    /// with --ssd-streaming: the expert cache as experts per layer (N) or
-    /// a size (NGB; default 32GB)
-    #[argh(option)]
-    ssd_streaming_cache_experts: Option<String>,
-    /// with --ssd-streaming: keep the first N routed layers whole
-    #[argh(option)]
-    ssd_streaming_full_layers: Option<usize>,
-    /// with --ssd-streaming: start with an empty cache (no preload)
-    #[argh(switch)]
-    ssd_streaming_cold: bool,
-    /// with --ssd-streaming: preload only the N most popular experts per layer
-    #[argh(option)]
-    ssd_streaming_preload_experts: Option<usize>,
-    /// read every weight page once before starting (shows progress)
-    #[argh(switch)]
-    warm_weights: bool,
-    /// CPU threads (default: physical cores)
-    #[argh(option, short = 't')]
-    threads: Option<usize>,
-    /// tokens per prefill step (default 2048)
-    #[argh(option, default = "2048")]
-    prefill_chunk: usize,
-    /// print a named value (NAME@LAYER) after the prompt, e.g. attn_out@3
-    #[argh(option)]
-    dump: Vec<String>,
-    /// print the tokenization of the prompt (chat markers recognised) and exit
-    #[argh(switch)]
-    dump_tokens: bool,
-    /// print metadata, configuration and the tensor table, then exit
-    #[argh(switch)]
-    info: bool,
-    /// same as --info
-    #[argh(switch)]
-    inspect: bool,
-}
-
-impl Args {
-    /// The `--ssd-streaming*` flags.
-    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
-        ds4::app::flags::StreamingFlags {
-            on: self.ssd_streaming,
-            cache_experts: self.ssd_streaming_cache_experts.clone(),
-            full_layers: self.ssd_streaming_full_layers,
-            cold: self.ssd_streaming_cold,
-            preload_experts: self.ssd_streaming_preload_experts,
-        }
+    struct Args {
+        /// model GGUF (default ./ds4flash.gguf)
+        #[argh(option, short = 'm')]
+        model: Option<PathBuf>,
+        /// run on a generated tiny model with random weights (no download needed)
+        #[argh(switch)]
+        demo: bool,
+        /// prompt text
+        #[argh(option, short = 'p')]
+        prompt: Option<String>,
+        /// read the prompt from FILE (must be UTF-8)
+        #[argh(option)]
+        prompt_file: Option<PathBuf>,
+        /// system text (also -sys; default "You are a helpful assistant", "" disables)
+        #[argh(option)]
+        system: Option<String>,
+        /// maximum tokens to generate (default 50000, clamped to the context)
+        #[argh(option, short = 'n')]
+        tokens: Option<i64>,
+        /// sampling temperature, 0 = greedy (default 1)
+        #[argh(option, default = "1.0")]
+        temp: f32,
+        /// nucleus sampling mass (default 1)
+        #[argh(option, default = "1.0")]
+        top_p: f32,
+        /// keep only the K most likely tokens, 0 = no cap (default 0)
+        #[argh(option, default = "0")]
+        top_k: i32,
+        /// drop tokens below this fraction of the top probability (default 0.05)
+        #[argh(option, default = "0.05")]
+        min_p: f32,
+        /// RNG seed (default: time based)
+        #[argh(option)]
+        seed: Option<u64>,
+        /// session context in tokens (default 32768)
+        #[argh(option, short = 'c', default = "32768")]
+        ctx: usize,
+        /// thinking mode high (the default)
+        #[argh(switch)]
+        think: bool,
+        /// thinking mode max (needs --ctx ≥ 393216, else high)
+        #[argh(switch)]
+        think_max: bool,
+        /// no thinking
+        #[argh(switch)]
+        nothink: bool,
+        /// thinking effort 0..100: 0 = no thinking; on a V4.1 model the level
+        /// of the "Reasoning Effort" line (default 75, max 100); on V4 0 acts as
+        /// --nothink, 100 as --think-max, any other as --think
+        #[argh(option)]
+        think_level: Option<u8>,
+        /// greedy continuation with top-k logprobs written to FILE as JSON
+        #[argh(option)]
+        dump_logprobs: Option<PathBuf>,
+        /// constrain the answer to JSON matching the JSON schema in FILE (docs/STRUCTURED_OUTPUT.md)
+        #[argh(option)]
+        json_schema: Option<PathBuf>,
+        /// alternatives per step for --dump-logprobs (default 20, max 128)
+        #[argh(option, default = "20")]
+        logprobs_top_k: usize,
+        /// model: official rounding steps (default); plain: without them
+        #[argh(option, default = "String::from(\"model\")")]
+        numerics: String,
+        ..BackendFlags,
+        /// print every wgpu adapter (backend, type, limits, features) and exit; DS4_WGPU_ADAPTER picks one by index or name
+        #[argh(switch)]
+        list_devices: bool,
+        /// write every WGSL module, as handed to wgpu, to DIR as .wgsl files and exit
+        #[argh(option)]
+        dump_shaders: Option<PathBuf>,
+        ..StreamingFlags,
+        /// read every weight page once before starting (shows progress)
+        #[argh(switch)]
+        warm_weights: bool,
+        ..Threads,
+        /// tokens per prefill step (default 2048)
+        #[argh(option, default = "2048")]
+        prefill_chunk: usize,
+        /// print a named value (NAME@LAYER) after the prompt, e.g. attn_out@3
+        #[argh(option)]
+        dump: Vec<String>,
+        /// print the tokenization of the prompt (chat markers recognised) and exit
+        #[argh(switch)]
+        dump_tokens: bool,
+        /// print metadata, configuration and the tensor table, then exit
+        #[argh(switch)]
+        info: bool,
+        /// same as --info
+        #[argh(switch)]
+        inspect: bool,
     }
 }
 
@@ -218,61 +176,128 @@ fn think_mode(a: &Args) -> Result<ThinkMode, String> {
     }
 }
 
-fn dump_tokens(tok: &Tokenizer, prompt: &str) {
+/// `--dump-tokens`: the prompt's token ids, then one id and its text a line.
+fn dump_tokens(path: &Path, prompt: &str) -> Result<(), String> {
+    let file = ds4::gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let tok = Tokenizer::from_gguf(&file).map_err(|e| format!("{}: {e}", path.display()))?;
     let ids = tok.encode_chat(prompt);
     let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
     println!("[{}]", list.join(", "));
     for id in ids {
         println!("{id:>6}  {}", tok.token_str(id).unwrap_or(""));
     }
+    Ok(())
 }
 
 fn run(a: Args) -> Result<(), String> {
     let mut bo = BackendOptions::from_env();
-    bo.ssd_streaming = a.streaming().options()?;
+    bo.ssd_streaming = a.streaming_flags().options()?;
     // Checked before the model loads: a bad schema costs no load time.
     let schema = a.json_schema.as_deref().map(read_json_schema).transpose()?;
     if a.list_devices {
-        print!("{}", ds4::backend::wgpu::gpu::devices_report());
-        match ds4::backend::cuda_device_lines() {
-            Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
-            Err(e) => println!("cuda: none ({e})"),
-        }
+        list_devices();
         return Ok(());
     }
     if let Some(dir) = &a.dump_shaders {
-        let written = ds4::backend::wgpu::shaders::dump(dir)
-            .map_err(|e| format!("--dump-shaders {}: {e}", dir.display()))?;
-        eprintln!(
-            "ds4: wrote {} WGSL modules to {}",
-            written.len(),
-            dir.display()
-        );
-        return Ok(());
+        return dump_shaders(dir);
     }
     if a.info || a.inspect {
-        let kind = ds4::app::flags::BackendFlags {
-            backend: a.backend.clone(),
-            cpu: a.cpu,
-            metal: a.metal,
-            vulkan: a.vulkan,
-            cuda: a.cuda,
-        }
-        .resolve()?;
+        let kind = a.backend_flags().resolve()?;
         return ds4::app::report::info(&model_path(&a)?, Some((kind, &bo)));
     }
     let prompt = read_prompt(&a)?;
     let path = model_path(&a)?;
     if a.dump_tokens {
         let prompt = prompt.ok_or("--dump-tokens needs -p or --prompt-file")?;
-        let file =
-            ds4::gguf::GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let tok = Tokenizer::from_gguf(&file).map_err(|e| format!("{}: {e}", path.display()))?;
-        dump_tokens(&tok, &prompt);
-        return Ok(());
+        return dump_tokens(&path, &prompt);
     }
+    let c = check(&a, prompt.as_deref())?;
+    let threads = ds4::app::threads::init_global_pool(a.threads);
+    let (model, tok) = load(&a, &path, threads)?;
+    // V4.1: the level the prompt writes (`None` on V4).
+    let v41_level = (model.arch() == Arch::V41).then(|| {
+        a.think_level
+            .unwrap_or_else(|| c.mode.v41_level(chat::v41::DEFAULT_LEVEL))
+    });
+    warm(&a, &model);
+    let eff = c.mode.effective(a.ctx);
+    if c.mode == ThinkMode::Max && eff != c.mode && v41_level.is_none() {
+        eprintln!(
+            "ds4: warning: Think Max needs --ctx ≥ {}; using thinking mode high",
+            chat::THINK_MAX_MIN_CTX
+        );
+    }
+    let system = a
+        .system
+        .clone()
+        .unwrap_or_else(|| chat::DEFAULT_SYSTEM.to_string());
+    let opts = |ctx: usize, dump: Vec<ValueName>| SessionOptions {
+        ctx,
+        prefill_chunk: a.prefill_chunk.max(1),
+        numerics: c.numerics,
+        backend: c.backend,
+        backend_options: bo.clone(),
+        dump,
+        ..Default::default()
+    };
+    let sess = open_session(&model, opts(a.ctx, c.dumps.clone()), a.ctx)?;
+    let mut gen = generator(&a, &tok, schema)?;
+    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
+    let Some(prompt) = prompt else {
+        let make_session = |ctx: usize| {
+            Session::open_any(&model, opts(ctx, Vec::new())).map_err(|e| e.to_string())
+        };
+        return ds4::app::repl::repl(
+            sess,
+            &make_session,
+            &mut gen,
+            &system,
+            c.mode,
+            v41_level,
+            a.tokens.map(|n| n as usize),
+        );
+    };
+    let ptoks = match v41_level {
+        Some(level) => chat::v41::one_shot_prompt(&tok, &system, &prompt, level),
+        None => chat::one_shot_prompt(&tok, &system, &prompt, eff),
+    };
+    let thinks = v41_level.map_or(eff.thinks(), |l| l > 0);
+    one_shot(&a, sess, &mut gen, &ptoks, thinks, &c.dumps)
+}
+
+/// `--list-devices`: every wgpu adapter, then the CUDA devices.
+fn list_devices() {
+    print!("{}", ds4::backend::wgpu::gpu::devices_report());
+    match ds4::backend::cuda_device_lines() {
+        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+        Err(e) => println!("cuda: none ({e})"),
+    }
+}
+
+/// `--dump-shaders DIR`.
+fn dump_shaders(dir: &Path) -> Result<(), String> {
+    let written = ds4::backend::wgpu::shaders::dump(dir)
+        .map_err(|e| format!("--dump-shaders {}: {e}", dir.display()))?;
+    eprintln!(
+        "ds4: wrote {} WGSL modules to {}",
+        written.len(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// The flags a run needs, checked before the model loads.
+struct Checked {
+    numerics: Numerics,
+    backend: BackendKind,
+    mode: ThinkMode,
+    dumps: Vec<ValueName>,
+}
+
+/// Flag values that are wrong on their face, refused before the model loads.
+fn check(a: &Args, prompt: Option<&str>) -> Result<Checked, String> {
     // No prompt: the interactive REPL.
-    if prompt.as_deref() == Some("") {
+    if prompt == Some("") {
         return Err("empty prompt".into());
     }
     if let Some(n) = a.tokens {
@@ -282,15 +307,8 @@ fn run(a: Args) -> Result<(), String> {
     }
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
-    let backend = ds4::app::flags::BackendFlags {
-        backend: a.backend.clone(),
-        cpu: a.cpu,
-        metal: a.metal,
-        vulkan: a.vulkan,
-        cuda: a.cuda,
-    }
-    .resolve()?;
-    let mode = think_mode(&a)?;
+    let backend = a.backend_flags().resolve()?;
+    let mode = think_mode(a)?;
     if a.ctx < 2 {
         return Err("--ctx must be at least 2".into());
     }
@@ -310,10 +328,18 @@ fn run(a: Args) -> Result<(), String> {
             ValueName::parse(d).ok_or_else(|| format!("--dump: expected NAME@LAYER, got {d:?}"))
         })
         .collect::<Result<_, _>>()?;
-    let threads = ds4::app::threads::init_global_pool(a.threads);
+    Ok(Checked {
+        numerics,
+        backend,
+        mode,
+        dumps,
+    })
+}
 
+/// The model and its tokenizer, with the load line on stderr.
+fn load(a: &Args, path: &Path, threads: usize) -> Result<(AnyModel, Tokenizer), String> {
     let t0 = Instant::now();
-    let model = AnyModel::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let model = AnyModel::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let tok = Tokenizer::from_gguf(model.file()).map_err(|e| format!("{}: {e}", path.display()))?;
     eprintln!(
         "ds4: loaded {} ({}, {} layers{}) in {:.0} ms; {threads} CPU threads",
@@ -327,16 +353,17 @@ fn run(a: Args) -> Result<(), String> {
         },
         t0.elapsed().as_secs_f64() * 1e3
     );
-    // V4.1: the level the prompt writes (`None` on V4).
-    let v41_level = (model.arch() == Arch::V41).then(|| {
-        a.think_level
-            .unwrap_or_else(|| mode.v41_level(chat::v41::DEFAULT_LEVEL))
-    });
     if a.warm_weights && model.arch() == Arch::V41 {
         eprintln!(
             "ds4: --warm-weights: V4.1 files are not warmed (their Engram tables are read by row)"
         );
     }
+    Ok((model, tok))
+}
+
+/// `--warm-weights` on a V4 file: every weight page read once, with a
+/// progress bar.
+fn warm(a: &Args, model: &AnyModel) {
     if let (true, Some(model)) = (a.warm_weights, model.v4()) {
         let bar = indicatif::ProgressBar::new(model.weights.total_bytes());
         bar.set_style(
@@ -348,26 +375,11 @@ fn run(a: Args) -> Result<(), String> {
         model.warm(&mut |done, _| bar.set_position(done));
         bar.finish_and_clear();
     }
-    let eff = mode.effective(a.ctx);
-    if mode == ThinkMode::Max && eff != mode && v41_level.is_none() {
-        eprintln!(
-            "ds4: warning: Think Max needs --ctx ≥ {}; using thinking mode high",
-            chat::THINK_MAX_MIN_CTX
-        );
-    }
-    let system = a
-        .system
-        .clone()
-        .unwrap_or_else(|| chat::DEFAULT_SYSTEM.to_string());
-    let opts = SessionOptions {
-        ctx: a.ctx,
-        prefill_chunk: a.prefill_chunk.max(1),
-        numerics,
-        backend,
-        backend_options: bo.clone(),
-        dump: dumps.clone(),
-    };
-    let mut sess = Session::open_any(&model, opts).map_err(|e| e.to_string())?;
+}
+
+/// The session, with the backend, streaming and context lines on stderr.
+fn open_session(model: &AnyModel, opts: SessionOptions, ctx: usize) -> Result<Session, String> {
+    let sess = Session::open_any(model, opts).map_err(|e| e.to_string())?;
     eprintln!("ds4: {}", sess.backend_notice());
     if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
         eprintln!("ds4: {line}");
@@ -375,8 +387,18 @@ fn run(a: Args) -> Result<(), String> {
     eprintln!(
         "ds4: context buffers {} for {} tokens",
         ds4::app::report::human(sess.state_bytes() as u64),
-        a.ctx
+        ctx
     );
+    Ok(sess)
+}
+
+/// The printing generator: the sampler flags, the seed (time based when
+/// not given) and the `--json-schema` grammar.
+fn generator<'t>(
+    a: &Args,
+    tok: &'t Tokenizer,
+    schema: Option<OutputGrammar>,
+) -> Result<Generator<'t>, String> {
     let cfg = SamplerConfig {
         temperature: a.temp,
         top_p: a.top_p,
@@ -392,46 +414,26 @@ fn run(a: Args) -> Result<(), String> {
     });
     let grammar = match schema {
         None => None,
-        Some(g) => Some((GrammarEngine::new(&tok).map_err(|e| e.to_string())?, g)),
+        Some(g) => Some((GrammarEngine::new(tok).map_err(|e| e.to_string())?, g)),
     };
-    let mut gen = Generator {
-        tok: &tok,
-        picker: Sampled {
-            cfg,
-            rng: Rng::new(seed),
-        },
-        tty: std::io::stdout().is_terminal(),
-        grammar,
+    let picker = Sampled {
+        cfg,
+        rng: Rng::new(seed),
     };
-    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
-    let Some(prompt) = prompt else {
-        let make_session = |ctx: usize| {
-            let opts = SessionOptions {
-                ctx,
-                prefill_chunk: a.prefill_chunk.max(1),
-                numerics,
-                backend,
-                backend_options: bo.clone(),
-                dump: Vec::new(),
-            };
-            Session::open_any(&model, opts).map_err(|e| e.to_string())
-        };
-        return repl(
-            sess,
-            &make_session,
-            &mut gen,
-            &system,
-            mode,
-            v41_level,
-            a.tokens.map(|n| n as usize),
-        );
-    };
+    let tty = std::io::stdout().is_terminal();
+    Ok(Generator::new(tok, picker, tty, grammar, &STOP))
+}
 
-    let ptoks = match v41_level {
-        Some(level) => chat::v41::one_shot_prompt(&tok, &system, &prompt, level),
-        None => chat::one_shot_prompt(&tok, &system, &prompt, eff),
-    };
-    let thinks = v41_level.map_or(eff.thinks(), |l| l > 0);
+/// `-p`: prefill the prompt, print the `--dump` values, then write the
+/// `--dump-logprobs` file or generate, with the speeds on stderr.
+fn one_shot(
+    a: &Args,
+    mut sess: Session,
+    gen: &mut Generator<'_>,
+    ptoks: &[u32],
+    thinks: bool,
+    dumps: &[ValueName],
+) -> Result<(), String> {
     if ptoks.len() >= a.ctx {
         return Err(format!(
             "the prompt has {} tokens but the context is {} (use a larger --ctx)",
@@ -440,9 +442,9 @@ fn run(a: Args) -> Result<(), String> {
         ));
     }
     let t1 = Instant::now();
-    prefill(&mut sess, &ptoks)?;
+    prefill(&mut sess, ptoks)?;
     let prefill_s = t1.elapsed().as_secs_f64();
-    for d in &dumps {
+    for d in dumps {
         let v = sess.dump(d).map_err(|e| e.to_string())?;
         let shown: Vec<String> = v.iter().take(16).map(|x| format!("{x:.6}")).collect();
         eprintln!(
@@ -463,7 +465,7 @@ fn run(a: Args) -> Result<(), String> {
     if let Some(f) = &a.dump_logprobs {
         return ds4::app::logprobs::dump_logprobs(
             &mut sess,
-            &tok,
+            gen.tokenizer(),
             ptoks.len(),
             max_new,
             a.logprobs_top_k,
@@ -490,30 +492,6 @@ fn run(a: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Brings the session to `tokens`, with a progress bar on stderr.
-fn prefill(sess: &mut Session, tokens: &[u32]) -> Result<ds4::session::SyncStats, String> {
-    let bar = indicatif::ProgressBar::new(tokens.len() as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "processing {len} input tokens: {pos}/{len} {wide_bar} {percent}% {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let r = sess.sync(tokens, &mut |done, _| bar.set_position(done as u64));
-    bar.finish_and_clear();
-    r.map_err(|e| e.to_string())
-}
-
-/// Samples and prints tokens: reasoning in grey on a terminal, the
-/// `<think>`/`</think>` markers hidden, UTF-8 split across tokens buffered.
-struct Generator<'t> {
-    tok: &'t Tokenizer,
-    picker: Sampled,
-    tty: bool,
-    /// `--json-schema`: every answer is constrained to the schema.
-    grammar: Option<(GrammarEngine, OutputGrammar)>,
-}
-
 /// Reads `--json-schema FILE`; a schema the engine cannot use is an error
 /// naming the part.
 fn read_json_schema(path: &std::path::Path) -> Result<OutputGrammar, String> {
@@ -524,327 +502,6 @@ fn read_json_schema(path: &std::path::Path) -> Result<OutputGrammar, String> {
     ds4::constrain::check(&g)
         .map_err(|e| format!("--json-schema {}: unsupported schema: {e}", path.display()))?;
     Ok(g)
-}
-
-/// Prints the pieces of the library's generation loop as they come.
-struct Printer<'o> {
-    out: std::io::StdoutLock<'o>,
-    split: ThinkSplit,
-    tty: bool,
-    grey: bool,
-    last_byte: u8,
-}
-
-impl Printer<'_> {
-    fn print(&mut self, pieces: Vec<Piece>) {
-        for p in pieces {
-            let (text, reasoning) = match &p {
-                Piece::Reasoning(s) => (s, true),
-                Piece::Text(s) => (s, false),
-            };
-            if !reasoning && self.grey {
-                self.end_reasoning();
-            }
-            let _ = self.out.write_all(text.as_bytes());
-            if let Some(&b) = text.as_bytes().last() {
-                self.last_byte = b;
-            }
-        }
-        // The reasoning phase ended even if no text followed yet.
-        if self.grey && !self.split.thinking() {
-            self.end_reasoning();
-        }
-        let _ = self.out.flush();
-    }
-
-    fn end_reasoning(&mut self) {
-        self.grey = false;
-        if self.tty {
-            let _ = write!(self.out, "\x1b[0m");
-        }
-        if self.last_byte != b'\n' {
-            let _ = writeln!(self.out);
-        }
-        self.last_byte = b'\n';
-    }
-}
-
-impl Observer for Printer<'_> {
-    fn cancelled(&mut self) -> bool {
-        STOP.load(Ordering::SeqCst)
-    }
-    fn token(&mut self, _id: u32, bytes: &[u8]) -> Step {
-        let pieces = self.split.push(bytes);
-        self.print(pieces);
-        Step::Continue
-    }
-}
-
-impl Generator<'_> {
-    /// Generates up to `max_new` tokens; returns them (EOS excluded).
-    /// Stops early on Ctrl+C or a full context.
-    fn run(
-        &mut self,
-        sess: &mut Session,
-        max_new: usize,
-        thinking: bool,
-    ) -> Result<Vec<u32>, String> {
-        let mut p = Printer {
-            out: std::io::stdout().lock(),
-            split: ThinkSplit::new(thinking),
-            tty: self.tty,
-            grey: thinking,
-            last_byte: b'\n',
-        };
-        if thinking && self.tty {
-            let _ = write!(p.out, "\x1b[90m");
-        }
-        let mut cut = false;
-        let r = match &self.grammar {
-            None => generate(sess, self.tok, max_new, &mut self.picker, &mut p),
-            Some((engine, g)) => {
-                let c = engine.constraint(g).map_err(|e| e.to_string())?;
-                let sp = self.tok.specials();
-                let gates = if thinking {
-                    vec![sp.think_close]
-                } else {
-                    Vec::new()
-                };
-                let mut cp = Constrained::new(&mut self.picker, c, gates, true, sp.eos);
-                let r = generate(sess, self.tok, max_new, &mut cp, &mut p);
-                cut = cp.unfinished();
-                if let Some(e) = &cp.error {
-                    eprintln!("ds4: grammar engine: {e}");
-                }
-                r
-            }
-        };
-        let tail = p.split.finish();
-        p.print(tail);
-        if p.grey && self.tty {
-            let _ = write!(p.out, "\x1b[0m");
-        }
-        if p.last_byte != b'\n' {
-            let _ = writeln!(p.out);
-        }
-        drop(p);
-        if cut {
-            eprintln!("ds4: the answer was cut before it completed the JSON schema");
-        }
-        r.map(|o| o.tokens).map_err(|e| e.to_string())
-    }
-}
-
-const REPL_HELP: &str =
-    "commands: /help, /think, /think-max, /nothink, /ctx N, /read FILE, /save FILE, /load FILE,\n\
-    /quit (or /exit); /save and /load keep the conversation's KV state in a KVC file (the\n\
-    server's disk-cache format)\n\
-    anything else is sent as a user message; Ctrl+C stops an answer, Ctrl+D leaves";
-
-/// The interactive REPL (CLI.md §1.4): one transcript, one KV session; each
-/// turn only evaluates what the session does not hold yet.
-fn repl(
-    mut session: Session,
-    make_session: &dyn Fn(usize) -> Result<Session, String>,
-    gen: &mut Generator<'_>,
-    system: &str,
-    mut mode: ThinkMode,
-    v41_level: Option<u8>,
-    max_tokens: Option<usize>,
-) -> Result<(), String> {
-    use std::io::BufRead;
-    let sess = &mut session;
-    let tok = gen.tok;
-    let eos = tok.specials().eos;
-    // V4.1 has no Think Max context rule: its levels are written as given.
-    let effective = |mode: ThinkMode, ctx: usize| match v41_level {
-        Some(_) => mode,
-        None => mode.effective(ctx),
-    };
-    let start = |mode: ThinkMode, ctx: usize| match v41_level {
-        Some(l) => chat::v41::transcript_start(tok, system, mode.v41_level(l)),
-        None => chat::transcript_start(tok, system, mode.effective(ctx)),
-    };
-    let mut head = start(mode, sess.ctx());
-    let mut turns: Vec<u32> = Vec::new();
-    eprintln!("{REPL_HELP}");
-    let stdin = std::io::stdin();
-    let interactive = stdin.is_terminal();
-    let mut lines = stdin.lock().lines();
-    loop {
-        if interactive {
-            print!("ds4> ");
-            let _ = std::io::stdout().flush();
-        }
-        STOP.store(false, Ordering::SeqCst);
-        let Some(line) = lines.next() else { break };
-        let line = line.map_err(|e| format!("stdin: {e}"))?;
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let text = match line
-            .split_once(' ')
-            .map_or((line, ""), |(c, r)| (c, r.trim()))
-        {
-            ("/quit" | "/exit", _) => break,
-            ("/help", _) => {
-                eprintln!("{REPL_HELP}");
-                continue;
-            }
-            (cmd @ ("/think" | "/nothink" | "/think-max"), rest) => {
-                if !rest.is_empty() {
-                    eprintln!("ds4: {cmd} takes no argument (try /help)");
-                    continue;
-                }
-                mode = match cmd {
-                    "/think" => ThinkMode::High,
-                    "/nothink" => ThinkMode::None,
-                    _ => ThinkMode::Max,
-                };
-                // Only the transcript start changes (Think Max prefix); the
-                // next sync notices the KV no longer matches (PROMPT.md §10).
-                head = start(mode, sess.ctx());
-                let eff = effective(mode, sess.ctx());
-                match (mode, eff) {
-                    (ThinkMode::Max, ThinkMode::High) => println!(
-                        "Thinking mode: high (ctx below {}).",
-                        chat::THINK_MAX_MIN_CTX
-                    ),
-                    (_, ThinkMode::Max) => println!("Thinking mode: max."),
-                    (_, ThinkMode::High) => println!("Thinking mode: high."),
-                    (_, ThinkMode::None) => println!("Thinking mode: none."),
-                }
-                continue;
-            }
-            ("/ctx", n) => {
-                match n.parse::<usize>() {
-                    Ok(n) if n >= 2 => match make_session(n) {
-                        Ok(s) => {
-                            // A new KV of the new size: the conversation restarts.
-                            *sess = s;
-                            turns.clear();
-                            head = start(mode, sess.ctx());
-                            eprintln!("ds4: context is now {n} tokens (conversation cleared)");
-                        }
-                        Err(e) => eprintln!("ds4: /ctx {n}: {e}"),
-                    },
-                    _ => eprintln!("ds4: /ctx: expected a number of tokens ≥ 2, got {n:?}"),
-                }
-                continue;
-            }
-            ("/save", f) if !f.is_empty() => {
-                // The same KVC file and session payload as the server's disk
-                // cache (docs/KVCACHE.md), keyed by the rendered transcript.
-                // The reply's closing EOS is not evaluated yet: sync first so
-                // the file holds the whole transcript and /load can go on.
-                let mut transcript = head.clone();
-                transcript.extend(&turns);
-                if let Err(e) = prefill(sess, &transcript) {
-                    eprintln!("ds4: /save {f}: {e}");
-                    continue;
-                }
-                let text = tok.decode(sess.tokens());
-                match ds4::kvcache::save_file(
-                    Path::new(f),
-                    sess,
-                    &text,
-                    ds4::kvcache::SaveReason::Unknown,
-                ) {
-                    Ok(bytes) => eprintln!(
-                        "ds4: saved {} tokens to {f} ({})",
-                        sess.tokens().len(),
-                        ds4::app::report::human(bytes)
-                    ),
-                    Err(e) => eprintln!("ds4: /save {f}: {e}"),
-                }
-                continue;
-            }
-            ("/load", f) if !f.is_empty() => {
-                match ds4::kvcache::load_file(Path::new(f), sess) {
-                    Ok(_) => {
-                        // The file must hold this chat's transcript start
-                        // (same system prompt and thinking mode) to go on.
-                        let toks = sess.tokens();
-                        if toks.starts_with(&head) {
-                            turns = toks[head.len()..].to_vec();
-                            eprintln!("ds4: loaded {} tokens from {f}", toks.len());
-                        } else {
-                            // Not this chat's: the current conversation goes
-                            // on (the next turn prefills it again).
-                            sess.reset();
-                            eprintln!(
-                                "ds4: /load {f}: saved with another system prompt or thinking mode; not loaded"
-                            );
-                        }
-                    }
-                    Err(e) => {
-                        // The session is untouched or empty; either way the
-                        // next turn syncs the current conversation again.
-                        eprintln!("ds4: /load: {e}");
-                    }
-                }
-                continue;
-            }
-            (cmd @ ("/save" | "/load"), _) => {
-                eprintln!("ds4: {cmd}: expected a file name");
-                continue;
-            }
-            ("/read", f) => match std::fs::read(f).map(String::from_utf8) {
-                Ok(Ok(t)) => t,
-                Ok(Err(_)) => {
-                    eprintln!("ds4: {f}: not valid UTF-8");
-                    continue;
-                }
-                Err(e) => {
-                    eprintln!("ds4: {f}: {e}");
-                    continue;
-                }
-            },
-            (c, _) if c.starts_with('/') => {
-                eprintln!("ds4: unknown command: {c} (try /help)");
-                continue;
-            }
-            _ => line.to_string(),
-        };
-        let eff = effective(mode, sess.ctx());
-        let turn = chat::user_turn(tok, &text, eff);
-        let mut transcript = head.clone();
-        transcript.extend(&turns);
-        transcript.extend(&turn);
-        if transcript.len() + 1 >= sess.ctx() {
-            eprintln!(
-                "ds4: the conversation no longer fits the context of {} tokens",
-                sess.ctx()
-            );
-            continue;
-        }
-        let t = Instant::now();
-        let stats = match prefill(sess, &transcript) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("ds4: {e}");
-                continue;
-            }
-        };
-        eprintln!(
-            "ds4: prefill {} new tokens ({} reused) at {:.1} t/s",
-            stats.evaluated,
-            stats.reused,
-            stats.evaluated as f64 / t.elapsed().as_secs_f64().max(1e-9)
-        );
-        let room = sess.ctx() - transcript.len() - 1;
-        let generated = gen.run(sess, max_tokens.unwrap_or(room).min(room), eff.thinks())?;
-        if generated.is_empty() && STOP.load(Ordering::SeqCst) {
-            // Interrupted before any token: the turn is dropped.
-            sess.reset();
-            continue;
-        }
-        turns.extend(&turn);
-        turns.extend(&generated);
-        turns.push(eos);
-    }
-    Ok(())
 }
 
 fn main() -> ExitCode {

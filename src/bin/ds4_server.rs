@@ -1,6 +1,7 @@
 //! `ds4-server`: the OpenAI/Anthropic-compatible HTTP server (SERVER.md).
-//! Flags, model and session set-up, then warp on a tokio runtime; the
-//! engine runs on the worker thread of `ds4::server::worker`.
+//! Flags, model and session set-up, then warp on a tokio runtime
+//! (`ds4::app::serve`); the engine runs on the worker thread of
+//! `ds4::server::worker`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -27,9 +28,10 @@ use ds4::server::worker::{self, WorkerConfig};
 use ds4::session::{Batch, Session, SessionOptions};
 use ds4::tokenizer::Tokenizer;
 
-/// ds4-server — OpenAI chat/completions/Responses and Anthropic messages for DeepSeek V4 Flash.
-#[derive(FromArgs)]
-#[argh(note = "Examples:
+ds4::cli_args! {
+    /// ds4-server — OpenAI chat/completions/Responses and Anthropic messages for DeepSeek V4 Flash.
+    #[derive(FromArgs)]
+    #[argh(note = "Examples:
   {command_name} -m ds4flash.gguf
   {command_name} --demo --port 8000       random tiny model, no download
   DS4_API_KEY=... {command_name} --host 0.0.0.0   serve the network, with a key
@@ -37,157 +39,125 @@ Without a key only local clients are answered: Host localhost, 127.0.0.1 or
 [::1], and JSON POSTs; browser pages only from --cors origins.
 Clients: docs/CLIENTS.md (Claude Code, Codex CLI, opencode)
 Security, keys and every limit: docs/SECURITY.md")]
-struct Args {
-    /// model GGUF (default ./ds4flash.gguf)
-    #[argh(option, short = 'm')]
-    model: Option<PathBuf>,
-    /// V4.1 models: the thinking level 0..100 written for requests that
-    /// think without naming an effort (default 75; 0 = requests that say
-    /// nothing about thinking do not think)
-    #[argh(option)]
-    think_level: Option<u8>,
-    /// serve a generated tiny model with random weights (no download needed)
-    #[argh(switch)]
-    demo: bool,
-    /// bind address, an IPv4 literal or localhost (default 127.0.0.1)
-    #[argh(option, default = "String::from(\"127.0.0.1\")")]
-    host: String,
-    /// bind port (default 8000; 0 picks a free one)
-    #[argh(option, default = "8000")]
-    port: u16,
-    /// context (KV) size in tokens (default 32768)
-    #[argh(option, short = 'c', default = "32768")]
-    ctx: usize,
-    /// max output tokens when a request gives none (default 393216)
-    #[argh(option, short = 'n', default = "393216")]
-    tokens: usize,
-    /// CPU threads (default: physical cores)
-    #[argh(option, short = 't')]
-    threads: Option<usize>,
-    /// let web pages from ORIGIN (e.g. http://localhost:3000) call the
-    /// server, with CORS headers; repeatable; '*' (any page) needs a key
-    #[argh(option)]
-    cors: Vec<String>,
-    /// write a human-readable record of every request to FILE
-    #[argh(option)]
-    trace: Option<PathBuf>,
-    /// require this key (Authorization: Bearer KEY or x-api-key: KEY);
-    /// shown to other local users in the process list: prefer
-    /// --api-key-file, or the environment variable DS4_API_KEY (used when
-    /// neither flag is given)
-    #[argh(option)]
-    api_key: Option<String>,
-    /// read the key from the first line of FILE
-    #[argh(option)]
-    api_key_file: Option<PathBuf>,
-    /// largest request body in bytes (default 67108864)
-    #[argh(option, default = "64 << 20")]
-    max_body_bytes: usize,
-    /// seconds a client may take to send a request's headers (default 10)
-    #[argh(option, default = "10.0")]
-    header_timeout: f64,
-    /// seconds a request body may stall without a byte (default 10)
-    #[argh(option, default = "10.0")]
-    body_timeout: f64,
-    /// seconds an open connection may sit idle between requests, or a
-    /// response wait for the client to read (default 60)
-    #[argh(option, default = "60.0")]
-    idle_timeout: f64,
-    /// open connections at once; one more gets 503 (default: from the
-    /// open-file limit, at most 256)
-    #[argh(option)]
-    max_connections: Option<usize>,
-    /// serve N sessions at once: N KV slots, each engine step carries one
-    /// row per decoding session (default 1: one request at a time; V4.1
-    /// files: the slots take their turns within each step)
-    #[argh(option)]
-    batched_session: Option<usize>,
-    /// same as --batched-session (llama-server's name)
-    #[argh(option)]
-    parallel: Option<usize>,
-    /// with --batched-session > 1: prompt tokens a prefilling session adds
-    /// per step, between the others' decode steps (default 128)
-    #[argh(option, default = "ds4::server::slots::DEFAULT_PREFILL_QUANTUM")]
-    mixed_prefill_quantum: usize,
-    /// requests that may wait for the engine before 503 (default 64)
-    #[argh(option, default = "64")]
-    queue: usize,
-    /// do not remember sampled DSML per tool id (always canonical)
-    #[argh(switch)]
-    disable_exact_dsml_tool_replay: bool,
-    /// max tool ids kept in the replay memory (default 100000)
-    #[argh(option, default = "100000")]
-    tool_memory_max_ids: usize,
-    /// model: official rounding steps (default); plain: without them
-    #[argh(option, default = "String::from(\"model\")")]
-    numerics: String,
-    /// backend: auto (default: a real GPU, else CUDA, else the fast cpu),
-    /// cpu, cpu-ref, wgpu, cuda
-    #[argh(option)]
-    backend: Option<String>,
-    /// same as --backend cpu
-    #[argh(switch)]
-    cpu: bool,
-    /// same as --backend wgpu (Metal on macOS)
-    #[argh(switch)]
-    metal: bool,
-    /// same as --backend wgpu (Vulkan)
-    #[argh(switch)]
-    vulkan: bool,
-    /// same as --backend cuda
-    #[argh(switch)]
-    cuda: bool,
-    /// stream routed experts from the GGUF into a bounded cache instead of
-    /// keeping them resident (CPU backends; docs/SSD_STREAMING.md)
-    #[argh(switch)]
-    ssd_streaming: bool,
-    /// with --ssd-streaming: the expert cache as experts per layer (N) or
-    /// a size (NGB; default 32GB)
-    #[argh(option)]
-    ssd_streaming_cache_experts: Option<String>,
-    /// with --ssd-streaming: keep the first N routed layers whole
-    #[argh(option)]
-    ssd_streaming_full_layers: Option<usize>,
-    /// with --ssd-streaming: start with an empty cache (no preload)
-    #[argh(switch)]
-    ssd_streaming_cold: bool,
-    /// with --ssd-streaming: preload only the N most popular experts per layer
-    #[argh(option)]
-    ssd_streaming_preload_experts: Option<usize>,
-    /// disk KV cache folder (off unless given; KVCACHE.md)
-    #[argh(option)]
-    kv_disk_dir: Option<PathBuf>,
-    /// disk KV cache budget in MiB (default 4096)
-    #[argh(option, default = "4096")]
-    kv_disk_space_mb: u64,
-    /// shortest prefix worth a checkpoint, in tokens (default 512)
-    #[argh(option, default = "512")]
-    kv_cache_min_tokens: usize,
-    /// longest prompt that gets a cold save; 0 disables (default 30000)
-    #[argh(option, default = "30000")]
-    kv_cache_cold_max_tokens: usize,
-    /// tokens between continued saves; 0 disables (default 10000)
-    #[argh(option, default = "10000")]
-    kv_cache_continued_interval_tokens: usize,
-    /// tokens trimmed off a cold checkpoint's end (default 32)
-    #[argh(option, default = "32")]
-    kv_cache_boundary_trim_tokens: usize,
-    /// checkpoint lengths rounded down to a multiple of this; 0 = none (default 2048)
-    #[argh(option, default = "2048")]
-    kv_cache_boundary_align_tokens: usize,
-    /// skip checkpoints written with other routed-expert quant bits
-    #[argh(switch)]
-    kv_cache_reject_different_quant: bool,
-    /// load only checkpoints carrying our CRC-32 mark (not ds4's files)
-    #[argh(switch)]
-    kv_cache_require_checksum: bool,
-    /// test hook: a job whose prompt contains this text panics
-    #[argh(option, hidden_help)]
-    debug_panic_on_prompt: Option<String>,
-    /// test hook (--batched-session > 1): the engine steps carrying a
-    /// prefill piece of a job whose prompt contains this text fail
-    #[argh(option, hidden_help)]
-    debug_fail_prefill_on_prompt: Option<String>,
+    struct Args {
+        /// model GGUF (default ./ds4flash.gguf)
+        #[argh(option, short = 'm')]
+        model: Option<PathBuf>,
+        /// V4.1 models: the thinking level 0..100 written for requests that
+        /// think without naming an effort (default 75; 0 = requests that say
+        /// nothing about thinking do not think)
+        #[argh(option)]
+        think_level: Option<u8>,
+        /// serve a generated tiny model with random weights (no download needed)
+        #[argh(switch)]
+        demo: bool,
+        /// bind address, an IPv4 literal or localhost (default 127.0.0.1)
+        #[argh(option, default = "String::from(\"127.0.0.1\")")]
+        host: String,
+        /// bind port (default 8000; 0 picks a free one)
+        #[argh(option, default = "8000")]
+        port: u16,
+        /// context (KV) size in tokens (default 32768)
+        #[argh(option, short = 'c', default = "32768")]
+        ctx: usize,
+        /// max output tokens when a request gives none (default 393216)
+        #[argh(option, short = 'n', default = "393216")]
+        tokens: usize,
+        ..Threads,
+        /// let web pages from ORIGIN (e.g. http://localhost:3000) call the
+        /// server, with CORS headers; repeatable; '*' (any page) needs a key
+        #[argh(option)]
+        cors: Vec<String>,
+        /// write a human-readable record of every request to FILE
+        #[argh(option)]
+        trace: Option<PathBuf>,
+        /// require this key (Authorization: Bearer KEY or x-api-key: KEY);
+        /// shown to other local users in the process list: prefer
+        /// --api-key-file, or the environment variable DS4_API_KEY (used when
+        /// neither flag is given)
+        #[argh(option)]
+        api_key: Option<String>,
+        /// read the key from the first line of FILE
+        #[argh(option)]
+        api_key_file: Option<PathBuf>,
+        /// largest request body in bytes (default 67108864)
+        #[argh(option, default = "64 << 20")]
+        max_body_bytes: usize,
+        /// seconds a client may take to send a request's headers (default 10)
+        #[argh(option, default = "10.0")]
+        header_timeout: f64,
+        /// seconds a request body may stall without a byte (default 10)
+        #[argh(option, default = "10.0")]
+        body_timeout: f64,
+        /// seconds an open connection may sit idle between requests, or a
+        /// response wait for the client to read (default 60)
+        #[argh(option, default = "60.0")]
+        idle_timeout: f64,
+        /// open connections at once; one more gets 503 (default: from the
+        /// open-file limit, at most 256)
+        #[argh(option)]
+        max_connections: Option<usize>,
+        /// serve N sessions at once: N KV slots, each engine step carries one
+        /// row per decoding session (default 1: one request at a time; V4.1
+        /// files: the slots take their turns within each step)
+        #[argh(option)]
+        batched_session: Option<usize>,
+        /// same as --batched-session (llama-server's name)
+        #[argh(option)]
+        parallel: Option<usize>,
+        /// with --batched-session > 1: prompt tokens a prefilling session adds
+        /// per step, between the others' decode steps (default 128)
+        #[argh(option, default = "ds4::server::slots::DEFAULT_PREFILL_QUANTUM")]
+        mixed_prefill_quantum: usize,
+        /// requests that may wait for the engine before 503 (default 64)
+        #[argh(option, default = "64")]
+        queue: usize,
+        /// do not remember sampled DSML per tool id (always canonical)
+        #[argh(switch)]
+        disable_exact_dsml_tool_replay: bool,
+        /// max tool ids kept in the replay memory (default 100000)
+        #[argh(option, default = "100000")]
+        tool_memory_max_ids: usize,
+        /// model: official rounding steps (default); plain: without them
+        #[argh(option, default = "String::from(\"model\")")]
+        numerics: String,
+        ..BackendFlags,
+        ..StreamingFlags,
+        /// disk KV cache folder (off unless given; KVCACHE.md)
+        #[argh(option)]
+        kv_disk_dir: Option<PathBuf>,
+        /// disk KV cache budget in MiB (default 4096)
+        #[argh(option, default = "4096")]
+        kv_disk_space_mb: u64,
+        /// shortest prefix worth a checkpoint, in tokens (default 512)
+        #[argh(option, default = "512")]
+        kv_cache_min_tokens: usize,
+        /// longest prompt that gets a cold save; 0 disables (default 30000)
+        #[argh(option, default = "30000")]
+        kv_cache_cold_max_tokens: usize,
+        /// tokens between continued saves; 0 disables (default 10000)
+        #[argh(option, default = "10000")]
+        kv_cache_continued_interval_tokens: usize,
+        /// tokens trimmed off a cold checkpoint's end (default 32)
+        #[argh(option, default = "32")]
+        kv_cache_boundary_trim_tokens: usize,
+        /// checkpoint lengths rounded down to a multiple of this; 0 = none (default 2048)
+        #[argh(option, default = "2048")]
+        kv_cache_boundary_align_tokens: usize,
+        /// skip checkpoints written with other routed-expert quant bits
+        #[argh(switch)]
+        kv_cache_reject_different_quant: bool,
+        /// load only checkpoints carrying our CRC-32 mark (not ds4's files)
+        #[argh(switch)]
+        kv_cache_require_checksum: bool,
+        /// test hook: a job whose prompt contains this text panics
+        #[argh(option, hidden_help)]
+        debug_panic_on_prompt: Option<String>,
+        /// test hook (--batched-session > 1): the engine steps carrying a
+        /// prefill piece of a job whose prompt contains this text fail
+        #[argh(option, hidden_help)]
+        debug_fail_prefill_on_prompt: Option<String>,
+    }
 }
 
 /// `--batched-session N` / `--parallel N`: the number of KV slots.
@@ -208,19 +178,6 @@ fn slot_count(a: &Args) -> Result<usize, String> {
         return Err("--mixed-prefill-quantum must be > 0".into());
     }
     Ok(n)
-}
-
-impl Args {
-    /// The `--ssd-streaming*` flags.
-    fn streaming(&self) -> ds4::app::flags::StreamingFlags {
-        ds4::app::flags::StreamingFlags {
-            on: self.ssd_streaming,
-            cache_experts: self.ssd_streaming_cache_experts.clone(),
-            full_layers: self.ssd_streaming_full_layers,
-            cold: self.ssd_streaming_cold,
-            preload_experts: self.ssd_streaming_preload_experts,
-        }
-    }
 }
 
 /// Hidden test switch: requests may carry `ds4_test_script` (the sampler
@@ -387,95 +344,6 @@ fn check(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// The folder of the default lock file: `ds4-<uid>` in the temporary
-/// directory, mode 0700. Per user because a lock file in a folder every
-/// user writes (`/tmp/ds4.lock`, as SERVER.md §1 has it) lets another user
-/// hold the lock for ever, or plant a symlink there that the open would
-/// follow and truncate. Not in the cache folder: the lock guards the
-/// machine's memory and GPU, servers without a cache take it too, and an
-/// exclusive lock there would stop replicas ever sharing one cache folder.
-fn lock_dir() -> Result<PathBuf, String> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    let dir = std::env::temp_dir().join(format!("ds4-{me}"));
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("lock folder {}: {e}", dir.display())),
-    }
-    // lstat: a symlink planted under our name is refused, not followed.
-    let md = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if !md.is_dir() || md.uid() != me || md.mode() & 0o022 != 0 {
-        return Err(format!(
-            "lock folder {} is not a folder of this user (uid {me}) writable only by it \
-             (found {}, uid {}, mode {:04o}); remove it or set DS4_LOCK_FILE",
-            dir.display(),
-            if md.file_type().is_symlink() {
-                "a symlink"
-            } else if md.is_dir() {
-                "a folder"
-            } else {
-                "a file"
-            },
-            md.uid(),
-            md.mode() & 0o7777
-        ));
-    }
-    Ok(dir)
-}
-
-/// One ds4 engine per user and machine (SERVER.md §1, made per user; see
-/// [`lock_dir`]): an exclusive `flock` on `ds4.lock` in [`lock_dir`] (env
-/// `DS4_LOCK_FILE` overrides), holding our pid. The file is opened without
-/// following a symlink and without blocking on a FIFO, and must be a regular
-/// file. The returned file keeps the lock until the process ends.
-fn take_lock() -> Result<std::fs::File, String> {
-    use std::io::Write;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = match std::env::var_os("DS4_LOCK_FILE") {
-        Some(p) => PathBuf::from(p),
-        None => lock_dir()?.join("ds4.lock"),
-    };
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        // Read too: a FIFO opened write-only without a reader fails with
-        // ENXIO, read-write opens it, so the type check below names it.
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => format!(
-                "lock file {} is a symlink; refusing to follow it (remove it)",
-                path.display()
-            ),
-            _ => format!("lock file {}: {e}", path.display()),
-        })?;
-    let md = f
-        .metadata()
-        .map_err(|e| format!("lock file {}: {e}", path.display()))?;
-    if !md.is_file() {
-        return Err(format!(
-            "lock file {} is not a regular file; remove it",
-            path.display()
-        ));
-    }
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(format!(
-            "another ds4 process holds {} (set DS4_LOCK_FILE to run a second one)",
-            path.display()
-        ));
-    }
-    let _ = f.set_len(0);
-    let _ = writeln!(f, "{}", std::process::id());
-    Ok(f)
-}
-
 /// One session (`--batched-session 1`, the serial worker) or N slots.
 enum Engine {
     Serial(Session),
@@ -486,32 +354,17 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     let addr = SocketAddr::new(host_addr(&a.host)?, a.port);
     let kv_cfg = kv_config(&a);
     let kv_write_limit = kv_write_limit()?;
-    let backend = ds4::app::flags::BackendFlags {
-        backend: a.backend.clone(),
-        cpu: a.cpu,
-        metal: a.metal,
-        vulkan: a.vulkan,
-        cuda: a.cuda,
-    }
-    .resolve()?;
+    let backend = a.backend_flags().resolve()?;
     let numerics = Numerics::parse(&a.numerics)
         .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
     let mut backend_options = BackendOptions::from_env();
-    backend_options.ssd_streaming = a.streaming().options()?;
+    backend_options.ssd_streaming = a.streaming_flags().options()?;
     let threads = ds4::app::threads::init_global_pool(a.threads);
     let path = model_path(&a)?;
     let any = AnyModel::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let tok =
         Arc::new(Tokenizer::from_gguf(any.file()).map_err(|e| format!("{}: {e}", path.display()))?);
-    let dialect = match any.arch() {
-        Arch::V4 if a.think_level.is_some() => {
-            return Err("--think-level is for V4.1 models; a V4 request picks its thinking mode with its own fields".into())
-        }
-        Arch::V4 => Dialect::V4,
-        Arch::V41 => Dialect::V41 {
-            default_level: a.think_level.unwrap_or(ds4::chat::v41::DEFAULT_LEVEL),
-        },
-    };
+    let dialect = dialect(&a, any.arch())?;
     let opts = SessionOptions {
         ctx: a.ctx,
         numerics,
@@ -525,38 +378,9 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         backend_options: BackendOptions::default(),
         ..opts.clone()
     };
-    let engine = if slots > 1 {
-        let batch = Batch::open_any(&any, opts, slots).map_err(|e| e.to_string())?;
-        let per = batch.slot_state_bytes() as u64;
-        ds4::log_line!(
-            "ds4-server: {} loaded; {slots} KV slots × {} = {} for {} tokens each; prefill quantum {}; {threads} CPU threads",
-            path.display(),
-            ds4::app::report::human(per),
-            ds4::app::report::human(per * slots as u64),
-            a.ctx,
-            a.mixed_prefill_quantum
-        );
-        Engine::Slots(batch)
-    } else {
-        let sess = Session::open_any(&any, opts).map_err(|e| e.to_string())?;
-        if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
-            ds4::log_line!("ds4-server: {line}");
-        }
-        ds4::log_line!(
-            "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
-            path.display(),
-            ds4::app::report::human(sess.state_bytes() as u64),
-            a.ctx
-        );
-        Engine::Serial(sess)
-    };
-    let longest_token = (0..tok.vocab_size() as u32)
-        .filter_map(|id| tok.token_bytes(id).map(<[u8]>::len))
-        .max()
-        .unwrap_or(1);
+    let engine = open_engine(&a, &any, opts, slots, &path, threads)?;
     let metrics = Arc::new(Metrics::default());
-    let quant_bits = any.routed_quant_bits();
-    let cache = kvdisk::open_cache(&kv_cfg, quant_bits, &metrics, kv_write_limit)?;
+    let cache = kvdisk::open_cache(&kv_cfg, any.routed_quant_bits(), &metrics, kv_write_limit)?;
     if cache.is_some() {
         ds4::log_line!(
             "ds4-server: disk KV cache in {} ({} MiB)",
@@ -584,106 +408,112 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
             };
             worker::start(sess, tok.clone(), cfg, metrics.clone(), a.queue, hook)
         }
-        Engine::Slots(batch) => slots::start(
-            batch,
-            tok.clone(),
-            cfg,
-            SlotConfig {
-                prefill_quantum: a.mixed_prefill_quantum,
-                debug_fail_prefill_on_prompt: a.debug_fail_prefill_on_prompt.clone(),
-            },
-            metrics.clone(),
-            a.queue,
-            match cache {
-                // The disk cache reads and writes through a session: one
-                // CPU scratch session beside the slots (slotdisk.rs).
+        Engine::Slots(batch) => {
+            // The disk cache reads and writes through a session: one CPU
+            // scratch session beside the slots (slotdisk.rs).
+            let disk = match cache {
                 Some(c) => Some(SlotDisk::new(
                     c,
                     Session::open_any(&any, scratch_opts).map_err(|e| e.to_string())?,
                     slots,
                 )),
                 None => None,
-            },
-        ),
+            };
+            let slot_cfg = SlotConfig {
+                prefill_quantum: a.mixed_prefill_quantum,
+                debug_fail_prefill_on_prompt: a.debug_fail_prefill_on_prompt.clone(),
+            };
+            slots::start(
+                batch,
+                tok.clone(),
+                cfg,
+                slot_cfg,
+                metrics.clone(),
+                a.queue,
+                disk,
+            )
+        }
     };
     let state = Arc::new(State {
         queue: queue.clone(),
         metrics,
-        opts: HttpOptions {
-            ctx: a.ctx,
-            default_tokens: a.tokens,
-            cors: hf.cors,
-            api_key: hf.api_key.clone(),
-            max_body_bytes: a.max_body_bytes,
-            body_idle: hf.body_idle,
-            max_prompt_bytes: routes::prompt_byte_bound(a.ctx, longest_token),
-            allow_script: std::env::var_os(SCRIPT_ENV).is_some(),
-            tokenizer: Some(ds4::server::tokenize::SharedTokenizer(tok.clone())),
-            dialect,
-        },
+        opts: http_options(&a, &hf, tok, dialect),
         counter: AtomicU64::new(0),
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio: {e}"))?;
-    let keyed = hf.api_key.is_some();
-    rt.block_on(async move {
-        // Handlers are installed here, before the banner, so a signal that
-        // arrives right after start-up still shuts down cleanly.
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("signal: {e}"))?;
-        let mut term = signal(SignalKind::terminate()).map_err(|e| format!("signal: {e}"))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let bound = listener
-            .local_addr()
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        if keyed {
-            eprintln!("ds4-server: API key required (from {})", hf.key_source);
-        }
-        if let Some(w) = listen::exposure_warning(addr.ip(), keyed) {
-            eprintln!("ds4-server: {w}");
-        }
-        let shutdown = async move {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            // A second signal does not wait for the drain.
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-                std::process::exit(130);
-            });
-        };
-        print_banner(bound, keyed);
-        listen::serve(listener, state, hf.limits, shutdown).await;
-        Ok::<(), String>(())
-    })?;
+    let key_source = hf.api_key.is_some().then_some(hf.key_source);
+    ds4::app::serve::serve(addr, state, hf.limits, key_source)?;
     // Listener closed: queued jobs finish, then the cache may save.
     ds4::log_line!("ds4-server: shutting down");
     queue.shutdown();
     Ok(())
 }
 
-/// The URL and ready-to-paste client settings (docs/CLIENTS.md).
-fn print_banner(addr: SocketAddr, keyed: bool) {
-    let url = format!("http://{addr}");
-    let key = if keyed { "<your API key>" } else { "ds4" };
-    // Nobody may be reading stdout: a failed write is dropped.
-    ds4::app::cli::stdout_line(format_args!("ds4-server: listening on {url}"));
-    ds4::app::cli::stdout_line(format_args!("  Claude Code: ANTHROPIC_BASE_URL={url} ANTHROPIC_AUTH_TOKEN={key} ANTHROPIC_MODEL=deepseek-v4-flash claude"));
-    ds4::app::cli::stdout_line(format_args!(
-        "  Codex CLI:   OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={key} codex -m deepseek-v4-flash"
-    ));
-    ds4::app::cli::stdout_line(format_args!(
-        "  opencode:    provider baseURL {url}/v1, model deepseek-v4-flash (docs/CLIENTS.md)"
-    ));
+/// The chat dialect of the model's family; `--think-level` is V4.1's.
+fn dialect(a: &Args, arch: Arch) -> Result<Dialect, String> {
+    match arch {
+        Arch::V4 if a.think_level.is_some() => {
+            Err("--think-level is for V4.1 models; a V4 request picks its thinking mode with its own fields".into())
+        }
+        Arch::V4 => Ok(Dialect::V4),
+        Arch::V41 => Ok(Dialect::V41 {
+            default_level: a.think_level.unwrap_or(ds4::chat::v41::DEFAULT_LEVEL),
+        }),
+    }
+}
+
+/// The session, or the `slots` KV slots of a batch, with the load line.
+fn open_engine(
+    a: &Args,
+    any: &AnyModel,
+    opts: SessionOptions,
+    slots: usize,
+    path: &Path,
+    threads: usize,
+) -> Result<Engine, String> {
+    if slots > 1 {
+        let batch = Batch::open_any(any, opts, slots).map_err(|e| e.to_string())?;
+        let per = batch.slot_state_bytes() as u64;
+        ds4::log_line!(
+            "ds4-server: {} loaded; {slots} KV slots × {} = {} for {} tokens each; prefill quantum {}; {threads} CPU threads",
+            path.display(),
+            ds4::app::report::human(per),
+            ds4::app::report::human(per * slots as u64),
+            a.ctx,
+            a.mixed_prefill_quantum
+        );
+        return Ok(Engine::Slots(batch));
+    }
+    let sess = Session::open_any(any, opts).map_err(|e| e.to_string())?;
+    if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
+        ds4::log_line!("ds4-server: {line}");
+    }
+    ds4::log_line!(
+        "ds4-server: {} loaded; context buffers {} for {} tokens; {threads} CPU threads",
+        path.display(),
+        ds4::app::report::human(sess.state_bytes() as u64),
+        a.ctx
+    );
+    Ok(Engine::Serial(sess))
+}
+
+/// What the HTTP handlers check and render with.
+fn http_options(a: &Args, hf: &HttpFlags, tok: Arc<Tokenizer>, dialect: Dialect) -> HttpOptions {
+    let longest_token = (0..tok.vocab_size() as u32)
+        .filter_map(|id| tok.token_bytes(id).map(<[u8]>::len))
+        .max()
+        .unwrap_or(1);
+    HttpOptions {
+        ctx: a.ctx,
+        default_tokens: a.tokens,
+        cors: hf.cors.clone(),
+        api_key: hf.api_key.clone(),
+        max_body_bytes: a.max_body_bytes,
+        body_idle: hf.body_idle,
+        max_prompt_bytes: routes::prompt_byte_bound(a.ctx, longest_token),
+        allow_script: std::env::var_os(SCRIPT_ENV).is_some(),
+        tokenizer: Some(ds4::server::tokenize::SharedTokenizer(tok)),
+        dialect,
+    }
 }
 
 fn main() -> ExitCode {
@@ -700,7 +530,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let _lock = match take_lock() {
+            let lock_file = std::env::var_os("DS4_LOCK_FILE").map(PathBuf::from);
+            let _lock = match ds4::app::lock::take_lock(lock_file) {
                 Ok(f) => f,
                 Err(e) => {
                     ds4::log_line!("ds4-server: {e}");

@@ -346,13 +346,8 @@ impl Batch {
         match &self.engine {
             Engine::Shared(s) => {
                 let d = &s.slots[slot];
-                s.net.save(
-                    s.backend.as_ref(),
-                    slot,
-                    &d.tokens,
-                    &d.logits,
-                    self.frame(),
-                )
+                s.net
+                    .save(s.backend.as_ref(), slot, &d.tokens, &d.logits, self.frame())
             }
             Engine::Serial(v) => v[slot].session.save_snapshot(),
         }
@@ -363,16 +358,17 @@ impl Batch {
         self.known(slot);
         let frame = self.frame();
         let r = match &mut self.engine {
-            Engine::Shared(s) => s
-                .net
-                .load(s.backend.as_mut(), slot, payload, frame)
-                .map(|(tokens, logits)| {
-                    s.slots[slot] = SlotData {
-                        tokens,
-                        logits,
-                        piece_logits: Vec::new(),
-                    }
-                }),
+            Engine::Shared(s) => {
+                s.net
+                    .load(s.backend.as_mut(), slot, payload, frame)
+                    .map(|(tokens, logits)| {
+                        s.slots[slot] = SlotData {
+                            tokens,
+                            logits,
+                            piece_logits: Vec::new(),
+                        }
+                    })
+            }
             Engine::Serial(v) => {
                 v[slot].piece_logits.clear();
                 return v[slot].session.load_snapshot(payload);

@@ -18,7 +18,6 @@ use crate::graph::{Graph, StepParams, ValueId, ValueName};
 use crate::model::arch::{AnyModel, Arch};
 use crate::model::forward::{Logits, Numerics};
 use crate::model::v41::engram_reader::EngramStats;
-use crate::model::v41::V41ModelFile;
 use crate::model::ModelFile;
 
 pub use batch::{Batch, SlotWork};
@@ -111,20 +110,6 @@ pub struct Session {
 impl Session {
     pub fn new(model: Arc<ModelFile>, opts: SessionOptions) -> Result<Session, SessionError> {
         Self::open_any(&AnyModel::V4(model), opts)
-    }
-
-    /// A session over a V4.1 model, with an Engram hot-row cache of
-    /// `engram_cache_rows` rows.
-    pub fn new_v41(
-        model: Arc<V41ModelFile>,
-        opts: SessionOptions,
-        engram_cache_rows: usize,
-    ) -> Result<Session, SessionError> {
-        let opts = SessionOptions {
-            engram_cache_rows,
-            ..opts
-        };
-        Self::open_any(&AnyModel::V41(model), opts)
     }
 
     /// A session over a model of either family.
@@ -432,11 +417,9 @@ impl Session {
         let g = match self.scoring {
             Some(g) => g,
             None => {
-                let graph = self.net.record(
-                    self.opts.prefill_chunk,
-                    Logits::All,
-                    &self.opts.dump,
-                );
+                let graph = self
+                    .net
+                    .record(self.opts.prefill_chunk, Logits::All, &self.opts.dump);
                 let graph = Arc::new(graph);
                 let h = self.backend.load_graph(graph.clone())?;
                 self.graphs.push((h, graph));

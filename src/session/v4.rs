@@ -57,7 +57,13 @@ impl Net for V4Net {
             logits,
             keep: keep.to_vec(),
         };
-        forward::record(&self.model.config, &self.model.weights, &self.kv, max_tokens, &fo)
+        forward::record(
+            &self.model.config,
+            &self.model.weights,
+            &self.kv,
+            max_tokens,
+            &fo,
+        )
     }
 
     fn no_batching(&self) -> Option<&'static str> {

@@ -67,7 +67,6 @@ impl V41Net {
         })
     }
 
-
     fn header(&self, ctx: usize, prefill_chunk: usize, t: usize) -> [u32; HEADER_FIELDS] {
         let cfg = &self.model.config;
         [
