@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use ds4::model::v41::engram::{hash_rows, EngramHistory};
 use ds4::model::v41::V41ModelFile;
-use ds4::testmodel::v41::{write_v41_model, V41Spec, V41Variant};
+use ds4::testmodel::v41::{write_v41_model, V41Spec};
+use ds4::testmodel::Variant;
 use ds4::testmodel::Vocab;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -23,7 +24,7 @@ fn tiny_model(tag: &str) -> (PathBuf, V41ModelFile) {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tiny-v41.gguf");
     let vocab = Vocab::load_default().unwrap();
-    write_v41_model(&V41Spec::tiny(), V41Variant::F32, &vocab, &path).unwrap();
+    write_v41_model(&V41Spec::tiny(), Variant::F32, &vocab, &path).unwrap();
     let m = V41ModelFile::open(&path).unwrap();
     (path, m)
 }

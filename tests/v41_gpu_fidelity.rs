@@ -25,7 +25,8 @@ use ds4::model::v41::engram::{hash_rows, EngramHistory};
 use ds4::model::v41::engram_reader::EngramReader;
 use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLayout};
 use ds4::model::v41::V41ModelFile;
-use ds4::testmodel::v41::{write_v41_model, V41Spec, V41Variant};
+use ds4::testmodel::v41::{write_v41_model, V41Spec};
+use ds4::testmodel::Variant;
 use ds4::testmodel::Vocab;
 use serde_json::Value;
 
@@ -49,7 +50,7 @@ fn model() -> Arc<V41ModelFile> {
     let _one = WRITE.lock().unwrap_or_else(|e| e.into_inner());
     if !path.exists() {
         let vocab = Vocab::load_default().unwrap();
-        write_v41_model(&V41Spec::tiny(), V41Variant::F32, &vocab, &path).unwrap();
+        write_v41_model(&V41Spec::tiny(), Variant::F32, &vocab, &path).unwrap();
     }
     Arc::new(V41ModelFile::open(&path).unwrap())
 }

@@ -9,9 +9,8 @@ use ds4::model::v41::{LayerRole, V41ModelFile};
 use ds4::model::Arch;
 use ds4::model::{ModelError, ModelFile};
 use ds4::quant::GgmlType;
-use ds4::testmodel::v41::{
-    write_sparse_v41_flash, write_v41_edited, write_v41_model, V41Spec, V41Variant,
-};
+use ds4::testmodel::v41::{write_sparse_v41_flash, write_v41_edited, write_v41_model, V41Spec};
+use ds4::testmodel::Variant;
 use ds4::testmodel::Vocab;
 
 fn tmp(name: &str) -> PathBuf {
@@ -172,7 +171,7 @@ fn sparse_v41_flash_header_validates_every_tensor_without_reading_data() {
 fn tiny_v41_model_loads_with_every_role() {
     let path = tmp("v41-tiny.gguf");
     let vocab = Vocab::load_default().unwrap();
-    write_v41_model(&V41Spec::tiny(), V41Variant::F32, &vocab, &path).unwrap();
+    write_v41_model(&V41Spec::tiny(), Variant::F32, &vocab, &path).unwrap();
     let m = V41ModelFile::open(&path).expect("tiny V4.1 loads");
     let c = &m.config;
     assert_eq!(c.n_layer, 8);

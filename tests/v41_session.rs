@@ -20,7 +20,7 @@ use ds4::server::dsml::{self, LiveTools, ToolEvent};
 use ds4::server::render::{self, NoReplay};
 use ds4::server::request::{self, ParseContext};
 use ds4::session::{Batch, Session, SessionOptions, SlotWork};
-use ds4::testmodel::v41::{write_v41_model, V41Spec, V41Variant};
+use ds4::testmodel::v41::{write_v41_model, V41Spec};
 use ds4::testmodel::{Variant, Vocab};
 use serde_json::{json, Value};
 
@@ -39,7 +39,7 @@ fn v41_path() -> PathBuf {
     if !path.exists() {
         let tmp = dir.join(format!("tiny-v41.{}.tmp", std::process::id()));
         let vocab = Vocab::load_default().unwrap();
-        write_v41_model(&V41Spec::tiny(), V41Variant::F32, &vocab, &tmp).unwrap();
+        write_v41_model(&V41Spec::tiny(), Variant::F32, &vocab, &tmp).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
     }
     path

@@ -173,9 +173,7 @@ fn run(a: Args) -> Result<(), String> {
 /// `--arch deepseek41`: the tiny V4.1 model (testmodel::v41) or the sparse
 /// full-shape V4.1 Flash file.
 fn run_v41(a: &Args, vocab: &Vocab) -> Result<(), String> {
-    use testmodel::v41::{
-        write_sparse_v41_flash, write_v41_bench_model, write_v41_model, V41Spec, V41Variant,
-    };
+    use testmodel::v41::{write_sparse_v41_flash, write_v41_bench_model, write_v41_model, V41Spec};
     if let Some(layers) = a.flash_bench {
         if layers < 2 {
             return Err("--flash-bench: at least 2 layers".into());
@@ -227,7 +225,7 @@ fn run_v41(a: &Args, vocab: &Vocab) -> Result<(), String> {
     if let Some(v) = a.seed {
         spec.seed = v;
     }
-    write_v41_model(&spec, V41Variant::F32, vocab, &a.out)
+    write_v41_model(&spec, ds4::testmodel::Variant::F32, vocab, &a.out)
         .map_err(|e| format!("{}: {e}", a.out.display()))?;
     eprintln!("wrote {}", a.out.display());
     Ok(())

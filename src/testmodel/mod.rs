@@ -8,6 +8,7 @@
 //! a hole ([`write_sparse_flash`]), which tests loading at real scale.
 
 mod rng;
+mod tensors;
 pub mod v41;
 pub mod vocab;
 
@@ -15,10 +16,12 @@ use std::io;
 use std::path::Path;
 
 use crate::gguf::{GgufWriter, MetaArray, MetaValue};
-use crate::quant::{self, GgmlType};
 
 pub use rng::Rng;
+pub use tensors::{encode_tensor, random_blocks};
 pub use vocab::Vocab;
+
+use tensors::{write_planned, Class, Data, Dims, Init, Planned, Planner};
 
 /// Small shapes of a generated model. Field meanings follow MODEL.md §1.
 #[derive(Clone, Debug)]
@@ -273,428 +276,156 @@ impl Variant {
         Variant::Q4,
         Variant::Mxfp4,
     ];
+}
 
-    fn type_for(self, class: Class) -> GgmlType {
-        use GgmlType::*;
-        match (class, self) {
-            (Class::Vector, _) => F32,
-            (Class::Table, _) => I32,
-            (_, Variant::F32) => F32,
-            (Class::F16Dense, _) => F16,
-            (Class::Q8Dense, _) => Q8_0,
-            (Class::ExpertGateUp, Variant::Q8) | (Class::ExpertDown, Variant::Q8) => Q8_0,
-            (Class::ExpertGateUp, Variant::Q2) => Iq2Xxs,
-            (Class::ExpertDown, Variant::Q2) => Q2K,
-            (Class::ExpertGateUp, Variant::Q4) | (Class::ExpertDown, Variant::Q4) => Q4K,
-            (Class::ExpertGateUp, Variant::Mxfp4) | (Class::ExpertDown, Variant::Mxfp4) => Mxfp4,
+impl TestModelSpec {
+    fn dims(&self) -> Dims {
+        Dims {
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            head_dim: self.head_dim,
+            q_lora_rank: self.q_lora_rank,
+            o_lora_rank: self.o_lora_rank,
+            o_groups: self.o_groups,
+            indexer_heads: self.indexer_heads,
+            indexer_head_dim: self.indexer_head_dim,
+            n_expert: self.n_expert,
+            expert_ff: self.expert_ff,
+            hc_count: self.hc_count,
+            gain: self.init_gain,
         }
     }
 }
 
-/// Storage class of a tensor (GGUF.md §5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Class {
-    /// Embedding, router, HC mixers, compressors, indexer, ape: F16 in ds4 files.
-    F16Dense,
-    /// Attention projections, shared experts, head: Q8_0 in ds4 files.
-    Q8Dense,
-    ExpertGateUp,
-    ExpertDown,
-    /// Norms, sinks, biases, HC scale/base: always F32.
-    Vector,
-    /// `ffn_gate_tid2eid`: I32.
-    Table,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Init {
-    Normal(f32),
-    /// 1 + N(0, 0.1²): norm weights near one.
-    NormWeight,
-    Uniform(f32, f32),
-    /// Rows of `k` distinct expert ids below `e`.
-    ExpertIds {
-        k: usize,
-        e: usize,
-    },
-}
-
-struct Planned {
-    name: String,
-    ne: Vec<u64>,
-    class: Class,
-    init: Init,
-}
-
+/// One V4 block (`p` = `blk.L.` or `mtp.0.`): the shared parts, V4's own
+/// compressors (CSA: overlapped, with the indexer's) and the hash table or
+/// router bias.
 fn plan_block(
     s: &TestModelSpec,
     p: &str,
     ratio: usize,
     hash: bool,
     n_vocab: usize,
-    out: &mut Vec<Planned>,
+    t: &mut Planner,
 ) {
-    let d = s.n_embd;
-    let g = s.init_gain;
-    let std = |fan_in: usize| g / (fan_in as f32).sqrt();
-    let hc_d = s.hc_count * d;
-    let mix = (2 + s.hc_count) * s.hc_count;
-    let mut add = |name: &str, ne: &[usize], class: Class, init: Init| {
-        out.push(Planned {
-            name: format!("{p}{name}"),
-            ne: ne.iter().map(|&x| x as u64).collect(),
-            class,
-            init,
-        })
-    };
-    use Class::*;
-    add(
-        "hc_attn_fn.weight",
-        &[hc_d, mix],
-        F16Dense,
-        Init::Normal(std(hc_d)),
-    );
-    add(
-        "hc_attn_scale.weight",
-        &[3],
-        Vector,
-        Init::Uniform(0.5, 1.5),
-    );
-    add("hc_attn_base.weight", &[mix], Vector, Init::Normal(0.5));
-    add("attn_norm.weight", &[d], Vector, Init::NormWeight);
-    add(
-        "attn_q_a.weight",
-        &[d, s.q_lora_rank],
-        Q8Dense,
-        Init::Normal(std(d)),
-    );
-    add(
-        "attn_q_a_norm.weight",
-        &[s.q_lora_rank],
-        Vector,
-        Init::NormWeight,
-    );
-    add(
-        "attn_q_b.weight",
-        &[s.q_lora_rank, s.n_head * s.head_dim],
-        Q8Dense,
-        Init::Normal(std(s.q_lora_rank)),
-    );
-    add(
-        "attn_kv.weight",
-        &[d, s.head_dim],
-        Q8Dense,
-        Init::Normal(std(d)),
-    );
-    add(
-        "attn_kv_a_norm.weight",
-        &[s.head_dim],
-        Vector,
-        Init::NormWeight,
-    );
-    add("attn_sinks.weight", &[s.n_head], Vector, Init::Normal(1.0));
-    let group_in = s.n_head / s.o_groups * s.head_dim;
-    add(
-        "attn_output_a.weight",
-        &[group_in, s.o_groups * s.o_lora_rank],
-        Q8Dense,
-        Init::Normal(std(group_in)),
-    );
-    add(
-        "attn_output_b.weight",
-        &[s.o_groups * s.o_lora_rank, d],
-        Q8Dense,
-        Init::Normal(std(s.o_groups * s.o_lora_rank)),
-    );
+    t.hc_mix(p, "attn");
+    t.attention(p);
     if ratio > 0 {
         let csa = ratio == s.csa_ratio;
-        let c = if csa { 2 * s.head_dim } else { s.head_dim };
-        add(
-            "attn_compressor_ape.weight",
-            &[c, ratio],
-            F16Dense,
-            Init::Normal(0.5),
-        );
-        add(
-            "attn_compressor_kv.weight",
-            &[d, c],
-            F16Dense,
-            Init::Normal(std(d)),
-        );
-        add(
-            "attn_compressor_gate.weight",
-            &[d, c],
-            F16Dense,
-            Init::Normal(std(d)),
-        );
-        add(
-            "attn_compressor_norm.weight",
-            &[s.head_dim],
-            Vector,
-            Init::NormWeight,
-        );
+        plan_compressor(t, p, "attn_compressor_", ratio, s.head_dim, csa);
         if csa {
-            let ihd = s.indexer_head_dim;
-            add(
-                "indexer.attn_q_b.weight",
-                &[s.q_lora_rank, s.indexer_heads * ihd],
-                F16Dense,
-                Init::Normal(std(s.q_lora_rank)),
-            );
-            add(
-                "indexer.proj.weight",
-                &[d, s.indexer_heads],
-                F16Dense,
-                Init::Normal(std(d)),
-            );
-            add(
-                "indexer_compressor_ape.weight",
-                &[2 * ihd, ratio],
-                F16Dense,
-                Init::Normal(0.5),
-            );
-            add(
-                "indexer_compressor_kv.weight",
-                &[d, 2 * ihd],
-                F16Dense,
-                Init::Normal(std(d)),
-            );
-            add(
-                "indexer_compressor_gate.weight",
-                &[d, 2 * ihd],
-                F16Dense,
-                Init::Normal(std(d)),
-            );
-            add(
-                "indexer_compressor_norm.weight",
-                &[ihd],
-                Vector,
-                Init::NormWeight,
-            );
+            t.indexer_query(p);
+            plan_compressor(t, p, "indexer_compressor_", ratio, s.indexer_head_dim, true);
         }
     }
-    add(
-        "hc_ffn_fn.weight",
-        &[hc_d, mix],
-        F16Dense,
-        Init::Normal(std(hc_d)),
-    );
-    add("hc_ffn_scale.weight", &[3], Vector, Init::Uniform(0.5, 1.5));
-    add("hc_ffn_base.weight", &[mix], Vector, Init::Normal(0.5));
-    add("ffn_norm.weight", &[d], Vector, Init::NormWeight);
-    add(
-        "ffn_gate_inp.weight",
-        &[d, s.n_expert],
-        F16Dense,
-        Init::Normal(std(d)),
-    );
+    t.hc_mix(p, "ffn");
+    t.router(p, Class::F16Dense);
     if !hash {
-        add("exp_probs_b.bias", &[s.n_expert], Vector, Init::Normal(0.1));
+        t.add(
+            format!("{p}exp_probs_b.bias"),
+            &[s.n_expert],
+            Class::Vector,
+            Init::Normal(0.1),
+        );
     } else {
-        add(
-            "ffn_gate_tid2eid.weight",
-            &[s.n_expert_used, n_vocab],
-            Table,
-            Init::ExpertIds {
-                k: s.n_expert_used,
-                e: s.n_expert,
-            },
+        let (k, e) = (s.n_expert_used, s.n_expert);
+        let ids = Init::ExpertIds { k, e };
+        t.add(
+            format!("{p}ffn_gate_tid2eid.weight"),
+            &[k, n_vocab],
+            Class::Table,
+            ids,
         );
     }
-    let (e, ff) = (s.n_expert, s.expert_ff);
-    add(
-        "ffn_gate_exps.weight",
-        &[d, ff, e],
-        ExpertGateUp,
-        Init::Normal(std(d)),
-    );
-    add(
-        "ffn_up_exps.weight",
-        &[d, ff, e],
-        ExpertGateUp,
-        Init::Normal(std(d)),
-    );
-    add(
-        "ffn_down_exps.weight",
-        &[ff, d, e],
-        ExpertDown,
-        Init::Normal(std(ff)),
-    );
+    t.experts(p);
     if s.n_expert_shared > 0 {
-        add(
-            "ffn_gate_shexp.weight",
-            &[d, ff],
-            Q8Dense,
-            Init::Normal(std(d)),
-        );
-        add(
-            "ffn_up_shexp.weight",
-            &[d, ff],
-            Q8Dense,
-            Init::Normal(std(d)),
-        );
-        add(
-            "ffn_down_shexp.weight",
-            &[ff, d],
-            Q8Dense,
-            Init::Normal(std(ff)),
-        );
+        t.shared_expert(p);
     }
+}
+
+/// A V4 compressor `{p}{c}ape/kv/gate/norm` of rows `hd` (2·hd when overlapped).
+fn plan_compressor(t: &mut Planner, p: &str, c: &str, ratio: usize, hd: usize, overlapped: bool) {
+    let d = t.dims.n_embd;
+    let w = if overlapped { 2 * hd } else { hd };
+    let nd = t.normal(d);
+    t.add(
+        format!("{p}{c}ape.weight"),
+        &[w, ratio],
+        Class::F16Dense,
+        Init::Normal(0.5),
+    );
+    t.add(format!("{p}{c}kv.weight"), &[d, w], Class::F16Dense, nd);
+    t.add(format!("{p}{c}gate.weight"), &[d, w], Class::F16Dense, nd);
+    t.add(
+        format!("{p}{c}norm.weight"),
+        &[hd],
+        Class::Vector,
+        Init::NormWeight,
+    );
 }
 
 fn plan_main(s: &TestModelSpec, n_vocab: usize) -> Vec<Planned> {
-    let d = s.n_embd;
-    let mut out = vec![Planned {
-        name: "token_embd.weight".into(),
-        ne: vec![d as u64, n_vocab as u64],
-        class: Class::F16Dense,
-        init: Init::Normal(1.0),
-    }];
-    for (l, &ratio) in s.compress_ratios.iter().enumerate() {
-        plan_block(
-            s,
-            &format!("blk.{l}."),
-            ratio,
-            l < s.n_hash_layers,
-            n_vocab,
-            &mut out,
-        );
-    }
-    let hc_d = (s.hc_count * d) as u64;
-    let g = s.init_gain;
-    out.push(Planned {
-        name: "output_hc_fn.weight".into(),
-        ne: vec![hc_d, s.hc_count as u64],
-        class: Class::F16Dense,
-        init: Init::Normal(g / (hc_d as f32).sqrt()),
-    });
-    out.push(Planned {
-        name: "output_hc_scale.weight".into(),
-        ne: vec![1],
-        class: Class::Vector,
-        init: Init::Uniform(0.5, 1.5),
-    });
-    out.push(Planned {
-        name: "output_hc_base.weight".into(),
-        ne: vec![s.hc_count as u64],
-        class: Class::Vector,
-        init: Init::Normal(0.5),
-    });
-    out.push(Planned {
-        name: "output_norm.weight".into(),
-        ne: vec![d as u64],
-        class: Class::Vector,
-        init: Init::NormWeight,
-    });
-    out.push(Planned {
-        name: "output.weight".into(),
-        ne: vec![d as u64, n_vocab as u64],
-        class: Class::Q8Dense,
-        init: Init::Normal(g / (d as f32).sqrt()),
-    });
-    out
-}
-
-fn plan_mtp(s: &TestModelSpec) -> Vec<Planned> {
-    let d = s.n_embd;
-    let hc_d = s.hc_count * d;
-    let g = s.init_gain;
-    let mut out = Vec::new();
-    let mut add = |name: &str, ne: &[usize], class: Class, init: Init| {
-        out.push(Planned {
-            name: format!("mtp.0.{name}"),
-            ne: ne.iter().map(|&x| x as u64).collect(),
-            class,
-            init,
-        })
-    };
-    add(
-        "hc_head_fn.weight",
-        &[hc_d, s.hc_count],
+    let (d, hc) = (s.n_embd, s.hc_count);
+    let mut t = Planner::new(s.dims());
+    t.add(
+        "token_embd.weight".into(),
+        &[d, n_vocab],
         Class::F16Dense,
-        Init::Normal(g / (hc_d as f32).sqrt()),
+        Init::Normal(1.0),
     );
-    add(
-        "hc_head_scale.weight",
+    for (l, &ratio) in s.compress_ratios.iter().enumerate() {
+        let hash = l < s.n_hash_layers;
+        plan_block(s, &format!("blk.{l}."), ratio, hash, n_vocab, &mut t);
+    }
+    let (nhc, nd) = (t.normal(hc * d), t.normal(d));
+    t.add(
+        "output_hc_fn.weight".into(),
+        &[hc * d, hc],
+        Class::F16Dense,
+        nhc,
+    );
+    t.add(
+        "output_hc_scale.weight".into(),
         &[1],
         Class::Vector,
         Init::Uniform(0.5, 1.5),
     );
-    add(
-        "hc_head_base.weight",
-        &[s.hc_count],
+    t.add(
+        "output_hc_base.weight".into(),
+        &[hc],
         Class::Vector,
         Init::Normal(0.5),
     );
-    add(
-        "e_proj.weight",
-        &[d, d],
-        Class::Q8Dense,
-        Init::Normal(g / (d as f32).sqrt()),
+    t.add(
+        "output_norm.weight".into(),
+        &[d],
+        Class::Vector,
+        Init::NormWeight,
     );
-    add(
-        "h_proj.weight",
-        &[d, d],
-        Class::Q8Dense,
-        Init::Normal(g / (d as f32).sqrt()),
-    );
-    add("enorm.weight", &[d], Class::Vector, Init::NormWeight);
-    add("hnorm.weight", &[d], Class::Vector, Init::NormWeight);
-    add("norm.weight", &[d], Class::Vector, Init::NormWeight);
-    plan_block(s, "mtp.0.", 0, false, 0, &mut out);
-    out
+    t.add("output.weight".into(), &[d, n_vocab], Class::Q8Dense, nd);
+    t.out
 }
 
-fn fill(t: &Planned, seed: u64) -> Vec<f32> {
-    let n = t.ne.iter().product::<u64>() as usize;
-    let mut rng = Rng::for_name(seed, &t.name);
-    match t.init {
-        Init::Normal(std) => (0..n).map(|_| (rng.normal() * std as f64) as f32).collect(),
-        Init::NormWeight => (0..n).map(|_| (1.0 + 0.1 * rng.normal()) as f32).collect(),
-        Init::Uniform(lo, hi) => (0..n)
-            .map(|_| lo + (hi - lo) * rng.uniform() as f32)
-            .collect(),
-        Init::ExpertIds { k, e } => {
-            let mut v = Vec::with_capacity(n);
-            for _ in 0..n / k {
-                let mut row: Vec<usize> = Vec::with_capacity(k);
-                while row.len() < k.min(e) {
-                    let x = rng.below(e as u64) as usize;
-                    if !row.contains(&x) {
-                        row.push(x);
-                    }
-                }
-                v.extend(row.iter().map(|&x| x as f32));
-            }
-            v
-        }
+fn plan_mtp(s: &TestModelSpec) -> Vec<Planned> {
+    let (d, hc) = (s.n_embd, s.hc_count);
+    let mut t = Planner::new(s.dims());
+    let n = |x: &str| format!("mtp.0.{x}.weight");
+    let (nhc, nd) = (t.normal(hc * d), t.normal(d));
+    t.add(n("hc_head_fn"), &[hc * d, hc], Class::F16Dense, nhc);
+    t.add(
+        n("hc_head_scale"),
+        &[1],
+        Class::Vector,
+        Init::Uniform(0.5, 1.5),
+    );
+    t.add(n("hc_head_base"), &[hc], Class::Vector, Init::Normal(0.5));
+    t.add(n("e_proj"), &[d, d], Class::Q8Dense, nd);
+    t.add(n("h_proj"), &[d, d], Class::Q8Dense, nd);
+    for x in ["enorm", "hnorm", "norm"] {
+        t.add(n(x), &[d], Class::Vector, Init::NormWeight);
     }
-}
-
-/// Encodes f32 values as a tensor of type `ty` (rows along `ne0`).
-pub fn encode_tensor(ty: GgmlType, ne0: usize, values: &[f32]) -> io::Result<Vec<u8>> {
-    if ty == GgmlType::I32 {
-        return Ok(values
-            .iter()
-            .flat_map(|&x| (x as i32).to_le_bytes())
-            .collect());
-    }
-    let row_bytes = ty.row_bytes(ne0 as u64).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("ne0 {ne0} not a multiple of the {ty} block"),
-        )
-    })? as usize;
-    let n_rows = values.len() / ne0;
-    let mut out = vec![0u8; row_bytes * n_rows];
-    for (src, dst) in values
-        .chunks_exact(ne0)
-        .zip(out.chunks_exact_mut(row_bytes))
-    {
-        quant::quantize_row(ty, src, dst, None)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    }
-    Ok(out)
+    plan_block(s, "mtp.0.", 0, false, 0, &mut t);
+    t.out
 }
 
 fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
@@ -758,86 +489,26 @@ fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
         s.hc_sinkhorn_iters as u32,
     );
     w.add_f32(&k("hyper_connection.epsilon"), 1e-6);
+    add_tokenizer(w, vocab, false);
+}
+
+/// The vocabulary and its BPE merges, as both families' files carry them
+/// (V4.1's metadata script writes the token types before the merges).
+fn add_tokenizer(w: &mut GgufWriter, vocab: &Vocab, types_first: bool) {
     w.add_str("tokenizer.ggml.model", "gpt2");
     w.add_str("tokenizer.ggml.pre", "joyai-llm");
-    w.add_array(
-        "tokenizer.ggml.tokens",
-        MetaArray::String(vocab.tokens.clone()),
-    );
-    w.add_array(
-        "tokenizer.ggml.merges",
-        MetaArray::String(vocab.merges.clone()),
-    );
-    w.add_array(
-        "tokenizer.ggml.token_type",
-        MetaArray::I32(vocab.token_types.clone()),
-    );
+    let v = vocab.clone();
+    w.add_array("tokenizer.ggml.tokens", MetaArray::String(v.tokens));
+    let types = MetaArray::I32(v.token_types);
+    if types_first {
+        w.add_array("tokenizer.ggml.token_type", types.clone());
+    }
+    w.add_array("tokenizer.ggml.merges", MetaArray::String(v.merges));
+    if !types_first {
+        w.add_array("tokenizer.ggml.token_type", types);
+    }
     w.add_kv("tokenizer.ggml.bos_token_id", MetaValue::U32(0));
     w.add_kv("tokenizer.ggml.eos_token_id", MetaValue::U32(1));
-}
-
-/// Random but valid blocks: random quants with small, finite f16 scales
-/// (MXFP4: scale byte 119). Used for large models and benchmarks, where
-/// quantizing Gaussian data would take minutes.
-pub fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
-    let (be, bb) = ty.block_layout();
-    let mut out = vec![0u8; n_elems / be * bb];
-    for chunk in out.chunks_mut(8) {
-        let r = rng.next_u64().to_le_bytes();
-        chunk.copy_from_slice(&r[..chunk.len()]);
-    }
-    // Offsets of the f16 scale fields (QUANTS.md §3–6).
-    let scale_offsets: &[usize] = match ty {
-        GgmlType::Q8_0 | GgmlType::Iq2Xxs => &[0],
-        GgmlType::Q2K => &[80, 82],
-        GgmlType::Q4K => &[0, 2],
-        _ => &[],
-    };
-    let small = half::f16::from_f32(0.004).to_bits().to_le_bytes();
-    for block in out.chunks_exact_mut(bb) {
-        for &o in scale_offsets {
-            block[o..o + 2].copy_from_slice(&small);
-        }
-        if ty == GgmlType::Mxfp4 {
-            // E8M0 scale byte: 2^(119-128) = 1/512, values up to 12/512.
-            block[0] = 119;
-        }
-    }
-    out
-}
-
-fn add_planned(
-    w: &mut GgufWriter,
-    plan: Vec<Planned>,
-    random: bool,
-    variant: Variant,
-    seed: u64,
-    hole: bool,
-) -> io::Result<()> {
-    for t in plan {
-        let ty = variant.type_for(t.class);
-        let ne = t.ne.clone();
-        let name = t.name.clone();
-        if hole {
-            w.add_tensor_hole(&name, &ne, ty)?;
-            continue;
-        }
-        let quantised = !matches!(
-            ty,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::I32
-        );
-        // Generated when the file is written: one tensor in memory at a time.
-        let make: crate::gguf::writer::LazyData = if random && quantised {
-            Box::new(move || {
-                let n = t.ne.iter().product::<u64>() as usize;
-                Ok(random_blocks(ty, n, &mut Rng::for_name(seed, &t.name)))
-            })
-        } else {
-            Box::new(move || encode_tensor(ty, t.ne[0] as usize, &fill(&t, seed)))
-        };
-        w.add_tensor_lazy(&name, &ne, ty, make)?;
-    }
-    Ok(())
 }
 
 /// Writes a main-model GGUF with random weights.
@@ -849,14 +520,13 @@ pub fn write_model(
 ) -> io::Result<()> {
     let mut w = GgufWriter::new();
     add_metadata(&mut w, spec, vocab);
-    add_planned(
-        &mut w,
-        plan_main(spec, vocab.tokens.len()),
-        spec.random_blocks,
-        variant,
-        spec.seed,
-        false,
-    )?;
+    let data = if spec.random_blocks {
+        Data::RandomBlocks
+    } else {
+        Data::Values
+    };
+    let plan = plan_main(spec, vocab.tokens.len());
+    write_planned(&mut w, plan, variant, spec.seed, data)?;
     w.write_to_path(path)
 }
 
@@ -865,13 +535,17 @@ pub fn write_mtp(spec: &TestModelSpec, variant: Variant, path: &Path) -> io::Res
     let mut w = GgufWriter::new();
     // Like the published file, it says deepseek4 but carries no model keys.
     w.add_str("general.architecture", "deepseek4");
-    add_planned(
+    let data = if spec.random_blocks {
+        Data::RandomBlocks
+    } else {
+        Data::Values
+    };
+    write_planned(
         &mut w,
         plan_mtp(spec),
-        spec.random_blocks,
         variant,
         spec.seed ^ 0x004d_5450,
-        false,
+        data,
     )?;
     w.write_to_path(path)
 }
@@ -895,13 +569,7 @@ pub fn write_sparse_flash_variant(vocab: &Vocab, variant: Variant, path: &Path) 
     let spec = TestModelSpec::flash();
     let mut w = GgufWriter::new();
     add_metadata(&mut w, &spec, vocab);
-    add_planned(
-        &mut w,
-        plan_main(&spec, vocab.tokens.len()),
-        false,
-        variant,
-        0,
-        true,
-    )?;
+    let plan = plan_main(&spec, vocab.tokens.len());
+    write_planned(&mut w, plan, variant, 0, Data::Hole)?;
     w.write_to_path(path)
 }

@@ -16,10 +16,9 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::{encode_tensor, random_blocks, Rng, Vocab};
+use super::tensors::{write_planned, Class, Data, Dims, Init, Planned, Planner};
+use super::{Rng, Variant, Vocab};
 use crate::gguf::{GgufWriter, MetaArray, MetaValue};
-use crate::quant::small_float::e4m3_encode;
-use crate::quant::GgmlType;
 
 /// Shapes of a generated V4.1 model (research §1 names in comments).
 #[derive(Clone, Debug)]
@@ -259,331 +258,139 @@ fn next_prime(n: u64) -> u64 {
     (n + 1..).find(|&x| is_prime(x)).unwrap_or(n + 1)
 }
 
-/// Tensor type recipe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum V41Variant {
-    /// Every tensor F32 but the Engram rows (tight comparisons).
-    F32,
-    /// ds4's q2 recipe: Q8_0 attention/shared/head, IQ2_XXS gate/up, Q2_K
-    /// down, F16 tables/mixers/compressors/indexer, F32 vectors and router.
-    Q2,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    F16Dense,
-    Q8Dense,
-    /// Norms, sinks, biases, HC scale/base, router: F32 in every recipe.
-    F32,
-    GateUp,
-    Down,
-    /// Raw E4M3 + E8M0 rows.
-    EngramRows,
-}
-
-impl V41Variant {
-    fn ty(self, k: Kind) -> GgmlType {
-        use GgmlType::*;
-        match (k, self) {
-            (Kind::EngramRows, _) => I8,
-            (Kind::F32, _) | (_, V41Variant::F32) => F32,
-            (Kind::F16Dense, _) => F16,
-            (Kind::Q8Dense, _) => Q8_0,
-            (Kind::GateUp, _) => Iq2Xxs,
-            (Kind::Down, _) => Q2K,
+impl V41Spec {
+    fn dims(&self) -> Dims {
+        Dims {
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            head_dim: self.head_dim,
+            q_lora_rank: self.q_lora_rank,
+            o_lora_rank: self.o_lora_rank,
+            o_groups: self.o_groups,
+            indexer_heads: self.indexer_heads,
+            indexer_head_dim: self.indexer_head_dim,
+            n_expert: self.n_expert,
+            expert_ff: self.expert_ff,
+            hc_count: self.hc_count,
+            gain: self.init_gain,
         }
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Init {
-    Normal(f32),
-    NormWeight,
-    Uniform(f32, f32),
-    EngramRows,
-}
+/// The order ds4's `deepseek41_quantize.py` writes a layer's tensors in
+/// (by name after `blk.L.`); the shared planners add them in V4's order.
+#[rustfmt::skip]
+const LAYER_ORDER: [&str; 35] = [
+    "hc_attn_fn", "hc_attn_base", "hc_attn_scale", "attn_norm",
+    "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale", "ffn_norm",
+    "attn_sinks", "attn_q_a", "attn_q_b", "attn_q_a_norm", "attn_kv", "attn_kv_a_norm",
+    "attn_output_a", "attn_output_b",
+    "attn_compressor_kv", "attn_compressor_norm", "indexer.attn_k", "indexer.k_norm",
+    "attn_compressor_gate", "indexer.attn_q_b", "indexer.proj",
+    "ffn_gate_inp", "exp_probs_b", "exp_probs_b_vl",
+    "ffn_gate_shexp", "ffn_gate_exps", "ffn_up_shexp", "ffn_up_exps",
+    "ffn_down_shexp", "ffn_down_exps",
+    "engram_q_norm", "engram_k_norm", "engram_kv",
+];
 
-struct Planned {
-    name: String,
-    ne: Vec<u64>,
-    kind: Kind,
-    init: Init,
-}
-
+/// The tensors of a V4.1 model: V4's shared parts per layer, V4.1's
+/// compressor on kv sources, the indexer query on index sources, the
+/// image-span router bias and Engram modules, each layer in ds4's order
+/// ([`LAYER_ORDER`]), and the Engram tables last (as ds4 writes them).
 fn plan(s: &V41Spec, n_vocab: usize) -> Vec<Planned> {
-    let d = s.n_embd;
-    let g = s.init_gain;
-    let std = |fan_in: usize| g / (fan_in as f32).sqrt();
-    let hc = s.hc_count;
-    let mix = (2 + hc) * hc;
-    let hd = s.head_dim;
-    let mut out = Vec::new();
-    let mut tail = Vec::new();
-    let add = |out: &mut Vec<Planned>, name: String, ne: &[usize], kind: Kind, init: Init| {
-        out.push(Planned {
-            name,
-            ne: ne.iter().map(|&x| x as u64).collect(),
-            kind,
-            init,
-        })
-    };
-    use Kind::*;
-    add(
-        &mut out,
+    let (d, hc, hd, ihd) = (s.n_embd, s.hc_count, s.head_dim, s.indexer_head_dim);
+    let mut t = Planner::new(s.dims());
+    let mut tables = Vec::new();
+    let nd = t.normal(d);
+    t.add(
         "token_embd.weight".into(),
         &[d, n_vocab],
-        F16Dense,
+        Class::F16Dense,
         Init::Normal(1.0),
     );
-    add(
-        &mut out,
+    t.add(
         "output_norm.weight".into(),
         &[d],
-        F32,
+        Class::Vector,
         Init::NormWeight,
     );
-    add(
-        &mut out,
-        "output.weight".into(),
-        &[d, n_vocab],
-        Q8Dense,
-        Init::Normal(std(d)),
-    );
+    t.add("output.weight".into(), &[d, n_vocab], Class::Q8Dense, nd);
     let rows = s.engram_rows();
     for (l, &ratio) in s.compress_ratios.iter().enumerate() {
-        let p = |x: &str| format!("blk.{l}.{x}");
-        for site in ["attn", "ffn"] {
-            add(
-                &mut out,
-                p(&format!("hc_{site}_fn.weight")),
-                &[hc * d, mix],
-                F16Dense,
-                Init::Normal(std(hc * d)),
-            );
-            add(
-                &mut out,
-                p(&format!("hc_{site}_base.weight")),
-                &[mix],
-                F32,
-                Init::Normal(0.5),
-            );
-            add(
-                &mut out,
-                p(&format!("hc_{site}_scale.weight")),
-                &[3],
-                F32,
-                Init::Uniform(0.5, 1.5),
-            );
-            add(
-                &mut out,
-                p(&format!("{site}_norm.weight")),
-                &[d],
-                F32,
-                Init::NormWeight,
-            );
-        }
-        let q = s.n_head * hd;
-        let group_in = q / s.o_groups;
-        let attn: [(&str, Vec<usize>, Kind, Init); 8] = [
-            ("attn_sinks.weight", vec![s.n_head], F32, Init::Normal(1.0)),
-            (
-                "attn_q_a.weight",
-                vec![d, s.q_lora_rank],
-                Q8Dense,
-                Init::Normal(std(d)),
-            ),
-            (
-                "attn_q_b.weight",
-                vec![s.q_lora_rank, q],
-                Q8Dense,
-                Init::Normal(std(s.q_lora_rank)),
-            ),
-            (
-                "attn_q_a_norm.weight",
-                vec![s.q_lora_rank],
-                F32,
-                Init::NormWeight,
-            ),
-            ("attn_kv.weight", vec![d, hd], Q8Dense, Init::Normal(std(d))),
-            ("attn_kv_a_norm.weight", vec![hd], F32, Init::NormWeight),
-            (
-                "attn_output_a.weight",
-                vec![group_in, s.o_groups * s.o_lora_rank],
-                Q8Dense,
-                Init::Normal(std(group_in)),
-            ),
-            (
-                "attn_output_b.weight",
-                vec![s.o_groups * s.o_lora_rank, d],
-                Q8Dense,
-                Init::Normal(std(s.o_groups * s.o_lora_rank)),
-            ),
-        ];
-        for (n, ne, k, i) in attn {
-            add(&mut out, p(n), &ne, k, i);
-        }
-        let ihd = s.indexer_head_dim;
+        let p = format!("blk.{l}.");
+        let first = t.out.len();
+        let n = |x: &str| format!("{p}{x}");
+        t.hc_mix(&p, "attn");
+        t.attention(&p);
         if s.kv_source_layers.contains(&l) {
-            add(
-                &mut out,
-                p("attn_compressor_kv.weight"),
+            let nhd = t.normal(hd);
+            t.add(
+                n("attn_compressor_kv.weight"),
                 &[d, hd],
-                F16Dense,
-                Init::Normal(std(d)),
+                Class::F16Dense,
+                nd,
             );
-            add(
-                &mut out,
-                p("attn_compressor_norm.weight"),
+            t.add(
+                n("attn_compressor_norm.weight"),
                 &[hd],
-                F32,
+                Class::Vector,
                 Init::NormWeight,
             );
-            add(
-                &mut out,
-                p("indexer.attn_k.weight"),
-                &[hd, ihd],
-                F16Dense,
-                Init::Normal(std(hd)),
-            );
-            add(
-                &mut out,
-                p("indexer.k_norm.weight"),
+            t.add(n("indexer.attn_k.weight"), &[hd, ihd], Class::F16Dense, nhd);
+            t.add(
+                n("indexer.k_norm.weight"),
                 &[ihd],
-                F32,
+                Class::Vector,
                 Init::NormWeight,
             );
             if ratio > 1 {
-                add(
-                    &mut out,
-                    p("attn_compressor_gate.weight"),
+                t.add(
+                    n("attn_compressor_gate.weight"),
                     &[d, hd],
-                    F16Dense,
-                    Init::Normal(std(d)),
+                    Class::F16Dense,
+                    nd,
                 );
             }
         }
         if s.index_source_layers.contains(&l) {
-            add(
-                &mut out,
-                p("indexer.attn_q_b.weight"),
-                &[s.q_lora_rank, s.indexer_heads * ihd],
-                F16Dense,
-                Init::Normal(std(s.q_lora_rank)),
-            );
-            add(
-                &mut out,
-                p("indexer.proj.weight"),
-                &[d, s.indexer_heads],
-                F16Dense,
-                Init::Normal(std(d)),
-            );
+            t.indexer_query(&p);
         }
-        let (e, ff) = (s.n_expert, s.expert_ff);
-        add(
-            &mut out,
-            p("ffn_gate_inp.weight"),
-            &[d, e],
-            F32,
-            Init::Normal(std(d)),
-        );
-        add(
-            &mut out,
-            p("exp_probs_b.bias"),
-            &[e],
-            F32,
-            Init::Normal(0.1),
-        );
-        add(
-            &mut out,
-            p("exp_probs_b_vl.bias"),
-            &[e],
-            F32,
-            Init::Normal(0.1),
-        );
-        for (part, ne, kind, fan) in [
-            ("gate", [d, ff], GateUp, d),
-            ("up", [d, ff], GateUp, d),
-            ("down", [ff, d], Down, ff),
-        ] {
-            add(
-                &mut out,
-                p(&format!("ffn_{part}_shexp.weight")),
-                &ne,
-                Q8Dense,
-                Init::Normal(std(fan)),
-            );
-            add(
-                &mut out,
-                p(&format!("ffn_{part}_exps.weight")),
-                &[ne[0], ne[1], e],
-                kind,
-                Init::Normal(std(fan)),
-            );
+        t.hc_mix(&p, "ffn");
+        t.router(&p, Class::Vector);
+        for bias in ["exp_probs_b.bias", "exp_probs_b_vl.bias"] {
+            t.add(n(bias), &[s.n_expert], Class::Vector, Init::Normal(0.1));
         }
+        t.experts(&p);
+        t.shared_expert(&p);
         if let Some(slot) = s.engram_layers.iter().position(|&x| x == l) {
             for part in ["q", "k"] {
-                add(
-                    &mut out,
-                    p(&format!("engram_{part}_norm.weight")),
-                    &[d, hc],
-                    F32,
-                    Init::NormWeight,
-                );
+                let name = n(&format!("engram_{part}_norm.weight"));
+                t.add(name, &[d, hc], Class::Vector, Init::NormWeight);
             }
             let cols = s.engram_cols() * s.engram_head_dim;
-            add(
-                &mut out,
-                p("engram_kv.weight"),
+            let ncols = t.normal(cols);
+            t.add(
+                n("engram_kv.weight"),
                 &[cols, (hc + 1) * d],
-                F16Dense,
-                Init::Normal(std(cols)),
+                Class::F16Dense,
+                ncols,
             );
-            // Written after every other tensor, as ds4 does.
-            add(
-                &mut tail,
-                p("engram_embd.weight"),
-                &[
-                    s.engram_head_dim + s.engram_head_dim / 32,
-                    rows[slot] as usize,
-                ],
-                EngramRows,
-                Init::EngramRows,
-            );
+            let row_bytes = s.engram_head_dim + s.engram_head_dim / 32;
+            tables.push(Planned {
+                name: n("engram_embd.weight"),
+                ne: vec![row_bytes as u64, rows[slot]],
+                class: Class::EngramRows,
+                init: Init::EngramRows,
+            });
         }
+        let rank = |t: &Planned| {
+            let stem = t.name[p.len()..].rsplit_once('.').map_or("", |(a, _)| a);
+            LAYER_ORDER.iter().position(|&x| x == stem)
+        };
+        t.out[first..].sort_by_key(rank);
     }
-    out.extend(tail);
-    out
-}
-
-fn fill(t: &Planned, seed: u64) -> Vec<f32> {
-    let n = t.ne.iter().product::<u64>() as usize;
-    let mut rng = Rng::for_name(seed, &t.name);
-    match t.init {
-        Init::Normal(std) => (0..n).map(|_| (rng.normal() * std as f64) as f32).collect(),
-        Init::NormWeight => (0..n).map(|_| (1.0 + 0.1 * rng.normal()) as f32).collect(),
-        Init::Uniform(lo, hi) => (0..n)
-            .map(|_| lo + (hi - lo) * rng.uniform() as f32)
-            .collect(),
-        Init::EngramRows => Vec::new(),
-    }
-}
-
-/// Random Engram rows: E4M3 codes of N(0, 4²) values (never NaN) and E8M0
-/// scales 2⁻³…2⁰, so dequantised entries have a spread of magnitudes.
-fn engram_rows(t: &Planned, seed: u64) -> Vec<u8> {
-    let (row_bytes, rows) = (t.ne[0] as usize, t.ne[1] as usize);
-    let head_dim = row_bytes * 32 / 33;
-    let mut rng = Rng::for_name(seed, &t.name);
-    let mut out = vec![0u8; row_bytes * rows];
-    for row in out.chunks_exact_mut(row_bytes) {
-        for c in &mut row[..head_dim] {
-            *c = e4m3_encode((rng.normal() * 4.0) as f32);
-        }
-        for s in &mut row[head_dim..] {
-            *s = 124 + rng.below(4) as u8;
-        }
-    }
-    out
+    t.out.extend(tables);
+    t.out
 }
 
 /// The HF `config.json` the file embeds (`deepseek41.config`), text fields
@@ -690,22 +497,7 @@ fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
         &k("engram.multipliers"),
         MetaArray::U64(s.engram_multipliers()),
     );
-    w.add_str("tokenizer.ggml.model", "gpt2");
-    w.add_str("tokenizer.ggml.pre", "joyai-llm");
-    w.add_array(
-        "tokenizer.ggml.tokens",
-        MetaArray::String(vocab.tokens.clone()),
-    );
-    w.add_array(
-        "tokenizer.ggml.token_type",
-        MetaArray::I32(vocab.token_types.clone()),
-    );
-    w.add_array(
-        "tokenizer.ggml.merges",
-        MetaArray::String(vocab.merges.clone()),
-    );
-    w.add_kv("tokenizer.ggml.bos_token_id", MetaValue::U32(0));
-    w.add_kv("tokenizer.ggml.eos_token_id", MetaValue::U32(1));
+    super::add_tokenizer(w, vocab, true);
     w.add_bool("tokenizer.ggml.add_bos_token", true);
     w.add_bool("tokenizer.ggml.add_eos_token", false);
     let u = |x: usize| x as u32;
@@ -771,59 +563,16 @@ fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
     }
 }
 
-/// How `add_planned` fills the data region.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Data {
-    /// Seeded values, quantized: what the reference can reproduce.
-    Values,
-    /// Quantized tensors get random but valid blocks (V4's benchmark
-    /// models do the same): quantizing gigabytes of Gaussians would take
-    /// far longer than the benchmark.
-    RandomBlocks,
-    /// No data at all: a header over a hole.
-    Hole,
-}
-
-// Apart from the V4 writer: types come from V4.1's own Kind, and Engram tables get real rows.
-fn add_planned(
-    w: &mut GgufWriter,
-    plan: Vec<Planned>,
-    variant: V41Variant,
-    seed: u64,
-    data: Data,
-) -> io::Result<()> {
-    for t in plan {
-        let ty = variant.ty(t.kind);
-        let ne = t.ne.clone();
-        let name = t.name.clone();
-        if data == Data::Hole {
-            w.add_tensor_hole(&name, &ne, ty)?;
-            continue;
-        }
-        let quantized = matches!(ty, GgmlType::Q8_0 | GgmlType::Iq2Xxs | GgmlType::Q2K);
-        let make: crate::gguf::writer::LazyData = if t.kind == Kind::EngramRows {
-            Box::new(move || Ok(engram_rows(&t, seed)))
-        } else if data == Data::RandomBlocks && quantized {
-            let n = t.ne.iter().product::<u64>() as usize;
-            Box::new(move || Ok(random_blocks(ty, n, &mut Rng::for_name(seed, &t.name))))
-        } else {
-            Box::new(move || encode_tensor(ty, t.ne[0] as usize, &fill(&t, seed)))
-        };
-        w.add_tensor_lazy(&name, &ne, ty, make)?;
-    }
-    Ok(())
-}
-
 /// Writes a V4.1 model with random weights.
 pub fn write_v41_model(
     spec: &V41Spec,
-    variant: V41Variant,
+    variant: Variant,
     vocab: &Vocab,
     path: &Path,
 ) -> io::Result<()> {
     let mut w = GgufWriter::new();
     add_metadata(&mut w, spec, vocab);
-    add_planned(
+    write_planned(
         &mut w,
         plan(spec, vocab.tokens.len()),
         variant,
@@ -839,13 +588,8 @@ pub fn write_v41_model(
 pub fn write_v41_bench_model(spec: &V41Spec, vocab: &Vocab, path: &Path) -> io::Result<()> {
     let mut w = GgufWriter::new();
     add_metadata(&mut w, spec, vocab);
-    add_planned(
-        &mut w,
-        plan(spec, vocab.tokens.len()),
-        V41Variant::Q2,
-        spec.seed,
-        Data::RandomBlocks,
-    )?;
+    let plan = plan(spec, vocab.tokens.len());
+    write_planned(&mut w, plan, Variant::Q2, spec.seed, Data::RandomBlocks)?;
     w.write_to_path(path)
 }
 
@@ -855,10 +599,10 @@ pub fn write_sparse_v41_flash(vocab: &Vocab, path: &Path) -> io::Result<()> {
     let spec = V41Spec::flash();
     let mut w = GgufWriter::new();
     add_metadata(&mut w, &spec, vocab);
-    add_planned(
+    write_planned(
         &mut w,
         plan(&spec, vocab.tokens.len()),
-        V41Variant::Q2,
+        Variant::Q2,
         0,
         Data::Hole,
     )?;
@@ -888,6 +632,6 @@ pub fn write_v41_edited(
         .into_iter()
         .filter(|t| !drop_tensors.contains(&t.name.as_str()))
         .collect();
-    add_planned(&mut w, plan, V41Variant::F32, spec.seed, Data::Hole)?;
+    write_planned(&mut w, plan, Variant::F32, spec.seed, Data::Hole)?;
     w.write_to_path(path)
 }
