@@ -185,8 +185,8 @@ macro_rules! cli_args {
     (@munch $head:tt $name:tt [$($fields:tt)*] [$($impls:tt)*] ..StreamingFlags, $($rest:tt)*) => {
         $crate::cli_args!(@munch $head $name [$($fields)*
             /// stream routed experts from the GGUF into a bounded cache instead of
-            /// keeping them resident (every backend: wgpu and cuda keep the cached
-            /// experts in device slots, auto takes the fast cpu;
+            /// keeping them resident (every backend: the cpu ones read the cache,
+            /// wgpu and cuda keep the cached experts in device slots;
             /// docs/SSD_STREAMING.md)
             #[argh(switch)]
             ssd_streaming: bool,

@@ -324,121 +324,134 @@ pub struct Opened {
 }
 
 /// Builds the backend `kind` names over `file` with the session state
-/// `layout`, as `opts` says. `Auto` takes a real GPU through wgpu when there
-/// is one and falls back to the CPU otherwise (the notice says why).
+/// `layout`, as `opts` says: the one switchboard for every backend, with or
+/// without SSD streaming. `Auto` takes a real GPU through wgpu when there
+/// is one, then CUDA (when built with it and present), then the fast CPU
+/// backend; the notice says what was picked and why. With
+/// `opts.ssd_streaming` the routed experts are then streamed from disk
+/// through an [`experts::ExpertCache`]: the CPU backends read from the
+/// cache, wgpu and CUDA keep the cached experts in device slots
+/// (docs/SSD_STREAMING.md).
 pub fn open(
     kind: BackendKind,
     file: WeightFile,
     layout: StateLayout,
     opts: &BackendOptions,
 ) -> Result<Opened, BackendError> {
-    if opts.ssd_streaming.is_some() {
-        return open_streaming(kind, file, layout, opts);
-    }
-    match kind {
-        BackendKind::CpuRef => Ok(Opened {
-            backend: Box::new(cpu::CpuBackend::new(file, layout).with_profile(opts.cpu_profile)),
-            notice: "backend: cpu-ref".into(),
-        }),
-        BackendKind::Cpu => {
-            let b = fast_cpu(file, layout, opts)?;
-            let notice = format!("backend: {}", b.device());
-            Ok(Opened {
-                backend: Box::new(b),
-                notice,
-            })
-        }
-        BackendKind::Wgpu => {
-            let b = self::wgpu::WgpuBackend::open(opts, true, file, layout)?;
-            let notice = format!("backend: wgpu on {}", b.device());
-            Ok(Opened {
-                backend: Box::new(b),
-                notice,
-            })
-        }
-        BackendKind::Auto => {
-            match self::wgpu::WgpuBackend::open(opts, false, file.clone(), layout.clone()) {
-                Ok(b) => {
-                    let notice = format!("backend: wgpu on {} (auto)", b.device());
-                    Ok(Opened {
-                        backend: Box::new(b),
-                        notice,
-                    })
-                }
-                // No real GPU adapter: CUDA next (when built), then the fast CPU backend.
-                Err(e) => match open_cuda(file.clone(), layout.clone(), opts) {
-                    Ok(mut o) => {
-                        o.notice.push_str(" (auto)");
-                        Ok(o)
-                    }
-                    Err(ce) => {
-                        let b = fast_cpu(file, layout, opts)?;
-                        let notice = format!(
-                            "backend: {} (auto; wgpu not used: {e}; cuda not used: {ce})",
-                            b.device()
-                        );
-                        Ok(Opened {
-                            backend: Box::new(b),
-                            notice,
-                        })
-                    }
-                },
-            }
-        }
-        BackendKind::Cuda => open_cuda(file, layout, opts),
-    }
-}
-
-/// A backend that streams routed experts through an [`experts::ExpertCache`].
-/// The CPU backends read from the cache; wgpu and CUDA keep the cached
-/// experts in device slots and use the cache to read and stage the misses
-/// (docs/SSD_STREAMING.md). `auto` takes the fast CPU backend.
-fn open_streaming(
-    kind: BackendKind,
-    file: WeightFile,
-    layout: StateLayout,
-    opts: &BackendOptions,
-) -> Result<Opened, BackendError> {
-    let so = opts
-        .ssd_streaming
-        .as_ref()
-        .expect("called with streaming options");
-    let open = if matches!(kind, BackendKind::Wgpu | BackendKind::Cuda) {
+    let (built, auto) = match kind {
+        BackendKind::CpuRef => (
+            Built::Cpu(cpu::CpuBackend::new(file.clone(), layout).with_profile(opts.cpu_profile)),
+            String::new(),
+        ),
+        BackendKind::Cpu => (
+            Built::Cpu(fast_cpu(file.clone(), layout, opts)?),
+            String::new(),
+        ),
+        BackendKind::Wgpu => (
+            Built::Wgpu(self::wgpu::WgpuBackend::open(
+                opts,
+                true,
+                file.clone(),
+                layout,
+            )?),
+            String::new(),
+        ),
+        BackendKind::Cuda => (open_cuda(file.clone(), layout, opts)?, String::new()),
+        BackendKind::Auto => auto(file.clone(), layout, opts)?,
+    };
+    let Some(so) = &opts.ssd_streaming else {
+        let notice = format!("backend: {}{auto}", built.describe());
+        return Ok(Opened {
+            backend: built.boxed(),
+            notice,
+        });
+    };
+    let on_device = !matches!(built, Built::Cpu(_));
+    let open = if on_device {
         experts::ExpertCache::open_for_device
     } else {
         experts::ExpertCache::open
     };
     let cache = Arc::new(open((*file).as_ref(), so).map_err(BackendError::Weights)?);
-    let (b, auto) = match kind {
-        BackendKind::CpuRef => (
-            cpu::CpuBackend::new(file, layout).with_profile(opts.cpu_profile),
-            "",
-        ),
-        BackendKind::Cpu => (fast_cpu(file, layout, opts)?, ""),
-        BackendKind::Auto => (
-            fast_cpu(file, layout, opts)?,
-            " (auto; --backend wgpu|cuda streams into device memory)",
-        ),
-        BackendKind::Wgpu => {
-            let b = self::wgpu::WgpuBackend::open(opts, true, file, layout)?
-                .with_experts(cache, so.policy);
-            let notice = format!(
-                "backend: wgpu on {}, experts streamed from disk into device slots",
-                b.device()
-            );
-            return Ok(Opened {
-                backend: Box::new(b),
-                notice,
-            });
+    let backend = built.with_experts(cache, so.policy).boxed();
+    let notice = format!(
+        "backend: {}{auto}, experts streamed from disk{}",
+        backend_line(backend.as_ref()),
+        if on_device { " into device slots" } else { "" }
+    );
+    Ok(Opened { backend, notice })
+}
+
+/// A backend before it is boxed: what `open` may still configure.
+enum Built {
+    Cpu(cpu::CpuBackend),
+    Wgpu(self::wgpu::WgpuBackend),
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CudaBackend),
+}
+
+impl Built {
+    fn with_experts(
+        self,
+        cache: Arc<experts::ExpertCache>,
+        policy: options::EvictionPolicy,
+    ) -> Built {
+        match self {
+            Built::Cpu(b) => Built::Cpu(b.with_experts(cache)),
+            Built::Wgpu(b) => Built::Wgpu(b.with_experts(cache, policy)),
+            #[cfg(feature = "cuda")]
+            Built::Cuda(b) => Built::Cuda(b.with_experts(cache, policy)),
         }
-        BackendKind::Cuda => return open_cuda_streaming(file, layout, opts, cache, so.policy),
+    }
+
+    fn boxed(self) -> Box<dyn Backend> {
+        match self {
+            Built::Cpu(b) => Box::new(b),
+            Built::Wgpu(b) => Box::new(b),
+            #[cfg(feature = "cuda")]
+            Built::Cuda(b) => Box::new(b),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Built::Cpu(b) => backend_line(b),
+            Built::Wgpu(b) => backend_line(b),
+            #[cfg(feature = "cuda")]
+            Built::Cuda(b) => backend_line(b),
+        }
+    }
+}
+
+/// `cpu-ref`, the fast CPU's kernels and threads, or `wgpu on …`/`cuda on …`.
+fn backend_line(b: &dyn Backend) -> String {
+    match b.name() {
+        "cpu-ref" => "cpu-ref".into(),
+        "wgpu" | "cuda" => format!("{} on {}", b.name(), b.device()),
+        _ => b.device(),
+    }
+}
+
+/// The `Auto` policy: a real GPU adapter through wgpu, else CUDA, else the
+/// fast CPU backend; with the note the notice carries.
+fn auto(
+    file: WeightFile,
+    layout: StateLayout,
+    opts: &BackendOptions,
+) -> Result<(Built, String), BackendError> {
+    let e = match self::wgpu::WgpuBackend::open(opts, false, file.clone(), layout.clone()) {
+        Ok(b) => return Ok((Built::Wgpu(b), " (auto)".into())),
+        Err(e) => e,
     };
-    let b = b.with_experts(cache);
-    let notice = format!("backend: {}{auto}, experts streamed from disk", b.device());
-    Ok(Opened {
-        backend: Box::new(b),
-        notice,
-    })
+    let ce = match open_cuda(file.clone(), layout.clone(), opts) {
+        Ok(b) => return Ok((b, " (auto)".into())),
+        Err(ce) => ce,
+    };
+    let b = fast_cpu(file, layout, opts)?;
+    Ok((
+        Built::Cpu(b),
+        format!(" (auto; wgpu not used: {e}; cuda not used: {ce})"),
+    ))
 }
 
 /// The CUDA backend on `opts.cuda_device` (default 0); a clear error when
@@ -449,13 +462,8 @@ fn open_cuda(
     file: WeightFile,
     layout: StateLayout,
     opts: &BackendOptions,
-) -> Result<Opened, BackendError> {
-    let b = cuda::CudaBackend::open(file, layout, opts)?;
-    let notice = format!("backend: cuda on {}", b.device());
-    Ok(Opened {
-        backend: Box::new(b),
-        notice,
-    })
+) -> Result<Built, BackendError> {
+    Ok(Built::Cuda(cuda::CudaBackend::open(file, layout, opts)?))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -463,42 +471,11 @@ fn open_cuda(
     _file: WeightFile,
     _layout: StateLayout,
     _opts: &BackendOptions,
-) -> Result<Opened, BackendError> {
+) -> Result<Built, BackendError> {
     Err(BackendError::Unavailable {
         backend: "cuda".into(),
         reason: "this binary was built without CUDA support (cargo build --features cuda); use --backend cpu or wgpu".into(),
     })
-}
-
-/// CUDA with routed experts streamed into device slots.
-#[cfg(feature = "cuda")]
-fn open_cuda_streaming(
-    file: WeightFile,
-    layout: StateLayout,
-    opts: &BackendOptions,
-    cache: Arc<experts::ExpertCache>,
-    policy: options::EvictionPolicy,
-) -> Result<Opened, BackendError> {
-    let b = cuda::CudaBackend::open(file, layout, opts)?.with_experts(cache, policy);
-    let notice = format!(
-        "backend: cuda on {}, experts streamed from disk into device slots",
-        b.device()
-    );
-    Ok(Opened {
-        backend: Box::new(b),
-        notice,
-    })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn open_cuda_streaming(
-    file: WeightFile,
-    layout: StateLayout,
-    opts: &BackendOptions,
-    _cache: Arc<experts::ExpertCache>,
-    _policy: options::EvictionPolicy,
-) -> Result<Opened, BackendError> {
-    open_cuda(file, layout, opts)
 }
 
 /// CUDA devices, one line each (`ds4 --list-devices`); the reason when
