@@ -31,7 +31,8 @@ use std::time::Instant;
 
 use ds4::backend::{self, BackendKind, BackendOptions};
 use ds4::graph::StepParams;
-use ds4::model::forward::{Logits, Numerics};
+use ds4::model::forward::Numerics;
+use ds4::model::logits::Logits;
 use ds4::model::v41::engram::{hash_rows, EngramHistory};
 use ds4::model::v41::engram_reader::{drop_table_pages, EngramReader};
 use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLayout};

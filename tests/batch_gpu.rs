@@ -235,7 +235,7 @@ fn wgpu_refuses_bad_row_tables() {
     assert_eq!(b.state_sets(), 2);
     let fo = ds4::model::forward::ForwardOptions {
         numerics: Numerics::Model,
-        logits: ds4::model::forward::Logits::All,
+        logits: ds4::model::logits::Logits::All,
         keep: Vec::new(),
     };
     let g = ds4::model::forward::record(&model.config, &model.weights, &kv, 4, &fo);

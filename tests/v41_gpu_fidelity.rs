@@ -20,7 +20,7 @@ use std::sync::Arc;
 use ds4::backend::wgpu::WgpuBackend;
 use ds4::backend::{self, Backend, BackendKind, BackendOptions};
 use ds4::graph::{Graph, StepParams, ValueName};
-use ds4::model::forward::Logits;
+use ds4::model::logits::Logits;
 use ds4::model::v41::engram::{hash_rows, EngramHistory};
 use ds4::model::v41::engram_reader::EngramReader;
 use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLayout};

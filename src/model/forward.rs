@@ -9,6 +9,7 @@
 
 use super::block::attention::{AttnOptions, Projected, Sparse};
 use super::block::Builder;
+use super::logits::Logits;
 use super::state::{KvLayout, LayerState};
 use super::{LayerWeights, ModelConfig, Weights};
 use crate::graph::ops::attention::CompressedRows;
@@ -35,19 +36,6 @@ impl Numerics {
             _ => None,
         }
     }
-}
-
-/// Which positions get logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last token of the step (generation).
-    Last,
-    /// Every token of the step (validation, perplexity).
-    All,
-    /// The last row of each session's piece, in row `state` of a fixed
-    /// value of `n` rows (a step of up to `n` sessions, issue 18): a
-    /// prefill piece pays the vocabulary projection once, not per row.
-    LastPerState(usize),
 }
 
 #[derive(Clone, Debug)]

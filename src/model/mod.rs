@@ -55,6 +55,7 @@ impl ModelFile {
 pub mod arch;
 pub(crate) mod block;
 pub mod forward;
+pub mod logits;
 pub mod state;
 /// DeepSeek V4.1 (`deepseek41`): a second model family beside V4's.
 pub mod v41;

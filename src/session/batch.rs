@@ -21,11 +21,11 @@
 
 use std::sync::Arc;
 
-use super::net::{self, Frame, Net};
-use super::{Session, SessionError, SessionOptions};
+use super::net::{Frame, Net};
+use super::{open_net, Session, SessionError, SessionOptions};
 use crate::backend::{self, Backend, BackendKind, GraphHandle};
 use crate::graph::{RowRecord, ValueId};
-use crate::model::forward::Logits;
+use crate::model::logits::Logits;
 use crate::model::v41::engram_reader::EngramStats;
 use crate::model::{AnyModel, ModelFile};
 
@@ -145,7 +145,7 @@ impl Batch {
         opts: &SessionOptions,
         slots: usize,
     ) -> Result<Result<Batch, &'static str>, SessionError> {
-        let net = net::open(model, opts)?;
+        let net = open_net(model, opts)?;
         if let Some(why) = net.no_batching() {
             return Ok(Err(why));
         }

@@ -16,7 +16,8 @@ use thiserror::Error;
 use crate::backend::{self, Backend, BackendError, BackendKind, BackendOptions, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
 use crate::model::arch::{AnyModel, Arch};
-use crate::model::forward::{Logits, Numerics};
+use crate::model::forward::Numerics;
+use crate::model::logits::Logits;
 use crate::model::v41::engram_reader::EngramStats;
 use crate::model::ModelFile;
 
@@ -81,6 +82,19 @@ impl Default for SessionOptions {
     }
 }
 
+/// The model family's net for `model`, as `opts` asks (context, numerics,
+/// the Engram cache): the one place a session names the families.
+fn open_net(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn net::Net>, SessionError> {
+    Ok(match model {
+        AnyModel::V4(m) => Box::new(v4::V4Net::open(m.clone(), opts.ctx, opts.numerics)?),
+        AnyModel::V41(m) => Box::new(v41::V41Net::open(
+            m.clone(),
+            opts.ctx,
+            opts.engram_cache_rows,
+        )?),
+    })
+}
+
 /// What a `sync` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SyncStats {
@@ -132,7 +146,7 @@ impl Session {
     }
 
     fn with_backend(model: &AnyModel, opts: SessionOptions) -> Result<Session, SessionError> {
-        let net = net::open(model, &opts)?;
+        let net = open_net(model, &opts)?;
         let opened = backend::open(
             opts.backend,
             model.weight_file(),

@@ -1,15 +1,15 @@
 //! The model family as a session runs it: one [`Net`] trait, implemented by
-//! V4 (`v4.rs`) and V4.1 (`v41.rs`). A session, a batch and the snapshot
-//! code talk to the family only through it; a third family would add one
-//! implementation, not another arm in each of them.
+//! V4 (`v4.rs`) and V4.1 (`v41.rs`), and opened by `session::open_net`. A
+//! session, a batch and the snapshot code talk to the family only through
+//! it; a third family would add one implementation and one arm there, not
+//! another arm in each of them.
 
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, StateLayout, ValueName};
-use crate::model::forward::Logits;
+use crate::model::logits::Logits;
 use crate::model::v41::engram_reader::EngramStats;
-use crate::model::AnyModel;
 
-use super::{SessionError, SessionOptions};
+use super::SessionError;
 
 /// A model family's graphs, state and snapshot payload for one session (or
 /// one batch of slots sharing a backend).
@@ -73,17 +73,4 @@ pub(crate) trait Net: Send {
 pub(crate) struct Frame {
     pub ctx: usize,
     pub prefill_chunk: usize,
-}
-
-/// The family's net for `model`, as `opts` asks (context, numerics, the
-/// Engram cache).
-pub(crate) fn open(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn Net>, SessionError> {
-    Ok(match model {
-        AnyModel::V4(m) => Box::new(super::v4::V4Net::open(m.clone(), opts.ctx, opts.numerics)?),
-        AnyModel::V41(m) => Box::new(super::v41::V41Net::open(
-            m.clone(),
-            opts.ctx,
-            opts.engram_cache_rows,
-        )?),
-    })
 }

@@ -11,7 +11,8 @@ use super::snapshot::{put_f32s, put_u32, refuse_other_arch, Reader, SNAPSHOT_MAG
 use super::SessionError;
 use crate::backend::{state_desc, Backend};
 use crate::graph::{Graph, StateLayout, ValueName};
-use crate::model::forward::{self, ForwardOptions, Logits, Numerics};
+use crate::model::forward::{self, ForwardOptions, Numerics};
+use crate::model::logits::Logits;
 use crate::model::state::KvLayout;
 use crate::model::{AttentionKind, ModelFile};
 

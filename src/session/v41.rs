@@ -23,7 +23,7 @@ use super::snapshot::{put_f32s, refuse_other_arch, Reader, V41_SNAPSHOT_MAGIC};
 use super::SessionError;
 use crate::backend::{state_desc, Backend, GraphHandle};
 use crate::graph::{Graph, StateLayout, ValueName};
-use crate::model::forward::Logits;
+use crate::model::logits::Logits;
 use crate::model::v41::engram::{hash_rows, EngramHistory};
 use crate::model::v41::engram_reader::{EngramReader, EngramStats};
 use crate::model::v41::forward::{self, engram_input, V41ForwardOptions, V41KvLayout};

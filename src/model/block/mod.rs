@@ -22,7 +22,7 @@ use crate::graph::ops::rope::Rope;
 use crate::graph::ops::{Op, Rows};
 use crate::graph::{Graph, Recorder, ValueId, ValueName};
 use crate::model::config::CoreConfig;
-use crate::model::forward::Logits;
+use crate::model::logits::Logits;
 
 /// A graph being recorded for one model: the recorder, the core
 /// configuration and the step's token ids.

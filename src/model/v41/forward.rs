@@ -29,7 +29,7 @@ use crate::graph::ops::Op;
 use crate::graph::{Graph, StateId, StateLayout, ValueId, ValueName};
 use crate::model::block::attention::{AttnOptions, Projected, Sparse};
 use crate::model::block::Builder;
-use crate::model::forward::Logits;
+use crate::model::logits::Logits;
 
 /// Persistent state of one V4.1 layer.
 #[derive(Clone, Copy, Debug)]
