@@ -29,7 +29,7 @@ struct V41SelectParams {
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> wts: array<f32>;
 @group(0) @binding(4) var<storage, read> keys0: array<f32>;
-// CandidateBlocks' output (candidate_topk only), [T, topk_blocks].
+// CandidateBlocks' output (v41_candidate_topk only), [T, topk_blocks].
 @group(0) @binding(5) var<storage, read> blocks: array<i32>;
 @group(0) @binding(6) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<i32>;
@@ -128,8 +128,8 @@ fn kth_key(sb: u32, n: u32, k: u32, tid: u32) -> vec2<u32> {
 // Level one: the newest block (key 0, always taken) and the best
 // topk_blocks - 1 others by their best row; ids ascending, -1 padded.
 @compute @workgroup_size(WG)
-fn candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_index) tid: u32) {
+fn v41_candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) tid: u32) {
     let t = prm.t0 + group_id(wid, nwg);
     if (t >= step.n_tokens) { return; }
     let kb = prm.topk_blocks;
@@ -181,8 +181,8 @@ fn candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
 // when no more than top_k), ids ascending, -1 padded. Blocks are ascending
 // and distinct (CandidateBlocks' output), so slot order is row order.
 @compute @workgroup_size(WG)
-fn candidate_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) tid: u32) {
+fn v41_candidate_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) tid: u32) {
     let t = prm.t0 + group_id(wid, nwg);
     if (t >= step.n_tokens) { return; }
     let kb = prm.topk_blocks;

@@ -22,6 +22,7 @@
 pub mod bandwidth;
 pub mod gpu;
 pub mod kernels;
+mod launch;
 pub mod matmul;
 pub mod params;
 pub mod shaders;
