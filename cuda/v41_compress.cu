@@ -15,6 +15,17 @@ __device__ void v41_rope(float* buf, u32 n, u32 n_rot, const double* freqs, doub
     }
 }
 
+// RMS norm of buf[0..n) in place (f64 sum of squares, as the twin), times
+// `weight`; `scratch` holds 32 doubles of shared memory.
+__device__ void v41_rms_norm(float* buf, u32 n, const float* weight, float eps, double* scratch) {
+    double ss = 0.0;
+    for (u32 j = threadIdx.x; j < n; j += blockDim.x) ss += (double)buf[j] * (double)buf[j];
+    const float s = (float)(1.0 / sqrt(block_sum_d(ss, scratch) / (double)n + (double)eps));
+    __syncthreads();
+    for (u32 j = threadIdx.x; j < n; j += blockDim.x) buf[j] = buf[j] * s * weight[j];
+    __syncthreads();
+}
+
 // The kv source's compressor: latent (ratio 1: the token's projection;
 // ratio r: the softmax pool of a whole group, kept in the frontier), RMS
 // norm, index key rope(k_norm(wk . latent)) and the roped latent, both at
@@ -54,12 +65,7 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         const u32 w = p / (r > 1 ? r : 1);
         if (w >= capacity) continue;
-        double ss = 0.0;
-        for (u32 j = threadIdx.x; j < hd; j += blockDim.x) ss += (double)row[j] * (double)row[j];
-        const float s = (float)(1.0 / sqrt(block_sum_d(ss, scratch) / (double)hd + (double)eps));
-        __syncthreads();
-        for (u32 j = threadIdx.x; j < hd; j += blockDim.x) row[j] = row[j] * s * norm[j];
-        __syncthreads();
+        v41_rms_norm(row, hd, norm, eps, scratch);
         // One warp per index dim: key[i] = wk[i] . row.
         const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         for (u32 i = warp; i < ihd; i += blockDim.x / 32) {
@@ -69,12 +75,7 @@ extern "C" __global__ void __launch_bounds__(256)
             if (lane == 0) key[i] = a;
         }
         __syncthreads();
-        double ks = 0.0;
-        for (u32 i = threadIdx.x; i < ihd; i += blockDim.x) ks += (double)key[i] * (double)key[i];
-        const float kscale = (float)(1.0 / sqrt(block_sum_d(ks, scratch) / (double)ihd + (double)eps));
-        __syncthreads();
-        for (u32 i = threadIdx.x; i < ihd; i += blockDim.x) key[i] = key[i] * kscale * index_norm[i];
-        __syncthreads();
+        v41_rms_norm(key, ihd, index_norm, eps, scratch);
         const double at = (double)w * (double)(r > 1 ? r : 1);
         v41_rope(key, ihd, n_rot, freqs, at);
         v41_rope(row, hd, n_rot, freqs, at);

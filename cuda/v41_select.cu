@@ -1,9 +1,8 @@
 // DeepSeek V4.1's two-level top-k (twins: ops::v41::{CandidateBlocks,
-// CandidateTopK}); the same math as shaders/v41_select.wgsl.
-// Launches: min(max_tokens, 64) blocks of V41_THREADS looping over the
+// CandidateTopK}); the same math as shaders/v41_select.wgsl, with the block
+// counts and scans of cuda/select.cuh.
+// Launches: min(max_tokens, 64) blocks of SELECT_THREADS looping over the
 // tokens, each with a scratch row of max_items keys.
-
-#define V41_THREADS 256
 
 // sum_h w[h] * max(0, q_h . k_r), heads in order; the whole warp calls it.
 __device__ float v41_score(const float* q, const float* w, const float* keys, u32 t, u32 r, u32 nh, u32 hd) {
@@ -15,36 +14,6 @@ __device__ float v41_score(const float* q, const float* w, const float* keys, u3
         s += w[(u64)t * nh + h] * fmaxf(warp_sum(d), 0.0f);
     }
     return s;
-}
-
-__device__ u32 v41_block_count(u32 v, u32* buf) {
-    const u32 j = threadIdx.x;
-    buf[j] = v;
-    __syncthreads();
-    for (u32 s = V41_THREADS / 2; s > 0; s >>= 1) {
-        if (j < s) buf[j] += buf[j + s];
-        __syncthreads();
-    }
-    const u32 total = buf[0];
-    __syncthreads();
-    return total;
-}
-
-// Exclusive prefix sum of `v` over the block; `total` gets the block sum.
-__device__ u32 v41_block_scan(u32 v, u32* buf, u32* total) {
-    const u32 j = threadIdx.x;
-    buf[j] = v;
-    __syncthreads();
-    for (u32 off = 1; off < V41_THREADS; off <<= 1) {
-        u32 a = j >= off ? buf[j - off] : 0;
-        __syncthreads();
-        buf[j] += a;
-        __syncthreads();
-    }
-    const u32 incl = buf[j];
-    *total = buf[V41_THREADS - 1];
-    __syncthreads();
-    return incl - v;
 }
 
 // Writes to o[] (ascending, in key order of the walk) the ids of the items
@@ -59,21 +28,21 @@ __device__ u32 v41_select(const u32* keys, u32 n, u32 k, u32 pinned, int* o, u32
         const u32 cand = thr | (1u << bit);
         u32 c = 0;
         for (u32 i = threadIdx.x; i < n; i += blockDim.x) c += keys[i] >= cand && i != pinned;
-        if (v41_block_count(c, buf) >= k) thr = cand;
+        if (block_count(c, buf) >= k) thr = cand;
     }
     u32 c_gt = 0;
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) c_gt += keys[i] > thr && i != pinned;
-    const u32 need_eq = k - v41_block_count(c_gt, buf);
+    const u32 need_eq = k - block_count(c_gt, buf);
     u32 eq_seen = 0, taken = 0;
-    for (u32 base = 0; base < n; base += V41_THREADS) {
+    for (u32 base = 0; base < n; base += SELECT_THREADS) {
         const u32 i = base + threadIdx.x;
         const u32 kk = i < n ? keys[i] : 0;
         const u32 live = i < n && kk != 0 && i != pinned;
         const u32 equal = live && kk == thr;
         u32 eq_tot, ch_tot;
-        const u32 eq_rank = eq_seen + v41_block_scan(equal, buf, &eq_tot);
+        const u32 eq_rank = eq_seen + block_scan_excl(equal, buf, &eq_tot);
         const u32 chosen = (i < n && i == pinned) || (live && kk > thr) || (equal && eq_rank < need_eq);
-        const u32 pos = taken + v41_block_scan(chosen, buf, &ch_tot);
+        const u32 pos = taken + block_scan_excl(chosen, buf, &ch_tot);
         if (chosen) o[pos] = id(i);
         eq_seen += eq_tot;
         taken += ch_tot;
@@ -87,10 +56,10 @@ struct V41Ident {
 
 // Level one: the newest block always, and the best topk_blocks - 1 others
 // by their best row (ties: lower block); ids ascending, -1 padded.
-extern "C" __global__ void __launch_bounds__(V41_THREADS)
+extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
     v41_candidate_blocks(const float* q, const float* w, const float* keys, int* out, u32* scratch, u32 ratio,
                          u32 nh, u32 hd, u32 kb, u32 bs, u32 max_items, const Step* st) {
-    __shared__ u32 buf[V41_THREADS];
+    __shared__ u32 buf[SELECT_THREADS];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32* sk = scratch + (u64)blockIdx.x * max_items;
     for (u32 t = blockIdx.x; t < st->n_tokens; t += gridDim.x) {
@@ -102,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(V41_THREADS)
             continue;
         }
         const u32 last = (v - 1) / bs;
-        for (u32 b = warp; b < nb; b += V41_THREADS / 32) {
+        for (u32 b = warp; b < nb; b += SELECT_THREADS / 32) {
             float m = -INFINITY;
             if (b != last) {
                 const u32 end = min((b + 1) * bs, v);
@@ -125,11 +94,11 @@ struct V41RowOf {
 // Level two: the top_k best visible rows of the kept blocks (all of them
 // when no more than top_k), ids ascending, -1 padded. Blocks are ascending
 // and distinct (CandidateBlocks' output), so slot order is row order.
-extern "C" __global__ void __launch_bounds__(V41_THREADS)
+extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
     v41_candidate_topk(const float* q, const float* w, const float* keys, const int* blocks, int* out,
                        u32* scratch, u32 ratio, u32 top_k, u32 nh, u32 hd, u32 kb, u32 bs, u32 max_items,
                        const Step* st) {
-    __shared__ u32 buf[V41_THREADS];
+    __shared__ u32 buf[SELECT_THREADS];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32* sk = scratch + (u64)blockIdx.x * max_items;
     const u32 n = kb * bs;
@@ -138,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(V41_THREADS)
         const int* bt = blocks + (u64)t * kb;
         const u32 v = (st->pos0 + t + 1) / ratio;
         u32 valid = 0;
-        for (u32 i = warp; i < n; i += V41_THREADS / 32) {
+        for (u32 i = warp; i < n; i += SELECT_THREADS / 32) {
             const int b = bt[i / bs];
             const u32 r = (u32)b * bs + i % bs;
             const bool live = b >= 0 && r < v;
@@ -149,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(V41_THREADS)
             }
         }
         __syncthreads();
-        const u32 n_valid = v41_block_count(valid, buf);
+        const u32 n_valid = block_count(valid, buf);
         const u32 taken = v41_select(sk, n, min(top_k, n_valid), n, o, buf, V41RowOf{bt, bs});
         for (u32 i = taken + threadIdx.x; i < top_k; i += blockDim.x) o[i] = -1;
         __syncthreads();

@@ -155,7 +155,7 @@ kernel_list! {
         HcExpand = "hc_expand" Both,
     }
     /// ops::rope::Rope.
-    Rope = "rope", wgsl ["common"], cuda ["common"] {
+    Rope = "rope", wgsl ["common", "rope_angle"], cuda ["common"] {
         Rope = "rope" Both,
     }
     /// ops::round::{KvRound, HadamardFp4}.
@@ -172,11 +172,11 @@ kernel_list! {
         Attention = "attention" Both,
     }
     /// ops::compress::Compress.
-    Compress = "compress", wgsl ["common", "rowops"], cuda ["common"] {
+    Compress = "compress", wgsl ["common", "rowops", "rope_angle"], cuda ["common"] {
         Compress = "compress" Both,
     }
     /// ops::indexer::IndexerTopK.
-    Indexer = "indexer", wgsl ["common"], cuda ["common"] {
+    Indexer = "indexer", wgsl ["common", "select"], cuda ["common", "select"] {
         IndexerTopK = "indexer_topk" Both,
     }
     /// ops::moe::Router.
@@ -193,12 +193,12 @@ kernel_list! {
         V41EngramGate = "v41_engram_gate" Both,
     }
     /// DeepSeek V4.1's compressor: ops::v41::V41Compress.
-    V41Compress = "v41_compress", wgsl ["common", "rowops"], cuda ["common"] {
+    V41Compress = "v41_compress", wgsl ["common", "rowops", "rope_angle"], cuda ["common"] {
         V41Compress = "v41_compress" Both,
     }
     /// DeepSeek V4.1's two-level top-k: ops::v41::{CandidateBlocks,
     /// CandidateTopK}.
-    V41Select = "v41_select", wgsl ["common"], cuda ["common"] {
+    V41Select = "v41_select", wgsl ["common", "select"], cuda ["common", "select"] {
         V41CandidateBlocks = "v41_candidate_blocks" Both,
         V41CandidateTopK = "v41_candidate_topk" Both,
     }

@@ -19,6 +19,8 @@ const HELPERS: &[(&str, &str)] = &[
     ("common", include_str!("../../../cuda/common.cuh")),
     ("iq2xxs_grid", include_str!("../../../cuda/iq2xxs_grid.inc")),
     ("quant", include_str!("../../../cuda/quant.cuh")),
+    // Block counts and scans of the top-k kernels.
+    ("select", include_str!("../../../cuda/select.cuh")),
 ];
 
 /// Every helper header in order: (name, source) (the emulator of the tests

@@ -12,7 +12,17 @@
 //! module that so much as names a subgroup builtin fails validation on a
 //! device without `Features::SUBGROUP`, so an override constant cannot choose
 //! between the two paths.
+//!
+//! A state that grows with the context is bound as up to
+//! [`MAX_STATE_CHUNKS`] chunks of whole rows (docs/ARCHITECTURE.md, "Chunked
+//! state bindings"). The family declares chunk 0 among its bindings and
+//! writes `//#chunks NAME BINDING ACCESS TYPE` for the rest: the line
+//! becomes the bindings `NAME1..` (from `BINDING` on, `read` or
+//! `read_write`, elements of `TYPE`) and the function that picks a chunk,
+//! `NAME_load(c, o) -> f32` to read or `NAME_store(c, o, v)` to write value
+//! `o` of chunk `c`.
 
+use super::MAX_STATE_CHUNKS;
 use crate::backend::kernels::Family;
 
 /// Shared helper files: (name, source), prepended in this order where a
@@ -22,6 +32,13 @@ const HELPERS: &[(&str, &str)] = &[
     ("rowops", include_str!("../../../shaders/rowops.wgsl")),
     // Workgroup sum / max: subgroup operations or a workgroup-memory tree.
     ("reduce", include_str!("../../../shaders/reduce.wgsl")),
+    // Top-k selection over order-preserving keys (indexer, V4.1's select).
+    ("select", include_str!("../../../shaders/select.wgsl")),
+    // RoPE angles from the host's split frequencies (rope, compressors).
+    (
+        "rope_angle",
+        include_str!("../../../shaders/rope_angle.wgsl"),
+    ),
     // Block decoders and the row-dot core shared by matmul and moe.
     ("quant", include_str!("../../../shaders/quant.wgsl")),
     ("matmul", include_str!("../../../shaders/matmul.wgsl")),
@@ -83,6 +100,14 @@ fn preprocess(family: &str, src: &str, variant: Variant) -> String {
             stack
                 .pop()
                 .unwrap_or_else(|| panic!("{family}.wgsl:{}: #endif without #if", n + 1));
+        } else if let Some(args) = t.strip_prefix("//#chunks ") {
+            if keep_outer {
+                out.push_str(
+                    &chunks(args).unwrap_or_else(|e| {
+                        panic!("{family}.wgsl:{}: //#chunks {args}: {e}", n + 1)
+                    }),
+                );
+            }
         } else if t.starts_with("//#") {
             panic!("{family}.wgsl:{}: unknown directive {t}", n + 1);
         } else if keep_outer {
@@ -92,6 +117,49 @@ fn preprocess(family: &str, src: &str, variant: Variant) -> String {
     }
     assert!(stack.is_empty(), "{family}.wgsl: #if without #endif");
     out
+}
+
+/// What `//#chunks NAME BINDING ACCESS TYPE` stands for (see the module
+/// docs): chunks 1.. of `NAME` bound from `BINDING` on, and the function
+/// that reads (`read`) or writes (`read_write`) value `o` of chunk `c`.
+fn chunks(args: &str) -> Result<String, String> {
+    let a: Vec<&str> = args.split_whitespace().collect();
+    let [name, first, access, ty] = a[..] else {
+        return Err("want NAME BINDING ACCESS TYPE".into());
+    };
+    let first: usize = first.parse().map_err(|_| format!("binding {first}"))?;
+    let last = MAX_STATE_CHUNKS - 1;
+    let mut out = String::new();
+    for c in 1..=last {
+        out.push_str(&format!(
+            "@group(0) @binding({}) var<storage, {access}> {name}{c}: array<{ty}>;\n",
+            first + c - 1
+        ));
+    }
+    let (head, case) = match access {
+        "read" => (
+            format!("fn {name}_load(c: u32, o: u32) -> f32 {{"),
+            "return f32({name}{c}[o]);",
+        ),
+        "read_write" => (
+            format!("fn {name}_store(c: u32, o: u32, v: f32) {{"),
+            "{name}{c}[o] = {ty}(v);",
+        ),
+        _ => return Err(format!("access {access}")),
+    };
+    let arm = |c: usize| {
+        case.replace("{name}", name)
+            .replace("{c}", &c.to_string())
+            .replace("{ty}", ty)
+    };
+    out.push_str(&format!(
+        "// Value `o` of chunk `c` of the chunked {name}.\n{head}\n    switch c {{\n"
+    ));
+    for c in 1..=last {
+        out.push_str(&format!("        case {c}u: {{ {} }}\n", arm(c)));
+    }
+    out.push_str(&format!("        default: {{ {} }}\n    }}\n}}\n", arm(0)));
+    Ok(out)
 }
 
 /// One WGSL module: a family, its cached KV rows (if it reads or writes
