@@ -7,6 +7,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod experts;
+pub mod kernels;
 pub mod options;
 pub mod wgpu;
 
