@@ -613,19 +613,6 @@ impl Backend for CudaBackend {
         upload(g.values[v.0 as usize], bytemuck::cast_slice(&raw))
     }
 
-    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
-        self.read_set_rows(0, s, rows)
-    }
-
-    fn write_state_rows(
-        &mut self,
-        s: StateId,
-        first: usize,
-        data: &[f32],
-    ) -> Result<(), BackendError> {
-        self.write_set_rows(0, s, first, data)
-    }
-
     fn reset_states(&mut self) {
         if self.dev.bind().is_err() {
             return;
