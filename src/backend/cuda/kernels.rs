@@ -5,7 +5,7 @@
 //! text is what the CI compile test checks. PTX is cached on disk by source
 //! hash + architecture + NVRTC version.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
@@ -48,19 +48,6 @@ pub fn module_source(family: Family) -> String {
 /// Every assembled module: (family, source).
 pub fn all_modules() -> Vec<(Family, String)> {
     Family::ALL.iter().map(|&f| (f, module_source(f))).collect()
-}
-
-/// Where PTX is cached: `dir` (`DS4_CUDA_CACHE`), else
-/// `$XDG_CACHE_HOME/ds4/cuda`, else `~/.cache/ds4/cuda`; `None` disables the
-/// cache.
-pub fn cache_dir(dir: Option<&std::path::Path>) -> Option<PathBuf> {
-    if let Some(d) = dir {
-        return Some(d.to_path_buf());
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("ds4").join("cuda"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ds4").join("cuda"))
 }
 
 /// The cache file name of a module: family, arch, NVRTC version and the

@@ -40,7 +40,7 @@ impl Modules {
                 nv.version.0, nv.version.1, nv.archs
             ))
         })?;
-        let cache = kernels::cache_dir(opts.cuda_cache.as_deref());
+        let cache = opts.cuda_cache.clone();
         let mut out = Modules {
             modules: Vec::new(),
             funcs: HashMap::new(),
