@@ -2,7 +2,8 @@
 //! parsing and exit codes ([`cli`]), the flags the binaries share
 //! ([`flags`]), the CPU thread count ([`threads`]), the `--demo` model
 //! ([`demo`]), the `--info` report ([`report`]), the server's one-engine
-//! lock ([`lock`]) and process edge ([`serve`]), and ds4's own terminal
+//! lock ([`lock`]) and process edge ([`serve`]), the speculator the flags
+//! ask for ([`spec`]), and ds4's own terminal
 //! side: the printing generator ([`terminal`]), the REPL ([`repl`]) and the
 //! `--dump-logprobs` writer ([`logprobs`]). Nothing below `app` imports it.
 
@@ -14,5 +15,6 @@ pub mod logprobs;
 pub mod repl;
 pub mod report;
 pub mod serve;
+pub mod spec;
 pub mod terminal;
 pub mod threads;

@@ -99,6 +99,32 @@ mod tests {
         assert!(Synthetic::p_for_length(1.0, 5) < 1e-9);
     }
 
+    /// Over many steps the kept drafts give the asked mean length.
+    #[test]
+    fn the_mean_length_is_the_asked_one() {
+        let reference: Vec<u32> = (0..20_000).collect();
+        let p = Synthetic::p_for_length(3.5, 5);
+        let mut d = Synthetic::new(reference.clone(), p, 100_000, 3);
+        let (mut total, mut steps, mut at) = (0usize, 0usize, 1usize);
+        while at + 6 < reference.len() {
+            let cx = DraftContext {
+                tokens: &reference[..at - 1],
+                next: reference[at - 1],
+            };
+            let drafts = d.draft(&cx, 5);
+            let kept = drafts
+                .iter()
+                .zip(&reference[at..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            total += 1 + kept;
+            steps += 1;
+            at += 1 + kept;
+        }
+        let mean = total as f64 / steps as f64;
+        assert!((mean - 3.5).abs() < 0.1, "{mean}");
+    }
+
     #[test]
     fn drafts_follow_the_reference() {
         let r = vec![5, 6, 7, 8, 9];

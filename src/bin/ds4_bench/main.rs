@@ -1,11 +1,13 @@
 //! `ds4-bench`: prefill and generation speed at increasing context frontiers
-//! with one model load (CLI.md §2), and three other modes: `--bandwidth`,
-//! the `--ssd-streaming` budget sweep and `--sessions`. Writes CSV. This file
-//! holds the flags and picks the mode; each mode has its own file.
+//! with one model load (CLI.md §2), and four other modes: `--bandwidth`,
+//! the `--ssd-streaming` budget sweep, `--sessions` and `--spec-table`
+//! (speculative decoding). Writes CSV. This file holds the flags and picks
+//! the mode; each mode has its own file.
 
 mod bandwidth;
 mod frontiers;
 mod sessions;
+mod speculative;
 mod sweep;
 
 use std::io::Write;
@@ -40,6 +42,7 @@ ds4::cli_args! {
         model: PathBuf,
         ..BackendFlags,
         ..StreamingFlags,
+        ..SpecFlags,
         ..Threads,
         /// first frontier (default 2048)
         #[argh(option, default = "2048")]
@@ -140,6 +143,13 @@ ds4::cli_args! {
         /// with --sessions: prefill piece per session per step (default 128)
         #[argh(option, default = "128")]
         mixed_prefill_quantum: usize,
+        /// instead of context frontiers: the speculative-decoding table (verify
+        /// cost by draft length, tokens/s at synthetic acceptance lengths 1.0,
+        /// 1.8, 2.8, 3.5 fixed and adaptive, prompt lookup and its cost) over a
+        /// prompt of --session-prompt ids (or --prompt-file) and -n tokens;
+        /// --draft sets the longest draft (default 5)
+        #[argh(switch)]
+        spec_table: bool,
         /// restore-vs-prefill: per frontier, store a checkpoint in this folder
         /// and load it back with the server's disk-cache code (files removed after)
         #[argh(option)]
@@ -256,6 +266,12 @@ fn run(a: Args) -> Result<(), String> {
     let backend = a.backend_flags().resolve()?;
     if let Some(list) = &a.sessions {
         return sessions::run(&a, list, backend, bo);
+    }
+    if a.spec_table {
+        return speculative::run(&a, backend, bo);
+    }
+    if a.spec_flags().resolve()?.on() {
+        return Err("--spec, --mtp and --dspark go with --spec-table in ds4-bench".into());
     }
     frontiers::run(&a, backend, bo)
 }
