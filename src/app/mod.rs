@@ -4,7 +4,8 @@
 //! ([`demo`]), the `--info` report ([`report`]), the server's one-engine
 //! lock ([`lock`]) and process edge ([`serve`]), and ds4's own terminal
 //! side: the printing generator ([`terminal`]), the REPL ([`repl`]) and the
-//! `--dump-logprobs` writer ([`logprobs`]). Nothing below `app` imports it.
+//! `--dump-logprobs` writer ([`logprobs`]), and the backend self-check of
+//! `ds4-bench --check` ([`selfcheck`]). Nothing below `app` imports it.
 
 pub mod cli;
 pub mod demo;
@@ -13,6 +14,7 @@ pub mod lock;
 pub mod logprobs;
 pub mod repl;
 pub mod report;
+pub mod selfcheck;
 pub mod serve;
 pub mod terminal;
 pub mod threads;
