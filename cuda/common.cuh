@@ -76,7 +76,7 @@ __device__ __forceinline__ float siluf(float x) {
 }
 
 // ops::moe::swiglu: silu(min(g, c)) * clamp(u, -c, c); no clamp when c <= 1e-6.
-__device__ __forceinline__ float swiglu(float g, float u, float c) {
+__device__ __forceinline__ float swiglu_value(float g, float u, float c) {
     if (c > 1e-6f) {
         return siluf(fminf(g, c)) * fminf(fmaxf(u, -c), c);
     }

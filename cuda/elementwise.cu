@@ -15,11 +15,11 @@ extern "C" __global__ void scale(const float* x, float* out, float factor, u32 c
     }
 }
 
-extern "C" __global__ void swiglu_clamped(const float* g, const float* u, float* out, float clamp, u32 cols,
-                                          const Step* st) {
+extern "C" __global__ void swiglu(const float* g, const float* u, float* out, float clamp, u32 cols,
+                                  const Step* st) {
     const u32 n = st->n_tokens * cols;
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        out[i] = swiglu(g[i], u[i], clamp);
+        out[i] = swiglu_value(g[i], u[i], clamp);
     }
 }
 

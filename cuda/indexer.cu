@@ -4,32 +4,13 @@
 // Launch: grid = min(max_tokens, 64) blocks looping over tokens, 256 threads
 // (8 warps). Scores go to `scratch` (max_rows keys per block) as total-order
 // keys; the k-th largest key is found by a 4-pass 8-bit radix select, then
-// one ordered block scan writes the chosen rows.
-
-#define IDX_THREADS 256
-
-// Exclusive prefix sum of `v` over the block; `total` gets the block sum.
-__device__ u32 block_scan_excl(u32 v, u32* buf, u32* total) {
-    const u32 j = threadIdx.x;
-    buf[j] = v;
-    __syncthreads();
-    for (u32 off = 1; off < IDX_THREADS; off <<= 1) {
-        u32 a = j >= off ? buf[j - off] : 0;
-        __syncthreads();
-        buf[j] += a;
-        __syncthreads();
-    }
-    const u32 incl = buf[j];
-    *total = buf[IDX_THREADS - 1];
-    __syncthreads();
-    return incl - v;
-}
+// one ordered block scan (cuda/select.cuh) writes the chosen rows.
 
 extern "C" __global__ void indexer_topk(const float* q, const float* weights, const float* rows, int* out,
                                         u32* scratch, u32 ratio, u32 top_k, u32 n_head, u32 hd, u32 max_rows,
                                         const Step* st) {
     __shared__ u32 hist[256];
-    __shared__ u32 scan_buf[IDX_THREADS];
+    __shared__ u32 scan_buf[SELECT_THREADS];
     __shared__ u32 sel_prefix, sel_need;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32* keys = scratch + (u64)blockIdx.x * max_rows;
@@ -45,7 +26,7 @@ extern "C" __global__ void indexer_topk(const float* q, const float* weights, co
             continue;
         }
         // Scores: s = sum_h w[h] * max(0, q_h . k_r), heads in order.
-        for (u32 r = warp; r < n; r += IDX_THREADS / 32) {
+        for (u32 r = warp; r < n; r += SELECT_THREADS / 32) {
             const float* kr = rows + (u64)r * hd;
             float s = 0.0f;
             for (u32 h = 0; h < n_head; h++) {
@@ -87,7 +68,7 @@ extern "C" __global__ void indexer_topk(const float* q, const float* weights, co
         const u32 thr = sel_prefix, n_eq = sel_need;  // take the first n_eq rows equal to thr
         // Ordered pass: chosen = key > thr, or key == thr among the first n_eq.
         u32 eq_before = 0, placed = 0;
-        for (u32 base = 0; base < n; base += IDX_THREADS) {
+        for (u32 base = 0; base < n; base += SELECT_THREADS) {
             const u32 r = base + threadIdx.x;
             const u32 kk = r < n ? keys[r] : 0;
             const u32 is_eq = r < n && kk == thr;

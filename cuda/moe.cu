@@ -86,7 +86,7 @@ __device__ void expert_gate_up_impl(const u8* gate, const u8* up, u32 row_bytes,
     }
     ag = warp_sum(ag);
     au = warp_sum(au);
-    if (lane == 0) h[(u64)slot * ff + f] = wts[slot] * swiglu(ag, au, clamp);
+    if (lane == 0) h[(u64)slot * ff + f] = wts[slot] * swiglu_value(ag, au, clamp);
 }
 
 #define GATE_UP_KERNEL(name, TY)                                                                              \
@@ -103,7 +103,7 @@ extern "C" __global__ void expert_swiglu(const float* g, const float* u, const f
                                          u32 k, float clamp, const Step* st) {
     const u32 total = st->n_tokens * k * ff;
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        h[i] = wts[i / ff] * swiglu(g[i], u[i], clamp);
+        h[i] = wts[i / ff] * swiglu_value(g[i], u[i], clamp);
     }
 }
 

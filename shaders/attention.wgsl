@@ -28,29 +28,10 @@ struct AttnParams {
 @group(0) @binding(6) var<storage, read> sel: array<i32>;
 @group(0) @binding(7) var<storage, read> sinks: array<f32>;
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;
-// Compressed rows beyond one binding: chunks of chunk_rows whole rows.
-@group(0) @binding(9) var<storage, read> comp1: array<kvt>;
-@group(0) @binding(10) var<storage, read> comp2: array<kvt>;
-@group(0) @binding(11) var<storage, read> comp3: array<kvt>;
-@group(0) @binding(12) var<storage, read> comp4: array<kvt>;
-@group(0) @binding(13) var<storage, read> comp5: array<kvt>;
-@group(0) @binding(14) var<storage, read> comp6: array<kvt>;
-@group(0) @binding(15) var<storage, read> comp7: array<kvt>;
+// Compressed rows beyond one binding: chunks of chunk_rows whole rows
+// (comp1..comp7 and comp_load, src/backend/wgpu/shaders.rs).
+//#chunks comp 9 read kvt
 @group(0) @binding(16) var<storage, read> row_table: array<RowRecord>;
-
-// Value `o` of chunk `c` of the chunked comp rows.
-fn comp_load(c: u32, o: u32) -> f32 {
-    switch c {
-        case 1u: { return f32(comp1[o]); }
-        case 2u: { return f32(comp2[o]); }
-        case 3u: { return f32(comp3[o]); }
-        case 4u: { return f32(comp4[o]); }
-        case 5u: { return f32(comp5[o]); }
-        case 6u: { return f32(comp6[o]); }
-        case 7u: { return f32(comp7[o]); }
-        default: { return f32(comp0[o]); }
-    }
-}
 
 const MAXHD: u32 = 1024u;
 const SRC_NONE: u32 = 0u;

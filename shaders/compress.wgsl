@@ -1,7 +1,7 @@
 // The KV compressor (MODEL.md 3.5.3): a sequential state machine over the
 // step's tokens, so one workgroup runs it; threads split the columns. One
 // dispatch takes the step's tokens t0..t1 (a block of at most
-// COMPRESS_BLOCK_TOKENS, src/backend/wgpu/record.rs): the state carries
+// COMPRESS_BLOCK_TOKENS, src/backend/wgpu/launch/compress.rs): the state carries
 // over between dispatches, and no invocation loops over a whole long step
 // (llvmpipe stops every loop of an invocation after 65,535 iterations in
 // all; docs/VALIDATION.md, long contexts). Every `ratio` tokens the gated
@@ -37,49 +37,12 @@ struct CompressParams {
 @group(0) @binding(5) var<storage, read_write> st_kv: array<f32>;
 @group(0) @binding(6) var<storage, read_write> st_score: array<f32>;
 @group(0) @binding(7) var<storage, read_write> rows0: array<kvt>;
-// Rows beyond one binding: chunks of chunk_rows whole rows.
-@group(0) @binding(8) var<storage, read_write> rows1: array<kvt>;
-@group(0) @binding(9) var<storage, read_write> rows2: array<kvt>;
-@group(0) @binding(10) var<storage, read_write> rows3: array<kvt>;
-@group(0) @binding(11) var<storage, read_write> rows4: array<kvt>;
-@group(0) @binding(12) var<storage, read_write> rows5: array<kvt>;
-@group(0) @binding(13) var<storage, read_write> rows6: array<kvt>;
-@group(0) @binding(14) var<storage, read_write> rows7: array<kvt>;
+// Rows beyond one binding: chunks of chunk_rows whole rows (rows1..rows7
+// and rows_store, src/backend/wgpu/shaders.rs).
+//#chunks rows 8 read_write kvt
 @group(0) @binding(15) var<storage, read> row_table: array<RowRecord>;
 
-// Stores `v` at value `o` of chunk `c` of the chunked rows.
-fn rows_store(c: u32, o: u32, v: f32) {
-    switch c {
-        case 1u: { rows1[o] = kvt(v); }
-        case 2u: { rows2[o] = kvt(v); }
-        case 3u: { rows3[o] = kvt(v); }
-        case 4u: { rows4[o] = kvt(v); }
-        case 5u: { rows5[o] = kvt(v); }
-        case 6u: { rows6[o] = kvt(v); }
-        case 7u: { rows7[o] = kvt(v); }
-        default: { rows0[o] = kvt(v); }
-    }
-}
-
 const EMPTY_SCORE: f32 = -1e30;
-
-fn centered_fract(v: f32) -> f32 {
-    return v - round(v);
-}
-
-// Same angle construction as shaders/rope.wgsl.
-fn cos_sin(k: u32, pos: u32, tab: u32) -> vec2<f32> {
-    let hi = consts[tab + 3u * k];
-    let mid = consts[tab + 3u * k + 1u];
-    let lo = consts[tab + 3u * k + 2u];
-    let ph = f32(pos >> 12u);
-    let pl = f32(pos & 0xfffu);
-    var turns = centered_fract(ph * hi * 4096.0) + centered_fract(ph * mid * 4096.0)
-        + centered_fract(pl * hi) + centered_fract(pl * mid) + centered_fract(f32(pos) * lo);
-    turns = centered_fract(turns);
-    let a = turns * 6.283185307179586;
-    return vec2<f32>(cos(a), sin(a));
-}
 
 @compute @workgroup_size(WG)
 fn compress(@builtin(local_invocation_index) tid: u32) {

@@ -1,12 +1,12 @@
 // Element-wise kernels over the live token rows: add, scale, clamped
-// SwiGLU, last-row select, and the HC init broadcast.
+// SwiGLU, last-row select.
 
 struct EltParams {
-    // Values per token row (the model width for hc_init).
+    // Values per token row.
     cols: u32,
     factor: f32,
     clamp: f32,
-    n_hc: u32,
+    _pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
@@ -47,14 +47,4 @@ fn take_last(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let j = linear_id(gid, nwg);
     if (j >= prm.cols || step.n_tokens == 0u) { return; }
     out[j] = a[(step.n_tokens - 1u) * prm.cols + j];
-}
-
-// out[t][s] = x[t] for every stream s.
-@compute @workgroup_size(WG)
-fn hc_init(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
-    let row = prm.n_hc * prm.cols;
-    if (i >= step.n_tokens * row) { return; }
-    let t = i / row;
-    out[i] = a[t * prm.cols + i % prm.cols];
 }

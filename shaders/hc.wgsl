@@ -1,4 +1,4 @@
-// Hyper-connection collapse and expand (MODEL.md 3.3, 3.10).
+// Hyper-connection init, collapse and expand (MODEL.md 3.3, 3.10).
 
 struct HcParams {
     n_hc: u32,
@@ -10,11 +10,22 @@ struct HcParams {
 @group(0) @binding(0) var<uniform> step: StepUniform;
 @group(0) @binding(1) var<uniform> prm: HcParams;
 @group(0) @binding(2) var<storage, read> state: array<f32>;
+// One row per token: the block's output for expand, x for init.
 @group(0) @binding(3) var<storage, read> y: array<f32>;
 // `pre` for collapse, `post` for expand.
 @group(0) @binding(4) var<storage, read> wts: array<f32>;
 @group(0) @binding(5) var<storage, read> comb: array<f32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+// out[t][s] = x[t] for every stream s.
+@compute @workgroup_size(WG)
+fn hc_init(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    let row = prm.n_hc * prm.dim;
+    if (i >= step.n_tokens * row) { return; }
+    let t = i / row;
+    out[i] = y[t * prm.dim + i % prm.dim];
+}
 
 // out[t] = sum_s pre[t][s] * state[t][s]
 @compute @workgroup_size(WG)

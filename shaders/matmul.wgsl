@@ -140,7 +140,7 @@ fn row_dots(lid: u32, live: bool, rb: u32, nt: u32, xbase: u32, xstep: u32) {
 // Grid: x·y = ceil(rows of the chunk / ROWS), z = token tiles.
 //#if subgroups
 @compute @workgroup_size(64)
-fn mm_dense(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
     let t0 = wid.z * TILE_TOKENS;
     let n_tokens = STEP.n_tokens;
     var nt = 0u;
@@ -164,8 +164,8 @@ fn mm_dense(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
 }
 //#else
 @compute @workgroup_size(64)
-fn mm_dense(@builtin(workgroup_id) wid: vec3<u32>,
-            @builtin(local_invocation_id) lid3: vec3<u32>) {
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>,
+          @builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
     let lane = lid % LANES;
     let r = (wid.x + wid.y * P.grid_x) * ROWS + lid / LANES;

@@ -2,10 +2,10 @@
 // matmul.wgsl. The selected expert of every (token, slot) is read from SEL on
 // the GPU; nothing goes back to the host. Per weight chunk (a range of whole
 // expert slabs) the host records:
-//   moe_rows MODE_GATE: H[s][f] = gate_e[f] · x[s / k]
-//   moe_rows MODE_UP:   H[s][f] = RW[s] · swiglu(H[s][f], up_e[f] · x[s / k])
-//   moe_rows MODE_DOWN: C[s][o] = down_e[o] · H[s]
-// and once: moe_sum: out[t][o] = Σ_slot C[t·k + slot][o], in slot order like
+//   expert_rows MODE_GATE: H[s][f] = gate_e[f] · x[s / k]
+//   expert_rows MODE_UP:   H[s][f] = RW[s] · swiglu(H[s][f], up_e[f] · x[s / k])
+//   expert_rows MODE_DOWN: C[s][o] = down_e[o] · H[s]
+// and once: expert_sum: out[t][o] = Σ_slot C[t·k + slot][o], in slot order like
 // the CPU twin. A workgroup whose slot selects an expert outside the bound
 // chunk does nothing (its sibling dispatch on the right chunk does the work).
 
@@ -28,7 +28,7 @@ fn swiglu(g: f32, u: f32, c: f32) -> f32 {
 // Grid: x·y = ceil(rows of one expert / ROWS), z = slots (n_tokens · k).
 //#if subgroups
 @compute @workgroup_size(64)
-fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
+fn expert_rows(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
     let s = wid.z;
     for (var j = ids.sg; j < ROWS; j += ids.n_sg) {
         let f = (wid.x + wid.y * P.grid_x) * ROWS + j;
@@ -59,8 +59,8 @@ fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
 }
 //#else
 @compute @workgroup_size(64)
-fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>,
-            @builtin(local_invocation_id) lid3: vec3<u32>) {
+fn expert_rows(@builtin(workgroup_id) wid: vec3<u32>,
+               @builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
     let f = (wid.x + wid.y * P.grid_x) * ROWS + lid / LANES;
     let s = wid.z;
@@ -90,8 +90,8 @@ fn moe_rows(@builtin(workgroup_id) wid: vec3<u32>,
 
 // out[t][o] = Σ_slot X[(t·k + slot)·n_rows + o]. Grid: x·y = ceil(n_rows / 64), z = tokens.
 @compute @workgroup_size(64)
-fn moe_sum(@builtin(workgroup_id) wid: vec3<u32>,
-           @builtin(local_invocation_id) lid3: vec3<u32>) {
+fn expert_sum(@builtin(workgroup_id) wid: vec3<u32>,
+              @builtin(local_invocation_id) lid3: vec3<u32>) {
     let o = (wid.x + wid.y * P.grid_x) * WG + lid3.x;
     let t = wid.z;
     if (o >= P.n_rows || t >= STEP.n_tokens) {

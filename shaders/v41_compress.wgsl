@@ -42,70 +42,14 @@ struct V41CompressParams {
 @group(0) @binding(6) var<storage, read_write> st_score: array<f32>;
 @group(0) @binding(7) var<storage, read_write> rows0: array<f32>;
 @group(0) @binding(8) var<storage, read_write> irows0: array<f32>;
-// Rows beyond one binding: chunks of chunk_rows (index_chunk_rows) rows.
-@group(0) @binding(9) var<storage, read_write> rows1: array<f32>;
-@group(0) @binding(10) var<storage, read_write> rows2: array<f32>;
-@group(0) @binding(11) var<storage, read_write> rows3: array<f32>;
-@group(0) @binding(12) var<storage, read_write> rows4: array<f32>;
-@group(0) @binding(13) var<storage, read_write> rows5: array<f32>;
-@group(0) @binding(14) var<storage, read_write> rows6: array<f32>;
-@group(0) @binding(15) var<storage, read_write> rows7: array<f32>;
-@group(0) @binding(16) var<storage, read_write> irows1: array<f32>;
-@group(0) @binding(17) var<storage, read_write> irows2: array<f32>;
-@group(0) @binding(18) var<storage, read_write> irows3: array<f32>;
-@group(0) @binding(19) var<storage, read_write> irows4: array<f32>;
-@group(0) @binding(20) var<storage, read_write> irows5: array<f32>;
-@group(0) @binding(21) var<storage, read_write> irows6: array<f32>;
-@group(0) @binding(22) var<storage, read_write> irows7: array<f32>;
+// Rows beyond one binding: chunks of chunk_rows (index_chunk_rows) rows
+// (rows1..7, irows1..7, rows_store and irows_store,
+// src/backend/wgpu/shaders.rs).
+//#chunks rows 9 read_write f32
+//#chunks irows 16 read_write f32
 @group(0) @binding(23) var<storage, read> row_table: array<RowRecord>;
 
-// Stores `v` at value `o` of chunk `c` of the chunked compressed rows.
-fn rows_store(c: u32, o: u32, v: f32) {
-    switch c {
-        case 1u: { rows1[o] = v; }
-        case 2u: { rows2[o] = v; }
-        case 3u: { rows3[o] = v; }
-        case 4u: { rows4[o] = v; }
-        case 5u: { rows5[o] = v; }
-        case 6u: { rows6[o] = v; }
-        case 7u: { rows7[o] = v; }
-        default: { rows0[o] = v; }
-    }
-}
-
-// Stores `v` at value `o` of chunk `c` of the chunked index keys.
-fn irows_store(c: u32, o: u32, v: f32) {
-    switch c {
-        case 1u: { irows1[o] = v; }
-        case 2u: { irows2[o] = v; }
-        case 3u: { irows3[o] = v; }
-        case 4u: { irows4[o] = v; }
-        case 5u: { irows5[o] = v; }
-        case 6u: { irows6[o] = v; }
-        case 7u: { irows7[o] = v; }
-        default: { irows0[o] = v; }
-    }
-}
-
 var<workgroup> ikey: array<f32, MAXROW>;
-
-fn centered_fract(v: f32) -> f32 {
-    return v - round(v);
-}
-
-// (cos, sin) of pair k at `pos`, the angle built as shaders/rope.wgsl does.
-fn cos_sin(k: u32, pos: u32, tab: u32) -> vec2<f32> {
-    let hi = consts[tab + 3u * k];
-    let mid = consts[tab + 3u * k + 1u];
-    let lo = consts[tab + 3u * k + 2u];
-    let ph = f32(pos >> 12u);
-    let pl = f32(pos & 0xfffu);
-    var turns = centered_fract(ph * hi * 4096.0) + centered_fract(ph * mid * 4096.0)
-        + centered_fract(pl * hi) + centered_fract(pl * mid) + centered_fract(f32(pos) * lo);
-    turns = centered_fract(turns);
-    let a = turns * 6.283185307179586;
-    return vec2<f32>(cos(a), sin(a));
-}
 
 @compute @workgroup_size(WG)
 fn v41_compress(@builtin(local_invocation_index) tid: u32) {

@@ -23,7 +23,7 @@ struct V41GateParams {
 
 // out[t] = [1, 0, ..., 0]: the first attention collapses stream 0 only.
 @compute @workgroup_size(WG)
-fn hc_one_hot(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn v41_hc_one_hot(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = linear_id(gid, nwg);
     if (i >= step.n_tokens * prm.n_hc) { return; }
     out[i] = select(0.0, 1.0, i % prm.n_hc == 0u);
@@ -34,8 +34,8 @@ fn hc_one_hot(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 // dot = sum(x * qw * kw * key) * rstd(x) * rstd(key) / sqrt(dim), and
 // out = x + gate * value.
 @compute @workgroup_size(WG)
-fn engram_gate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) tid: u32) {
+fn v41_engram_gate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) tid: u32) {
     let g = group_id(wid, nwg);
     let n = prm.n_hc;
     let d = prm.dim;

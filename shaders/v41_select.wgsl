@@ -1,10 +1,7 @@
 // DeepSeek V4.1's two-level top-k (twins: ops::v41::{CandidateBlocks,
-// CandidateTopK}), one workgroup per token. A row's score is
-// sum_h w[h] * max(0, q_h . k_r), as the indexer's. Selections go through
-// order-preserving u32 keys in a scratch row per token (0 = not a
-// candidate: no real score maps to it) and a bitwise search for the k-th
-// largest key, then one ordered walk writes the chosen ids ascending, ties
-// to the lower id (shaders/indexer.wgsl does the same).
+// CandidateTopK}), one workgroup per token, with the indexer's scores and
+// selection (shaders/select.wgsl). A scratch key of 0 marks an item that is
+// not a candidate (no real score maps to it).
 
 struct V41SelectParams {
     ratio: u32,
@@ -29,107 +26,21 @@ struct V41SelectParams {
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> wts: array<f32>;
 @group(0) @binding(4) var<storage, read> keys0: array<f32>;
-// CandidateBlocks' output (candidate_topk only), [T, topk_blocks].
+// CandidateBlocks' output (v41_candidate_topk only), [T, topk_blocks].
 @group(0) @binding(5) var<storage, read> blocks: array<i32>;
 @group(0) @binding(6) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<i32>;
 // Keys beyond one binding: chunks of chunk_rows whole rows (the index keys
-// grow with the context; docs/ARCHITECTURE.md, "Chunked state bindings").
-@group(0) @binding(8) var<storage, read> keys1: array<f32>;
-@group(0) @binding(9) var<storage, read> keys2: array<f32>;
-@group(0) @binding(10) var<storage, read> keys3: array<f32>;
-@group(0) @binding(11) var<storage, read> keys4: array<f32>;
-@group(0) @binding(12) var<storage, read> keys5: array<f32>;
-@group(0) @binding(13) var<storage, read> keys6: array<f32>;
-@group(0) @binding(14) var<storage, read> keys7: array<f32>;
+// grow with the context; docs/ARCHITECTURE.md, "Chunked state bindings"):
+// keys1..keys7 and keys_load (src/backend/wgpu/shaders.rs).
+//#chunks keys 8 read f32
 @group(0) @binding(15) var<storage, read> row_table: array<RowRecord>;
-
-// Value `o` of chunk `c` of the chunked keys.
-fn keys_load(c: u32, o: u32) -> f32 {
-    switch c {
-        case 1u: { return keys1[o]; }
-        case 2u: { return keys2[o]; }
-        case 3u: { return keys3[o]; }
-        case 4u: { return keys4[o]; }
-        case 5u: { return keys5[o]; }
-        case 6u: { return keys6[o]; }
-        case 7u: { return keys7[o]; }
-        default: { return keys0[o]; }
-    }
-}
-
-var<workgroup> cnt: array<u32, WG>;
-
-fn wg_count(v: u32, tid: u32) -> u32 {
-    cnt[tid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) { cnt[tid] += cnt[tid + s]; }
-        workgroupBarrier();
-    }
-    let r = cnt[0];
-    workgroupBarrier();
-    return r;
-}
-
-// Exclusive prefix sum over the workgroup; returns this thread's offset.
-fn wg_scan(v: u32, tid: u32) -> u32 {
-    cnt[tid] = v;
-    workgroupBarrier();
-    for (var s = 1u; s < WG; s <<= 1u) {
-        var add = 0u;
-        if (tid >= s) { add = cnt[tid - s]; }
-        workgroupBarrier();
-        cnt[tid] += add;
-        workgroupBarrier();
-    }
-    let incl = cnt[tid];
-    workgroupBarrier();
-    return incl - v;
-}
-
-// Order-preserving map of f32 to u32.
-fn order_key(f: f32) -> u32 {
-    let b = bitcast<u32>(f);
-    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
-}
-
-fn score(t: u32, r: u32) -> f32 {
-    let nh = prm.n_head;
-    let hd = prm.head_dim;
-    // The row's chunk once per row; the sums are as with one binding.
-    let kc = r / prm.chunk_rows;
-    let ko = (r % prm.chunk_rows) * hd;
-    var s = 0.0;
-    for (var h = 0u; h < nh; h++) {
-        var d = 0.0;
-        let qb = (t * nh + h) * hd;
-        for (var j = 0u; j < hd; j++) { d += q[qb + j] * keys_load(kc, ko + j); }
-        s += wts[t * nh + h] * max(d, 0.0);
-    }
-    return s;
-}
-
-// The k-th largest of the n keys at scratch[sb..] (0 when fewer than k are
-// non-zero), and how many keys equal to it are to be taken.
-fn kth_key(sb: u32, n: u32, k: u32, tid: u32) -> vec2<u32> {
-    var thr = 0u;
-    for (var bit = 31i; bit >= 0i; bit--) {
-        let cand = thr | (1u << u32(bit));
-        var c = 0u;
-        for (var r = tid; r < n; r += WG) { c += select(0u, 1u, scratch[sb + r] >= cand); }
-        if (wg_count(c, tid) >= k) { thr = cand; }
-    }
-    var c_gt = 0u;
-    for (var r = tid; r < n; r += WG) { c_gt += select(0u, 1u, scratch[sb + r] > thr); }
-    return vec2<u32>(thr, k - wg_count(c_gt, tid));
-}
 
 // Level one: the newest block (key 0, always taken) and the best
 // topk_blocks - 1 others by their best row; ids ascending, -1 padded.
 @compute @workgroup_size(WG)
-fn candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_index) tid: u32) {
+fn v41_candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) tid: u32) {
     let t = prm.t0 + group_id(wid, nwg);
     if (t >= step.n_tokens) { return; }
     let kb = prm.topk_blocks;
@@ -155,8 +66,7 @@ fn candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     storageBarrier();
     workgroupBarrier();
     let sel = kth_key(sb, nb, kb - 1u, tid);
-    var taken = 0u;
-    var eq_seen = 0u;
+    var walk = Walk(0u, 0u);
     for (var b0 = 0u; b0 < nb; b0 += WG) {
         let b = b0 + tid;
         var above = false;
@@ -166,14 +76,8 @@ fn candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
             above = kk > sel.x || b == last;
             equal = kk == sel.x && b != last;
         }
-        let eq_before = wg_scan(select(0u, 1u, equal), tid);
-        let eq_total = wg_count(select(0u, 1u, equal), tid);
-        let chosen = above || (equal && eq_seen + eq_before < sel.y);
-        let pos = wg_scan(select(0u, 1u, chosen), tid);
-        let n_chosen = wg_count(select(0u, 1u, chosen), tid);
-        if (chosen) { out[o + taken + pos] = i32(b); }
-        taken += n_chosen;
-        eq_seen += eq_total;
+        let slot = walk_block(&walk, above, equal, sel.y, tid);
+        if (slot >= 0) { out[o + u32(slot)] = i32(b); }
     }
 }
 
@@ -181,8 +85,8 @@ fn candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
 // when no more than top_k), ids ascending, -1 padded. Blocks are ascending
 // and distinct (CandidateBlocks' output), so slot order is row order.
 @compute @workgroup_size(WG)
-fn candidate_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) tid: u32) {
+fn v41_candidate_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) tid: u32) {
     let t = prm.t0 + group_id(wid, nwg);
     if (t >= step.n_tokens) { return; }
     let kb = prm.topk_blocks;
@@ -209,8 +113,7 @@ fn candidate_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     // Fewer candidates than top_k: the search's k is their count, so the
     // threshold is the smallest of them and every one is taken.
     let sel = kth_key(sb, n, min(k, n_valid), tid);
-    var taken = 0u;
-    var eq_seen = 0u;
+    var walk = Walk(0u, 0u);
     for (var i0 = 0u; i0 < n; i0 += WG) {
         let i = i0 + tid;
         var above = false;
@@ -220,16 +123,8 @@ fn candidate_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
             above = kk > sel.x && kk != 0u;
             equal = kk == sel.x && kk != 0u;
         }
-        let eq_before = wg_scan(select(0u, 1u, equal), tid);
-        let eq_total = wg_count(select(0u, 1u, equal), tid);
-        let chosen = above || (equal && eq_seen + eq_before < sel.y);
-        let pos = wg_scan(select(0u, 1u, chosen), tid);
-        let n_chosen = wg_count(select(0u, 1u, chosen), tid);
-        if (chosen) {
-            out[o + taken + pos] = i32(u32(blocks[t * kb + i / bs]) * bs + i % bs);
-        }
-        taken += n_chosen;
-        eq_seen += eq_total;
+        let slot = walk_block(&walk, above, equal, sel.y, tid);
+        if (slot >= 0) { out[o + u32(slot)] = i32(u32(blocks[t * kb + i / bs]) * bs + i % bs); }
     }
-    for (var i = taken + tid; i < k; i += WG) { out[o + i] = -1; }
+    for (var i = walk.taken + tid; i < k; i += WG) { out[o + i] = -1; }
 }

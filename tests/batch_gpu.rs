@@ -58,6 +58,23 @@ fn wgpu_sessions_are_batch_invariant() {
         check_backend(
             tiny_model(Variant::Q8),
             BackendKind::Wgpu,
+            &batch::small_plans(4),
+            &[1, 2, 4],
+        );
+    }
+}
+
+/// The full schedule on wgpu (8 sessions, prompts up to 94 tokens):
+/// `cargo test --release --test batch_gpu -- --ignored`. Ignored by
+/// default: about 3 minutes on lavapipe, where CI runs the small schedule
+/// above (the same checks, fewer and shorter sessions).
+#[test]
+#[ignore = "the full schedule: minutes on lavapipe; run on a GPU or before a stop"]
+fn wgpu_sessions_are_batch_invariant_full_schedule() {
+    if wgpu_opens() {
+        check_backend(
+            tiny_model(Variant::Q8),
+            BackendKind::Wgpu,
             &plans(),
             &[1, 2, 4, 8],
         );

@@ -6,6 +6,7 @@
 #![cfg(feature = "cuda")]
 
 use ds4::backend::cuda::{kernels, nvrtc::Nvrtc};
+use ds4::backend::kernels::Family;
 use ds4::backend::BackendOptions;
 
 fn nvrtc() -> Option<Nvrtc> {
@@ -58,7 +59,7 @@ fn every_family_compiles_to_ptx_for_every_target_without_warnings() {
                         c.ptx.contains(&format!(".target sm_{arch}")),
                         "{family} compute_{arch}"
                     );
-                    for name in kernels::entry_points(family) {
+                    for name in kernels::entry_points(*family) {
                         assert!(
                             c.ptx.contains(&format!(".entry {name}(")),
                             "{family} compute_{arch}: no kernel {name}"
@@ -93,10 +94,13 @@ fn the_ptx_cache_is_keyed_by_source_arch_and_nvrtc_version() {
     assert_eq!(a, kernels::cache_name("norm", "x", 80, (13, 0)));
     let Some(n) = nvrtc() else { return };
     let dir = std::env::temp_dir().join(format!("ds4-ptx-cache-{}", std::process::id()));
-    let first = kernels::ptx(&n, "ring", 80, Some(&dir)).unwrap();
+    let first = kernels::ptx(&n, Family::Ring, 80, Some(&dir)).unwrap();
     let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
     assert_eq!(files.len(), 1);
     // A second request is served from the file (identical text).
-    assert_eq!(kernels::ptx(&n, "ring", 80, Some(&dir)).unwrap(), first);
+    assert_eq!(
+        kernels::ptx(&n, Family::Ring, 80, Some(&dir)).unwrap(),
+        first
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

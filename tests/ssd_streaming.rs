@@ -159,7 +159,18 @@ fn gpu_streaming_is_exact(backend: BackendKind, variants: &[Variant]) {
 #[test]
 fn streamed_experts_give_bit_identical_logits_on_wgpu() {
     if have_gpu() {
-        gpu_streaming_is_exact(BackendKind::Wgpu, &[Variant::Q2, Variant::Mxfp4]);
+        gpu_streaming_is_exact(BackendKind::Wgpu, &[Variant::Q2]);
+    }
+}
+
+/// The MXFP4 experts through the device slots too:
+/// `cargo test --release --test ssd_streaming -- --ignored` (about 2
+/// minutes on lavapipe; CI streams the q2 mix above).
+#[test]
+#[ignore = "a second variant on lavapipe; run on a GPU or before a stop"]
+fn streamed_mxfp4_experts_give_bit_identical_logits_on_wgpu() {
+    if have_gpu() {
+        gpu_streaming_is_exact(BackendKind::Wgpu, &[Variant::Mxfp4]);
     }
 }
 

@@ -21,13 +21,14 @@ use common::rng::Normal as Rng;
 
 use std::sync::OnceLock;
 
-use ds4::backend::wgpu::matmul::{read_back, BufRange, MatmulKernels};
+use ds4::backend::wgpu::matmul::{read_back, BufRange, DenseShape, MatmulKernels};
 use ds4::backend::wgpu::weights::GpuTensor;
 use ds4::backend::wgpu::{AdapterChoice, Gpu, StepUniform};
 use ds4::backend::BackendOptions;
 use ds4::gguf::TensorRef;
 use ds4::gguf::{GgufFile, GgufWriter};
 use ds4::graph::ops::matmul::matmul_rows;
+use ds4::graph::ops::moe::ExpertDims;
 use ds4::graph::ops::moe::MoeExperts;
 use ds4::quant::{self, GgmlType};
 use wgpu::util::DeviceExt;
@@ -223,7 +224,11 @@ fn dense_case_with(gpu: &Gpu, kernels: &MatmulKernels, case: &Dense, seed: u64) 
         .dense(
             gpu,
             &t,
-            case.groups,
+            DenseShape {
+                n_in: case.n_in,
+                n_out: case.n_out,
+                groups: case.groups,
+            },
             BufRange::whole(&xb),
             BufRange::whole(&out),
             &sb,
@@ -701,9 +706,12 @@ fn experts_case_with(gpu: &Gpu, kernels: &MatmulKernels, e: &Experts, seed: u64)
     let re = kernels
         .experts(
             gpu,
-            &tg,
-            &tu,
-            &td,
+            [&tg, &tu, &td],
+            ExpertDims {
+                dim: e.d,
+                hidden: e.ff,
+                n_expert: e.n_expert,
+            },
             e.clamp,
             e.k,
             BufRange::whole(&xb),

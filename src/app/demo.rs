@@ -9,10 +9,7 @@ pub const DEMO_DEFAULT_TOKENS: usize = 64;
 
 /// Path of the demo model, generated on first use (random weights).
 pub fn demo_model() -> Result<PathBuf, String> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
+    let base = crate::backend::options::user_cache_dir().unwrap_or_else(std::env::temp_dir);
     let dir = base.join("ds4");
     let path = dir.join("demo-tiny-q8.gguf");
     if !path.exists() {

@@ -109,6 +109,92 @@ fn info_mtp(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The info page's first lines: the file, how long loading took, and every
+/// metadata key.
+fn print_file(
+    file: &crate::gguf::GgufFile,
+    path: &Path,
+    family: &str,
+    load: std::time::Duration,
+    nothing_read: &str,
+) {
+    println!(
+        "file: {} ({}, GGUF v{}, alignment {}){family}",
+        path.display(),
+        human(file.file_len()),
+        file.version(),
+        file.alignment()
+    );
+    println!(
+        "loaded and validated in {:.1} ms (no tensor data read{nothing_read})",
+        load.as_secs_f64() * 1e3
+    );
+    println!("\n== metadata ==");
+    for (k, v) in file.metadata() {
+        println!("{k:<48} {}", v.summary());
+    }
+}
+
+/// The configuration both families have, with the family's own lines for
+/// its layers (after the window) and its index (after the indexer), and
+/// the end of the experts line.
+fn print_core(
+    c: &crate::model::config::CoreConfig,
+    layers: &[String],
+    index: &[String],
+    experts: &str,
+) {
+    println!("\n== configuration ==");
+    println!("name                 {}", c.name);
+    println!("layers               {}", c.n_layer);
+    println!("embedding            {}", c.n_embd);
+    println!("vocab                {}", c.n_vocab);
+    println!(
+        "heads                {} × {} (kv heads {}, rotary dims {})",
+        c.n_head, c.head_dim, c.n_head_kv, c.n_rot
+    );
+    println!("q low rank           {}", c.q_lora_rank);
+    println!(
+        "output groups        {} × rank {}",
+        c.o_groups, c.o_lora_rank
+    );
+    println!("sliding window       {}", c.sliding_window);
+    for l in layers {
+        println!("{l}");
+    }
+    println!(
+        "indexer              {} heads × {}, top-k {}",
+        c.indexer_heads, c.indexer_head_dim, c.indexer_top_k
+    );
+    for l in index {
+        println!("{l}");
+    }
+    println!(
+        "hyper-connections    {} streams, {} Sinkhorn iterations, eps {:e}",
+        c.hc_count, c.hc_sinkhorn_iters, c.hc_eps
+    );
+    println!("rms eps              {:e}", c.rms_eps);
+    println!(
+        "rope                 base {} (window layers), {} (compressed layers)",
+        c.rope_base, c.compress_rope_base
+    );
+    match c.yarn {
+        Some(y) => println!(
+            "yarn                 factor {}, original context {}, beta fast {} slow {}",
+            y.factor, y.original_context, y.beta_fast, y.beta_slow
+        ),
+        None => println!("yarn                 off"),
+    }
+    println!(
+        "experts              {} routed, {} used, ff {}, {experts}",
+        c.n_expert, c.n_expert_used, c.expert_ff
+    );
+    println!(
+        "routing              weights scale {}, normalised {}",
+        c.expert_weights_scale, c.expert_weights_norm
+    );
+}
+
 /// `--info`: the file, its configuration and weights; with a backend, also
 /// the decode roofline of the device that backend would use.
 pub fn info(
@@ -135,36 +221,7 @@ pub fn info(
     };
     let load = t0.elapsed();
     let c = &m.config;
-    println!(
-        "file: {} ({}, GGUF v{}, alignment {})",
-        path.display(),
-        human(m.file.file_len()),
-        m.file.version(),
-        m.file.alignment()
-    );
-    println!(
-        "loaded and validated in {:.1} ms (no tensor data read)",
-        load.as_secs_f64() * 1e3
-    );
-    println!("\n== metadata ==");
-    for (k, v) in m.file.metadata() {
-        println!("{k:<48} {}", v.summary());
-    }
-    println!("\n== configuration ==");
-    println!("name                 {}", c.name);
-    println!("layers               {}", c.n_layer);
-    println!("embedding            {}", c.n_embd);
-    println!("vocab                {}", c.n_vocab);
-    println!(
-        "heads                {} × {} (kv heads {}, rotary dims {})",
-        c.n_head, c.head_dim, c.n_head_kv, c.n_rot
-    );
-    println!("q low rank           {}", c.q_lora_rank);
-    println!(
-        "output groups        {} × rank {}",
-        c.o_groups, c.o_lora_rank
-    );
-    println!("sliding window       {}", c.sliding_window);
+    print_file(&m.file, path, "", load, "");
     let kinds: Vec<String> = m
         .weights
         .layers
@@ -175,38 +232,15 @@ pub fn info(
             crate::model::AttentionKind::Hca { ratio } => format!("H{ratio}"),
         })
         .collect();
-    println!(
+    let layers = [format!(
         "layer kinds          {} (W window, C csa, H hca; number = ratio)",
         kinds.join(" ")
+    )];
+    let experts = format!(
+        "{} shared, {} hash layers",
+        c.n_expert_shared, c.n_hash_layers
     );
-    println!(
-        "indexer              {} heads × {}, top-k {}",
-        c.indexer_heads, c.indexer_head_dim, c.indexer_top_k
-    );
-    println!(
-        "hyper-connections    {} streams, {} Sinkhorn iterations, eps {:e}",
-        c.hc_count, c.hc_sinkhorn_iters, c.hc_eps
-    );
-    println!("rms eps              {:e}", c.rms_eps);
-    println!(
-        "rope                 base {} (window layers), {} (compressed layers)",
-        c.rope_base, c.compress_rope_base
-    );
-    match c.yarn {
-        Some(y) => println!(
-            "yarn                 factor {}, original context {}, beta fast {} slow {}",
-            y.factor, y.original_context, y.beta_fast, y.beta_slow
-        ),
-        None => println!("yarn                 off"),
-    }
-    println!(
-        "experts              {} routed, {} used, ff {}, {} shared, {} hash layers",
-        c.n_expert, c.n_expert_used, c.expert_ff, c.n_expert_shared, c.n_hash_layers
-    );
-    println!(
-        "routing              weights scale {}, normalised {}",
-        c.expert_weights_scale, c.expert_weights_norm
-    );
+    print_core(c, &layers, &[], &experts);
     println!(
         "swiglu clamp         {:?}",
         &c.swiglu_clamp[..c.swiglu_clamp.len().min(8)]
@@ -270,87 +304,45 @@ fn info_v41(
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let load = t0.elapsed();
     let c = &m.config;
-    println!(
-        "file: {} ({}, GGUF v{}, alignment {}) — DeepSeek V4.1 (general.architecture deepseek41)",
-        path.display(),
-        human(m.file.file_len()),
-        m.file.version(),
-        m.file.alignment()
+    print_file(
+        &m.file,
+        path,
+        " — DeepSeek V4.1 (general.architecture deepseek41)",
+        load,
+        ", the Engram tables included",
     );
-    println!(
-        "loaded and validated in {:.1} ms (no tensor data read, the Engram tables included)",
-        load.as_secs_f64() * 1e3
-    );
-    println!("\n== metadata ==");
-    for (k, v) in m.file.metadata() {
-        println!("{k:<48} {}", v.summary());
-    }
-    println!("\n== configuration ==");
-    println!("name                 {}", c.name);
-    println!("layers               {}", c.n_layer);
-    println!("embedding            {}", c.n_embd);
-    println!("vocab                {}", c.n_vocab);
-    println!(
-        "heads                {} × {} (one kv head, rotary dims {})",
-        c.n_head, c.head_dim, c.n_rot
-    );
-    println!("q low rank           {}", c.q_lora_rank);
-    println!(
-        "output groups        {} × rank {}",
-        c.o_groups, c.o_lora_rank
-    );
-    println!("sliding window       {}", c.sliding_window);
     let roles: Vec<String> = c.roles.iter().map(|&r| v41_role(r)).collect();
-    println!(
-        "layer roles          {} (W window, S kv/index source, R reindex < kv source, U reuse < kv/index source; number = ratio)",
-        roles.join(" ")
-    );
     let count =
         |f: fn(&crate::model::v41::LayerRole) -> bool| c.roles.iter().filter(|r| f(r)).count();
-    println!(
-        "                     {} window, {} source, {} reindex, {} reuse; kv sources {:?}, index sources {:?}",
-        count(|r| matches!(r, crate::model::v41::LayerRole::Window)),
-        count(|r| matches!(r, crate::model::v41::LayerRole::Source { .. })),
-        count(|r| matches!(r, crate::model::v41::LayerRole::Reindex { .. })),
-        count(|r| matches!(r, crate::model::v41::LayerRole::Reuse { .. })),
-        c.kv_source_layers,
-        c.index_source_layers
-    );
-    println!(
-        "indexer              {} heads × {}, top-k {}",
-        c.indexer_heads, c.indexer_head_dim, c.indexer_top_k
-    );
-    match c.candidate_source {
-        Some(l) => println!(
+    let layers = [
+        format!(
+            "layer roles          {} (W window, S kv/index source, R reindex < kv source, U reuse < kv/index source; number = ratio)",
+            roles.join(" ")
+        ),
+        format!(
+            "                     {} window, {} source, {} reindex, {} reuse; kv sources {:?}, index sources {:?}",
+            count(|r| matches!(r, crate::model::v41::LayerRole::Window)),
+            count(|r| matches!(r, crate::model::v41::LayerRole::Source { .. })),
+            count(|r| matches!(r, crate::model::v41::LayerRole::Reindex { .. })),
+            count(|r| matches!(r, crate::model::v41::LayerRole::Reuse { .. })),
+            c.kv_source_layers,
+            c.index_source_layers
+        ),
+    ];
+    let candidates = [match c.candidate_source {
+        Some(l) => format!(
             "candidate blocks     from layer {l}: top {} blocks of {}",
             c.candidate_topk_blocks, c.candidate_block_size
         ),
-        None => println!("candidate blocks     none"),
-    }
-    println!(
-        "hyper-connections    {} streams, {} Sinkhorn iterations, eps {:e}",
-        c.hc_count, c.hc_sinkhorn_iters, c.hc_eps
+        None => "candidate blocks     none".into(),
+    }];
+    print_core(
+        c,
+        &layers,
+        &candidates,
+        &format!("{} shared", c.n_expert_shared),
     );
-    println!("rms eps              {:e}", c.rms_eps);
-    println!(
-        "rope                 base {} (window layers), {} (compressed layers)",
-        c.rope_base, c.compress_rope_base
-    );
-    match c.yarn {
-        Some(y) => println!(
-            "yarn                 factor {}, original context {}, beta fast {} slow {}",
-            y.factor, y.original_context, y.beta_fast, y.beta_slow
-        ),
-        None => println!("yarn                 off"),
-    }
-    println!(
-        "experts              {} routed, {} used, ff {}, {} shared",
-        c.n_expert, c.n_expert_used, c.expert_ff, c.n_expert_shared
-    );
-    println!(
-        "routing              weights scale {}, normalised {}, swiglu limit {}",
-        c.expert_weights_scale, c.expert_weights_norm, c.swiglu_clamp[0]
-    );
+    println!("swiglu limit         {}", c.swiglu_clamp[0]);
     if let Some(ctx) = c.context_length {
         println!("trained context      {ctx}");
     }

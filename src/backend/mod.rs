@@ -7,6 +7,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod experts;
+pub mod kernels;
 pub mod options;
 pub mod wgpu;
 
@@ -119,16 +120,21 @@ pub trait Backend: Send {
     fn write_value(&mut self, g: GraphHandle, v: ValueId, data: &[f32])
         -> Result<(), BackendError>;
 
-    /// Reads rows `rows` of a persistent state buffer.
-    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError>;
+    /// Reads rows `rows` of a persistent state buffer (of state set 0).
+    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
+        self.read_set_rows(0, s, rows)
+    }
 
-    /// Writes whole rows of a state buffer starting at row `first`.
+    /// Writes whole rows of a state buffer starting at row `first` (of
+    /// state set 0).
     fn write_state_rows(
         &mut self,
         s: StateId,
         first: usize,
         data: &[f32],
-    ) -> Result<(), BackendError>;
+    ) -> Result<(), BackendError> {
+        self.write_set_rows(0, s, first, data)
+    }
 
     /// Reads a whole state buffer (its length comes from the layout).
     fn read_state(&self, s: StateId) -> Result<Vec<f32>, BackendError> {
@@ -198,46 +204,26 @@ pub trait Backend: Send {
         }
     }
 
-    /// [`Backend::read_state_rows`] of state set `set`.
+    /// Reads rows `rows` of state buffer `s` of state set `set`.
     fn read_set_rows(
         &self,
         set: usize,
         s: StateId,
         rows: Range<usize>,
-    ) -> Result<Vec<f32>, BackendError> {
-        one_set(self.name(), set)?;
-        self.read_state_rows(s, rows)
-    }
+    ) -> Result<Vec<f32>, BackendError>;
 
-    /// [`Backend::write_state_rows`] of state set `set`.
+    /// Writes whole rows of state buffer `s` of state set `set`, from row
+    /// `first`.
     fn write_set_rows(
         &mut self,
         set: usize,
         s: StateId,
         first: usize,
         data: &[f32],
-    ) -> Result<(), BackendError> {
-        one_set(self.name(), set)?;
-        self.write_state_rows(s, first, data)
-    }
+    ) -> Result<(), BackendError>;
 
     /// Puts state set `set` back to its fresh value.
-    fn reset_set(&mut self, set: usize) -> Result<(), BackendError> {
-        one_set(self.name(), set)?;
-        self.reset_states();
-        Ok(())
-    }
-}
-
-fn one_set(backend: &str, set: usize) -> Result<(), BackendError> {
-    if set == 0 {
-        Ok(())
-    } else {
-        Err(BackendError::State {
-            state: format!("set {set}"),
-            msg: format!("{backend} holds one state set"),
-        })
-    }
+    fn reset_set(&mut self, set: usize) -> Result<(), BackendError>;
 }
 
 /// Checks a step against the graph it runs: at least one token, at most the

@@ -43,8 +43,8 @@ pub struct BackendOptions {
     pub cuda_weights: Option<String>,
     /// The NVRTC library to load (`DS4_NVRTC`).
     pub nvrtc: Option<PathBuf>,
-    /// Where compiled PTX is cached (`DS4_CUDA_CACHE`; default under
-    /// `$XDG_CACHE_HOME` or `~/.cache`).
+    /// Where compiled PTX is cached (`DS4_CUDA_CACHE`; default
+    /// `ds4/cuda` under [`user_cache_dir`]; `None`: no cache).
     pub cuda_cache: Option<PathBuf>,
     /// Routed experts streamed from the GGUF into a bounded cache
     /// (`--ssd-streaming`; docs/SSD_STREAMING.md). `None`: every weight is
@@ -199,10 +199,22 @@ impl Default for BackendOptions {
             cuda_mma: false,
             cuda_weights: None,
             nvrtc: None,
-            cuda_cache: None,
+            cuda_cache: default_cuda_cache(),
             ssd_streaming: None,
         }
     }
+}
+
+/// The user's cache folder: `$XDG_CACHE_HOME`, else `~/.cache`; the one
+/// place it is resolved (the PTX cache here, the demo model in `app`).
+pub fn user_cache_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+}
+
+fn default_cuda_cache() -> Option<PathBuf> {
+    user_cache_dir().map(|d| d.join("ds4").join("cuda"))
 }
 
 impl BackendOptions {
@@ -235,7 +247,7 @@ impl BackendOptions {
             cuda_mma: std::env::var("DS4_CUDA_MMA").is_ok_and(|v| v == "1"),
             cuda_weights: std::env::var("DS4_CUDA_WEIGHTS").ok(),
             nvrtc: path("DS4_NVRTC"),
-            cuda_cache: path("DS4_CUDA_CACHE"),
+            cuda_cache: path("DS4_CUDA_CACHE").or_else(default_cuda_cache),
             ssd_streaming: None,
         }
     }

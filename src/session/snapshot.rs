@@ -15,7 +15,7 @@ pub const V41_SNAPSHOT_MAGIC: u32 = u32::from_le_bytes(*b"DS41");
 
 /// Refuses a payload of the other family by its first word: `v41` says
 /// whether the session is V4.1.
-pub(super) fn refuse_other_arch(magic: u32, v41: bool) -> Result<(), SessionError> {
+fn refuse_other_arch(magic: u32, v41: bool) -> Result<(), SessionError> {
     let (theirs, ours) = match (magic, v41) {
         (SNAPSHOT_MAGIC, true) => ("DeepSeek V4 (deepseek4)", "V4.1 (deepseek41)"),
         (V41_SNAPSHOT_MAGIC, false) => ("DeepSeek V4.1 (deepseek41)", "V4 (deepseek4)"),
@@ -32,7 +32,50 @@ pub(super) struct Reader<'a> {
     pub pos: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// Starts reading `payload`: its first `N` header words, refusing a
+    /// payload of the other family by the first (`v41`: this session is V4.1).
+    pub fn header<const N: usize>(
+        payload: &'a [u8],
+        v41: bool,
+    ) -> Result<(Reader<'a>, [u32; N]), SessionError> {
+        let mut r = Reader { b: payload, pos: 0 };
+        let mut h = [0u32; N];
+        for (i, f) in h.iter_mut().enumerate() {
+            *f = r.u32(&format!("header field {i}"))?;
+            if i == 0 {
+                refuse_other_arch(*f, v41)?;
+            }
+        }
+        Ok((r, h))
+    }
+
+    /// The `t` tokens and the logits over `vocab` after the header, each
+    /// token checked against the vocabulary.
+    pub fn tokens_and_logits(
+        &mut self,
+        t: usize,
+        vocab: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
+        let tokens: Vec<u32> = (0..t)
+            .map(|i| self.u32(&format!("token {i}")))
+            .collect::<Result<_, _>>()?;
+        if let Some(&id) = tokens.iter().find(|&&x| x as usize >= vocab) {
+            return Err(SessionError::BadToken { id, vocab });
+        }
+        Ok((tokens, self.f32s(vocab, "logits")?))
+    }
+
+    /// Fails unless the whole payload was read.
+    pub fn end(&self) -> Result<(), SessionError> {
+        match self.b.len() - self.pos {
+            0 => Ok(()),
+            n => Err(SessionError::Snapshot(format!(
+                "{n} trailing payload bytes"
+            ))),
+        }
+    }
+
     fn bytes(&mut self, n: usize, what: &str) -> Result<&[u8], SessionError> {
         let end = self
             .pos
@@ -71,6 +114,24 @@ pub(super) fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
     for x in v {
         out.extend_from_slice(&x.to_le_bytes());
     }
+}
+
+/// A payload's start: its header words, the session's tokens and its
+/// logits (a session that holds no tokens has nothing to save).
+pub(super) fn begin_payload(
+    header: &[u32],
+    tokens: &[u32],
+    logits: &[f32],
+) -> Result<Vec<u8>, SessionError> {
+    if tokens.is_empty() {
+        return Err(SessionError::Snapshot("the session holds no tokens".into()));
+    }
+    let mut out = Vec::new();
+    for &v in header.iter().chain(tokens) {
+        put_u32(&mut out, v);
+    }
+    put_f32s(&mut out, logits);
+    Ok(out)
 }
 
 impl Session {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::net::{Frame, Net};
-use super::snapshot::{put_f32s, put_u32, refuse_other_arch, Reader, SNAPSHOT_MAGIC};
+use super::snapshot::{begin_payload, put_f32s, put_u32, Reader, SNAPSHOT_MAGIC};
 use super::SessionError;
 use crate::backend::{state_desc, Backend};
 use crate::graph::{Graph, StateLayout, ValueName};
@@ -71,46 +71,8 @@ impl Net for V4Net {
         None
     }
 
-    fn save(
-        &self,
-        backend: &dyn Backend,
-        set: usize,
-        tokens: &[u32],
-        logits: &[f32],
-        frame: Frame,
-    ) -> Result<Vec<u8>, SessionError> {
-        self.save_payload(backend, set, tokens, logits, frame)
-    }
-
-    fn load(
-        &mut self,
-        backend: &mut dyn Backend,
-        set: usize,
-        payload: &[u8],
-        frame: Frame,
-    ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
-        self.load_payload(backend, set, payload, frame)
-    }
-}
-
-impl V4Net {
-    fn raw_window(&self, ctx: usize) -> usize {
-        self.model.config.sliding_window.min(ctx)
-    }
-
-    fn min_ratio(&self) -> usize {
-        self.model
-            .config
-            .compress_ratios
-            .iter()
-            .copied()
-            .filter(|&r| r > 0)
-            .min()
-            .unwrap_or(4)
-    }
-
     /// ds4's session payload (KVCACHE.md §4.3) of state set `set`.
-    fn save_payload(
+    fn save(
         &self,
         backend: &dyn Backend,
         set: usize,
@@ -120,14 +82,10 @@ impl V4Net {
     ) -> Result<Vec<u8>, SessionError> {
         let cfg = &self.model.config;
         let t = tokens.len();
-        if t == 0 {
-            return Err(SessionError::Snapshot("the session holds no tokens".into()));
-        }
         let w = self.raw_window(frame.ctx);
         let raw_live = t.min(w);
         let (hd, ihd) = (cfg.head_dim, cfg.indexer_head_dim);
-        let mut out = Vec::new();
-        for v in [
+        let header = [
             SNAPSHOT_MAGIC,
             VERSION,
             frame.ctx as u32,
@@ -141,13 +99,8 @@ impl V4Net {
             ihd as u32,
             cfg.n_vocab as u32,
             raw_live as u32,
-        ] {
-            put_u32(&mut out, v);
-        }
-        for &tok in tokens {
-            put_u32(&mut out, tok);
-        }
-        put_f32s(&mut out, logits);
+        ];
+        let mut out = begin_payload(&header, tokens, logits)?;
         let kinds: Vec<AttentionKind> = self.model.weights.layers.iter().map(|l| l.kind).collect();
         for k in &kinds {
             put_u32(
@@ -195,9 +148,9 @@ impl V4Net {
         Ok(out)
     }
 
-    /// Reads a payload made by `save_payload` into state set `set`.
-    fn load_payload(
-        &self,
+    /// Reads a payload made by `save` into state set `set`.
+    fn load(
+        &mut self,
         backend: &mut dyn Backend,
         set: usize,
         payload: &[u8],
@@ -205,14 +158,7 @@ impl V4Net {
     ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
         let bad = |m: String| SessionError::Snapshot(m);
         let cfg = self.model.config.clone();
-        let mut r = Reader { b: payload, pos: 0 };
-        let mut h = [0u32; HEADER_FIELDS];
-        for (i, f) in h.iter_mut().enumerate() {
-            *f = r.u32(&format!("header field {i}"))?;
-            if i == 0 {
-                refuse_other_arch(*f, false)?;
-            }
-        }
+        let (mut r, h) = Reader::header::<HEADER_FIELDS>(payload, false)?;
         if h[0] != SNAPSHOT_MAGIC || h[1] != VERSION {
             return Err(bad(format!(
                 "not a ds4 session payload (magic {:#x}, version {})",
@@ -242,16 +188,7 @@ impl V4Net {
                 h[5]
             )));
         }
-        let tokens: Vec<u32> = (0..t)
-            .map(|i| r.u32(&format!("token {i}")))
-            .collect::<Result<_, _>>()?;
-        if let Some(&id) = tokens.iter().find(|&&x| x as usize >= cfg.n_vocab) {
-            return Err(SessionError::BadToken {
-                id,
-                vocab: cfg.n_vocab,
-            });
-        }
-        let logits = r.f32s(cfg.n_vocab, "logits")?;
+        let (tokens, logits) = r.tokens_and_logits(t, cfg.n_vocab)?;
         let n_comp: Vec<u32> = (0..cfg.n_layer)
             .map(|_| r.u32("compressed row counts"))
             .collect::<Result<_, _>>()?;
@@ -305,12 +242,24 @@ impl V4Net {
                 }
             }
         }
-        if r.pos != payload.len() {
-            return Err(bad(format!(
-                "{} trailing payload bytes",
-                payload.len() - r.pos
-            )));
-        }
+        r.end()?;
         Ok((tokens, logits))
+    }
+}
+
+impl V4Net {
+    fn raw_window(&self, ctx: usize) -> usize {
+        self.model.config.sliding_window.min(ctx)
+    }
+
+    fn min_ratio(&self) -> usize {
+        self.model
+            .config
+            .compress_ratios
+            .iter()
+            .copied()
+            .filter(|&r| r > 0)
+            .min()
+            .unwrap_or(4)
     }
 }

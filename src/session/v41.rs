@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use super::net::{Frame, Net};
-use super::snapshot::{put_f32s, refuse_other_arch, Reader, V41_SNAPSHOT_MAGIC};
+use super::snapshot::{begin_payload, put_f32s, Reader, V41_SNAPSHOT_MAGIC};
 use super::SessionError;
 use crate::backend::{state_desc, Backend, GraphHandle};
 use crate::graph::{Graph, StateLayout, ValueName};
@@ -178,17 +178,8 @@ impl Net for V41Net {
     ) -> Result<Vec<u8>, SessionError> {
         let cfg = &self.model.config;
         let t = tokens.len();
-        if t == 0 {
-            return Err(SessionError::Snapshot("the session holds no tokens".into()));
-        }
-        let mut out = Vec::new();
-        for v in self.header(frame.ctx, frame.prefill_chunk, t) {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for &tok in tokens {
-            out.extend_from_slice(&tok.to_le_bytes());
-        }
-        put_f32s(&mut out, logits);
+        let header = self.header(frame.ctx, frame.prefill_chunk, t);
+        let mut out = begin_payload(&header, tokens, logits)?;
         for (l, ls) in self.kv.layers.iter().enumerate() {
             let w = state_desc(backend.state_layout(), ls.ring)?.rows;
             put_f32s(&mut out, &backend.read_set_rows(set, ls.ring, 0..w)?);
@@ -224,14 +215,7 @@ impl Net for V41Net {
     ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
         let ctx = frame.ctx;
         let bad = |m: String| SessionError::Snapshot(m);
-        let mut r = Reader { b: payload, pos: 0 };
-        let mut h = [0u32; HEADER_FIELDS];
-        for (i, f) in h.iter_mut().enumerate() {
-            *f = r.u32(&format!("header field {i}"))?;
-            if i == 0 {
-                refuse_other_arch(*f, true)?;
-            }
-        }
+        let (mut r, h) = Reader::header::<HEADER_FIELDS>(payload, true)?;
         if h[1] != VERSION {
             return Err(bad(format!("V4.1 session payload version {}", h[1])));
         }
@@ -250,16 +234,7 @@ impl Net for V41Net {
             )));
         }
         let cfg = self.model.config.clone();
-        let tokens: Vec<u32> = (0..t)
-            .map(|i| r.u32(&format!("token {i}")))
-            .collect::<Result<_, _>>()?;
-        if let Some(&id) = tokens.iter().find(|&&x| x as usize >= cfg.n_vocab) {
-            return Err(SessionError::BadToken {
-                id,
-                vocab: cfg.n_vocab,
-            });
-        }
-        let logits = r.f32s(cfg.n_vocab, "logits")?;
+        let (tokens, logits) = r.tokens_and_logits(t, cfg.n_vocab)?;
         backend.reset_set(set)?;
         let layers = self.kv.layers.clone();
         for (l, ls) in layers.iter().enumerate() {
@@ -291,12 +266,7 @@ impl Net for V41Net {
         let (rows, cols) = (d.rows, d.cols);
         let v = r.f32s(rows * cols, "engram history")?;
         backend.write_set_rows(set, hs, 0, &v)?;
-        if r.pos != payload.len() {
-            return Err(bad(format!(
-                "{} trailing payload bytes",
-                payload.len() - r.pos
-            )));
-        }
+        r.end()?;
         self.rebuild_history(&tokens);
         Ok((tokens, logits))
     }

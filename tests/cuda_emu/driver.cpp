@@ -229,15 +229,8 @@ struct Reg {
 }  // namespace emu
 
 #define REG(name) static emu::Reg reg_##name(#name, &emu::Invoker<&name>::run);
-#define REG_TYPED(prefix) \
-    REG(prefix##f32) REG(prefix##f16) REG(prefix##bf16) REG(prefix##q8_0) \
-    REG(prefix##q2_k) REG(prefix##q4_k) REG(prefix##iq2_xxs) REG(prefix##mxfp4)
-REG(add) REG(scale) REG(swiglu_clamped) REG(take_last) REG(rms_norm) REG(hc_mix) REG(hc_init)
-REG(hc_collapse) REG(hc_expand) REG(rope) REG(kv_round) REG(hadamard_fp4) REG(ring_write)
-REG(attention) REG(compress) REG(indexer_topk) REG(router) REG(expert_swiglu) REG(expert_sum)
-REG(read_all) REG(gather_last)
-REG(hc_one_hot) REG(engram_gate) REG(v41_compress) REG(candidate_blocks) REG(candidate_topk)
-REG_TYPED(embed_) REG_TYPED(matmul_) REG_TYPED(expert_rows_) REG_TYPED(expert_gate_up_) REG_TYPED(mma_)
+// The registrations, `REG(name) ARITY(name)` for every kernel, are appended
+// by tests/cuda_emu/mod.rs from the kernel list (src/backend/kernels.rs).
 
 // ---- the driver API subset ----
 typedef int CUresult;
@@ -397,13 +390,4 @@ struct ArityReg {
     ArityReg(emu::Run r, unsigned n) { arity()[r] = n; }
 };
 #define ARITY(name) static ArityReg ar_##name(&emu::Invoker<&name>::run, Arity<decltype(&name)>::n);
-#define ARITY_TYPED(prefix) \
-    ARITY(prefix##f32) ARITY(prefix##f16) ARITY(prefix##bf16) ARITY(prefix##q8_0) \
-    ARITY(prefix##q2_k) ARITY(prefix##q4_k) ARITY(prefix##iq2_xxs) ARITY(prefix##mxfp4)
-ARITY(add) ARITY(scale) ARITY(swiglu_clamped) ARITY(take_last) ARITY(rms_norm) ARITY(hc_mix) ARITY(hc_init)
-ARITY(hc_collapse) ARITY(hc_expand) ARITY(rope) ARITY(kv_round) ARITY(hadamard_fp4) ARITY(ring_write)
-ARITY(attention) ARITY(compress) ARITY(indexer_topk) ARITY(router) ARITY(expert_swiglu) ARITY(expert_sum)
-ARITY(read_all) ARITY(gather_last)
-ARITY(hc_one_hot) ARITY(engram_gate) ARITY(v41_compress) ARITY(candidate_blocks) ARITY(candidate_topk)
-ARITY_TYPED(embed_) ARITY_TYPED(matmul_) ARITY_TYPED(expert_rows_) ARITY_TYPED(expert_gate_up_) ARITY_TYPED(mma_)
 static unsigned n_params(emu::Run r) { return arity()[r]; }

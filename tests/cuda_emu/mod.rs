@@ -14,50 +14,36 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Families in the order `src/backend/cuda/kernels.rs` lists them.
-const FAMILIES: &[&str] = &[
-    "elementwise",
-    "embed",
-    "norm",
-    "hc_mix",
-    "hc",
-    "rope",
-    "round",
-    "ring",
-    "attention",
-    "compress",
-    "indexer",
-    "router",
-    "gather",
-    "v41",
-    "matmul",
-    "moe",
-    "bandwidth",
-];
+use ds4::backend::cuda::kernels;
+use ds4::backend::kernels::Family;
 
-/// The emulator's source: its header, the CUDA headers, every family (the
-/// one dynamic shared array becomes static storage), the fake driver.
+/// The emulator's source: its header, the CUDA helper headers, every
+/// family of the kernel list (src/backend/kernels.rs; the one dynamic shared
+/// array becomes static storage), the fake driver, then the driver's
+/// registry of every kernel the CUDA loader looks up.
 fn source(root: &Path) -> String {
     let read =
         |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
-    let mut s = String::new();
-    for p in [
-        "tests/cuda_emu/emu.h",
-        "cuda/common.cuh",
-        "cuda/iq2xxs_grid.inc",
-        "cuda/quant.cuh",
-    ] {
-        s.push_str(&read(p));
+    let mut s = read("tests/cuda_emu/emu.h");
+    s.push('\n');
+    for (_, text) in kernels::helpers() {
+        s.push_str(text);
         s.push('\n');
     }
-    for f in FAMILIES {
+    for f in Family::ALL {
         s.push_str(
-            &read(&format!("cuda/{f}.cu"))
+            &f.cuda_source()
                 .replace("extern __shared__ float buf[];", "static float buf[1024];"),
         );
         s.push('\n');
     }
     s.push_str(&read("tests/cuda_emu/driver.cpp"));
+    s.push_str("\n// ---- the kernel registry (tests/cuda_emu/mod.rs) ----\n");
+    for f in Family::ALL {
+        for name in kernels::entry_points(*f) {
+            s.push_str(&format!("REG({name}) ARITY({name})\n"));
+        }
+    }
     s
 }
 

@@ -361,19 +361,6 @@ impl Backend for CpuBackend {
         &self.layout
     }
 
-    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
-        self.read_set_rows(0, s, rows)
-    }
-
-    fn write_state_rows(
-        &mut self,
-        s: StateId,
-        first: usize,
-        data: &[f32],
-    ) -> Result<(), BackendError> {
-        self.write_set_rows(0, s, first, data)
-    }
-
     fn reset_states(&mut self) {
         for set in 0..self.states.len() {
             let _ = self.reset_set(set);

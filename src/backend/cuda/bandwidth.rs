@@ -15,11 +15,13 @@ use std::ffi::c_void;
 use cudarc::driver::sys::{self, CUfunction};
 
 use super::device::{self, device_err, Device};
+use super::kernels::Kernel;
+use super::launch::Arg;
 use super::mem::{checked, DevBuf};
 use super::modules::Modules;
-use super::record::{type_suffix, Arg};
 use super::StepDev;
 use crate::backend::bandwidth::{bench_weights, Measure};
+use crate::backend::kernels::{Entry, Family};
 use crate::backend::BackendError;
 use crate::quant::GgmlType;
 
@@ -39,7 +41,11 @@ impl Bench {
     /// matmul and moe kernels; errors say plainly why CUDA is not usable.
     pub fn open(opts: &crate::backend::BackendOptions) -> Result<Bench, BackendError> {
         let dev = Device::open(device::chosen_ordinal(opts)?)?;
-        let modules = Modules::load(&dev, &["bandwidth", "matmul", "moe"], opts)?;
+        let modules = Modules::load(
+            &dev,
+            &[Family::Bandwidth, Family::Matmul, Family::Moe],
+            opts,
+        )?;
         let step = DevBuf::from_bytes(bytemuck::bytes_of(&StepDev {
             pos0: 0,
             n_tokens: 1,
@@ -178,7 +184,7 @@ impl Bench {
         let words = (size / 16) as u64;
         let blocks = (self.dev.info.sms.max(1) * 32).min(words.div_ceil(256) as u32);
         let sink = DevBuf::alloc(blocks as usize * 256 * 4)?;
-        let f = self.modules.func("read_all")?;
+        let f = self.modules.func(Entry::ReadAll)?;
         let args = [Arg::Ptr(src.ptr), Arg::U64(words), Arg::Ptr(sink.ptr)];
         let seconds = self.best_time(trials, &|| self.launch(f, (blocks, 1), 256, &args))?;
         Ok(line("device read", "", "", 0, 0, size as u64, seconds, 0))
@@ -209,7 +215,7 @@ impl Bench {
         n_out: u64,
         trials: usize,
     ) -> Result<Measure, BackendError> {
-        let f = self.typed("matmul_", ty)?;
+        let f = self.modules.func(Kernel::typed(Entry::MatMul, ty))?;
         let w = weights(ty, n_in, n_out)?;
         let row_bytes = w.bytes as u64 / n_out;
         let x = DevBuf::from_f32(&activations(n_in))?;
@@ -249,7 +255,7 @@ impl Bench {
         ff: u64,
         trials: usize,
     ) -> Result<Measure, BackendError> {
-        let f = self.typed("expert_gate_up_", ty)?;
+        let f = self.modules.func(Kernel::typed(Entry::ExpertGateUp, ty))?;
         let gate = weights(ty, n_in, ff)?;
         let up = weights(ty, n_in, ff)?;
         let row_bytes = gate.bytes as u64 / ff;
@@ -285,11 +291,6 @@ impl Bench {
             seconds,
             ROWS_PER_BLOCK,
         ))
-    }
-
-    fn typed(&self, prefix: &str, ty: GgmlType) -> Result<CUfunction, BackendError> {
-        let s = type_suffix(ty).ok_or_else(|| device_err("weight type", ty))?;
-        self.modules.func(&format!("{prefix}{s}"))
     }
 }
 

@@ -1,61 +1,37 @@
 //! CUDA C++ kernel sources and their PTX. Each family is one file under
-//! `cuda/` (the same families and stems as `shaders/`); the program hands
-//! NVRTC the family with its shared helper headers prepended (in the order
-//! listed), and that exact text is what the CI compile test checks. PTX is
-//! cached on disk by source hash + architecture + NVRTC version.
+//! `cuda/` (the same families and stems as `shaders/`, listed once in
+//! src/backend/kernels.rs); the program hands NVRTC the family with its
+//! shared helper headers prepended (in the order listed), and that exact
+//! text is what the CI compile test checks. PTX is cached on disk by source
+//! hash + architecture + NVRTC version.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
 use super::nvrtc::Nvrtc;
+use crate::backend::kernels::{Entry, Family, Lang};
+use crate::quant::GgmlType;
 
-/// Shared helper headers: (name, source), prepended in this order.
+/// Shared helper headers: (name, source), prepended in this order where a
+/// family lists them (`Family::cuda_helpers`, src/backend/kernels.rs).
 const HELPERS: &[(&str, &str)] = &[
     ("common", include_str!("../../../cuda/common.cuh")),
     ("iq2xxs_grid", include_str!("../../../cuda/iq2xxs_grid.inc")),
     ("quant", include_str!("../../../cuda/quant.cuh")),
+    // Block counts and scans of the top-k kernels.
+    ("select", include_str!("../../../cuda/select.cuh")),
 ];
 
-macro_rules! family {
-    ($name:literal, $helpers:expr) => {
-        (
-            $name,
-            $helpers,
-            include_str!(concat!("../../../cuda/", $name, ".cu")),
-        )
-    };
-}
-
-/// Kernel families: (name, helpers it needs, source).
-const FAMILIES: &[(&str, &[&str], &str)] = &[
-    family!("elementwise", &["common"]),
-    family!("embed", &["common", "iq2xxs_grid", "quant"]),
-    family!("norm", &["common"]),
-    family!("hc_mix", &["common"]),
-    family!("hc", &["common"]),
-    family!("rope", &["common"]),
-    family!("round", &["common"]),
-    family!("ring", &["common"]),
-    family!("attention", &["common"]),
-    family!("compress", &["common"]),
-    family!("indexer", &["common"]),
-    family!("router", &["common"]),
-    family!("gather", &["common"]),
-    family!("v41", &["common"]),
-    family!("matmul", &["common", "iq2xxs_grid", "quant"]),
-    family!("moe", &["common", "iq2xxs_grid", "quant"]),
-    family!("bandwidth", &["common"]),
-];
-
-/// Names of every kernel family.
-pub fn families() -> Vec<&'static str> {
-    FAMILIES.iter().map(|f| f.0).collect()
+/// Every helper header in order: (name, source) (the emulator of the tests
+/// prepends them all once).
+pub fn helpers() -> &'static [(&'static str, &'static str)] {
+    HELPERS
 }
 
 /// The complete source of `family` as handed to NVRTC.
-pub fn try_module_source(family: &str) -> Option<String> {
-    let (_, helpers, src) = FAMILIES.iter().find(|f| f.0 == family)?;
+pub fn module_source(family: Family) -> String {
+    let helpers = family.cuda_helpers();
     let mut out = String::new();
     for (name, text) in HELPERS {
         if helpers.contains(name) {
@@ -65,29 +41,13 @@ pub fn try_module_source(family: &str) -> Option<String> {
         }
     }
     out.push_str(&format!("// ---- cuda/{family}.cu ----\n"));
-    out.push_str(src);
-    Some(out)
+    out.push_str(family.cuda_source());
+    out
 }
 
 /// Every assembled module: (family, source).
-pub fn all_modules() -> Vec<(&'static str, String)> {
-    FAMILIES
-        .iter()
-        .filter_map(|f| Some((f.0, try_module_source(f.0)?)))
-        .collect()
-}
-
-/// Where PTX is cached: `dir` (`DS4_CUDA_CACHE`), else
-/// `$XDG_CACHE_HOME/ds4/cuda`, else `~/.cache/ds4/cuda`; `None` disables the
-/// cache.
-pub fn cache_dir(dir: Option<&std::path::Path>) -> Option<PathBuf> {
-    if let Some(d) = dir {
-        return Some(d.to_path_buf());
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("ds4").join("cuda"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ds4").join("cuda"))
+pub fn all_modules() -> Vec<(Family, String)> {
+    Family::ALL.iter().map(|&f| (f, module_source(f))).collect()
 }
 
 /// The cache file name of a module: family, arch, NVRTC version and the
@@ -109,9 +69,15 @@ pub fn cache_name(family: &str, source: &str, arch: u32, nvrtc: (i32, i32)) -> S
 
 /// PTX of `family` for `compute_<arch>`: from the cache when present, else
 /// compiled and stored (a cache that cannot be written is only skipped).
-pub fn ptx(nvrtc: &Nvrtc, family: &str, arch: u32, cache: Option<&Path>) -> Result<String, String> {
-    let src = try_module_source(family).ok_or_else(|| format!("unknown CUDA family {family}"))?;
-    let path = cache.map(|d| d.join(cache_name(family, &src, arch, nvrtc.version)));
+pub fn ptx(
+    nvrtc: &Nvrtc,
+    family: Family,
+    arch: u32,
+    cache: Option<&Path>,
+) -> Result<String, String> {
+    let src = module_source(family);
+    let stem = family.stem();
+    let path = cache.map(|d| d.join(cache_name(stem, &src, arch, nvrtc.version)));
     if let Some(p) = &path {
         if let Ok(text) = std::fs::read_to_string(p) {
             if text.contains(".version") {
@@ -119,7 +85,7 @@ pub fn ptx(nvrtc: &Nvrtc, family: &str, arch: u32, cache: Option<&Path>) -> Resu
             }
         }
     }
-    let c = nvrtc.compile(&format!("{family}.cu"), &src, arch)?;
+    let c = nvrtc.compile(&format!("{stem}.cu"), &src, arch)?;
     if let (Some(p), Some(dir)) = (&path, cache) {
         // Written under a temporary name then renamed, so a concurrent start
         // never reads half a file.
@@ -140,64 +106,96 @@ pub const TYPE_SUFFIXES: &[&str] = &[
     "f32", "f16", "bf16", "q8_0", "q2_k", "q4_k", "iq2_xxs", "mxfp4",
 ];
 
-/// The kernel entry points of a family (what the backend loads).
-pub fn entry_points(family: &str) -> Vec<String> {
-    let fixed: &[&str] = match family {
-        "elementwise" => &["add", "scale", "swiglu_clamped", "take_last"],
-        "norm" => &["rms_norm"],
-        "hc_mix" => &["hc_mix"],
-        "hc" => &["hc_init", "hc_collapse", "hc_expand"],
-        "rope" => &["rope"],
-        "round" => &["kv_round", "hadamard_fp4"],
-        "ring" => &["ring_write"],
-        "attention" => &["attention"],
-        "compress" => &["compress"],
-        "indexer" => &["indexer_topk"],
-        "router" => &["router"],
-        "gather" => &["gather_last"],
-        "v41" => &[
-            "hc_one_hot",
-            "engram_gate",
-            "v41_compress",
-            "candidate_blocks",
-            "candidate_topk",
-        ],
-        "moe" => &["expert_swiglu", "expert_sum"],
-        "bandwidth" => &["read_all"],
-        _ => &[],
-    };
-    let mut v: Vec<String> = fixed.iter().map(|s| s.to_string()).collect();
-    let per_type = match family {
-        "embed" => Some("embed_"),
-        "matmul" => Some("matmul_"),
-        "moe" => Some("expert_rows_"),
-        _ => None,
-    };
-    if let Some(p) = per_type {
-        v.extend(TYPE_SUFFIXES.iter().map(|s| format!("{p}{s}")));
-    }
-    if family == "moe" {
-        v.extend(TYPE_SUFFIXES.iter().map(|s| format!("expert_gate_up_{s}")));
-    }
-    if family == "matmul" {
-        v.extend(TYPE_SUFFIXES.iter().map(|s| format!("mma_{s}")));
-    }
-    v
+/// Suffix of the per-type kernels for a weight type.
+pub fn type_suffix(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::F32 => "f32",
+        GgmlType::F16 => "f16",
+        GgmlType::Bf16 => "bf16",
+        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q2K => "q2_k",
+        GgmlType::Q4K => "q4_k",
+        GgmlType::Iq2Xxs => "iq2_xxs",
+        GgmlType::Mxfp4 => "mxfp4",
+        _ => return None,
+    })
 }
 
-/// Every kernel name of every family, interned once (launch lists hold
-/// `&'static str` names).
-pub fn static_name(name: &str) -> Option<&'static str> {
-    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
-    NAMES
-        .get_or_init(|| {
-            families()
-                .into_iter()
-                .flat_map(entry_points)
-                .map(|n| &*Box::leak(n.into_boxed_str()))
-                .collect()
-        })
-        .iter()
-        .copied()
-        .find(|n| *n == name)
+/// One CUDA kernel: an entry, with its weight type where CUDA compiles the
+/// entry once per type ([`crate::backend::kernels::Langs::typed_in_cuda`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    pub entry: Entry,
+    pub ty: Option<GgmlType>,
+}
+
+impl From<Entry> for Kernel {
+    fn from(entry: Entry) -> Kernel {
+        Kernel { entry, ty: None }
+    }
+}
+
+impl Kernel {
+    /// The per-type kernel of `entry` for weights of type `ty`.
+    pub fn typed(entry: Entry, ty: GgmlType) -> Kernel {
+        Kernel {
+            entry,
+            ty: Some(ty),
+        }
+    }
+
+    /// Its name in the PTX: `<entry>`, or `<entry>_<type>` for a per-type
+    /// entry; an error for a type or entry CUDA has no kernel for.
+    pub fn name(self) -> Result<&'static str, String> {
+        let e = self.entry;
+        if !e.langs().has(Lang::Cuda) {
+            return Err(format!("kernel {e} (no CUDA kernel)"));
+        }
+        match (e.langs().typed_in_cuda(), self.ty) {
+            (false, None) => Ok(e.name()),
+            (true, Some(ty)) => {
+                let s =
+                    type_suffix(ty).ok_or_else(|| format!("{e} over weights of type {ty:?}"))?;
+                typed_names()
+                    .iter()
+                    .find(|(k, suffix, _)| *k == e && *suffix == s)
+                    .map(|(_, _, n)| *n)
+                    .ok_or_else(|| format!("kernel {e}_{s}"))
+            }
+            (true, None) => Err(format!("kernel {e} without its weight type")),
+            (false, Some(ty)) => Err(format!("kernel {e} is not per type ({ty:?})")),
+        }
+    }
+}
+
+/// Every per-type kernel: (entry, type suffix, name), the names interned
+/// once (launch lists hold `&'static str` names).
+fn typed_names() -> &'static [(Entry, &'static str, &'static str)] {
+    type Names = Vec<(Entry, &'static str, &'static str)>;
+    static NAMES: std::sync::OnceLock<Names> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| {
+        let mut v = Vec::new();
+        for &e in Entry::ALL {
+            if e.langs().typed_in_cuda() {
+                for s in TYPE_SUFFIXES {
+                    let n: &'static str = Box::leak(format!("{}_{s}", e.name()).into_boxed_str());
+                    v.push((e, *s, n));
+                }
+            }
+        }
+        v
+    })
+}
+
+/// The kernel entry points of a family (what the backend loads).
+pub fn entry_points(family: Family) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    for e in family.entries_in(Lang::Cuda) {
+        if e.langs().typed_in_cuda() {
+            v.extend(typed_names().iter().filter(|k| k.0 == e).map(|k| k.2));
+        } else {
+            v.push(e.name());
+        }
+    }
+    v
 }

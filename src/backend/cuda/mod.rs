@@ -14,6 +14,7 @@
 pub mod bandwidth;
 pub mod device;
 pub mod kernels;
+pub mod launch;
 pub mod mem;
 pub mod modules;
 pub mod nvrtc;
@@ -33,9 +34,9 @@ pub use device::{list_devices, DeviceInfo};
 use super::{state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile};
 use crate::graph::{plan, DType, Graph, Segment, StateId, StateLayout, StepParams, ValueId};
 use device::Device;
+use launch::{Launch, THREADS};
 use mem::{checked, download, upload, upload_async, DevBuf};
 use modules::Modules;
-use record::{Launch, THREADS};
 
 /// Per-step parameters in device memory (twin of `struct Step` in
 /// cuda/common.cuh).
@@ -138,7 +139,7 @@ impl CudaBackend {
     ) -> Result<CudaBackend, BackendError> {
         let ordinal = device::chosen_ordinal(opts)?;
         let dev = Device::open(ordinal)?;
-        let modules = Modules::load(&dev, &kernels::families(), opts)?;
+        let modules = Modules::load(&dev, crate::backend::kernels::Family::ALL, opts)?;
         let (arch, nv_version) = (modules.arch, modules.nvrtc);
         let gf: &crate::gguf::GgufFile = (*file).as_ref();
         let weights = weights::Weights::new(gf, &dev.info, opts.cuda_weights.as_deref());
@@ -207,7 +208,7 @@ impl CudaBackend {
         let file = self.file.clone();
         let set_steps: Vec<CUdeviceptr> = self.set_steps.iter().map(|b| b.ptr).collect();
         // The step's per-row state sets (the head's gather reads them).
-        let row_states = record::scratch(&mut scratch, graph.max_tokens.max(1) * 4)?;
+        let row_states = launch::scratch(&mut scratch, graph.max_tokens.max(1) * 4)?;
         let launches = record::record(
             record::Ctx {
                 file: (*file).as_ref(),
@@ -610,19 +611,6 @@ impl Backend for CudaBackend {
             DType::I32 => data.iter().map(|&x| x as i32 as u32).collect(),
         };
         upload(g.values[v.0 as usize], bytemuck::cast_slice(&raw))
-    }
-
-    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
-        self.read_set_rows(0, s, rows)
-    }
-
-    fn write_state_rows(
-        &mut self,
-        s: StateId,
-        first: usize,
-        data: &[f32],
-    ) -> Result<(), BackendError> {
-        self.write_set_rows(0, s, first, data)
     }
 
     fn reset_states(&mut self) {

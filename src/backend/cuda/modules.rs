@@ -8,15 +8,17 @@ use std::ffi::c_void;
 use cudarc::driver::sys::{self, CUfunction};
 
 use super::device::{device_err, unavailable, Device};
+use super::kernels::{self, Kernel};
 use super::mem::checked;
-use super::{kernels, nvrtc};
+use super::nvrtc;
+use crate::backend::kernels::Family;
 use crate::backend::BackendError;
 
 /// Loaded modules and their entry points, unloaded on drop (the device's
 /// context must outlive them).
 pub struct Modules {
     modules: Vec<sys::CUmodule>,
-    pub funcs: HashMap<String, CUfunction>,
+    pub funcs: HashMap<&'static str, CUfunction>,
     /// The `compute_XX` the PTX was generated for.
     pub arch: u32,
     /// NVRTC (major, minor).
@@ -27,7 +29,7 @@ impl Modules {
     /// Compiles (or reads from the cache) and loads `families` for `dev`.
     pub fn load(
         dev: &Device,
-        families: &[&str],
+        families: &[Family],
         opts: &crate::backend::BackendOptions,
     ) -> Result<Modules, BackendError> {
         let nv = nvrtc::Nvrtc::load(opts.nvrtc.as_deref()).map_err(unavailable)?;
@@ -38,7 +40,7 @@ impl Modules {
                 nv.version.0, nv.version.1, nv.archs
             ))
         })?;
-        let cache = kernels::cache_dir(opts.cuda_cache.as_deref());
+        let cache = opts.cuda_cache.clone();
         let mut out = Modules {
             modules: Vec::new(),
             funcs: HashMap::new(),
@@ -58,7 +60,7 @@ impl Modules {
                 })?;
             out.modules.push(m);
             for name in kernels::entry_points(family) {
-                let cname = std::ffi::CString::new(name.clone()).expect("kernel names have no NUL");
+                let cname = std::ffi::CString::new(name).expect("kernel names have no NUL");
                 let mut f: CUfunction = std::ptr::null_mut();
                 // SAFETY: `m` is a loaded module.
                 checked("cuModuleGetFunction", unsafe {
@@ -70,7 +72,9 @@ impl Modules {
         Ok(out)
     }
 
-    pub fn func(&self, name: &str) -> Result<CUfunction, BackendError> {
+    /// The loaded function of kernel `k`.
+    pub fn func(&self, k: impl Into<Kernel>) -> Result<CUfunction, BackendError> {
+        let name = k.into().name().map_err(|e| device_err("kernel", e))?;
         self.funcs
             .get(name)
             .copied()

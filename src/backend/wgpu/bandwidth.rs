@@ -14,10 +14,11 @@ use std::time::Instant;
 use wgpu::util::DeviceExt;
 
 use super::gpu::Gpu;
-use super::matmul::{read_back, BufRange, MatmulKernels};
+use super::matmul::{read_back, BufRange, DenseShape, MatmulKernels};
 use super::shaders;
 use super::weights::GpuTensor;
 use super::StepUniform;
+use crate::backend::kernels::{Entry, Family};
 use crate::backend::BackendError;
 use crate::quant::GgmlType;
 
@@ -141,13 +142,17 @@ pub fn device_read(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
         .device
         .create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("bandwidth"),
-            source: wgpu::ShaderSource::Wgsl(shaders::module_source("bandwidth").into()),
+            source: wgpu::ShaderSource::Wgsl(
+                shaders::Module::of(Family::Bandwidth)
+                    .source(shaders::Variant::FALLBACK)
+                    .into(),
+            ),
         });
     // Two access patterns (grid-strided: coalesced on GPUs; contiguous runs
     // per invocation: CPU emulators), each with its own grid; the faster one
     // is the device's read bandwidth.
     let mut best: Option<(f64, &'static str)> = None;
-    for (entry, groups) in [("read_all", threads / 256), ("read_blocked", 64u32)] {
+    for (entry, groups) in [(Entry::ReadAll, threads / 256), (Entry::ReadBlocked, 64u32)] {
         let n_threads = groups * 256;
         let params = BandwidthParams {
             n_words: (size / 16) as u32,
@@ -164,10 +169,10 @@ pub fn device_read(gpu: &Gpu, bytes: u64, trials: usize) -> Result<Measure, Back
         let pipeline = gpu
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
+                label: Some(entry.name()),
                 layout: None,
                 module: &module,
-                entry_point: Some(entry),
+                entry_point: Some(entry.name()),
                 compilation_options: Default::default(),
                 cache: None,
             });
@@ -319,10 +324,15 @@ pub fn matvec(
             }),
             usage: wgpu::BufferUsages::UNIFORM,
         });
+    let shape = DenseShape {
+        n_in: n_in as usize,
+        n_out: n_out as usize,
+        groups: 1,
+    };
     let mm = kernels.dense(
         gpu,
         &w,
-        1,
+        shape,
         BufRange::whole(&xb),
         BufRange::whole(&out),
         &step,

@@ -16,9 +16,11 @@ use std::sync::Mutex;
 use wgpu::util::DeviceExt;
 
 use super::gpu::Gpu;
-use super::shaders;
+use super::shaders::Module;
 use super::weights::GpuTensor;
+use crate::backend::kernels::{Entry, Family};
 use crate::backend::BackendError;
+use crate::graph::ops::moe::ExpertDims;
 use crate::quant::iq2xxs_tables::IQ2XXS_GRID;
 use crate::quant::GgmlType;
 
@@ -81,11 +83,14 @@ impl BufRange {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-enum Entry {
-    Dense,
-    MoeRows,
-    MoeSum,
+/// The shape of a dense product (ops::matmul::MatMul's `in_dim`,
+/// `out_dim`, `groups`): `n_out` rows of `n_in` weights in `groups` equal
+/// row groups, group g reading slice g of each token's input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DenseShape {
+    pub n_in: usize,
+    pub n_out: usize,
+    pub groups: usize,
 }
 
 /// The compiled modules, the shared bind-group layout and the pipelines.
@@ -138,7 +143,7 @@ fn fold(rows: u64) -> (u32, u32) {
     (gx as u32, rows.div_ceil(gx) as u32)
 }
 
-fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
+pub(super) fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
@@ -151,7 +156,7 @@ fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
     }
 }
 
-fn uniform_entry(binding: u32) -> wgpu::BindGroupLayoutEntry {
+pub(super) fn uniform_entry(binding: u32) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
@@ -265,17 +270,17 @@ impl MatmulKernels {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let module = |family: &str| {
-            let src = shaders::module_source_for(family, gpu.shader_variant());
+        let module = |family: Family| {
+            let src = Module::of(family).source(gpu.shader_variant());
             scoped(gpu, &format!("WGSL module {family}"), || {
                 dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(family),
+                    label: Some(family.stem()),
                     source: wgpu::ShaderSource::Wgsl(src.into()),
                 })
             })
         };
-        let matmul_module = module("matmul")?;
-        let moe_module = module("moe")?;
+        let matmul_module = module(Family::Matmul)?;
+        let moe_module = module(Family::Moe)?;
         let words: Vec<u32> = IQ2XXS_GRID
             .iter()
             .flat_map(|&g| [g as u32, (g >> 32) as u32])
@@ -322,11 +327,11 @@ impl MatmulKernels {
         if let Some(p) = cache.get(&key) {
             return Ok(p.clone());
         }
-        let (module, name) = match entry {
-            Entry::Dense => (&self.matmul_module, "mm_dense"),
-            Entry::MoeRows => (&self.moe_module, "moe_rows"),
-            Entry::MoeSum => (&self.moe_module, "moe_sum"),
+        let module = match entry.family() {
+            Family::Matmul => &self.matmul_module,
+            _ => &self.moe_module,
         };
+        let name = entry.name();
         let constants = [("WTYPE", ty.id() as f64), ("ROWS", self.rows as f64)];
         let p = scoped(gpu, &format!("pipeline {name} for {ty}"), || {
             gpu.device
@@ -396,22 +401,23 @@ impl MatmulKernels {
     }
 
     /// `out[t][o] = Σ_i W[o][i] · x[t][g·in + i]` (ops::matmul::MatMul,
-    /// groups included) for up to `max_tokens` tokens per step.
+    /// groups included) for up to `max_tokens` tokens per step; `w` holds
+    /// the weights of `shape`.
     #[allow(clippy::too_many_arguments)]
     pub fn dense(
         &self,
         gpu: &Gpu,
         w: &GpuTensor,
-        groups: usize,
+        shape: DenseShape,
         x: BufRange,
         out: BufRange,
         step: &wgpu::Buffer,
         max_tokens: usize,
     ) -> Result<DenseMatmul, BackendError> {
-        let n_in = w.ne[0];
-        let n_out = w.ne[1];
-        let groups = groups.max(1) as u64;
-        if w.unit_rows != 1 || n_out % groups != 0 {
+        let n_in = shape.n_in as u64;
+        let n_out = shape.n_out as u64;
+        let groups = shape.groups.max(1) as u64;
+        if w.unit_rows != 1 || !w.holds(&[n_in, n_out]) || n_out % groups != 0 {
             return Err(device_err(
                 gpu,
                 format!(
@@ -430,7 +436,7 @@ impl MatmulKernels {
                 format!("{max_tokens} tokens is too many for one step"),
             ));
         }
-        let pipeline = self.pipeline(gpu, Entry::Dense, w.ty)?;
+        let pipeline = self.pipeline(gpu, Entry::MatMul, w.ty)?;
         let mut dispatches = Vec::new();
         for c in &w.chunks {
             let (gx, gy) = fold(c.count.div_ceil(self.rows as u64));
@@ -465,13 +471,14 @@ impl MatmulKernels {
     /// `e = selected[t·k + i]` computes `down_e(weights[t·k+i] ·
     /// swiglu(gate_e·x[t], up_e·x[t]))`; `out[t]` sums the k slots in slot
     /// order. `selected` (i32) and `weights` (f32) are read on the GPU.
+    /// `[gate, up, down]` hold experts of `dims` (or, streamed, slots of
+    /// them: the selection then names slots).
     #[allow(clippy::too_many_arguments)]
     pub fn experts(
         &self,
         gpu: &Gpu,
-        gate: &GpuTensor,
-        up: &GpuTensor,
-        down: &GpuTensor,
+        [gate, up, down]: [&GpuTensor; 3],
+        dims: ExpertDims,
         clamp: f32,
         k: usize,
         x: BufRange,
@@ -481,13 +488,12 @@ impl MatmulKernels {
         step: &wgpu::Buffer,
         max_tokens: usize,
     ) -> Result<RoutedExperts, BackendError> {
-        let d = gate.ne[0];
-        let ff = gate.ne[1];
-        let n_expert = gate.ne[2];
-        let shape_ok = up.ne == gate.ne
-            && down.ne[0] == ff
-            && down.ne[1] == d
-            && down.ne[2] == n_expert
+        let (d, ff) = (dims.dim as u64, dims.hidden as u64);
+        // Slabs of one count (experts, or slots of a streamed layer).
+        let n = gate.ne[2];
+        let shape_ok = gate.holds(&[d, ff, n])
+            && up.holds(&[d, ff, n])
+            && down.holds(&[ff, d, n])
             && gate.unit_rows == ff
             && down.unit_rows == d
             && k > 0;
@@ -530,13 +536,14 @@ impl MatmulKernels {
         check_range(gpu, "experts hidden", &h, slots * ff * 4)?;
         check_range(gpu, "experts contributions", &c, slots * d * 4)?;
         let mut chunk_dispatches = Vec::new();
-        let plan: [(u8, &GpuTensor, u32, &BufRange, &BufRange, u64); 3] = [
-            (0, gate, MODE_GATE, &x, &h, d),
-            (1, up, MODE_UP, &x, &h, d),
-            (2, down, MODE_DOWN, &h, &c, ff),
+        // (which pipeline, part, mode, input, output, n_in, n_rows).
+        type Part<'a> = (u8, &'a GpuTensor, u32, &'a BufRange, &'a BufRange, u64, u64);
+        let plan: [Part; 3] = [
+            (0, gate, MODE_GATE, &x, &h, d, ff),
+            (1, up, MODE_UP, &x, &h, d, ff),
+            (2, down, MODE_DOWN, &h, &c, ff, d),
         ];
-        for (which, t, mode, input, output, n_in) in plan {
-            let n_rows = t.ne[1];
+        for (which, t, mode, input, output, n_in, n_rows) in plan {
             let (gx, gy) = fold(n_rows.div_ceil(self.rows as u64));
             for ch in &t.chunks {
                 let p = MatmulParams {
@@ -583,10 +590,10 @@ impl MatmulKernels {
             self.bind_group(gpu, &pb, step, None, &c, &out, None, None)
         })?;
         Ok(RoutedExperts {
-            rows_gate: self.pipeline(gpu, Entry::MoeRows, gate.ty)?,
-            rows: self.pipeline(gpu, Entry::MoeRows, up.ty)?,
-            rows_down: self.pipeline(gpu, Entry::MoeRows, down.ty)?,
-            sum: self.pipeline(gpu, Entry::MoeSum, GgmlType::F32)?,
+            rows_gate: self.pipeline(gpu, Entry::ExpertRows, gate.ty)?,
+            rows: self.pipeline(gpu, Entry::ExpertRows, up.ty)?,
+            rows_down: self.pipeline(gpu, Entry::ExpertRows, down.ty)?,
+            sum: self.pipeline(gpu, Entry::ExpertSum, GgmlType::F32)?,
             chunk_dispatches,
             sum_dispatch: (bg, gx, gy),
             k: k as u32,

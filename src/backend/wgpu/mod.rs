@@ -22,9 +22,12 @@
 pub mod bandwidth;
 pub mod gpu;
 pub mod kernels;
+mod launch;
 pub mod matmul;
 pub mod params;
 pub mod shaders;
+mod state;
+mod step;
 pub mod streaming;
 pub mod weights;
 
@@ -37,6 +40,9 @@ use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
 pub use gpu::{AdapterChoice, Gpu, RowRecord, StepUniform};
+pub use state::GpuState;
+
+use state::{make_states, step_buffer};
 
 use super::{state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile};
 use crate::graph::{plan, DType, Graph, Segment, StateId, StateLayout, StepParams, ValueId};
@@ -56,68 +62,6 @@ pub enum Size {
 /// Bindings a kernel has for one chunked state (`comp0..comp7` etc. in the
 /// WGSL): a state may span at most this many chunks of whole rows.
 pub const MAX_STATE_CHUNKS: usize = 8;
-
-/// One state buffer on the device: chunks of `chunk_rows` whole rows each
-/// (one chunk when the state fits one binding), f32 or f16 values.
-pub struct GpuState {
-    pub chunks: Vec<wgpu::Buffer>,
-    pub chunk_rows: usize,
-    /// Values per row.
-    pub cols: usize,
-    /// Stored as f16 (the state holds only f16 values and the device has
-    /// `shader-f16`); converted at the `Backend` API boundary.
-    pub f16: bool,
-}
-
-impl GpuState {
-    /// Bytes per stored value.
-    fn value_bytes(&self) -> usize {
-        if self.f16 {
-            2
-        } else {
-            4
-        }
-    }
-
-    /// `data` as stored.
-    fn encode(&self, data: &[f32]) -> Vec<u8> {
-        if self.f16 {
-            data.iter()
-                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                .collect()
-        } else {
-            bytes_of_f32(data).to_vec()
-        }
-    }
-
-    /// Stored bytes as f32 values.
-    fn decode(&self, bytes: &[u8]) -> Vec<f32> {
-        if self.f16 {
-            bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect()
-        } else {
-            bytemuck::pod_collect_to_vec(bytes)
-        }
-    }
-
-    /// (chunk, value offset inside it, values) pieces of the value range
-    /// `r` of the whole state, in order.
-    fn pieces(&self, r: Range<usize>) -> Vec<(usize, usize, usize)> {
-        let per = self.chunk_rows * self.cols;
-        let mut out = Vec::new();
-        let mut i = r.start;
-        while i < r.end {
-            let c = i / per;
-            let off = i % per;
-            let n = (per - off).min(r.end - i);
-            out.push((c, off, n));
-            i += n;
-        }
-        out
-    }
-}
 
 /// Threads per workgroup (`WG` in shaders/common.wgsl).
 pub const WG: u32 = 256;
@@ -372,18 +316,6 @@ impl WgpuBackend {
             .is_some_and(|c| c.is_streamed(o.gate.offset))
     }
 
-    /// Whether state `s` is stored as f16 on the device.
-    pub fn state_is_f16(&self, s: StateId) -> bool {
-        self.sets[0].get(s.0 as usize).is_some_and(|st| st.f16)
-    }
-
-    /// How many bindings (chunks of whole rows) state `s` spans.
-    pub fn state_chunks(&self, s: StateId) -> usize {
-        self.sets[0]
-            .get(s.0 as usize)
-            .map_or(0, |st| st.chunks.len())
-    }
-
     /// Uploads every matrix and expert tensor the graph's products read
     /// (`Op::weights`), streamed from the mmap in chunks of whole rows, with
     /// a progress bar on a terminal when there is much to move.
@@ -443,84 +375,6 @@ impl WgpuBackend {
         self.graphs.get(h.0).ok_or(BackendError::UnknownGraph(h.0))
     }
 
-    /// Copies `range` bytes of `buf` to the host (one submit and wait).
-    fn read_bytes(
-        &self,
-        buf: &wgpu::Buffer,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, BackendError> {
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: len.next_multiple_of(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, len.next_multiple_of(4));
-        self.gpu.queue.submit([enc.finish()]);
-        self.map_read(&staging, len)
-    }
-
-    /// [`BackendOptions::wgpu_profile`]: runs each dispatch alone and waits for it, then
-    /// prints wall time per op kind (stderr). Slow; for finding hot spots.
-    fn profile_segment(
-        &self,
-        seg: &[(&'static str, Work)],
-        n: u32,
-        segs: &[Segment],
-    ) -> Result<(), BackendError> {
-        let mut t: Vec<(&str, f64, usize)> = Vec::new();
-        for (name, w) in seg {
-            let t0 = std::time::Instant::now();
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                w.encode(&mut pass, n, segs);
-            }
-            self.gpu.queue.submit([enc.finish()]);
-            self.gpu.wait()?;
-            let dt = t0.elapsed().as_secs_f64() * 1e3;
-            match t.iter_mut().find(|e| e.0 == *name) {
-                Some(e) => {
-                    e.1 += dt;
-                    e.2 += 1;
-                }
-                None => t.push((name, dt, 1)),
-            }
-        }
-        for (name, ms, count) in t {
-            eprintln!("wgpu profile: {name:<14} {count:>4} dispatches {ms:>9.2} ms");
-        }
-        Ok(())
-    }
-
-    fn map_read(&self, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>, BackendError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.gpu.wait()?;
-        let dev = |msg: String| BackendError::Device {
-            device: self.gpu.describe(),
-            msg,
-        };
-        rx.recv()
-            .map_err(|_| dev("readback never completed".into()))?
-            .map_err(|e| dev(format!("readback: {e}")))?;
-        let out = {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| dev(format!("readback: {e}")))?;
-            view[..len as usize].to_vec()
-        };
-        staging.unmap();
-        Ok(out)
-    }
-
     /// A uniform buffer holding `p`.
     fn uniform<T: bytemuck::Pod>(&self, label: &str, p: &T) -> wgpu::Buffer {
         self.gpu
@@ -543,132 +397,6 @@ impl WgpuBackend {
                 contents: &bytes,
                 usage: wgpu::BufferUsages::STORAGE,
             })
-    }
-
-    /// One step: row `t` is token `tokens[t]` at `rows[t].pos` of session
-    /// `rows[t].state`; `segs` are the step's session pieces (checked).
-    fn run_step(
-        &mut self,
-        h: GraphHandle,
-        tokens: &[u32],
-        rows: &[RowRecord],
-        segs: &[Segment],
-    ) -> Result<(), BackendError> {
-        let g = self.loaded(h)?;
-        let graph = g.graph.clone();
-        let n_rows = rows.len();
-        if let Some(c) = &self.experts {
-            let file = self.file.clone();
-            c.begin_step_except((*file).as_ref(), tokens, &|gate, e| self.on_device(gate, e))
-                .map_err(|e| BackendError::Weights(e.to_string()))?;
-        }
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        self.gpu
-            .queue
-            .write_buffer(g.buffer(graph.tokens), 0, bytemuck::cast_slice(&ids));
-        let u = StepUniform {
-            pos0: segs.first().map_or(0, |s| s.pos0 as u32),
-            n_tokens: n_rows as u32,
-            ..Default::default()
-        };
-        self.gpu
-            .queue
-            .write_buffer(&self.step, 0, bytemuck::bytes_of(&u));
-        for s in segs {
-            let u = StepUniform {
-                pos0: s.pos0 as u32,
-                n_tokens: s.n as u32,
-                row0: s.row0 as u32,
-                _pad: 0,
-            };
-            self.gpu
-                .queue
-                .write_buffer(&self.set_steps[s.state], 0, bytemuck::bytes_of(&u));
-        }
-        self.gpu
-            .queue
-            .write_buffer(&g.rows, 0, bytemuck::cast_slice(rows));
-        let n = n_rows as u32;
-        let logits = graph.value(graph.logits);
-        let live = logits.live_rows(n_rows) * logits.cols;
-        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("logits readback"),
-            size: (live * 4).max(4) as u64,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let last = g.segments.len().saturating_sub(1);
-        let profile = self.profile;
-        for (i, seg) in g.segments.iter().enumerate() {
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            // Split at the streamed routed passes (none without streaming).
-            let mut rest = &seg[..];
-            loop {
-                let cut = rest
-                    .iter()
-                    .position(|(_, w)| matches!(w, Work::Streamed(_)));
-                let run = &rest[..cut.unwrap_or(rest.len())];
-                if profile {
-                    self.profile_segment(run, n, segs)?;
-                } else if !run.is_empty() {
-                    let mut pass = enc.begin_compute_pass(&Default::default());
-                    for (_, w) in run {
-                        w.encode(&mut pass, n, segs);
-                    }
-                }
-                let Some(c) = cut else { break };
-                if let Work::Streamed(se) = &rest[c].1 {
-                    enc = self.routed_pass(enc, se, &tokens[..n_rows])?;
-                }
-                rest = &rest[c + 1..];
-            }
-            if i == last && live > 0 {
-                enc.copy_buffer_to_buffer(
-                    g.buffer(graph.logits),
-                    0,
-                    &staging,
-                    0,
-                    (live * 4) as u64,
-                );
-            }
-            self.gpu.queue.submit([enc.finish()]);
-        }
-        let bytes = self.map_read(&staging, (live * 4) as u64)?;
-        let g = &mut self.graphs[h.0];
-        g.logits = to_f32(logits.dtype, &bytes);
-        g.n_tokens = n_rows;
-        Ok(())
-    }
-
-    /// Runs graph `h` over rows of session 0 at any positions (`rows[t].pos`),
-    /// for graphs whose ops treat rows independently (RoPE): the row table
-    /// of a step of sessions ([`Backend::run_rows`]) must give each session
-    /// one block of consecutive positions, which the KV ops rely on.
-    pub fn run_free_positions(
-        &mut self,
-        h: GraphHandle,
-        tokens: &[u32],
-        rows: &[RowRecord],
-    ) -> Result<(), BackendError> {
-        let graph = self.loaded(h)?.graph.clone();
-        let p = StepParams {
-            pos0: rows.first().map_or(0, |r| r.pos as usize),
-            n_tokens: rows.len(),
-        };
-        super::check_step(&graph, tokens, &p)?;
-        if let Some(t) = rows.iter().position(|r| r.state != 0) {
-            return Err(BackendError::BadRows(format!(
-                "row {t}: state {} (rows at free positions belong to set 0)",
-                rows[t].state
-            )));
-        }
-        let seg = Segment {
-            row0: 0,
-            n: p.n_tokens,
-            pos0: p.pos0,
-            state: 0,
-        };
-        self.run_step(h, tokens, rows, &[seg])
     }
 
     /// The state buffers of set `set`, or an error naming it.
@@ -694,69 +422,6 @@ impl WgpuBackend {
             }
         }
     }
-}
-
-/// A step uniform buffer, written per step.
-fn step_buffer(gpu: &Gpu, label: &str) -> wgpu::Buffer {
-    gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: std::mem::size_of::<StepUniform>() as u64,
-        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    })
-}
-
-/// One set of state buffers for `layout`: chunks of whole rows of at most
-/// `cap` bytes, f16 where allowed and every value is f16.
-fn make_states(
-    gpu: &Gpu,
-    layout: &StateLayout,
-    cap: u64,
-    f16_ok: bool,
-) -> Result<Vec<GpuState>, BackendError> {
-    let storage =
-        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-    let mut states = Vec::new();
-    for d in &layout.states {
-        let f16 = f16_ok && d.f16_values && d.cols % 2 == 0;
-        let vb = if f16 { 2 } else { 4 };
-        let row_bytes = (d.cols * vb).max(4) as u64;
-        check_binding(gpu, &format!("a row of state {}", d.name), row_bytes)?;
-        // Whole rows per chunk; every chunk but the last is full.
-        let chunk_rows = ((cap / row_bytes) as usize).clamp(1, d.rows.max(1));
-        let n_chunks = d.rows.div_ceil(chunk_rows).max(1);
-        if n_chunks > MAX_STATE_CHUNKS {
-            return Err(BackendError::Device {
-                device: gpu.describe(),
-                msg: format!(
-                    "state {} needs {} bytes, {n_chunks} bindings of at most {cap} bytes; \
-                     kernels bind at most {MAX_STATE_CHUNKS} (max_storage_buffer_binding_size {}); \
-                     use a smaller --ctx",
-                    d.name,
-                    d.rows * d.cols * vb,
-                    gpu.limits.max_storage_buffer_binding_size
-                ),
-            });
-        }
-        let chunks = (0..n_chunks)
-            .map(|c| {
-                let rows = chunk_rows.min(d.rows - (c * chunk_rows).min(d.rows));
-                gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some(&format!("{} chunk {c}", d.name)),
-                    size: (rows * d.cols * vb).next_multiple_of(4).max(4) as u64,
-                    usage: storage,
-                    mapped_at_creation: false,
-                })
-            })
-            .collect();
-        states.push(GpuState {
-            chunks,
-            chunk_rows,
-            cols: d.cols,
-            f16,
-        });
-    }
-    Ok(states)
 }
 
 /// Values read back, i32 ones converted to f32 numbers (as the CPU does).
@@ -973,19 +638,6 @@ impl Backend for WgpuBackend {
             self.gpu.queue.write_buffer(g.buffer(v), 0, &bytes);
         }
         Ok(())
-    }
-
-    fn read_state_rows(&self, s: StateId, rows: Range<usize>) -> Result<Vec<f32>, BackendError> {
-        self.read_set_rows(0, s, rows)
-    }
-
-    fn write_state_rows(
-        &mut self,
-        s: StateId,
-        first: usize,
-        data: &[f32],
-    ) -> Result<(), BackendError> {
-        self.write_set_rows(0, s, first, data)
     }
 
     fn reset_states(&mut self) {

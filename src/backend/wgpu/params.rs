@@ -30,7 +30,7 @@ params! {
     StepUniform { pos0: u32, n_tokens: u32, row0: u32, _pad0: u32 }
     /// shaders/common.wgsl (the Rust side is `gpu::RowRecord`).
     RowRecord { pos: u32, state: u32 }
-    EltParams { cols: u32, factor: f32, clamp: f32, n_hc: u32 }
+    EltParams { cols: u32, factor: f32, clamp: f32, _pad0: u32 }
     EmbedParams { dim: u32, ty: u32, row0: u32, n_rows: u32 }
     NormParams {
         dim: u32, rows_per_token: u32, fixed_rows: u32, has_weight: u32,

@@ -3,67 +3,45 @@
 //! the order listed), and that exact text is what the naga test validates and
 //! `ds4 --dump-shaders` writes.
 //!
+//! The families, their helpers and their sources are listed once in
+//! src/backend/kernels.rs.
+//!
 //! One source per family serves every device: lines between `//#if
 //! subgroups`, `//#else` and `//#endif` (whole lines, nestable) are kept or
 //! dropped for the module's [`Variant`]. The directives are needed because a
 //! module that so much as names a subgroup builtin fails validation on a
 //! device without `Features::SUBGROUP`, so an override constant cannot choose
 //! between the two paths.
+//!
+//! A state that grows with the context is bound as up to
+//! [`MAX_STATE_CHUNKS`] chunks of whole rows (docs/ARCHITECTURE.md, "Chunked
+//! state bindings"). The family declares chunk 0 among its bindings and
+//! writes `//#chunks NAME BINDING ACCESS TYPE` for the rest: the line
+//! becomes the bindings `NAME1..` (from `BINDING` on, `read` or
+//! `read_write`, elements of `TYPE`) and the function that picks a chunk,
+//! `NAME_load(c, o) -> f32` to read or `NAME_store(c, o, v)` to write value
+//! `o` of chunk `c`.
 
-/// Shared helper files: (name, source), prepended in this order.
+use super::MAX_STATE_CHUNKS;
+use crate::backend::kernels::Family;
+
+/// Shared helper files: (name, source), prepended in this order where a
+/// family lists them (`Family::wgsl_helpers`, src/backend/kernels.rs).
 const HELPERS: &[(&str, &str)] = &[
     ("common", include_str!("../../../shaders/common.wgsl")),
     ("rowops", include_str!("../../../shaders/rowops.wgsl")),
     // Workgroup sum / max: subgroup operations or a workgroup-memory tree.
     ("reduce", include_str!("../../../shaders/reduce.wgsl")),
+    // Top-k selection over order-preserving keys (indexer, V4.1's select).
+    ("select", include_str!("../../../shaders/select.wgsl")),
+    // RoPE angles from the host's split frequencies (rope, compressors).
+    (
+        "rope_angle",
+        include_str!("../../../shaders/rope_angle.wgsl"),
+    ),
     // Block decoders and the row-dot core shared by matmul and moe.
     ("quant", include_str!("../../../shaders/quant.wgsl")),
     ("matmul", include_str!("../../../shaders/matmul.wgsl")),
-];
-
-macro_rules! family {
-    ($name:literal, $helpers:expr) => {
-        (
-            $name,
-            $helpers,
-            include_str!(concat!("../../../shaders/", $name, ".wgsl")),
-        )
-    };
-}
-
-/// Kernel families: (name, helpers it needs, source). A new family is one
-/// line here and one file under `shaders/`.
-const FAMILIES: &[(&str, &[&str], &str)] = &[
-    family!("elementwise", &["common"]),
-    family!("embed", &["common"]),
-    family!("norm", &["common", "reduce"]),
-    family!("hc_mix", &["common"]),
-    family!("hc", &["common"]),
-    family!("rope", &["common"]),
-    family!("round", &["common", "rowops"]),
-    family!("ring", &["common"]),
-    family!("attention", &["common", "reduce"]),
-    family!("compress", &["common", "rowops"]),
-    family!("indexer", &["common"]),
-    family!("router", &["common"]),
-    family!("gather", &["common"]),
-    // DeepSeek V4.1's own ops (docs/V41.md).
-    family!("v41_gate", &["common", "rowops"]),
-    family!("v41_compress", &["common", "rowops"]),
-    family!("v41_select", &["common"]),
-    // Matrix products (dense) and routed experts; see src/backend/wgpu/matmul.rs.
-    (
-        "matmul",
-        &["quant"],
-        include_str!("../../../shaders/matmul.wgsl"),
-    ),
-    (
-        "moe",
-        &["quant", "matmul"],
-        include_str!("../../../shaders/moe.wgsl"),
-    ),
-    // Device read-bandwidth probe (ds4-bench --bandwidth).
-    family!("bandwidth", &[]),
 ];
 
 /// Which optional device features a module is assembled for.
@@ -122,6 +100,14 @@ fn preprocess(family: &str, src: &str, variant: Variant) -> String {
             stack
                 .pop()
                 .unwrap_or_else(|| panic!("{family}.wgsl:{}: #endif without #if", n + 1));
+        } else if let Some(args) = t.strip_prefix("//#chunks ") {
+            if keep_outer {
+                out.push_str(
+                    &chunks(args).unwrap_or_else(|e| {
+                        panic!("{family}.wgsl:{}: //#chunks {args}: {e}", n + 1)
+                    }),
+                );
+            }
         } else if t.starts_with("//#") {
             panic!("{family}.wgsl:{}: unknown directive {t}", n + 1);
         } else if keep_outer {
@@ -133,64 +119,159 @@ fn preprocess(family: &str, src: &str, variant: Variant) -> String {
     out
 }
 
-/// Families that read or write cached KV rows through the type `kvt`:
-/// each has an f32 module (`kvt` = f32) and an `<family>_f16` module
-/// (`enable f16;`, `kvt` = f16) used where the rows are stored as f16.
-const KV_FAMILIES: &[(&str, &str)] = &[
-    ("ring", "ring_f16"),
-    ("attention", "attention_f16"),
-    ("compress", "compress_f16"),
-    ("indexer", "indexer_f16"),
+/// What `//#chunks NAME BINDING ACCESS TYPE` stands for (see the module
+/// docs): chunks 1.. of `NAME` bound from `BINDING` on, and the function
+/// that reads (`read`) or writes (`read_write`) value `o` of chunk `c`.
+fn chunks(args: &str) -> Result<String, String> {
+    let a: Vec<&str> = args.split_whitespace().collect();
+    let [name, first, access, ty] = a[..] else {
+        return Err("want NAME BINDING ACCESS TYPE".into());
+    };
+    let first: usize = first.parse().map_err(|_| format!("binding {first}"))?;
+    let last = MAX_STATE_CHUNKS - 1;
+    let mut out = String::new();
+    for c in 1..=last {
+        out.push_str(&format!(
+            "@group(0) @binding({}) var<storage, {access}> {name}{c}: array<{ty}>;\n",
+            first + c - 1
+        ));
+    }
+    let (head, case) = match access {
+        "read" => (
+            format!("fn {name}_load(c: u32, o: u32) -> f32 {{"),
+            "return f32({name}{c}[o]);",
+        ),
+        "read_write" => (
+            format!("fn {name}_store(c: u32, o: u32, v: f32) {{"),
+            "{name}{c}[o] = {ty}(v);",
+        ),
+        _ => return Err(format!("access {access}")),
+    };
+    let arm = |c: usize| {
+        case.replace("{name}", name)
+            .replace("{c}", &c.to_string())
+            .replace("{ty}", ty)
+    };
+    out.push_str(&format!(
+        "// Value `o` of chunk `c` of the chunked {name}.\n{head}\n    switch c {{\n"
+    ));
+    for c in 1..=last {
+        out.push_str(&format!("        case {c}u: {{ {} }}\n", arm(c)));
+    }
+    out.push_str(&format!("        default: {{ {} }}\n    }}\n}}\n", arm(0)));
+    Ok(out)
+}
+
+/// One WGSL module: a family, its cached KV rows (if it reads or writes
+/// any) stored as f32 or as f16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Module {
+    pub family: Family,
+    /// The `<stem>_f16` module (`enable f16;`, `kvt` = f16), used where the
+    /// rows are stored as f16; only for [`Module::stores_kv`] families.
+    pub f16: bool,
+}
+
+/// Families that read or write cached KV rows through the type `kvt`, and
+/// the name of their f16-storage module.
+const KV_FAMILIES: &[(Family, &str)] = &[
+    (Family::Ring, "ring_f16"),
+    (Family::Attention, "attention_f16"),
+    (Family::Compress, "compress_f16"),
+    (Family::Indexer, "indexer_f16"),
 ];
 
-/// Suffix of the f16-storage variant of a KV family.
-pub const F16_SUFFIX: &str = "_f16";
+impl Module {
+    /// The module of `family` (f32 rows).
+    pub const fn of(family: Family) -> Module {
+        Module { family, f16: false }
+    }
 
-/// Names of every kernel family (the f16-storage variants included).
+    /// Whether the family reads or writes cached KV rows (`kvt`).
+    pub fn stores_kv(family: Family) -> bool {
+        KV_FAMILIES.iter().any(|f| f.0 == family)
+    }
+
+    /// `<stem>`, or `<stem>_f16` for the f16-storage module.
+    pub fn name(self) -> &'static str {
+        match KV_FAMILIES.iter().find(|f| f.0 == self.family) {
+            Some((_, n)) if self.f16 => n,
+            _ => self.family.stem(),
+        }
+    }
+
+    /// The module named `name` (see [`Module::name`]).
+    pub fn from_name(name: &str) -> Option<Module> {
+        if let Some((f, _)) = KV_FAMILIES.iter().find(|f| f.1 == name) {
+            return Some(Module {
+                family: *f,
+                f16: true,
+            });
+        }
+        Family::from_stem(name).map(Module::of)
+    }
+
+    /// Every module: each family, then the f16-storage ones.
+    pub fn all() -> Vec<Module> {
+        let mut out: Vec<Module> = Family::ALL.iter().map(|&f| Module::of(f)).collect();
+        out.extend(KV_FAMILIES.iter().map(|f| Module {
+            family: f.0,
+            f16: true,
+        }));
+        out
+    }
+
+    /// The complete WGSL text handed to wgpu for `variant`: the family's
+    /// helpers in [`HELPERS`] order, the `kvt` alias of a KV family, then
+    /// the family's own file.
+    pub fn source(self, variant: Variant) -> String {
+        let family = self.family;
+        let stem = family.stem();
+        let helpers = family.wgsl_helpers();
+        let mut out = String::new();
+        if self.f16 {
+            // Directives come before any declaration.
+            out.push_str("enable f16;\n");
+        }
+        for (name, text) in HELPERS {
+            if helpers.contains(name) {
+                out.push_str(&format!("// ---- shaders/{name}.wgsl ----\n"));
+                out.push_str(&preprocess(name, text, variant));
+                out.push('\n');
+            }
+        }
+        if Module::stores_kv(family) {
+            out.push_str("// Element type of the cached KV rows (storage only; math is f32).\n");
+            out.push_str(if self.f16 {
+                "alias kvt = f16;\n"
+            } else {
+                "alias kvt = f32;\n"
+            });
+        }
+        out.push_str(&format!("// ---- shaders/{stem}.wgsl ----\n"));
+        out.push_str(&preprocess(stem, family.wgsl_source(), variant));
+        out
+    }
+}
+
+/// Names of every module (the f16-storage variants included).
 pub fn families() -> Vec<&'static str> {
-    let mut out: Vec<&'static str> = FAMILIES.iter().map(|f| f.0).collect();
-    out.extend(KV_FAMILIES.iter().map(|f| f.1));
-    out
+    Module::all().into_iter().map(Module::name).collect()
 }
 
 /// `family` without the f16-storage suffix, and whether it had it.
 pub fn base_family(family: &str) -> (&str, bool) {
-    match family.strip_suffix(F16_SUFFIX) {
-        Some(b) if KV_FAMILIES.iter().any(|f| f.0 == b) => (b, true),
+    match Module::from_name(family) {
+        Some(m) if m.f16 => (m.family.stem(), true),
         _ => (family, false),
     }
 }
 
-/// The complete WGSL module of `family` for `variant` as handed to wgpu, or
-/// `None` for an unknown family. `<family>_f16` names the f16-storage
-/// variant of a KV family.
+/// The complete WGSL module named `family` for `variant` as handed to
+/// wgpu, or `None` for an unknown name. `<family>_f16` names the
+/// f16-storage variant of a KV family.
 pub fn try_module_source_for(family: &str, variant: Variant) -> Option<String> {
-    let (base, f16) = base_family(family);
-    let (_, helpers, src) = FAMILIES.iter().find(|f| f.0 == base)?;
-    let kv = KV_FAMILIES.iter().any(|f| f.0 == base);
-    let mut out = String::new();
-    if f16 {
-        // Directives come before any declaration.
-        out.push_str("enable f16;\n");
-    }
-    for (name, text) in HELPERS {
-        if helpers.contains(name) {
-            out.push_str(&format!("// ---- shaders/{name}.wgsl ----\n"));
-            out.push_str(&preprocess(name, text, variant));
-            out.push('\n');
-        }
-    }
-    if kv {
-        out.push_str("// Element type of the cached KV rows (storage only; math is f32).\n");
-        out.push_str(if f16 {
-            "alias kvt = f16;\n"
-        } else {
-            "alias kvt = f32;\n"
-        });
-    }
-    out.push_str(&format!("// ---- shaders/{base}.wgsl ----\n"));
-    out.push_str(&preprocess(base, src, variant));
-    Some(out)
+    Some(Module::from_name(family)?.source(variant))
 }
 
 /// The fallback module of `family` (see [`try_module_source_for`]).

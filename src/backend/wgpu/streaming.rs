@@ -286,9 +286,8 @@ pub(super) fn record_streamed(
     let range = |v| BufRange::whole(g.buffer(v));
     let experts = mm.experts(
         &b.gpu,
-        &parts[0],
-        &parts[1],
-        &parts[2],
+        [&parts[0], &parts[1], &parts[2]],
+        o.dims(),
         o.clamp,
         o.k,
         range(o.x),

@@ -65,6 +65,12 @@ fn err(gpu: &Gpu, name: &str, msg: String) -> BackendError {
 }
 
 impl GpuTensor {
+    /// Whether the tensor's leading dimensions are `dims` (a check of the
+    /// uploaded tensor against the op's geometry).
+    pub fn holds(&self, dims: &[u64]) -> bool {
+        self.ne[..dims.len()] == *dims
+    }
+
     /// Uploads `bytes` (the tensor's data as stored in the GGUF file) in
     /// chunks no larger than the device's storage binding limit. `progress`
     /// receives the number of bytes uploaded so far.
