@@ -154,9 +154,16 @@ fn the_self_check_groups_cover_every_op() {
     seen.sort_unstable();
     seen.dedup();
     for (op, _, _) in TOLERANCE {
-        assert!(seen.contains(op), "no case of {op} in selfcheck::cases::GROUPS");
+        assert!(
+            seen.contains(op),
+            "no case of {op} in selfcheck::cases::GROUPS"
+        );
     }
-    assert_eq!(seen.len(), TOLERANCE.len(), "ops without a tolerance: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        TOLERANCE.len(),
+        "ops without a tolerance: {seen:?}"
+    );
 }
 
 /// The tensor-core prefill kernels (`mma_<type>`, off by default) against

@@ -155,7 +155,11 @@ pub fn check(
         let together = run(&mut b, &mine)?;
         for (i, p) in mine.iter().enumerate() {
             if together[i].len() != serial[i].len() {
-                return Err(format!("slot {i} of {n}: {} pieces, serial {}", together[i].len(), serial[i].len()));
+                return Err(format!(
+                    "slot {i} of {n}: {} pieces, serial {}",
+                    together[i].len(),
+                    serial[i].len()
+                ));
             }
             for (k, (a, s)) in together[i].iter().zip(&serial[i]).enumerate() {
                 let at = format!("{backend:?}: slot {i} of {n}, piece {k}");
@@ -163,7 +167,11 @@ pub fn check(
                     return Err(format!("{at}: logits missing or not finite"));
                 }
                 if !same(&a.0, &s.0) {
-                    let d = a.0.iter().zip(&s.0).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+                    let d =
+                        a.0.iter()
+                            .zip(&s.0)
+                            .map(|(x, y)| (x - y).abs())
+                            .fold(0.0, f32::max);
                     return Err(format!(
                         "{at}: logits differ from the serial run (max |d| {d:e})"
                     ));
@@ -175,7 +183,9 @@ pub fn check(
                     let rows = p.pieces[k].1 - p.pieces[k].0;
                     let v = model.config.n_vocab;
                     if a.1.len() != rows * v || !same(&a.1[(rows - 1) * v..], &a.0) {
-                        return Err(format!("{at}: every row's logits: not {rows} rows ending with the last row's"));
+                        return Err(format!(
+                            "{at}: every row's logits: not {rows} rows ending with the last row's"
+                        ));
                     }
                 }
                 compared += 1;

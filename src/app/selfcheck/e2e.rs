@@ -52,7 +52,13 @@ pub fn max_dlogprob(a: &[f32], b: &[f32], vocab: usize) -> f32 {
             log_softmax(x)
                 .iter()
                 .zip(log_softmax(y))
-                .map(|(p, q)| if p.is_nan() || q.is_nan() { f32::INFINITY } else { (p - q).abs() })
+                .map(|(p, q)| {
+                    if p.is_nan() || q.is_nan() {
+                        f32::INFINITY
+                    } else {
+                        (p - q).abs()
+                    }
+                })
                 .fold(0.0, f32::max)
         })
         .fold(0.0, f32::max)

@@ -317,8 +317,7 @@ const QUICK_CASES_PER_GROUP: usize = 4;
 /// cases on the tensor-core target. Quick: a spread of
 /// [`QUICK_CASES_PER_GROUP`] cases of each group.
 fn ops(size: Size, targets: &[Target], sink: &mut Sink<'_>) {
-    let prefill: &[(&str, fn() -> Vec<oneop::Case>)] =
-        &[("tensor-core matmul", cases::prefill_matmul_cases)];
+    let prefill: &[cases::Group] = &[("tensor-core matmul", cases::prefill_matmul_cases)];
     for &(name, make) in cases::GROUPS.iter().chain(prefill) {
         let tensor = name == "tensor-core matmul";
         let mut cases = make();
@@ -326,13 +325,10 @@ fn ops(size: Size, targets: &[Target], sink: &mut Sink<'_>) {
             let stride = cases.len().div_ceil(QUICK_CASES_PER_GROUP).max(1);
             cases = cases.into_iter().step_by(stride).collect();
         }
-        for t in targets.iter().filter(|t| {
-            if tensor {
-                t.tensor_cores
-            } else {
-                t.kernels
-            }
-        }) {
+        for t in targets
+            .iter()
+            .filter(|t| if tensor { t.tensor_cores } else { t.kernels })
+        {
             let rule = match t.kind {
                 BackendKind::Cpu => Rule::FastCpu,
                 _ if tensor => Rule::Gpu(Some(oneop::TENSOR_CORE_TOLERANCE)),
@@ -358,7 +354,12 @@ fn ops(size: Size, targets: &[Target], sink: &mut Sink<'_>) {
             if failures.is_empty() {
                 sink.push(Status::Pass, &format!("ops {name}"), &t.label, figure);
             } else {
-                let first = failures.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+                let first = failures
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ");
                 sink.push(
                     Status::Fail,
                     &format!("ops {name}"),
@@ -403,7 +404,11 @@ fn e2e_lines(
         Err(e) => sink.push(Status::Fail, check, "cpu-ref", e),
         Ok(outcomes) => {
             for oc in outcomes {
-                let s = if oc.passed { Status::Pass } else { Status::Fail };
+                let s = if oc.passed {
+                    Status::Pass
+                } else {
+                    Status::Fail
+                };
                 sink.push(
                     s,
                     check,
@@ -429,9 +434,23 @@ fn end_to_end(o: &CheckOptions, targets: &[Target], models: &models::Models, sin
         if quick {
             (&[Variant::Mxfp4], &[Numerics::Model], 3, 2, 2, 1)
         } else if o.size == Size::Quick {
-            (&[Variant::Q2, Variant::Mxfp4], &[Numerics::Model], 100, 37, 40, 20)
+            (
+                &[Variant::Q2, Variant::Mxfp4],
+                &[Numerics::Model],
+                100,
+                37,
+                40,
+                20,
+            )
         } else {
-            (&Variant::ALL, &[Numerics::Model, Numerics::Plain], 100, 37, 40, 20)
+            (
+                &Variant::ALL,
+                &[Numerics::Model, Numerics::Plain],
+                100,
+                37,
+                40,
+                20,
+            )
         };
     for &v in variants {
         for &n in numerics {
@@ -471,7 +490,10 @@ fn end_to_end(o: &CheckOptions, targets: &[Target], models: &models::Models, sin
     // the window) and 1 decoded, on the first target only.
     let (n, step, pieces, on) = if quick {
         let t = e2e::tokens(137, 16);
-        let p = vec![Piece::Prefill(t[..136].to_vec()), Piece::Decode(t[136..].to_vec())];
+        let p = vec![
+            Piece::Prefill(t[..136].to_vec()),
+            Piece::Decode(t[136..].to_vec()),
+        ];
         (136, 68, p, &gpus[..1])
     } else {
         (3072, 256, e2e::sequence(3072, 0, 2, 16), &gpus[..])

@@ -91,7 +91,9 @@ pub struct Weights {
 impl Weights {
     pub fn add(&mut self, name: &str, ne: &[u64], ty: GgmlType, values: &[f32]) {
         let row = ne[0] as usize;
-        let rb = ty.row_bytes(ne[0]).expect("a case's row length fits its type") as usize;
+        let rb = ty
+            .row_bytes(ne[0])
+            .expect("a case's row length fits its type") as usize;
         let mut bytes = vec![0u8; values.len() / row * rb];
         for (src, dst) in values.chunks_exact(row).zip(bytes.chunks_exact_mut(rb)) {
             quant::quantize_row(ty, src, dst, None).expect("a case's row quantizes");
@@ -435,12 +437,7 @@ fn fast_cpu_ratio(case: &Case, g: &[f32], w: &[f32], max_abs: f32) -> (f64, usiz
         .filter(|v| !v.is_nan())
         .fold(0f32, |m, v| m.max(v.abs()))
         + x_norm;
-    (
-        max_abs as f64 / (tol * scale.max(1e-30)) as f64,
-        at,
-        gv,
-        wv,
-    )
+    (max_abs as f64 / (tol * scale.max(1e-30)) as f64, at, gv, wv)
 }
 
 /// What one case gave on one backend.

@@ -7,7 +7,8 @@
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    /// The next raw 64-bit state.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -16,7 +17,7 @@ impl Rng {
 
     /// Uniform in [-1, 1) (24 bits).
     pub fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
 
     /// `n` values of [`Rng::f`].
@@ -31,7 +32,7 @@ impl Rng {
 
     /// Uniform in `0..n` (`0` when `n` is 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 
     /// `len` indexer selections (as f32) of rows below `cap`: every fourth

@@ -51,7 +51,10 @@ pub fn streaming(o: StreamingOptions, opts: &BackendOptions) -> BackendOptions {
 
 /// Session options of the streaming runs: context 128, prefill chunks of 7
 /// (a chunk selects more experts than the smallest cache has slots).
-pub fn options(backend: crate::backend::BackendKind, backend_options: BackendOptions) -> SessionOptions {
+pub fn options(
+    backend: crate::backend::BackendKind,
+    backend_options: BackendOptions,
+) -> SessionOptions {
     SessionOptions {
         ctx: 128,
         prefill_chunk: 7,
@@ -127,13 +130,16 @@ pub fn check_exact(
             .ok_or_else(|| format!("{what}: a streaming backend without a cache"))?;
         let (got, out) = run(&mut s, prompt, decode).map_err(|x| format!("{what}: {x}"))?;
         if out != want_out {
-            return Err(format!("{what}: greedy output {out:?}, resident {want_out:?}"));
+            return Err(format!(
+                "{what}: greedy output {out:?}, resident {want_out:?}"
+            ));
         }
         if bits(&got) != bits(&want) {
             return Err(format!("{what}: logits differ from the resident run"));
         }
         let st = cache.stats();
-        if st.misses == 0 || st.hits == 0 || st.bytes_read == 0 || st.lookups != st.hits + st.misses {
+        if st.misses == 0 || st.hits == 0 || st.bytes_read == 0 || st.lookups != st.hits + st.misses
+        {
             return Err(format!("{what}: the cache did not evict: {st:?}"));
         }
         if o.prefetch && st.prefetch_reads == 0 {

@@ -48,8 +48,7 @@ pub fn run(a: &Args, backend: &str, bo: BackendOptions) -> Result<(), String> {
     let threads = ds4::app::threads::init_global_pool(a.threads);
     let mut csv = match &a.csv {
         Some(p) => {
-            let mut f =
-                std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let mut f = std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?;
             writeln!(f, "status,check,target,secs,figure").map_err(|e| e.to_string())?;
             Some(f)
         }
@@ -92,7 +91,11 @@ pub fn run(a: &Args, backend: &str, bo: BackendOptions) -> Result<(), String> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     let count = |s: Status| lines.iter().filter(|l| l.status == s).count();
-    let (pass, fail, skip) = (count(Status::Pass), count(Status::Fail), count(Status::Skip));
+    let (pass, fail, skip) = (
+        count(Status::Pass),
+        count(Status::Fail),
+        count(Status::Skip),
+    );
     println!(
         "self-check {name} ({}): {pass} passed, {fail} failed, {skip} skipped in {:.1} s",
         a.check_size,
@@ -102,7 +105,10 @@ pub fn run(a: &Args, backend: &str, bo: BackendOptions) -> Result<(), String> {
         return Err(format!("--csv: {e}"));
     }
     if fail > 0 || pass == 0 {
-        return Err(format!("--check {name}: {fail} of {} checks failed", lines.len()));
+        return Err(format!(
+            "--check {name}: {fail} of {} checks failed",
+            lines.len()
+        ));
     }
     Ok(())
 }
@@ -127,8 +133,8 @@ pub fn make_model(a: &Args, kind: &str) -> Result<(), String> {
         ),
         _ => {
             return Err(format!(
-                "--make-model {kind:?}: flash:N (the N-layer Flash-width bench model) or tiny:VARIANT"
-            ))
+            "--make-model {kind:?}: flash:N (the N-layer Flash-width bench model) or tiny:VARIANT"
+        ))
         }
     };
     let out: &PathBuf = &a.model;

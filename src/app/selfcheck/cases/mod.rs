@@ -21,9 +21,12 @@ pub use v41::{
 
 use super::oneop::Case;
 
+/// A named group of one-op cases and the function that makes them.
+pub type Group = (&'static str, fn() -> Vec<Case>);
+
 /// The groups of cases every backend runs, by name, in the suite's order
 /// (the tensor-core cases are CUDA's own: [`prefill_matmul_cases`]).
-pub const GROUPS: &[(&str, fn() -> Vec<Case>)] = &[
+pub const GROUPS: &[Group] = &[
     ("elementwise", elementwise_cases),
     ("embed", embed_cases),
     ("rms_norm", rms_norm_cases),
