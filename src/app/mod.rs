@@ -5,7 +5,8 @@
 //! lock ([`lock`]) and process edge ([`serve`]), the speculator the flags
 //! ask for ([`spec`]), and ds4's own terminal
 //! side: the printing generator ([`terminal`]), the REPL ([`repl`]) and the
-//! `--dump-logprobs` writer ([`logprobs`]). Nothing below `app` imports it.
+//! `--dump-logprobs` writer ([`logprobs`]), and the backend self-check of
+//! `ds4-bench --check` ([`selfcheck`]). Nothing below `app` imports it.
 
 pub mod cli;
 pub mod demo;
@@ -14,6 +15,7 @@ pub mod lock;
 pub mod logprobs;
 pub mod repl;
 pub mod report;
+pub mod selfcheck;
 pub mod serve;
 pub mod spec;
 pub mod terminal;

@@ -270,11 +270,7 @@ fn run(a: Args) -> Result<(), String> {
 
 /// `--list-devices`: every wgpu adapter, then the CUDA devices.
 fn list_devices() {
-    print!("{}", ds4::backend::wgpu::gpu::devices_report());
-    match ds4::backend::cuda_device_lines() {
-        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
-        Err(e) => println!("cuda: none ({e})"),
-    }
+    print!("{}", ds4::app::report::devices());
 }
 
 /// `--dump-shaders DIR`.
