@@ -107,24 +107,7 @@ pub fn long_context_model_of(variant: Variant) -> Arc<ModelFile> {
 
 /// The tiny V4.1 model (f32), generated once per build tree.
 pub fn v41_model_path() -> PathBuf {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("test-models");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("tiny-v41-f32.gguf");
-    if !path.exists() {
-        let tmp = dir.join(format!("tiny-v41.{}.tmp", std::process::id()));
-        let vocab = Vocab::load_default().unwrap();
-        ds4::testmodel::v41::write_v41_model(
-            &ds4::testmodel::v41::V41Spec::tiny(),
-            Variant::F32,
-            &vocab,
-            &tmp,
-        )
-        .unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
+    models().v41_path().unwrap()
 }
 
 pub fn tiny_model(variant: Variant) -> Arc<ModelFile> {

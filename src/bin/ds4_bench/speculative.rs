@@ -108,8 +108,7 @@ impl Bench {
         self.restore()?;
         let vocab = self.sess.n_vocab() as u32;
         let mut times = Vec::with_capacity(steps);
-        for i in 0..steps.min(reference.len()) {
-            let next = reference[i];
+        for (i, &next) in reference.iter().take(steps).enumerate() {
             let t0 = Instant::now();
             if k == 0 {
                 self.sess.eval(next).map_err(|e| e.to_string())?;
