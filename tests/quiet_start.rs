@@ -68,7 +68,10 @@ fn cli_start_without_runtime_dir_is_quiet() {
     // The auto backend probed the GPU and said what it chose.
     assert!(err.contains("ds4: backend:"), "{err}");
     if std::env::var_os("CI").is_some() {
-        assert!(err.contains("Vulkan"), "no Vulkan adapter was probed: {err}");
+        assert!(
+            err.contains("Vulkan"),
+            "no Vulkan adapter was probed: {err}"
+        );
     }
 
     let (out, err) = ds4_without_runtime_dir(&["--list-devices"]);

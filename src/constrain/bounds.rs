@@ -200,9 +200,16 @@ mod tests {
         let p = &s["properties"];
         assert_eq!(p["at"]["maxLength"], 42);
         assert_eq!(p["mail"]["maxLength"], 20, "the schema's own bound stays");
-        assert!(p["day"].get("maxLength").is_none(), "date is bounded already");
+        assert!(
+            p["day"].get("maxLength").is_none(),
+            "date is bounded already"
+        );
         assert!(p["format"].get("maxLength").is_none());
-        assert_eq!(p["c"]["const"], json!({"format": "email"}), "data untouched");
+        assert_eq!(
+            p["c"]["const"],
+            json!({"format": "email"}),
+            "data untouched"
+        );
         assert_eq!(p["const"]["maxLength"], 254, "a property named const");
         assert_eq!(p["list"]["items"]["anyOf"][0]["maxLength"], 31);
     }

@@ -202,10 +202,9 @@ fn compute_only_vulkan(desc: &wgpu::InstanceDescriptor) -> Option<wgpu::Instance
     // SAFETY: the callback only removes optional window-system extensions,
     // which wgpu-hal checks for before every use (see above); the instance is
     // handed to wgpu whole, as `from_hal` asks.
-    let raw = unsafe {
-        hal::vulkan::Instance::init_with_callback(&hal_desc, Some(drop_window_surfaces))
-    }
-    .ok()?;
+    let raw =
+        unsafe { hal::vulkan::Instance::init_with_callback(&hal_desc, Some(drop_window_surfaces)) }
+            .ok()?;
     // SAFETY: `raw` is a freshly created wgpu-hal Vulkan instance.
     Some(unsafe { wgpu::Instance::from_hal::<hal::api::Vulkan>(raw) })
 }
