@@ -157,54 +157,21 @@ __device__ __forceinline__ float round_e2m1(float v) {
     return copysignf(vals[code], v);
 }
 
-// The block round trips (quant::small_float::{fp8_blocks, fp4_blocks}): a
-// block's scale from its largest magnitude, then each value through it.
-
-// FP8 (E4M3) block scale: UE8M0, amax floored at 1e-4.
-__device__ __forceinline__ float fp8_scale(float amax) { return pow2_scale(fmaxf(amax, 1e-4f), 448.0f); }
-
-__device__ __forceinline__ float fp8_value(float x, float s) {
-    return round_e4m3(fminf(fmaxf(x / s, -448.0f), 448.0f)) * s;
+// FP8 (E4M3) round trip of one 64-value block held two values per lane by
+// one warp (a block may be short: `valid` masks the missing values).
+__device__ __forceinline__ void fp8_block_roundtrip_warp(float& a, float& b, bool va, bool vb) {
+    float m = fmaxf(va ? fabsf(a) : 0.0f, vb ? fabsf(b) : 0.0f);
+    m = fmaxf(warp_max(m), 1e-4f);
+    float s = pow2_scale(m, 448.0f);
+    if (va) a = round_e4m3(fminf(fmaxf(a / s, -448.0f), 448.0f)) * s;
+    if (vb) b = round_e4m3(fminf(fmaxf(b / s, -448.0f), 448.0f)) * s;
 }
 
-// FP4 (E2M1) block scale: UE8M0 (amax floored at 6 * 2^-126), or with
-// `e4m3` the E4M3 value nearest amax / 6 (amax floored at 6 * 2^-9).
-__device__ __forceinline__ float fp4_scale(float amax, bool e4m3) {
-    if (e4m3) return round_e4m3(fmaxf(amax, 0.01171875f) / 6.0f);
-    return pow2_scale(fmaxf(amax, 7.052966104933725e-38f), 6.0f);
-}
-
-__device__ __forceinline__ float fp4_value(float x, float s) {
-    return round_e2m1(fminf(fmaxf(x / s, -6.0f), 6.0f)) * s;
-}
-
-// One thread's FP8 round trip of v[0..n) as one block.
-__device__ void fp8_block(float* v, u32 n) {
-    float amax = 0.0f;
-    for (u32 j = 0; j < n; j++) amax = fmaxf(amax, fabsf(v[j]));
-    const float s = fp8_scale(amax);
-    for (u32 j = 0; j < n; j++) v[j] = fp8_value(v[j], s);
-}
-
-// One thread's FP4 round trip of v[0..n) as one block.
-__device__ void fp4_block(float* v, u32 n, bool e4m3) {
-    float amax = 0.0f;
-    for (u32 j = 0; j < n; j++) amax = fmaxf(amax, fabsf(v[j]));
-    const float s = fp4_scale(amax, e4m3);
-    for (u32 j = 0; j < n; j++) v[j] = fp4_value(v[j], s);
-}
-
-// buf[0..n) (shared memory) in blocks of `block` (a short last one), one
-// thread of the block per FP8 / FP4 block; the whole thread block calls
-// it, and it ends with a barrier.
-__device__ void fp8_blocks_shared(float* buf, u32 n, u32 block) {
-    for (u32 b = threadIdx.x * block; b < n; b += blockDim.x * block) fp8_block(buf + b, min(block, n - b));
-    __syncthreads();
-}
-
-__device__ void fp4_blocks_shared(float* buf, u32 n, u32 block, bool e4m3) {
-    for (u32 b = threadIdx.x * block; b < n; b += blockDim.x * block) fp4_block(buf + b, min(block, n - b), e4m3);
-    __syncthreads();
+// FP4 (E2M1) round trip of one 32-value block, one value per lane.
+__device__ __forceinline__ float fp4_block_roundtrip_warp(float v) {
+    float m = fmaxf(warp_max(fabsf(v)), 7.052966104933725e-38f);
+    float s = pow2_scale(m, 6.0f);
+    return round_e2m1(fminf(fmaxf(v / s, -6.0f), 6.0f)) * s;
 }
 
 // In-place normalised Walsh-Hadamard transform of buf[0..n) in shared

@@ -69,15 +69,21 @@ extern "C" __global__ void __launch_bounds__(1024) compress(const float* kv, con
         if (j < hd) row[j] = v;
         __syncthreads();
         if (rounding == 1) {
-            // FP8 on the non-rotary dims in 64-value blocks, then f16.
-            fp8_blocks_shared(row, hd - n_rot, 64);
-            if (j < hd) row[j] = round_f16(row[j]);
+            // FP8 on the non-rotary dims in 64-value blocks (one warp each), then f16.
+            const u32 warp = j >> 5, lane = j & 31, i0 = 64 * warp + 2 * lane, i1 = i0 + 1;
+            const u32 nq = hd - n_rot;
+            float a = i0 < hd ? row[i0] : 0.0f, b = i1 < hd ? row[i1] : 0.0f;
+            if (64 * warp < nq) fp8_block_roundtrip_warp(a, b, i0 < nq, i1 < nq);
+            __syncthreads();
+            if (i0 < hd) row[i0] = round_f16(a);
+            if (i1 < hd) row[i1] = round_f16(b);
             __syncthreads();
         } else if (rounding == 2) {
-            // Hadamard + FP4 (32-value blocks), then f16.
+            // Hadamard + FP4 (32-value blocks, one warp each), then f16.
             hadamard_shared(row, hd);
-            fp4_blocks_shared(row, hd, 32, false);
-            if (j < hd) row[j] = round_f16(row[j]);
+            float x = j < hd ? row[j] : 0.0f;
+            x = fp4_block_roundtrip_warp(x);
+            if (j < hd) row[j] = round_f16(x);
             __syncthreads();
         }
         if (j < hd) rows[(u64)w * hd + j] = row[j];

@@ -28,14 +28,13 @@ __device__ void v41_rms_norm(float* buf, u32 n, const float* weight, float eps, 
 
 // The kv source's compressor: latent (ratio 1: the token's projection;
 // ratio r: the softmax pool of a whole group, kept in the frontier), RMS
-// norm, index key rope(k_norm(wk . latent)) and the roped latent (each
-// through its FP4 round trip when `fp4`), both at row position / r
-// (capacity rows; later ones are dropped as by the twin).
+// norm, index key rope(k_norm(wk . latent)) and the roped latent, both at
+// row position / r (capacity rows; later ones are dropped as by the twin).
 extern "C" __global__ void __launch_bounds__(256)
     v41_compress(const float* kv, const float* gate, const float* norm, const float* wk,
                  const float* index_norm, float* st_kv, float* st_score, float* rows, float* index_rows,
                  const double* freqs, u32 r, u32 hd, u32 ihd, u32 n_rot, float eps, u32 capacity,
-                 u32 fp4, const Step* st) {
+                 const Step* st) {
     __shared__ float row[1024];
     __shared__ float key[1024];
     __shared__ double scratch[32];
@@ -81,10 +80,6 @@ extern "C" __global__ void __launch_bounds__(256)
         v41_rope(key, ihd, n_rot, freqs, at);
         v41_rope(row, hd, n_rot, freqs, at);
         __syncthreads();
-        if (fp4) {  // model numerics: FP4 of the key (32, UE8M0) and the latent (16, E4M3)
-            fp4_blocks_shared(key, ihd, 32, false);
-            fp4_blocks_shared(row, hd, 16, true);
-        }
         for (u32 i = threadIdx.x; i < ihd; i += blockDim.x) index_rows[(u64)w * ihd + i] = key[i];
         for (u32 j = threadIdx.x; j < hd; j += blockDim.x) rows[(u64)w * hd + j] = row[j];
         __syncthreads();

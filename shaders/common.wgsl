@@ -94,37 +94,6 @@ fn pow2_scale(amax: f32, fmax: f32) -> f32 {
     return exp2(ceil(log2(amax / fmax)));
 }
 
-// The block round trips (quant::small_float::{fp8_blocks, fp4_blocks}): a
-// block's scale from its largest magnitude, then each value through it.
-// The loops over a block live with the memory they read (rowops.wgsl).
-
-// FP8 (E4M3) block scale: UE8M0, amax floored at 1e-4.
-fn fp8_scale(amax: f32) -> f32 {
-    return pow2_scale(max(amax, 1e-4), 448.0);
-}
-
-// E4M3(clamp(x / s, +-448)) * s.
-fn fp8_value(x: f32, s: f32) -> f32 {
-    let v = clamp(x / s, -448.0, 448.0);
-    return with_sign(round_e4m3_mag(abs(v)), v) * s;
-}
-
-// FP4 (E2M1) block scale: UE8M0 (amax floored at 6 * 2^-126), or with
-// `e4m3` the E4M3 value nearest amax / 6 (amax floored at 6 * 2^-9, the
-// quotient saturating at 448 as the CPU twin's round_e4m3).
-fn fp4_scale(amax: f32, e4m3: bool) -> f32 {
-    if (e4m3) {
-        return round_e4m3_mag(min(max(amax, 0.01171875) / 6.0, 448.0));
-    }
-    return pow2_scale(max(amax, 7.052966104933725e-38), 6.0);
-}
-
-// E2M1(clamp(x / s, +-6)) * s.
-fn fp4_value(x: f32, s: f32) -> f32 {
-    let v = clamp(x / s, -6.0, 6.0);
-    return with_sign(round_e2m1_mag(abs(v)), v) * s;
-}
-
 // Widens f16 bits (low 16 bits of h) exactly, with integer operations only
 // (unpack2x16float needs a capability some adapters lack).
 fn f16_bits_to_f32(h: u32) -> f32 {

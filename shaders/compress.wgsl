@@ -107,11 +107,11 @@ fn compress(@builtin(local_invocation_index) tid: u32) {
         }
         workgroupBarrier();
         if (prm.rounding == 1u) {
-            row_fp8(hd - prm.n_rot, 64u, tid);
+            row_fp8(hd - prm.n_rot, tid);
             row_f16(hd, tid);
         } else if (prm.rounding == 2u) {
             row_hadamard(0u, hd, tid);
-            row_fp4(hd, 32u, false, tid);
+            row_fp4(hd, tid);
             row_f16(hd, tid);
         }
         let wc = w / prm.chunk_rows;

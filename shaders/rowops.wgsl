@@ -1,6 +1,6 @@
 // Row routines for kernels that hold one row (<= MAXROW values) in workgroup
-// memory: reductions, the FP8 and FP4 block round trips, the Walsh-Hadamard
-// transform (MODEL.md 3.5.1, docs/V41.md; twins in quant::small_float).
+// memory: reductions, ds4's FP8 KV simulation, the Walsh-Hadamard transform
+// and the FP4 round trip (MODEL.md 3.5.1; twins in quant::small_float).
 // Every function is called by the whole workgroup in uniform control flow
 // and ends with a barrier.
 
@@ -32,28 +32,34 @@ fn wg_max(v: f32, tid: u32) -> f32 {
     return r;
 }
 
-// FP8 (E4M3) round trip of row[0..n) in blocks of `block` (a short last
-// block) with UE8M0 scales; one thread per block.
-fn row_fp8(n: u32, block: u32, tid: u32) {
-    for (var b = tid * block; b < n; b += WG * block) {
-        let end = min(b + block, n);
+// FP8 (E4M3) round trip of row[0..n) in blocks of 64 with UE8M0 scales;
+// one thread per block.
+fn row_fp8(n: u32, tid: u32) {
+    for (var b = tid * 64u; b < n; b += WG * 64u) {
+        let end = min(b + 64u, n);
         var amax = 0.0;
         for (var j = b; j < end; j++) { amax = max(amax, abs(row[j])); }
-        let s = fp8_scale(amax);
-        for (var j = b; j < end; j++) { row[j] = fp8_value(row[j], s); }
+        let scale = pow2_scale(max(amax, 1e-4), 448.0);
+        for (var j = b; j < end; j++) {
+            let v = clamp(row[j] / scale, -448.0, 448.0);
+            row[j] = with_sign(round_e4m3_mag(abs(v)), v) * scale;
+        }
     }
     workgroupBarrier();
 }
 
-// FP4 (E2M1) round trip of row[0..n) in blocks of `block`, UE8M0 scales or
-// (`e4m3`) E4M3 ones; one thread per block.
-fn row_fp4(n: u32, block: u32, e4m3: bool, tid: u32) {
-    for (var b = tid * block; b < n; b += WG * block) {
-        let end = min(b + block, n);
+// FP4 (E2M1) round trip of row[0..n) in blocks of 32.
+fn row_fp4(n: u32, tid: u32) {
+    for (var b = tid * 32u; b < n; b += WG * 32u) {
+        let end = min(b + 32u, n);
         var amax = 0.0;
         for (var j = b; j < end; j++) { amax = max(amax, abs(row[j])); }
-        let s = fp4_scale(amax, e4m3);
-        for (var j = b; j < end; j++) { row[j] = fp4_value(row[j], s); }
+        // 6 * 2^-126: the CPU twin's floor.
+        let scale = pow2_scale(max(amax, 7.052966104933725e-38), 6.0);
+        for (var j = b; j < end; j++) {
+            let v = clamp(row[j] / scale, -6.0, 6.0);
+            row[j] = with_sign(round_e2m1_mag(abs(v)), v) * scale;
+        }
     }
     workgroupBarrier();
 }

@@ -5,8 +5,7 @@
 // partial group in the frontier (slot = position mod r) and pools each
 // whole group with a per-channel softmax of its gate scores. The latent is
 // RMS-normed; the index key is rope(k_norm(wk . latent)); both are roped at
-// the group's first position, rounded to FP4 under model numerics, and
-// stored at row position / r. One dispatch
+// the group's first position and stored at row position / r. One dispatch
 // takes the tokens t0..t1 (a block sized by the recorder so that no
 // invocation loops more than llvmpipe allows; see shaders/compress.wgsl).
 // Both row states grow with the context, so each is bound as up to eight
@@ -28,9 +27,8 @@ struct V41CompressParams {
     // (irows0..7).
     chunk_rows: u32,
     index_chunk_rows: u32,
-    // Model numerics: the FP4 round trips of the latent and the key.
-    fp4: u32,
     _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
@@ -123,23 +121,12 @@ fn v41_compress(@builtin(local_invocation_index) tid: u32) {
             row[tail + 2u * k + 1u] = x0 * cs.y + x1 * cs.x;
         }
         workgroupBarrier();
-        // Model numerics: FP4 of the latent (blocks of 16, E4M3 scales)
-        // and of the index key (blocks of 32, UE8M0), the key through the
-        // row buffer once the latent is stored.
-        if (prm.fp4 != 0u) { row_fp4(hd, 16u, true, tid); }
-        let wc = w / prm.chunk_rows;
-        let wo = (w % prm.chunk_rows) * hd;
-        for (var j = tid; j < hd; j += WG) { rows_store(wc, wo + j, row[j]); }
-        if (prm.fp4 != 0u) {
-            workgroupBarrier();
-            for (var i = tid; i < ihd; i += WG) { row[i] = ikey[i]; }
-            workgroupBarrier();
-            row_fp4(ihd, 32u, false, tid);
-            for (var i = tid; i < ihd; i += WG) { ikey[i] = row[i]; }
-        }
         let ic = w / prm.index_chunk_rows;
         let io = (w % prm.index_chunk_rows) * ihd;
         for (var i = tid; i < ihd; i += WG) { irows_store(ic, io + i, ikey[i]); }
+        let wc = w / prm.chunk_rows;
+        let wo = (w % prm.chunk_rows) * hd;
+        for (var j = tid; j < hd; j += WG) { rows_store(wc, wo + j, row[j]); }
         storageBarrier();
         workgroupBarrier();
     }

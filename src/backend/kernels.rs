@@ -158,10 +158,10 @@ kernel_list! {
     Rope = "rope", wgsl ["common", "rope_angle"], cuda ["common"] {
         Rope = "rope" Both,
     }
-    /// ops::round::{Fp8Round, Fp4Round}.
+    /// ops::round::{KvRound, HadamardFp4}.
     Round = "round", wgsl ["common", "rowops"], cuda ["common"] {
-        Fp8Round = "fp8_round" Both,
-        Fp4Round = "fp4_round" Both,
+        KvRound = "kv_round" Both,
+        HadamardFp4 = "hadamard_fp4" Both,
     }
     /// ops::attention::RingWrite.
     Ring = "ring", wgsl ["common"], cuda ["common"] {
@@ -272,8 +272,8 @@ macro_rules! launch_op {
             Op::HcCollapse(o) => $l::hc::hc_collapse($cx, o),
             Op::HcExpand(o) => $l::hc::hc_expand($cx, o),
             Op::Rope(o) => $l::rope::rope($cx, o),
-            Op::Fp8Round(o) => $l::round::fp8_round($cx, o),
-            Op::Fp4Round(o) => $l::round::fp4_round($cx, o),
+            Op::KvRound(o) => $l::round::kv_round($cx, o),
+            Op::HadamardFp4(o) => $l::round::hadamard_fp4($cx, o),
             Op::Attention(o) => $l::attention::attention($cx, o),
             Op::RingWrite(o) => $l::ring::ring_write($cx, o),
             Op::Compress(o) => $l::compress::compress($cx, o),

@@ -1,19 +1,13 @@
-//! Small float formats of the model (QUANTS.md §10) and the official
-//! numerics' block round trips (MODEL.md §3.5.1; docs/V41.md).
+//! Small float formats of the model (QUANTS.md §10) and ds4's two KV
+//! quantisation simulations (MODEL.md §3.5.1).
 //!
 //! DeepSeek V4 runs its KV cache through FP8 (E4M3FN) and its indexer
 //! through a Hadamard rotation plus FP4 (E2M1), both with power-of-two
-//! (UE8M0) block scales; V4.1 rounds every FP8/FP4 GEMM input and its
-//! window KV to FP8 in blocks of 32, its compressed latents to FP4 in
-//! blocks of 16 with an E4M3 scale, and its indexer queries and keys to FP4
-//! in blocks of 32 (UE8M0). ds4 does not store those formats; it rounds f32
+//! (UE8M0) block scales. ds4 does not store those formats; it rounds f32
 //! values to them and back ("round trips") so the numbers match the official
-//! inference graph. One FP8 block round trip ([`fp8_blocks`], the block width
-//! a parameter) and one FP4 round trip ([`fp4_blocks`], the block width and
-//! the [`Fp4Scale`] parameters) serve both families. The rounding rule
-//! everywhere is nearest representable value after clamping to the format's
-//! range, ties to the even code index. All arithmetic is f32, as in ds4 and
-//! the official kernels.
+//! inference graph. The rounding rule everywhere is nearest representable
+//! value after clamping to the format's range, ties to the even code index.
+//! All arithmetic is f32, as in ds4.
 
 /// Largest finite E4M3FN magnitude.
 pub const E4M3_MAX: f32 = 448.0;
@@ -21,33 +15,14 @@ pub const E4M3_MAX: f32 = 448.0;
 pub const E2M1_MAX: f32 = 6.0;
 /// E2M1 magnitudes by code 0..7.
 pub const E2M1_VALUES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
-/// V4's KV FP8 block width (MODEL.md §3.5.1).
+/// KV FP8 block width (MODEL.md §3.5.1).
 pub const FP8_BLOCK: usize = 64;
-/// V4.1's FP8 block width (activations and window KV, official `act_quant`).
-pub const V41_FP8_BLOCK: usize = 32;
-/// Indexer FP4 block width (MODEL.md §3.5.1; V4.1's indexer too).
+/// Indexer FP4 block width (MODEL.md §3.5.1).
 pub const FP4_BLOCK: usize = 32;
-/// V4.1's compressed-latent FP4 block width (E4M3 scales).
-pub const V41_LATENT_FP4_BLOCK: usize = 16;
 /// Floor on the FP8 block amax, so an all-zero block gets a finite scale.
 pub const FP8_AMAX_FLOOR: f32 = 1e-4;
 /// Floor on the FP4 block amax (6·2^-126: keeps `amax/6` a normal f32).
 pub const FP4_AMAX_FLOOR: f32 = 6.0 * f32::MIN_POSITIVE; // 7.052966104933725e-38
-/// Floor on the FP4 block amax under an E4M3 scale (6·2^-9: `amax/6` is at
-/// least the smallest E4M3 subnormal, so the scale is never 0).
-pub const FP4_E4M3_AMAX_FLOOR: f32 = 6.0 / 512.0;
-
-/// How an FP4 block's scale is formed (official `fp4_act_quant`'s
-/// `scale_dtype`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Fp4Scale {
-    /// UE8M0: `2^ceil(log2(max(amax, 6·2^-126)/6))` (V4 indexer, V4.1
-    /// indexer queries and keys).
-    Ue8m0,
-    /// E4M3: `E4M3(max(amax, 6·2^-9)/6)`, round to nearest even, not a power
-    /// of two (V4.1 compressed latents).
-    E4m3,
-}
 
 /// Magnitude code (exponent·8 + mantissa, 0..=126) of the E4M3FN value
 /// nearest to `a` (≥ 0, already clamped to 448), ties to the even code.
@@ -170,48 +145,21 @@ fn pow2_scale(amax: f32, fmax: f32) -> f32 {
     (amax / fmax).log2().ceil().exp2()
 }
 
-/// FP8 (E4M3) round trip of `v` in blocks of `block` (a shorter final block
-/// if the width is not a multiple): each value becomes
-/// `E4M3(clamp(x/scale, ±448))·scale` with the UE8M0 scale
-/// `2^ceil(log2(max(amax, 1e-4)/448))` of its block (official `act_quant`
-/// with `scale_fmt = "ue8m0"`).
-pub fn fp8_blocks(v: &mut [f32], block: usize) {
-    for b in v.chunks_mut(block) {
-        let scale = pow2_scale(block_amax(b).max(FP8_AMAX_FLOOR), E4M3_MAX);
-        for x in b.iter_mut() {
-            *x = round_e4m3((*x / scale).clamp(-E4M3_MAX, E4M3_MAX)) * scale;
-        }
-    }
-}
-
-/// ds4's FP8 KV simulation (MODEL.md §3.5.1): [`fp8_blocks`] in blocks of
-/// 64 on dims `0..len−n_rot`; the last `n_rot` (RoPE) dims are left alone.
-/// `n_rot > len` leaves the row untouched.
+/// ds4's FP8 KV simulation (MODEL.md §3.5.1): on dims `0..len−n_rot`, in
+/// blocks of 64 (a shorter final block if the width is not a multiple of
+/// 64), each value becomes `E4M3(clamp(x/scale, ±448))·scale` with
+/// `scale = 2^ceil(log2(max(amax, 1e-4)/448))`. The last `n_rot` (RoPE) dims
+/// are left alone. `n_rot > len` leaves the row untouched.
 pub fn fp8_kv_roundtrip(row: &mut [f32], n_rot: usize) {
     let n = row.len().saturating_sub(n_rot);
-    fp8_blocks(&mut row[..n], FP8_BLOCK);
-}
-
-fn block_amax(b: &[f32]) -> f32 {
-    b.iter().fold(0.0f32, |m, x| m.max(x.abs()))
-}
-
-/// The FP4 scale of a block whose largest magnitude is `amax`.
-pub fn fp4_scale(amax: f32, kind: Fp4Scale) -> f32 {
-    match kind {
-        Fp4Scale::Ue8m0 => pow2_scale(amax.max(FP4_AMAX_FLOOR), E2M1_MAX),
-        Fp4Scale::E4m3 => round_e4m3(amax.max(FP4_E4M3_AMAX_FLOOR) / E2M1_MAX),
-    }
-}
-
-/// FP4 (E2M1) round trip of `v` in blocks of `block` (a shorter final block
-/// if needed): value → `E2M1(clamp(x/scale, ±6))·scale` with the block's
-/// [`fp4_scale`] (official `fp4_act_quant`).
-pub fn fp4_blocks(v: &mut [f32], block: usize, kind: Fp4Scale) {
-    for b in v.chunks_mut(block) {
-        let scale = fp4_scale(block_amax(b), kind);
-        for x in b.iter_mut() {
-            *x = round_e2m1((*x / scale).clamp(-E2M1_MAX, E2M1_MAX)) * scale;
+    for block in row[..n].chunks_mut(FP8_BLOCK) {
+        let amax = block
+            .iter()
+            .fold(0.0f32, |m, v| m.max(v.abs()))
+            .max(FP8_AMAX_FLOOR);
+        let scale = pow2_scale(amax, E4M3_MAX);
+        for v in block.iter_mut() {
+            *v = round_e4m3((*v / scale).clamp(-E4M3_MAX, E4M3_MAX)) * scale;
         }
     }
 }
@@ -245,9 +193,20 @@ pub fn hadamard_inplace(v: &mut [f32]) {
     }
 }
 
-/// V4's indexer FP4: [`fp4_blocks`] in blocks of 32 with UE8M0 scales.
+/// FP4 round trip in blocks of 32 (a shorter final block if needed):
+/// `scale = 2^ceil(log2(max(amax, 7.05e-38)/6))`, value →
+/// `E2M1(clamp(x/scale, ±6))·scale`.
 pub fn fp4_roundtrip(v: &mut [f32]) {
-    fp4_blocks(v, FP4_BLOCK, Fp4Scale::Ue8m0);
+    for block in v.chunks_mut(FP4_BLOCK) {
+        let amax = block
+            .iter()
+            .fold(0.0f32, |m, x| m.max(x.abs()))
+            .max(FP4_AMAX_FLOOR);
+        let scale = pow2_scale(amax, E2M1_MAX);
+        for x in block.iter_mut() {
+            *x = round_e2m1((*x / scale).clamp(-E2M1_MAX, E2M1_MAX)) * scale;
+        }
+    }
 }
 
 /// ds4's indexer simulation (MODEL.md §3.5.1) on one head (128 wide in the

@@ -129,11 +129,6 @@ pub struct RoutedExperts {
     /// Intermediates: SwiGLU outputs (slots × ff) and expert outputs (slots × d).
     pub hidden: wgpu::Buffer,
     pub contrib: wgpu::Buffer,
-    /// The hidden rows' FP8 round trip (V4.1 model numerics), which `down`
-    /// reads, and the dispatch that fills it from `hidden` (between the up
-    /// and down dispatches).
-    pub hidden_q: Option<wgpu::Buffer>,
-    pub round_hidden: Option<Box<super::Work>>,
 }
 
 fn device_err(gpu: &Gpu, msg: String) -> BackendError {
@@ -477,9 +472,7 @@ impl MatmulKernels {
     /// swiglu(gate_e·x[t], up_e·x[t]))`; `out[t]` sums the k slots in slot
     /// order. `selected` (i32) and `weights` (f32) are read on the GPU.
     /// `[gate, up, down]` hold experts of `dims` (or, streamed, slots of
-    /// them: the selection then names slots). `round_down`: `down` reads
-    /// `hidden_q` instead of the hidden rows, which the caller fills with
-    /// their FP8 round trip (`round_hidden`, recorded between up and down).
+    /// them: the selection then names slots).
     #[allow(clippy::too_many_arguments)]
     pub fn experts(
         &self,
@@ -488,7 +481,6 @@ impl MatmulKernels {
         dims: ExpertDims,
         clamp: f32,
         k: usize,
-        round_down: bool,
         x: BufRange,
         selected: BufRange,
         weights: BufRange,
@@ -538,14 +530,8 @@ impl MatmulKernels {
             })
         };
         let hidden = scratch("experts hidden", slots * ff)?;
-        let hidden_q = if round_down {
-            Some(scratch("experts hidden (FP8)", slots * ff)?)
-        } else {
-            None
-        };
         let contrib = scratch("experts contributions", slots * d)?;
         let h = BufRange::whole(&hidden);
-        let hq = BufRange::whole(hidden_q.as_ref().unwrap_or(&hidden));
         let c = BufRange::whole(&contrib);
         check_range(gpu, "experts hidden", &h, slots * ff * 4)?;
         check_range(gpu, "experts contributions", &c, slots * d * 4)?;
@@ -555,7 +541,7 @@ impl MatmulKernels {
         let plan: [Part; 3] = [
             (0, gate, MODE_GATE, &x, &h, d, ff),
             (1, up, MODE_UP, &x, &h, d, ff),
-            (2, down, MODE_DOWN, &hq, &c, ff, d),
+            (2, down, MODE_DOWN, &h, &c, ff, d),
         ];
         for (which, t, mode, input, output, n_in, n_rows) in plan {
             let (gx, gy) = fold(n_rows.div_ceil(self.rows as u64));
@@ -613,8 +599,6 @@ impl MatmulKernels {
             k: k as u32,
             max_tokens,
             hidden,
-            hidden_q,
-            round_hidden: None,
             contrib,
         })
     }
@@ -652,14 +636,7 @@ impl RoutedExperts {
         if n == 0 {
             return;
         }
-        let mut rounded = false;
         for (which, bg, gx, gy) in &self.chunk_dispatches {
-            if *which == 2 && !rounded {
-                if let Some(w) = &self.round_hidden {
-                    w.encode(pass, n, &[]);
-                }
-                rounded = true;
-            }
             pass.set_pipeline(match which {
                 0 => &self.rows_gate,
                 1 => &self.rows,

@@ -35,7 +35,7 @@ pub(super) fn record(
             .graph
             .ops()
             .filter_map(|op| match op {
-                Op::Fp8Round(k) if k.spec.f16 => Some(k.out),
+                Op::KvRound(k) if k.f16 => Some(k.out),
                 _ => None,
             })
             .collect(),

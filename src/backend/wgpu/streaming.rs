@@ -290,7 +290,6 @@ pub(super) fn record_streamed(
         o.dims(),
         o.clamp,
         o.k,
-        false,
         range(o.x),
         BufRange::whole(&slot_sel),
         range(o.weights),

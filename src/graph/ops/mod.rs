@@ -34,8 +34,8 @@ pub enum Op {
     HcCollapse(hc::HcCollapse),
     HcExpand(hc::HcExpand),
     Rope(rope::Rope),
-    Fp8Round(round::Fp8Round),
-    Fp4Round(round::Fp4Round),
+    KvRound(round::KvRound),
+    HadamardFp4(round::HadamardFp4),
     Attention(attention::Attention),
     RingWrite(attention::RingWrite),
     Compress(compress::Compress),
@@ -63,8 +63,8 @@ impl Op {
             Op::HcCollapse(o) => vec![o.state, o.pre],
             Op::HcExpand(o) => vec![o.state, o.y, o.post, o.comb],
             Op::Rope(o) => vec![o.x],
-            Op::Fp8Round(o) => vec![o.x],
-            Op::Fp4Round(o) => vec![o.x],
+            Op::KvRound(o) => vec![o.x],
+            Op::HadamardFp4(o) => vec![o.x],
             Op::Attention(o) => {
                 let mut v = vec![o.q, o.kv];
                 v.extend(o.selected);
@@ -100,8 +100,8 @@ impl Op {
             Op::HcCollapse(o) => vec![o.out],
             Op::HcExpand(o) => vec![o.out],
             Op::Rope(o) => vec![o.out],
-            Op::Fp8Round(o) => vec![o.out],
-            Op::Fp4Round(o) => vec![o.out],
+            Op::KvRound(o) => vec![o.out],
+            Op::HadamardFp4(o) => vec![o.out],
             Op::Attention(o) => vec![o.out],
             Op::RingWrite(_) => vec![],
             Op::Compress(_) => vec![],
@@ -164,8 +164,8 @@ impl Op {
             | Op::HcCollapse(_)
             | Op::HcExpand(_)
             | Op::Rope(_)
-            | Op::Fp8Round(_)
-            | Op::Fp4Round(_)
+            | Op::KvRound(_)
+            | Op::HadamardFp4(_)
             | Op::RingWrite(_)
             | Op::IndexerTopK(_)
             | Op::SwiGlu(_)
@@ -195,8 +195,6 @@ impl Op {
             Op::Add(o) => cols(o.cols, o.out),
             Op::Scale(o) => cols(o.cols, o.out),
             Op::SwiGlu(o) => cols(o.cols, o.out),
-            Op::Fp8Round(o) => cols(o.spec.dim, o.out),
-            Op::Fp4Round(o) => cols(o.cols, o.out),
             _ => None,
         }
     }
@@ -211,8 +209,8 @@ impl Op {
             Op::HcCollapse(_) => "hc_collapse",
             Op::HcExpand(_) => "hc_expand",
             Op::Rope(_) => "rope",
-            Op::Fp8Round(_) => "fp8_round",
-            Op::Fp4Round(_) => "fp4_round",
+            Op::KvRound(_) => "kv_round",
+            Op::HadamardFp4(_) => "hadamard_fp4",
             Op::Attention(_) => "attention",
             Op::RingWrite(_) => "ring_write",
             Op::Compress(_) => "compress",

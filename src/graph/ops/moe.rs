@@ -2,7 +2,6 @@
 //! clamped SwiGLU, and the SwiGLU of the shared expert.
 
 use super::matmul::matmul_rows;
-use super::round::Fp8Rows;
 use super::CpuCx;
 use crate::gguf::GgufFile;
 use crate::gguf::TensorRef;
@@ -158,13 +157,9 @@ impl SwiGlu {
     }
 }
 
-/// `out[t] = Σ_i down_e(w[t][i] · swiglu(gate_e · x[t], up_e · x[t]))` with
-/// `e = selected[t][i]`: the routing weight multiplies the hidden row before
-/// `down` (official `Expert.forward`), which under V4.1's model numerics
-/// (`down_fp8`) goes through the FP8 round trip of its input in blocks of
-/// 32 ([`Fp8Rows::v41`]) so the block scales see the weighted values.
-/// Tokens are grouped by expert so each expert slab is read once per step;
-/// per-token sums run in selection order.
+/// `out[t] = Σ_i w[t][i] · down_e(swiglu(gate_e · x[t], up_e · x[t]))` with
+/// `e = selected[t][i]`. Tokens are grouped by expert so each expert slab is
+/// read once per step; per-token sums run in selection order.
 #[derive(Clone, Debug)]
 pub struct MoeExperts {
     pub x: ValueId,
@@ -176,9 +171,6 @@ pub struct MoeExperts {
     pub clamp: f32,
     pub k: usize,
     pub out: ValueId,
-    /// Round each weighted hidden row to FP8 before `down` (V4.1 model
-    /// numerics; V4 never does).
-    pub down_fp8: bool,
 }
 
 /// Expert slabs a backend's expert cache holds for one pass (SSD
@@ -221,11 +213,6 @@ pub struct ExpertDims {
 }
 
 impl MoeExperts {
-    /// How the weighted hidden rows are rounded before `down`, if at all.
-    pub fn down_rounding(&self) -> Option<Fp8Rows> {
-        self.down_fp8.then(|| Fp8Rows::v41(self.dims().hidden))
-    }
-
     /// Widths and expert count, from the gate tensor.
     pub fn dims(&self) -> ExpertDims {
         ExpertDims {
@@ -319,9 +306,6 @@ impl MoeExperts {
                 for f in 0..ff {
                     g[j * ff + f] = wt * swiglu(g[j * ff + f], u[j * ff + f], self.clamp);
                 }
-            }
-            if let Some(r) = self.down_rounding() {
-                g.chunks_exact_mut(ff).for_each(|h| r.apply(h));
             }
             let mut y = vec![0f32; n * d];
             matmul_rows(self.down.ty, slab(&self.down, e), ff, d, 1, &g, n, &mut y);

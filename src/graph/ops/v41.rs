@@ -15,9 +15,7 @@ use super::rope::{frequencies, rotate, RopeConfig};
 use super::CpuCx;
 use crate::gguf::{GgufFile, TensorRef};
 use crate::graph::{StateId, ValueId};
-use crate::quant::small_float::{
-    e4m3_decode, e8m0_decode, fp4_blocks, Fp4Scale, FP4_BLOCK, V41_LATENT_FP4_BLOCK,
-};
+use crate::quant::small_float::{e4m3_decode, e8m0_decode};
 
 /// The V4.1-only ops.
 #[derive(Clone, Debug)]
@@ -384,8 +382,7 @@ pub struct Frontier {
 /// of its gate scores, then normalises. Group j stands for position j·r.
 /// From the pre-RoPE latent it writes the index key
 /// `rope(k_norm(wk · latent))` to `index_rows[j]`, then the roped latent to
-/// `rows[j]`, each through its FP4 round trip under model numerics (`fp4`).
-/// No APE, no overlap, no second compressor (unlike V4).
+/// `rows[j]`. No APE, no overlap, no second compressor (unlike V4).
 #[derive(Clone, Debug)]
 pub struct V41Compress {
     /// The step's `wkv` projections, `[T, head_dim]`.
@@ -404,10 +401,6 @@ pub struct V41Compress {
     pub index_head_dim: usize,
     pub rope: RopeConfig,
     pub eps: f32,
-    /// Model numerics: after their RoPE, the index key goes through FP4 in
-    /// blocks of 32 with UE8M0 scales and the latent row through FP4 in
-    /// blocks of 16 with E4M3 scales (official `fp4_act_quant`).
-    pub fp4: bool,
 }
 
 /// The V4.1 compressor's weights, widened to f32.
@@ -509,12 +502,8 @@ impl V41Compress {
             rms_norm(&key, Some(&w.index_norm), ihd, self.eps, &mut key_n);
             let at = (j * r.max(1)) as f64;
             rotate(&mut key_n, &freqs, at, false);
-            rotate(&mut normed, &freqs, at, false);
-            if self.fp4 {
-                fp4_blocks(&mut key_n, FP4_BLOCK, Fp4Scale::Ue8m0);
-                fp4_blocks(&mut normed, V41_LATENT_FP4_BLOCK, Fp4Scale::E4m3);
-            }
             index_rows[j * ihd..(j + 1) * ihd].copy_from_slice(&key_n);
+            rotate(&mut normed, &freqs, at, false);
             rows[j * hd..(j + 1) * hd].copy_from_slice(&normed);
         }
     }

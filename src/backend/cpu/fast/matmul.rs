@@ -532,9 +532,6 @@ pub fn moe_experts_segments<'f>(
                 h[j * ff + f] = wt * swiglu(g[f * n + j], u[f * n + j], o.clamp);
             }
         }
-        if let Some(r) = o.down_rounding() {
-            h.chunks_exact_mut(ff).for_each(|row| r.apply(row));
-        }
         let ah = Acts::quantize(kd, ff, h.chunks_exact(ff));
         let mut y = vec![0f32; n * d];
         on(o.down.ty, slab(&o.down, e), d, &ah, &mut y);

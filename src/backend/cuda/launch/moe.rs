@@ -1,9 +1,7 @@
 //! cuda/moe.cu: the routed experts (ops::moe::MoeExperts). Gate and up of
 //! one type take the fused `expert_gate_up_<type>` (one launch writes the
 //! weighted, clamped SwiGLU); else `expert_rows_<type>` for each and
-//! `expert_swiglu`. Under V4.1's model numerics the weighted rows then go
-//! through cuda/round.cu's `fp8_round`. Then `expert_rows_<type>` for down
-//! and `expert_sum`.
+//! `expert_swiglu`. Then `expert_rows_<type>` for down and `expert_sum`.
 //! A streamed layer (`--ssd-streaming`) reads its device slots through a
 //! slot-id selection (super::super::streaming).
 
@@ -83,11 +81,6 @@ pub fn moe_experts(cx: &mut Cx, o: &MoeExperts) -> Result<(), BackendError> {
     let y = cx.scratch(slots * d * 4)?;
     let streamed = cx.streamed;
     let stream = streamed.get(&o.gate.offset);
-    if stream.is_some() && o.down_fp8 {
-        return Err(unsupported(
-            "the FP8 round trip of the experts' down input (V4.1 model numerics) under --ssd-streaming".into(),
-        ));
-    }
     let (n_ex, sel) = match stream {
         Some(l) => {
             let slot_sel = cx.scratch(slots * 4)?;
@@ -130,11 +123,6 @@ pub fn moe_experts(cx: &mut Cx, o: &MoeExperts) -> Result<(), BackendError> {
         pass.rows(cx, &o.up, d, ff, x, false, up)?;
         let grid = Grid::Threads(per_token(k * ff));
         launch!(cx, Entry::ExpertSwiGlu, grid, THREADS, 0; g, up, o.weights, h, ff, k, o.clamp)?;
-    }
-    if let Some(r) = o.down_rounding() {
-        // V4.1 model numerics: the weighted hidden rows (k per token)
-        // through their FP8 round trip, in place.
-        super::round::fp8_rows(cx, &r, k, h, h)?;
     }
     pass.rows(cx, &o.down, ff, d, h, true, y)?;
     let grid = Grid::Threads(per_token(d));

@@ -1,43 +1,28 @@
-//! cuda/round.cu: the FP8 round trip of rows in blocks (`fp8_round`, one
-//! thread per block) and the FP4 round trip of heads, with or without the
-//! Hadamard rotation (`fp4_round`, one block per head).
+//! cuda/round.cu: the KV rounding (`kv_round`, one warp per 64-value FP8
+//! block) and the Hadamard + FP4 round trip (`hadamard_fp4`, one block per
+//! head).
 
-use super::{fixed, launch, per_token, unsupported, Cx, Dev, Grid, THREADS};
+use super::{fixed, launch, per_token, supported, unsupported, Cx, Grid};
 use crate::backend::kernels::Entry;
 use crate::backend::BackendError;
-use crate::graph::ops::round::{Fp4Round, Fp8Round, Fp8Rows};
+use crate::graph::ops::round::{HadamardFp4, KvRound};
 
-pub fn fp8_round(cx: &mut Cx, o: &Fp8Round) -> Result<(), BackendError> {
-    let (x, out) = (Dev(cx.value(o.x)), Dev(cx.value(o.out)));
-    fp8_rows(cx, &o.spec, 1, x, out)
+pub fn kv_round(cx: &mut Cx, o: &KvRound) -> Result<(), BackendError> {
+    let block = 32 * o.dim.div_ceil(64) as u32;
+    let dim = o.dim;
+    supported(block <= 1024, || {
+        format!("kv_round of {dim} dims (at most 2048)")
+    })?;
+    let grid = Grid::Blocks(per_token(1), fixed(1));
+    launch!(cx, Entry::KvRound, grid, block, 0; o.x, o.out, o.dim, o.n_rot, o.fp8, o.f16)
 }
 
-/// `rows_per_token` rows of `o.dim` per token rounded as `o` says, from `x`
-/// into `out` (may be `x`: the routed experts' hidden rows use it too).
-pub fn fp8_rows(
-    cx: &mut Cx,
-    o: &Fp8Rows,
-    rows_per_token: usize,
-    x: Dev,
-    out: Dev,
-) -> Result<(), BackendError> {
-    if o.block == 0 {
-        return Err(unsupported("fp8_round in blocks of 0".into()));
-    }
-    let grid = Grid::Threads(per_token(rows_per_token * o.blocks()));
-    launch!(cx, Entry::Fp8Round, grid, THREADS, 0;
-        x, out, o.dim, o.n_rot, o.block, o.fp8, o.f16, rows_per_token)
-}
-
-pub fn fp4_round(cx: &mut Cx, o: &Fp4Round) -> Result<(), BackendError> {
+pub fn hadamard_fp4(cx: &mut Cx, o: &HadamardFp4) -> Result<(), BackendError> {
     let hd = o.head_dim;
-    if hd == 0 || hd > 1024 || (o.hadamard && !hd.is_power_of_two()) || o.cols % hd != 0 {
-        return Err(unsupported(format!(
-            "fp4_round over heads of {hd} (hadamard {})",
-            o.hadamard
-        )));
+    if !hd.is_power_of_two() || hd > 1024 || o.cols % hd != 0 {
+        return Err(unsupported(format!("hadamard_fp4 over heads of {hd}")));
     }
     let grid = Grid::Blocks(per_token(o.blocks()), fixed(1));
-    let (block, shared) = (hd.next_multiple_of(32) as u32, 4 * hd as u32);
-    launch!(cx, Entry::Fp4Round, grid, block, shared; o.x, o.out, o.cols, hd, o.hadamard)
+    let (block, shared) = (hd.max(32) as u32, 4 * hd as u32);
+    launch!(cx, Entry::HadamardFp4, grid, block, shared; o.x, o.out, o.cols, hd)
 }

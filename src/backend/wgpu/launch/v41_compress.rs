@@ -102,7 +102,6 @@ pub fn v41_compress(cx: &mut Cx, o: &V41Compress) -> Result<Vec<Work>, BackendEr
         capacity: capacity.min(cx.b.layout.get(o.index_rows).rows) as u32,
         chunk_rows,
         index_chunk_rows,
-        fp4: o.fp4 as u32,
         ..Default::default()
     };
     let mut s = vec![
