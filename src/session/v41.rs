@@ -23,10 +23,12 @@ use super::snapshot::{begin_payload, put_f32s, Reader, V41_SNAPSHOT_MAGIC};
 use super::SessionError;
 use crate::backend::{state_desc, Backend, GraphHandle};
 use crate::graph::{Graph, StateLayout, ValueName};
+use crate::model::forward::Numerics;
 use crate::model::logits::Logits;
 use crate::model::v41::engram::{hash_rows, EngramHistory};
 use crate::model::v41::engram_reader::{EngramReader, EngramStats};
 use crate::model::v41::forward::{self, engram_input, V41ForwardOptions, V41KvLayout};
+use crate::model::v41::numerics::missing_model_steps;
 use crate::model::v41::{LayerRole, V41ModelFile};
 
 const VERSION: u32 = 1;
@@ -42,6 +44,9 @@ pub(super) struct V41Net {
     kv: V41KvLayout,
     reader: EngramReader,
     history: EngramHistory,
+    /// What the session asked for; the graphs are plain f32 either way
+    /// until the official rounding steps land (`model::v41::numerics`).
+    numerics: Numerics,
 }
 
 impl V41Net {
@@ -49,6 +54,7 @@ impl V41Net {
         model: Arc<V41ModelFile>,
         ctx: usize,
         cache_rows: usize,
+        numerics: Numerics,
     ) -> Result<V41Net, SessionError> {
         let kv = V41KvLayout::new(&model.config, ctx);
         let reader = EngramReader::open(
@@ -64,6 +70,7 @@ impl V41Net {
             kv,
             reader,
             history,
+            numerics,
         })
     }
 
@@ -121,6 +128,13 @@ impl Net for V41Net {
 
     fn engram_stats(&self) -> Option<EngramStats> {
         Some(self.reader.stats())
+    }
+
+    fn missing_model_steps(&self, backend: &str) -> &'static [&'static str] {
+        match self.numerics {
+            Numerics::Model => missing_model_steps(backend),
+            Numerics::Plain => &[],
+        }
     }
 
     /// The history of an empty sequence.
