@@ -21,6 +21,7 @@
 //!           ─► kvcache   KV snapshots on disk
 //!           ─► server    HTTP routes, wire formats, the worker
 //! testmodel: tiny GGUF models for the tests and the demo
+//! convert:   ds4-quantize: official checkpoints → ds4's GGUFs, imatrix files
 //! app:       what the binaries share (flags, thread count, demo, reports)
 //! ```
 //!
@@ -67,6 +68,8 @@ pub mod kvcache;
 pub mod server;
 
 pub mod testmodel;
+
+pub mod convert;
 
 pub mod app;
 
