@@ -43,22 +43,7 @@ fn main() {
         Err(_) => dir.join(format!("medium-q2-{layers}l.gguf")),
     };
     if !path.exists() {
-        let mut spec = TestModelSpec::flash();
-        // Flash widths, a few layers: 2 window layers then CSA/HCA pairs.
-        spec.compress_ratios = (0..layers)
-            .map(|l| {
-                if l < 2 {
-                    0
-                } else if l % 2 == 0 {
-                    4
-                } else {
-                    128
-                }
-            })
-            .collect();
-        spec.n_hash_layers = spec.n_hash_layers.min(layers);
-        spec.name = format!("medium bench model ({layers} Flash-width layers, random blocks)");
-        spec.init_gain = 0.5;
+        let spec = TestModelSpec::flash_bench(layers);
         eprintln!("generating {} ...", path.display());
         let tmp = path.with_extension("tmp");
         write_model(

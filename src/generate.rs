@@ -7,9 +7,12 @@
 //! PROMPT.md §8), and [`Scripted`] replaces the sampler with a fixed token
 //! sequence so tool calls and thinking can be tested on random tiny models.
 
+use std::time::Instant;
+
 use crate::constrain::Constraint;
 use crate::sampler::{self, Rng, SamplerConfig};
 use crate::session::{Session, SessionError};
+use crate::speculate::Speculator;
 use crate::tokenizer::Tokenizer;
 
 /// Why generation ended.
@@ -221,6 +224,14 @@ pub trait Observer {
     fn cancelled(&mut self) -> bool {
         false
     }
+    /// The next session length above `live` at which [`Observer::before_step`]
+    /// must see the session (the disk cache's continued saves). A
+    /// speculative step never jumps over it: the session reaches that
+    /// length by a plain step, and `before_step` sees it before the next
+    /// pick, as without speculation. `None`: no such length.
+    fn next_checkpoint(&mut self, _live: usize) -> Option<usize> {
+        None
+    }
     fn token(&mut self, id: u32, bytes: &[u8]) -> Step;
 }
 
@@ -241,50 +252,140 @@ pub fn generate(
     picker: &mut dyn TokenPicker,
     obs: &mut dyn Observer,
 ) -> Result<Outcome, SessionError> {
+    generate_with(sess, tok, max_new, picker, obs, None)
+}
+
+/// [`generate`] with speculative decoding when `spec` is given (issue 35):
+/// after each picked token the speculator may draft more, which one
+/// verify step evaluates with the picked one
+/// ([`Session::verify`]). Each drafted row's token is then picked from that
+/// row's logits by the same `picker`, streamed to `obs` as usual, and the
+/// draft is kept while it equals the pick. The logits are bit for bit those
+/// of plain decoding and the picker and observer are called in the same
+/// order with the same arguments, so the output is plain decoding's, token
+/// for token, greedy or sampled (speculate::accept).
+pub fn generate_with(
+    sess: &mut Session,
+    tok: &Tokenizer,
+    max_new: usize,
+    picker: &mut dyn TokenPicker,
+    obs: &mut dyn Observer,
+    mut spec: Option<&mut Speculator>,
+) -> Result<Outcome, SessionError> {
     let eos = tok.specials().eos;
     let mut tokens = Vec::new();
+    let done = |tokens: Vec<u32>, finish| Ok(Outcome { tokens, finish });
+    // A token picked from a verify step's row and streamed, not yet evaluated.
+    let mut carried: Option<(u32, Step)> = None;
     loop {
-        if tokens.len() >= max_new {
-            return Ok(Outcome {
-                tokens,
-                finish: Finish::Length,
-            });
+        let (next, step) = match carried.take() {
+            Some(c) => {
+                obs.before_step(sess);
+                c
+            }
+            None => {
+                if tokens.len() >= max_new {
+                    return done(tokens, Finish::Length);
+                }
+                if obs.cancelled() {
+                    return done(tokens, Finish::Cancelled);
+                }
+                obs.before_step(sess);
+                let greedy = obs.greedy_next();
+                let next = picker.pick(sess.logits(), greedy);
+                if let Some(s) = spec.as_deref_mut() {
+                    s.picked(next);
+                }
+                if picker.dead_end() {
+                    return done(tokens, Finish::Length);
+                }
+                if next == eos {
+                    return done(tokens, Finish::Eos);
+                }
+                tokens.push(next);
+                let step = obs.token(next, tok.token_bytes(next).unwrap_or(&[]));
+                if sess.tokens().len() + 1 >= sess.ctx() {
+                    return done(tokens, Finish::Length);
+                }
+                (next, step)
+            }
+        };
+        let drafts = match spec.as_deref_mut() {
+            Some(s) if step == Step::Continue => {
+                let live = sess.tokens().len();
+                // Every row is one plain decoding would evaluate: within
+                // the token limit, the context (row i at live + i needs
+                // live + i + 1 < ctx), a checkpoint length (reached by a
+                // plain step only) and the verify step's rows.
+                let mut limit = (max_new - tokens.len())
+                    .min(sess.ctx().saturating_sub(live + 2))
+                    .min(sess.max_verify_rows().map_or(1, |r| r) - 1);
+                if let Some(m) = obs.next_checkpoint(live) {
+                    limit = limit.min(m.saturating_sub(live + 2));
+                }
+                s.propose(sess.tokens(), next, limit)
+            }
+            _ => Vec::new(),
+        };
+        if drafts.is_empty() {
+            let t0 = Instant::now();
+            sess.eval(next)?;
+            if let Some(s) = spec.as_deref_mut() {
+                s.plain_step(t0.elapsed());
+            }
+            if step == Step::Stop {
+                return done(tokens, Finish::Stopped);
+            }
+            continue;
         }
-        if obs.cancelled() {
-            return Ok(Outcome {
-                tokens,
-                finish: Finish::Cancelled,
-            });
+        let mut rows = Vec::with_capacity(drafts.len() + 1);
+        rows.push(next);
+        rows.extend_from_slice(&drafts);
+        let mut finish = None;
+        let mut judged = 0;
+        let t0 = Instant::now();
+        let v = sess.verify(&rows, &mut |all| {
+            let vocab = all.len() / rows.len();
+            for i in 1..rows.len() {
+                let row = &all[(i - 1) * vocab..i * vocab];
+                if tokens.len() >= max_new {
+                    finish = Some(Finish::Length);
+                    return i;
+                }
+                if obs.cancelled() {
+                    finish = Some(Finish::Cancelled);
+                    return i;
+                }
+                let greedy = obs.greedy_next();
+                let t = picker.pick(row, greedy);
+                judged += 1;
+                if picker.dead_end() {
+                    finish = Some(Finish::Length);
+                    return i;
+                }
+                if t == eos {
+                    finish = Some(Finish::Eos);
+                    return i;
+                }
+                tokens.push(t);
+                let st = obs.token(t, tok.token_bytes(t).unwrap_or(&[]));
+                if t != rows[i] {
+                    // Evaluated next, as its own step (with new drafts).
+                    carried = Some((t, st));
+                    return i;
+                }
+                if st == Step::Stop {
+                    finish = Some(Finish::Stopped);
+                    return i + 1;
+                }
+            }
+            rows.len()
+        })?;
+        if let Some(s) = spec.as_deref_mut() {
+            s.verified(drafts.len(), v.kept - 1, judged, t0.elapsed());
         }
-        obs.before_step(sess);
-        let greedy = obs.greedy_next();
-        let next = picker.pick(sess.logits(), greedy);
-        if picker.dead_end() {
-            return Ok(Outcome {
-                tokens,
-                finish: Finish::Length,
-            });
-        }
-        if next == eos {
-            return Ok(Outcome {
-                tokens,
-                finish: Finish::Eos,
-            });
-        }
-        tokens.push(next);
-        let step = obs.token(next, tok.token_bytes(next).unwrap_or(&[]));
-        if sess.tokens().len() + 1 >= sess.ctx() {
-            return Ok(Outcome {
-                tokens,
-                finish: Finish::Length,
-            });
-        }
-        sess.eval(next)?;
-        if step == Step::Stop {
-            return Ok(Outcome {
-                tokens,
-                finish: Finish::Stopped,
-            });
+        if let Some(f) = finish {
+            return done(tokens, f);
         }
     }
 }

@@ -16,7 +16,8 @@
 //! logits    ─► sampler   temperature, top-k/top-p, min-p
 //!           ─► constrain grammar masks (JSON schemas, llguidance) over the
 //!                        tokenizer's token bytes, for the sampler
-//!           ─► session   live KV state, prefix sync, snapshots
+//!           ─► session   live KV state, prefix sync, snapshots, verify steps
+//!           ─► speculate drafters and the adaptive draft length (issue 35)
 //!           ─► generate  the decode loop: pick, stop, stream
 //!           ─► kvcache   KV snapshots on disk
 //!           ─► server    HTTP routes, wire formats, the worker
@@ -60,6 +61,8 @@ pub mod sampler;
 pub mod constrain;
 
 pub mod session;
+
+pub mod speculate;
 
 pub mod generate;
 

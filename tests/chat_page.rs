@@ -2,9 +2,15 @@
 //! Chromium (Debian's `chromium`; `.ci/run` installs it) loads the page from
 //! a `--demo --api-key` server on 127.0.0.1, is refused without the key,
 //! then with it streams an answer, a folded reasoning block and a stopped
-//! answer. `tests/chat_page/drive.py` steers Chromium over the DevTools
-//! protocol; the screenshot stays at `target/tmp/chat_page.png`. Skipped,
-//! with the reason printed, only where no `chromium` can be found.
+//! answer. Issue 39 item 4: the model's name and context from `/v1/models`,
+//! per-reply token counts and tokens/s, regenerate, edit-last, conversations
+//! kept in localStorage (a new one, a switch, a reload) and the embedded
+//! markdown renderer (a stored answer: headings, emphasis, lists, a code
+//! block whose copy button copies, and markup in the text left as text).
+//! `tests/chat_page/drive.py` steers Chromium over the DevTools protocol;
+//! the screenshots stay at `target/tmp/chat_page.png` and
+//! `target/tmp/chat_page_<feature>.png`. Skipped, with the reason printed,
+//! only where no `chromium` can be found.
 
 mod common;
 
@@ -53,8 +59,16 @@ fn the_chat_page_streams_in_headless_chromium() {
     assert!(page.contains("content-security-policy: default-src 'none'"));
     assert!(page.ends_with(ds4::server::page::INDEX_HTML));
 
-    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat_page.png");
-    let _ = std::fs::remove_file(&shot);
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let shot = tmp.join("chat_page.png");
+    let features = ["stats", "regenerate", "edit", "chats", "markdown"];
+    let shots: Vec<PathBuf> = features
+        .iter()
+        .map(|f| tmp.join(format!("chat_page_{f}.png")))
+        .collect();
+    for p in std::iter::once(&shot).chain(&shots) {
+        let _ = std::fs::remove_file(p);
+    }
     let url = format!("http://{}/", s.addr);
     let mut py = Command::new("python3");
     py.arg(concat!(
@@ -110,8 +124,89 @@ fn the_chat_page_streams_in_headless_chromium() {
         let u = u.as_str().unwrap();
         assert!(u.starts_with(&url) || u.starts_with("data:"), "{u}");
     }
-    let png = std::fs::read(&shot).unwrap();
-    assert!(png.starts_with(b"\x89PNG") && png.len() > 1000);
+    for p in std::iter::once(&shot).chain(&shots) {
+        let png = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(
+            png.starts_with(b"\x89PNG") && png.len() > 1000,
+            "{}",
+            p.display()
+        );
+    }
+    issue_39_features(&r);
     // The server is fine after the stopped stream.
     assert!(get(&s.addr, "/health").starts_with("HTTP/1.1 200"));
+}
+
+/// What drive.py saw of issue 39's page features.
+fn issue_39_features(r: &Value) {
+    let num = |v: &Value| -> f64 { v.as_str().and_then(|s| s.parse().ok()).unwrap_or(-1.0) };
+    // The model's name and context size from /v1/models (the key typed).
+    let m = &r["model"];
+    assert_eq!(m["id"], "deepseek-v4-flash", "{m}");
+    assert_eq!(m["ctx"], "4096", "{m}");
+    assert!(m["text"].as_str().unwrap().contains("context 4096"), "{m}");
+    // Per reply: prompt tokens (cached), generated tokens, tokens/s.
+    let a = &r["answer"];
+    assert!(num(&a["prompt"]) > 0.0 && num(&a["cached"]) >= 0.0, "{a}");
+    assert!(num(&a["generated"]) >= 2.0 && num(&a["tps"]) > 0.0, "{a}");
+    let status = a["status"].as_str().unwrap();
+    for part in ["prompt ", "(cached ", " tokens", " tok/s"] {
+        assert!(status.contains(part), "{part}: {status}");
+    }
+    // Regenerate replaces the stopped answer with a new one.
+    let g = &r["regenerate"];
+    assert_eq!(g["state"], "done", "{g}");
+    assert_eq!(g["answers_before"], g["answers_after"], "{g}");
+    assert_eq!(g["answers_after"], 6, "three turns kept: {g}");
+    assert_eq!(g["shown"], 3, "{g}");
+    assert_eq!(g["stored_last"]["role"], "assistant", "{g}");
+    assert_eq!(g["stored_last"]["state"], "done", "{g}");
+    // Edit-last: the question back in the input, its turn gone, sent again.
+    let e = &r["edit"];
+    assert_eq!(e["input"], "Go on and on", "{e}");
+    assert_eq!(
+        e["users_after_click"].as_u64().unwrap() + 1,
+        e["users_before"].as_u64().unwrap(),
+        "{e}"
+    );
+    assert_eq!(e["users_after_send"], e["users_before"], "{e}");
+    assert_eq!(e["answer"]["state"], "done", "{e}");
+    assert_eq!(e["stored_last_question"], "Go on and on (edited)", "{e}");
+    let roles: Vec<&str> = e["stored_roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        roles.chunks(2).all(|p| p == ["user", "assistant"]),
+        "{roles:?}"
+    );
+    // Conversations: new, switch back, kept across a reload.
+    let c = &r["chats"];
+    assert_eq!(c["log_after_new"], 0, "{c}");
+    assert_eq!(c["listed_after_new"], 2, "{c}");
+    assert_eq!(c["second_answer"], "done", "{c}");
+    assert_eq!(c["users_after_switch"], c["first_users"], "{c}");
+    let after = &c["after_reload"];
+    assert_eq!(after["listed"], 2, "{c}");
+    assert_eq!(after["users"], c["first_users"], "{c}");
+    assert_eq!(after["current"], true, "{c}");
+    assert_eq!(after["titles"][0], "Second chat", "{c}");
+    // Markdown, rendered by the page's own code.
+    let md = &r["markdown"];
+    assert_eq!(md["h1"], "Title", "{md}");
+    assert_eq!(md["strong"], "bold", "{md}");
+    assert_eq!(md["em"], "italic", "{md}");
+    assert_eq!(md["inline_code"], "x < y", "{md}");
+    assert_eq!(md["code"], "print(1 < 2)", "{md}");
+    assert_eq!(md["label"], "python", "{md}");
+    assert_eq!(md["items"], 2, "{md}");
+    assert_eq!(md["copy_buttons"], 1, "{md}");
+    // Markup in an answer stays text: no element, no script ran.
+    assert_eq!(md["images"], 0, "{md}");
+    assert_eq!(md["raw_tag_shown"], true, "{md}");
+    assert_eq!(md["title"], "ds4 chat", "{md}");
+    assert_eq!(md["copied"], "yes", "{md}");
+    assert_eq!(md["clipboard"], "print(1 < 2)", "{md}");
 }

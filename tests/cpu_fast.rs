@@ -571,7 +571,7 @@ fn avx2_iq2xxs_computed_signs_match_the_table_route() {
             let nb = 1 + case % 9;
             let mut row = vec![0u8; 66 * nb];
             for (i, v) in row.iter_mut().enumerate() {
-                *v = rng.next() as u8;
+                *v = rng.next_u64() as u8;
                 if i % 66 == 1 {
                     // A finite f16 scale (exponent below 31).
                     *v &= 0xfb;

@@ -10,7 +10,6 @@
 //! f32 backends; the bounds are the measured figures with a margin.
 
 mod common;
-use common::{argmax, log_softmax};
 
 use common::tokens;
 use ds4::backend::cpu::fast::Isa;
@@ -19,12 +18,14 @@ use ds4::model::forward::Numerics;
 use ds4::session::Session;
 use ds4::testmodel::Variant;
 
-/// Max |Δ log-prob| over every position and vocabulary entry.
-const MAX_DLOGPROB: f32 = 0.4;
-/// Median |Δ log-prob| over every position and vocabulary entry.
-const MEDIAN_DLOGPROB: f32 = 0.01;
-/// Positions whose argmax agrees with the reference.
-const MIN_GREEDY_AGREEMENT: f64 = 0.9;
+// The bounds of src/app/selfcheck/e2e.rs (`ds4-bench --check cpu` uses
+// them too): max and median |Δ log-prob| over every position and
+// vocabulary entry, and the share of positions whose argmax agrees.
+use ds4::app::selfcheck::e2e::{
+    figures as compare, FAST_CPU_MAX_DLOGPROB as MAX_DLOGPROB,
+    FAST_CPU_MEDIAN_DLOGPROB as MEDIAN_DLOGPROB,
+    FAST_CPU_MIN_GREEDY_AGREEMENT as MIN_GREEDY_AGREEMENT,
+};
 
 fn session(v: Variant, numerics: Numerics, backend: BackendKind, chunk: usize) -> Session {
     common::session_on(v, numerics, backend, 256, chunk)
@@ -37,30 +38,6 @@ fn fast(v: Variant, numerics: Numerics, isa: Isa, chunk: usize) -> Session {
         ..BackendOptions::from_env()
     };
     common::session_with(v, numerics, BackendKind::Cpu, 256, chunk, opts)
-}
-
-/// (max |Δ log-prob|, median |Δ log-prob|, greedy agreement).
-fn compare(got: &[f32], want: &[f32], vocab: usize) -> (f32, f32, f64) {
-    assert_eq!(got.len(), want.len());
-    let mut all = Vec::with_capacity(got.len());
-    let mut agree = 0usize;
-    let rows = got.len() / vocab;
-    for (g, w) in got.chunks(vocab).zip(want.chunks(vocab)) {
-        assert!(g.iter().all(|v| v.is_finite()), "non-finite logit");
-        all.extend(
-            log_softmax(g)
-                .iter()
-                .zip(log_softmax(w))
-                .map(|(a, b)| (a - b).abs()),
-        );
-        agree += (argmax(g) == argmax(w)) as usize;
-    }
-    all.sort_by(f32::total_cmp);
-    (
-        all[all.len() - 1],
-        all[all.len() / 2],
-        agree as f64 / rows as f64,
-    )
 }
 
 #[test]

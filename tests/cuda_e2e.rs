@@ -14,7 +14,8 @@ use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::testmodel::Variant;
 
-const MAX_DLOGPROB: f32 = 2e-3;
+/// The bound of src/app/selfcheck/e2e.rs (`ds4-bench --check` uses it too).
+use ds4::app::selfcheck::e2e::MAX_DLOGPROB;
 
 fn have_cuda() -> bool {
     match ds4::backend::cuda::list_devices() {

@@ -86,7 +86,7 @@ fn read_f32(p: &Path) -> Vec<f32> {
 
 /// A finite random f16 (exponent field below 31).
 fn finite_f16(r: &mut Rng) -> u16 {
-    let h = r.next() as u16;
+    let h = r.next_u64() as u16;
     if (h >> 10) & 31 == 31 {
         h & !(1 << 14)
     } else {
@@ -98,7 +98,7 @@ fn finite_f16(r: &mut Rng) -> u16 {
 /// field finite (NaN payloads are not part of the contract).
 fn random_rows(ty: GgmlType, n_in: usize, rows: usize, r: &mut Rng) -> Vec<u8> {
     let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
-    let mut b: Vec<u8> = (0..rb * rows).map(|_| r.next() as u8).collect();
+    let mut b: Vec<u8> = (0..rb * rows).map(|_| r.next_u64() as u8).collect();
     let put16 = |b: &mut [u8], at: usize, r: &mut Rng| {
         let h = finite_f16(r).to_le_bytes();
         b[at..at + 2].copy_from_slice(&h);
@@ -207,9 +207,9 @@ fn cuda_small_float_rounding_equals_the_cpu_twins_bit_for_bit() {
     let mut xs: Vec<f32> = Vec::new();
     // Random magnitudes over the whole range of interest, both signs.
     for _ in 0..20000 {
-        let e = (r.next() % 60) as i32 - 40;
-        let m = 1.0 + (r.next() % (1 << 23)) as f32 / (1 << 23) as f32;
-        let s = if r.next() & 1 == 0 { 1.0 } else { -1.0 };
+        let e = (r.next_u64() % 60) as i32 - 40;
+        let m = 1.0 + (r.next_u64() % (1 << 23)) as f32 / (1 << 23) as f32;
+        let s = if r.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
         xs.push(s * m * 2f32.powi(e));
     }
     // Exact midpoints between neighbouring E4M3 and E2M1 values (ties).

@@ -42,7 +42,7 @@ fn mutate(r: &mut Rng, s: &[u8]) -> Vec<u8> {
         match r.below(4) {
             0 if !b.is_empty() => {
                 let i = at.min(b.len() - 1);
-                b[i] = r.next() as u8;
+                b[i] = r.next_u64() as u8;
             }
             1 => b.truncate(at),
             2 => {

@@ -10,57 +10,25 @@ mod common;
 
 use std::sync::Arc;
 
+use ds4::app::selfcheck::streaming::{self as ss, bits};
 use ds4::backend::experts::{ExpertLayer, StreamPlan};
 use ds4::backend::options::{CacheBudget, StreamingOptions};
 use ds4::backend::{BackendKind, BackendOptions};
-use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
 
 fn streaming(o: StreamingOptions) -> BackendOptions {
-    BackendOptions {
-        ssd_streaming: Some(o),
-        ..BackendOptions::default()
-    }
+    ss::streaming(o, &BackendOptions::default())
 }
 
 fn session(model: Arc<ModelFile>, backend: BackendKind, bo: BackendOptions) -> Session {
-    let opts = SessionOptions {
-        ctx: 128,
-        prefill_chunk: 7,
-        numerics: Numerics::Model,
-        backend,
-        backend_options: bo,
-        ..Default::default()
-    };
-    Session::new(model, opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+    Session::new(model, ss::options(backend, bo)).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
 }
 
 /// Every logits row of a chunked prefill, then greedy decode: (rows, tokens).
 fn run(s: &mut Session, prompt: &[u32], decode: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
-    let mut rows = Vec::new();
-    for i in 1..=prompt.len() {
-        // Token by token for the first few (the decode graph), then chunks.
-        if i <= 3 || i == prompt.len() || i % 5 == 0 {
-            s.sync(&prompt[..i], &mut |_, _| {}).unwrap();
-            rows.push(s.logits().to_vec());
-        }
-    }
-    let mut out = Vec::new();
-    for _ in 0..decode {
-        let next = ds4::sampler::argmax(s.logits()) as u32;
-        out.push(next);
-        s.eval(next).unwrap();
-        rows.push(s.logits().to_vec());
-    }
-    (rows, out)
-}
-
-fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
-    rows.iter()
-        .map(|r| r.iter().map(|x| x.to_bits()).collect())
-        .collect()
+    ss::run(s, prompt, decode).unwrap()
 }
 
 #[test]
@@ -169,39 +137,22 @@ fn have_gpu() -> bool {
 /// than there are slots (the pass runs in rounds). Every case on the first
 /// variant, the hardest (`k` slots, cold) on the others: lavapipe and the
 /// CUDA emulator are slow, and the other cases exercise no weight type.
+/// The check is the library's (`ds4-bench --check` runs it too).
 fn gpu_streaming_is_exact(backend: BackendKind, variants: &[Variant]) {
     let prompt = common::tokens(23, 11);
     for (i, &v) in variants.iter().enumerate() {
         let model = common::tiny_model(v);
-        let k = model.config.n_expert_used;
-        let (want, want_out) = run(
-            &mut session(model.clone(), backend, BackendOptions::default()),
-            &prompt,
-            8,
-        );
-        for o in common::streaming_cases(k)
-            .into_iter()
-            .take(if i == 0 { 3 } else { 1 })
-        {
-            let (slots, policy, prefetch, cold) =
-                (common::case_slots(&o), o.policy, o.prefetch, o.cold);
-            let t = std::time::Instant::now();
-            let mut s = session(model.clone(), backend, streaming(o));
-            let cache = s.expert_cache().expect("a streaming backend has a cache");
-            let (got, out) = run(&mut s, &prompt, 8);
-            let what = format!(
-                "{v:?} {backend:?} {slots} slots {policy:?} prefetch {prefetch} cold {cold}"
-            );
-            assert_eq!(out, want_out, "{what}: greedy output");
-            assert!(bits(&got) == bits(&want), "{what}: logits differ");
-            let st = cache.stats();
-            eprintln!("{what} ({:.1} s): {}", t.elapsed().as_secs_f64(), st.line());
-            assert!(st.misses > 0 && st.hits > 0, "{what}: {st:?}");
-            assert!(st.bytes_read > 0 && st.lookups == st.hits + st.misses);
-            if prefetch {
-                assert!(st.prefetch_reads > 0, "{what}: the hash layers read ahead");
-            }
+        let cases = common::streaming_cases(model.config.n_expert_used);
+        let n = if i == 0 { 3 } else { 1 };
+        let t = std::time::Instant::now();
+        let opts = ss::options(backend, BackendOptions::default());
+        let lines = ss::check_exact(&model, &opts, &prompt, 8, &cases[..n])
+            .unwrap_or_else(|e| panic!("{v:?}: {e}"));
+        assert_eq!(lines.len(), n);
+        for l in lines {
+            eprintln!("{v:?} {l}");
         }
+        eprintln!("{v:?} {backend:?}: {:.1} s", t.elapsed().as_secs_f64());
     }
 }
 

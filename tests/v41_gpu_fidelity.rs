@@ -33,7 +33,9 @@ use serde_json::Value;
 /// Worst |Δ log-prob| allowed at any position against the float64 golden
 /// (the CPU backends stay below 5e-7; f32 GPU sums and transcendental
 /// functions add a few 1e-6 at most here).
-const MAX_DLOGPROB: f64 = 1e-4;
+/// (src/app/selfcheck/e2e.rs, which `ds4-bench --check` uses against
+/// `cpu-ref`).
+const MAX_DLOGPROB: f64 = ds4::app::selfcheck::e2e::V41_MAX_DLOGPROB as f64;
 
 fn golden(name: &str) -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

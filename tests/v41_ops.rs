@@ -116,14 +116,14 @@ fn engram_lookup_reads_rows_by_id_and_zeroes_the_rest() {
     let mut table = vec![0u8; rows * rb];
     for row in table.chunks_exact_mut(rb) {
         for c in &mut row[..hd] {
-            let mut b = (r.next() & 0xff) as u8;
+            let mut b = (r.next_u64() & 0xff) as u8;
             if b & 0x7f == 0x7f {
                 b ^= 1;
             }
             *c = b;
         }
         for s in &mut row[hd..] {
-            *s = 120 + (r.next() % 10) as u8;
+            *s = 120 + (r.next_u64() % 10) as u8;
         }
     }
     let mut w = GgufWriter::new();
@@ -141,7 +141,7 @@ fn engram_lookup_reads_rows_by_id_and_zeroes_the_rest() {
     // Ids for both layers; layer slot 1 is read; some ids out of range.
     let mut ids = Vec::new();
     for _ in 0..t * layers * cols {
-        ids.push((r.next() % (rows as u64 + 5)) as i32);
+        ids.push((r.next_u64() % (rows as u64 + 5)) as i32);
     }
     ids[layers * cols + cols] = -3;
     let op = EngramLookup {
@@ -194,7 +194,7 @@ fn engram_hash_carries_its_history_across_steps() {
         out: V,
     };
     let mut r = Rng(0x5eed_0003);
-    let toks: Vec<i32> = (0..20).map(|_| (r.next() % 500) as i32).collect();
+    let toks: Vec<i32> = (0..20).map(|_| (r.next_u64() % 500) as i32).collect();
     let per = 2 * 9;
     let mut whole = vec![0i32; toks.len() * per];
     let mut hist = vec![-1f32; 3];

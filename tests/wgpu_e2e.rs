@@ -28,7 +28,8 @@ use ds4::model::state::KvLayout;
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
 
-const MAX_DLOGPROB: f32 = 2e-3;
+/// The bound of src/app/selfcheck/e2e.rs (`ds4-bench --check` uses it too).
+use ds4::app::selfcheck::e2e::MAX_DLOGPROB;
 
 /// Whether the GPU half runs (`CI` set and no adapter: panic).
 fn have_gpu() -> bool {

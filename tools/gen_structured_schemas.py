@@ -14,7 +14,14 @@ Free strings carry a maxLength and arrays a maxItems: the test model is
 random, so without a bound an unlucky string could run to the token limit
 (that case is covered by its own test: it ends as `length`).
 
-Usage: python3 tools/gen_structured_schemas.py [--out FILE]
+Also writes tests/data/structured_schemas_open.json: 16 schemas as clients
+write them (issue 39), with nothing bounded but free strings: integers and
+numbers without minimum or maximum, arrays without maxItems, string formats
+without maxLength, nesting, enums, $ref and recursion. ds4 bounds the
+digits of a number and the length of a format where the schema does not
+(docs/STRUCTURED_OUTPUT.md); the test checks that these answers end.
+
+Usage: python3 tools/gen_structured_schemas.py [--out FILE] [--open-out FILE]
 """
 
 import argparse
@@ -143,9 +150,47 @@ def schemas():
     return out
 
 
+def open_schemas():
+    """Hidden-style schemas: only free strings carry a bound (a random model
+    that samples at temperature 1 rarely picks a closing quote out of the
+    whole vocabulary; a real model closes its strings)."""
+    out = []
+
+    def add(name, schema):
+        out.append({"name": name, "schema": schema})
+
+    i, n, b = {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
+
+    def fmt(f):
+        return {"type": "string", "format": f}
+
+    add("person", obj({"name": string(), "age": i, "email": fmt("email")}))
+    add("product", obj({"id": i, "price": n, "tags": {"type": "array", "items": string()}, "in_stock": b}))
+    add("order", obj({"order": obj({"id": i, "items": {"type": "array", "items": obj({
+        "sku": string(8), "qty": i, "price": n})}}), "total": n}))
+    add("status", obj({"status": {"enum": ["open", "closed", "pending"]}, "priority": i}))
+    add("formats", obj({"day": fmt("date"), "at": fmt("date-time"), "clock": fmt("time"), "id": fmt("uuid")}))
+    add("values", obj({"values": {"type": "array", "items": n}}))
+    add("coords", obj({"lat": n, "lon": n}))
+    add("score", obj({"score": n, "label": {"enum": ["good", "bad"]}}))
+    add("tree", {"$defs": {"node": obj({"v": i, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                                        required=["v"])}, "$ref": "#/$defs/node"})
+    add("matrix", obj({"m": {"type": "array", "items": {"type": "array", "items": i}}}))
+    add("endpoint", obj({"host": fmt("hostname"), "ip": fmt("ipv4"), "port": i}))
+    add("any_of", obj({"v": {"anyOf": [i, fmt("date"), n]}}))
+    add("top_ints", {"type": "array", "items": i})
+    add("mixed", obj({"count": i, "ratio": n, "flag": b, "note": {"type": ["string", "null"], "maxLength": 12}}))
+    add("points", {"$defs": {"pt": obj({"x": n, "y": n})},
+                   **obj({"from": {"$ref": "#/$defs/pt"}, "to": {"$ref": "#/$defs/pt"}})})
+    add("event", obj({"title": string(), "when": fmt("date-time"),
+                      "people": {"type": "array", "items": obj({"name": string(8), "age": i})}}))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(ROOT, "tests/data/structured_schemas.json"))
+    ap.add_argument("--open-out", default=os.path.join(ROOT, "tests/data/structured_schemas_open.json"))
     a = ap.parse_args()
     all_ = schemas()
     assert len(all_) == 50, len(all_)
@@ -156,6 +201,14 @@ def main():
         json.dump(all_, f, indent=1)
         f.write("\n")
     print(f"wrote {len(all_)} schemas to {a.out}")
+    open_ = open_schemas()
+    assert len(open_) == 16 and len({s["name"] for s in open_}) == 16
+    for s in open_:
+        jsonschema.Draft202012Validator.check_schema(s["schema"])
+    with open(a.open_out, "w") as f:
+        json.dump(open_, f, indent=1)
+        f.write("\n")
+    print(f"wrote {len(open_)} schemas to {a.open_out}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,116 @@
 //! The flags the three binaries share, declared once: the backend choice
 //! (`--backend NAME` or one of the aliases `--cpu`, `--metal`, `--vulkan`,
 //! `--cuda`; at most one of them, nothing named means `auto`), the
-//! `--ssd-streaming*` flags and the CPU thread count. [`cli_args!`](crate::cli_args)
+//! `--ssd-streaming*` flags, speculative decoding (`--spec`, `--mtp`,
+//! `--dspark`, `--mtp-model`, `--draft`; [`SpecFlags`]) and the CPU thread
+//! count. [`cli_args!`](crate::cli_args)
 //! splices their argh fields, with their one help text, into each binary's
 //! argument struct; [`BackendFlags`] and [`StreamingFlags`] turn them into a
 //! [`BackendKind`] and [`crate::backend::options::StreamingOptions`].
 
+use std::path::PathBuf;
+
 use crate::backend::options::{CacheBudget, EvictionPolicy, ProfileFile, StreamingOptions};
 use crate::backend::BackendKind;
+use crate::session::MAX_VERIFY_ROWS;
+use crate::speculate::{SpecKind, DEFAULT_MAX_DRAFT};
+
+/// The speculative-decoding flags as the binaries parse them (ds4's
+/// `--mtp`, `--dspark`, `--mtp-model FILE`, plus `--spec` and `--draft`;
+/// docs/SPECULATIVE.md).
+#[derive(Clone, Debug, Default)]
+pub struct SpecFlags {
+    /// `--spec lookup|mtp|dspark|off`
+    pub spec: Option<String>,
+    /// `--mtp`
+    pub mtp: bool,
+    /// `--dspark`
+    pub dspark: bool,
+    /// `--mtp-model FILE`
+    pub mtp_model: Option<PathBuf>,
+    /// `--draft N`
+    pub draft: Option<usize>,
+    /// `--draft-fixed`
+    pub draft_fixed: bool,
+}
+
+/// What the speculative-decoding flags ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecChoice {
+    pub kind: SpecKind,
+    /// The drafter's GGUF (`--mtp-model`): MTP and DSpark.
+    pub drafter_file: Option<PathBuf>,
+    /// The longest draft (`--draft`, default [`DEFAULT_MAX_DRAFT`]).
+    pub max_draft: usize,
+    /// Always draft `max_draft` (`--draft-fixed`) instead of adapting.
+    pub fixed: bool,
+}
+
+impl SpecChoice {
+    pub fn off() -> SpecChoice {
+        SpecChoice {
+            kind: SpecKind::Off,
+            drafter_file: None,
+            max_draft: DEFAULT_MAX_DRAFT,
+            fixed: false,
+        }
+    }
+
+    pub fn on(&self) -> bool {
+        self.kind != SpecKind::Off
+    }
+}
+
+impl SpecFlags {
+    /// The drafter, its file and the draft length; contradictions and
+    /// missing pieces are errors naming the flags.
+    pub fn resolve(&self) -> Result<SpecChoice, String> {
+        let named = match &self.spec {
+            Some(s) => Some(SpecKind::parse(s).ok_or_else(|| {
+                format!("--spec: expected lookup, mtp, dspark or off, got {s:?}")
+            })?),
+            None => None,
+        };
+        let switch = match (self.mtp, self.dspark) {
+            (true, true) => return Err("choose one of --mtp and --dspark".into()),
+            (true, false) => Some(SpecKind::Mtp),
+            (false, true) => Some(SpecKind::Dspark),
+            (false, false) => None,
+        };
+        let kind = match (named, switch) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(format!("--spec {} contradicts --{}", a.name(), b.name()))
+            }
+            (a, b) => a.or(b).unwrap_or(SpecKind::Off),
+        };
+        let needs_file = matches!(kind, SpecKind::Mtp | SpecKind::Dspark);
+        if needs_file && self.mtp_model.is_none() {
+            return Err(format!(
+                "--{} needs the drafter's GGUF: --mtp-model FILE",
+                kind.name()
+            ));
+        }
+        if !needs_file && self.mtp_model.is_some() {
+            return Err("--mtp-model goes with --mtp or --dspark".into());
+        }
+        let max_draft = self.draft.unwrap_or(DEFAULT_MAX_DRAFT);
+        if kind != SpecKind::Off && !(1..MAX_VERIFY_ROWS).contains(&max_draft) {
+            return Err(format!(
+                "--draft must be in 1..={}, got {max_draft}",
+                MAX_VERIFY_ROWS - 1
+            ));
+        }
+        if kind == SpecKind::Off && (self.draft.is_some() || self.draft_fixed) {
+            return Err("--draft and --draft-fixed go with --spec, --mtp or --dspark".into());
+        }
+        Ok(SpecChoice {
+            kind,
+            drafter_file: self.mtp_model.clone(),
+            max_draft,
+            fixed: self.draft_fixed,
+        })
+    }
+}
 
 /// The `--ssd-streaming*` flags as the binaries parse them (ds4's
 /// spellings and meanings; docs/SSD_STREAMING.md).
@@ -216,6 +319,43 @@ macro_rules! cli_args {
             }
         ] $($rest)*);
     };
+    (@munch $head:tt $name:tt [$($fields:tt)*] [$($impls:tt)*] ..SpecFlags, $($rest:tt)*) => {
+        $crate::cli_args!(@munch $head $name [$($fields)*
+            /// speculative decoding: lookup (n-grams of the prompt and output, no
+            /// model), mtp, dspark (need --mtp-model), off (default); greedy and
+            /// sampled output are plain decoding's, token for token
+            #[argh(option)]
+            spec: Option<String>,
+            /// same as --spec mtp: V4 Flash's MTP head as the drafter
+            #[argh(switch)]
+            mtp: bool,
+            /// same as --spec dspark: DeepSeek's DSpark drafter
+            #[argh(switch)]
+            dspark: bool,
+            /// the drafter GGUF for --mtp or --dspark
+            #[argh(option)]
+            mtp_model: Option<std::path::PathBuf>,
+            /// longest draft per step (default 5, at most 15); the adaptive policy
+            /// drafts 0..N as it pays
+            #[argh(option)]
+            draft: Option<usize>,
+            /// always draft --draft tokens (no adaptive policy; benchmarks)
+            #[argh(switch)]
+            draft_fixed: bool,
+        ] [$($impls)*
+            /// `--spec`, `--mtp`, `--dspark`, `--mtp-model`, `--draft`.
+            fn spec_flags(&self) -> $crate::app::flags::SpecFlags {
+                $crate::app::flags::SpecFlags {
+                    spec: self.spec.clone(),
+                    mtp: self.mtp,
+                    dspark: self.dspark,
+                    mtp_model: self.mtp_model.clone(),
+                    draft: self.draft,
+                    draft_fixed: self.draft_fixed,
+                }
+            }
+        ] $($rest)*);
+    };
     (@munch $head:tt $name:tt [$($fields:tt)*] $impls:tt ..Threads, $($rest:tt)*) => {
         $crate::cli_args!(@munch $head $name [$($fields)*
             /// CPU threads (default: physical cores)
@@ -263,6 +403,82 @@ mod tests {
         for bad in ["0", "", "x", "-3", "5TB", "0GB"] {
             assert!(CacheBudget::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn spec_flags_refuse_contradictions() {
+        assert_eq!(SpecFlags::default().resolve(), Ok(SpecChoice::off()));
+        let f = SpecFlags {
+            spec: Some("lookup".into()),
+            draft: Some(8),
+            ..Default::default()
+        };
+        let c = f.resolve().unwrap();
+        assert_eq!((c.kind, c.max_draft), (SpecKind::Lookup, 8));
+        let bad = [
+            (
+                SpecFlags {
+                    spec: Some("ngram".into()),
+                    ..Default::default()
+                },
+                "--spec",
+            ),
+            (
+                SpecFlags {
+                    mtp: true,
+                    dspark: true,
+                    ..Default::default()
+                },
+                "one of",
+            ),
+            (
+                SpecFlags {
+                    mtp: true,
+                    ..Default::default()
+                },
+                "--mtp-model",
+            ),
+            (
+                SpecFlags {
+                    spec: Some("lookup".into()),
+                    dspark: true,
+                    ..Default::default()
+                },
+                "contradicts",
+            ),
+            (
+                SpecFlags {
+                    mtp_model: Some("x.gguf".into()),
+                    ..Default::default()
+                },
+                "goes with",
+            ),
+            (
+                SpecFlags {
+                    spec: Some("lookup".into()),
+                    draft: Some(16),
+                    ..Default::default()
+                },
+                "1..=15",
+            ),
+            (
+                SpecFlags {
+                    draft: Some(3),
+                    ..Default::default()
+                },
+                "go with",
+            ),
+        ];
+        for (f, want) in bad {
+            let e = f.resolve().unwrap_err();
+            assert!(e.contains(want), "{f:?}: {e}");
+        }
+        let f = SpecFlags {
+            dspark: true,
+            mtp_model: Some("d.gguf".into()),
+            ..Default::default()
+        };
+        assert_eq!(f.resolve().unwrap().kind, SpecKind::Dspark);
     }
 
     #[test]

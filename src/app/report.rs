@@ -19,6 +19,17 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// What `--list-devices` prints (`ds4`, `ds4-bench`): every wgpu adapter
+/// with its index, then the CUDA devices or why there are none.
+pub fn devices() -> String {
+    let mut s = crate::backend::wgpu::gpu::devices_report();
+    match crate::backend::cuda_device_lines() {
+        Ok(lines) => lines.iter().for_each(|l| s.push_str(&format!("{l}\n"))),
+        Err(e) => s.push_str(&format!("cuda: none ({e})\n")),
+    }
+    s
+}
+
 /// The V4.1 Engram reader's end-of-run line: bytes read per token and
 /// the hot-row hit rate.
 pub fn engram_line(st: &crate::model::v41::engram_reader::EngramStats) -> String {

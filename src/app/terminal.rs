@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::constrain::{GrammarEngine, OutputGrammar};
 use crate::generate::{
-    generate, Constrained, Observer, Piece, Sampled, Step, ThinkSplit, TokenPicker,
+    generate_with, Constrained, Observer, Piece, Sampled, Step, ThinkSplit, TokenPicker,
 };
 use crate::session::{Session, SyncStats};
+use crate::speculate::Speculator;
 use crate::tokenizer::Tokenizer;
 
 /// Brings the session to `tokens`, with a progress bar on stderr.
@@ -37,6 +38,8 @@ pub struct Generator<'t> {
     grammar: Option<(GrammarEngine, OutputGrammar)>,
     /// Set by Ctrl+C: the answer stops at the next token.
     pub(crate) stop: &'static AtomicBool,
+    /// Speculative decoding (`--spec`, `--mtp`, `--dspark`), if on.
+    spec: Option<Speculator>,
 }
 
 /// Prints the pieces of the library's generation loop as they come.
@@ -110,7 +113,19 @@ impl<'t> Generator<'t> {
             tty,
             grammar,
             stop,
+            spec: None,
         }
+    }
+
+    /// Generates with `spec` drafting (speculative decoding) from now on.
+    pub fn with_speculator(mut self, spec: Option<Speculator>) -> Self {
+        self.spec = spec;
+        self
+    }
+
+    /// The speculator, when speculative decoding is on.
+    pub fn speculator(&self) -> Option<&Speculator> {
+        self.spec.as_ref()
     }
 
     /// The tokenizer the generator decodes with.
@@ -139,7 +154,14 @@ impl<'t> Generator<'t> {
         }
         let mut cut = false;
         let r = match &self.grammar {
-            None => generate(sess, self.tok, max_new, &mut self.picker, &mut p),
+            None => generate_with(
+                sess,
+                self.tok,
+                max_new,
+                &mut self.picker,
+                &mut p,
+                self.spec.as_mut(),
+            ),
             Some((engine, g)) => {
                 let c = engine.constraint(g).map_err(|e| e.to_string())?;
                 let sp = self.tok.specials();
@@ -149,7 +171,7 @@ impl<'t> Generator<'t> {
                     Vec::new()
                 };
                 let mut cp = Constrained::new(&mut self.picker, c, gates, true, sp.eos);
-                let r = generate(sess, self.tok, max_new, &mut cp, &mut p);
+                let r = generate_with(sess, self.tok, max_new, &mut cp, &mut p, self.spec.as_mut());
                 cut = cp.unfinished();
                 if let Some(e) = &cp.error {
                     eprintln!("ds4: grammar engine: {e}");

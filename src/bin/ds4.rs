@@ -101,6 +101,7 @@ Get the real model with tools/download_model.sh q2")]
         #[argh(option)]
         dump_shaders: Option<PathBuf>,
         ..StreamingFlags,
+        ..SpecFlags,
         /// read every weight page once before starting (shows progress)
         #[argh(switch)]
         warm_weights: bool,
@@ -212,6 +213,7 @@ fn run(a: Args) -> Result<(), String> {
         return dump_tokens(&path, &prompt);
     }
     let c = check(&a, prompt.as_deref())?;
+    let spec = a.spec_flags().resolve()?;
     let threads = ds4::app::threads::init_global_pool(a.threads);
     let (model, tok) = load(&a, &path, threads)?;
     // V4.1: the level the prompt writes (`None` on V4).
@@ -241,7 +243,8 @@ fn run(a: Args) -> Result<(), String> {
         ..Default::default()
     };
     let sess = open_session(&model, opts(a.ctx, c.dumps.clone()), a.ctx)?;
-    let mut gen = generator(&a, &tok, schema)?;
+    let mut gen =
+        generator(&a, &tok, schema)?.with_speculator(ds4::app::spec::speculator(&spec, &model)?);
     let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
     let Some(prompt) = prompt else {
         let make_session = |ctx: usize| {
@@ -267,11 +270,7 @@ fn run(a: Args) -> Result<(), String> {
 
 /// `--list-devices`: every wgpu adapter, then the CUDA devices.
 fn list_devices() {
-    print!("{}", ds4::backend::wgpu::gpu::devices_report());
-    match ds4::backend::cuda_device_lines() {
-        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
-        Err(e) => println!("cuda: none ({e})"),
-    }
+    print!("{}", ds4::app::report::devices());
 }
 
 /// `--dump-shaders DIR`.
@@ -480,6 +479,9 @@ fn one_shot(
         ptoks.len() as f64 / prefill_s.max(1e-9),
         generated.len() as f64 / gen_s.max(1e-9)
     );
+    if let Some(s) = gen.speculator() {
+        eprintln!("ds4: {}", ds4::app::spec::line(s.name(), &s.stats()));
+    }
     if let Some(c) = sess.expert_cache() {
         eprintln!("ds4: {}", c.stats().line());
     }

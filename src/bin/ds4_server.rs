@@ -123,6 +123,7 @@ Security, keys and every limit: docs/SECURITY.md")]
         numerics: String,
         ..BackendFlags,
         ..StreamingFlags,
+        ..SpecFlags,
         /// disk KV cache folder (off unless given; KVCACHE.md)
         #[argh(option)]
         kv_disk_dir: Option<PathBuf>,
@@ -334,7 +335,17 @@ fn check(a: &Args) -> Result<(), String> {
     host_addr(&a.host)?;
     kv_config(a).validate()?;
     kv_write_limit()?;
-    slot_count(a)?;
+    let slots = slot_count(a)?;
+    if a.spec_flags().resolve()?.on() && slots > 1 {
+        // The batched step steps each slot's rows and keeps them all; a
+        // verify step keeps a prefix of its rows and takes the rest back,
+        // which only the single-session engine does.
+        return Err(format!(
+            "speculative decoding runs with one KV slot: --batched-session {slots} fills each \
+             step with other slots' rows instead (use --batched-session 1, or drop \
+             --spec/--mtp/--dspark)"
+        ));
+    }
     if a.think_level.is_some_and(|l| l > 100) {
         return Err("--think-level must be in 0..=100".into());
     }
@@ -378,7 +389,21 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         backend_options: BackendOptions::default(),
         ..opts.clone()
     };
+    let spec_choice = a.spec_flags().resolve()?;
     let engine = open_engine(&a, &any, opts, slots, &path, threads)?;
+    let spec = ds4::app::spec::speculator(&spec_choice, &any)?;
+    if let Some(s) = &spec {
+        ds4::log_line!(
+            "ds4-server: speculative decoding: {} drafter, drafts of up to {} tokens{}",
+            s.name(),
+            spec_choice.max_draft,
+            if spec_choice.fixed {
+                " (fixed)"
+            } else {
+                " (adaptive)"
+            }
+        );
+    }
     let metrics = Arc::new(Metrics::default());
     let cache = kvdisk::open_cache(&kv_cfg, any.routed_quant_bits(), &metrics, kv_write_limit)?;
     if cache.is_some() {
@@ -406,7 +431,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
                 Some(c) => Box::new(DiskHook::new(c)),
                 None => Box::new(job::NoCache),
             };
-            worker::start(sess, tok.clone(), cfg, metrics.clone(), a.queue, hook)
+            worker::start_with(sess, tok.clone(), cfg, metrics.clone(), a.queue, hook, spec)
         }
         Engine::Slots(batch) => {
             // The disk cache reads and writes through a session: one CPU

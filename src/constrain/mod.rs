@@ -12,6 +12,7 @@
 //! checked early with [`check`] (no tokenizer needed) so the server can turn
 //! an unsupported one into a 400 before the request is queued.
 
+pub mod bounds;
 pub mod vocab;
 
 use std::sync::{Arc, OnceLock};
@@ -61,9 +62,12 @@ fn json_options() -> JsonCompileOptions {
 }
 
 /// `schema` with the server's JSON layout attached (llguidance reads its
-/// `x-guidance` member), for schemas embedded in a Lark grammar (`%json`).
+/// `x-guidance` member) and its string formats bounded
+/// ([`bounds::bound_formats`]), for schemas embedded in a Lark grammar
+/// (`%json`).
 pub fn with_layout(schema: &Value) -> Value {
     let mut s = schema.clone();
+    bounds::bound_formats(&mut s);
     if s.is_object() {
         json_options().apply_to(&mut s);
     }
@@ -76,7 +80,11 @@ impl OutputGrammar {
     pub(crate) fn top_level(&self) -> Result<TopLevelGrammar, ConstrainError> {
         let mut schema = match self {
             OutputGrammar::JsonObject => serde_json::json!({"type": "object"}),
-            OutputGrammar::JsonSchema(v) => v.clone(),
+            OutputGrammar::JsonSchema(v) => {
+                let mut v = v.clone();
+                bounds::bound_formats(&mut v);
+                v
+            }
             OutputGrammar::Lark(text) => return Ok(TopLevelGrammar::from_lark(text.clone())),
         };
         match &mut schema {
@@ -136,14 +144,27 @@ fn quiet_factory(env: &TokEnv) -> Result<ParserFactory, ConstrainError> {
 pub struct GrammarEngine {
     factory: ParserFactory,
     vocab_size: usize,
+    digits: Arc<Digits>,
+}
+
+/// What the number cap ([`bounds`]) needs of the vocabulary.
+struct Digits {
+    env: TokEnv,
+    /// Leading ASCII digits of each token.
+    lead: Vec<u8>,
+    /// The most leading digits any token has.
+    most: u32,
 }
 
 impl GrammarEngine {
     pub fn new(tok: &Tokenizer) -> Result<GrammarEngine, ConstrainError> {
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(vocab::token_trie(tok)));
+        let trie = env.tok_trie();
+        let (lead, most) = bounds::lead_digits(|t| trie.token(t).to_vec(), trie.vocab_size());
         Ok(GrammarEngine {
             factory: quiet_factory(&env)?,
             vocab_size: tok.vocab_size(),
+            digits: Arc::new(Digits { env, lead, most }),
         })
     }
 
@@ -157,9 +178,13 @@ impl GrammarEngine {
         if let Some(e) = matcher.get_error() {
             return Err(ConstrainError(e));
         }
+        // The number cap follows JSON text; a Lark grammar (the DSML tool
+        // block) has raw text that is not JSON.
+        let json = !matches!(g, OutputGrammar::Lark(_));
         Ok(Constraint {
             matcher,
             vocab_size: self.vocab_size,
+            digits: json.then(|| (self.digits.clone(), bounds::DigitRun::default())),
         })
     }
 }
@@ -169,6 +194,8 @@ impl GrammarEngine {
 pub struct Constraint {
     matcher: Matcher,
     vocab_size: usize,
+    /// The number cap of a JSON grammar, where its text stands.
+    digits: Option<(Arc<Digits>, bounds::DigitRun)>,
 }
 
 impl Constraint {
@@ -190,29 +217,31 @@ impl Constraint {
         let allowed = self.allowed()?;
         out.clear();
         out.resize(logits.len(), f32::NEG_INFINITY);
-        let mut any = false;
         let n = logits.len().min(self.vocab_size);
-        // Walk the set bits a 32-bit word at a time: inside a JSON string
-        // most of the vocabulary is allowed, elsewhere almost none of it.
-        for (w, &word) in allowed.as_slice().iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let i = w * 32 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if i < n {
-                    out[i] = logits[i];
-                    any = true;
-                }
+        // The cap can bite only near the end of a long run of digits.
+        let cap = match &self.digits {
+            Some((d, at)) if d.most > at.room() => Some((&d.lead, at)),
+            _ => None,
+        };
+        if let Some((lead, at)) = cap {
+            let keep = |i: usize| !at.too_long(lead.get(i).copied().unwrap_or(0));
+            if fill_allowed(&allowed, logits, n, out, keep) {
+                return Ok(true);
             }
+            // Only over-long runs may continue: the schema needs the digits.
         }
-        Ok(any)
+        Ok(fill_allowed(&allowed, logits, n, out, |_| true))
     }
 
     /// Advances the grammar past `token` (one the mask allowed).
     pub fn commit(&mut self, token: u32) -> Result<(), ConstrainError> {
         self.matcher
             .consume_token(token)
-            .map_err(ConstrainError::from_llg)
+            .map_err(ConstrainError::from_llg)?;
+        if let Some((d, at)) = &mut self.digits {
+            at.advance(d.env.tok_trie().token(token));
+        }
+        Ok(())
     }
 
     /// The output so far is a complete match (it may stop here).
@@ -220,6 +249,32 @@ impl Constraint {
         self.matcher.is_stopped() && self.matcher.get_error().is_none()
             || self.matcher.is_accepting().unwrap_or(false)
     }
+}
+
+/// Copies into `out` (all −∞) the logits of the tokens `allowed` has and
+/// `keep` accepts, below `n`; returns whether there was any.
+fn fill_allowed(
+    allowed: &SimpleVob,
+    logits: &[f32],
+    n: usize,
+    out: &mut [f32],
+    keep: impl Fn(usize) -> bool,
+) -> bool {
+    let mut any = false;
+    // Walk the set bits a 32-bit word at a time: inside a JSON string most
+    // of the vocabulary is allowed, elsewhere almost none of it.
+    for (w, &word) in allowed.as_slice().iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let i = w * 32 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if i < n && keep(i) {
+                out[i] = logits[i];
+                any = true;
+            }
+        }
+    }
+    any
 }
 
 #[cfg(test)]

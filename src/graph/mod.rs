@@ -264,6 +264,12 @@ pub struct Graph {
     pub logits: ValueId,
     /// Values that must survive the step (outputs and dump targets).
     pub keep: Vec<ValueId>,
+    /// Every row takes the kernel path of a one-row step, whatever the
+    /// step's row count: a speculative verify step, whose rows must equal
+    /// decoding them one at a time bit for bit (`session::speculate`).
+    /// Only the fast CPU backend chooses paths by row count; the others
+    /// compute each row alike at any count and ignore it.
+    pub decode_paths: bool,
 }
 
 impl Graph {
@@ -378,6 +384,7 @@ impl Recorder {
             tokens,
             logits,
             keep,
+            decode_paths: false,
         }
     }
 }

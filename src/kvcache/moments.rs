@@ -206,6 +206,11 @@ impl SaveMoments {
         }
     }
 
+    /// The next live length at which [`Moments::before_decode`] may store.
+    pub fn next_checkpoint(&self, live: usize) -> Option<usize> {
+        self.frontier.next_due(self.cache.config(), live)
+    }
+
     /// The shutdown checkpoint (§5.4).
     pub fn shutdown(
         &mut self,

@@ -151,6 +151,20 @@ impl ContinuedSaves {
             && live_len > self.last
     }
 
+    /// The first live length above `live_len` at which a continued save
+    /// may be due (speculative decoding lands on it by a plain step).
+    pub fn next_due(&self, cfg: &KvCacheConfig, live_len: usize) -> Option<usize> {
+        let step = cfg.continued_step();
+        if step == 0 {
+            return None;
+        }
+        let next = (live_len / step + 1) * step;
+        let mut m = next.max(self.last + 1);
+        // The smallest multiple of `step` that is at least `m` and the minimum.
+        m = m.max(cfg.kv_cache_min_tokens);
+        Some(m.div_ceil(step) * step)
+    }
+
     /// A full miss starts over.
     pub fn reset(&mut self) {
         self.last = 0;

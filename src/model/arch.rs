@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use crate::gguf::GgufFile;
+use crate::model::config::CoreConfig;
 use crate::model::v41::{config::ARCH as V41_ARCH, V41ModelFile};
 use crate::model::{ModelError, ModelFile};
 
@@ -66,10 +67,32 @@ impl AnyModel {
         }
     }
 
-    pub fn n_layer(&self) -> usize {
+    /// The hyper-parameters both families have.
+    pub fn config(&self) -> &CoreConfig {
         match self {
-            AnyModel::V4(m) => m.config.n_layer,
-            AnyModel::V41(m) => m.config.n_layer,
+            AnyModel::V4(m) => &m.config,
+            AnyModel::V41(m) => &m.config,
+        }
+    }
+
+    pub fn n_layer(&self) -> usize {
+        self.config().n_layer
+    }
+
+    /// Weight bytes one decoded token reads (routed experts at top-k of n;
+    /// never V4.1's Engram tables, read by row from the file).
+    pub fn active_bytes_per_token(&self) -> u64 {
+        match self {
+            AnyModel::V4(m) => m.weights.active_bytes_per_token(&m.config),
+            AnyModel::V41(m) => m.weights.active_bytes_per_token(&m.config),
+        }
+    }
+
+    /// Faults the resident weights' pages in (V4.1: not the Engram tables).
+    pub fn warm(&self) {
+        match self {
+            AnyModel::V4(m) => m.warm(&mut |_, _| {}),
+            AnyModel::V41(m) => m.warm(),
         }
     }
 
@@ -89,10 +112,7 @@ impl AnyModel {
 
     /// The vocabulary size.
     pub fn n_vocab(&self) -> usize {
-        match self {
-            AnyModel::V4(m) => m.config.n_vocab,
-            AnyModel::V41(m) => m.config.n_vocab,
-        }
+        self.config().n_vocab
     }
 
     /// The V4 model, if this is one.

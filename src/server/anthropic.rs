@@ -17,8 +17,10 @@ pub fn stop_reason(f: FinishReason) -> &'static str {
 
 fn usage_json(u: &Usage) -> Value {
     let cached = u.cached.min(u.prompt);
-    json!({"input_tokens": u.prompt - cached - u.cache_write(), "output_tokens": u.completion,
-        "cache_read_input_tokens": cached, "cache_creation_input_tokens": u.cache_write()})
+    let mut v = json!({"input_tokens": u.prompt - cached - u.cache_write(), "output_tokens": u.completion,
+        "cache_read_input_tokens": cached, "cache_creation_input_tokens": u.cache_write()});
+    u.add_speculative(&mut v);
+    v
 }
 
 fn input_object(args: &str) -> Value {
@@ -121,7 +123,7 @@ impl StreamFormat for MessagesStream {
         let u = Usage {
             prompt,
             cached,
-            completion: 0,
+            ..Usage::default()
         };
         vec![event(
             "message_start",

@@ -20,6 +20,7 @@ use super::stream::Stream;
 use crate::chat::template::EOS;
 use crate::generate::Finish;
 use crate::sampler::Rng;
+use crate::speculate::SpecStats;
 
 /// What generation produced.
 pub(super) struct Decoded {
@@ -36,6 +37,18 @@ pub(super) struct Decoded {
     grammar_open: bool,
     /// The generated tokens scored, when log-probabilities were asked for.
     logprobs: Vec<TokenLogprob>,
+    /// What speculative decoding did in this request (zeros when off).
+    spec: SpecStats,
+}
+
+impl Decoded {
+    /// Records what speculative decoding did in this request (and counts
+    /// it in `/metrics`).
+    pub(super) fn with_spec(mut self, st: SpecStats, metrics: &super::metrics::Metrics) -> Decoded {
+        metrics.record_spec(&st);
+        self.spec = st;
+        self
+    }
 }
 
 impl Core {
@@ -64,6 +77,7 @@ impl Core {
             live_closed: std::mem::take(&mut obs.live_closed),
             grammar_open,
             logprobs,
+            spec: SpecStats::default(),
         };
         let m = &self.metrics;
         m.generated_tokens
@@ -115,6 +129,8 @@ impl Core {
                 prompt,
                 cached,
                 completion: d.tokens,
+                drafted: d.spec.drafted as usize,
+                accepted: d.spec.accepted as usize,
             },
             logprobs: lp.finish(d.logprobs.clone(), d.raw.len(), self.tok.specials().eos),
         };
@@ -148,14 +164,23 @@ impl Core {
         }
         let elapsed = t0.elapsed().as_secs_f64();
         self.trace.result(seq, &fin, elapsed);
+        let spec = if fin.usage.drafted > 0 {
+            format!(
+                " drafted={} accepted={}",
+                fin.usage.drafted, fin.usage.accepted
+            )
+        } else {
+            String::new()
+        };
         crate::log_line!(
-            "ds4-server: request {} {:?} stream={} prompt={} cached={} generated={} finish={:?} calls={} {:.2}s",
+            "ds4-server: request {} {:?} stream={} prompt={} cached={} generated={}{} finish={:?} calls={} {:.2}s",
             seq,
             req.api,
             req.stream as u8,
             fin.usage.prompt,
             fin.usage.cached,
             fin.usage.completion,
+            spec,
             fin.finish,
             fin.calls.len(),
             elapsed

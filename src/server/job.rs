@@ -18,11 +18,24 @@ pub struct Usage {
     pub prompt: usize,
     pub cached: usize,
     pub completion: usize,
+    /// Speculative decoding: tokens drafted and kept (0 when off).
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl Usage {
     pub fn cache_write(&self) -> usize {
         self.prompt - self.cached.min(self.prompt)
+    }
+
+    /// A usage object gains `"speculative": {"drafted", "accepted"}` when
+    /// speculative decoding drafted in this request (absent otherwise, so
+    /// responses without it are unchanged).
+    pub fn add_speculative(&self, usage: &mut serde_json::Value) {
+        if self.drafted > 0 {
+            usage["speculative"] =
+                serde_json::json!({"drafted": self.drafted, "accepted": self.accepted});
+        }
     }
 }
 
@@ -156,6 +169,11 @@ pub trait KvCacheHook: Send {
     /// Before each decode step (continued saves); not called inside the
     /// DSML block of a request with tools.
     fn before_decode(&mut self, _sess: &Session, _tok: &Tokenizer, _tools: &dyn ToolIds) {}
+    /// The next live length above `live` at which `before_decode` may
+    /// store (speculative steps never jump over it); `None`: none.
+    fn next_checkpoint(&self, _live: usize) -> Option<usize> {
+        None
+    }
     /// Clean shutdown, after the last request (§5.4).
     fn shutdown(
         &mut self,

@@ -102,6 +102,10 @@ impl KvCacheHook for DiskHook {
         self.moments.before_decode(sess, tok, tools);
     }
 
+    fn next_checkpoint(&self, live: usize) -> Option<usize> {
+        self.moments.next_checkpoint(live)
+    }
+
     fn shutdown(
         &mut self,
         sess: &Session,

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::model::v41::engram_reader::EngramStats;
+use crate::speculate::SpecStats;
 
 #[derive(Default)]
 pub struct Metrics {
@@ -38,6 +39,9 @@ pub struct Metrics {
     last: Mutex<(f64, f64)>,
     /// A V4.1 model's Engram reader, after the last request.
     engram: Mutex<Option<EngramStats>>,
+    /// Speculative decoding, summed over requests (`--spec`, `--mtp`,
+    /// `--dspark`); absent from `/metrics` while nothing was drafted.
+    spec: Mutex<SpecStats>,
 }
 
 impl Metrics {
@@ -45,6 +49,17 @@ impl Metrics {
     pub fn record_engram(&self, st: EngramStats) {
         if let Ok(mut e) = self.engram.lock() {
             *e = Some(st);
+        }
+    }
+
+    /// What speculative decoding did in one request.
+    pub fn record_spec(&self, st: &SpecStats) {
+        if let Ok(mut s) = self.spec.lock() {
+            s.drafted += st.drafted;
+            s.accepted += st.accepted;
+            s.verify_steps += st.verify_steps;
+            s.verify_tokens += st.verify_tokens;
+            s.plain_steps += st.plain_steps;
         }
     }
 
@@ -73,12 +88,14 @@ impl Metrics {
     /// (after its first request), then the disk cache's counters.
     pub fn render(&self) -> String {
         let engram = self.engram.lock().map(|e| *e).unwrap_or(None);
+        let spec = self.spec.lock().map(|s| *s).unwrap_or_default();
         let mut s = String::new();
         for x in self
             .slot_samples()
             .into_iter()
             .chain(self.request_samples())
             .chain(engram.as_ref().map(engram_samples).unwrap_or_default())
+            .chain(spec_samples(&spec))
         {
             x.write(&mut s);
         }
@@ -197,6 +214,45 @@ impl Metrics {
             ),
         ]
     }
+}
+
+/// Speculative decoding since start-up (none until something was drafted).
+fn spec_samples(st: &SpecStats) -> Vec<Sample> {
+    if st.drafted == 0 && st.verify_steps == 0 {
+        return Vec::new();
+    }
+    vec![
+        counter(
+            "spec_drafted_tokens_total",
+            "Tokens drafted and verified (speculative decoding).",
+            st.drafted.to_string(),
+        ),
+        counter(
+            "spec_accepted_tokens_total",
+            "Drafted tokens kept.",
+            st.accepted.to_string(),
+        ),
+        counter(
+            "spec_verify_steps_total",
+            "Verify steps (a next token with its drafts).",
+            st.verify_steps.to_string(),
+        ),
+        counter(
+            "spec_plain_steps_total",
+            "Decode steps without drafts while speculation was on.",
+            st.plain_steps.to_string(),
+        ),
+        gauge(
+            "spec_acceptance_rate",
+            "Fraction of drafted tokens kept since start-up.",
+            format!("{:.4}", st.acceptance()),
+        ),
+        gauge(
+            "spec_tokens_per_verify_step",
+            "Tokens each verify step produced on average (1 + kept drafts).",
+            format!("{:.3}", st.tokens_per_verify()),
+        ),
+    ]
 }
 
 /// A V4.1 model's Engram reader.

@@ -26,9 +26,16 @@ pub fn finish_str(f: FinishReason) -> &'static str {
 }
 
 pub fn usage_json(u: &Usage) -> Value {
-    json!({"prompt_tokens": u.prompt, "completion_tokens": u.completion,
+    let mut v = json!({"prompt_tokens": u.prompt, "completion_tokens": u.completion,
         "total_tokens": u.prompt + u.completion,
-        "prompt_tokens_details": {"cached_tokens": u.cached.min(u.prompt), "cache_write_tokens": u.cache_write()}})
+        "prompt_tokens_details": {"cached_tokens": u.cached.min(u.prompt), "cache_write_tokens": u.cache_write()}});
+    if u.drafted > 0 {
+        // OpenAI's own fields for predicted tokens kept and discarded.
+        v["completion_tokens_details"] = json!({"accepted_prediction_tokens": u.accepted,
+            "rejected_prediction_tokens": u.drafted - u.accepted});
+    }
+    u.add_speculative(&mut v);
+    v
 }
 
 fn calls_json(f: &Final) -> Value {

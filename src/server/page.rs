@@ -38,5 +38,7 @@ mod tests {
             assert!(!INDEX_HTML.contains(needle), "{needle}");
         }
         assert!(INDEX_HTML.contains("/v1/chat/completions"));
+        // The model line's source; tests/chat_page.rs drives the rest.
+        assert!(INDEX_HTML.contains("fetch(\"/v1/models\""));
     }
 }

@@ -8,10 +8,12 @@ use super::openai::Meta;
 use super::StreamFormat;
 
 fn usage_json(u: &Usage) -> Value {
-    json!({"input_tokens": u.prompt,
+    let mut v = json!({"input_tokens": u.prompt,
         "input_tokens_details": {"cached_tokens": u.cached.min(u.prompt), "cache_write_tokens": u.cache_write()},
         "output_tokens": u.completion, "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": u.prompt + u.completion})
+        "total_tokens": u.prompt + u.completion});
+    u.add_speculative(&mut v);
+    v
 }
 
 /// `resp_`/`rs_`/`msg_`/`fc_` + 24 hex chars.

@@ -412,6 +412,7 @@ fn parse(api: Api, body: Vec<u8>, state: &State) -> Result<GenRequest, ApiError>
         Api::Messages => request::parse_messages(&body, pc),
     }?;
     req.set_dialect(state.opts.dialect);
+    say_replaced_sampling(api, &req);
     let max = state.opts.max_prompt_bytes;
     let bytes = if max == usize::MAX {
         0
@@ -429,6 +430,38 @@ fn parse(api: Api, body: Vec<u8>, state: &State) -> Result<GenRequest, ApiError>
     }
     req.raw = body;
     Ok(req)
+}
+
+/// Logs, the first time a request's sampling fields are replaced because
+/// its turn thinks ([`GenRequest::replaced_sampling`]), what was replaced
+/// and how to get plain sampling: an evaluation that sends `temperature: 0`
+/// would otherwise sample at temperature 1 without a word (issue 39). Once
+/// per server: a harness sends thousands of such requests.
+fn say_replaced_sampling(api: Api, req: &GenRequest) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if SAID.is_completed() {
+        return;
+    }
+    let replaced = req.replaced_sampling();
+    if replaced.is_empty() {
+        return;
+    }
+    // Each API's own way to turn thinking off (SERVER.md §4.2).
+    let (path, off) = match api {
+        Api::Chat => ("/v1/chat/completions", r#""thinking": false"#),
+        Api::Completions => ("/v1/completions", r#""thinking": false"#),
+        Api::Responses => ("/v1/responses", r#""reasoning": {"effort": "none"}"#),
+        Api::Messages => ("/v1/messages", r#""thinking": {"type": "disabled"}"#),
+    };
+    SAID.call_once(|| {
+        crate::log_line!(
+            "ds4-server: a {path} request that thinks asked for {}: a thinking turn samples \
+             at temperature 1, top_p 1, so those fields were replaced; send \
+             \"model\": \"deepseek-chat\" or {off} for the request's own sampling \
+             (said once)",
+            replaced.join(", ")
+        )
+    });
 }
 
 /// The response's id (numbered per server, or a random Responses id), its

@@ -219,6 +219,10 @@ impl Observer for WithCache<'_> {
         self.stream.greedy_next()
     }
 
+    fn next_checkpoint(&mut self, live: usize) -> Option<usize> {
+        self.cache.next_checkpoint(live)
+    }
+
     fn cancelled(&mut self) -> bool {
         self.stream.cancelled()
     }

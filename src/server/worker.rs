@@ -31,6 +31,7 @@ use super::stream::{Stream, WithCache};
 use super::trace::Trace;
 use crate::generate::{self, TokenPicker};
 use crate::session::Session;
+use crate::speculate::Speculator;
 use crate::tokenizer::Tokenizer;
 
 pub use super::core::WorkerConfig;
@@ -97,6 +98,21 @@ pub fn start(
     bound: usize,
     cache: Box<dyn KvCacheHook>,
 ) -> Queue {
+    start_with(sess, tok, cfg, metrics, bound, cache, None)
+}
+
+/// [`start`] with speculative decoding: `spec` drafts for every request
+/// (issue 35). Its policy and counters live as long as the worker, so the
+/// measured step costs and acceptance carry from request to request.
+pub fn start_with(
+    sess: Session,
+    tok: Arc<Tokenizer>,
+    cfg: WorkerConfig,
+    metrics: Arc<Metrics>,
+    bound: usize,
+    cache: Box<dyn KvCacheHook>,
+    spec: Option<Speculator>,
+) -> Queue {
     metrics.slots.store(1, Ordering::Relaxed);
     spawn(metrics, bound, move |rx, core_parts| {
         let core = core_parts.into_core(tok, cfg, cache);
@@ -104,6 +120,7 @@ pub fn start(
             sess,
             core,
             live: Bindings::default(),
+            spec,
         }
         .run(rx)
     })
@@ -163,6 +180,8 @@ struct Worker {
     sess: Session,
     core: Core,
     live: Bindings,
+    /// Speculative decoding, when on.
+    spec: Option<Speculator>,
 }
 
 impl Worker {
@@ -337,8 +356,21 @@ impl Worker {
         let mut picker =
             p.lp.recorder(&mut *picker, c.tok.clone(), thinking, p.events.clone());
         let t1 = Instant::now();
-        let outcome = generate::generate(&mut self.sess, &c.tok, max_new, &mut picker, &mut obs);
+        let before = self.spec.as_ref().map(|s| s.stats()).unwrap_or_default();
+        let outcome = generate::generate_with(
+            &mut self.sess,
+            &c.tok,
+            max_new,
+            &mut picker,
+            &mut obs,
+            self.spec.as_mut(),
+        );
         let gen_s = t1.elapsed().as_secs_f64();
+        let spec = self
+            .spec
+            .as_ref()
+            .map(|s| s.stats().since(&before))
+            .unwrap_or_default();
         let (tokens, finish) = match outcome {
             Ok(o) => (o.tokens, o.finish),
             Err(e) => {
@@ -349,16 +381,19 @@ impl Worker {
         };
         let grammar_open = picker.unfinished();
         let logprobs = std::mem::take(&mut picker.scorer.entries);
-        let d = self.core.decoded(
-            &mut stream,
-            tokens.len(),
-            finish,
-            thinking,
-            grammar_open,
-            logprobs,
-            gen_s,
-            p.t_prefill.as_secs_f64(),
-        );
+        let d = self
+            .core
+            .decoded(
+                &mut stream,
+                tokens.len(),
+                finish,
+                thinking,
+                grammar_open,
+                logprobs,
+                gen_s,
+                p.t_prefill.as_secs_f64(),
+            )
+            .with_spec(spec, &self.core.metrics);
         if d.stop_hit {
             // The KV holds tokens past the cut: it no longer matches the text.
             self.sess.reset();

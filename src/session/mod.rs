@@ -6,6 +6,7 @@
 mod batch;
 mod net;
 mod snapshot;
+mod speculate;
 mod v4;
 mod v41;
 
@@ -23,6 +24,7 @@ use crate::model::ModelFile;
 
 pub use batch::{Batch, SlotWork};
 pub use snapshot::{SNAPSHOT_MAGIC, V41_SNAPSHOT_MAGIC};
+pub use speculate::{Verified, MAX_VERIFY_ROWS};
 pub use v41::DEFAULT_ENGRAM_CACHE_ROWS;
 
 /// ds4's prefill chunk (tokens per batched step).
@@ -50,6 +52,9 @@ pub enum SessionError {
     /// Reading the Engram rows of a V4.1 model failed.
     #[error("engram rows: {0}")]
     Engram(String),
+    /// A speculative verify step this session cannot take (issue 35).
+    #[error("speculative decoding: {0}")]
+    Speculation(String),
 }
 
 #[derive(Clone, Debug)]
@@ -112,6 +117,8 @@ pub struct Session {
     prefill: GraphHandle,
     /// Graph with logits at every position, built on first use.
     scoring: Option<GraphHandle>,
+    /// The speculative verify graph and its undo plan, built on first use.
+    verifier: Option<speculate::Verifier>,
     last: GraphHandle,
     /// The recorded graphs with the handles the backend gave them.
     graphs: Vec<(GraphHandle, Arc<Graph>)>,
@@ -185,6 +192,7 @@ impl Session {
             decode,
             prefill,
             scoring: None,
+            verifier: None,
             last: decode,
             graphs,
             backend_notice: opened.notice,
@@ -250,6 +258,15 @@ impl Session {
     /// Bytes of KV state this session holds on its backend.
     pub fn state_bytes(&self) -> usize {
         self.net.state_layout().bytes()
+    }
+
+    /// Every state buffer of the session, whole, in layout order (tests
+    /// compare complete states, stale rows included).
+    pub fn read_states(&self) -> Result<Vec<Vec<f32>>, SessionError> {
+        let n = self.net.state_layout().states.len();
+        (0..n)
+            .map(|i| Ok(self.backend.read_state(crate::graph::StateId(i as u32))?))
+            .collect()
     }
 
     pub fn reset(&mut self) {

@@ -62,6 +62,10 @@ pub(crate) trait Net: Send {
     /// Forgets host-side state for an empty sequence.
     fn reset(&mut self) {}
 
+    /// Puts host-side state back to what it is after `tokens` (a
+    /// speculative step took rows back; V4.1: the Engram history).
+    fn rewind_host(&mut self, _tokens: &[u32]) {}
+
     /// What the Engram reader did (V4.1 only).
     fn engram_stats(&self) -> Option<EngramStats> {
         None

@@ -128,6 +128,11 @@ impl Net for V41Net {
         self.history = EngramHistory::new(&self.model.config.engram);
     }
 
+    /// The history after the kept tokens of a speculative step.
+    fn rewind_host(&mut self, tokens: &[u32]) {
+        self.rebuild_history(tokens);
+    }
+
     /// Hashes `tokens` (the step's ids, known before it runs), prefetches
     /// every table row they need and writes the decoded rows into each
     /// Engram layer's input of graph `g`.

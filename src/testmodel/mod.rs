@@ -171,6 +171,30 @@ impl TestModelSpec {
         }
     }
 
+    /// The medium bench model (`cargo bench --bench cpu_forward`,
+    /// `ds4-bench --make-model flash:N`): Flash's full widths — 4096
+    /// embedding, 64 heads × 512, 256 experts of 2048 in ds4's q2 mix,
+    /// random blocks — over `layers` layers (2 window layers, then CSA and
+    /// HCA pairs), so it fits in memory; 8.85 GiB at 4 layers.
+    pub fn flash_bench(layers: usize) -> TestModelSpec {
+        let mut spec = TestModelSpec::flash();
+        spec.compress_ratios = (0..layers)
+            .map(|l| {
+                if l < 2 {
+                    0
+                } else if l % 2 == 0 {
+                    4
+                } else {
+                    128
+                }
+            })
+            .collect();
+        spec.n_hash_layers = spec.n_hash_layers.min(layers);
+        spec.name = format!("medium bench model ({layers} Flash-width layers, random blocks)");
+        spec.init_gain = 0.5;
+        spec
+    }
+
     pub fn n_layer(&self) -> usize {
         self.compress_ratios.len()
     }

@@ -8,6 +8,8 @@ system's `chromium` (no WebSocket client, no Playwright driver to install).
 
 usage: drive.py CHROMIUM URL API_KEY SCREENSHOT.png
 Prints one JSON object of what the page showed; the Rust test judges it.
+Besides SCREENSHOT.png it keeps one screenshot per feature of issue 39,
+SCREENSHOT_<feature>.png (stats, regenerate, edit, chats, markdown).
 Every wait is bounded; Chromium is closed (or killed) on every path.
 """
 
@@ -156,7 +158,9 @@ def last_answer(b):
                  text: a.querySelector('.text').textContent,
                  reasoning: d.textContent.replace(/^Thinking/, ''),
                  reasoning_shown: !d.hidden, reasoning_open: d.open,
-                 status: a.querySelector('.status').textContent}}; }})()"""
+                 status: a.querySelector('.status').textContent,
+                 prompt: a.dataset.prompt, cached: a.dataset.cached,
+                 generated: a.dataset.generated, tps: a.dataset.tps}}; }})()"""
     )
 
 
@@ -168,8 +172,42 @@ def settled(b):
     return last_answer(b)
 
 
+def count(b, selector):
+    return b.js(f"document.querySelectorAll({json.dumps(selector)}).length")
+
+
+def stored(b):
+    """The conversations as the page keeps them, and the open one's id."""
+    return b.js(
+        "({chats: JSON.parse(localStorage.getItem('ds4.chats') || '[]'),"
+        " current: localStorage.getItem('ds4.current')})"
+    )
+
+
+def reload(b):
+    b.call("Page.reload")
+    time.sleep(0.2)
+    b.wait("document.readyState === 'complete' && !!document.getElementById('send')")
+
+
+def screenshot(b, path):
+    data = b.call("Page.captureScreenshot", {"format": "png"})["data"]
+    with open(path, "wb") as f:
+        f.write(base64.b64decode(data))
+
+
+# An answer with markdown, put in storage as if the model had written it:
+# the tiny test model writes noise, never markdown.
+MARKDOWN = (
+    "# Title\n\nSome **bold**, *italic* and `x < y`.\n\n"
+    "```python\nprint(1 < 2)\n```\n\n- one\n- two\n\n"
+    "<img src=x onerror=\"document.title='pwned'\">"
+)
+
+
 def main():
     chromium, url, key, shot = sys.argv[1:5]
+    stem = shot[:-4] if shot.endswith(".png") else shot
     b = Browser(chromium)
     out = {}
     try:
@@ -198,6 +236,13 @@ def main():
         b.type_text("input", "Say hello")
         b.press_enter()
         out["answer"] = settled(b)
+        screenshot(b, f"{stem}_stats.png")
+        # The model's name and context, from /v1/models once the key is in.
+        b.wait("!!document.getElementById('model').dataset.ctx", timeout=10)
+        out["model"] = b.js(
+            "(() => { const m = document.getElementById('model');"
+            " return {text: m.textContent, id: m.dataset.id, ctx: m.dataset.ctx}; })()"
+        )
 
         # 3. Thinking on: the reasoning streams into a folded block.
         b.js("document.getElementById('think').checked = true")
@@ -218,9 +263,97 @@ def main():
             "[document.getElementById('send').disabled, document.getElementById('stop').disabled]"
         )
 
-        shot_png = b.call("Page.captureScreenshot", {"format": "png"})["data"]
-        with open(shot, "wb") as f:
-            f.write(base64.b64decode(shot_png))
+        screenshot(b, shot)
+
+        # 5. Regenerate the stopped answer (short this time): it replaces it.
+        b.js("document.getElementById('max').value = '24'")
+        # (Counted in storage: the refused first answer was never kept.)
+        answers_before = len(stored(b)["chats"][0]["messages"])
+        b.js("document.querySelector('.regen').click()")
+        regen = settled(b)
+        msgs = stored(b)["chats"][0]["messages"]
+        regen["answers_before"] = answers_before
+        regen["answers_after"] = len(msgs)
+        regen["shown"] = count(b, ".assistant")
+        regen["stored_last"] = msgs[-1]
+        out["regenerate"] = regen
+        screenshot(b, f"{stem}_regenerate.png")
+
+        # 6. Edit the last question: it goes back into the input with its
+        #    answer dropped, and is sent again from there.
+        users_before = count(b, ".user")
+        b.js("document.querySelector('.edit').click()")
+        edit = {
+            "users_before": users_before,
+            "users_after_click": count(b, ".user"),
+            "input": b.js("document.getElementById('input').value"),
+        }
+        screenshot(b, f"{stem}_edit.png")
+        b.js("document.getElementById('input').value += ' (edited)'")
+        b.js("document.getElementById('input').focus()")
+        b.press_enter()
+        edit["answer"] = settled(b)
+        edit["users_after_send"] = count(b, ".user")
+        msgs = stored(b)["chats"][0]["messages"]
+        edit["stored_roles"] = [m["role"] for m in msgs]
+        edit["stored_last_question"] = msgs[-2]["content"]
+        out["edit"] = edit
+
+        # 7. Conversations: a new chat, a switch back, a reload keeps both.
+        first = stored(b)["current"]
+        first_users = count(b, ".user")
+        b.js("document.getElementById('new').click()")
+        chats = {"log_after_new": count(b, "#log .msg"), "listed_after_new": count(b, "#chats li")}
+        b.type_text("input", "Second chat")
+        b.press_enter()
+        chats["second_answer"] = settled(b)["state"]
+        b.js(f"document.querySelector('#chats li[data-id={json.dumps(first)}] span').click()")
+        chats["users_after_switch"] = count(b, ".user")
+        chats["first_users"] = first_users
+        reload(b)
+        st = stored(b)
+        chats["after_reload"] = {
+            "listed": count(b, "#chats li"),
+            "users": count(b, ".user"),
+            "current": st["current"] == first,
+            "titles": [c["title"] for c in st["chats"]],
+        }
+        screenshot(b, f"{stem}_chats.png")
+        out["chats"] = chats
+
+        # 8. Markdown: a stored answer rendered, with a copy button that copies.
+        b.call(
+            "Browser.grantPermissions",
+            {"permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"],
+             "origin": url.rstrip("/")},
+            session=False,
+        )
+        b.js(
+            "(() => { const all = JSON.parse(localStorage.getItem('ds4.chats'));"
+            " all.unshift({id: 'md', title: 'Markdown', messages: ["
+            " {role: 'user', content: 'Show code'},"
+            f" {{role: 'assistant', content: {json.dumps(MARKDOWN)}}}]}});"
+            " localStorage.setItem('ds4.chats', JSON.stringify(all));"
+            " localStorage.setItem('ds4.current', 'md'); })()"
+        )
+        reload(b)
+        md = b.js(
+            "(() => { const t = document.querySelector('.assistant .text');"
+            " return {h1: (t.querySelector('h1') || {}).textContent,"
+            " strong: (t.querySelector('strong') || {}).textContent,"
+            " em: (t.querySelector('em') || {}).textContent,"
+            " inline_code: (t.querySelector('p code') || {}).textContent,"
+            " code: (t.querySelector('pre code') || {}).textContent,"
+            " label: (t.querySelector('.codebar span') || {}).textContent,"
+            " items: t.querySelectorAll('li').length, copy_buttons: t.querySelectorAll('.copy').length,"
+            " images: t.querySelectorAll('img').length, title: document.title,"
+            " raw_tag_shown: t.textContent.includes('<img src=x')}; })()"
+        )
+        b.js("document.querySelector('.copy').click()")
+        md["copied"] = b.wait("document.querySelector('.copy').dataset.copied", timeout=10)
+        md["clipboard"] = b.js("navigator.clipboard.readText().catch((e) => 'error: ' + e)")
+        screenshot(b, f"{stem}_markdown.png")
+        out["markdown"] = md
         out["requests"] = sorted(
             {
                 e["params"]["request"]["url"]

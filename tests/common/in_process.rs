@@ -17,6 +17,15 @@ pub fn tiny_worker(
     ctx: usize,
     cache: Box<dyn KvCacheHook>,
 ) -> (Queue, Arc<Metrics>, Arc<Tokenizer>) {
+    tiny_worker_with(ctx, cache, None)
+}
+
+/// [`tiny_worker`] with speculative decoding by `spec` (issue 35).
+pub fn tiny_worker_with(
+    ctx: usize,
+    cache: Box<dyn KvCacheHook>,
+    spec: Option<ds4::speculate::Speculator>,
+) -> (Queue, Arc<Metrics>, Arc<Tokenizer>) {
     let model = super::tiny_model(Variant::Q8);
     let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
     let sess = Session::new(
@@ -28,7 +37,7 @@ pub fn tiny_worker(
     )
     .unwrap();
     let metrics = Arc::new(Metrics::default());
-    let queue = worker::start(
+    let queue = worker::start_with(
         sess,
         tok.clone(),
         WorkerConfig {
@@ -42,6 +51,7 @@ pub fn tiny_worker(
         metrics.clone(),
         16,
         cache,
+        spec,
     );
     (queue, metrics, tok)
 }

@@ -16,7 +16,7 @@ use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
-use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
+use ds4::testmodel::Variant;
 
 /// A fresh, empty folder `group/name` under the build tree's temporary
 /// folder.
@@ -75,26 +75,21 @@ pub fn synthetic_checkpoint(
     sha
 }
 
+/// The generated models of the tests, once per build tree (the library's
+/// generator and names, as `ds4-bench --check` uses them).
+fn models() -> &'static ds4::app::selfcheck::models::Models {
+    static M: std::sync::OnceLock<ds4::app::selfcheck::models::Models> = std::sync::OnceLock::new();
+    M.get_or_init(|| {
+        ds4::app::selfcheck::models::Models::new(
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("test-models"),
+        )
+    })
+}
+
 /// The tiny model of `variant`, generated once per build tree (the generator
 /// is deterministic, so a cached file is identical to a fresh one).
 pub fn tiny_model_path(variant: Variant) -> PathBuf {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("test-models");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("tiny-{}.gguf", variant.name()));
-    if !path.exists() {
-        let tmp = dir.join(format!(
-            "tiny-{}.{}.tmp",
-            variant.name(),
-            std::process::id()
-        ));
-        let vocab = Vocab::load_default().expect("tests/data/deepseek-v4-tokenizer.json");
-        write_model(&TestModelSpec::tiny(), variant, &vocab, &tmp).unwrap();
-        // Atomic publish: concurrent test binaries never see a partial file.
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
+    models().tiny_path(variant).unwrap()
 }
 
 /// The long-context test model (`ds4-make-test-model --long-context`:
@@ -107,46 +102,21 @@ pub fn long_context_model() -> Arc<ModelFile> {
 /// The long-context test model of `variant` (f32 or q8: its embedding of
 /// 128 is not a multiple of the K-quant blocks).
 pub fn long_context_model_of(variant: Variant) -> Arc<ModelFile> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("test-models");
-    std::fs::create_dir_all(&dir).unwrap();
-    // Named after the spec, so a changed spec never reads a stale file.
-    let spec = TestModelSpec::long_context();
-    let key = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        format!("{spec:?}").hash(&mut h);
-        h.finish()
-    };
-    let name = format!("long-context-{}", variant.name());
-    let path = dir.join(format!("{name}-{key:016x}.gguf"));
-    if !path.exists() {
-        let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
-        let vocab = Vocab::load_default().expect("tests/data/deepseek-v4-tokenizer.json");
-        write_model(&spec, variant, &vocab, &tmp).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    Arc::new(ModelFile::open(path).unwrap())
+    models().long_context(variant).unwrap()
+}
+
+/// The tiny V4.1 model (f32), generated once per build tree.
+pub fn v41_model_path() -> PathBuf {
+    models().v41_path().unwrap()
 }
 
 pub fn tiny_model(variant: Variant) -> Arc<ModelFile> {
     Arc::new(ModelFile::open(tiny_model_path(variant)).unwrap())
 }
 
-/// Deterministic pseudo-random token ids below `vocab` (avoids the added-token
-/// range so the hash layers see ordinary ids too).
-pub fn tokens(n: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 128_000) as u32
-        })
-        .collect()
-}
+// Each test binary uses some of these.
+#[allow(unused_imports)]
+pub use ds4::app::selfcheck::e2e::{argmax, log_softmax, max_dlogprob, tokens};
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -196,64 +166,13 @@ pub fn session_with(
     Session::new(tiny_model(variant), opts).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
 }
 
-/// Log-probabilities of one row of logits (sums in f64).
-pub fn log_softmax(l: &[f32]) -> Vec<f32> {
-    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
-    let ls = s.ln() as f32;
-    l.iter().map(|&x| x - m - ls).collect()
-}
-
-/// Max |Δ log-prob| between two runs of `vocab`-wide logit rows.
-pub fn max_dlogprob(a: &[f32], b: &[f32], vocab: usize) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.chunks(vocab)
-        .zip(b.chunks(vocab))
-        .map(|(x, y)| {
-            log_softmax(x)
-                .iter()
-                .zip(log_softmax(y))
-                .map(|(p, q)| (p - q).abs())
-                .fold(0.0, f32::max)
-        })
-        .fold(0.0, f32::max)
-}
-
-/// The greedy token of one row of logits (ties to the lower id).
-pub fn argmax(l: &[f32]) -> u32 {
-    l.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-        .map(|(i, _)| i as u32)
-        .unwrap_or(0)
-}
-
-/// The streaming exactness tests' set-ups for `k` experts per token, hardest
-/// first: `k` slots LRU, cold, with read-ahead (every step evicts); `k + 1`
-/// slots LFU, cold, one layer whole, no read-ahead; `k + 1` slots LRU,
-/// preloaded, with read-ahead. Three reader threads each.
-pub fn streaming_cases(k: usize) -> [ds4::backend::options::StreamingOptions; 3] {
-    use ds4::backend::options::{CacheBudget, EvictionPolicy, StreamingOptions};
-    let case = |slots, policy, prefetch, full_layers, cold| StreamingOptions {
-        budget: CacheBudget::Experts(slots),
-        full_layers,
-        cold,
-        policy,
-        prefetch,
-        read_threads: 3,
-        ..StreamingOptions::default()
-    };
-    [
-        case(k, EvictionPolicy::Lru, true, 0, true),
-        case(k + 1, EvictionPolicy::Lfu, false, 1, true),
-        case(k + 1, EvictionPolicy::Lru, true, 0, false),
-    ]
-}
+/// The streaming exactness tests' set-ups for `k` experts per token (the
+/// library's: `ds4-bench --check` runs them too).
+#[allow(unused_imports)]
+pub use ds4::app::selfcheck::streaming::streaming_cases;
 
 /// The slot count of a [`streaming_cases`] set-up.
 pub fn case_slots(o: &ds4::backend::options::StreamingOptions) -> usize {
-    match o.budget {
-        ds4::backend::options::CacheBudget::Experts(n) => n,
-        ref b => panic!("the cases name slots, not {b:?}"),
-    }
+    ds4::app::selfcheck::streaming::case_slots(o)
+        .unwrap_or_else(|| panic!("the cases name slots, not {:?}", o.budget))
 }

@@ -2,55 +2,13 @@
 //! seed, so a failing case reruns identically. Two generators, kept apart
 //! because the existing tests' inputs (and so their measured errors) come
 //! from them exactly:
-//! - [`Rng`], xorshift64: uniform values in [-1, 1), indices, bytes;
+//! - [`Rng`], xorshift64: uniform values in [-1, 1), indices, bytes (the
+//!   library's, src/app/selfcheck/rng.rs: the one-op cases live there);
 //! - [`Normal`], SplitMix64 with Box–Muller: normally distributed values,
 //!   as the quantizer and matrix-kernel tests draw them.
 
-/// xorshift64 (13, 7, 17). The seed must not be 0.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in [-1, 1) (24 bits).
-    pub fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-
-    /// `n` values of [`Rng::f`].
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-
-    /// `n` values of [`Rng::f`] times `scale`.
-    pub fn scaled(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f() * scale).collect()
-    }
-
-    /// Uniform in `0..n` (`0` when `n` is 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    /// `len` indexer selections (as f32) of rows below `cap`: every fourth
-    /// unused (-1), the others random, so some are not yet visible.
-    pub fn selection(&mut self, len: usize, cap: usize) -> Vec<f32> {
-        (0..len)
-            .map(|i| {
-                if i % 4 == 3 {
-                    -1.0
-                } else {
-                    self.below(cap) as f32
-                }
-            })
-            .collect()
-    }
-}
+#[allow(unused_imports)]
+pub use ds4::app::selfcheck::rng::Rng;
 
 /// SplitMix64, with Box–Muller normals.
 pub struct Normal(pub u64);

@@ -78,6 +78,17 @@ pub fn lock_file() -> String {
 /// Starts the server with `args` (after `-m TINY --port 0 -n 64`, and
 /// `--ctx 2048` unless `args` sets it) and `env`; returns once it listens.
 pub fn start_server(args: &[&str], env: &[(&str, &str)], lock: &str) -> Server {
+    start_server_unset(args, env, &[], lock)
+}
+
+/// [`start_server`] with the variables in `unset` removed from its
+/// environment.
+pub fn start_server_unset(
+    args: &[&str],
+    env: &[(&str, &str)],
+    unset: &[&str],
+    lock: &str,
+) -> Server {
     let m = super::tiny_model_path(Variant::Q8);
     let stderr = temp_path("stderr");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
@@ -91,6 +102,9 @@ pub fn start_server(args: &[&str], env: &[(&str, &str)], lock: &str) -> Server {
     }
     for (k, v) in env {
         cmd.env(k, v);
+    }
+    for k in unset {
+        cmd.env_remove(k);
     }
     let mut child = cmd
         .stdout(Stdio::piped())

@@ -60,6 +60,7 @@ fn build() -> Result<PathBuf, String> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cuda-emu-{hash:016x}"));
     let lib = dir.join("libcuda.so");
     if lib.exists() {
+        point_current(&dir);
         return Ok(lib);
     }
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -100,7 +101,20 @@ fn build() -> Result<PathBuf, String> {
         }
     }
     std::fs::remove_file(&cpp).ok();
+    point_current(&dir);
     Ok(lib)
+}
+
+/// `CARGO_TARGET_TMPDIR/cuda-emu-current` names the folder of the library
+/// built last, for the GPU round's dry run (bench/gpu_round.sh --dry puts
+/// it on `LD_LIBRARY_PATH`; docs/GPU_ROUND.md). Best effort.
+fn point_current(dir: &Path) {
+    let link = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-emu-current");
+    let tmp = link.with_extension(format!("{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    if std::os::unix::fs::symlink(dir, &tmp).is_ok() && std::fs::rename(&tmp, &link).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 /// The emulator's `libcuda.so`, built when missing (for child processes:

@@ -150,7 +150,63 @@ fn instance() -> wgpu::Instance {
     if desc.backends == wgpu::Backends::all() {
         desc.backends = wgpu::Backends::PRIMARY;
     }
+    #[cfg(all(unix, not(target_vendor = "apple"), not(target_os = "android")))]
+    if let Some(inst) = compute_only_vulkan(&desc) {
+        return inst;
+    }
     wgpu::Instance::new(desc)
+}
+
+/// The window-system surface extensions a compute engine never uses.
+#[cfg(all(unix, not(target_vendor = "apple"), not(target_os = "android")))]
+const WINDOW_SURFACES: [&std::ffi::CStr; 3] = [
+    c"VK_KHR_xlib_surface",
+    c"VK_KHR_xcb_surface",
+    c"VK_KHR_wayland_surface",
+];
+
+/// A Vulkan-only instance without [`WINDOW_SURFACES`] when Vulkan is the
+/// only backend `desc` asks for that this platform has (the default).
+///
+/// wgpu enables every window-system extension the driver lists, and Mesa's
+/// device-selection layer reads an enabled `VK_KHR_wayland_surface` or
+/// `VK_KHR_xcb_surface` as "find the compositor's GPU": it connects to the
+/// display server, and without one libwayland prints `error: XDG_RUNTIME_DIR
+/// is invalid or not set in the environment.` on every start of a server or
+/// container (issue 39). Without those extensions the layer only orders the
+/// devices. `VK_KHR_surface` stays: the `VK_KHR_swapchain` wgpu asks of every
+/// device depends on it. wgpu-hal already runs without the removed ones on
+/// drivers that lack them (it keeps only the extensions the driver lists and
+/// checks for each before creating a surface), and ds4 creates no surface.
+/// `None` (use the ordinary instance) where `desc` names other backends too
+/// or Vulkan does not load.
+#[cfg(all(unix, not(target_vendor = "apple"), not(target_os = "android")))]
+fn compute_only_vulkan(desc: &wgpu::InstanceDescriptor) -> Option<wgpu::Instance> {
+    use wgpu::hal;
+    let here = wgpu::Backends::VULKAN | wgpu::Backends::GL;
+    if desc.backends & here != wgpu::Backends::VULKAN {
+        return None;
+    }
+    let hal_desc = hal::InstanceDescriptor {
+        name: "ds4",
+        flags: desc.flags,
+        memory_budget_thresholds: desc.memory_budget_thresholds,
+        backend_options: desc.backend_options.clone(),
+        telemetry: None,
+        display: None,
+    };
+    let drop_window_surfaces: Box<hal::vulkan::CreateInstanceCallback> =
+        Box::new(|args: hal::vulkan::CreateInstanceCallbackArgs| {
+            args.extensions.retain(|e| !WINDOW_SURFACES.contains(e));
+        });
+    // SAFETY: the callback only removes optional window-system extensions,
+    // which wgpu-hal checks for before every use (see above); the instance is
+    // handed to wgpu whole, as `from_hal` asks.
+    let raw =
+        unsafe { hal::vulkan::Instance::init_with_callback(&hal_desc, Some(drop_window_surfaces)) }
+            .ok()?;
+    // SAFETY: `raw` is a freshly created wgpu-hal Vulkan instance.
+    Some(unsafe { wgpu::Instance::from_hal::<hal::api::Vulkan>(raw) })
 }
 
 fn adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {

@@ -62,15 +62,6 @@ fn store_and_restore(
     Ok((store_s, restore_s, bytes))
 }
 
-/// Weight bytes one decoded token reads, from the model's own accounting
-/// (routed experts at top-k of n; never V4.1's Engram tables).
-fn weight_bytes_per_token(m: &AnyModel) -> u64 {
-    match m {
-        AnyModel::V4(m) => m.weights.active_bytes_per_token(&m.config),
-        AnyModel::V41(m) => m.weights.active_bytes_per_token(&m.config),
-    }
-}
-
 /// What the Engram reader did between two readings: (bytes read per
 /// token, hot-row hit rate in %).
 fn engram_delta(before: Option<EngramStats>, after: Option<EngramStats>) -> (f64, f64) {
@@ -98,7 +89,7 @@ pub fn run(a: &Args, backend: BackendKind, bo: BackendOptions) -> Result<(), Str
     let tokens = prompt(a, &tok, v41)?;
     let mut sess = open_session(a, &model, ctx, backend, &bo, threads)?;
     let streaming = sess.expert_cache();
-    let weights = weight_bytes_per_token(&model);
+    let weights = model.active_bytes_per_token();
     // The roofline columns: on request for V4, always for V4.1 (whose
     // per-token bytes are the point of running it).
     let roofline = a.roofline || v41;
@@ -159,10 +150,7 @@ fn load(a: &Args) -> Result<AnyModel, String> {
     let model = AnyModel::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
     if a.warm_weights {
         let t = Instant::now();
-        match &model {
-            AnyModel::V4(m) => m.warm(&mut |_, _| {}),
-            AnyModel::V41(m) => m.warm(),
-        }
+        model.warm();
         eprintln!(
             "ds4-bench: weights warmed in {:.1} s",
             t.elapsed().as_secs_f64()
@@ -248,8 +236,8 @@ fn read_bandwidth(
         "ds4-bench: read bandwidth {:.2} GB/s ({device}); weights read per decoded token {} (the model's accounting: routed experts at {} of {})",
         bw / 1e9,
         ds4::app::report::human(weights),
-        experts_used(model),
-        experts(model),
+        model.config().n_expert_used,
+        model.config().n_expert,
     );
     Ok(bw)
 }
@@ -280,20 +268,6 @@ fn sess_backend(sess: &Session, asked: BackendKind) -> BackendKind {
         (BackendKind::Auto, "cuda") => BackendKind::Cuda,
         (BackendKind::Auto, _) => BackendKind::Cpu,
         (k, _) => k,
-    }
-}
-
-fn experts(m: &AnyModel) -> usize {
-    match m {
-        AnyModel::V4(m) => m.config.n_expert,
-        AnyModel::V41(m) => m.config.n_expert,
-    }
-}
-
-fn experts_used(m: &AnyModel) -> usize {
-    match m {
-        AnyModel::V4(m) => m.config.n_expert_used,
-        AnyModel::V41(m) => m.config.n_expert_used,
     }
 }
 

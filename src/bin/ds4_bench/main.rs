@@ -1,11 +1,16 @@
 //! `ds4-bench`: prefill and generation speed at increasing context frontiers
-//! with one model load (CLI.md §2), and three other modes: `--bandwidth`,
-//! the `--ssd-streaming` budget sweep and `--sessions`. Writes CSV. This file
-//! holds the flags and picks the mode; each mode has its own file.
+//! with one model load (CLI.md §2), and the other modes: `--bandwidth`, the
+//! `--ssd-streaming` budget sweep, `--sessions`, `--spec-table`
+//! (speculative decoding), and for a machine without cargo the backend
+//! self-check `--check`, `--list-devices` and `--make-model`
+//! (docs/GPU_ROUND.md). Writes CSV. This file holds the flags and picks the
+//! mode; each mode has its own file.
 
 mod bandwidth;
+mod check;
 mod frontiers;
 mod sessions;
+mod speculative;
 mod sweep;
 
 use std::io::Write;
@@ -40,6 +45,7 @@ ds4::cli_args! {
         model: PathBuf,
         ..BackendFlags,
         ..StreamingFlags,
+        ..SpecFlags,
         ..Threads,
         /// first frontier (default 2048)
         #[argh(option, default = "2048")]
@@ -140,6 +146,13 @@ ds4::cli_args! {
         /// with --sessions: prefill piece per session per step (default 128)
         #[argh(option, default = "128")]
         mixed_prefill_quantum: usize,
+        /// instead of context frontiers: the speculative-decoding table (verify
+        /// cost by draft length, tokens/s at synthetic acceptance lengths 1.0,
+        /// 1.8, 2.8, 3.5 fixed and adaptive, prompt lookup and its cost) over a
+        /// prompt of --session-prompt ids (or --prompt-file) and -n tokens;
+        /// --draft sets the longest draft (default 5)
+        #[argh(switch)]
+        spec_table: bool,
         /// restore-vs-prefill: per frontier, store a checkpoint in this folder
         /// and load it back with the server's disk-cache code (files removed after)
         #[argh(option)]
@@ -156,6 +169,34 @@ ds4::cli_args! {
         /// V4.1 files: the Engram hot-row cache in rows (default 65536)
         #[argh(option)]
         engram_cache_rows: Option<usize>,
+        /// instead of a benchmark: the self-check of a backend (cuda, wgpu or
+        /// cpu): every op against its CPU twin, end-to-end logits against
+        /// cpu-ref on generated tiny models, batched against serial steps,
+        /// SSD streaming against resident experts; one PASS/FAIL line per
+        /// check (and a CSV with --csv), exit 1 on any failure
+        #[argh(option)]
+        check: Option<String>,
+        /// with --check: quick (short sequences, for CPU emulators) or full
+        /// (default)
+        #[argh(option, default = "String::from(\"full\")")]
+        check_size: String,
+        /// with --check: only these comma-separated groups (ops, e2e, batch,
+        /// ssd)
+        #[argh(option)]
+        check_only: Option<String>,
+        /// with --check: where the models are generated and kept (default: a
+        /// temporary folder, removed after)
+        #[argh(option)]
+        check_dir: Option<PathBuf>,
+        /// print the wgpu adapters and the CUDA devices, then exit
+        #[argh(switch)]
+        list_devices: bool,
+        /// instead of a benchmark: write a generated model to -m (a new
+        /// file): flash:N (the N-layer Flash-width bench model, q2 mix,
+        /// random blocks; 8.85 GiB at 4) or tiny:VARIANT (f32, q8, q2, q4,
+        /// mxfp4)
+        #[argh(option)]
+        make_model: Option<String>,
         /// V4.1 files: drop the Engram tables' pages from the OS page cache
         /// before each timed prefill and decode, so rows the hot-row cache misses
         /// come from the disk (as at real size, where the tables dwarf RAM)
@@ -241,10 +282,20 @@ fn check_family(a: &Args, arch: Option<Arch>) -> Result<(), String> {
     }
 }
 
-/// Picks the mode: `--bandwidth`, a budget sweep, `--sessions`, else the
-/// context frontiers.
+/// Picks the mode: `--list-devices`, `--make-model`, `--check`,
+/// `--bandwidth`, a budget sweep, `--sessions`, else the context frontiers.
 fn run(a: Args) -> Result<(), String> {
     let mut bo = BackendOptions::from_env();
+    if a.list_devices {
+        print!("{}", ds4::app::report::devices());
+        return Ok(());
+    }
+    if let Some(kind) = &a.make_model {
+        return check::make_model(&a, kind);
+    }
+    if let Some(backend) = &a.check {
+        return check::run(&a, backend, bo);
+    }
     check_family(&a, peek_arch(&a.model))?;
     if a.bandwidth {
         return bandwidth::run(&a, &bo);
@@ -256,6 +307,12 @@ fn run(a: Args) -> Result<(), String> {
     let backend = a.backend_flags().resolve()?;
     if let Some(list) = &a.sessions {
         return sessions::run(&a, list, backend, bo);
+    }
+    if a.spec_table {
+        return speculative::run(&a, backend, bo);
+    }
+    if a.spec_flags().resolve()?.on() {
+        return Err("--spec, --mtp and --dspark go with --spec-table in ds4-bench".into());
     }
     frontiers::run(&a, backend, bo)
 }

@@ -94,16 +94,17 @@ impl Compress {
         let norm = super::load_f32(file, &self.norm);
         let freqs = rope::frequencies(&self.rope);
         let (m, c, hd) = (self.ratio, self.width(), self.head_dim);
-        let cur = if self.overlapped { m } else { 0 };
         let mut pooled = vec![0f32; hd];
         for t in 0..n_tokens {
             let p = pos0 + t;
-            let i = p % m;
-            let slot = cur + i;
-            st.kv[slot * c..(slot + 1) * c].copy_from_slice(&kv[t * c..(t + 1) * c]);
-            for j in 0..c {
-                st.score[slot * c + j] = gate[t * c + j] + ape[i * c + j];
-            }
+            self.put_slot(
+                &ape,
+                &kv[t * c..(t + 1) * c],
+                &gate[t * c..(t + 1) * c],
+                p,
+                st.kv,
+                st.score,
+            );
             if (p + 1) % m != 0 {
                 continue;
             }
@@ -123,14 +124,68 @@ impl Compress {
                 }
             }
             st.rows[w * hd..(w + 1) * hd].copy_from_slice(&row);
-            // The finished window becomes the previous one; its slots are
-            // reset so the state only ever holds written or empty slots.
-            if self.overlapped {
-                st.kv.copy_within(m * c..2 * m * c, 0);
-                st.score.copy_within(m * c..2 * m * c, 0);
+            self.close_window(st.kv, st.score);
+        }
+    }
+
+    /// Token `p`'s frontier slot: its projected row `kv_row` and its scores
+    /// `gate_row + ape[p mod ratio]` (`ape`: the whole `ape` tensor).
+    pub fn put_slot(
+        &self,
+        ape: &[f32],
+        kv_row: &[f32],
+        gate_row: &[f32],
+        p: usize,
+        kv: &mut [f32],
+        score: &mut [f32],
+    ) {
+        let (m, c) = (self.ratio, self.width());
+        let i = p % m;
+        let slot = if self.overlapped { m } else { 0 } + i;
+        kv[slot * c..(slot + 1) * c].copy_from_slice(kv_row);
+        for j in 0..c {
+            score[slot * c + j] = gate_row[j] + ape[i * c + j];
+        }
+    }
+
+    /// After a window is pooled: the finished window becomes the previous
+    /// one (overlapped) and the current slots are reset, so the state only
+    /// ever holds written or empty slots.
+    pub fn close_window(&self, kv: &mut [f32], score: &mut [f32]) {
+        let (m, c) = (self.ratio, self.width());
+        let cur = if self.overlapped { m } else { 0 };
+        if self.overlapped {
+            kv.copy_within(m * c..2 * m * c, 0);
+            score.copy_within(m * c..2 * m * c, 0);
+        }
+        kv[cur * c..(cur + m) * c].fill(0.0);
+        score[cur * c..(cur + m) * c].fill(EMPTY_SCORE);
+    }
+
+    /// The frontier after tokens `pos0..pos0 + n` (their rows of `kv` and
+    /// `gate`) from frontier `kv_state`/`score_state`: exactly what
+    /// [`Compress::compute`] leaves there, without pooling the windows
+    /// (the emitted rows are not written). A speculative step's rollback
+    /// replays its accepted rows with it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn replay_frontier(
+        &self,
+        ape: &[f32],
+        kv: &[f32],
+        gate: &[f32],
+        pos0: usize,
+        n: usize,
+        kv_state: &mut [f32],
+        score_state: &mut [f32],
+    ) {
+        let c = self.width();
+        for t in 0..n {
+            let p = pos0 + t;
+            let (k, g) = (&kv[t * c..(t + 1) * c], &gate[t * c..(t + 1) * c]);
+            self.put_slot(ape, k, g, p, kv_state, score_state);
+            if (p + 1) % self.ratio == 0 {
+                self.close_window(kv_state, score_state);
             }
-            st.kv[cur * c..(cur + m) * c].fill(0.0);
-            st.score[cur * c..(cur + m) * c].fill(EMPTY_SCORE);
         }
     }
 

@@ -474,9 +474,7 @@ impl V41Compress {
                 let (Some((fk, fs)), Some(g)) = (frontier.as_mut(), gate) else {
                     continue;
                 };
-                let slot = p % r;
-                fk[slot * hd..(slot + 1) * hd].copy_from_slice(x);
-                fs[slot * hd..(slot + 1) * hd].copy_from_slice(&g[t * hd..(t + 1) * hd]);
+                self.put_slot(x, &g[t * hd..(t + 1) * hd], p, fk, fs);
                 if (p + 1) % r != 0 {
                     continue;
                 }
@@ -507,6 +505,41 @@ impl V41Compress {
             index_rows[j * ihd..(j + 1) * ihd].copy_from_slice(&key_n);
             rotate(&mut normed, &freqs, at, false);
             rows[j * hd..(j + 1) * hd].copy_from_slice(&normed);
+        }
+    }
+
+    /// Token `p`'s slot of the partial group (ratio > 1): its latent row
+    /// and its gate row, as they are.
+    pub fn put_slot(
+        &self,
+        kv_row: &[f32],
+        gate_row: &[f32],
+        p: usize,
+        fk: &mut [f32],
+        fs: &mut [f32],
+    ) {
+        let (hd, slot) = (self.head_dim, p % self.ratio.max(1));
+        fk[slot * hd..(slot + 1) * hd].copy_from_slice(kv_row);
+        fs[slot * hd..(slot + 1) * hd].copy_from_slice(gate_row);
+    }
+
+    /// The partial group after tokens `pos0..pos0 + n` (their rows of `kv`
+    /// and `gate`): what [`V41Compress::compute`] leaves in the frontier,
+    /// without emitting rows. A speculative step's rollback replays its
+    /// accepted rows with it.
+    pub fn replay_frontier(
+        &self,
+        kv: &[f32],
+        gate: &[f32],
+        pos0: usize,
+        n: usize,
+        fk: &mut [f32],
+        fs: &mut [f32],
+    ) {
+        let hd = self.head_dim;
+        for t in 0..n {
+            let rows = t * hd..(t + 1) * hd;
+            self.put_slot(&kv[rows.clone()], &gate[rows], pos0 + t, fk, fs);
         }
     }
 }

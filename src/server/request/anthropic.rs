@@ -109,11 +109,13 @@ pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiEr
         .and_then(|c| c.get("type"))
         .and_then(Value::as_str)
         == Some("none");
+    let asked = sampling(&m, false, true)?;
     Ok(GenRequest {
         think_level,
         dialect: Dialect::V4,
         api: Api::Messages,
-        sampler: sampling(&m, false, true, mode)?,
+        sampler: asked.for_thinking(mode.thinks()),
+        sampler_asked: asked,
         seed: None,
         max_tokens: max_tokens(&m, &["max_tokens"])?,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),

@@ -104,7 +104,11 @@ pub struct GenRequest {
     pub tools_disabled: bool,
     /// Thinking mode after the Think Max context rule.
     pub mode: ThinkMode,
+    /// The sampler the turn runs with: `sampler_asked`, or the thinking
+    /// defaults in its place when the turn thinks.
     pub sampler: SamplerConfig,
+    /// The sampling fields as the request gave them (over the defaults).
+    pub sampler_asked: SamplerConfig,
     pub seed: Option<u64>,
     pub max_tokens: Option<i64>,
     pub stream: bool,
@@ -159,6 +163,30 @@ impl GenRequest {
         {
             self.mode = ThinkMode::None;
         }
+    }
+
+    /// The sampling fields the request set that its thinking turn replaced
+    /// by the defaults ([`SamplerConfig::for_thinking`]): empty unless it
+    /// thinks and asked for other values. The server logs it once.
+    pub fn replaced_sampling(&self) -> Vec<String> {
+        let (asked, used) = (&self.sampler_asked, &self.sampler);
+        if !self.mode.thinks() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if asked.temperature != used.temperature {
+            out.push(format!("temperature {}", asked.temperature));
+        }
+        if asked.top_p != used.top_p {
+            out.push(format!("top_p {}", asked.top_p));
+        }
+        if asked.top_k != used.top_k {
+            out.push(format!("top_k {}", asked.top_k));
+        }
+        if asked.min_p != used.min_p {
+            out.push(format!("min_p {}", asked.min_p));
+        }
+        out
     }
 
     /// Chat-style: tool calls and reasoning are parsed out of the output.
@@ -245,13 +273,13 @@ fn opt_bool_or_null(m: &Map<String, Value>, k: &str) -> Result<Option<bool>, Api
     }
 }
 
-/// Sampling fields, type-checked; a turn that thinks samples with the fixed
-/// official values instead ([`SamplerConfig::for_thinking`]).
+/// Sampling fields, type-checked, as the request asked them; a turn that
+/// thinks samples with the fixed official values instead
+/// ([`SamplerConfig::for_thinking`], applied by the callers).
 fn sampling(
     m: &Map<String, Value>,
     with_min_p: bool,
     with_top_k: bool,
-    mode: ThinkMode,
 ) -> Result<SamplerConfig, ApiError> {
     let mut c = SamplerConfig::default();
     if let Some(t) = opt_num(m, "temperature")? {
@@ -270,7 +298,7 @@ fn sampling(
             c.top_k = t.clamp(i32::MIN as f64, i32::MAX as f64) as i32;
         }
     }
-    Ok(c.for_thinking(mode.thinks()))
+    Ok(c)
 }
 
 fn seed(m: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
@@ -349,6 +377,11 @@ mod tests {
         assert!(e.body.contains("missing input"));
         let e = parse_completions(br#"{}"#, PC).unwrap_err();
         assert!(e.body.contains("missing prompt"));
+        // A batch of texts is refused, not cut to its first; one is fine.
+        let e = parse_completions(br#"{"prompt":["a","b"]}"#, PC).unwrap_err();
+        assert!(e.body.contains("one prompt per request"), "{}", e.body);
+        let one = parse_completions(br#"{"prompt":["a"]}"#, PC).unwrap();
+        assert_eq!(one.prompt.as_deref(), Some("a"));
     }
 
     #[test]
@@ -389,6 +422,13 @@ mod tests {
         let thinking = parse_chat(body, PC).unwrap();
         assert!(thinking.mode.thinks());
         assert_eq!(thinking.sampler, SamplerConfig::default());
+        assert_eq!(
+            thinking.replaced_sampling(),
+            ["temperature 0.2", "top_p 0.5", "top_k 7", "min_p 0"]
+        );
+        // Asking for the defaults replaces nothing.
+        let same = br#"{"messages":[],"temperature":1,"top_p":1}"#;
+        assert!(parse_chat(same, PC).unwrap().replaced_sampling().is_empty());
         let body =
             br#"{"messages":[],"think":false,"temperature":0.2,"top_p":0.5,"min_p":0,"top_k":7}"#;
         let plain = parse_chat(body, PC).unwrap();
@@ -399,6 +439,7 @@ mod tests {
             top_k: 7,
         };
         assert_eq!(plain.sampler, asked);
+        assert!(plain.replaced_sampling().is_empty());
         // The fields are type-checked all the same.
         assert!(parse_chat(br#"{"messages":[],"temperature":"hot"}"#, PC).is_err());
     }

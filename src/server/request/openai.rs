@@ -70,11 +70,13 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
     let output = response_format(&m)?;
     let tools_disabled =
         matches!(m.get("tool_choice"), Some(Value::String(s)) if s == "none") || output.is_some();
+    let asked = sampling(&m, true, true)?;
     Ok(GenRequest {
         think_level,
         dialect: Dialect::V4,
         api: Api::Chat,
-        sampler: sampling(&m, true, true, mode)?,
+        sampler: asked.for_thinking(mode.thinks()),
+        sampler_asked: asked,
         seed: seed(&m)?,
         max_tokens: max_tokens(&m, &["max_tokens", "max_completion_tokens"])?,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),
@@ -111,14 +113,23 @@ pub fn parse_completions(body: &[u8], pc: ParseContext) -> Result<GenRequest, Ap
     let prompt = match m.get("prompt") {
         None => return Err(ApiError::invalid("missing prompt")),
         Some(Value::String(s)) => s.clone(),
+        // A batch of texts is refused rather than cut to its first (as a
+        // batch of token lists is: `scoring::prompt_ids`).
+        Some(Value::Array(a)) if a.len() > 1 && a[0].is_string() => {
+            return Err(ApiError::invalid(
+                "one prompt per request: send each prompt of a batch in its own request",
+            ))
+        }
         Some(Value::Array(a)) => a.first().and_then(Value::as_str).unwrap_or("").into(),
         Some(_) => return Err(bad()),
     };
+    let asked = sampling(&m, true, true)?;
     Ok(GenRequest {
         think_level,
         dialect: Dialect::V4,
         api: Api::Completions,
-        sampler: sampling(&m, true, true, mode)?,
+        sampler: asked.for_thinking(mode.thinks()),
+        sampler_asked: asked,
         seed: seed(&m)?,
         max_tokens: max_tokens(&m, &["max_tokens"])?,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),

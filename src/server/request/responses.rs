@@ -54,11 +54,13 @@ pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiE
         Some(Value::Array(items)) => messages = Transcript::new(messages).read(items)?,
         Some(_) => return Err(bad()),
     }
+    let asked = sampling(&m, false, false)?;
     Ok(GenRequest {
         think_level,
         dialect: Dialect::V4,
         api: Api::Responses,
-        sampler: sampling(&m, false, false, mode)?,
+        sampler: asked.for_thinking(mode.thinks()),
+        sampler_asked: asked,
         seed: None,
         max_tokens: max_tokens(&m, &["max_output_tokens", "max_tokens"])?,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),

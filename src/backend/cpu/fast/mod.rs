@@ -26,6 +26,7 @@ pub mod matmul;
 pub mod neon;
 pub mod portable;
 
+use crate::graph::Segment;
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::GgmlType;
 use act::{ActKind, BlockQ8x32};
@@ -575,6 +576,15 @@ impl Kernels {
     pub fn try_op(&self, op: &crate::graph::ops::Op, cx: &mut crate::graph::ops::CpuCx) -> bool {
         use crate::graph::ops::Op;
         let (pos0, n) = (cx.p.pos0, cx.n());
+        // A graph of decode paths runs every row as a one-row piece
+        // (`Graph::decode_paths`): the products pick their path per piece.
+        let pieces = |cx: &crate::graph::ops::CpuCx| -> Vec<Segment> {
+            if cx.graph.decode_paths {
+                one_row_pieces(cx.segments())
+            } else {
+                cx.segments().to_vec()
+            }
+        };
         match op {
             // Token-indexed products over a step of several session pieces
             // pick their path per piece (`matmul::wide`).
@@ -588,7 +598,7 @@ impl Kernels {
                         o.out_dim(),
                         o.groups,
                         cx.get(o.x),
-                        cx.segments(),
+                        &pieces(cx),
                         out,
                     )
                 })
@@ -620,7 +630,7 @@ impl Kernels {
                     x,
                     sel,
                     w,
-                    cx.segments(),
+                    &pieces(cx),
                     out,
                 )
             }),
@@ -636,4 +646,18 @@ impl Kernels {
             _ => false,
         }
     }
+}
+
+/// Every row of `segs` as a piece of its own (same position and state).
+fn one_row_pieces(segs: &[Segment]) -> Vec<Segment> {
+    segs.iter()
+        .flat_map(|s| {
+            (0..s.n).map(move |i| Segment {
+                row0: s.row0 + i,
+                n: 1,
+                pos0: s.pos0 + i,
+                state: s.state,
+            })
+        })
+        .collect()
 }

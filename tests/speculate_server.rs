@@ -1,0 +1,273 @@
+//! Speculative decoding in the server and the binaries (issue 35): the
+//! server streams the same text with and without speculation (greedy and
+//! seeded sampling, a scripted DSML tool call), reports drafted and kept
+//! tokens per request and the acceptance in `/metrics`; `ds4` prints the
+//! same text with `--spec lookup`; bad flag combinations are refused
+//! clearly; `ds4-server --batched-session 2 --spec lookup` is refused at
+//! start.
+
+mod common;
+
+use std::process::Command;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use common::in_process::tiny_worker_with;
+use ds4::server::job;
+use ds4::server::routes::{self, HttpOptions, State};
+use ds4::speculate::lookup::PromptLookup;
+use ds4::speculate::{Policy, Speculator};
+use ds4::testmodel::Variant;
+use serde_json::{json, Value};
+
+const CTX: usize = 768;
+
+fn server(spec: Option<Speculator>) -> Arc<State> {
+    let (queue, metrics, _tok) = tiny_worker_with(CTX, Box::new(job::NoCache), spec);
+    Arc::new(State {
+        queue,
+        metrics,
+        opts: HttpOptions {
+            ctx: CTX,
+            default_tokens: 24,
+            allow_script: true,
+            ..HttpOptions::default()
+        },
+        counter: AtomicU64::new(0),
+    })
+}
+
+fn lookup() -> Speculator {
+    // Fixed drafts of 4 where lookup finds a match, so the test sees
+    // verify steps whatever the timings.
+    Speculator::new(Box::new(PromptLookup::new()), Policy::fixed(4, 4))
+}
+
+async fn post(state: &Arc<State>, path: &str, body: &Value) -> String {
+    let r = warp::test::request()
+        .method("POST")
+        .path(path)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .reply(&routes::routes(state.clone()))
+        .await;
+    assert_eq!(r.status(), 200, "{:?}", r.body());
+    String::from_utf8(r.body().to_vec()).unwrap()
+}
+
+async fn metrics(state: &Arc<State>) -> String {
+    let r = warp::test::request()
+        .method("GET")
+        .path("/metrics")
+        .reply(&routes::routes(state.clone()))
+        .await;
+    String::from_utf8(r.body().to_vec()).unwrap()
+}
+
+/// The content and reasoning deltas of an OpenAI SSE body, concatenated,
+/// and the usage of its last chunk.
+fn streamed(body: &str) -> (String, String, Value) {
+    let (mut content, mut reasoning, mut usage) = (String::new(), String::new(), Value::Null);
+    for e in body.split("\n\n") {
+        let Some(d) = e.lines().find_map(|l| l.strip_prefix("data: ")) else {
+            continue;
+        };
+        if d == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(d).unwrap();
+        let delta = &v["choices"][0]["delta"];
+        content += delta["content"].as_str().unwrap_or("");
+        reasoning += delta["reasoning_content"].as_str().unwrap_or("");
+        if !v["usage"].is_null() {
+            usage = v["usage"].clone();
+        }
+    }
+    (content, reasoning, usage)
+}
+
+/// A prompt that repeats itself, so prompt lookup finds n-grams to draft.
+fn repetitive() -> String {
+    "fn add(a: i32, b: i32) -> i32 { a + b } ".repeat(6)
+}
+
+#[tokio::test]
+async fn the_server_streams_the_same_text_with_speculation() {
+    let plain = server(None);
+    let spec = server(Some(lookup()));
+    let mut drafted = 0;
+    for (temperature, seed) in [(0.0, 5), (1.0, 7)] {
+        for thinking in [false, true] {
+            let body = json!({"messages":[{"role":"user","content":repetitive()}],
+                "max_tokens":60, "temperature":temperature, "seed":seed, "stream":true,
+                "stream_options":{"include_usage":true},
+                "thinking":{"type": if thinking {"enabled"} else {"disabled"}}});
+            let a = streamed(&post(&plain, "/v1/chat/completions", &body).await);
+            let b = streamed(&post(&spec, "/v1/chat/completions", &body).await);
+            let what = format!("temperature {temperature}, thinking {thinking}");
+            assert_eq!(a.0, b.0, "{what}: content");
+            assert_eq!(a.1, b.1, "{what}: reasoning");
+            assert_eq!(
+                a.2["completion_tokens"], b.2["completion_tokens"],
+                "{what}: usage"
+            );
+            assert!(a.2.get("speculative").is_none(), "{what}: {}", a.2);
+            if let Some(s) = b.2.get("speculative") {
+                let d = s["drafted"].as_u64().unwrap();
+                let k = s["accepted"].as_u64().unwrap();
+                assert!(k <= d);
+                assert_eq!(
+                    b.2["completion_tokens_details"]["accepted_prediction_tokens"],
+                    k
+                );
+                drafted += d;
+            }
+        }
+    }
+    assert!(drafted > 0, "lookup drafted nothing in four requests");
+    let m = metrics(&spec).await;
+    assert!(m.contains("ds4_spec_drafted_tokens_total"), "{m}");
+    assert!(m.contains("ds4_spec_acceptance_rate"), "{m}");
+    assert!(m.contains("ds4_spec_tokens_per_verify_step"), "{m}");
+    assert!(!metrics(&plain).await.contains("ds4_spec_"));
+}
+
+const TOOL_SCRIPT: &str = "Need to list.</think>Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls &amp;&amp; ls &amp;&amp; ls</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+
+/// A scripted tool call (the DSML block, the live argument fragments, the
+/// parsed call) is the same with speculation on.
+#[tokio::test]
+async fn dsml_tool_calls_are_unchanged() {
+    let tools = json!([{"type":"function","function":{"name":"bash","description":"Run a shell command.",
+        "parameters":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}}]);
+    let body = json!({"messages":[{"role":"user","content":repetitive()}],"tools":tools,
+        "ds4_test_script":TOOL_SCRIPT,"max_tokens":200});
+    let mut out = Vec::new();
+    for spec in [None, Some(lookup())] {
+        let s = server(spec);
+        let v: Value =
+            serde_json::from_str(&post(&s, "/v1/chat/completions", &body).await).unwrap();
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        let mut sb = body.clone();
+        sb["stream"] = json!(true);
+        let chunks = post(&s, "/v1/chat/completions", &sb).await;
+        let args: String = chunks
+            .split("\n\n")
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str::<Value>(d).unwrap())
+            .filter_map(|c| {
+                c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .collect();
+        out.push((
+            c["message"]["content"].clone(),
+            c["message"]["tool_calls"][0]["function"].clone(),
+            args,
+        ));
+    }
+    assert_eq!(out[0], out[1]);
+    assert_eq!(out[0].2, r#"{"command":"ls && ls && ls"}"#);
+}
+
+fn ds4(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ds4"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `ds4 --spec lookup` prints what `ds4` prints (greedy), and says what
+/// speculation did on stderr.
+#[test]
+fn the_cli_prints_the_same_text() {
+    let m = common::tiny_model_path(Variant::Q8);
+    let p = repetitive();
+    let base = [
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        p.as_str(),
+        "-n",
+        "40",
+        "--temp",
+        "0",
+        "--nothink",
+        "--cpu",
+    ];
+    let plain = ds4(&base);
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    for extra in [
+        &["--spec", "lookup"][..],
+        &["--spec", "lookup", "--draft", "8", "--draft-fixed"],
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let o = ds4(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert_eq!(o.stdout, plain.stdout, "{extra:?}");
+        assert!(err.contains("speculation (lookup):"), "{err}");
+    }
+}
+
+/// Contradictions and missing drafter files are refused before any work,
+/// naming the flags.
+#[test]
+fn bad_spec_flags_are_refused() {
+    let m = common::tiny_model_path(Variant::Q8);
+    let m = m.to_str().unwrap();
+    for (args, want) in [
+        (vec!["--spec", "ngram"], "--spec: expected"),
+        (vec!["--mtp"], "--mtp-model"),
+        (
+            vec!["--mtp", "--dspark", "--mtp-model", "x"],
+            "one of --mtp and --dspark",
+        ),
+        (
+            vec!["--spec", "lookup", "--draft", "40"],
+            "--draft must be in",
+        ),
+        (vec!["--draft", "3"], "go with --spec"),
+    ] {
+        let mut a = vec!["-m", m, "-p", "hi", "-n", "2"];
+        a.extend(args.iter().copied());
+        let o = ds4(&a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// The batched server refuses speculation at start, saying why.
+#[test]
+fn batched_server_refuses_speculation() {
+    let m = common::tiny_model_path(Variant::Q8);
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4-server"))
+        .args([
+            "-m",
+            m.to_str().unwrap(),
+            "--batched-session",
+            "2",
+            "--spec",
+            "lookup",
+            "--port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("speculative decoding runs with one KV slot"),
+        "{err}"
+    );
+}
