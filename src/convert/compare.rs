@@ -5,8 +5,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::recipe::glob;
-use super::run::{create_partial, finish, partial_path, progress_bar};
+use super::output::{create_partial, finish, glob, partial_path, progress_bar};
 use super::ConvertError;
 use crate::gguf::{GgufFile, GgufWriter, Tensor};
 use crate::quant::{self, GgmlType};
@@ -26,7 +25,7 @@ pub struct TensorDiff {
 }
 
 fn open(p: &Path) -> Result<GgufFile, ConvertError> {
-    GgufFile::open(p).map_err(|e| ConvertError::Checkpoint {
+    GgufFile::open(p).map_err(|e| ConvertError::Input {
         file: p.display().to_string(),
         msg: e.to_string(),
     })
@@ -37,7 +36,12 @@ fn row_f64(t: &Tensor, r: usize, buf: &mut Vec<f32>) -> Option<Vec<f64>> {
     let bytes = t.row(r)?;
     let n = t.ne[0] as usize;
     match t.ty {
-        GgmlType::I32 => Some(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64).collect()),
+        GgmlType::I32 => Some(
+            bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
+        ),
         GgmlType::I8 => Some(bytes.iter().map(|&b| b as i8 as f64).collect()),
         ty => {
             buf.resize(n, 0.0);
@@ -53,7 +57,7 @@ fn row_f64(t: &Tensor, r: usize, buf: &mut Vec<f32>) -> Option<Vec<f64>> {
 pub fn compare(a: &GgufFile, b: &GgufFile) -> Result<(Vec<TensorDiff>, Vec<String>), ConvertError> {
     let mut diffs = Vec::new();
     let mut other = Vec::new();
-    let err = |f: &GgufFile, e: crate::gguf::GgufError| ConvertError::Checkpoint {
+    let err = |f: &GgufFile, e: crate::gguf::GgufError| ConvertError::Input {
         file: f.path().display().to_string(),
         msg: e.to_string(),
     };
@@ -63,7 +67,10 @@ pub fn compare(a: &GgufFile, b: &GgufFile) -> Result<(Vec<TensorDiff>, Vec<Strin
             continue;
         };
         if ib.ne != info.ne {
-            other.push(format!("{}: shapes {:?} and {:?}", info.name, info.ne, ib.ne));
+            other.push(format!(
+                "{}: shapes {:?} and {:?}",
+                info.name, info.ne, ib.ne
+            ));
             continue;
         }
         let ta = a.view(info).map_err(|e| err(a, e))?;
@@ -73,7 +80,10 @@ pub fn compare(a: &GgufFile, b: &GgufFile) -> Result<(Vec<TensorDiff>, Vec<Strin
         let rows = ta.n_rows() as usize;
         for r in 0..rows {
             let (Some(x), Some(y)) = (row_f64(&ta, r, &mut ba), row_f64(&tb, r, &mut bb)) else {
-                other.push(format!("{}: type {} or {} cannot be decoded", info.name, ta.ty, tb.ty));
+                other.push(format!(
+                    "{}: type {} or {} cannot be decoded",
+                    info.name, ta.ty, tb.ty
+                ));
                 break;
             };
             for (p, q) in x.iter().zip(&y) {
@@ -105,7 +115,10 @@ pub fn compare(a: &GgufFile, b: &GgufFile) -> Result<(Vec<TensorDiff>, Vec<Strin
 pub fn print_compare(pa: &Path, pb: &Path) -> Result<(), ConvertError> {
     let (a, b) = (open(pa)?, open(pb)?);
     let (diffs, other) = compare(&a, &b)?;
-    println!("{:<44} {:>8} {:>8} {:>12} {:>12} {:>10}", "tensor", "A", "B", "rmse", "max err", "rmse/rms");
+    println!(
+        "{:<44} {:>8} {:>8} {:>12} {:>12} {:>10}",
+        "tensor", "A", "B", "rmse", "max err", "rmse/rms"
+    );
     let (mut worst, mut identical) = (0f64, 0usize);
     for d in &diffs {
         let rel = if d.rms_a > 0.0 { d.rmse / d.rms_a } else { 0.0 };
@@ -113,7 +126,12 @@ pub fn print_compare(pa: &Path, pb: &Path) -> Result<(), ConvertError> {
         identical += (d.max_err == 0.0) as usize;
         println!(
             "{:<44} {:>8} {:>8} {:>12.4e} {:>12.4e} {:>10.3e}",
-            d.name, d.ty_a.name(), d.ty_b.name(), d.rmse, d.max_err, rel
+            d.name,
+            d.ty_a.name(),
+            d.ty_b.name(),
+            d.rmse,
+            d.max_err,
+            rel
         );
     }
     for o in &other {
@@ -131,7 +149,14 @@ pub fn print_compare(pa: &Path, pb: &Path) -> Result<(), ConvertError> {
 /// tensor matching a pattern taken from OTHER (which must have it with the
 /// same shape). Written under a temporary name and renamed; returns how many
 /// tensors came from OTHER.
-pub fn splice(pbase: &Path, pother: &Path, take: &[String], out: &Path, cancel: &AtomicBool) -> Result<usize, ConvertError> {
+pub fn splice(
+    pbase: &Path,
+    pother: &Path,
+    take: &[String],
+    out: &Path,
+    progress: bool,
+    cancel: &AtomicBool,
+) -> Result<usize, ConvertError> {
     let (base, other) = (open(pbase)?, open(pother)?);
     let mut w = GgufWriter::new();
     for (k, v) in base.metadata() {
@@ -144,11 +169,13 @@ pub fn splice(pbase: &Path, pother: &Path, take: &[String], out: &Path, cancel: 
         let (file, i) = match hit {
             Some(k) => {
                 used[k] = true;
-                let io = other.tensor_info(&info.name).ok_or_else(|| ConvertError::Tensor {
-                    file: pother.display().to_string(),
-                    tensor: info.name.clone(),
-                    msg: "missing (the files must be of the same model)".into(),
-                })?;
+                let io = other
+                    .tensor_info(&info.name)
+                    .ok_or_else(|| ConvertError::Tensor {
+                        file: pother.display().to_string(),
+                        tensor: info.name.clone(),
+                        msg: "missing (the files must be of the same model)".into(),
+                    })?;
                 if io.ne != info.ne {
                     return Err(ConvertError::Tensor {
                         file: pother.display().to_string(),
@@ -160,34 +187,50 @@ pub fn splice(pbase: &Path, pother: &Path, take: &[String], out: &Path, cancel: 
             }
             None => (&base, info),
         };
-        let ty = file.view(i).map_err(|e| ConvertError::Checkpoint {
-            file: file.path().display().to_string(),
-            msg: e.to_string(),
-        })?.ty;
-        w.add_tensor_hole(&info.name, &info.ne, ty).map_err(|e| ConvertError::Internal(e.to_string()))?;
+        let ty = file
+            .view(i)
+            .map_err(|e| ConvertError::Input {
+                file: file.path().display().to_string(),
+                msg: e.to_string(),
+            })?
+            .ty;
+        w.add_tensor_hole(&info.name, &info.ne, ty)
+            .map_err(|e| ConvertError::Tensor {
+                file: pbase.display().to_string(),
+                tensor: info.name.clone(),
+                msg: e.to_string(),
+            })?;
         srcs.push((file, i));
     }
     if let Some(k) = used.iter().position(|u| !u) {
-        return Err(ConvertError::Usage(format!("--take {:?} matches no tensor of {}", take[k], pbase.display())));
+        return Err(ConvertError::Usage(format!(
+            "--take {:?} matches no tensor of {}",
+            take[k],
+            pbase.display()
+        )));
     }
     let lay = w.layout();
     let partial = partial_path(out);
     let f = create_partial(&partial, &lay.header, lay.file_len)?;
-    let pb = progress_bar(lay.file_len, srcs.len(), true);
+    let pb = progress_bar(lay.file_len, progress);
     let res = (|| {
         use std::os::unix::fs::FileExt;
         for (k, (file, i)) in srcs.iter().enumerate() {
-            let t = file.view(i).map_err(|e| ConvertError::Internal(e.to_string()))?;
+            let t = file.view(i).map_err(|e| ConvertError::Input {
+                file: file.path().display().to_string(),
+                msg: e.to_string(),
+            })?;
             for (c, chunk) in t.data.chunks(64 << 20).enumerate() {
                 if cancel.load(Ordering::Relaxed) {
                     return Err(ConvertError::Interrupted);
                 }
                 let at = lay.offsets[k] + (c as u64) * (64 << 20);
-                f.write_all_at(chunk, at).map_err(|e| ConvertError::Tensor {
-                    file: partial.display().to_string(),
-                    tensor: i.name.clone(),
-                    msg: format!("write failed: {e}"),
-                })?;
+                f.write_all_at(chunk, at)
+                    .map_err(|e| ConvertError::Tensor {
+                        file: partial.display().to_string(),
+                        tensor: i.name.clone(),
+                        msg: format!("write failed: {e}"),
+                    })?;
                 pb.inc(chunk.len() as u64);
             }
         }
@@ -198,5 +241,9 @@ pub fn splice(pbase: &Path, pother: &Path, take: &[String], out: &Path, cancel: 
     if res.is_err() {
         let _ = std::fs::remove_file(&partial);
     }
-    res.map(|()| used.len().max(srcs.iter().filter(|(f, _)| std::ptr::eq(*f, &other)).count()))
+    res.map(|()| {
+        srcs.iter()
+            .filter(|(f, _)| std::ptr::eq(*f, &other))
+            .count()
+    })
 }

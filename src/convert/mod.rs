@@ -1,32 +1,22 @@
-//! `ds4-quantize`: make ds4's GGUF files from the official DeepSeek
-//! checkpoints (docs/TOOLS.md).
+//! `ds4-quantize`: tools around ds4's GGUF files (docs/TOOLS.md).
 //!
-//! * [`safetensors`]: the shards, mapped, one tensor at a time;
-//! * [`decode`]: FP8 / FP4 / BF16 / … decoded exactly, FP4 repacked to MXFP4;
-//! * [`layout`]: `config.json` → ds4's tensor directory and metadata, and
-//!   the checkpoint tensor each output tensor comes from;
-//! * [`recipe`]: the type of each output tensor (ds4's mixes, recipe files);
-//! * [`imatrix`]: llama.cpp's imatrix GGUF, read and written;
-//! * [`run`]: the conversion itself (parallel, bounded memory, temporary
-//!   name, progress);
-//! * [`compare`]: per-tensor errors between two GGUFs, and splicing.
+//! * [`compare`]: per-tensor errors between two GGUFs of the same model
+//!   (`--compare`), and a file made of one's tensors with some taken from
+//!   the other (`--splice`);
+//! * [`output`]: the output written under a temporary name and renamed when
+//!   complete, and tensor name patterns.
+//!
+//! Conversion of the official checkpoints is not here yet (docs/TOOLS.md).
 
 pub mod compare;
-pub mod decode;
-pub mod imatrix;
-pub mod layout;
-pub mod recipe;
-pub mod run;
-pub mod safetensors;
-
-pub use run::{convert, ConvertOptions, ConvertReport};
+pub mod output;
 
 /// Every failure of the tools; each names the file and, where there is one,
 /// the tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
     #[error("{file}: {msg}")]
-    Checkpoint { file: String, msg: String },
+    Input { file: String, msg: String },
     #[error("{file}: tensor {tensor}: {msg}")]
     Tensor {
         file: String,
@@ -39,6 +29,4 @@ pub enum ConvertError {
     Usage(String),
     #[error("interrupted")]
     Interrupted,
-    #[error("internal error: {0}")]
-    Internal(String),
 }

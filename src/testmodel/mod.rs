@@ -21,8 +21,7 @@ pub use rng::Rng;
 pub use tensors::{encode_tensor, random_blocks};
 pub use vocab::Vocab;
 
-pub(crate) use tensors::{Class, Planned};
-use tensors::{write_planned, Data, Dims, Init, Planner};
+use tensors::{write_planned, Class, Data, Dims, Init, Planned, Planner};
 
 /// Small shapes of a generated model. Field meanings follow MODEL.md §1.
 #[derive(Clone, Debug)]
@@ -389,7 +388,7 @@ fn plan_compressor(t: &mut Planner, p: &str, c: &str, ratio: usize, hd: usize, o
     );
 }
 
-pub(crate) fn plan_main(s: &TestModelSpec, n_vocab: usize) -> Vec<Planned> {
+fn plan_main(s: &TestModelSpec, n_vocab: usize) -> Vec<Planned> {
     let (d, hc) = (s.n_embd, s.hc_count);
     let mut t = Planner::new(s.dims());
     t.add(
@@ -431,7 +430,7 @@ pub(crate) fn plan_main(s: &TestModelSpec, n_vocab: usize) -> Vec<Planned> {
     t.out
 }
 
-pub(crate) fn plan_mtp(s: &TestModelSpec) -> Vec<Planned> {
+fn plan_mtp(s: &TestModelSpec) -> Vec<Planned> {
     let (d, hc) = (s.n_embd, s.hc_count);
     let mut t = Planner::new(s.dims());
     let n = |x: &str| format!("mtp.0.{x}.weight");
@@ -453,7 +452,7 @@ pub(crate) fn plan_mtp(s: &TestModelSpec) -> Vec<Planned> {
     t.out
 }
 
-pub(crate) fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
+fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
     let k = |x: &str| format!("deepseek4.{x}");
     let n_layer = s.n_layer();
     w.add_str("general.architecture", "deepseek4");
