@@ -22,6 +22,7 @@
 //!           ─► kvcache   KV snapshots on disk
 //!           ─► server    HTTP routes, wire formats, the worker
 //! testmodel: tiny GGUF models for the tests and the demo
+//! convert:   ds4-quantize: compare and splice GGUFs
 //! app:       what the binaries share (flags, thread count, demo, reports)
 //! ```
 //!
@@ -70,6 +71,8 @@ pub mod kvcache;
 pub mod server;
 
 pub mod testmodel;
+
+pub mod convert;
 
 pub mod app;
 

@@ -52,6 +52,14 @@ impl PendingTensor {
     }
 }
 
+/// The byte layout of a file to be written ([`GgufWriter::layout`]).
+pub struct Layout {
+    pub header: Vec<u8>,
+    pub data_start: u64,
+    pub offsets: Vec<u64>,
+    pub file_len: u64,
+}
+
 /// Collects metadata and tensors, then writes them in GGUF v3 layout with every
 /// tensor at a multiple of the alignment and zero padding in between.
 pub struct GgufWriter {
@@ -198,6 +206,27 @@ impl GgufWriter {
             offset = (offset + t.n_bytes).div_ceil(self.alignment) * self.alignment;
         }
         (h, offset)
+    }
+
+    /// Where everything goes, for writers that fill the data region
+    /// themselves (the converter writes tensors in parallel at their
+    /// offsets): the header bytes before the padding, the data start, each
+    /// tensor's absolute offset in the order added, and the file length.
+    pub fn layout(&self) -> Layout {
+        let (header, data_len) = self.header();
+        let data_start = (header.len() as u64).div_ceil(self.alignment) * self.alignment;
+        let mut offsets = Vec::with_capacity(self.tensors.len());
+        let mut pos = 0u64;
+        for t in &self.tensors {
+            offsets.push(data_start + pos);
+            pos = (pos + t.n_bytes).div_ceil(self.alignment) * self.alignment;
+        }
+        Layout {
+            header,
+            data_start,
+            offsets,
+            file_len: data_start + data_len,
+        }
     }
 
     /// Writes the file (consuming the tensor data). Holes are skipped with a
