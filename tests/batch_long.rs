@@ -12,36 +12,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{long_context_model, tokens};
+use common::long_context_model;
+use ds4::app::selfcheck::batch::{plan, Plan};
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::session::{Batch, Session, SessionOptions, SlotWork};
-
-/// One session: its tokens, the step it starts at, its pieces.
-struct Plan {
-    tokens: Vec<u32>,
-    start: usize,
-    pieces: Vec<(usize, usize)>,
-}
-
-/// A prompt of `prompt` tokens in pieces of `quantum`, then `decode`
-/// single-token steps.
-fn plan(seed: u64, prompt: usize, decode: usize, start: usize, quantum: usize) -> Plan {
-    let mut pieces = Vec::new();
-    let mut at = 0;
-    while at < prompt {
-        let n = quantum.min(prompt - at);
-        pieces.push((at, at + n));
-        at += n;
-    }
-    pieces.extend((0..decode).map(|i| (prompt + i, prompt + i + 1)));
-    Plan {
-        tokens: tokens(prompt + decode, seed),
-        start,
-        pieces,
-    }
-}
 
 fn options(backend: BackendKind, ctx: usize) -> SessionOptions {
     SessionOptions {

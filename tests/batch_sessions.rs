@@ -8,44 +8,12 @@ mod common;
 use std::sync::Arc;
 
 use common::{long_context_model, tiny_model, tokens};
+use ds4::app::selfcheck::batch::{plan, Plan};
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::session::{Batch, SessionError, SessionOptions, SlotWork};
 use ds4::testmodel::Variant;
-
-/// One session of a schedule: its tokens, the step it starts at, and its
-/// pieces (a prefill cut into quanta, then one token per step).
-struct Plan {
-    tokens: Vec<u32>,
-    start: usize,
-    pieces: Vec<(usize, usize)>,
-    /// Pieces that ask for every row's logits.
-    all_logits: Vec<bool>,
-}
-
-fn plan(seed: u64, prompt: usize, decode: usize, start: usize, quantum: usize) -> Plan {
-    let tokens = tokens(prompt + decode, seed);
-    let mut pieces = Vec::new();
-    let mut at = 0;
-    while at < prompt {
-        let n = quantum.min(prompt - at);
-        pieces.push((at, at + n));
-        at += n;
-    }
-    for _ in 0..decode {
-        pieces.push((at, at + 1));
-        at += 1;
-    }
-    // The second piece of every session keeps all its rows' logits.
-    let all_logits = (0..pieces.len()).map(|i| i == 1).collect();
-    Plan {
-        tokens,
-        start,
-        pieces,
-        all_logits,
-    }
-}
 
 /// What a session saw: after each piece, its last-row logits and (when
 /// asked) every row's.
