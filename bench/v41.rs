@@ -160,7 +160,9 @@ fn v41(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) ->
 
     let kv = V41KvLayout::new(cfg, n_prefill + 2 * n_decode + 8);
     let graph = |step: usize| {
+        // What `ds4` runs by default: the official rounding steps.
         let opts = V41ForwardOptions {
+            numerics: Numerics::Model,
             logits: Logits::Last,
             keep: Vec::new(),
             engram_from_host: true,

@@ -157,6 +157,28 @@ __device__ __forceinline__ float round_e2m1(float v) {
     return copysignf(vals[code], v);
 }
 
+// The official act_quant / fp4_act_quant round trip of v[0..n) as one
+// block, in place (twin: ops::round::BlockFormat::round): format 0: E4M3
+// with a UE8M0 scale, 1: E2M1 with a UE8M0 scale, 2: E2M1 with an E4M3
+// scale (not a power of two: a true division by it).
+__device__ __forceinline__ void round_block(float* v, u32 n, u32 format) {
+    float amax = 0.0f;
+    for (u32 j = 0; j < n; j++) amax = fmaxf(amax, fabsf(v[j]));
+    float scale, fmax = 6.0f;
+    if (format == 0) {
+        fmax = 448.0f;
+        scale = pow2_scale(fmaxf(amax, 1e-4f), 448.0f);
+    } else if (format == 1) {
+        scale = pow2_scale(fmaxf(amax, 7.052966104933725e-38f), 6.0f);  // 6 * 2^-126
+    } else {
+        scale = round_e4m3(fmaxf(amax, 0.01171875f) / 6.0f);  // 6 * 2^-9
+    }
+    for (u32 j = 0; j < n; j++) {
+        const float q = fminf(fmaxf(v[j] / scale, -fmax), fmax);
+        v[j] = (format == 0 ? round_e4m3(q) : round_e2m1(q)) * scale;
+    }
+}
+
 // FP8 (E4M3) round trip of one 64-value block held two values per lane by
 // one warp (a block may be short: `valid` masks the missing values).
 __device__ __forceinline__ void fp8_block_roundtrip_warp(float& a, float& b, bool va, bool vb) {

@@ -5,6 +5,9 @@
 // hadamard_fp4: one block per head, blockDim = max(head_dim, 32) (head_dim a
 // power of two <= 1024), the head in shared memory; one warp per 32-value
 // FP4 block (lanes past a short head add nothing to the block maximum).
+// block_round: one block per head of `dim` values (rows_per_token per
+// token), one thread per `block`-value block of it, read and written in
+// global memory (V4.1's rows reach 8192 values); x may be out (in place).
 
 extern "C" __global__ void __launch_bounds__(1024) kv_round(const float* x, float* out, u32 dim, u32 n_rot, u32 fp8, u32 to_f16,
                                     const Step* st) {
@@ -35,4 +38,18 @@ extern "C" __global__ void __launch_bounds__(1024) hadamard_fp4(const float* x, 
     float v = j < head_dim ? buf[j] : 0.0f;
     v = fp4_block_roundtrip_warp(v);  // v = 0 past the head: no effect on the max
     if (j < head_dim) out[base + j] = v;
+}
+
+// The official act_quant / fp4_act_quant round trip (twin:
+// ops::round::BlockRound), written beside the input.
+extern "C" __global__ void __launch_bounds__(256)
+    block_round(const float* x, float* out, u32 dim, u32 rows_per_token, u32 block, u32 format, const Step* st) {
+    const u32 r = blockIdx.x;
+    if (r >= st->n_tokens * rows_per_token) return;
+    const u64 base = (u64)r * dim;
+    for (u32 b = threadIdx.x * block; b < dim; b += blockDim.x * block) {
+        const u32 n = min(block, dim - b);
+        for (u32 j = 0; j < n; j++) out[base + b + j] = x[base + b + j];
+        round_block(out + base + b, n, format);
+    }
 }

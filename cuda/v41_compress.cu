@@ -29,12 +29,13 @@ __device__ void v41_rms_norm(float* buf, u32 n, const float* weight, float eps, 
 // The kv source's compressor: latent (ratio 1: the token's projection;
 // ratio r: the softmax pool of a whole group, kept in the frontier), RMS
 // norm, index key rope(k_norm(wk . latent)) and the roped latent, both at
-// row position / r (capacity rows; later ones are dropped as by the twin).
+// row position / r (capacity rows; later ones are dropped as by the twin);
+// under model numerics both rounded through FP4 after their RoPE.
 extern "C" __global__ void __launch_bounds__(256)
     v41_compress(const float* kv, const float* gate, const float* norm, const float* wk,
                  const float* index_norm, float* st_kv, float* st_score, float* rows, float* index_rows,
                  const double* freqs, u32 r, u32 hd, u32 ihd, u32 n_rot, float eps, u32 capacity,
-                 const Step* st) {
+                 u32 round_rows, const Step* st) {
     __shared__ float row[1024];
     __shared__ float key[1024];
     __shared__ double scratch[32];
@@ -80,6 +81,13 @@ extern "C" __global__ void __launch_bounds__(256)
         v41_rope(key, ihd, n_rot, freqs, at);
         v41_rope(row, hd, n_rot, freqs, at);
         __syncthreads();
+        if (round_rows) {
+            // Model numerics: the index key in FP4 blocks of 32 (UE8M0
+            // scales), the latent in FP4 blocks of 16 (E4M3 scales).
+            for (u32 b = threadIdx.x * 32; b < ihd; b += blockDim.x * 32) round_block(key + b, min(32u, ihd - b), 1);
+            for (u32 b = threadIdx.x * 16; b < hd; b += blockDim.x * 16) round_block(row + b, min(16u, hd - b), 2);
+            __syncthreads();
+        }
         for (u32 i = threadIdx.x; i < ihd; i += blockDim.x) index_rows[(u64)w * ihd + i] = key[i];
         for (u32 j = threadIdx.x; j < hd; j += blockDim.x) rows[(u64)w * hd + j] = row[j];
         __syncthreads();

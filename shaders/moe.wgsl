@@ -4,6 +4,8 @@
 // expert slabs) the host records:
 //   expert_rows MODE_GATE: H[s][f] = gate_e[f] · x[s / k]
 //   expert_rows MODE_UP:   H[s][f] = RW[s] · swiglu(H[s][f], up_e[f] · x[s / k])
+//   (V4.1 model numerics, once after the last up chunk:
+//    expert_mid_round: H[s] through FP8 in blocks of 32, in place)
 //   expert_rows MODE_DOWN: C[s][o] = down_e[o] · H[s]
 // and once: expert_sum: out[t][o] = Σ_slot C[t·k + slot][o], in slot order like
 // the CPU twin. A workgroup whose slot selects an expert outside the bound
@@ -102,4 +104,40 @@ fn expert_sum(@builtin(workgroup_id) wid: vec3<u32>,
         acc += X[(t * P.k + i) * P.n_rows + o];
     }
     OUT[t * P.out_stride + o] = acc;
+}
+
+// The FP8 (E4M3, UE8M0 block scale) round trip of w2's input, in place in
+// OUT (= H), blocks of 32 along each slot's row (twin: the mid_fp8 step of
+// ops::moe::MoeExperts). The arithmetic of common.wgsl's pow2_scale and
+// round_e4m3_mag, which this family does not include (its WG and silu
+// would clash). A streamed pass reruns it every round over every slot: the
+// round trip is idempotent. Grid: x·y = ceil(ceil(n_rows / 32) / 64),
+// z = slots.
+fn mid_pow2(k: i32) -> f32 {
+    return bitcast<f32>(u32(k + 127) << 23u);
+}
+
+fn mid_e4m3_mag(a: f32) -> f32 {
+    let e = max(i32((bitcast<u32>(a) >> 23u) & 0xffu) - 127, -6);
+    return round(a * mid_pow2(3 - e)) * mid_pow2(e - 3);
+}
+
+@compute @workgroup_size(64)
+fn expert_mid_round(@builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let b = ((wid.x + wid.y * P.grid_x) * 64u + lid3.x) * 32u;
+    let s = wid.z;
+    if (b >= P.n_rows || s >= STEP.n_tokens * P.k) {
+        return;
+    }
+    let base = s * P.n_rows;
+    let end = min(b + 32u, P.n_rows);
+    var amax = 0.0;
+    for (var j = b; j < end; j++) { amax = max(amax, abs(OUT[base + j])); }
+    let scale = exp2(ceil(log2(max(amax, 1e-4) / 448.0)));
+    for (var j = b; j < end; j++) {
+        let v = clamp(OUT[base + j] / scale, -448.0, 448.0);
+        let m = mid_e4m3_mag(abs(v));
+        OUT[base + j] = select(m, -m, v < 0.0) * scale;
+    }
 }

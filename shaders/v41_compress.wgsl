@@ -5,7 +5,8 @@
 // partial group in the frontier (slot = position mod r) and pools each
 // whole group with a per-channel softmax of its gate scores. The latent is
 // RMS-normed; the index key is rope(k_norm(wk . latent)); both are roped at
-// the group's first position and stored at row position / r. One dispatch
+// the group's first position (under model numerics then rounded through
+// FP4) and stored at row position / r. One dispatch
 // takes the tokens t0..t1 (a block sized by the recorder so that no
 // invocation loops more than llvmpipe allows; see shaders/compress.wgsl).
 // Both row states grow with the context, so each is bound as up to eight
@@ -27,8 +28,9 @@ struct V41CompressParams {
     // (irows0..7).
     chunk_rows: u32,
     index_chunk_rows: u32,
+    // Model numerics: both rows through FP4 after their RoPE.
+    round_rows: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
@@ -121,6 +123,32 @@ fn v41_compress(@builtin(local_invocation_index) tid: u32) {
             row[tail + 2u * k + 1u] = x0 * cs.y + x1 * cs.x;
         }
         workgroupBarrier();
+        if (prm.round_rows != 0u) {
+            // The official fp4_act_quant (twins in quant::small_float): the
+            // index key in blocks of 32 with UE8M0 scales, the latent in
+            // blocks of 16 with E4M3 scales; one thread per block.
+            for (var b = tid * 32u; b < ihd; b += WG * 32u) {
+                let end = min(b + 32u, ihd);
+                var amax = 0.0;
+                for (var i = b; i < end; i++) { amax = max(amax, abs(ikey[i])); }
+                let scale = pow2_scale(max(amax, 7.052966104933725e-38), 6.0);
+                for (var i = b; i < end; i++) {
+                    let v = clamp(ikey[i] / scale, -6.0, 6.0);
+                    ikey[i] = with_sign(round_e2m1_mag(abs(v)), v) * scale;
+                }
+            }
+            for (var b = tid * 16u; b < hd; b += WG * 16u) {
+                let end = min(b + 16u, hd);
+                var amax = 0.0;
+                for (var j = b; j < end; j++) { amax = max(amax, abs(row[j])); }
+                let scale = round_e4m3_mag(min(max(amax, 0.01171875) / 6.0, 448.0));
+                for (var j = b; j < end; j++) {
+                    let v = clamp(row[j] / scale, -6.0, 6.0);
+                    row[j] = with_sign(round_e2m1_mag(abs(v)), v) * scale;
+                }
+            }
+            workgroupBarrier();
+        }
         let ic = w / prm.index_chunk_rows;
         let io = (w % prm.index_chunk_rows) * ihd;
         for (var i = tid; i < ihd; i += WG) { irows_store(ic, io + i, ikey[i]); }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ds4::backend::{self, Backend, BackendKind, BackendOptions, GraphHandle};
 use ds4::graph::{StepParams, ValueName};
+use ds4::model::forward::Numerics;
 use ds4::model::logits::Logits;
 use ds4::model::v41::engram::{hash_rows, EngramHistory};
 use ds4::model::v41::engram_reader::EngramReader;
@@ -66,6 +67,7 @@ fn run(m: &Arc<V41ModelFile>, ids: &[u32], step: usize) -> Run {
 fn run_on(kind: BackendKind, m: &Arc<V41ModelFile>, ids: &[u32], step: usize) -> Run {
     let kv = V41KvLayout::new(&m.config, 128);
     let opts = V41ForwardOptions {
+        numerics: Numerics::Plain,
         logits: Logits::All,
         keep: keep_names(m),
         engram_from_host: false,
@@ -249,6 +251,7 @@ fn v41_graph_with_engram_rows_read_by_the_host() {
     let cfg = &m.config;
     let kv = V41KvLayout::new(cfg, 128);
     let opts = V41ForwardOptions {
+        numerics: Numerics::Plain,
         logits: Logits::All,
         keep: Vec::new(),
         engram_from_host: true,
@@ -339,6 +342,7 @@ fn at_3000_tokens(kind: BackendKind, what: &str) {
     let kv = V41KvLayout::new(cfg, ids.len() + 16);
     let step = 256;
     let opts = V41ForwardOptions {
+        numerics: Numerics::Plain,
         logits: Logits::All,
         keep: Vec::new(),
         engram_from_host: false,

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use ds4::backend::wgpu::WgpuBackend;
 use ds4::backend::{self, Backend, BackendKind, BackendOptions};
 use ds4::graph::{Graph, StepParams, ValueName};
+use ds4::model::forward::Numerics;
 use ds4::model::logits::Logits;
 use ds4::model::v41::engram::{hash_rows, EngramHistory};
 use ds4::model::v41::engram_reader::EngramReader;
@@ -222,6 +223,7 @@ fn graph_with(
     logits: Logits,
 ) -> Arc<Graph> {
     let opts = V41ForwardOptions {
+        numerics: Numerics::Plain,
         logits,
         keep: if keep { keep_names(m) } else { Vec::new() },
         engram_from_host: true,
@@ -465,6 +467,7 @@ fn gpu_backends_refuse_graphs_that_read_engram_tables() {
     let m = model();
     let kv = V41KvLayout::new(&m.config, 32);
     let opts = V41ForwardOptions {
+        numerics: Numerics::Plain,
         logits: Logits::Last,
         keep: Vec::new(),
         engram_from_host: false,

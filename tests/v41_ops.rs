@@ -324,6 +324,7 @@ fn v41_compressor_pools_norms_and_keys_in_any_step_split() {
                 n_rot,
             },
             eps: 1e-20,
+            round_rows: false,
         };
         let (want_rows, want_keys) =
             compress_ref(&kv, &gate, ratio, hd, ihd, &w, n_rot, 160000.0, t);

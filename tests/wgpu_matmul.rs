@@ -661,6 +661,7 @@ fn experts_case_with(gpu: &Gpu, kernels: &MatmulKernels, e: &Experts, seed: u64)
         clamp: e.clamp,
         k: e.k,
         out: ds4::graph::ValueId(3),
+        mid_fp8: false,
     };
     let mut want = vec![0f32; e.n_tokens * e.d];
     op.compute(&file, &x, &sel, &wts, e.n_tokens, &mut want);
@@ -714,6 +715,7 @@ fn experts_case_with(gpu: &Gpu, kernels: &MatmulKernels, e: &Experts, seed: u64)
             },
             e.clamp,
             e.k,
+            false,
             BufRange::whole(&xb),
             BufRange::whole(&selb),
             BufRange::whole(&wb),

@@ -158,10 +158,11 @@ kernel_list! {
     Rope = "rope", wgsl ["common", "rope_angle"], cuda ["common"] {
         Rope = "rope" Both,
     }
-    /// ops::round::{KvRound, HadamardFp4}.
+    /// ops::round::{KvRound, HadamardFp4, BlockRound}.
     Round = "round", wgsl ["common", "rowops"], cuda ["common"] {
         KvRound = "kv_round" Both,
         HadamardFp4 = "hadamard_fp4" Both,
+        BlockRound = "block_round" Both,
     }
     /// ops::attention::RingWrite.
     Ring = "ring", wgsl ["common"], cuda ["common"] {
@@ -215,6 +216,9 @@ kernel_list! {
         /// Gate and up of one type in one pass, writing the weighted SwiGLU.
         ExpertGateUp = "expert_gate_up" CudaTyped,
         ExpertSwiGlu = "expert_swiglu" Cuda,
+        /// The FP8 round trip of w2's input in place (V4.1 model numerics;
+        /// CUDA runs `block_round` on it).
+        ExpertMidRound = "expert_mid_round" Wgsl,
         /// Each token's slots summed in slot order.
         ExpertSum = "expert_sum" Both,
     }
@@ -274,6 +278,7 @@ macro_rules! launch_op {
             Op::Rope(o) => $l::rope::rope($cx, o),
             Op::KvRound(o) => $l::round::kv_round($cx, o),
             Op::HadamardFp4(o) => $l::round::hadamard_fp4($cx, o),
+            Op::BlockRound(o) => $l::round::block_round($cx, o),
             Op::Attention(o) => $l::attention::attention($cx, o),
             Op::RingWrite(o) => $l::ring::ring_write($cx, o),
             Op::Compress(o) => $l::compress::compress($cx, o),

@@ -90,7 +90,7 @@ Get the real model with tools/download_model.sh q2")]
         /// alternatives per step for --dump-logprobs (default 20, max 128)
         #[argh(option, default = "20")]
         logprobs_top_k: usize,
-        /// model: official rounding steps (default; V4.1: not yet, a warning names them); plain: without them
+        /// model: the official FP8/FP4 rounding steps (default); plain: f32 math without them
         #[argh(option, default = "String::from(\"model\")")]
         numerics: String,
         ..BackendFlags,
@@ -380,9 +380,6 @@ fn warm(a: &Args, model: &AnyModel) {
 fn open_session(model: &AnyModel, opts: SessionOptions, ctx: usize) -> Result<Session, String> {
     let sess = Session::open_any(model, opts).map_err(|e| e.to_string())?;
     eprintln!("ds4: {}", sess.backend_notice());
-    if let Some(w) = sess.numerics_notice() {
-        eprintln!("ds4: {w}");
-    }
     if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
         eprintln!("ds4: {line}");
     }

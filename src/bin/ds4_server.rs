@@ -118,7 +118,7 @@ Security, keys and every limit: docs/SECURITY.md")]
         /// max tool ids kept in the replay memory (default 100000)
         #[argh(option, default = "100000")]
         tool_memory_max_ids: usize,
-        /// model: official rounding steps (default; V4.1: not yet, a warning names them); plain: without them
+        /// model: the official FP8/FP4 rounding steps (default); plain: f32 math without them
         #[argh(option, default = "String::from(\"model\")")]
         numerics: String,
         ..BackendFlags,
@@ -506,15 +506,9 @@ fn open_engine(
             a.ctx,
             a.mixed_prefill_quantum
         );
-        if let Some(w) = batch.numerics_notice() {
-            ds4::log_line!("ds4-server: {w}");
-        }
         return Ok(Engine::Slots(batch));
     }
     let sess = Session::open_any(any, opts).map_err(|e| e.to_string())?;
-    if let Some(w) = sess.numerics_notice() {
-        ds4::log_line!("ds4-server: {w}");
-    }
     if let Some(line) = sess.expert_cache().and_then(|c| c.startup_line()) {
         ds4::log_line!("ds4-server: {line}");
     }

@@ -7,7 +7,7 @@
 //! the shared builders of `model::block`; what is V4's own here is each
 //! layer's compressor and indexer (`sparse`) and the learned output mix.
 
-use super::block::attention::{AttnOptions, Projected, Sparse};
+use super::block::attention::{AttnOptions, IndexRounding, KvRounding, Projected, Sparse};
 use super::block::Builder;
 use super::logits::Logits;
 use super::state::{KvLayout, LayerState};
@@ -116,7 +116,12 @@ fn sparse(
         },
         eps: cfg.rms_eps,
     }));
-    let (qi, wi) = b.indexer_query(l, &iw.q_b, &iw.proj, p, model);
+    let rounding = if model {
+        IndexRounding::HadamardFp4
+    } else {
+        IndexRounding::None
+    };
+    let (qi, wi) = b.indexer_query(l, &iw.q_b, &iw.proj, p, rounding);
     let sel = b.r.tokens_i32("index_selected", cfg.indexer_top_k);
     b.r.op(Op::IndexerTopK(IndexerTopK {
         q: qi,
@@ -145,7 +150,12 @@ pub fn record(
     let mut b = Builder::new(cfg, max_tokens);
     let attn = AttnOptions {
         q_head_norm: true,
-        kv_round: opts.numerics == Numerics::Model,
+        kv_round: if opts.numerics == Numerics::Model {
+            KvRounding::Fp8NonRotaryF16
+        } else {
+            KvRounding::None
+        },
+        act_fp8: false,
     };
     let mut state = b.embed(&w.token_embd); // n·D
 
@@ -159,7 +169,7 @@ pub fn record(
         state = b.hc_expand("attn", state, y, &m);
         let m = b.hc_mixes("ffn", state, &lw.hc_ffn);
         let x = b.hc_collapse("ffn_in", state, m.pre);
-        let y = b.moe(l, &lw.ffn, x, cfg.expert_weights_norm);
+        let y = b.moe(l, &lw.ffn, x, cfg.expert_weights_norm, false, false);
         state = b.hc_expand("ffn", state, y, &m);
         b.r.flush();
     }

@@ -147,21 +147,28 @@ fn pow2_scale(amax: f32, fmax: f32) -> f32 {
 
 /// ds4's FP8 KV simulation (MODEL.md §3.5.1): on dims `0..len−n_rot`, in
 /// blocks of 64 (a shorter final block if the width is not a multiple of
-/// 64), each value becomes `E4M3(clamp(x/scale, ±448))·scale` with
-/// `scale = 2^ceil(log2(max(amax, 1e-4)/448))`. The last `n_rot` (RoPE) dims
-/// are left alone. `n_rot > len` leaves the row untouched.
+/// 64), [`fp8_roundtrip`]. The last `n_rot` (RoPE) dims are left alone.
+/// `n_rot > len` leaves the row untouched.
 pub fn fp8_kv_roundtrip(row: &mut [f32], n_rot: usize) {
     let n = row.len().saturating_sub(n_rot);
-    for block in row[..n].chunks_mut(FP8_BLOCK) {
-        let amax = block
-            .iter()
-            .fold(0.0f32, |m, v| m.max(v.abs()))
-            .max(FP8_AMAX_FLOOR);
-        let scale = pow2_scale(amax, E4M3_MAX);
-        for v in block.iter_mut() {
-            *v = round_e4m3((*v / scale).clamp(-E4M3_MAX, E4M3_MAX)) * scale;
+    fp8_roundtrip(&mut row[..n], FP8_BLOCK);
+}
+
+/// The official FP8 activation round trip (`act_quant` with UE8M0 scales),
+/// in blocks of `block` (a shorter final block if needed): each value
+/// becomes `E4M3(clamp(x/scale, ±448))·scale` with
+/// `scale = 2^ceil(log2(max(amax, 1e-4)/448))`.
+pub fn fp8_roundtrip(v: &mut [f32], block: usize) {
+    for block in v.chunks_mut(block) {
+        let scale = pow2_scale(block_amax(block).max(FP8_AMAX_FLOOR), E4M3_MAX);
+        for x in block.iter_mut() {
+            *x = round_e4m3((*x / scale).clamp(-E4M3_MAX, E4M3_MAX)) * scale;
         }
     }
+}
+
+fn block_amax(block: &[f32]) -> f32 {
+    block.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
 /// In-place orthonormal Walsh–Hadamard transform in natural (Sylvester)
@@ -194,15 +201,36 @@ pub fn hadamard_inplace(v: &mut [f32]) {
 }
 
 /// FP4 round trip in blocks of 32 (a shorter final block if needed):
+/// [`fp4_roundtrip_blocks`] with V4's indexer block.
+pub fn fp4_roundtrip(v: &mut [f32]) {
+    fp4_roundtrip_blocks(v, FP4_BLOCK);
+}
+
+/// The official FP4 activation round trip with UE8M0 scales
+/// (`fp4_act_quant`, V4's and V4.1's indexer), in blocks of `block`:
 /// `scale = 2^ceil(log2(max(amax, 7.05e-38)/6))`, value →
 /// `E2M1(clamp(x/scale, ±6))·scale`.
-pub fn fp4_roundtrip(v: &mut [f32]) {
-    for block in v.chunks_mut(FP4_BLOCK) {
-        let amax = block
-            .iter()
-            .fold(0.0f32, |m, x| m.max(x.abs()))
-            .max(FP4_AMAX_FLOOR);
-        let scale = pow2_scale(amax, E2M1_MAX);
+pub fn fp4_roundtrip_blocks(v: &mut [f32], block: usize) {
+    for block in v.chunks_mut(block) {
+        let scale = pow2_scale(block_amax(block).max(FP4_AMAX_FLOOR), E2M1_MAX);
+        for x in block.iter_mut() {
+            *x = round_e2m1((*x / scale).clamp(-E2M1_MAX, E2M1_MAX)) * scale;
+        }
+    }
+}
+
+/// Floor on the FP4 block amax under an E4M3 scale (6·2^-9: the scale is at
+/// least E4M3's smallest subnormal).
+pub const FP4_E4M3_AMAX_FLOOR: f32 = 6.0 / 512.0;
+
+/// The official FP4 round trip with E4M3 scales (`fp4_act_quant` with
+/// `scale_dtype=float8_e4m3fn`, V4.1's compressed latents, blocks of 16):
+/// `scale = E4M3(max(amax, 6·2^-9)/6)` (not a power of two, so the
+/// division by it is a true f32 division), value →
+/// `E2M1(clamp(x/scale, ±6))·scale`.
+pub fn fp4_e4m3_roundtrip_blocks(v: &mut [f32], block: usize) {
+    for block in v.chunks_mut(block) {
+        let scale = round_e4m3(block_amax(block).max(FP4_E4M3_AMAX_FLOOR) / E2M1_MAX);
         for x in block.iter_mut() {
             *x = round_e2m1((*x / scale).clamp(-E2M1_MAX, E2M1_MAX)) * scale;
         }
@@ -387,6 +415,43 @@ mod tests {
         }
         let mut z = vec![0.0f32; 32];
         fp4_roundtrip(&mut z);
+        assert!(z.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn fp8_act_roundtrip_blocks_of_32_ties_to_even() {
+        // Block 0: amax 448 gives scale 1; the others sit halfway between
+        // two E4M3 codes and go to the even one. Block 1 is all zeros (the
+        // 1e-4 floor keeps the scale finite). Block 2 is short.
+        let mut v = vec![0f32; 70];
+        v[..6].copy_from_slice(&[448.0, 1.0625, -17.0, 4.5 / 512.0, 3.125, -1.5 / 512.0]);
+        v[64..].copy_from_slice(&[0.3, -0.05, 0.0, 0.0, 0.0, 0.0]);
+        fp8_roundtrip(&mut v, 32);
+        assert_eq!(
+            &v[..6],
+            &[448.0, 1.0, -16.0, 4.0 / 512.0, 3.0, -2.0 / 512.0]
+        );
+        assert!(v[6..64].iter().all(|&x| x == 0.0));
+        // amax 0.3: scale 2^ceil(log2(0.3/448)) = 2^-10; 0.3·1024 = 307.2
+        // → 320 (E4M3 step 32 in [256, 512)), −51.2 → −52 (step 4).
+        assert_eq!(&v[64..66], &[320.0 / 1024.0, -52.0 / 1024.0]);
+    }
+
+    #[test]
+    fn fp4_with_e4m3_scales_rounds_the_scale_and_the_values() {
+        // amax 4.5: scale E4M3(0.75) = 0.75; values at E2M1 ties (x/0.75 =
+        // 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) go to the even code.
+        let mut v = vec![4.5f32, 0.1875, -0.5625, 0.9375, 1.3125, -1.875, 2.625, 3.75];
+        v.resize(16, 0.0);
+        fp4_e4m3_roundtrip_blocks(&mut v, 16);
+        assert_eq!(&v[..8], &[4.5, 0.0, -0.75, 0.75, 1.5, -1.5, 3.0, 3.0]);
+        // amax 1: scale E4M3(1/6) = 0.171875 (11·2^-6), so 1 → 6·0.171875.
+        let mut w = vec![1.0f32, 0.0, 0.0];
+        fp4_e4m3_roundtrip_blocks(&mut w, 16);
+        assert_eq!(w, vec![1.03125, 0.0, 0.0]);
+        // An all-zero block stays zero (scale floor 2^-9).
+        let mut z = vec![0f32; 16];
+        fp4_e4m3_roundtrip_blocks(&mut z, 16);
         assert!(z.iter().all(|&x| x == 0.0));
     }
 }

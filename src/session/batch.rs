@@ -232,14 +232,6 @@ impl Batch {
         &self.backend_notice
     }
 
-    /// [`Session::numerics_notice`] for the slots (all alike).
-    pub fn numerics_notice(&self) -> Option<String> {
-        match &self.engine {
-            Engine::Shared(s) => super::numerics_notice(s.net.as_ref(), s.backend.name()),
-            Engine::Serial(v) => v[0].session.numerics_notice(),
-        }
-    }
-
     fn frame(&self) -> Frame {
         Frame {
             ctx: self.opts.ctx,

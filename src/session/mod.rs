@@ -101,12 +101,6 @@ fn open_net(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn net::Net>
     })
 }
 
-/// [`Session::numerics_notice`] for `net` on backend `backend`.
-fn numerics_notice(net: &dyn net::Net, backend: &str) -> Option<String> {
-    let missing = net.missing_model_steps(backend);
-    (!missing.is_empty()).then(|| crate::model::v41::numerics::notice(backend, missing))
-}
-
 /// What a `sync` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SyncStats {
@@ -242,14 +236,6 @@ impl Session {
     /// One line saying which backend and device run this session.
     pub fn backend_notice(&self) -> &str {
         &self.backend_notice
-    }
-
-    /// The warning to print once at start when the numerics asked for are
-    /// not what runs: V4.1 under `--numerics model` on a backend that lacks
-    /// official rounding steps, naming them (one line per step). `None`
-    /// when every step runs (V4; `--numerics plain`).
-    pub fn numerics_notice(&self) -> Option<String> {
-        numerics_notice(self.net.as_ref(), self.backend.name())
     }
 
     /// The routed-expert cache when experts are streamed (`--ssd-streaming`).

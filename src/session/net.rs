@@ -70,13 +70,6 @@ pub(crate) trait Net: Send {
     fn engram_stats(&self) -> Option<EngramStats> {
         None
     }
-
-    /// The official rounding steps the session's numerics ask for that
-    /// backend `backend` does not run (V4.1 under `--numerics model`;
-    /// V4 runs them all).
-    fn missing_model_steps(&self, _backend: &str) -> &'static [&'static str] {
-        &[]
-    }
 }
 
 /// The session sizes a snapshot records and checks.

@@ -28,7 +28,6 @@ use crate::model::logits::Logits;
 use crate::model::v41::engram::{hash_rows, EngramHistory};
 use crate::model::v41::engram_reader::{EngramReader, EngramStats};
 use crate::model::v41::forward::{self, engram_input, V41ForwardOptions, V41KvLayout};
-use crate::model::v41::numerics::missing_model_steps;
 use crate::model::v41::{LayerRole, V41ModelFile};
 
 const VERSION: u32 = 1;
@@ -44,8 +43,7 @@ pub(super) struct V41Net {
     kv: V41KvLayout,
     reader: EngramReader,
     history: EngramHistory,
-    /// What the session asked for; the graphs are plain f32 either way
-    /// until the official rounding steps land (`model::v41::numerics`).
+    /// What the session asked for (`model`: the official rounding steps).
     numerics: Numerics,
 }
 
@@ -109,6 +107,7 @@ impl Net for V41Net {
     /// The V4.1 forward for steps of up to `max_tokens`, Engram rows fed by the host.
     fn record(&self, max_tokens: usize, logits: Logits, keep: &[ValueName]) -> Graph {
         let opts = V41ForwardOptions {
+            numerics: self.numerics,
             logits,
             keep: keep.to_vec(),
             engram_from_host: true,
@@ -128,13 +127,6 @@ impl Net for V41Net {
 
     fn engram_stats(&self) -> Option<EngramStats> {
         Some(self.reader.stats())
-    }
-
-    fn missing_model_steps(&self, backend: &str) -> &'static [&'static str] {
-        match self.numerics {
-            Numerics::Model => missing_model_steps(backend),
-            Numerics::Plain => &[],
-        }
     }
 
     /// The history of an empty sequence.

@@ -389,6 +389,7 @@ fn run_op(cx: &mut CpuCx, op: &Op, fast: Option<&fast::Kernels>) {
         Op::Rope(o) => o.cpu(cx),
         Op::KvRound(o) => o.cpu(cx),
         Op::HadamardFp4(o) => o.cpu(cx),
+        Op::BlockRound(o) => o.cpu(cx),
         Op::Attention(o) => o.cpu(cx),
         Op::RingWrite(o) => o.cpu(cx),
         Op::Compress(o) => o.cpu(cx),

@@ -123,6 +123,9 @@ pub struct RoutedExperts {
     sum: wgpu::ComputePipeline,
     /// (which pipeline: 0 gate type, 1 up type, 2 down type), bind group, grid.
     chunk_dispatches: Vec<(u8, wgpu::BindGroup, u32, u32)>,
+    /// V4.1 model numerics: the FP8 round trip of w2's input, run after
+    /// the last up chunk (pipeline, bind group, grid).
+    mid_round: Option<(wgpu::ComputePipeline, wgpu::BindGroup, u32, u32)>,
     sum_dispatch: (wgpu::BindGroup, u32, u32),
     k: u32,
     max_tokens: usize,
@@ -472,7 +475,8 @@ impl MatmulKernels {
     /// swiglu(gate_e·x[t], up_e·x[t]))`; `out[t]` sums the k slots in slot
     /// order. `selected` (i32) and `weights` (f32) are read on the GPU.
     /// `[gate, up, down]` hold experts of `dims` (or, streamed, slots of
-    /// them: the selection then names slots).
+    /// them: the selection then names slots). `mid_fp8`: w2's input goes
+    /// through FP8 first (V4.1 model numerics).
     #[allow(clippy::too_many_arguments)]
     pub fn experts(
         &self,
@@ -481,6 +485,7 @@ impl MatmulKernels {
         dims: ExpertDims,
         clamp: f32,
         k: usize,
+        mid_fp8: bool,
         x: BufRange,
         selected: BufRange,
         weights: BufRange,
@@ -577,6 +582,24 @@ impl MatmulKernels {
                 chunk_dispatches.push((which, bg, gx, gy));
             }
         }
+        let mid_round = if mid_fp8 {
+            let (gx, gy) = fold(ff.div_ceil(32).div_ceil(64));
+            let p = MatmulParams {
+                n_rows: ff as u32,
+                grid_x: gx,
+                k: k as u32,
+                ..Default::default()
+            };
+            let pb = self.params_buffer(gpu, &p);
+            // In place in the hidden rows (OUT); X is bound but not read.
+            let bg = scoped(gpu, "experts bind group", || {
+                self.bind_group(gpu, &pb, step, None, &c, &h, None, None)
+            })?;
+            let pipe = self.pipeline(gpu, Entry::ExpertMidRound, GgmlType::F32)?;
+            Some((pipe, bg, gx, gy))
+        } else {
+            None
+        };
         let (gx, gy) = fold(d.div_ceil(WORKGROUP as u64));
         let p = MatmulParams {
             n_rows: d as u32,
@@ -595,6 +618,7 @@ impl MatmulKernels {
             rows_down: self.pipeline(gpu, Entry::ExpertRows, down.ty)?,
             sum: self.pipeline(gpu, Entry::ExpertSum, GgmlType::F32)?,
             chunk_dispatches,
+            mid_round,
             sum_dispatch: (bg, gx, gy),
             k: k as u32,
             max_tokens,
@@ -636,7 +660,15 @@ impl RoutedExperts {
         if n == 0 {
             return;
         }
+        let mut mid_pending = self.mid_round.as_ref();
         for (which, bg, gx, gy) in &self.chunk_dispatches {
+            if *which == 2 {
+                if let Some((pipe, mbg, mx, my)) = mid_pending.take() {
+                    pass.set_pipeline(pipe);
+                    pass.set_bind_group(0, mbg, &[]);
+                    pass.dispatch_workgroups(*mx, *my, n * self.k);
+                }
+            }
             pass.set_pipeline(match which {
                 0 => &self.rows_gate,
                 1 => &self.rows,

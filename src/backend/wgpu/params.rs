@@ -44,7 +44,7 @@ params! {
     RopeParams { heads: u32, head_dim: u32, n_rot: u32, inverse: u32 }
     RoundParams {
         dim: u32, rows_per_token: u32, n_rot: u32, fp8: u32,
-        f16: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+        f16: u32, block: u32, format: u32, _pad0: u32,
     }
     RingParams { window: u32, dim: u32, _pad0: u32, _pad1: u32 }
     GatherParams { cols: u32, states: u32, _pad0: u32, _pad1: u32 }
@@ -67,7 +67,7 @@ params! {
     V41CompressParams {
         ratio: u32, head_dim: u32, index_head_dim: u32, n_rot: u32,
         eps: f32, capacity: u32, t0: u32, t1: u32,
-        chunk_rows: u32, index_chunk_rows: u32, _pad0: u32, _pad1: u32,
+        chunk_rows: u32, index_chunk_rows: u32, round_rows: u32, _pad0: u32,
     }
     /// shaders/v41_select.wgsl.
     V41SelectParams {

@@ -290,6 +290,7 @@ pub(super) fn record_streamed(
         o.dims(),
         o.clamp,
         o.k,
+        o.mid_fp8,
         range(o.x),
         BufRange::whole(&slot_sel),
         range(o.weights),

@@ -219,9 +219,6 @@ fn open_session(
         sess.backend_notice(),
         sess.state_bytes() as f64 / (1u64 << 20) as f64
     );
-    if let Some(w) = sess.numerics_notice() {
-        eprintln!("ds4-bench: {w}");
-    }
     Ok(sess)
 }
 

@@ -193,9 +193,6 @@ pub fn run(a: &Args, backend: BackendKind, bo: BackendOptions) -> Result<(), Str
         sess.backend_notice(),
         prompt.len()
     );
-    if let Some(w) = sess.numerics_notice() {
-        eprintln!("ds4-bench: {w}");
-    }
     sess.sync(&prompt, &mut |_, _| {})
         .map_err(|e| e.to_string())?;
     let snap = sess.save_snapshot().map_err(|e| e.to_string())?;

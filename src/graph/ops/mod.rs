@@ -36,6 +36,7 @@ pub enum Op {
     Rope(rope::Rope),
     KvRound(round::KvRound),
     HadamardFp4(round::HadamardFp4),
+    BlockRound(round::BlockRound),
     Attention(attention::Attention),
     RingWrite(attention::RingWrite),
     Compress(compress::Compress),
@@ -65,6 +66,7 @@ impl Op {
             Op::Rope(o) => vec![o.x],
             Op::KvRound(o) => vec![o.x],
             Op::HadamardFp4(o) => vec![o.x],
+            Op::BlockRound(o) => vec![o.x],
             Op::Attention(o) => {
                 let mut v = vec![o.q, o.kv];
                 v.extend(o.selected);
@@ -102,6 +104,7 @@ impl Op {
             Op::Rope(o) => vec![o.out],
             Op::KvRound(o) => vec![o.out],
             Op::HadamardFp4(o) => vec![o.out],
+            Op::BlockRound(o) => vec![o.out],
             Op::Attention(o) => vec![o.out],
             Op::RingWrite(_) => vec![],
             Op::Compress(_) => vec![],
@@ -166,6 +169,7 @@ impl Op {
             | Op::Rope(_)
             | Op::KvRound(_)
             | Op::HadamardFp4(_)
+            | Op::BlockRound(_)
             | Op::RingWrite(_)
             | Op::IndexerTopK(_)
             | Op::SwiGlu(_)
@@ -211,6 +215,7 @@ impl Op {
             Op::Rope(_) => "rope",
             Op::KvRound(_) => "kv_round",
             Op::HadamardFp4(_) => "hadamard_fp4",
+            Op::BlockRound(_) => "block_round",
             Op::Attention(_) => "attention",
             Op::RingWrite(_) => "ring_write",
             Op::Compress(_) => "compress",

@@ -171,7 +171,15 @@ pub struct MoeExperts {
     pub clamp: f32,
     pub k: usize,
     pub out: ValueId,
+    /// DeepSeek V4.1 under `--numerics model`: the weighted SwiGLU row (the
+    /// official expert multiplies the route weight in before `w2`) goes
+    /// through the FP8 round trip of `w2`'s input (blocks of 32, UE8M0
+    /// scales).
+    pub mid_fp8: bool,
 }
+
+/// The block of the FP8 round trip of an expert's `w2` input.
+pub const MID_FP8_BLOCK: usize = 32;
 
 /// Expert slabs a backend's expert cache holds for one pass (SSD
 /// streaming, `backend::experts`): the bytes of `t`'s slab of expert `e`
@@ -305,6 +313,11 @@ impl MoeExperts {
                 let wt = w[slot];
                 for f in 0..ff {
                     g[j * ff + f] = wt * swiglu(g[j * ff + f], u[j * ff + f], self.clamp);
+                }
+            }
+            if self.mid_fp8 {
+                for row in g.chunks_exact_mut(ff) {
+                    crate::quant::small_float::fp8_roundtrip(row, MID_FP8_BLOCK);
                 }
             }
             let mut y = vec![0f32; n * d];

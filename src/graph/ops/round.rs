@@ -77,3 +77,72 @@ impl HadamardFp4 {
         }
     }
 }
+
+/// The small float an activation is rounded through, with its block scale
+/// (the official `act_quant` / `fp4_act_quant`; DeepSeek V4.1 under
+/// `--numerics model`, docs/V41.md § Numerics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockFormat {
+    /// E4M3 with a power-of-two (UE8M0) scale: GEMM inputs, window KV rows.
+    Fp8,
+    /// E2M1 with a power-of-two (UE8M0) scale: indexer queries and keys.
+    Fp4,
+    /// E2M1 with an E4M3 scale: compressed latents.
+    Fp4E4m3Scale,
+}
+
+impl BlockFormat {
+    /// Its number in the GPU kernels' `format` parameter.
+    pub fn code(self) -> u32 {
+        match self {
+            BlockFormat::Fp8 => 0,
+            BlockFormat::Fp4 => 1,
+            BlockFormat::Fp4E4m3Scale => 2,
+        }
+    }
+
+    /// Rounds `v` in blocks of `block` (a shorter final block if needed).
+    pub fn round(self, v: &mut [f32], block: usize) {
+        match self {
+            BlockFormat::Fp8 => small_float::fp8_roundtrip(v, block),
+            BlockFormat::Fp4 => small_float::fp4_roundtrip_blocks(v, block),
+            BlockFormat::Fp4E4m3Scale => small_float::fp4_e4m3_roundtrip_blocks(v, block),
+        }
+    }
+}
+
+/// A round trip of every `cols`-wide row through `format` in blocks of
+/// `block`, restarting at every `head` values (the official quantisers
+/// block the last dim: one head of the indexer's queries, or the whole row
+/// of an activation): what the official graph's simulated quantisation
+/// does to an activation.
+#[derive(Clone, Debug)]
+pub struct BlockRound {
+    pub x: ValueId,
+    pub out: ValueId,
+    pub cols: usize,
+    /// Divides `cols`; blocks never cross a head.
+    pub head: usize,
+    pub block: usize,
+    pub format: BlockFormat,
+}
+
+impl BlockRound {
+    /// Heads per row (one GPU workgroup each).
+    pub fn heads(&self) -> usize {
+        self.cols / self.head
+    }
+
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        cx.write(self.out, |cx, out| self.compute(cx.get(self.x), n, out));
+    }
+
+    pub fn compute(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        let n = n_tokens * self.cols;
+        out[..n].copy_from_slice(&x[..n]);
+        for head in out[..n].chunks_exact_mut(self.head) {
+            self.format.round(head, self.block);
+        }
+    }
+}

@@ -15,7 +15,7 @@ use super::rope::{frequencies, rotate, RopeConfig};
 use super::CpuCx;
 use crate::gguf::{GgufFile, TensorRef};
 use crate::graph::{StateId, ValueId};
-use crate::quant::small_float::{e4m3_decode, e8m0_decode};
+use crate::quant::small_float::{self, e4m3_decode, e8m0_decode};
 
 /// The V4.1-only ops.
 #[derive(Clone, Debug)]
@@ -401,7 +401,16 @@ pub struct V41Compress {
     pub index_head_dim: usize,
     pub rope: RopeConfig,
     pub eps: f32,
+    /// `--numerics model`: after their RoPE, the latent goes through FP4
+    /// with E4M3 scales in blocks of 16 and the index key through FP4 with
+    /// UE8M0 scales in blocks of 32 (the official `fp4_act_quant` calls).
+    pub round_rows: bool,
 }
+
+/// The block of the official FP4 round trip of a compressed latent.
+pub const LATENT_FP4_BLOCK: usize = 16;
+/// The block of the official FP4 round trip of an index key or query.
+pub const INDEX_FP4_BLOCK: usize = 32;
 
 /// The V4.1 compressor's weights, widened to f32.
 pub struct CompressWeights {
@@ -502,8 +511,12 @@ impl V41Compress {
             rms_norm(&key, Some(&w.index_norm), ihd, self.eps, &mut key_n);
             let at = (j * r.max(1)) as f64;
             rotate(&mut key_n, &freqs, at, false);
-            index_rows[j * ihd..(j + 1) * ihd].copy_from_slice(&key_n);
             rotate(&mut normed, &freqs, at, false);
+            if self.round_rows {
+                small_float::fp4_roundtrip_blocks(&mut key_n, INDEX_FP4_BLOCK);
+                small_float::fp4_e4m3_roundtrip_blocks(&mut normed, LATENT_FP4_BLOCK);
+            }
+            index_rows[j * ihd..(j + 1) * ihd].copy_from_slice(&key_n);
             rows[j * hd..(j + 1) * hd].copy_from_slice(&normed);
         }
     }

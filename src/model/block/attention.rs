@@ -5,16 +5,17 @@
 //!
 //! What differs is passed in. [`AttnOptions`]: V4 normalises each query
 //! head and, under model numerics, rounds the window row to FP8/f16 before
-//! it is stored. The *sparse part* (which compressed rows the layer reads
+//! it is stored; V4.1 under model numerics rounds the whole window row to
+//! FP8 and the inputs of its FP8 GEMMs (`act_quant`). The *sparse part* (which compressed rows the layer reads
 //! and which of them the indexer selects) is a closure run between the
 //! projections and the attention: V4 runs each layer's own compressor and
 //! indexer, V4.1 reads them from its kv-source and index-source layers.
 
-use super::Builder;
+use super::{Builder, ACT_BLOCK};
 use crate::gguf::TensorRef;
 use crate::graph::ops::attention::{Attention, CompressedRows, RingWrite};
 use crate::graph::ops::basic::Scale;
-use crate::graph::ops::round::{HadamardFp4, KvRound};
+use crate::graph::ops::round::{BlockFormat, HadamardFp4, KvRound};
 use crate::graph::ops::Op;
 use crate::graph::{StateId, ValueId};
 use crate::model::weights::AttnWeights;
@@ -24,9 +25,34 @@ use crate::model::weights::AttnWeights;
 pub(crate) struct AttnOptions {
     /// RMS-normalise each query head before its RoPE (V4; not V4.1).
     pub q_head_norm: bool,
-    /// Round the window row to FP8 (non-rotary part) and f16 after RoPE
-    /// (V4 model numerics, MODEL.md §3.5.1).
-    pub kv_round: bool,
+    /// How the window row is rounded after its RoPE.
+    pub kv_round: KvRounding,
+    /// FP8 round trip of the inputs of the FP8 GEMMs `wq_a`, `wkv`, `wq_b`
+    /// (and the indexer's `wq_b`, through [`Projected::qr`]) and `wo_b`
+    /// (V4.1 model numerics; `wo_a` and the compressor read plain values).
+    pub act_fp8: bool,
+}
+
+/// The rounding of the window KV row after its RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KvRounding {
+    None,
+    /// V4 model numerics (MODEL.md §3.5.1): FP8 on the non-rotary dims in
+    /// blocks of 64, then f16 storage.
+    Fp8NonRotaryF16,
+    /// V4.1 model numerics: FP8 of the whole row, RoPE tail included, in
+    /// blocks of 32.
+    Fp8Row,
+}
+
+/// The rounding of the indexer's roped query heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IndexRounding {
+    None,
+    /// V4 model numerics: Walsh–Hadamard rotation, then FP4 in blocks of 32.
+    HadamardFp4,
+    /// V4.1 model numerics: FP4 in blocks of 32 (UE8M0 scales).
+    Fp4,
 }
 
 /// The projections a layer's sparse part reads.
@@ -34,7 +60,8 @@ pub(crate) struct AttnOptions {
 pub(crate) struct Projected {
     /// The normed sublayer input (D).
     pub xn: ValueId,
-    /// The normed low-rank query (QL).
+    /// The normed low-rank query (QL), as the FP8 GEMMs read it (rounded
+    /// under [`AttnOptions::act_fp8`]).
     pub qr: ValueId,
 }
 
@@ -62,27 +89,33 @@ impl Builder<'_> {
         let cfg = self.cfg;
         let (hd, nh) = (cfg.head_dim, cfg.n_head);
         let xn = self.rms_norm("attn_norm", x, cfg.n_embd, Some(&w.norm)); // D
-        let qa = self.matmul("q_a", &w.q_a, xn); // QL
+        let xq = self.gemm_input("attn_norm_fp8", xn, opts.act_fp8);
+        let qa = self.matmul("q_a", &w.q_a, xq); // QL
         let qr = self.rms_norm("q_a_norm", qa, cfg.q_lora_rank, Some(&w.q_a_norm)); // QL
+        let qr = self.gemm_input("q_a_norm_fp8", qr, opts.act_fp8);
         let mut q = self.matmul("q", &w.q_b, qr); // H·HD
         if opts.q_head_norm {
             q = self.rms_norm("q_head_norm", q, hd, None); // H·HD, per-head RMS
         }
         let q = self.rope("q_rope", q, nh, hd, l, false);
-        let kv = self.matmul("kv_proj", &w.kv, xn); // HD
+        let kv = self.matmul("kv_proj", &w.kv, xq); // HD
         let kv = self.rms_norm("kv_norm", kv, hd, Some(&w.kv_norm));
         let mut kv = self.rope("kv_rope", kv, 1, hd, l, false);
-        if opts.kv_round {
-            let out = self.r.tokens_f32("kv", hd);
-            self.r.op(Op::KvRound(KvRound {
-                x: kv,
-                out,
-                dim: hd,
-                n_rot: cfg.n_rot,
-                fp8: true,
-                f16: true,
-            }));
-            kv = out;
+        match opts.kv_round {
+            KvRounding::None => {}
+            KvRounding::Fp8NonRotaryF16 => {
+                let out = self.r.tokens_f32("kv", hd);
+                self.r.op(Op::KvRound(KvRound {
+                    x: kv,
+                    out,
+                    dim: hd,
+                    n_rot: cfg.n_rot,
+                    fp8: true,
+                    f16: true,
+                }));
+                kv = out;
+            }
+            KvRounding::Fp8Row => kv = self.round_blocks("kv", kv, hd, BlockFormat::Fp8, ACT_BLOCK),
         }
 
         // Compressors run before attention: a row completed by token p is
@@ -111,11 +144,12 @@ impl Builder<'_> {
         }));
         let o = self.rope("attn_heads_unrope", o, nh, hd, l, true);
         let low = self.grouped_matmul("attn_low", &w.output_a, o, cfg.o_groups); // OG·OL
+        let low = self.gemm_input("attn_low_fp8", low, opts.act_fp8);
         self.matmul("attn_out", &w.output_b, low) // D
     }
 
     /// The indexer's query heads and head weights (MODEL.md §3.6): `q` (IH·IHD,
-    /// roped; Hadamard + FP4 when `fp4`) and the weights (IH, scaled by
+    /// roped, then rounded as `rounding` says) and the weights (IH, scaled by
     /// 1/√(IHD·IH)).
     pub fn indexer_query(
         &mut self,
@@ -123,20 +157,26 @@ impl Builder<'_> {
         q_b: &TensorRef,
         proj: &TensorRef,
         p: Projected,
-        fp4: bool,
+        rounding: IndexRounding,
     ) -> (ValueId, ValueId) {
         let (ih, ihd) = (self.cfg.indexer_heads, self.cfg.indexer_head_dim);
         let qi = self.matmul("index_q", q_b, p.qr); // IH·IHD
         let mut qi = self.rope("index_q_rope", qi, ih, ihd, l, false);
-        if fp4 {
-            let out = self.r.tokens_f32("index_q_fp4", ih * ihd);
-            self.r.op(Op::HadamardFp4(HadamardFp4 {
-                x: qi,
-                out,
-                cols: ih * ihd,
-                head_dim: ihd,
-            }));
-            qi = out;
+        match rounding {
+            IndexRounding::None => {}
+            IndexRounding::HadamardFp4 => {
+                let out = self.r.tokens_f32("index_q_fp4", ih * ihd);
+                self.r.op(Op::HadamardFp4(HadamardFp4 {
+                    x: qi,
+                    out,
+                    cols: ih * ihd,
+                    head_dim: ihd,
+                }));
+                qi = out;
+            }
+            IndexRounding::Fp4 => {
+                qi = self.round_blocks("index_q_fp4", qi, ihd, BlockFormat::Fp4, ACT_BLOCK)
+            }
         }
         let wi = self.matmul("index_weights_raw", proj, p.xn); // IH
         let wis = self.r.tokens_f32("index_weights", ih);

@@ -19,10 +19,14 @@ use crate::graph::ops::hc::HcInit;
 use crate::graph::ops::matmul::MatMul;
 use crate::graph::ops::norm::RmsNorm;
 use crate::graph::ops::rope::Rope;
+use crate::graph::ops::round::{BlockFormat, BlockRound};
 use crate::graph::ops::{Op, Rows};
 use crate::graph::{Graph, Recorder, ValueId, ValueName};
 use crate::model::config::CoreConfig;
 use crate::model::logits::Logits;
+
+/// The official V4.1 activation block (`fp8_block_size`, `fp4_block_size`).
+pub(crate) const ACT_BLOCK: usize = 32;
 
 /// A graph being recorded for one model: the recorder, the core
 /// configuration and the step's token ids.
@@ -39,6 +43,42 @@ impl<'a> Builder<'a> {
         let mut r = Recorder::new(max_tokens);
         let tokens = r.tokens_i32("tokens", 1);
         Builder { r, cfg, tokens }
+    }
+
+    /// `x` rounded through `format` in blocks of `block` along each head
+    /// of `head` values (the official graph's simulated quantisation of an
+    /// activation).
+    pub fn round_blocks(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        head: usize,
+        format: BlockFormat,
+        block: usize,
+    ) -> ValueId {
+        let cols = self.r.value(x).cols;
+        let out = self.r.tokens_f32(name, cols);
+        self.r.op(Op::BlockRound(BlockRound {
+            x,
+            out,
+            cols,
+            head,
+            block,
+            format,
+        }));
+        out
+    }
+
+    /// The input of an FP8 or FP4 GEMM under the official numerics
+    /// (`act_quant`: FP8 in blocks of 32 with UE8M0 scales) when `fp8`,
+    /// else `x` itself.
+    pub fn gemm_input(&mut self, name: &str, x: ValueId, fp8: bool) -> ValueId {
+        if fp8 {
+            let cols = self.r.value(x).cols;
+            self.round_blocks(name, x, cols, BlockFormat::Fp8, ACT_BLOCK)
+        } else {
+            x
+        }
     }
 
     /// `w · x` for every token, out = `w.ne[1]` columns.

@@ -12,8 +12,20 @@ use crate::model::weights::MoeWeights;
 
 impl Builder<'_> {
     /// The MoE sublayer of layer `l` on the collapsed `x` (D): top-k
-    /// weights renormalised when `normalize`. Returns y (D).
-    pub fn moe(&mut self, l: usize, w: &MoeWeights, x: ValueId, normalize: bool) -> ValueId {
+    /// weights renormalised when `normalize`; under `act_fp8` (V4.1 model
+    /// numerics) the experts' w1/w3 inputs and the shared expert's w2 input
+    /// go through the FP8 round trip, while the router reads the plain norm
+    /// output; `mid_fp8` rounds the routed experts' weighted w2 inputs the
+    /// same way. Returns y (D).
+    pub fn moe(
+        &mut self,
+        l: usize,
+        w: &MoeWeights,
+        x: ValueId,
+        normalize: bool,
+        act_fp8: bool,
+        mid_fp8: bool,
+    ) -> ValueId {
         let cfg = self.cfg;
         let (d, k) = (cfg.n_embd, cfg.n_expert_used);
         let clamp = cfg.swiglu_clamp[l];
@@ -33,9 +45,10 @@ impl Builder<'_> {
             scale: cfg.expert_weights_scale,
             normalize,
         }));
+        let xq = self.gemm_input("ffn_norm_fp8", xn, act_fp8);
         let routed = self.r.tokens_f32("moe_routed", d); // D
         self.r.op(Op::MoeExperts(MoeExperts {
-            x: xn,
+            x: xq,
             selected: sel,
             weights,
             gate: w.gate_exps.clone(),
@@ -44,12 +57,13 @@ impl Builder<'_> {
             clamp,
             k,
             out: routed,
+            mid_fp8,
         }));
         let Some(sh) = &w.shared else {
             return routed;
         };
-        let g = self.matmul("shared_gate", &sh.gate, xn); // FF
-        let u = self.matmul("shared_up", &sh.up, xn);
+        let g = self.matmul("shared_gate", &sh.gate, xq); // FF
+        let u = self.matmul("shared_up", &sh.up, xq);
         let h = self.r.tokens_f32("shared_h", sh.gate.ne[1] as usize);
         self.r.op(Op::SwiGlu(SwiGlu {
             gate: g,
@@ -58,6 +72,7 @@ impl Builder<'_> {
             clamp,
             cols: self.r.value(h).cols,
         }));
+        let h = self.gemm_input("shared_h_fp8", h, act_fp8);
         let shared = self.matmul("shared_out", &sh.down, h); // D
         let y = self.r.tokens_f32("ffn_out", d);
         self.r.op(Op::Add(Add {

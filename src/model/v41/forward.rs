@@ -13,8 +13,10 @@
 //!    the V4.1 compressor and the candidate blocks (`sparse`).
 //!
 //! Smaller differences: no per-head query norm, the router normalises only
-//! with more than one expert, and plain f32 numerics (the official fp8/fp4
-//! simulation is not modelled yet).
+//! with more than one expert, and under `--numerics model` the official
+//! graph's simulated quantisation (docs/V41.md § Numerics): FP8 inputs of
+//! the FP8/FP4 GEMMs, the whole window row in FP8, the compressed latents
+//! in FP4 with E4M3 scales, the indexer's queries and keys in FP4.
 
 use std::sync::Arc;
 
@@ -27,8 +29,9 @@ use crate::graph::ops::v41::{
 };
 use crate::graph::ops::Op;
 use crate::graph::{Graph, StateId, StateLayout, ValueId, ValueName};
-use crate::model::block::attention::{AttnOptions, Projected, Sparse};
+use crate::model::block::attention::{AttnOptions, IndexRounding, KvRounding, Projected, Sparse};
 use crate::model::block::Builder;
+use crate::model::forward::Numerics;
 use crate::model::logits::Logits;
 
 /// Persistent state of one V4.1 layer.
@@ -97,6 +100,7 @@ impl V41KvLayout {
 
 #[derive(Clone, Debug)]
 pub struct V41ForwardOptions {
+    pub numerics: Numerics,
     pub logits: Logits,
     /// Values to keep readable after a step.
     pub keep: Vec<ValueName>,
@@ -129,6 +133,8 @@ struct Carry {
     hashed: Option<ValueId>,
     /// Host-fed inputs (kept: written before the step, so no slot reuse).
     inputs: Vec<ValueId>,
+    /// `--numerics model`: the official rounding steps.
+    model: bool,
 }
 
 /// The Engram module of layer `l` (research §2.5), on the whole HC state.
@@ -157,6 +163,7 @@ fn engram(
         }))),
         None => carry.inputs.push(e),
     }
+    let e = b.gemm_input("engram_rows_fp8", e, carry.model);
     let kv = b.matmul("engram_kv", &ew.kv, e);
     let out = b.r.tokens_f32("engram_hc_state", cfg.hc_count * cfg.n_embd);
     b.r.op(Op::V41(V41Op::EngramGate(EngramGate {
@@ -206,6 +213,7 @@ fn sparse(
             index_head_dim: cfg.indexer_head_dim,
             rope: cfg.rope(l),
             eps: cfg.rms_eps,
+            round_rows: carry.model,
         })));
     }
     let kv_source = match role {
@@ -221,7 +229,12 @@ fn sparse(
         let keys = kv_layout.layers[src]
             .index_rows
             .expect("a kv source has index rows");
-        let (qi, wis) = b.indexer_query(l, &iw.q_b, &iw.proj, p, false);
+        let rounding = if carry.model {
+            IndexRounding::Fp4
+        } else {
+            IndexRounding::None
+        };
+        let (qi, wis) = b.indexer_query(l, &iw.q_b, &iw.proj, p, rounding);
         let sel = b.r.tokens_i32("index_selected", cfg.indexer_top_k);
         match carry.blocks {
             Some(blocks) if cfg.uses_candidates(l) => {
@@ -294,12 +307,19 @@ pub fn record(
         blocks: None,
         hashed: None,
         inputs: Vec::new(),
+        model: opts.numerics == Numerics::Model,
     };
     let (n, eg) = (cfg.hc_count, &cfg.engram);
-    // No per-head query norm, no rounding of the window row (plain numerics).
+    // No per-head query norm; under model numerics the whole window row in
+    // FP8 and the FP8 GEMMs' inputs rounded.
     let attn = AttnOptions {
         q_head_norm: false,
-        kv_round: false,
+        kv_round: if carry.model {
+            KvRounding::Fp8Row
+        } else {
+            KvRounding::None
+        },
+        act_fp8: carry.model,
     };
 
     // Engram rows depend on the ids alone: hashed once, before any layer.
@@ -335,7 +355,7 @@ pub fn record(
         let f = b.hc_mixes("ffn", state, &lw.hc_ffn);
         let x = b.hc_collapse("ffn_in", state, a.pre);
         let normalize = cfg.expert_weights_norm && cfg.n_expert_used > 1;
-        let y = b.moe(l, &lw.ffn, x, normalize);
+        let y = b.moe(l, &lw.ffn, x, normalize, carry.model, carry.model);
         state = b.hc_expand("ffn", state, y, &f);
         pre_mix = f.pre;
         b.r.flush();

@@ -8,7 +8,6 @@ pub mod config;
 pub mod engram;
 pub mod engram_reader;
 pub mod forward;
-pub mod numerics;
 pub mod weights;
 
 use std::path::Path;

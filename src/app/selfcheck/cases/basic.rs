@@ -398,5 +398,65 @@ pub fn rounding_cases() -> Vec<Case> {
             0,
         ));
     }
+    cases.extend(block_round_cases(&mut rng));
+    cases
+}
+
+/// V4.1's block round trips in the three formats: rows wider than a
+/// workgroup's row memory, a short final block, an all-zero block (the
+/// amax floors), magnitudes over many binades, and ties at the rounding
+/// boundaries (values that land exactly halfway between two codes).
+fn block_round_cases(rng: &mut Rng) -> Vec<Case> {
+    use round::BlockFormat::{Fp4, Fp4E4m3Scale, Fp8};
+    let mut cases = Vec::new();
+    // (cols, head, block, format, tokens): heads narrower than a block
+    // (the tiny V4.1 indexer's 16) and several heads per row.
+    for &(cols, head, block, format, n) in &[
+        (70usize, 70usize, 32usize, Fp8, 2usize),
+        (8192, 8192, 32, Fp8, 1),
+        (96, 96, 32, Fp4, 3),
+        (64, 16, 32, Fp4, 2),
+        (2304, 128, 32, Fp4, 1),
+        (100, 100, 16, Fp4E4m3Scale, 2),
+        (1040, 1040, 16, Fp4E4m3Scale, 1),
+    ] {
+        let (f, _) = Weights::default().build();
+        let mut b = Builder::new(4, n);
+        let x = b.rec.tokens_f32("x", cols);
+        let o = b.rec.tokens_f32("out", cols);
+        let mut v = rng.scaled(n * cols, 1.0);
+        for (i, x) in v.iter_mut().enumerate() {
+            *x *= 10f32.powi((i / block % 9) as i32 - 4);
+        }
+        // Block 0 of the first row: its amax sets a scale of exactly 1
+        // (FP8: 448; FP4: 6; E4M3-scaled FP4: 4.5 → scale 0.75), and the
+        // other values sit on ties of the format (even-code choices).
+        let ties: &[f32] = match format {
+            Fp8 => &[448.0, 1.0625, -17.0, 0.0087890625, 3.125, -0.0029296875],
+            Fp4 => &[6.0, 0.25, -0.75, 1.25, 1.75, -2.5, 3.5, 5.0],
+            Fp4E4m3Scale => &[4.5, 0.1875, -0.5625, 0.9375, 1.3125, -1.875, 2.625, 3.75],
+        };
+        v[..block].fill(0.0);
+        v[..ties.len()].copy_from_slice(ties);
+        // Block 1: all zeros.
+        v[block..2 * block].fill(0.0);
+        let inputs = vec![(x, v)];
+        let op = Op::BlockRound(round::BlockRound {
+            x,
+            out: o,
+            cols,
+            head,
+            block,
+            format,
+        });
+        cases.push(b.finish(
+            format!("block_round {format:?} {cols} heads of {head} / {block} n {n}"),
+            f,
+            op,
+            inputs,
+            vec![],
+            0,
+        ));
+    }
     cases
 }

@@ -153,58 +153,68 @@ pub fn matmul_cases() -> Vec<Case> {
             2,
         ),
     ] {
-        let mut w = Weights::default();
-        w.add(
-            "gate",
-            &[d as u64, ff as u64, e as u64],
-            ty_g,
-            &rng.scaled(d * ff * e, 1.0),
-        );
-        w.add(
-            "up",
-            &[d as u64, ff as u64, e as u64],
-            ty_u,
-            &rng.scaled(d * ff * e, 1.0),
-        );
-        w.add(
-            "down",
-            &[ff as u64, d as u64, e as u64],
-            ty_d,
-            &rng.scaled(d * ff * e, 1.0),
-        );
-        let (f, r) = w.build();
-        let mut b = Builder::new(6, n);
-        let x = b.rec.tokens_f32("x", d);
-        let sel = b.rec.tokens_i32("sel", k);
-        let wts = b.rec.tokens_f32("w", k);
-        let o = b.rec.tokens_f32("out", d);
-        let picks: Vec<f32> = (0..n)
-            .flat_map(|t| (0..k).map(move |i| ((t + 2 * i) % e) as f32))
-            .collect();
-        let inputs = vec![
-            (x, rng.scaled(n * d, 1.0)),
-            (sel, picks),
-            (wts, rng.scaled(n * k, 1.0)),
-        ];
-        let op = Op::MoeExperts(moe::MoeExperts {
-            x,
-            selected: sel,
-            weights: wts,
-            gate: r[0].clone(),
-            up: r[1].clone(),
-            down: r[2].clone(),
-            clamp: 7.0,
-            k,
-            out: o,
-        });
-        cases.push(b.finish(
-            format!("moe_experts {ty_g}+{ty_u}/{ty_d} d{d} ff{ff} e{e} k{k} n {n}"),
+        // V4.1 model numerics (w2's input through FP8) on the fused gate/up
+        // path and on the separate one, ff 24 a short FP8 block.
+        let mids: &[bool] = if matches!(ty_g, GgmlType::Q4K | GgmlType::F16) {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &mid_fp8 in mids {
+            let mut w = Weights::default();
+            w.add(
+                "gate",
+                &[d as u64, ff as u64, e as u64],
+                ty_g,
+                &rng.scaled(d * ff * e, 1.0),
+            );
+            w.add(
+                "up",
+                &[d as u64, ff as u64, e as u64],
+                ty_u,
+                &rng.scaled(d * ff * e, 1.0),
+            );
+            w.add(
+                "down",
+                &[ff as u64, d as u64, e as u64],
+                ty_d,
+                &rng.scaled(d * ff * e, 1.0),
+            );
+            let (f, r) = w.build();
+            let mut b = Builder::new(6, n);
+            let x = b.rec.tokens_f32("x", d);
+            let sel = b.rec.tokens_i32("sel", k);
+            let wts = b.rec.tokens_f32("w", k);
+            let o = b.rec.tokens_f32("out", d);
+            let picks: Vec<f32> = (0..n)
+                .flat_map(|t| (0..k).map(move |i| ((t + 2 * i) % e) as f32))
+                .collect();
+            let inputs = vec![
+                (x, rng.scaled(n * d, 1.0)),
+                (sel, picks),
+                (wts, rng.scaled(n * k, 1.0)),
+            ];
+            let op = Op::MoeExperts(moe::MoeExperts {
+                x,
+                selected: sel,
+                weights: wts,
+                gate: r[0].clone(),
+                up: r[1].clone(),
+                down: r[2].clone(),
+                clamp: 7.0,
+                k,
+                out: o,
+                mid_fp8,
+            });
+            cases.push(b.finish(
+            format!("moe_experts {ty_g}+{ty_u}/{ty_d} d{d} ff{ff} e{e} k{k} n {n} mid_fp8 {mid_fp8}"),
             f,
             op,
             inputs,
             vec![],
             0,
         ));
+        }
     }
     cases
 }

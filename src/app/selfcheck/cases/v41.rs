@@ -108,6 +108,12 @@ pub fn engram_gate_cases() -> Vec<Case> {
 pub type CompressShape = (usize, usize, usize, usize, usize, usize, usize);
 
 pub fn compressor_case(rng: &mut Rng, shape: CompressShape) -> Case {
+    compressor_case_rounded(rng, shape, false)
+}
+
+/// A V41Compress case with the model numerics' FP4 rounding of the rows
+/// when `round_rows`.
+pub fn compressor_case_rounded(rng: &mut Rng, shape: CompressShape, round_rows: bool) -> Case {
     let (ratio, hd, ihd, n_rot, n, pos0, cap) = shape;
     let mut w = Weights::default();
     w.add("norm", &[hd as u64], GgmlType::F32, &rng.scaled(hd, 1.5));
@@ -152,9 +158,13 @@ pub fn compressor_case(rng: &mut Rng, shape: CompressShape) -> Case {
         index_head_dim: ihd,
         rope: v41_rope(n_rot, ratio > 1),
         eps: 1e-6,
+        round_rows,
     }));
     b.finish(
-        format!("v41_compress r{ratio} {hd}/{ihd} rot {n_rot} n {n} pos {pos0} cap {cap}"),
+        format!(
+            "v41_compress r{ratio} {hd}/{ihd} rot {n_rot} n {n} pos {pos0} cap {cap} \
+             round {round_rows}"
+        ),
         f,
         op,
         inputs,
@@ -176,7 +186,15 @@ pub fn v41_compressor_cases() -> Vec<Case> {
         (1, 16, 8, 4, 6, 0, 3),
     ]
     .map(|shape| compressor_case(&mut rng, shape));
-    cases.into_iter().collect()
+    // Model numerics: short final FP4 blocks (40 = 16+16+8, 24 < 32) and
+    // rows past 256 threads.
+    let rounded = [
+        (1usize, 32usize, 16usize, 8usize, 5usize, 0usize, 0usize),
+        (4, 40, 24, 8, 9, 6, 0),
+        (1, 300, 130, 64, 3, 17, 0),
+    ]
+    .map(|shape| compressor_case_rounded(&mut rng, shape, true));
+    cases.into_iter().chain(rounded).collect()
 }
 
 /// Grid values: q and keys in {-1, 0, 1}, weights ±{1/4, 1/2, 1}; every

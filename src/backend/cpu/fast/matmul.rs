@@ -532,6 +532,14 @@ pub fn moe_experts_segments<'f>(
                 h[j * ff + f] = wt * swiglu(g[f * n + j], u[f * n + j], o.clamp);
             }
         }
+        if o.mid_fp8 {
+            for row in h.chunks_exact_mut(ff) {
+                crate::quant::small_float::fp8_roundtrip(
+                    row,
+                    crate::graph::ops::moe::MID_FP8_BLOCK,
+                );
+            }
+        }
         let ah = Acts::quantize(kd, ff, h.chunks_exact(ff));
         let mut y = vec![0f32; n * d];
         on(o.down.ty, slab(&o.down, e), d, &ah, &mut y);

@@ -11,7 +11,8 @@ use crate::backend::cuda::streaming::{self, StreamPoint, StreamedLayer};
 use crate::backend::kernels::Entry;
 use crate::backend::BackendError;
 use crate::gguf::TensorRef;
-use crate::graph::ops::moe::{ExpertDims, MoeExperts};
+use crate::graph::ops::moe::{ExpertDims, MoeExperts, MID_FP8_BLOCK};
+use crate::graph::ops::round::BlockFormat;
 
 /// Where the pass reads its experts: the uploaded tensors, or a streamed
 /// layer's slots.
@@ -123,6 +124,14 @@ pub fn moe_experts(cx: &mut Cx, o: &MoeExperts) -> Result<(), BackendError> {
         pass.rows(cx, &o.up, d, ff, x, false, up)?;
         let grid = Grid::Threads(per_token(k * ff));
         launch!(cx, Entry::ExpertSwiGlu, grid, THREADS, 0; g, up, o.weights, h, ff, k, o.clamp)?;
+    }
+    if o.mid_fp8 {
+        // V4.1 model numerics: w2's input (the weighted SwiGLU row of each
+        // slot) through FP8 in place, before down. A streamed pass reruns
+        // this every round over every slot: the round trip is idempotent.
+        let grid = Grid::Blocks(per_token(k), fixed(1));
+        let (block, fp8) = (MID_FP8_BLOCK, BlockFormat::Fp8.code());
+        launch!(cx, Entry::BlockRound, grid, THREADS, 0; h, h, ff, k, block, fp8)?;
     }
     pass.rows(cx, &o.down, ff, d, h, true, y)?;
     let grid = Grid::Threads(per_token(d));

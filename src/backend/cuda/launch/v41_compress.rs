@@ -34,5 +34,5 @@ pub fn v41_compress(cx: &mut Cx, o: &V41Compress) -> Result<(), BackendError> {
     let grid = Grid::Blocks(fixed(1), fixed(1));
     launch!(cx, Entry::V41Compress, grid, THREADS, 0;
         o.kv, gate, norm, wk, index_norm, frontier.map(|f| f.kv), frontier.map(|f| f.score),
-        o.rows, o.index_rows, f, ratio, hd, ihd, n_rot, o.eps, capacity)
+        o.rows, o.index_rows, f, ratio, hd, ihd, n_rot, o.eps, capacity, o.round_rows)
 }

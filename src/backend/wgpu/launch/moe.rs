@@ -31,6 +31,7 @@ pub fn moe_experts(cx: &mut Cx, o: &MoeExperts) -> Result<Vec<Work>, BackendErro
         o.dims(),
         o.clamp,
         o.k,
+        o.mid_fp8,
         x,
         sel,
         wts,

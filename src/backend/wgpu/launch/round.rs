@@ -1,5 +1,7 @@
 //! shaders/round.wgsl: the KV rounding and the Hadamard + FP4 round trip,
-//! one workgroup per row (one row held in workgroup memory).
+//! one workgroup per row (one row held in workgroup memory), and the block
+//! round trip of V4.1's activations (one workgroup per row, in place in
+//! global memory).
 
 use super::super::kernels::Access::{Read as R, Write as W};
 use super::super::params::RoundParams;
@@ -7,7 +9,7 @@ use super::{groups_per_token, supported, unsupported, Bindings, Cx};
 use crate::backend::kernels::Entry;
 use crate::backend::wgpu::Work;
 use crate::backend::BackendError;
-use crate::graph::ops::round::{HadamardFp4, KvRound};
+use crate::graph::ops::round::{BlockRound, HadamardFp4, KvRound};
 
 /// x, out.
 pub const BINDINGS: Bindings = Bindings::of(&[R, W]);
@@ -43,4 +45,16 @@ pub fn hadamard_fp4(cx: &mut Cx, o: &HadamardFp4) -> Result<Vec<Work>, BackendEr
     };
     let s = [cx.val(o.x), cx.val(o.out)];
     cx.one(Entry::HadamardFp4, &p, &s, groups_per_token(o.blocks()))
+}
+
+pub fn block_round(cx: &mut Cx, o: &BlockRound) -> Result<Vec<Work>, BackendError> {
+    let p = RoundParams {
+        dim: o.head as u32,
+        rows_per_token: o.heads() as u32,
+        block: o.block as u32,
+        format: o.format.code(),
+        ..Default::default()
+    };
+    let s = [cx.val(o.x), cx.val(o.out)];
+    cx.one(Entry::BlockRound, &p, &s, groups_per_token(o.heads()))
 }

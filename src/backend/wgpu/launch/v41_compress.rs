@@ -102,6 +102,7 @@ pub fn v41_compress(cx: &mut Cx, o: &V41Compress) -> Result<Vec<Work>, BackendEr
         capacity: capacity.min(cx.b.layout.get(o.index_rows).rows) as u32,
         chunk_rows,
         index_chunk_rows,
+        round_rows: o.round_rows as u32,
         ..Default::default()
     };
     let mut s = vec![
