@@ -3,7 +3,6 @@
 //! at every position of both prompts, the indexer's and candidate source's
 //! choices, whole-prompt prefill and token-by-token decode alike.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use ds4::backend::{self, Backend, BackendKind, BackendOptions, GraphHandle};
@@ -14,26 +13,10 @@ use ds4::model::v41::engram::{hash_rows, EngramHistory};
 use ds4::model::v41::engram_reader::EngramReader;
 use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLayout};
 use ds4::model::v41::V41ModelFile;
-use ds4::testmodel::v41::{write_v41_model, V41Spec};
-use ds4::testmodel::Variant;
-use ds4::testmodel::Vocab;
 use serde_json::Value;
 
-fn golden() -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v41-tiny.json");
-    serde_json::from_slice(&std::fs::read(p).expect("committed golden")).unwrap()
-}
-
-fn model() -> Arc<V41ModelFile> {
-    let dir = std::env::temp_dir().join(format!("ds4-v41-forward-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("tiny-v41.gguf");
-    if !path.exists() {
-        let vocab = Vocab::load_default().unwrap();
-        write_v41_model(&V41Spec::tiny(), Variant::F32, &vocab, &path).unwrap();
-    }
-    Arc::new(V41ModelFile::open(&path).unwrap())
-}
+mod common;
+use common::v41::{golden, log_softmax, tiny as model};
 
 struct Run {
     logits: Vec<Vec<f32>>,
@@ -118,12 +101,6 @@ fn run_on(kind: BackendKind, m: &Arc<V41ModelFile>, ids: &[u32], step: usize) ->
     out
 }
 
-fn log_softmax(l: &[f32]) -> Vec<f64> {
-    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let s: f64 = l.iter().map(|&x| (x as f64 - m).exp()).sum();
-    l.iter().map(|&x| x as f64 - m - s.ln()).collect()
-}
-
 /// Worst |Δ log-prob| over the golden's top-20 at every position.
 fn compare(p: &Value, logits: &[Vec<f32>]) -> f64 {
     let top_ids = p["top_ids"].as_array().unwrap();
@@ -147,7 +124,7 @@ fn compare(p: &Value, logits: &[Vec<f32>]) -> f64 {
 
 #[test]
 fn v41_graph_matches_the_reference_at_every_position() {
-    let g = golden();
+    let g = golden("v41-tiny.json");
     let m = model();
     for p in g["prompts"].as_array().unwrap() {
         let ids: Vec<u32> = p["ids"]
@@ -215,7 +192,7 @@ fn v41_graph_matches_the_reference_at_every_position() {
 /// (its kernels take the shared ops; the V4.1 ops run their CPU twins).
 #[test]
 fn v41_graph_in_uneven_steps_and_on_the_fast_cpu_backend() {
-    let g = golden();
+    let g = golden("v41-tiny.json");
     let m = model();
     let p = &g["prompts"][1];
     let ids: Vec<u32> = p["ids"]
@@ -239,7 +216,7 @@ fn v41_graph_in_uneven_steps_and_on_the_fast_cpu_backend() {
 /// the graph never touches the tables. Decode, token by token.
 #[test]
 fn v41_graph_with_engram_rows_read_by_the_host() {
-    let g = golden();
+    let g = golden("v41-tiny.json");
     let m = model();
     let p = &g["prompts"][1];
     let ids: Vec<u32> = p["ids"]
@@ -328,8 +305,7 @@ fn v41_graph_at_3000_tokens_on_cpu_ref() {
 }
 
 fn at_3000_tokens(kind: BackendKind, what: &str) {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v41-tiny-3k.json");
-    let g: Value = serde_json::from_slice(&std::fs::read(p).expect("committed golden")).unwrap();
+    let g = golden("v41-tiny-3k.json");
     let p = &g["prompt"];
     let ids: Vec<u32> = p["ids"]
         .as_array()

@@ -14,7 +14,6 @@ mod common;
 #[path = "cuda_emu/mod.rs"]
 mod cuda_emu;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use ds4::backend::wgpu::WgpuBackend;
@@ -26,10 +25,9 @@ use ds4::model::v41::engram::{hash_rows, EngramHistory};
 use ds4::model::v41::engram_reader::EngramReader;
 use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLayout};
 use ds4::model::v41::V41ModelFile;
-use ds4::testmodel::v41::{write_v41_model, V41Spec};
-use ds4::testmodel::Variant;
-use ds4::testmodel::Vocab;
 use serde_json::Value;
+
+use common::v41::{golden, ids_of, log_softmax, tiny as model};
 
 /// Worst |Δ log-prob| allowed at any position against the float64 golden
 /// (the CPU backends stay below 5e-7; f32 GPU sums and transcendental
@@ -37,41 +35,6 @@ use serde_json::Value;
 /// (src/app/selfcheck/e2e.rs, which `ds4-bench --check` uses against
 /// `cpu-ref`).
 const MAX_DLOGPROB: f64 = ds4::app::selfcheck::e2e::V41_MAX_DLOGPROB as f64;
-
-fn golden(name: &str) -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(name);
-    serde_json::from_slice(&std::fs::read(p).expect("committed golden")).unwrap()
-}
-
-fn model() -> Arc<V41ModelFile> {
-    let dir = std::env::temp_dir().join(format!("ds4-v41-gpu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("tiny-v41.gguf");
-    static WRITE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = WRITE.lock().unwrap_or_else(|e| e.into_inner());
-    if !path.exists() {
-        let vocab = Vocab::load_default().unwrap();
-        write_v41_model(&V41Spec::tiny(), Variant::F32, &vocab, &path).unwrap();
-    }
-    Arc::new(V41ModelFile::open(&path).unwrap())
-}
-
-fn ids_of(p: &Value) -> Vec<u32> {
-    p["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn log_softmax(l: &[f32]) -> Vec<f64> {
-    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let s: f64 = l.iter().map(|&x| (x as f64 - m).exp()).sum();
-    l.iter().map(|&x| x as f64 - m - s.ln()).collect()
-}
 
 /// |Δ log-prob| over the golden's listed ids, per position.
 fn diffs(p: &Value, logits: &[Vec<f32>]) -> Vec<f64> {

@@ -22,7 +22,6 @@
 //!
 //! Figures are in docs/V41.md § Numerics.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use ds4::backend::{self, BackendKind, BackendOptions};
@@ -31,10 +30,10 @@ use ds4::model::forward::Numerics;
 use ds4::model::logits::Logits;
 use ds4::model::v41::forward::{record, V41ForwardOptions, V41KvLayout};
 use ds4::model::v41::V41ModelFile;
-use ds4::testmodel::v41::{write_v41_model, V41Spec};
-use ds4::testmodel::Variant;
-use ds4::testmodel::Vocab;
 use serde_json::Value;
+
+mod common;
+use common::v41::{golden, ids_of, log_softmax, tiny as model};
 
 /// Positions that must agree before the first flip (see the module doc).
 const MIN_PREFIX: usize = 8;
@@ -45,33 +44,6 @@ const MEDIAN_BOUND: f64 = 5e-3;
 /// Greedy agreement, in percent of the positions whose reference top-2
 /// margin is at least 1e-3 (measured ≥ 95.5 %).
 const GREEDY_PERCENT: usize = 93;
-
-fn golden(name: &str) -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(name);
-    serde_json::from_slice(&std::fs::read(p).expect("committed golden")).unwrap()
-}
-
-fn model() -> Arc<V41ModelFile> {
-    let dir = std::env::temp_dir().join(format!("ds4-v41-model-numerics-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("tiny-v41.gguf");
-    if !path.exists() {
-        let vocab = Vocab::load_default().unwrap();
-        write_v41_model(&V41Spec::tiny(), Variant::F32, &vocab, &path).unwrap();
-    }
-    Arc::new(V41ModelFile::open(&path).unwrap())
-}
-
-fn ids_of(p: &Value) -> Vec<u32> {
-    p["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// The logits at every position of `ids`, in steps of `step`, on `kind`
 /// under `numerics` (every official step, the routed experts' w2 input
@@ -112,12 +84,6 @@ fn run(
         out.extend(l.chunks(vocab).map(|r| r.to_vec()));
     }
     out
-}
-
-fn log_softmax(l: &[f32]) -> Vec<f64> {
-    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let s: f64 = l.iter().map(|&x| (x as f64 - m).exp()).sum();
-    l.iter().map(|&x| x as f64 - m - s.ln()).collect()
 }
 
 /// The figures of one run against one golden prompt.

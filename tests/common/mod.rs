@@ -6,6 +6,7 @@ pub mod in_process;
 pub mod process;
 pub mod rng;
 pub mod server;
+pub mod v41;
 
 use std::path::PathBuf;
 use std::sync::Arc;
