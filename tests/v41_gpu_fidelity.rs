@@ -27,7 +27,7 @@ use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLay
 use ds4::model::v41::V41ModelFile;
 use serde_json::Value;
 
-use common::v41::{golden, ids_of, log_softmax, tiny as model};
+use common::v41::{check_model, compare, golden, ids_of, log_softmax, tiny as model};
 
 /// Worst |Δ log-prob| allowed at any position against the float64 golden
 /// (the CPU backends stay below 5e-7; f32 GPU sums and transcendental
@@ -175,7 +175,7 @@ fn run_host_fed(
 }
 
 fn graph(m: &V41ModelFile, kv: &V41KvLayout, step: usize, keep: bool) -> Arc<Graph> {
-    graph_with(m, kv, step, keep, Logits::All)
+    graph_with(m, kv, step, keep, Logits::All, Numerics::Plain)
 }
 
 fn graph_with(
@@ -184,9 +184,10 @@ fn graph_with(
     step: usize,
     keep: bool,
     logits: Logits,
+    numerics: Numerics,
 ) -> Arc<Graph> {
     let opts = V41ForwardOptions {
-        numerics: Numerics::Plain,
+        numerics,
         logits,
         keep: if keep { keep_names(m) } else { Vec::new() },
         engram_from_host: true,
@@ -272,6 +273,50 @@ fn fidelity(kind: BackendKind, what: &str, quick: bool) -> Option<Vec<(String, f
         }
     }
     Some(figures)
+}
+
+/// `--numerics model` (the official FP8/FP4 rounding steps) on `kind`: the
+/// short prompt's prefill (and with `all`, the long one's, and both token by
+/// token) against the reference's model mode, with the bounds cpu-ref is
+/// held to (tests/v41_model_numerics.rs).
+fn model_fidelity(kind: BackendKind, what: &str, all: bool) {
+    let g = golden("v41-tiny.model.json");
+    let m = model();
+    let kv = V41KvLayout::new(&m.config, 128);
+    for p in g["prompts"].as_array().unwrap() {
+        let ids = ids_of(p);
+        let name = p["name"].as_str().unwrap();
+        if !all && name != "short" {
+            continue;
+        }
+        for step in [ids.len(), 1].into_iter().take(if all { 2 } else { 1 }) {
+            let Some(mut b) = open(kind, &m, &kv) else {
+                return;
+            };
+            let graph = graph_with(&m, &kv, step, false, Logits::All, Numerics::Model);
+            let run = run_host_fed(&mut *b, &m, &graph, &ids, step);
+            let label = format!("{what} model numerics, {name} in steps of {step}");
+            check_model(&label, p, &compare(p, &run.logits));
+        }
+    }
+}
+
+#[test]
+fn v41_model_numerics_on_wgpu_match_the_reference_in_prefill() {
+    model_fidelity(BackendKind::Wgpu, "wgpu", false);
+}
+
+#[test]
+#[ignore = "both prompts, prefill and decode: minutes on lavapipe; run on a GPU or before a stop"]
+fn v41_model_numerics_on_wgpu_match_the_reference_at_every_position() {
+    model_fidelity(BackendKind::Wgpu, "wgpu", true);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn v41_model_numerics_on_cuda_match_the_reference_in_prefill() {
+    install_cuda();
+    model_fidelity(BackendKind::Cuda, "cuda", false);
 }
 
 /// The short prompt's prefill on wgpu, every position (CI; the chunked
@@ -482,7 +527,7 @@ fn long_context(kind: BackendKind, what: &str, n: usize, step: usize, logits: Lo
     let Some(mut b) = open(kind, &m, &kv) else {
         return;
     };
-    let graph = graph_with(&m, &kv, step, false, logits);
+    let graph = graph_with(&m, &kv, step, false, logits, Numerics::Plain);
     let t0 = std::time::Instant::now();
     let run = run_host_fed(&mut *b, &m, &graph, &ids, step);
     let secs = t0.elapsed().as_secs_f64();
