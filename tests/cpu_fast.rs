@@ -260,8 +260,14 @@ fn routed_experts_match_the_reference_on_every_path() {
                 eprintln!(
                     "moe {gu}/{dn} t{n_tok} mid_fp8 {mid_fp8} {name:<9} max |Δ|/max|y| = {worst:.2e}"
                 );
+                // mid_fp8 adds a third rounding: a hidden value that the
+                // fast path's quantised activations put on the other side of
+                // an E4M3 boundary from the twin's moves by a whole step (up
+                // to 1/8 of it), so its bound is wider (measured: at most
+                // 1.5e-2 without, 2.3e-2 with, over these mixes and paths).
+                let bound = if mid_fp8 { 3e-2 } else { 2e-2 };
                 assert!(
-                    worst < 2e-2,
+                    worst < bound,
                     "{gu}/{dn} t{n_tok} mid_fp8 {mid_fp8} {name}: {worst:e}"
                 );
             }
