@@ -39,6 +39,7 @@ pub const TOLERANCE: &[(&str, f32, f32)] = &[
     // value to the neighbouring grid point (rare).
     ("kv_round", 1e-6, 1e-5),
     ("hadamard_fp4", 1e-6, 1e-5),
+    ("block_round", 1e-6, 1e-5),
     ("attention", 1e-5, 1e-4),
     ("compress", 1e-5, 1e-4),
     ("indexer_topk", 0.0, 0.0),
