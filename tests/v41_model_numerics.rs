@@ -134,6 +134,9 @@ fn at_3000_tokens(kind: BackendKind, what: &str) {
     let m = model();
     let t0 = std::time::Instant::now();
     let logits = run(kind, &m, &ids, 256, Numerics::Model);
-    eprintln!("{what}: 3,000 tokens in {:.1} s", t0.elapsed().as_secs_f64());
+    eprintln!(
+        "{what}: 3,000 tokens in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
     check_model(what, p, &compare(p, &logits));
 }
