@@ -36,7 +36,7 @@ use ds4::backend::{BackendKind, BackendOptions};
 use ds4::kvcache::{load_file, save_file, SaveReason};
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
-use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
+use ds4::testmodel::{write_model, CoreShape, TestModelSpec, Variant, Vocab};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -50,18 +50,22 @@ fn model_path() -> PathBuf {
     std::fs::create_dir_all(&dir).expect("target/bench-models");
     let path = dir.join("flash-kv-geometry-f32.gguf");
     if !path.exists() {
-        let flash = TestModelSpec::flash();
+        let flash = TestModelSpec::flash().core;
+        let tiny = TestModelSpec::tiny();
         let spec = TestModelSpec {
-            name: "Flash KV geometry, tiny compute (bench)".into(),
-            compress_ratios: flash.compress_ratios.clone(),
-            head_dim: flash.head_dim,
-            n_rot: flash.n_rot,
-            sliding_window: flash.sliding_window,
-            indexer_head_dim: flash.indexer_head_dim,
-            indexer_top_k: flash.indexer_top_k,
-            indexer_heads: 4,
-            n_head: 2,
-            ..TestModelSpec::tiny()
+            core: CoreShape {
+                name: "Flash KV geometry, tiny compute (bench)".into(),
+                compress_ratios: flash.compress_ratios.clone(),
+                head_dim: flash.head_dim,
+                n_rot: flash.n_rot,
+                sliding_window: flash.sliding_window,
+                indexer_head_dim: flash.indexer_head_dim,
+                indexer_top_k: flash.indexer_top_k,
+                indexer_heads: 4,
+                n_head: 2,
+                ..tiny.core
+            },
+            ..tiny
         };
         eprintln!("generating {} ...", path.display());
         let tmp = path.with_extension("tmp");

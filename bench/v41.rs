@@ -78,7 +78,7 @@ fn v4(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) -> 
         // with one window layer only when there are two layers, as V4.1's.
         let mut spec = TestModelSpec::flash();
         let windows = window_layers(layers);
-        spec.compress_ratios = (0..layers)
+        spec.core.compress_ratios = (0..layers)
             .map(|l| match l {
                 l if l < windows => 0,
                 l if (l - windows) % 2 == 0 => 4,
@@ -86,8 +86,8 @@ fn v4(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) -> 
             })
             .collect();
         spec.n_hash_layers = spec.n_hash_layers.min(layers);
-        spec.name = format!("V4 bench model ({layers} Flash-width layers, random blocks)");
-        spec.init_gain = 0.5;
+        spec.core.name = format!("V4 bench model ({layers} Flash-width layers, random blocks)");
+        spec.core.init_gain = 0.5;
         eprintln!("generating {} ...", path.display());
         let t = Instant::now();
         write_model(

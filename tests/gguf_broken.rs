@@ -13,16 +13,16 @@ use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
 /// A small valid model: real layout, tiny widths, a 64-token vocabulary.
 fn small_model_bytes() -> Vec<u8> {
     let mut spec = TestModelSpec::tiny();
-    spec.n_embd = 64;
-    spec.n_head = 2;
-    spec.head_dim = 32;
-    spec.q_lora_rank = 32;
-    spec.o_lora_rank = 32;
-    spec.o_groups = 1;
-    spec.indexer_heads = 2;
-    spec.n_expert = 4;
-    spec.expert_ff = 32;
-    spec.compress_ratios = vec![0, 4, 8];
+    spec.core.n_embd = 64;
+    spec.core.n_head = 2;
+    spec.core.head_dim = 32;
+    spec.core.q_lora_rank = 32;
+    spec.core.o_lora_rank = 32;
+    spec.core.o_groups = 1;
+    spec.core.indexer_heads = 2;
+    spec.core.n_expert = 4;
+    spec.core.expert_ff = 32;
+    spec.core.compress_ratios = vec![0, 4, 8];
     spec.n_hash_layers = 1;
     let mut tokens: Vec<String> = (0..56).map(|i| format!("t{i}")).collect();
     tokens.extend(ds4::tokenizer::CHAT_MARKERS.iter().map(|s| s.to_string()));

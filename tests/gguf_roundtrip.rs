@@ -84,15 +84,15 @@ fn tiny_model_config_comes_from_metadata() {
     let path = dir.join("tiny.gguf");
     let mut spec = TestModelSpec::tiny();
     // A shape unlike Flash in every dimension the config reads.
-    spec.compress_ratios = vec![0, 8, 32, 8];
+    spec.core.compress_ratios = vec![0, 8, 32, 8];
     spec.csa_ratio = 8;
     spec.n_hash_layers = 1;
-    spec.n_head = 2;
-    spec.o_groups = 1;
-    spec.sliding_window = 7;
-    spec.indexer_top_k = 5;
-    spec.n_expert = 5;
-    spec.n_expert_used = 3;
+    spec.core.n_head = 2;
+    spec.core.o_groups = 1;
+    spec.core.sliding_window = 7;
+    spec.core.indexer_top_k = 5;
+    spec.core.n_expert = 5;
+    spec.core.n_expert_used = 3;
     write_model(&spec, Variant::F32, &Vocab::load_default().unwrap(), &path).unwrap();
     let m = ModelFile::open(&path).unwrap();
     let c: &ModelConfig = &m.config;

@@ -110,7 +110,7 @@ fn run(a: Args) -> Result<(), String> {
         TestModelSpec::tiny()
     };
     if let Some(r) = &a.ratios {
-        spec.compress_ratios = r
+        spec.core.compress_ratios = r
             .split(',')
             .map(|x| {
                 x.trim()
@@ -118,28 +118,28 @@ fn run(a: Args) -> Result<(), String> {
                     .map_err(|_| format!("--ratios: bad entry {x:?}"))
             })
             .collect::<Result<_, _>>()?;
-        spec.n_hash_layers = spec.n_hash_layers.min(spec.compress_ratios.len());
+        spec.n_hash_layers = spec.n_hash_layers.min(spec.core.compress_ratios.len());
     }
     if let Some(v) = a.embd {
-        spec.n_embd = v;
+        spec.core.n_embd = v;
     }
     if let Some(v) = a.window {
-        spec.sliding_window = v;
+        spec.core.sliding_window = v;
     }
     if let Some(v) = a.top_k.or(a.indexer_top_k) {
-        spec.indexer_top_k = v;
+        spec.core.indexer_top_k = v;
     }
     if let Some(v) = a.indexer_heads {
-        spec.indexer_heads = v;
+        spec.core.indexer_heads = v;
     }
     if let Some(v) = a.experts {
-        spec.n_expert = v;
+        spec.core.n_expert = v;
     }
     if let Some(v) = a.init_gain {
-        spec.init_gain = v;
+        spec.core.init_gain = v;
     }
     if let Some(v) = a.seed {
-        spec.seed = v;
+        spec.core.seed = v;
     }
     let variants: Vec<Variant> = if a.variant == "all" {
         Variant::ALL.to_vec()
@@ -183,11 +183,11 @@ fn run_v41(a: &Args, vocab: &Vocab) -> Result<(), String> {
         }
         let mut spec = V41Spec::flash_bench(layers, a.engram_vocab.unwrap_or(50_000));
         if let Some(v) = a.seed {
-            spec.seed = v;
+            spec.core.seed = v;
         }
         write_v41_bench_model(&spec, vocab, &a.out)
             .map_err(|e| format!("{}: {e}", a.out.display()))?;
-        eprintln!("wrote {} ({})", a.out.display(), spec.name);
+        eprintln!("wrote {} ({})", a.out.display(), spec.core.name);
         return Ok(());
     }
     if a.engram_vocab.is_some() {
@@ -217,13 +217,13 @@ fn run_v41(a: &Args, vocab: &Vocab) -> Result<(), String> {
     }
     let mut spec = V41Spec::tiny();
     if let Some(v) = a.window {
-        spec.sliding_window = v;
+        spec.core.sliding_window = v;
     }
     if let Some(v) = a.init_gain {
-        spec.init_gain = v;
+        spec.core.init_gain = v;
     }
     if let Some(v) = a.seed {
-        spec.seed = v;
+        spec.core.seed = v;
     }
     write_v41_model(&spec, ds4::testmodel::Variant::F32, vocab, &a.out)
         .map_err(|e| format!("{}: {e}", a.out.display()))?;

@@ -21,7 +21,7 @@ pub fn demo_model() -> Result<PathBuf, String> {
         let vocab = crate::testmodel::Vocab::load_default()?;
         let tmp = dir.join(format!("demo-tiny-q8.{}.tmp", std::process::id()));
         let mut spec = crate::testmodel::TestModelSpec::tiny();
-        spec.name = "ds4 demo model (RANDOM WEIGHTS, output is noise)".into();
+        spec.core.name = "ds4 demo model (RANDOM WEIGHTS, output is noise)".into();
         crate::testmodel::write_model(&spec, crate::testmodel::Variant::Q8, &vocab, &tmp)
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -6,6 +6,8 @@
 
 use super::net::Frame;
 use super::{Session, SessionError};
+use crate::backend::{state_desc, Backend};
+use crate::graph::StateId;
 
 /// `D S V 4` little-endian.
 pub const SNAPSHOT_MAGIC: u32 = 0x3456_5344;
@@ -104,6 +106,46 @@ impl<'a> Reader<'a> {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect())
     }
+}
+
+impl Reader<'_> {
+    /// Reads every row of state `s` from the payload into set `set`
+    /// (`what` names it in an error).
+    pub fn whole_state(
+        &mut self,
+        backend: &mut dyn Backend,
+        set: usize,
+        s: StateId,
+        what: &str,
+    ) -> Result<(), SessionError> {
+        let d = state_desc(backend.state_layout(), s)?;
+        let v = self.f32s(d.rows * d.cols, what)?;
+        backend.write_set_rows(set, s, 0, &v)?;
+        Ok(())
+    }
+}
+
+/// Appends every row of state `s` of set `set`.
+pub(super) fn put_whole_state(
+    out: &mut Vec<u8>,
+    backend: &dyn Backend,
+    set: usize,
+    s: StateId,
+) -> Result<(), SessionError> {
+    let d = state_desc(backend.state_layout(), s)?;
+    put_f32s(out, &backend.read_set_rows(set, s, 0..d.rows)?);
+    Ok(())
+}
+
+/// Refuses a payload of `t` tokens saved at context `saved_ctx` that a
+/// session of context `ctx` cannot hold (or one that holds no tokens).
+pub(super) fn check_fits(saved_ctx: usize, t: usize, ctx: usize) -> Result<(), SessionError> {
+    if saved_ctx > ctx || t >= ctx || t == 0 {
+        return Err(SessionError::Snapshot(format!(
+            "saved with context {saved_ctx} and {t} tokens; this session's context is {ctx}"
+        )));
+    }
+    Ok(())
 }
 
 pub(super) fn put_u32(out: &mut Vec<u8>, v: u32) {

@@ -7,7 +7,9 @@
 use std::sync::Arc;
 
 use super::net::{Frame, Net};
-use super::snapshot::{begin_payload, put_f32s, put_u32, Reader, SNAPSHOT_MAGIC};
+use super::snapshot::{
+    begin_payload, check_fits, put_f32s, put_u32, put_whole_state, Reader, SNAPSHOT_MAGIC,
+};
 use super::SessionError;
 use crate::backend::{state_desc, Backend};
 use crate::graph::{Graph, StateLayout, ValueName};
@@ -140,8 +142,7 @@ impl Net for V4Net {
                     put_f32s(&mut out, &rows);
                 }
                 for s in [c.kv, c.score] {
-                    let d = state_desc(backend.state_layout(), s)?;
-                    put_f32s(&mut out, &backend.read_set_rows(set, s, 0..d.rows)?);
+                    put_whole_state(&mut out, backend, set, s)?;
                 }
             }
         }
@@ -165,13 +166,8 @@ impl Net for V4Net {
                 h[0], h[1]
             )));
         }
-        let (saved_ctx, t) = (h[2] as usize, h[7] as usize);
-        if saved_ctx > frame.ctx || t >= frame.ctx || t == 0 {
-            return Err(bad(format!(
-                "saved with context {saved_ctx} and {t} tokens; this session's context is {}",
-                frame.ctx
-            )));
-        }
+        let t = h[7] as usize;
+        check_fits(h[2] as usize, t, frame.ctx)?;
         let want = [cfg.n_layer, cfg.head_dim, cfg.indexer_head_dim, cfg.n_vocab];
         if h[8..12].iter().zip(want).any(|(&a, b)| a as usize != b) {
             return Err(bad(format!(
@@ -236,9 +232,7 @@ impl Net for V4Net {
                     backend.write_set_rows(set, c.rows, 0, &rows)?;
                 }
                 for s in [c.kv, c.score] {
-                    let d = state_desc(backend.state_layout(), s)?;
-                    let v = r.f32s(d.rows * d.cols, "compressor state")?;
-                    backend.write_set_rows(set, s, 0, &v)?;
+                    r.whole_state(backend, set, s, "compressor state")?;
                 }
             }
         }

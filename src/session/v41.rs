@@ -19,7 +19,9 @@
 use std::sync::Arc;
 
 use super::net::{Frame, Net};
-use super::snapshot::{begin_payload, put_f32s, Reader, V41_SNAPSHOT_MAGIC};
+use super::snapshot::{
+    begin_payload, check_fits, put_f32s, put_whole_state, Reader, V41_SNAPSHOT_MAGIC,
+};
 use super::SessionError;
 use crate::backend::{state_desc, Backend, GraphHandle};
 use crate::graph::{Graph, StateLayout, ValueName};
@@ -192,8 +194,7 @@ impl Net for V41Net {
         let header = self.header(frame.ctx, frame.prefill_chunk, t);
         let mut out = begin_payload(&header, tokens, logits)?;
         for (l, ls) in self.kv.layers.iter().enumerate() {
-            let w = state_desc(backend.state_layout(), ls.ring)?.rows;
-            put_f32s(&mut out, &backend.read_set_rows(set, ls.ring, 0..w)?);
+            put_whole_state(&mut out, backend, set, ls.ring)?;
             let ratio = role_ratio(cfg.roles[l]);
             for s in [ls.rows, ls.index_rows].into_iter().flatten() {
                 let cap = state_desc(backend.state_layout(), s)?.rows;
@@ -204,14 +205,11 @@ impl Net for V41Net {
             }
             if let Some(f) = ls.frontier {
                 for s in [f.kv, f.score] {
-                    let d = state_desc(backend.state_layout(), s)?;
-                    put_f32s(&mut out, &backend.read_set_rows(set, s, 0..d.rows)?);
+                    put_whole_state(&mut out, backend, set, s)?;
                 }
             }
         }
-        let h = self.kv.engram_history;
-        let d = state_desc(backend.state_layout(), h)?;
-        put_f32s(&mut out, &backend.read_set_rows(set, h, 0..d.rows)?);
+        put_whole_state(&mut out, backend, set, self.kv.engram_history)?;
         Ok(out)
     }
 
@@ -231,11 +229,7 @@ impl Net for V41Net {
             return Err(bad(format!("V4.1 session payload version {}", h[1])));
         }
         let (saved_ctx, t) = (h[2] as usize, h[5] as usize);
-        if saved_ctx > ctx || t >= ctx || t == 0 {
-            return Err(bad(format!(
-                "saved with context {saved_ctx} and {t} tokens; this session's context is {ctx}"
-            )));
-        }
+        check_fits(saved_ctx, t, ctx)?;
         let want = self.header(saved_ctx, h[3] as usize, t);
         if h[4..] != want[4..] {
             return Err(bad(format!(
@@ -249,10 +243,7 @@ impl Net for V41Net {
         backend.reset_set(set)?;
         let layers = self.kv.layers.clone();
         for (l, ls) in layers.iter().enumerate() {
-            let d = state_desc(backend.state_layout(), ls.ring)?;
-            let (rows, cols) = (d.rows, d.cols);
-            let v = r.f32s(rows * cols, "window rows")?;
-            backend.write_set_rows(set, ls.ring, 0, &v)?;
+            r.whole_state(backend, set, ls.ring, "window rows")?;
             let ratio = role_ratio(cfg.roles[l]);
             for s in [ls.rows, ls.index_rows].into_iter().flatten() {
                 let d = state_desc(backend.state_layout(), s)?;
@@ -265,18 +256,11 @@ impl Net for V41Net {
             }
             if let Some(f) = ls.frontier {
                 for s in [f.kv, f.score] {
-                    let d = state_desc(backend.state_layout(), s)?;
-                    let (rows, cols) = (d.rows, d.cols);
-                    let v = r.f32s(rows * cols, "compressor frontier")?;
-                    backend.write_set_rows(set, s, 0, &v)?;
+                    r.whole_state(backend, set, s, "compressor frontier")?;
                 }
             }
         }
-        let hs = self.kv.engram_history;
-        let d = state_desc(backend.state_layout(), hs)?;
-        let (rows, cols) = (d.rows, d.cols);
-        let v = r.f32s(rows * cols, "engram history")?;
-        backend.write_set_rows(set, hs, 0, &v)?;
+        r.whole_state(backend, set, self.kv.engram_history, "engram history")?;
         r.end()?;
         self.rebuild_history(&tokens);
         Ok((tokens, logits))

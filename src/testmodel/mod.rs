@@ -18,51 +18,29 @@ use std::path::Path;
 use crate::gguf::{GgufWriter, MetaArray, MetaValue};
 
 pub use rng::Rng;
-pub use tensors::{encode_tensor, random_blocks};
+pub use tensors::{encode_tensor, random_blocks, CoreShape};
 pub use vocab::Vocab;
 
-use tensors::{write_planned, Class, Data, Dims, Init, Planned, Planner};
+use tensors::{write_planned, Class, Data, Init, Planned, Planner};
 
-/// Small shapes of a generated model. Field meanings follow MODEL.md §1.
+/// Small shapes of a generated V4 model: the shapes both families share,
+/// and V4's own. Field meanings follow MODEL.md §1.
 #[derive(Clone, Debug)]
 pub struct TestModelSpec {
-    pub name: String,
-    pub n_embd: usize,
-    pub n_head: usize,
-    pub head_dim: usize,
-    pub n_rot: usize,
-    pub q_lora_rank: usize,
-    pub o_lora_rank: usize,
-    pub o_groups: usize,
-    pub sliding_window: usize,
-    /// Per-layer ratio (0 = window only); its length is the layer count.
-    pub compress_ratios: Vec<usize>,
+    pub core: CoreShape,
     /// Compressed layers with this ratio get the overlapped compressor and the
     /// indexer (CSA); other compressed layers are HCA.
     pub csa_ratio: usize,
-    pub indexer_heads: usize,
-    pub indexer_head_dim: usize,
-    pub indexer_top_k: usize,
-    pub n_expert: usize,
-    pub n_expert_used: usize,
-    pub expert_ff: usize,
     pub n_expert_shared: usize,
     pub n_hash_layers: usize,
-    pub hc_count: usize,
-    pub hc_sinkhorn_iters: usize,
     pub rope_base: f32,
     pub compress_rope_base: f32,
-    pub yarn_factor: f32,
-    pub yarn_original_context: u32,
     pub swiglu_clamp: f32,
     pub expert_weights_scale: f32,
     pub context_length: u32,
-    /// Multiplies the standard deviation of every random matrix (conditioning).
-    pub init_gain: f32,
     /// Fill quantised tensors with random valid blocks instead of quantising
     /// random values: fast, for speed benchmarks of large models only.
     pub random_blocks: bool,
-    pub seed: u64,
 }
 
 impl TestModelSpec {
@@ -75,37 +53,39 @@ impl TestModelSpec {
     /// Gain 0.5 keeps the model well conditioned (tools/reference/README.md).
     pub fn tiny() -> TestModelSpec {
         TestModelSpec {
-            name: "ds4 tiny test model (random weights)".into(),
-            n_embd: 256,
-            n_head: 4,
-            head_dim: 80,
-            n_rot: 16,
-            q_lora_rank: 64,
-            o_lora_rank: 32,
-            o_groups: 2,
-            sliding_window: 32,
-            compress_ratios: vec![0, 0, 4, 16, 4, 16],
+            core: CoreShape {
+                name: "ds4 tiny test model (random weights)".into(),
+                n_embd: 256,
+                n_head: 4,
+                head_dim: 80,
+                n_rot: 16,
+                q_lora_rank: 64,
+                o_lora_rank: 32,
+                o_groups: 2,
+                sliding_window: 32,
+                compress_ratios: vec![0, 0, 4, 16, 4, 16],
+                indexer_heads: 16,
+                indexer_head_dim: 32,
+                indexer_top_k: 16,
+                n_expert: 8,
+                n_expert_used: 2,
+                expert_ff: 256,
+                hc_count: 4,
+                hc_sinkhorn_iters: 20,
+                yarn_factor: 16.0,
+                yarn_original_context: 65536,
+                init_gain: 0.5,
+                seed: 0x5eed_d5d4,
+            },
             csa_ratio: 4,
-            indexer_heads: 16,
-            indexer_head_dim: 32,
-            indexer_top_k: 16,
-            n_expert: 8,
-            n_expert_used: 2,
-            expert_ff: 256,
             n_expert_shared: 1,
             n_hash_layers: 3,
-            hc_count: 4,
-            hc_sinkhorn_iters: 20,
             rope_base: 10000.0,
             compress_rope_base: 160000.0,
-            yarn_factor: 16.0,
-            yarn_original_context: 65536,
             swiglu_clamp: 10.0,
             expert_weights_scale: 1.5,
             context_length: 1 << 20,
-            init_gain: 0.5,
             random_blocks: false,
-            seed: 0x5eed_d5d4,
         }
     }
 
@@ -122,20 +102,20 @@ impl TestModelSpec {
     /// the indexer's 32 are the tiny model's. f32 and q8 are the variants
     /// used (the K-quant ones need `--embd 256` at least).
     pub fn long_context() -> TestModelSpec {
-        TestModelSpec {
-            name: "ds4 long-context test model (random weights)".into(),
-            n_embd: 64,
-            n_head: 2,
-            // One output group of 2 heads × 80: rows of 160, a whole number
-            // of Q8_0 blocks (the q8 variant).
-            o_groups: 1,
-            expert_ff: 128,
-            sliding_window: 128,
-            compress_ratios: vec![0, 0, 4, 128, 4, 128],
-            indexer_heads: 4,
-            indexer_top_k: 64,
-            ..TestModelSpec::tiny()
-        }
+        let mut spec = TestModelSpec::tiny();
+        let c = &mut spec.core;
+        c.name = "ds4 long-context test model (random weights)".into();
+        c.n_embd = 64;
+        c.n_head = 2;
+        // One output group of 2 heads × 80: rows of 160, a whole number
+        // of Q8_0 blocks (the q8 variant).
+        c.o_groups = 1;
+        c.expert_ff = 128;
+        c.sliding_window = 128;
+        c.compress_ratios = vec![0, 0, 4, 128, 4, 128];
+        c.indexer_heads = 4;
+        c.indexer_top_k = 64;
+        spec
     }
 
     /// The real DeepSeek V4 Flash shape (GGUF.md §3–4).
@@ -146,27 +126,31 @@ impl TestModelSpec {
         }
         // RoPE, YaRN, hyper-connection, clamp and routing constants are the
         // tiny model's (which copies Flash's); only the shapes differ.
+        let tiny = TestModelSpec::tiny();
         TestModelSpec {
-            name: "DeepSeek V4 Flash".into(),
-            n_embd: 4096,
-            n_head: 64,
-            head_dim: 512,
-            n_rot: 64,
-            q_lora_rank: 1024,
-            o_lora_rank: 1024,
-            o_groups: 8,
-            sliding_window: 128,
-            compress_ratios: ratios,
-            indexer_heads: 64,
-            indexer_head_dim: 128,
-            indexer_top_k: 512,
-            n_expert: 256,
-            n_expert_used: 6,
-            expert_ff: 2048,
-            init_gain: 1.0,
+            core: CoreShape {
+                name: "DeepSeek V4 Flash".into(),
+                n_embd: 4096,
+                n_head: 64,
+                head_dim: 512,
+                n_rot: 64,
+                q_lora_rank: 1024,
+                o_lora_rank: 1024,
+                o_groups: 8,
+                sliding_window: 128,
+                compress_ratios: ratios,
+                indexer_heads: 64,
+                indexer_head_dim: 128,
+                indexer_top_k: 512,
+                n_expert: 256,
+                n_expert_used: 6,
+                expert_ff: 2048,
+                init_gain: 1.0,
+                seed: 0,
+                ..tiny.core
+            },
             random_blocks: true,
-            seed: 0,
-            ..TestModelSpec::tiny()
+            ..tiny
         }
     }
 
@@ -177,7 +161,7 @@ impl TestModelSpec {
     /// HCA pairs), so it fits in memory; 8.85 GiB at 4 layers.
     pub fn flash_bench(layers: usize) -> TestModelSpec {
         let mut spec = TestModelSpec::flash();
-        spec.compress_ratios = (0..layers)
+        spec.core.compress_ratios = (0..layers)
             .map(|l| {
                 if l < 2 {
                     0
@@ -189,13 +173,13 @@ impl TestModelSpec {
             })
             .collect();
         spec.n_hash_layers = spec.n_hash_layers.min(layers);
-        spec.name = format!("medium bench model ({layers} Flash-width layers, random blocks)");
-        spec.init_gain = 0.5;
+        spec.core.name = format!("medium bench model ({layers} Flash-width layers, random blocks)");
+        spec.core.init_gain = 0.5;
         spec
     }
 
     pub fn n_layer(&self) -> usize {
-        self.compress_ratios.len()
+        self.core.n_layer()
     }
 }
 
@@ -228,27 +212,27 @@ pub fn spec_from_args(args: &[&str]) -> Result<(TestModelSpec, Variant), String>
                 variant = Variant::parse(v).ok_or_else(|| format!("--variant: unknown {v:?}"))?;
             }
             "--ratios" => {
-                spec.compress_ratios = val()?
+                spec.core.compress_ratios = val()?
                     .split(',')
                     .map(|x| num(x.trim()))
                     .collect::<Result<_, _>>()?;
-                spec.n_hash_layers = spec.n_hash_layers.min(spec.compress_ratios.len());
+                spec.n_hash_layers = spec.n_hash_layers.min(spec.core.compress_ratios.len());
             }
-            "--embd" => spec.n_embd = num(val()?)?,
+            "--embd" => spec.core.n_embd = num(val()?)?,
             "--long-context" => spec = TestModelSpec::long_context(),
-            "--window" => spec.sliding_window = num(val()?)?,
-            "--top-k" | "--indexer-top-k" => spec.indexer_top_k = num(val()?)?,
-            "--indexer-heads" => spec.indexer_heads = num(val()?)?,
-            "--experts" => spec.n_expert = num(val()?)?,
+            "--window" => spec.core.sliding_window = num(val()?)?,
+            "--top-k" | "--indexer-top-k" => spec.core.indexer_top_k = num(val()?)?,
+            "--indexer-heads" => spec.core.indexer_heads = num(val()?)?,
+            "--experts" => spec.core.n_expert = num(val()?)?,
             "--init-gain" => {
                 let v = val()?;
-                spec.init_gain = v
+                spec.core.init_gain = v
                     .parse()
                     .map_err(|_| format!("--init-gain: bad number {v:?}"))?;
             }
             "--seed" => {
                 let v = val()?;
-                spec.seed = v.parse().map_err(|_| format!("--seed: bad number {v:?}"))?;
+                spec.core.seed = v.parse().map_err(|_| format!("--seed: bad number {v:?}"))?;
             }
             other => return Err(format!("unknown option {other:?}")),
         }
@@ -302,25 +286,6 @@ impl Variant {
     ];
 }
 
-impl TestModelSpec {
-    fn dims(&self) -> Dims {
-        Dims {
-            n_embd: self.n_embd,
-            n_head: self.n_head,
-            head_dim: self.head_dim,
-            q_lora_rank: self.q_lora_rank,
-            o_lora_rank: self.o_lora_rank,
-            o_groups: self.o_groups,
-            indexer_heads: self.indexer_heads,
-            indexer_head_dim: self.indexer_head_dim,
-            n_expert: self.n_expert,
-            expert_ff: self.expert_ff,
-            hc_count: self.hc_count,
-            gain: self.init_gain,
-        }
-    }
-}
-
 /// One V4 block (`p` = `blk.L.` or `mtp.0.`): the shared parts, V4's own
 /// compressors (CSA: overlapped, with the indexer's) and the hash table or
 /// router bias.
@@ -336,10 +301,17 @@ fn plan_block(
     t.attention(p);
     if ratio > 0 {
         let csa = ratio == s.csa_ratio;
-        plan_compressor(t, p, "attn_compressor_", ratio, s.head_dim, csa);
+        plan_compressor(t, p, "attn_compressor_", ratio, s.core.head_dim, csa);
         if csa {
             t.indexer_query(p);
-            plan_compressor(t, p, "indexer_compressor_", ratio, s.indexer_head_dim, true);
+            plan_compressor(
+                t,
+                p,
+                "indexer_compressor_",
+                ratio,
+                s.core.indexer_head_dim,
+                true,
+            );
         }
     }
     t.hc_mix(p, "ffn");
@@ -347,12 +319,12 @@ fn plan_block(
     if !hash {
         t.add(
             format!("{p}exp_probs_b.bias"),
-            &[s.n_expert],
+            &[s.core.n_expert],
             Class::Vector,
             Init::Normal(0.1),
         );
     } else {
-        let (k, e) = (s.n_expert_used, s.n_expert);
+        let (k, e) = (s.core.n_expert_used, s.core.n_expert);
         let ids = Init::ExpertIds { k, e };
         t.add(
             format!("{p}ffn_gate_tid2eid.weight"),
@@ -389,19 +361,14 @@ fn plan_compressor(t: &mut Planner, p: &str, c: &str, ratio: usize, hd: usize, o
 }
 
 fn plan_main(s: &TestModelSpec, n_vocab: usize) -> Vec<Planned> {
-    let (d, hc) = (s.n_embd, s.hc_count);
-    let mut t = Planner::new(s.dims());
-    t.add(
-        "token_embd.weight".into(),
-        &[d, n_vocab],
-        Class::F16Dense,
-        Init::Normal(1.0),
-    );
-    for (l, &ratio) in s.compress_ratios.iter().enumerate() {
+    let (d, hc) = (s.core.n_embd, s.core.hc_count);
+    let mut t = Planner::new(&s.core);
+    t.token_embedding(n_vocab);
+    for (l, &ratio) in s.core.compress_ratios.iter().enumerate() {
         let hash = l < s.n_hash_layers;
         plan_block(s, &format!("blk.{l}."), ratio, hash, n_vocab, &mut t);
     }
-    let (nhc, nd) = (t.normal(hc * d), t.normal(d));
+    let nhc = t.normal(hc * d);
     t.add(
         "output_hc_fn.weight".into(),
         &[hc * d, hc],
@@ -420,19 +387,13 @@ fn plan_main(s: &TestModelSpec, n_vocab: usize) -> Vec<Planned> {
         Class::Vector,
         Init::Normal(0.5),
     );
-    t.add(
-        "output_norm.weight".into(),
-        &[d],
-        Class::Vector,
-        Init::NormWeight,
-    );
-    t.add("output.weight".into(), &[d, n_vocab], Class::Q8Dense, nd);
+    t.output_head(n_vocab);
     t.out
 }
 
 fn plan_mtp(s: &TestModelSpec) -> Vec<Planned> {
-    let (d, hc) = (s.n_embd, s.hc_count);
-    let mut t = Planner::new(s.dims());
+    let (d, hc) = (s.core.n_embd, s.core.hc_count);
+    let mut t = Planner::new(&s.core);
     let n = |x: &str| format!("mtp.0.{x}.weight");
     let (nhc, nd) = (t.normal(hc * d), t.normal(d));
     t.add(n("hc_head_fn"), &[hc * d, hc], Class::F16Dense, nhc);
@@ -456,21 +417,21 @@ fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
     let k = |x: &str| format!("deepseek4.{x}");
     let n_layer = s.n_layer();
     w.add_str("general.architecture", "deepseek4");
-    w.add_str("general.name", &s.name);
+    w.add_str("general.name", &s.core.name);
     w.add_u32(&k("block_count"), n_layer as u32);
     w.add_u32(&k("context_length"), s.context_length);
-    w.add_u32(&k("embedding_length"), s.n_embd as u32);
+    w.add_u32(&k("embedding_length"), s.core.n_embd as u32);
     w.add_u32(&k("vocab_size"), vocab.tokens.len() as u32);
-    w.add_u32(&k("attention.head_count"), s.n_head as u32);
+    w.add_u32(&k("attention.head_count"), s.core.n_head as u32);
     w.add_u32(&k("attention.head_count_kv"), 1);
-    w.add_u32(&k("attention.key_length"), s.head_dim as u32);
-    w.add_u32(&k("attention.value_length"), s.head_dim as u32);
-    w.add_u32(&k("attention.q_lora_rank"), s.q_lora_rank as u32);
-    w.add_u32(&k("attention.output_lora_rank"), s.o_lora_rank as u32);
-    w.add_u32(&k("attention.output_group_count"), s.o_groups as u32);
-    w.add_u32(&k("attention.sliding_window"), s.sliding_window as u32);
+    w.add_u32(&k("attention.key_length"), s.core.head_dim as u32);
+    w.add_u32(&k("attention.value_length"), s.core.head_dim as u32);
+    w.add_u32(&k("attention.q_lora_rank"), s.core.q_lora_rank as u32);
+    w.add_u32(&k("attention.output_lora_rank"), s.core.o_lora_rank as u32);
+    w.add_u32(&k("attention.output_group_count"), s.core.o_groups as u32);
+    w.add_u32(&k("attention.sliding_window"), s.core.sliding_window as u32);
     // One more slot for the MTP layer, as the published files carry.
-    let mut ratios: Vec<i32> = s.compress_ratios.iter().map(|&r| r as i32).collect();
+    let mut ratios: Vec<i32> = s.core.compress_ratios.iter().map(|&r| r as i32).collect();
     ratios.push(0);
     w.add_array(&k("attention.compress_ratios"), MetaArray::I32(ratios));
     w.add_f32(
@@ -478,25 +439,28 @@ fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
         s.compress_rope_base,
     );
     w.add_f32(&k("attention.layer_norm_rms_epsilon"), 1e-6);
-    w.add_u32(&k("attention.indexer.head_count"), s.indexer_heads as u32);
+    w.add_u32(
+        &k("attention.indexer.head_count"),
+        s.core.indexer_heads as u32,
+    );
     w.add_u32(
         &k("attention.indexer.key_length"),
-        s.indexer_head_dim as u32,
+        s.core.indexer_head_dim as u32,
     );
-    w.add_u32(&k("attention.indexer.top_k"), s.indexer_top_k as u32);
-    w.add_u32(&k("rope.dimension_count"), s.n_rot as u32);
+    w.add_u32(&k("attention.indexer.top_k"), s.core.indexer_top_k as u32);
+    w.add_u32(&k("rope.dimension_count"), s.core.n_rot as u32);
     w.add_f32(&k("rope.freq_base"), s.rope_base);
     w.add_str(&k("rope.scaling.type"), "yarn");
-    w.add_f32(&k("rope.scaling.factor"), s.yarn_factor);
+    w.add_f32(&k("rope.scaling.factor"), s.core.yarn_factor);
     w.add_u32(
         &k("rope.scaling.original_context_length"),
-        s.yarn_original_context,
+        s.core.yarn_original_context,
     );
     w.add_f32(&k("rope.scaling.yarn_beta_fast"), 32.0);
     w.add_f32(&k("rope.scaling.yarn_beta_slow"), 1.0);
-    w.add_u32(&k("expert_count"), s.n_expert as u32);
-    w.add_u32(&k("expert_used_count"), s.n_expert_used as u32);
-    w.add_u32(&k("expert_feed_forward_length"), s.expert_ff as u32);
+    w.add_u32(&k("expert_count"), s.core.n_expert as u32);
+    w.add_u32(&k("expert_used_count"), s.core.n_expert_used as u32);
+    w.add_u32(&k("expert_feed_forward_length"), s.core.expert_ff as u32);
     w.add_u32(&k("expert_shared_count"), s.n_expert_shared as u32);
     w.add_f32(&k("expert_weights_scale"), s.expert_weights_scale);
     w.add_bool(&k("expert_weights_norm"), true);
@@ -507,10 +471,10 @@ fn add_metadata(w: &mut GgufWriter, s: &TestModelSpec, vocab: &Vocab) {
         MetaArray::F32(vec![s.swiglu_clamp; n_layer + 1]),
     );
     w.add_u32(&k("nextn_predict_layers"), 1);
-    w.add_u32(&k("hyper_connection.count"), s.hc_count as u32);
+    w.add_u32(&k("hyper_connection.count"), s.core.hc_count as u32);
     w.add_u32(
         &k("hyper_connection.sinkhorn_iterations"),
-        s.hc_sinkhorn_iters as u32,
+        s.core.hc_sinkhorn_iters as u32,
     );
     w.add_f32(&k("hyper_connection.epsilon"), 1e-6);
     add_tokenizer(w, vocab, false);
@@ -550,7 +514,7 @@ pub fn write_model(
         Data::Values
     };
     let plan = plan_main(spec, vocab.tokens.len());
-    write_planned(&mut w, plan, variant, spec.seed, data)?;
+    write_planned(&mut w, plan, variant, spec.core.seed, data)?;
     w.write_to_path(path)
 }
 
@@ -568,7 +532,7 @@ pub fn write_mtp(spec: &TestModelSpec, variant: Variant, path: &Path) -> io::Res
         &mut w,
         plan_mtp(spec),
         variant,
-        spec.seed ^ 0x004d_5450,
+        spec.core.seed ^ 0x004d_5450,
         data,
     )?;
     w.write_to_path(path)

@@ -72,35 +72,54 @@ pub(crate) struct Planned {
     pub init: Init,
 }
 
-/// The widths the shared layer parts need.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Dims {
+/// The shapes both families' test models share (the generator's side of
+/// `model::config::CoreConfig`): [`super::TestModelSpec`] and
+/// [`super::v41::V41Spec`] each hold one and add their own fields.
+#[derive(Clone, Debug)]
+pub struct CoreShape {
+    pub name: String,
     pub n_embd: usize,
     pub n_head: usize,
     pub head_dim: usize,
+    pub n_rot: usize,
     pub q_lora_rank: usize,
     pub o_lora_rank: usize,
     pub o_groups: usize,
+    pub sliding_window: usize,
+    /// Per-layer ratio (0 = window only); its length is the layer count.
+    pub compress_ratios: Vec<usize>,
     pub indexer_heads: usize,
     pub indexer_head_dim: usize,
+    pub indexer_top_k: usize,
     pub n_expert: usize,
+    pub n_expert_used: usize,
     pub expert_ff: usize,
     pub hc_count: usize,
-    /// Multiplies the standard deviation of every random matrix.
-    pub gain: f32,
+    pub hc_sinkhorn_iters: usize,
+    pub yarn_factor: f32,
+    pub yarn_original_context: u32,
+    /// Multiplies the standard deviation of every random matrix (conditioning).
+    pub init_gain: f32,
+    pub seed: u64,
+}
+
+impl CoreShape {
+    pub fn n_layer(&self) -> usize {
+        self.compress_ratios.len()
+    }
 }
 
 /// A tensor plan being built.
 pub(crate) struct Planner {
     pub out: Vec<Planned>,
-    pub dims: Dims,
+    pub dims: CoreShape,
 }
 
 impl Planner {
-    pub fn new(dims: Dims) -> Planner {
+    pub fn new(dims: &CoreShape) -> Planner {
         Planner {
             out: Vec::new(),
-            dims,
+            dims: dims.clone(),
         }
     }
 
@@ -115,12 +134,36 @@ impl Planner {
 
     /// N(0, (gain/√fan_in)²): a matrix of fan-in `fan_in`.
     pub fn normal(&self, fan_in: usize) -> Init {
-        Init::Normal(self.dims.gain / (fan_in as f32).sqrt())
+        Init::Normal(self.dims.init_gain / (fan_in as f32).sqrt())
+    }
+
+    /// The token embedding table, `[n_embd, n_vocab]` in F16.
+    pub fn token_embedding(&mut self, n_vocab: usize) {
+        let d = self.dims.n_embd;
+        self.add(
+            "token_embd.weight".into(),
+            &[d, n_vocab],
+            Class::F16Dense,
+            Init::Normal(1.0),
+        );
+    }
+
+    /// The final norm and the vocabulary projection.
+    pub fn output_head(&mut self, n_vocab: usize) {
+        let d = self.dims.n_embd;
+        let nd = self.normal(d);
+        self.add(
+            "output_norm.weight".into(),
+            &[d],
+            Class::Vector,
+            Init::NormWeight,
+        );
+        self.add("output.weight".into(), &[d, n_vocab], Class::Q8Dense, nd);
     }
 
     /// A sublayer's HC mix: `{p}hc_{sub}_fn`, `_scale`, `_base`.
     pub fn hc_mix(&mut self, p: &str, sub: &str) {
-        let Dims {
+        let CoreShape {
             n_embd: d,
             hc_count: hc,
             ..
@@ -150,7 +193,7 @@ impl Planner {
 
     /// The attention projections, norms and sinks.
     pub fn attention(&mut self, p: &str) {
-        let Dims {
+        let CoreShape {
             n_embd: d,
             head_dim: hd,
             q_lora_rank: ql,
@@ -180,7 +223,7 @@ impl Planner {
 
     /// The indexer's query projection and head weights.
     pub fn indexer_query(&mut self, p: &str) {
-        let Dims {
+        let CoreShape {
             n_embd: d,
             q_lora_rank: ql,
             indexer_heads: ih,
@@ -217,7 +260,7 @@ impl Planner {
 
     /// The routed experts' gate, up and down slabs.
     pub fn experts(&mut self, p: &str) {
-        let Dims {
+        let CoreShape {
             n_embd: d,
             expert_ff: ff,
             n_expert: e,
@@ -247,7 +290,7 @@ impl Planner {
 
     /// The shared expert's gate, up and down.
     pub fn shared_expert(&mut self, p: &str) {
-        let Dims {
+        let CoreShape {
             n_embd: d,
             expert_ff: ff,
             ..

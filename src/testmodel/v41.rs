@@ -16,42 +16,22 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::tensors::{write_planned, Class, Data, Dims, Init, Planned, Planner};
+use super::tensors::{write_planned, Class, CoreShape, Data, Init, Planned, Planner};
 use super::{Rng, Variant, Vocab};
 use crate::gguf::{GgufWriter, MetaArray, MetaValue};
 
 /// Shapes of a generated V4.1 model (research §1 names in comments).
 #[derive(Clone, Debug)]
 pub struct V41Spec {
-    pub name: String,
-    pub n_embd: usize,
-    pub n_head: usize,
-    pub head_dim: usize,
-    pub n_rot: usize,
-    pub q_lora_rank: usize,
-    pub o_lora_rank: usize,
-    pub o_groups: usize,
-    pub sliding_window: usize,
-    /// Per-layer ratio; its length is the layer count.
-    pub compress_ratios: Vec<usize>,
+    pub core: CoreShape,
     pub kv_source_layers: Vec<usize>,
     pub index_source_layers: Vec<usize>,
-    pub indexer_heads: usize,
-    pub indexer_head_dim: usize,
-    pub indexer_top_k: usize,
     pub candidate_source: usize,
     pub candidate_topk_blocks: usize,
     pub candidate_block_size: usize,
-    pub n_expert: usize,
-    pub n_expert_used: usize,
-    pub expert_ff: usize,
-    pub hc_count: usize,
-    pub hc_sinkhorn_iters: usize,
     pub rms_eps: f32,
     pub rope_base: u32,
     pub compress_rope_base: u32,
-    pub yarn_factor: f32,
-    pub yarn_original_context: u32,
     pub swiglu_limit: f32,
     pub routed_scale: f32,
     pub engram_layers: Vec<usize>,
@@ -64,8 +44,6 @@ pub struct V41Spec {
     pub engram_compressed_vocab: u32,
     /// The raw pad id (`engram_pad_token_id`); the file stores its compressed id.
     pub engram_pad_token: usize,
-    pub init_gain: f32,
-    pub seed: u64,
 }
 
 impl V41Spec {
@@ -75,36 +53,40 @@ impl V41Spec {
     /// otherwise fill the top-k with arbitrary rows scored −inf.
     pub fn tiny() -> V41Spec {
         V41Spec {
-            name: "ds4 tiny V4.1 test model".into(),
-            n_embd: 64,
-            n_head: 4,
-            head_dim: 32,
-            n_rot: 8,
-            q_lora_rank: 32,
-            o_lora_rank: 16,
-            o_groups: 2,
-            sliding_window: 4,
-            // L0-1 window; L2 source r2, L3 reuse; L4 source r1 (candidate
-            // source), L5 reuse, L6 reindex within L4's candidates, L7 reuse of L6.
-            compress_ratios: vec![0, 0, 2, 2, 1, 1, 1, 1],
+            core: CoreShape {
+                name: "ds4 tiny V4.1 test model".into(),
+                n_embd: 64,
+                n_head: 4,
+                head_dim: 32,
+                n_rot: 8,
+                q_lora_rank: 32,
+                o_lora_rank: 16,
+                o_groups: 2,
+                sliding_window: 4,
+                // L0-1 window; L2 source r2, L3 reuse; L4 source r1 (candidate
+                // source), L5 reuse, L6 reindex within L4's candidates, L7 reuse of L6.
+                compress_ratios: vec![0, 0, 2, 2, 1, 1, 1, 1],
+                indexer_heads: 2,
+                indexer_head_dim: 16,
+                indexer_top_k: 3,
+                n_expert: 4,
+                n_expert_used: 2,
+                expert_ff: 32,
+                hc_count: 4,
+                hc_sinkhorn_iters: 20,
+                yarn_factor: 16.0,
+                yarn_original_context: 65536,
+                init_gain: 0.5,
+                seed: 41,
+            },
             kv_source_layers: vec![2, 4],
             index_source_layers: vec![2, 4, 6],
-            indexer_heads: 2,
-            indexer_head_dim: 16,
-            indexer_top_k: 3,
             candidate_source: 4,
             candidate_topk_blocks: 2,
             candidate_block_size: 2,
-            n_expert: 4,
-            n_expert_used: 2,
-            expert_ff: 32,
-            hc_count: 4,
-            hc_sinkhorn_iters: 20,
             rms_eps: 1e-20,
             rope_base: 10000,
             compress_rope_base: 160000,
-            yarn_factor: 16.0,
-            yarn_original_context: 65536,
             swiglu_limit: 10.0,
             routed_scale: 1.5,
             engram_layers: vec![1, 4],
@@ -114,8 +96,6 @@ impl V41Spec {
             engram_vocab_size: 100,
             engram_compressed_vocab: 997,
             engram_pad_token: 2,
-            init_gain: 0.5,
-            seed: 41,
         }
     }
 
@@ -125,34 +105,38 @@ impl V41Spec {
         ratios.extend([2; 18]);
         ratios.extend([1; 20]);
         V41Spec {
-            name: "DeepSeek V4.1 Flash".into(),
-            n_embd: 5120,
-            n_head: 64,
-            head_dim: 512,
-            n_rot: 64,
-            q_lora_rank: 1280,
-            o_lora_rank: 1024,
-            o_groups: 8,
-            sliding_window: 128,
-            compress_ratios: ratios,
+            core: CoreShape {
+                name: "DeepSeek V4.1 Flash".into(),
+                n_embd: 5120,
+                n_head: 64,
+                head_dim: 512,
+                n_rot: 64,
+                q_lora_rank: 1280,
+                o_lora_rank: 1024,
+                o_groups: 8,
+                sliding_window: 128,
+                compress_ratios: ratios,
+                indexer_heads: 32,
+                indexer_head_dim: 128,
+                indexer_top_k: 512,
+                n_expert: 384,
+                n_expert_used: 6,
+                expert_ff: 2304,
+                hc_count: 4,
+                hc_sinkhorn_iters: 20,
+                yarn_factor: 16.0,
+                yarn_original_context: 65536,
+                init_gain: 0.5,
+                seed: 0,
+            },
             kv_source_layers: vec![2, 8, 14, 20],
             index_source_layers: vec![2, 8, 14, 20, 24, 28, 32, 36],
-            indexer_heads: 32,
-            indexer_head_dim: 128,
-            indexer_top_k: 512,
             candidate_source: 20,
             candidate_topk_blocks: 2048,
             candidate_block_size: 8,
-            n_expert: 384,
-            n_expert_used: 6,
-            expert_ff: 2304,
-            hc_count: 4,
-            hc_sinkhorn_iters: 20,
             rms_eps: 1e-20,
             rope_base: 10000,
             compress_rope_base: 160000,
-            yarn_factor: 16.0,
-            yarn_original_context: 65536,
             swiglu_limit: 10.0,
             routed_scale: 1.5,
             engram_layers: vec![1, 14],
@@ -162,8 +146,6 @@ impl V41Spec {
             engram_vocab_size: 16_000_000,
             engram_compressed_vocab: 99092,
             engram_pad_token: 2,
-            init_gain: 0.5,
-            seed: 0,
         }
     }
 
@@ -178,7 +160,7 @@ impl V41Spec {
         let layers = layers.max(2);
         let windows = if layers > 2 { 2 } else { 1 };
         let mut spec = V41Spec::flash();
-        spec.compress_ratios = (0..layers)
+        spec.core.compress_ratios = (0..layers)
             .map(|l| if l < windows { 0 } else { 2 })
             .collect();
         spec.kv_source_layers = (windows..layers).collect();
@@ -186,12 +168,12 @@ impl V41Spec {
         spec.candidate_source = windows;
         spec.engram_layers = vec![windows - 1, layers - 1];
         spec.engram_vocab_size = engram_vocab;
-        spec.name = format!("V4.1 bench model ({layers} Flash-width layers, random blocks)");
+        spec.core.name = format!("V4.1 bench model ({layers} Flash-width layers, random blocks)");
         spec
     }
 
     pub fn n_layer(&self) -> usize {
-        self.compress_ratios.len()
+        self.core.n_layer()
     }
 
     /// Hash columns per Engram layer.
@@ -236,7 +218,7 @@ impl V41Spec {
         let bound = (i64::MAX as u64 / self.engram_compressed_vocab as u64) / 2;
         let mut out = Vec::new();
         for &l in &self.engram_layers {
-            let mut rng = Rng::new(self.seed ^ (10007 * l as u64));
+            let mut rng = Rng::new(self.core.seed ^ (10007 * l as u64));
             for _ in 0..self.engram_max_ngram {
                 out.push(rng.below(bound) * 2 + 1);
             }
@@ -256,25 +238,6 @@ impl V41Spec {
 fn next_prime(n: u64) -> u64 {
     let is_prime = |x: u64| x >= 2 && (2..).take_while(|d| d * d <= x).all(|d| x % d != 0);
     (n + 1..).find(|&x| is_prime(x)).unwrap_or(n + 1)
-}
-
-impl V41Spec {
-    fn dims(&self) -> Dims {
-        Dims {
-            n_embd: self.n_embd,
-            n_head: self.n_head,
-            head_dim: self.head_dim,
-            q_lora_rank: self.q_lora_rank,
-            o_lora_rank: self.o_lora_rank,
-            o_groups: self.o_groups,
-            indexer_heads: self.indexer_heads,
-            indexer_head_dim: self.indexer_head_dim,
-            n_expert: self.n_expert,
-            expert_ff: self.expert_ff,
-            hc_count: self.hc_count,
-            gain: self.init_gain,
-        }
-    }
 }
 
 /// The order ds4's `deepseek41_quantize.py` writes a layer's tensors in
@@ -298,25 +261,19 @@ const LAYER_ORDER: [&str; 35] = [
 /// image-span router bias and Engram modules, each layer in ds4's order
 /// ([`LAYER_ORDER`]), and the Engram tables last (as ds4 writes them).
 fn plan(s: &V41Spec, n_vocab: usize) -> Vec<Planned> {
-    let (d, hc, hd, ihd) = (s.n_embd, s.hc_count, s.head_dim, s.indexer_head_dim);
-    let mut t = Planner::new(s.dims());
+    let (d, hc, hd, ihd) = (
+        s.core.n_embd,
+        s.core.hc_count,
+        s.core.head_dim,
+        s.core.indexer_head_dim,
+    );
+    let mut t = Planner::new(&s.core);
     let mut tables = Vec::new();
     let nd = t.normal(d);
-    t.add(
-        "token_embd.weight".into(),
-        &[d, n_vocab],
-        Class::F16Dense,
-        Init::Normal(1.0),
-    );
-    t.add(
-        "output_norm.weight".into(),
-        &[d],
-        Class::Vector,
-        Init::NormWeight,
-    );
-    t.add("output.weight".into(), &[d, n_vocab], Class::Q8Dense, nd);
+    t.token_embedding(n_vocab);
+    t.output_head(n_vocab);
     let rows = s.engram_rows();
-    for (l, &ratio) in s.compress_ratios.iter().enumerate() {
+    for (l, &ratio) in s.core.compress_ratios.iter().enumerate() {
         let p = format!("blk.{l}.");
         let first = t.out.len();
         let n = |x: &str| format!("{p}{x}");
@@ -358,7 +315,12 @@ fn plan(s: &V41Spec, n_vocab: usize) -> Vec<Planned> {
         t.hc_mix(&p, "ffn");
         t.router(&p, Class::Vector);
         for bias in ["exp_probs_b.bias", "exp_probs_b_vl.bias"] {
-            t.add(n(bias), &[s.n_expert], Class::Vector, Init::Normal(0.1));
+            t.add(
+                n(bias),
+                &[s.core.n_expert],
+                Class::Vector,
+                Init::Normal(0.1),
+            );
         }
         t.experts(&p);
         t.shared_expert(&p);
@@ -396,23 +358,23 @@ fn plan(s: &V41Spec, n_vocab: usize) -> Vec<Planned> {
 /// The HF `config.json` the file embeds (`deepseek41.config`), text fields
 /// nested under `text_config` as in the release.
 fn hf_config(s: &V41Spec, n_vocab: usize) -> serde_json::Value {
-    let mut ratios: Vec<usize> = s.compress_ratios.clone();
+    let mut ratios: Vec<usize> = s.core.compress_ratios.clone();
     ratios.extend([0, 0, 0]); // the MTP slots of the release
     let text: Vec<(&str, serde_json::Value)> = vec![
         ("vocab_size", json!(n_vocab)),
-        ("hidden_size", json!(s.n_embd)),
+        ("hidden_size", json!(s.core.n_embd)),
         ("num_hidden_layers", json!(s.n_layer())),
-        ("num_attention_heads", json!(s.n_head)),
+        ("num_attention_heads", json!(s.core.n_head)),
         ("num_key_value_heads", json!(1)),
-        ("head_dim", json!(s.head_dim)),
-        ("qk_rope_head_dim", json!(s.n_rot)),
-        ("q_lora_rank", json!(s.q_lora_rank)),
-        ("o_lora_rank", json!(s.o_lora_rank)),
-        ("o_groups", json!(s.o_groups)),
-        ("n_routed_experts", json!(s.n_expert)),
+        ("head_dim", json!(s.core.head_dim)),
+        ("qk_rope_head_dim", json!(s.core.n_rot)),
+        ("q_lora_rank", json!(s.core.q_lora_rank)),
+        ("o_lora_rank", json!(s.core.o_lora_rank)),
+        ("o_groups", json!(s.core.o_groups)),
+        ("n_routed_experts", json!(s.core.n_expert)),
         ("n_shared_experts", json!(1)),
-        ("num_experts_per_tok", json!(s.n_expert_used)),
-        ("moe_intermediate_size", json!(s.expert_ff)),
+        ("num_experts_per_tok", json!(s.core.n_expert_used)),
+        ("moe_intermediate_size", json!(s.core.expert_ff)),
         ("scoring_func", json!("sqrtsoftplus")),
         ("topk_method", json!("noaux_tc")),
         ("norm_topk_prob", json!(true)),
@@ -422,18 +384,18 @@ fn hf_config(s: &V41Spec, n_vocab: usize) -> serde_json::Value {
         ("rope_theta", json!(s.rope_base)),
         ("compress_rope_theta", json!(s.compress_rope_base)),
         ("max_position_embeddings", json!(1048576)),
-        ("sliding_window", json!(s.sliding_window)),
+        ("sliding_window", json!(s.core.sliding_window)),
         ("compress_ratios", json!(ratios)),
         ("kv_source_layer_ids", json!(s.kv_source_layers)),
         ("index_source_layer_ids", json!(s.index_source_layers)),
-        ("index_n_heads", json!(s.indexer_heads)),
-        ("index_head_dim", json!(s.indexer_head_dim)),
-        ("index_topk", json!(s.indexer_top_k)),
+        ("index_n_heads", json!(s.core.indexer_heads)),
+        ("index_head_dim", json!(s.core.indexer_head_dim)),
+        ("index_topk", json!(s.core.indexer_top_k)),
         ("candidate_source_layer_id", json!(s.candidate_source)),
         ("candidate_topk_blocks", json!(s.candidate_topk_blocks)),
         ("candidate_block_size", json!(s.candidate_block_size)),
-        ("hc_mult", json!(s.hc_count)),
-        ("hc_sinkhorn_iters", json!(s.hc_sinkhorn_iters)),
+        ("hc_mult", json!(s.core.hc_count)),
+        ("hc_sinkhorn_iters", json!(s.core.hc_sinkhorn_iters)),
         ("hc_eps", json!(1e-6)),
         ("hidden_act", json!("silu")),
         ("engram_layer_ids", json!(s.engram_layers)),
@@ -449,8 +411,8 @@ fn hf_config(s: &V41Spec, n_vocab: usize) -> serde_json::Value {
         ),
         (
             "rope_scaling",
-            json!({"type": "yarn", "factor": s.yarn_factor,
-                "original_max_position_embeddings": s.yarn_original_context,
+            json!({"type": "yarn", "factor": s.core.yarn_factor,
+                "original_max_position_embeddings": s.core.yarn_original_context,
                 "beta_fast": 32, "beta_slow": 1}),
         ),
     ];
@@ -470,7 +432,7 @@ fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
     let k = |x: &str| format!("deepseek41.{x}");
     let token_map = s.engram_token_map(n_vocab);
     w.add_str("general.architecture", "deepseek41");
-    w.add_str("general.name", &s.name);
+    w.add_str("general.name", &s.core.name);
     w.add_u32("general.alignment", 16384);
     w.add_str(
         &k("config"),
@@ -503,29 +465,29 @@ fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
     let u = |x: usize| x as u32;
     for (key, v) in [
         ("vocab_size", u(n_vocab)),
-        ("hidden_size", u(s.n_embd)),
-        ("moe_intermediate_size", u(s.expert_ff)),
+        ("hidden_size", u(s.core.n_embd)),
+        ("moe_intermediate_size", u(s.core.expert_ff)),
         ("num_hidden_layers", u(s.n_layer())),
-        ("num_attention_heads", u(s.n_head)),
+        ("num_attention_heads", u(s.core.n_head)),
         ("num_key_value_heads", 1),
-        ("head_dim", u(s.head_dim)),
-        ("qk_rope_head_dim", u(s.n_rot)),
-        ("q_lora_rank", u(s.q_lora_rank)),
-        ("o_lora_rank", u(s.o_lora_rank)),
-        ("o_groups", u(s.o_groups)),
-        ("n_routed_experts", u(s.n_expert)),
+        ("head_dim", u(s.core.head_dim)),
+        ("qk_rope_head_dim", u(s.core.n_rot)),
+        ("q_lora_rank", u(s.core.q_lora_rank)),
+        ("o_lora_rank", u(s.core.o_lora_rank)),
+        ("o_groups", u(s.core.o_groups)),
+        ("n_routed_experts", u(s.core.n_expert)),
         ("n_shared_experts", 1),
-        ("num_experts_per_tok", u(s.n_expert_used)),
+        ("num_experts_per_tok", u(s.core.n_expert_used)),
         ("max_position_embeddings", 1 << 20),
-        ("sliding_window", u(s.sliding_window)),
-        ("index_n_heads", u(s.indexer_heads)),
-        ("index_head_dim", u(s.indexer_head_dim)),
-        ("index_topk", u(s.indexer_top_k)),
+        ("sliding_window", u(s.core.sliding_window)),
+        ("index_n_heads", u(s.core.indexer_heads)),
+        ("index_head_dim", u(s.core.indexer_head_dim)),
+        ("index_topk", u(s.core.indexer_top_k)),
         ("candidate_source_layer_id", u(s.candidate_source)),
         ("candidate_topk_blocks", u(s.candidate_topk_blocks)),
         ("candidate_block_size", u(s.candidate_block_size)),
-        ("hc_mult", u(s.hc_count)),
-        ("hc_sinkhorn_iters", u(s.hc_sinkhorn_iters)),
+        ("hc_mult", u(s.core.hc_count)),
+        ("hc_sinkhorn_iters", u(s.core.hc_sinkhorn_iters)),
         ("rope_theta", s.rope_base),
         ("compress_rope_theta", s.compress_rope_base),
     ] {
@@ -547,16 +509,16 @@ fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
         w.add_str(&k(key), v);
     }
     w.add_bool(&k("norm_topk_prob"), true);
-    w.add_array(&k("compress_ratios"), u32s(&s.compress_ratios));
+    w.add_array(&k("compress_ratios"), u32s(&s.core.compress_ratios));
     w.add_array(&k("kv_source_layer_ids"), u32s(&s.kv_source_layers));
     w.add_array(&k("index_source_layer_ids"), u32s(&s.index_source_layers));
     for (key, v) in [
-        ("factor", s.yarn_factor),
+        ("factor", s.core.yarn_factor),
         ("beta_fast", 32.0),
         ("beta_slow", 1.0),
         (
             "original_max_position_embeddings",
-            s.yarn_original_context as f32,
+            s.core.yarn_original_context as f32,
         ),
     ] {
         w.add_f32(&k(&format!("rope_scaling.{key}")), v);
@@ -576,7 +538,7 @@ pub fn write_v41_model(
         &mut w,
         plan(spec, vocab.tokens.len()),
         variant,
-        spec.seed,
+        spec.core.seed,
         Data::Values,
     )?;
     w.write_to_path(path)
@@ -589,7 +551,13 @@ pub fn write_v41_bench_model(spec: &V41Spec, vocab: &Vocab, path: &Path) -> io::
     let mut w = GgufWriter::new();
     add_metadata(&mut w, spec, vocab);
     let plan = plan(spec, vocab.tokens.len());
-    write_planned(&mut w, plan, Variant::Q2, spec.seed, Data::RandomBlocks)?;
+    write_planned(
+        &mut w,
+        plan,
+        Variant::Q2,
+        spec.core.seed,
+        Data::RandomBlocks,
+    )?;
     w.write_to_path(path)
 }
 
@@ -632,6 +600,6 @@ pub fn write_v41_edited(
         .into_iter()
         .filter(|t| !drop_tensors.contains(&t.name.as_str()))
         .collect();
-    write_planned(&mut w, plan, Variant::F32, spec.seed, Data::Hole)?;
+    write_planned(&mut w, plan, Variant::F32, spec.core.seed, Data::Hole)?;
     w.write_to_path(path)
 }

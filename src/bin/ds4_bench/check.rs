@@ -157,7 +157,7 @@ pub fn make_model(a: &Args, kind: &str) -> Result<(), String> {
     eprintln!(
         "ds4-bench: wrote {} ({}, {}, {}) in {:.1} s",
         out.display(),
-        spec.name,
+        spec.core.name,
         variant.name(),
         ds4::app::report::human(bytes),
         t.elapsed().as_secs_f64()

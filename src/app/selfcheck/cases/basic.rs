@@ -292,8 +292,13 @@ pub fn hc_cases() -> Vec<Case> {
 
 /// The RoPE configuration of the cases (base 10000, YaRN as Flash).
 pub fn rope_config(n_rot: usize, yarn: bool) -> RopeConfig {
+    rope_config_at(10000.0, n_rot, yarn)
+}
+
+/// The cases' RoPE configuration at frequency base `base`.
+pub fn rope_config_at(base: f32, n_rot: usize, yarn: bool) -> RopeConfig {
     RopeConfig {
-        base: 10000.0,
+        base,
         yarn: yarn.then_some(Yarn {
             factor: 16.0,
             original_context: 4096,

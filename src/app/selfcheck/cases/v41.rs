@@ -5,9 +5,10 @@
 //! everywhere (lower id). EngramHash and EngramLookup have no GPU kernels
 //! by design (the host hashes and reads the rows; docs/V41.md).
 
+use super::basic::rope_config_at;
 use crate::app::selfcheck::oneop::{Builder, Case, Weights};
 use crate::app::selfcheck::rng::Rng;
-use crate::graph::ops::rope::{RopeConfig, Yarn};
+use crate::graph::ops::rope::RopeConfig;
 use crate::graph::ops::v41::{
     CandidateBlocks, CandidateTopK, EngramGate, Frontier, HcOneHot, V41Compress, V41Op,
 };
@@ -16,16 +17,7 @@ use crate::quant::GgmlType;
 
 /// The RoPE configuration of the V4.1 cases (base 160000, YaRN as Flash).
 pub fn v41_rope(n_rot: usize, yarn: bool) -> RopeConfig {
-    RopeConfig {
-        base: 160000.0,
-        yarn: yarn.then_some(Yarn {
-            factor: 16.0,
-            original_context: 4096,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-        }),
-        n_rot,
-    }
+    rope_config_at(160000.0, n_rot, yarn)
 }
 
 /// The one-hot stream weights at 1 to 5 streams.
