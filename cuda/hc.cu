@@ -33,3 +33,11 @@ extern "C" __global__ void hc_expand(const float* state, const float* y, const f
         out[i] = a;
     }
 }
+
+// Lagged hyper-connections (DeepSeek V4.1): out[t] = [1, 0, ..., 0], the
+// first attention collapses stream 0 only.
+extern "C" __global__ void hc_one_hot(float* out, u32 n_hc, const Step* st) {
+    const u32 total = st->n_tokens * n_hc;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x)
+        out[i] = i % n_hc == 0 ? 1.0f : 0.0f;
+}

@@ -1,5 +1,5 @@
 // Block-wide counts and scans of the top-k kernels (cuda/indexer.cu,
-// cuda/v41_select.cu), for blocks of SELECT_THREADS threads; every thread
+// cuda/candidate.cu), for blocks of SELECT_THREADS threads; every thread
 // of the block calls them together (they synchronise).
 
 #define SELECT_THREADS 256

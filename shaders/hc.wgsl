@@ -59,3 +59,12 @@ fn hc_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     }
     out[i] = acc;
 }
+
+// Lagged hyper-connections (DeepSeek V4.1): out[t] = [1, 0, ..., 0], the
+// first attention collapses stream 0 only.
+@compute @workgroup_size(WG)
+fn hc_one_hot(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if (i >= step.n_tokens * prm.n_hc) { return; }
+    out[i] = select(0.0, 1.0, i % prm.n_hc == 0u);
+}

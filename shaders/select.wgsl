@@ -1,5 +1,5 @@
 // Top-k selection for the indexer (indexer.wgsl) and V4.1's two-level top-k
-// (v41_select.wgsl), one workgroup per token. A row's score is
+// (candidate.wgsl), one workgroup per token. A row's score is
 // sum_h w[h] * max(0, q_h . k_r); selections go through order-preserving
 // u32 keys in a scratch row per token and a bitwise search for the k-th
 // largest key, then one ordered walk writes the chosen ids ascending, ties

@@ -234,7 +234,7 @@ fn v41_graph_with_engram_rows_read_by_the_host() {
         engram_from_host: true,
     };
     let graph = Arc::new(record(cfg, &m.weights, &kv, 1, &opts));
-    assert!(graph.ops().all(|op| op.name() != "v41_engram_lookup"));
+    assert!(graph.ops().all(|op| op.name() != "engram_lookup"));
     let mut b = backend::open(
         BackendKind::CpuRef,
         m.clone(),

@@ -408,7 +408,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// The compressed rows and index keys split over several bindings
 /// (`BackendOptions::state_chunk_cap`, as tests/wgpu_chunked.rs does for
-/// V4): V41Compress writes across chunk boundaries, CandidateBlocks,
+/// V4): SourceCompress writes across chunk boundaries, CandidateBlocks,
 /// CandidateTopK, the indexer and attention read them, also in the layers
 /// that reuse or reindex a source's rows (3 and 5..7). The short prompt
 /// (16 tokens, past the window of 4) in one prefill and in steps of 5 (the
@@ -508,7 +508,7 @@ fn gpu_backends_refuse_graphs_that_read_engram_tables() {
         };
         eprintln!("{kind:?}: {err}");
         assert!(
-            err.contains("engram_from_host") && err.contains("v41_engram_hash"),
+            err.contains("engram_from_host") && err.contains("engram_hash"),
             "{err}"
         );
     }

@@ -1,4 +1,4 @@
-//! One-op tests of the V4.1-only ops (graph/ops/v41.rs): each CPU twin on
+//! One-op tests of the V4.1-only ops (`Op::V41`): each CPU twin on
 //! seeded random inputs against a direct float64 transcription of the
 //! official formula written here, plus the state they carry across steps.
 
@@ -8,11 +8,10 @@ use std::sync::Arc;
 
 use common::rng::Rng;
 use ds4::gguf::{GgufFile, GgufWriter, TensorRef};
+use ds4::graph::ops::candidate::{CandidateBlocks, CandidateTopK};
+use ds4::graph::ops::engram::{EngramGate, EngramHash, EngramHashLayout, EngramLookup};
 use ds4::graph::ops::rope::RopeConfig;
-use ds4::graph::ops::v41::{
-    CandidateBlocks, CandidateTopK, CompressWeights, EngramGate, EngramHash, EngramHashLayout,
-    EngramLookup, Frontier, V41Compress,
-};
+use ds4::graph::ops::source_compress::{CompressWeights, Frontier, SourceCompress};
 use ds4::graph::{StateId, ValueId};
 use ds4::quant::GgmlType;
 
@@ -295,7 +294,7 @@ fn compress_ref(
 }
 
 #[test]
-fn v41_compressor_pools_norms_and_keys_in_any_step_split() {
+fn source_compressor_pools_norms_and_keys_in_any_step_split() {
     let (hd, ihd, n_rot, t) = (32usize, 16usize, 8usize, 11usize);
     let mut r = Rng(0x5eed_0004);
     let w = CompressWeights {
@@ -306,7 +305,7 @@ fn v41_compressor_pools_norms_and_keys_in_any_step_split() {
     let kv = r.vec(t * hd);
     let gate: Vec<f32> = r.vec(t * hd).iter().map(|x| x * 2.0).collect();
     for ratio in [1usize, 2, 3] {
-        let op = V41Compress {
+        let op = SourceCompress {
             kv: V,
             gate: (ratio > 1).then_some(V),
             norm: dummy_ref(),

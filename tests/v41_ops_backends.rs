@@ -1,4 +1,4 @@
-//! The DeepSeek V4.1 ops (graph/ops/v41.rs) in the cross-backend one-op
+//! The DeepSeek V4.1 ops (`Op::V41`) in the cross-backend one-op
 //! harness (tests/common/oneop.rs): each op alone, seeded random inputs and
 //! state, outputs poisoned, run on the fast CPU backend, on wgpu (lavapipe
 //! in CI) and on CUDA (the host emulator without a GPU) against its CPU
@@ -23,7 +23,7 @@ use oneop::*;
 
 use ds4::app::selfcheck::cases::{
     candidate_blocks_cases, candidate_topk_cases, compressor_case, engram_gate_cases,
-    hc_one_hot_cases, v41_compressor_cases, CompressShape,
+    hc_one_hot_cases, source_compressor_cases, CompressShape,
 };
 
 #[test]
@@ -37,8 +37,8 @@ fn engram_gate_matches_the_cpu() {
 }
 
 #[test]
-fn v41_compressor_matches_the_cpu() {
-    check(v41_compressor_cases());
+fn source_compressor_matches_the_cpu() {
+    check(source_compressor_cases());
 }
 
 /// The compressor with its rows and index keys split over several
@@ -47,7 +47,7 @@ fn v41_compressor_matches_the_cpu() {
 /// frontier (`ratio` rows) still fits one chunk. Bit-identical to whole
 /// bindings and within tolerance of the CPU.
 #[test]
-fn v41_compressor_over_chunked_state_matches_the_cpu() {
+fn source_compressor_over_chunked_state_matches_the_cpu() {
     let mut rng = Rng(0xC0C4);
     // (shape, bytes per chunk, (row chunks, key chunks)).
     let shapes: [(CompressShape, u64, (usize, usize)); 6] = [

@@ -148,11 +148,13 @@ kernel_list! {
     HcMix = "hc_mix", wgsl ["common"], cuda ["common"] {
         HcMix = "hc_mix" Both,
     }
-    /// ops::hc::{HcInit, HcCollapse, HcExpand}.
+    /// ops::hc::{HcInit, HcCollapse, HcExpand, HcOneHot}.
     Hc = "hc", wgsl ["common"], cuda ["common"] {
         HcInit = "hc_init" Both,
         HcCollapse = "hc_collapse" Both,
         HcExpand = "hc_expand" Both,
+        /// Lagged hyper-connections' first collapse (DeepSeek V4.1).
+        HcOneHot = "hc_one_hot" Both,
     }
     /// ops::rope::Rope.
     Rope = "rope", wgsl ["common", "rope_angle"], cuda ["common"] {
@@ -188,20 +190,20 @@ kernel_list! {
     Gather = "gather", wgsl ["common"], cuda ["common"] {
         GatherLast = "gather_last" Both,
     }
-    /// DeepSeek V4.1's stream ops: ops::v41::{HcOneHot, EngramGate}.
-    V41Gate = "v41_gate", wgsl ["common", "rowops"], cuda ["common"] {
-        V41HcOneHot = "v41_hc_one_hot" Both,
-        V41EngramGate = "v41_engram_gate" Both,
+    /// DeepSeek V4.1's Engram gate: ops::engram::EngramGate.
+    Engram = "engram", wgsl ["common", "rowops"], cuda ["common"] {
+        EngramGate = "engram_gate" Both,
     }
-    /// DeepSeek V4.1's compressor: ops::v41::V41Compress.
-    V41Compress = "v41_compress", wgsl ["common", "rowops", "rope_angle"], cuda ["common"] {
-        V41Compress = "v41_compress" Both,
+    /// DeepSeek V4.1's compressor of kv-source layers:
+    /// ops::source_compress::SourceCompress.
+    SourceCompress = "source_compress", wgsl ["common", "rowops", "rope_angle"], cuda ["common"] {
+        SourceCompress = "source_compress" Both,
     }
-    /// DeepSeek V4.1's two-level top-k: ops::v41::{CandidateBlocks,
+    /// DeepSeek V4.1's two-level top-k: ops::candidate::{CandidateBlocks,
     /// CandidateTopK}.
-    V41Select = "v41_select", wgsl ["common", "select"], cuda ["common", "select"] {
-        V41CandidateBlocks = "v41_candidate_blocks" Both,
-        V41CandidateTopK = "v41_candidate_topk" Both,
+    Candidate = "candidate", wgsl ["common", "select"], cuda ["common", "select"] {
+        CandidateBlocks = "candidate_blocks" Both,
+        CandidateTopK = "candidate_topk" Both,
     }
     /// ops::matmul::MatMul (wgpu: src/backend/wgpu/matmul.rs).
     Matmul = "matmul", wgsl ["quant"], cuda ["common", "iq2xxs_grid", "quant"] {
@@ -292,11 +294,11 @@ macro_rules! launch_op {
             Op::GatherLast(o) => $l::gather::gather_last($cx, o),
             // DeepSeek V4.1's own ops (docs/V41.md).
             Op::V41(v) => match v {
-                V41Op::HcOneHot(o) => $l::v41_gate::hc_one_hot($cx, o),
-                V41Op::EngramGate(o) => $l::v41_gate::engram_gate($cx, o),
-                V41Op::Compress(o) => $l::v41_compress::v41_compress($cx, o),
-                V41Op::CandidateBlocks(o) => $l::v41_select::candidate_blocks($cx, o),
-                V41Op::CandidateTopK(o) => $l::v41_select::candidate_topk($cx, o),
+                V41Op::HcOneHot(o) => $l::hc::hc_one_hot($cx, o),
+                V41Op::EngramGate(o) => $l::engram::engram_gate($cx, o),
+                V41Op::SourceCompress(o) => $l::source_compress::source_compress($cx, o),
+                V41Op::CandidateBlocks(o) => $l::candidate::candidate_blocks($cx, o),
+                V41Op::CandidateTopK(o) => $l::candidate::candidate_topk($cx, o),
                 V41Op::EngramHash(_) | V41Op::EngramLookup(_) => {
                     Err($l::unsupported($crate::backend::kernels::engram_on_host(v)))
                 }

@@ -42,7 +42,8 @@ use super::{Session, SessionError};
 use crate::backend::{state_desc, Backend, GraphHandle};
 use crate::gguf::GgufFile;
 use crate::graph::ops::compress::{Compress, EMPTY_SCORE};
-use crate::graph::ops::v41::{V41Compress, V41Op};
+use crate::graph::ops::source_compress::SourceCompress;
+use crate::graph::ops::v41::V41Op;
 use crate::graph::ops::Op;
 use crate::graph::{Graph, StateId, ValueId};
 use crate::model::logits::Logits;
@@ -62,9 +63,9 @@ pub(super) struct Verifier {
 enum Comp {
     /// V4's (`Compress`), with its `ape` table read once.
     V4 { op: Compress, ape: Vec<f32> },
-    /// V4.1's (`V41Compress`): latent and index rows, a partial group
+    /// V4.1's (`SourceCompress`): latent and index rows, a partial group
     /// when the ratio is above 1.
-    V41(V41Compress),
+    V41(SourceCompress),
 }
 
 impl Comp {
@@ -143,7 +144,7 @@ impl UndoPlan {
                     op: o.clone(),
                     ape: crate::graph::ops::load_f32(file, &o.ape),
                 }),
-                Op::V41(V41Op::Compress(o)) => plan.comps.push(Comp::V41(o.clone())),
+                Op::V41(V41Op::SourceCompress(o)) => plan.comps.push(Comp::V41(o.clone())),
                 Op::V41(V41Op::EngramHash(_)) => {
                     return Err("the graph hashes Engram rows into device state".into())
                 }

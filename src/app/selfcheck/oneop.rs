@@ -52,11 +52,11 @@ pub const TOLERANCE: &[(&str, f32, f32)] = &[
     // DeepSeek V4.1 (cases/v41.rs): the gate's three f32 tree sums of `dim`
     // terms and the GPU's sigmoid scale the shared value; the compressor's
     // norms, dot products and RoPE as the V4 compressor.
-    ("v41_hc_one_hot", 0.0, 0.0),
-    ("v41_engram_gate", 1e-5, 1e-5),
-    ("v41_compress", 1e-5, 1e-4),
-    ("v41_candidate_blocks", 0.0, 0.0),
-    ("v41_candidate_topk", 0.0, 0.0),
+    ("hc_one_hot", 0.0, 0.0),
+    ("engram_gate", 1e-5, 1e-5),
+    ("source_compress", 1e-5, 1e-4),
+    ("candidate_blocks", 0.0, 0.0),
+    ("candidate_topk", 0.0, 0.0),
 ];
 
 /// The tolerance of `op` ([`TOLERANCE`]); `None` for an op without one.

@@ -61,16 +61,16 @@ params! {
         ratio: u32, top_k: u32, n_head: u32, head_dim: u32,
         max_rows: u32, chunk_rows: u32, t0: u32, _pad2: u32,
     }
-    /// shaders/v41_gate.wgsl.
-    V41GateParams { n_hc: u32, dim: u32, eps: f32, _pad0: u32 }
-    /// shaders/v41_compress.wgsl.
-    V41CompressParams {
+    /// shaders/engram.wgsl.
+    EngramParams { n_hc: u32, dim: u32, eps: f32, _pad0: u32 }
+    /// shaders/source_compress.wgsl.
+    SourceCompressParams {
         ratio: u32, head_dim: u32, index_head_dim: u32, n_rot: u32,
         eps: f32, capacity: u32, t0: u32, t1: u32,
         chunk_rows: u32, index_chunk_rows: u32, round_rows: u32, _pad0: u32,
     }
-    /// shaders/v41_select.wgsl.
-    V41SelectParams {
+    /// shaders/candidate.wgsl.
+    CandidateParams {
         ratio: u32, top_k: u32, n_head: u32, head_dim: u32,
         topk_blocks: u32, block_size: u32, max_items: u32, t0: u32,
         chunk_rows: u32, _pad0: u32, _pad1: u32, _pad2: u32,

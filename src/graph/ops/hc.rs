@@ -255,3 +255,25 @@ impl HcExpand {
         }
     }
 }
+
+/// The first sublayer's collapse weights of lagged hyper-connections: stream
+/// 0 only (`[1, 0, …]` per token), as the official `make_identity_pre_mix`.
+#[derive(Clone, Debug)]
+pub struct HcOneHot {
+    pub out: ValueId,
+    pub n_hc: usize,
+}
+
+impl HcOneHot {
+    pub fn cpu(&self, cx: &mut CpuCx) {
+        let n = cx.n();
+        cx.write(self.out, |_, out| self.compute(n, out));
+    }
+
+    pub fn compute(&self, n_tokens: usize, out: &mut [f32]) {
+        for row in out[..n_tokens * self.n_hc].chunks_exact_mut(self.n_hc) {
+            row.fill(0.0);
+            row[0] = 1.0;
+        }
+    }
+}

@@ -9,7 +9,9 @@
 
 pub mod attention;
 pub mod basic;
+pub mod candidate;
 pub mod compress;
+pub mod engram;
 pub mod gather;
 pub mod hc;
 pub mod indexer;
@@ -19,6 +21,7 @@ pub mod norm;
 pub mod parallel;
 pub mod rope;
 pub mod round;
+pub mod source_compress;
 pub mod v41;
 
 use crate::graph::{Graph, Segment, StateId, StepParams, ValueDesc, ValueId};

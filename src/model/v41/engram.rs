@@ -12,9 +12,9 @@
 use std::sync::Arc;
 
 use super::config::EngramConfig;
-use crate::graph::ops::v41::EngramHashLayout;
+use crate::graph::ops::engram::EngramHashLayout;
 
-pub use crate::graph::ops::v41::decode_row;
+pub use crate::graph::ops::engram::decode_row;
 
 impl EngramConfig {
     /// The constants the graph's `EngramHash` op (and a host prefetcher) hash with.

@@ -20,7 +20,7 @@ use lru::LruCache;
 
 use super::config::EngramConfig;
 use super::weights::V41Weights;
-use crate::graph::ops::v41::decode_row;
+use crate::graph::ops::engram::decode_row;
 
 /// What the reader did so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

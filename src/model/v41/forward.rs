@@ -22,11 +22,12 @@ use std::sync::Arc;
 
 use super::{LayerRole, V41Config, V41LayerWeights, V41Weights};
 use crate::graph::ops::attention::CompressedRows;
+use crate::graph::ops::candidate::{CandidateBlocks, CandidateTopK};
+use crate::graph::ops::engram::{EngramGate, EngramHash, EngramLookup};
+use crate::graph::ops::hc::HcOneHot;
 use crate::graph::ops::indexer::IndexerTopK;
-use crate::graph::ops::v41::{
-    CandidateBlocks, CandidateTopK, EngramGate, EngramHash, EngramLookup, Frontier, HcOneHot,
-    V41Compress, V41Op,
-};
+use crate::graph::ops::source_compress::{Frontier, SourceCompress};
+use crate::graph::ops::v41::V41Op;
 use crate::graph::ops::Op;
 use crate::graph::{Graph, StateId, StateLayout, ValueId, ValueName};
 use crate::model::block::attention::{AttnOptions, IndexRounding, KvRounding, Projected, Sparse};
@@ -199,7 +200,7 @@ fn sparse(
     if let (Some(cw), Some(rows), Some(index_rows)) = (&w.compressor, st.rows, st.index_rows) {
         let ck = b.matmul("comp_kv", &cw.kv, p.xn);
         let cg = cw.gate.as_ref().map(|g| b.matmul("comp_gate", g, p.xn));
-        b.r.op(Op::V41(V41Op::Compress(V41Compress {
+        b.r.op(Op::V41(V41Op::SourceCompress(SourceCompress {
             kv: ck,
             gate: cg,
             norm: cw.norm.clone(),

@@ -16,7 +16,7 @@ pub use basic::{
 pub use matmul::{matmul_case, matmul_cases, prefill_matmul_cases};
 pub use v41::{
     candidate_blocks_cases, candidate_topk_cases, compressor_case, engram_gate_cases,
-    hc_one_hot_cases, v41_compressor_cases, v41_rope, CompressShape,
+    hc_one_hot_cases, source_compressor_cases, v41_rope, CompressShape,
 };
 
 use super::oneop::Case;
@@ -40,11 +40,11 @@ pub const GROUPS: &[Group] = &[
     ("matmul+moe", matmul_cases),
     ("v41 hc_one_hot", hc_one_hot_cases),
     ("v41 engram_gate", engram_gate_cases),
-    ("v41 compressor", v41_compressor_cases),
-    ("v41 candidate_blocks", v41_candidate_blocks),
+    ("v41 compressor", source_compressor_cases),
+    ("v41 candidate_blocks", candidate_blocks),
     ("v41 candidate_topk", candidate_topk_cases),
 ];
 
-fn v41_candidate_blocks() -> Vec<Case> {
+fn candidate_blocks() -> Vec<Case> {
     candidate_blocks_cases().0
 }

@@ -1,4 +1,4 @@
-//! The one-op cases of the DeepSeek V4.1 ops (graph/ops/v41.rs): sizes
+//! The one-op cases of the DeepSeek V4.1 ops (`Op::V41`): sizes
 //! include 1, odd widths and widths past one 256-thread workgroup; the
 //! top-k ops get grid-valued cases whose scores are exact in any summation
 //! order, so ties (at the cut among them) must be broken the same way
@@ -8,10 +8,12 @@
 use super::basic::rope_config_at;
 use crate::app::selfcheck::oneop::{Builder, Case, Weights};
 use crate::app::selfcheck::rng::Rng;
+use crate::graph::ops::candidate::{CandidateBlocks, CandidateTopK};
+use crate::graph::ops::engram::EngramGate;
+use crate::graph::ops::hc::HcOneHot;
 use crate::graph::ops::rope::RopeConfig;
-use crate::graph::ops::v41::{
-    CandidateBlocks, CandidateTopK, EngramGate, Frontier, HcOneHot, V41Compress, V41Op,
-};
+use crate::graph::ops::source_compress::{Frontier, SourceCompress};
+use crate::graph::ops::v41::V41Op;
 use crate::graph::ops::Op;
 use crate::quant::GgmlType;
 
@@ -95,7 +97,7 @@ pub fn engram_gate_cases() -> Vec<Case> {
     cases
 }
 
-/// A V41Compress case: (ratio, head_dim, index_head_dim, n_rot, tokens,
+/// A SourceCompress case: (ratio, head_dim, index_head_dim, n_rot, tokens,
 /// pos0, capacity or 0 for enough).
 pub type CompressShape = (usize, usize, usize, usize, usize, usize, usize);
 
@@ -103,7 +105,7 @@ pub fn compressor_case(rng: &mut Rng, shape: CompressShape) -> Case {
     compressor_case_rounded(rng, shape, false)
 }
 
-/// A V41Compress case with the model numerics' FP4 rounding of the rows
+/// A SourceCompress case with the model numerics' FP4 rounding of the rows
 /// when `round_rows`.
 pub fn compressor_case_rounded(rng: &mut Rng, shape: CompressShape, round_rows: bool) -> Case {
     let (ratio, hd, ihd, n_rot, n, pos0, cap) = shape;
@@ -136,7 +138,7 @@ pub fn compressor_case_rounded(rng: &mut Rng, shape: CompressShape, round_rows: 
     if let Some(g) = gate {
         inputs.push((g, rng.scaled(n * hd, 2.0)));
     }
-    let op = Op::V41(V41Op::Compress(V41Compress {
+    let op = Op::V41(V41Op::SourceCompress(SourceCompress {
         kv,
         gate,
         norm: refs[0].clone(),
@@ -154,7 +156,7 @@ pub fn compressor_case_rounded(rng: &mut Rng, shape: CompressShape, round_rows: 
     }));
     b.finish(
         format!(
-            "v41_compress r{ratio} {hd}/{ihd} rot {n_rot} n {n} pos {pos0} cap {cap} \
+            "source_compress r{ratio} {hd}/{ihd} rot {n_rot} n {n} pos {pos0} cap {cap} \
              round {round_rows}"
         ),
         f,
@@ -167,7 +169,7 @@ pub fn compressor_case_rounded(rng: &mut Rng, shape: CompressShape, round_rows: 
 
 /// The V4.1 compressor: groups completed and left partial, decode, rows
 /// past 256 threads, and a capacity the step overruns (rows dropped).
-pub fn v41_compressor_cases() -> Vec<Case> {
+pub fn source_compressor_cases() -> Vec<Case> {
     let mut rng = Rng(0xC0317);
     let cases = [
         (1usize, 32usize, 16usize, 8usize, 5usize, 0usize, 0usize),

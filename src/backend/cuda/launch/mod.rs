@@ -23,9 +23,11 @@ use crate::gguf::{GgufFile, TensorRef};
 use crate::graph::{Graph, StateId, StateLayout, ValueId};
 
 pub mod attention;
+pub mod candidate;
 pub mod compress;
 pub mod elementwise;
 pub mod embed;
+pub mod engram;
 pub mod gather;
 pub mod hc;
 pub mod hc_mix;
@@ -37,9 +39,7 @@ pub mod ring;
 pub mod rope;
 pub mod round;
 pub mod router;
-pub mod v41_compress;
-pub mod v41_gate;
-pub mod v41_select;
+pub mod source_compress;
 
 /// One kernel argument (stored as 8 bytes; the kernel reads its size).
 #[derive(Clone, Copy, Debug)]

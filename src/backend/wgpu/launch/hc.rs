@@ -7,7 +7,7 @@ use super::{per_token, Bindings, Cx};
 use crate::backend::kernels::Entry;
 use crate::backend::wgpu::{Size, Work};
 use crate::backend::BackendError;
-use crate::graph::ops::hc::{HcCollapse, HcExpand, HcInit};
+use crate::graph::ops::hc::{HcCollapse, HcExpand, HcInit, HcOneHot};
 
 /// state, y, pre or post, comb, out.
 pub const BINDINGS: Bindings = Bindings::of(&[R, R, R, R, W]);
@@ -48,4 +48,12 @@ pub fn hc_expand(cx: &mut Cx, o: &HcExpand) -> Result<Vec<Work>, BackendError> {
         cx.val(o.out),
     ];
     cx.one(Entry::HcExpand, &p, &s, size)
+}
+
+/// Lagged hyper-connections' first collapse: `[1, 0, …]` per token.
+pub fn hc_one_hot(cx: &mut Cx, o: &HcOneHot) -> Result<Vec<Work>, BackendError> {
+    let (p, size) = params(o.n_hc, 0, o.n_hc);
+    let d = cx.dummy();
+    let s = [d.clone(), d.clone(), d.clone(), d, cx.val(o.out)];
+    cx.one(Entry::HcOneHot, &p, &s, size)
 }

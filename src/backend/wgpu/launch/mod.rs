@@ -24,9 +24,11 @@ use crate::graph::{StateId, ValueId};
 use crate::quant::GgmlType;
 
 pub mod attention;
+pub mod candidate;
 pub mod compress;
 pub mod elementwise;
 pub mod embed;
+pub mod engram;
 pub mod gather;
 pub mod hc;
 pub mod hc_mix;
@@ -38,9 +40,7 @@ pub mod ring;
 pub mod rope;
 pub mod round;
 pub mod router;
-pub mod v41_compress;
-pub mod v41_gate;
-pub mod v41_select;
+pub mod source_compress;
 
 /// A family's bind group after its two uniforms (binding 0 the step, 1 the
 /// parameters): its storage buffers in WGSL declaration order, then, where
@@ -87,9 +87,9 @@ pub fn bindings(f: Family) -> Option<&'static Bindings> {
         Family::Indexer => &indexer::BINDINGS,
         Family::Router => &router::BINDINGS,
         Family::Gather => &gather::BINDINGS,
-        Family::V41Gate => &v41_gate::BINDINGS,
-        Family::V41Compress => &v41_compress::BINDINGS,
-        Family::V41Select => &v41_select::BINDINGS,
+        Family::Engram => &engram::BINDINGS,
+        Family::SourceCompress => &source_compress::BINDINGS,
+        Family::Candidate => &candidate::BINDINGS,
         Family::Matmul | Family::Moe | Family::Bandwidth => return None,
     })
 }

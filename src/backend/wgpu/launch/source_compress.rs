@@ -1,9 +1,9 @@
-//! shaders/v41_compress.wgsl: DeepSeek V4.1's compressor of a kv-source
+//! shaders/source_compress.wgsl: DeepSeek V4.1's compressor of a kv-source
 //! layer, one workgroup walking the step's tokens in blocks sized so that
 //! no invocation loops more than llvmpipe allows.
 
 use super::super::kernels::Access::{Read as R, Write as W};
-use super::super::params::{rope_table, V41CompressParams};
+use super::super::params::{rope_table, SourceCompressParams};
 use super::super::MAX_STATE_CHUNKS;
 use super::compress::COMPRESS_BLOCK_TOKENS;
 use super::round::MAX_ROW;
@@ -11,7 +11,7 @@ use super::{supported, token_block, unsupported, Bindings, Cx, WG};
 use crate::backend::kernels::Entry;
 use crate::backend::wgpu::Work;
 use crate::backend::BackendError;
-use crate::graph::ops::v41::V41Compress;
+use crate::graph::ops::source_compress::SourceCompress;
 use crate::graph::ops::{self, rope::frequencies};
 use crate::graph::StateId;
 
@@ -21,7 +21,7 @@ pub const BINDINGS: Bindings = Bindings::with_rows(&[
     R, R, R, W, W, W, W, W, W, W, W, W, W, W, W, W, W, W, W, W, W, R,
 ]);
 
-/// Loop iterations one invocation of `v41_compress` may spend per dispatch
+/// Loop iterations one invocation of `source_compress` may spend per dispatch
 /// (llvmpipe ends an invocation's loops after 65,535 in all; see
 /// `COMPRESS_BLOCK_TOKENS`), with room to spare.
 const COMPRESS_ITERATION_BUDGET: usize = 40_000;
@@ -31,7 +31,7 @@ const COMPRESS_ITERATION_BUDGET: usize = 40_000;
 /// limit below `ratio` rows (a few KiB at Flash width), which no chunking of
 /// whole rows would help with.
 fn frontier_state(cx: &Cx, s: StateId) -> Result<wgpu::Buffer, BackendError> {
-    cx.f32_only(s, "v41_compress")?;
+    cx.f32_only(s, "source_compress")?;
     // V4.1 runs one session per backend (no batched V4.1 yet): set 0.
     let st = &cx.b.sets[0][s.0 as usize];
     if st.chunks.len() != 1 {
@@ -39,7 +39,7 @@ fn frontier_state(cx: &Cx, s: StateId) -> Result<wgpu::Buffer, BackendError> {
         return Err(BackendError::Device {
             device: cx.b.gpu.describe(),
             msg: format!(
-                "v41_compress: state {} ({} rows of {}, independent of the context) spans {} bindings of at most {} bytes; its kernel binds it whole",
+                "source_compress: state {} ({} rows of {}, independent of the context) spans {} bindings of at most {} bytes; its kernel binds it whole",
                 d.name,
                 d.rows,
                 d.cols,
@@ -51,12 +51,12 @@ fn frontier_state(cx: &Cx, s: StateId) -> Result<wgpu::Buffer, BackendError> {
     Ok(st.chunks[0].clone())
 }
 
-pub fn v41_compress(cx: &mut Cx, o: &V41Compress) -> Result<Vec<Work>, BackendError> {
+pub fn source_compress(cx: &mut Cx, o: &SourceCompress) -> Result<Vec<Work>, BackendError> {
     let (hd, ihd, n_rot) = (o.head_dim, o.index_head_dim, o.rope.n_rot);
     supported(
         hd <= MAX_ROW && ihd <= MAX_ROW && n_rot <= hd.min(ihd),
         || {
-            format!("v41_compress of rows {hd}, index keys {ihd}, {n_rot} rotated (at most {MAX_ROW}, rotation within both)")
+            format!("source_compress of rows {hd}, index keys {ihd}, {n_rot} rotated (at most {MAX_ROW}, rotation within both)")
         },
     )?;
     let ratio = o.ratio.max(1);
@@ -64,7 +64,7 @@ pub fn v41_compress(cx: &mut Cx, o: &V41Compress) -> Result<Vec<Work>, BackendEr
         (Some(f), Some(g)) if ratio > 1 => Some((f, g)),
         (_, _) if ratio > 1 => {
             return Err(unsupported(format!(
-                "v41_compress of ratio {ratio} without its frontier or gate"
+                "source_compress of ratio {ratio} without its frontier or gate"
             )))
         }
         _ => None,
@@ -90,10 +90,10 @@ pub fn v41_compress(cx: &mut Cx, o: &V41Compress) -> Result<Vec<Work>, BackendEr
             cx.dummy_write(MAX_STATE_CHUNKS),
         ),
     };
-    let (rows, chunk_rows) = cx.f32_chunks(o.rows, "v41_compress", Some(0))?;
+    let (rows, chunk_rows) = cx.f32_chunks(o.rows, "source_compress", Some(0))?;
     let (irows, index_chunk_rows) =
-        cx.f32_chunks(o.index_rows, "v41_compress", Some(MAX_STATE_CHUNKS))?;
-    let p = V41CompressParams {
+        cx.f32_chunks(o.index_rows, "source_compress", Some(MAX_STATE_CHUNKS))?;
+    let p = SourceCompressParams {
         ratio: ratio as u32,
         head_dim: hd as u32,
         index_head_dim: ihd as u32,
@@ -124,7 +124,7 @@ pub fn v41_compress(cx: &mut Cx, o: &V41Compress) -> Result<Vec<Work>, BackendEr
     let block = (COMPRESS_ITERATION_BUDGET / per_token).clamp(1, COMPRESS_BLOCK_TOKENS);
     cx.per_block(block, |cx, first| {
         let (t0, t1) = (first as u32, (first + block) as u32);
-        let p = V41CompressParams { t0, t1, ..p };
-        cx.kernel(Entry::V41Compress, &p, &s, token_block(first, 1))
+        let p = SourceCompressParams { t0, t1, ..p };
+        cx.kernel(Entry::SourceCompress, &p, &s, token_block(first, 1))
     })
 }

@@ -1,9 +1,8 @@
-// DeepSeek V4.1's stream ops (twins: ops::v41::{HcOneHot, EngramGate}):
-// the one-hot first collapse of lagged hyper-connections, and the Engram
-// gate on every HC stream. The Engram rows themselves are fed by the host
+// DeepSeek V4.1's Engram gate on every HC stream (twin:
+// ops::engram::EngramGate). The Engram rows themselves are fed by the host
 // (docs/V41.md, "Engram on the GPU backends"): no kernel reads a table.
 
-struct V41GateParams {
+struct EngramParams {
     n_hc: u32,
     dim: u32,
     eps: f32,
@@ -11,7 +10,7 @@ struct V41GateParams {
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
-@group(0) @binding(1) var<uniform> prm: V41GateParams;
+@group(0) @binding(1) var<uniform> prm: EngramParams;
 // The HC state [T, n_hc, dim].
 @group(0) @binding(2) var<storage, read> state: array<f32>;
 // `wkv(rows)`: n_hc keys then the shared value, [T, (n_hc + 1) dim].
@@ -21,20 +20,12 @@ struct V41GateParams {
 @group(0) @binding(5) var<storage, read> kw: array<f32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
-// out[t] = [1, 0, ..., 0]: the first attention collapses stream 0 only.
-@compute @workgroup_size(WG)
-fn v41_hc_one_hot(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
-    if (i >= step.n_tokens * prm.n_hc) { return; }
-    out[i] = select(0.0, 1.0, i % prm.n_hc == 0u);
-}
-
 // One workgroup per (token, stream h): the three sums over dim, then
 // gate = sigmoid(signed sqrt(max(|dot|, 1e-6))) with
 // dot = sum(x * qw * kw * key) * rstd(x) * rstd(key) / sqrt(dim), and
 // out = x + gate * value.
 @compute @workgroup_size(WG)
-fn v41_engram_gate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn engram_gate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) tid: u32) {
     let g = group_id(wid, nwg);
     let n = prm.n_hc;

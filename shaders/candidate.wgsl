@@ -1,9 +1,9 @@
-// DeepSeek V4.1's two-level top-k (twins: ops::v41::{CandidateBlocks,
+// DeepSeek V4.1's two-level top-k (twins: ops::candidate::{CandidateBlocks,
 // CandidateTopK}), one workgroup per token, with the indexer's scores and
 // selection (shaders/select.wgsl). A scratch key of 0 marks an item that is
 // not a candidate (no real score maps to it).
 
-struct V41SelectParams {
+struct CandidateParams {
     ratio: u32,
     top_k: u32,
     n_head: u32,
@@ -22,11 +22,11 @@ struct V41SelectParams {
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
-@group(0) @binding(1) var<uniform> prm: V41SelectParams;
+@group(0) @binding(1) var<uniform> prm: CandidateParams;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> wts: array<f32>;
 @group(0) @binding(4) var<storage, read> keys0: array<f32>;
-// CandidateBlocks' output (v41_candidate_topk only), [T, topk_blocks].
+// CandidateBlocks' output (candidate_topk only), [T, topk_blocks].
 @group(0) @binding(5) var<storage, read> blocks: array<i32>;
 @group(0) @binding(6) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<i32>;
@@ -39,7 +39,7 @@ struct V41SelectParams {
 // Level one: the newest block (key 0, always taken) and the best
 // topk_blocks - 1 others by their best row; ids ascending, -1 padded.
 @compute @workgroup_size(WG)
-fn v41_candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                         @builtin(local_invocation_index) tid: u32) {
     let t = prm.t0 + group_id(wid, nwg);
     if (t >= step.n_tokens) { return; }
@@ -85,7 +85,7 @@ fn v41_candidate_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_work
 // when no more than top_k), ids ascending, -1 padded. Blocks are ascending
 // and distinct (CandidateBlocks' output), so slot order is row order.
 @compute @workgroup_size(WG)
-fn v41_candidate_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn candidate_topk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) tid: u32) {
     let t = prm.t0 + group_id(wid, nwg);
     if (t >= step.n_tokens) { return; }

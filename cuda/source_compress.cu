@@ -1,5 +1,5 @@
 // DeepSeek V4.1's compressor of a kv-source layer (twin:
-// ops::v41::V41Compress); the same math as shaders/v41_compress.wgsl.
+// ops::source_compress::SourceCompress); the same math as shaders/source_compress.wgsl.
 // Launch: one 256-thread block, sequential over the step's tokens (the
 // state carries).
 
@@ -32,7 +32,7 @@ __device__ void v41_rms_norm(float* buf, u32 n, const float* weight, float eps, 
 // row position / r (capacity rows; later ones are dropped as by the twin);
 // under model numerics both rounded through FP4 after their RoPE.
 extern "C" __global__ void __launch_bounds__(256)
-    v41_compress(const float* kv, const float* gate, const float* norm, const float* wk,
+    source_compress(const float* kv, const float* gate, const float* norm, const float* wk,
                  const float* index_norm, float* st_kv, float* st_score, float* rows, float* index_rows,
                  const double* freqs, u32 r, u32 hd, u32 ihd, u32 n_rot, float eps, u32 capacity,
                  u32 round_rows, const Step* st) {

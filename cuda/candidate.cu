@@ -1,5 +1,5 @@
-// DeepSeek V4.1's two-level top-k (twins: ops::v41::{CandidateBlocks,
-// CandidateTopK}); the same math as shaders/v41_select.wgsl, with the block
+// DeepSeek V4.1's two-level top-k (twins: ops::candidate::{CandidateBlocks,
+// CandidateTopK}); the same math as shaders/candidate.wgsl, with the block
 // counts and scans of cuda/select.cuh.
 // Launches: min(max_tokens, 64) blocks of SELECT_THREADS looping over the
 // tokens, each with a scratch row of max_items keys.
@@ -22,7 +22,7 @@ __device__ float v41_score(const float* q, const float* w, const float* keys, u3
 // takes part in no comparison; keys of 0 are never taken. `id` maps an item
 // to the id written. Returns how many were written.
 template <typename Id>
-__device__ u32 v41_select(const u32* keys, u32 n, u32 k, u32 pinned, int* o, u32* buf, Id id) {
+__device__ u32 candidate(const u32* keys, u32 n, u32 k, u32 pinned, int* o, u32* buf, Id id) {
     u32 thr = 0;
     for (int bit = 31; bit >= 0; bit--) {
         const u32 cand = thr | (1u << bit);
@@ -57,7 +57,7 @@ struct V41Ident {
 // Level one: the newest block always, and the best topk_blocks - 1 others
 // by their best row (ties: lower block); ids ascending, -1 padded.
 extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
-    v41_candidate_blocks(const float* q, const float* w, const float* keys, int* out, u32* scratch, u32 ratio,
+    candidate_blocks(const float* q, const float* w, const float* keys, int* out, u32* scratch, u32 ratio,
                          u32 nh, u32 hd, u32 kb, u32 bs, u32 max_items, const Step* st) {
     __shared__ u32 buf[SELECT_THREADS];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -80,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
             if (lane == 0) sk[b] = b == last ? 0u : max(order_key(m), 1u);
         }
         __syncthreads();
-        v41_select(sk, nb, kb - 1, last, o, buf, V41Ident{});
+        candidate(sk, nb, kb - 1, last, o, buf, V41Ident{});
         __syncthreads();
     }
 }
@@ -95,7 +95,7 @@ struct V41RowOf {
 // when no more than top_k), ids ascending, -1 padded. Blocks are ascending
 // and distinct (CandidateBlocks' output), so slot order is row order.
 extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
-    v41_candidate_topk(const float* q, const float* w, const float* keys, const int* blocks, int* out,
+    candidate_topk(const float* q, const float* w, const float* keys, const int* blocks, int* out,
                        u32* scratch, u32 ratio, u32 top_k, u32 nh, u32 hd, u32 kb, u32 bs, u32 max_items,
                        const Step* st) {
     __shared__ u32 buf[SELECT_THREADS];
@@ -119,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
         }
         __syncthreads();
         const u32 n_valid = block_count(valid, buf);
-        const u32 taken = v41_select(sk, n, min(top_k, n_valid), n, o, buf, V41RowOf{bt, bs});
+        const u32 taken = candidate(sk, n, min(top_k, n_valid), n, o, buf, V41RowOf{bt, bs});
         for (u32 i = taken + threadIdx.x; i < top_k; i += blockDim.x) o[i] = -1;
         __syncthreads();
     }

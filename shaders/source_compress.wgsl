@@ -1,5 +1,5 @@
 // DeepSeek V4.1's compressor of a kv-source layer (twin:
-// ops::v41::V41Compress): a sequential state machine over the step's
+// ops::source_compress::SourceCompress): a sequential state machine over the step's
 // tokens, so one workgroup runs it and threads split the columns. Ratio 1
 // takes each token's projection as its latent; ratio r > 1 keeps the
 // partial group in the frontier (slot = position mod r) and pools each
@@ -14,7 +14,7 @@
 // the row's chunk is picked once per row; the arithmetic is the same as
 // with one binding, so chunked and whole results are bit-identical.
 
-struct V41CompressParams {
+struct SourceCompressParams {
     ratio: u32,
     head_dim: u32,
     index_head_dim: u32,
@@ -34,7 +34,7 @@ struct V41CompressParams {
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
-@group(0) @binding(1) var<uniform> prm: V41CompressParams;
+@group(0) @binding(1) var<uniform> prm: SourceCompressParams;
 @group(0) @binding(2) var<storage, read> kv: array<f32>;
 @group(0) @binding(3) var<storage, read> gate: array<f32>;
 // norm (head_dim), index norm (index_head_dim), wk (index_head_dim rows of
@@ -54,7 +54,7 @@ struct V41CompressParams {
 var<workgroup> ikey: array<f32, MAXROW>;
 
 @compute @workgroup_size(WG)
-fn v41_compress(@builtin(local_invocation_index) tid: u32) {
+fn source_compress(@builtin(local_invocation_index) tid: u32) {
     let r = prm.ratio;
     let hd = prm.head_dim;
     let ihd = prm.index_head_dim;

@@ -1,21 +1,13 @@
-// DeepSeek V4.1's stream ops (twins: ops::v41::{HcOneHot, EngramGate});
-// the same math as shaders/v41_gate.wgsl. The Engram rows are fed by the
-// host (docs/V41.md): no kernel reads a table.
-// Launches: v41_hc_one_hot grid-stride over T*n_hc values; v41_engram_gate
-// one 256-thread block per (token, stream).
-
-// out[t] = [1, 0, ..., 0]: the first attention collapses stream 0 only.
-extern "C" __global__ void v41_hc_one_hot(float* out, u32 n_hc, const Step* st) {
-    const u32 total = st->n_tokens * n_hc;
-    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x)
-        out[i] = i % n_hc == 0 ? 1.0f : 0.0f;
-}
+// DeepSeek V4.1's Engram gate (twin: ops::engram::EngramGate); the same
+// math as shaders/engram.wgsl. The Engram rows are fed by the host
+// (docs/V41.md): no kernel reads a table. Launch: one 256-thread block per
+// (token, stream).
 
 // gate_h = sigmoid(signed sqrt(max(|dot|, 1e-6))), dot = sum(x qw kw key)
 // * rstd(x) * rstd(key) / sqrt(dim) (sums in f64 as the twin); out = x +
 // gate_h * value.
 extern "C" __global__ void __launch_bounds__(256)
-    v41_engram_gate(const float* state, const float* kv, const float* qw, const float* kw, float* out, u32 n,
+    engram_gate(const float* state, const float* kv, const float* qw, const float* kw, float* out, u32 n,
                     u32 d, float eps, const Step* st) {
     __shared__ double scratch[32];
     const u32 g = blockIdx.x;
