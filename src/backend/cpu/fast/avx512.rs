@@ -40,6 +40,11 @@ macro_rules! avx512_kernels {
             crate::backend::cpu::fast::avx2::f16_at(p)
         }
 
+        #[inline(always)]
+        fn prefetch_weights(p: *const u8) {
+            crate::backend::cpu::fast::avx2::prefetch_weights(p)
+        }
+
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn hsum256(v: __m256) -> f32 {
@@ -152,6 +157,7 @@ macro_rules! avx512_kernels {
             let mut accm = _mm256_setzero_ps();
             for (i, a) in y.iter().enumerate() {
                 let b = row.as_ptr().add(84 * i);
+                prefetch_weights(b);
                 let d = f16_at(b.add(80)) * a.d;
                 let dmin = f16_at(b.add(82)) * a.d;
                 let sc = _mm_loadu_si128(b as *const __m128i);
@@ -187,6 +193,7 @@ macro_rules! avx512_kernels {
             let mut accm = 0f32;
             for (i, a) in y.iter().enumerate() {
                 let b = row.as_ptr().add(144 * i);
+                prefetch_weights(b);
                 let d = f16_at(b) * a.d;
                 let dmin = f16_at(b.add(2)) * a.d;
                 let packed: [u8; 12] = std::ptr::read_unaligned(b.add(4) as *const [u8; 12]);
@@ -217,6 +224,7 @@ macro_rules! avx512_kernels {
             let mut acc = _mm512_setzero_ps();
             for (i, a) in y.iter().enumerate() {
                 let b = row.as_ptr().add(66 * i);
+                prefetch_weights(b);
                 let d = f16_at(b) * a.d * 0.125;
                 let mut sumi = _mm512_setzero_si512();
                 for g in (0..8).step_by(2) {
@@ -263,6 +271,7 @@ macro_rules! avx512_kernels {
             while i < n {
                 let two = i + 1 < n;
                 let b0 = row.as_ptr().add(34 * i);
+                prefetch_weights(b0);
                 let b1 = b0.add(34);
                 let w = pair256(b0.add(2), two.then(|| b1.add(2)));
                 let x = pair256(
@@ -322,6 +331,7 @@ macro_rules! avx512_kernels {
             // Pairs of blocks (the `two` case of `q8_0`).
             while i + 1 < n {
                 let b0 = row.as_ptr().add(34 * i);
+                prefetch_weights(b0);
                 let b1 = b0.add(34);
                 let w = pair256(b0.add(2), Some(b1.add(2)));
                 let neg = _mm512_movepi8_mask(w);
@@ -342,6 +352,7 @@ macro_rules! avx512_kernels {
             // An odd last block: the high half is zero, its scale 0.0.
             if i < n {
                 let b0 = row.as_ptr().add(34 * i);
+                prefetch_weights(b0);
                 let w = pair256(b0.add(2), None);
                 let neg = _mm512_movepi8_mask(w);
                 let aw = _mm512_abs_epi8(w);
@@ -408,6 +419,7 @@ macro_rules! avx512_kernels {
             let mut acc = [_mm512_setzero_ps(); N];
             for i in 0..nb {
                 let b = row.as_ptr().add(66 * i);
+                prefetch_weights(b);
                 let dw = f16_at(b);
                 let mut grids = [_mm512_setzero_si512(); 4];
                 let mut negs = [0u64; 4];
@@ -485,6 +497,7 @@ macro_rules! avx512_kernels {
             let mut accm = [_mm256_setzero_ps(); N];
             for i in 0..nb {
                 let b = row.as_ptr().add(84 * i);
+                prefetch_weights(b);
                 let (dw, dminw) = (f16_at(b.add(80)), f16_at(b.add(82)));
                 let sc = _mm_loadu_si128(b as *const __m128i);
                 let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m4));
@@ -544,6 +557,7 @@ macro_rules! avx512_kernels {
             while i < n {
                 let two = i + 1 < n;
                 let b0 = row.as_ptr().add(17 * i);
+                prefetch_weights(b0);
                 let b1 = b0.add(17);
                 let q0 = _mm_loadu_si128(b0.add(1) as *const __m128i);
                 let q1 = if two {
