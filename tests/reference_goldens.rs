@@ -118,10 +118,9 @@ fn log_softmax_at(logits: &[f32], ids: &[u32]) -> Vec<f64> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
+    common::json_uints(v)
+        .into_iter()
+        .map(|x| x as u32)
         .collect()
 }
 
@@ -337,12 +336,7 @@ fn hyper_connection_state_matches_per_layer() {
     ] {
         let g = load(file);
         let tr = &g["hc_trace"];
-        let shape: Vec<usize> = tr["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as usize)
-            .collect();
+        let shape: Vec<usize> = common::json_uints(&tr["shape"]);
         let (n_layer, n_pos, n_hc, d) = (shape[0], shape[2], shape[3], shape[4]);
         let raw = std::fs::read(golden_dir().join(tr["file"].as_str().unwrap())).unwrap();
         let f64le = tr["dtype"].as_str().unwrap() == "f64le";
@@ -355,12 +349,7 @@ fn hyper_connection_state_matches_per_layer() {
                 .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
                 .collect()
         };
-        let positions: Vec<usize> = tr["positions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as usize)
-            .collect();
+        let positions: Vec<usize> = common::json_uints(&tr["positions"]);
         let mut dumps = Vec::new();
         for l in 0..n_layer {
             for name in ["attn_hc_state", "ffn_hc_state"] {

@@ -16,7 +16,7 @@ use ds4::model::v41::V41ModelFile;
 use serde_json::Value;
 
 mod common;
-use common::v41::{golden, log_softmax, tiny as model};
+use common::v41::{golden, ids_of, log_softmax, tiny as model};
 
 struct Run {
     logits: Vec<Vec<f32>>,
@@ -127,12 +127,7 @@ fn v41_graph_matches_the_reference_at_every_position() {
     let g = golden("v41-tiny.json");
     let m = model();
     for p in g["prompts"].as_array().unwrap() {
-        let ids: Vec<u32> = p["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let ids = ids_of(p);
         let name = p["name"].as_str().unwrap();
         let prefill = run(&m, &ids, ids.len());
         let worst = compare(p, &prefill.logits);
@@ -195,12 +190,7 @@ fn v41_graph_in_uneven_steps_and_on_the_fast_cpu_backend() {
     let g = golden("v41-tiny.json");
     let m = model();
     let p = &g["prompts"][1];
-    let ids: Vec<u32> = p["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let ids = ids_of(p);
     let steps = run(&m, &ids, 5);
     let worst = compare(p, &steps.logits);
     eprintln!("long in steps of 5 (cpu-ref): worst |Δ log-prob| {worst:.3e}");
@@ -219,12 +209,7 @@ fn v41_graph_with_engram_rows_read_by_the_host() {
     let g = golden("v41-tiny.json");
     let m = model();
     let p = &g["prompts"][1];
-    let ids: Vec<u32> = p["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let ids = ids_of(p);
     let cfg = &m.config;
     let kv = V41KvLayout::new(cfg, 128);
     let opts = V41ForwardOptions {
@@ -307,12 +292,7 @@ fn v41_graph_at_3000_tokens_on_cpu_ref() {
 fn at_3000_tokens(kind: BackendKind, what: &str) {
     let g = golden("v41-tiny-3k.json");
     let p = &g["prompt"];
-    let ids: Vec<u32> = p["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let ids = ids_of(p);
     let m = model();
     let cfg = &m.config;
     let kv = V41KvLayout::new(cfg, ids.len() + 16);

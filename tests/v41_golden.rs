@@ -14,6 +14,9 @@ use ds4::testmodel::Vocab;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+mod common;
+use common::v41::ids_of;
+
 fn golden() -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v41-tiny.json");
     serde_json::from_slice(&std::fs::read(p).expect("committed golden")).unwrap()
@@ -43,12 +46,7 @@ fn generator_writes_the_golden_file_and_engram_rows_match_the_reference() {
     let cfg = &m.config.engram;
     let mut checked = 0;
     for p in g["prompts"].as_array().unwrap() {
-        let ids: Vec<u32> = p["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let ids = ids_of(p);
         let mut h = EngramHistory::new(cfg);
         let rows = hash_rows(cfg, &mut h, &ids, None);
         let want: Vec<u32> = p["engram_rows"]

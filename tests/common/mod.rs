@@ -19,6 +19,16 @@ use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
 
+/// A JSON array of unsigned integers (a golden's token ids, shapes,
+/// positions).
+pub fn json_uints(v: &serde_json::Value) -> Vec<usize> {
+    v.as_array()
+        .expect("a JSON array")
+        .iter()
+        .map(|x| x.as_u64().expect("an unsigned integer") as usize)
+        .collect()
+}
+
 /// A fresh, empty folder `group/name` under the build tree's temporary
 /// folder.
 pub fn fresh_dir(group: &str, name: &str) -> PathBuf {

@@ -25,11 +25,9 @@ pub fn tiny() -> Arc<V41ModelFile> {
 
 /// A golden prompt's token ids.
 pub fn ids_of(p: &Value) -> Vec<u32> {
-    p["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
+    super::json_uints(&p["ids"])
+        .into_iter()
+        .map(|x| x as u32)
         .collect()
 }
 
