@@ -323,7 +323,7 @@ pub fn generate_with(
                 if let Some(m) = obs.next_checkpoint(live) {
                     limit = limit.min(m.saturating_sub(live + 2));
                 }
-                s.propose(sess.tokens(), next, limit)
+                s.propose(sess, next, limit)?
             }
             _ => Vec::new(),
         };

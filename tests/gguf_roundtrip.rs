@@ -132,7 +132,7 @@ fn mtp_file_is_recognised_and_binds_against_the_main_config() {
     write_mtp(&spec, Variant::F32, &mtp).unwrap();
     let m = ModelFile::open(&main).unwrap();
     let f = GgufFile::open(&mtp).unwrap();
-    let w = MtpWeights::bind(&f, &m.config).unwrap();
+    let w = MtpWeights::bind(&f, &m.config, 0).unwrap();
     assert!(
         w.block.ffn.bias.is_some() && w.block.ffn.tid2eid.is_none() && w.block.compressor.is_none()
     );
@@ -144,8 +144,28 @@ fn mtp_file_is_recognised_and_binds_against_the_main_config() {
     }
     // And the main model is not an MTP file.
     assert!(matches!(
-        MtpWeights::bind(&m.file, &m.config),
+        MtpWeights::bind(&m.file, &m.config, 0),
         Err(ModelError::WrongKind(_))
     ));
+    // Attached, the MTP tensors are read through the main file at offsets
+    // past its end, byte for byte what the MTP file holds; the main
+    // file's own tensors read as before.
+    let mut both = ModelFile::open(&main).unwrap();
+    both.attach_mtp(&mtp).unwrap();
+    let attached = both.mtp.as_ref().unwrap();
+    let main_len = both.file.file_len();
+    for (a, alone) in [
+        (&attached.e_proj, &w.e_proj),
+        (&attached.block.attn.q_a, &w.block.attn.q_a),
+        (&attached.block.ffn.down_exps, &w.block.ffn.down_exps),
+    ] {
+        assert!(a.offset >= main_len && a.offset % (1 << 20) == alone.offset % (1 << 20));
+        assert!(!a.bytes(&both.file).is_empty());
+        assert_eq!(a.bytes(&both.file), alone.bytes(&f), "{}", a.name);
+    }
+    let e = &both.weights.token_embd;
+    assert_eq!(e.bytes(&both.file), e.bytes(&m.file));
+    // A second attach is refused.
+    assert!(both.attach_mtp(&mtp).is_err());
     std::fs::remove_dir_all(&dir).ok();
 }

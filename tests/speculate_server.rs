@@ -204,9 +204,18 @@ fn the_cli_prints_the_same_text() {
         "{}",
         String::from_utf8_lossy(&plain.stderr)
     );
-    for extra in [
-        &["--spec", "lookup"][..],
-        &["--spec", "lookup", "--draft", "8", "--draft-fixed"],
+    let mtp = mtp_file("cli");
+    let mtp = mtp.to_str().unwrap();
+    for (extra, name) in [
+        (&["--spec", "lookup"][..], "lookup"),
+        (
+            &["--spec", "lookup", "--draft", "8", "--draft-fixed"],
+            "lookup",
+        ),
+        (
+            &["--mtp", "--mtp-model", mtp, "--draft", "3", "--draft-fixed"],
+            "mtp",
+        ),
     ] {
         let mut args = base.to_vec();
         args.extend_from_slice(extra);
@@ -214,8 +223,16 @@ fn the_cli_prints_the_same_text() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{err}");
         assert_eq!(o.stdout, plain.stdout, "{extra:?}");
-        assert!(err.contains("speculation (lookup):"), "{err}");
+        assert!(err.contains(&format!("speculation ({name}):")), "{err}");
     }
+}
+
+/// The tiny q8 model's MTP draft file, in a directory of its own.
+fn mtp_file(tag: &str) -> std::path::PathBuf {
+    let dir = common::fresh_dir("spec-server-mtp", tag);
+    let p = dir.join("tiny-q8.mtp.gguf");
+    ds4::testmodel::write_mtp(&ds4::testmodel::TestModelSpec::tiny(), Variant::Q8, &p).unwrap();
+    p
 }
 
 /// Contradictions and missing drafter files are refused before any work,
@@ -224,6 +241,8 @@ fn the_cli_prints_the_same_text() {
 fn bad_spec_flags_are_refused() {
     let m = common::tiny_model_path(Variant::Q8);
     let m = m.to_str().unwrap();
+    let mtp = mtp_file("bad");
+    let mtp = mtp.to_str().unwrap();
     for (args, want) in [
         (vec!["--spec", "ngram"], "--spec: expected"),
         (vec!["--mtp"], "--mtp-model"),
@@ -236,6 +255,12 @@ fn bad_spec_flags_are_refused() {
             "--draft must be in",
         ),
         (vec!["--draft", "3"], "go with --spec"),
+        // The main file given as the MTP file, and MTP with streaming.
+        (vec!["--mtp", "--mtp-model", m], "no mtp.0.* tensors"),
+        (
+            vec!["--mtp", "--mtp-model", mtp, "--ssd-streaming"],
+            "--mtp does not run with --ssd-streaming",
+        ),
     ] {
         let mut a = vec!["-m", m, "-p", "hi", "-n", "2"];
         a.extend(args.iter().copied());

@@ -215,7 +215,7 @@ fn run(a: Args) -> Result<(), String> {
     let c = check(&a, prompt.as_deref())?;
     let spec = a.spec_flags().resolve()?;
     let threads = ds4::app::threads::init_global_pool(a.threads);
-    let (model, tok) = load(&a, &path, threads)?;
+    let (model, tok) = load(&a, &path, &spec, threads)?;
     // V4.1: the level the prompt writes (`None` on V4).
     let v41_level = (model.arch() == Arch::V41).then(|| {
         a.think_level
@@ -240,6 +240,7 @@ fn run(a: Args) -> Result<(), String> {
         backend: c.backend,
         backend_options: bo.clone(),
         dump,
+        mtp: ds4::app::spec::session_mtp(&spec),
         ..Default::default()
     };
     let sess = open_session(&model, opts(a.ctx, c.dumps.clone()), a.ctx)?;
@@ -336,9 +337,14 @@ fn check(a: &Args, prompt: Option<&str>) -> Result<Checked, String> {
 }
 
 /// The model and its tokenizer, with the load line on stderr.
-fn load(a: &Args, path: &Path, threads: usize) -> Result<(AnyModel, Tokenizer), String> {
+fn load(
+    a: &Args,
+    path: &Path,
+    spec: &ds4::app::flags::SpecChoice,
+    threads: usize,
+) -> Result<(AnyModel, Tokenizer), String> {
     let t0 = Instant::now();
-    let model = AnyModel::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let model = ds4::app::spec::open_model(path, spec)?;
     let tok = Tokenizer::from_gguf(model.file()).map_err(|e| format!("{}: {e}", path.display()))?;
     eprintln!(
         "ds4: loaded {} ({}, {} layers{}) in {:.0} ms; {threads} CPU threads",

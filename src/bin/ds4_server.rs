@@ -372,7 +372,8 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
     backend_options.ssd_streaming = a.streaming_flags().options()?;
     let threads = ds4::app::threads::init_global_pool(a.threads);
     let path = model_path(&a)?;
-    let any = AnyModel::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let spec_choice = a.spec_flags().resolve()?;
+    let any = ds4::app::spec::open_model(&path, &spec_choice)?;
     let tok =
         Arc::new(Tokenizer::from_gguf(any.file()).map_err(|e| format!("{}: {e}", path.display()))?);
     let dialect = dialect(&a, any.arch())?;
@@ -381,15 +382,16 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         numerics,
         backend,
         backend_options,
+        mtp: ds4::app::spec::session_mtp(&spec_choice),
         ..SessionOptions::default()
     };
     let slots = slot_count(&a)?;
     let scratch_opts = SessionOptions {
         backend: BackendKind::CpuRef,
         backend_options: BackendOptions::default(),
+        mtp: false,
         ..opts.clone()
     };
-    let spec_choice = a.spec_flags().resolve()?;
     let engine = open_engine(&a, &any, opts, slots, &path, threads)?;
     let spec = ds4::app::spec::speculator(&spec_choice, &any)?;
     if let Some(s) = &spec {

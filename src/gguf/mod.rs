@@ -50,7 +50,15 @@ pub struct GgufFile {
     header: ParsedHeader,
     kv_index: HashMap<String, usize>,
     tensor_index: HashMap<String, usize>,
+    /// Files attached after this one ([`GgufFile::attach`]), each at the
+    /// base of its own offset range, in ascending order.
+    support: Vec<(u64, GgufFile)>,
 }
+
+/// Where the offset range of an attached file starts: past the end of the
+/// file before it, rounded up to this (a multiple of every GGUF alignment
+/// and of the backends' upload alignment).
+const SUPPORT_ALIGN: u64 = 1 << 20;
 
 /// A zero-copy view of one tensor.
 #[derive(Clone, Copy, Debug)]
@@ -149,7 +157,34 @@ impl GgufFile {
             header,
             kv_index,
             tensor_index,
+            support: Vec::new(),
         })
+    }
+
+    /// Where the next file [`GgufFile::attach`] takes would start.
+    pub fn next_support_base(&self) -> u64 {
+        let end = match self.support.last() {
+            Some((base, f)) => base + f.file_len(),
+            None => self.file_len(),
+        };
+        end.div_ceil(SUPPORT_ALIGN) * SUPPORT_ALIGN
+    }
+
+    /// Attaches a second file (a drafter's weights, GGUF.md §7) to this
+    /// one: its bytes are read through [`GgufFile::raw_bytes`] at offsets
+    /// from the returned base on, so a [`TensorRef`] bound against it with
+    /// that base (`model::MtpWeights::bind`) names its bytes the way a
+    /// tensor of this file does, and every backend uploads or reads it
+    /// through the one weight file it was given. Returns the base.
+    pub fn attach(&mut self, other: GgufFile) -> u64 {
+        let base = self.next_support_base();
+        self.support.push((base, other));
+        base
+    }
+
+    /// The attached files, with their bases.
+    pub fn attached(&self) -> impl Iterator<Item = (u64, &GgufFile)> {
+        self.support.iter().map(|(b, f)| (*b, f))
     }
 
     pub fn path(&self) -> &Path {
@@ -278,6 +313,9 @@ impl GgufFile {
     /// Raw bytes at an absolute extent that was validated at parse time
     /// (a [`TensorRef`]); an out-of-range request gives an empty slice.
     pub fn raw_bytes(&self, offset: u64, len: u64) -> &[u8] {
+        if let Some((base, f)) = self.support.iter().rev().find(|(b, _)| offset >= *b) {
+            return f.raw_bytes(offset - base, len);
+        }
         let b = self.bytes.as_slice();
         usize::try_from(offset)
             .ok()

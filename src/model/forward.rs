@@ -16,7 +16,7 @@ use crate::graph::ops::attention::CompressedRows;
 use crate::graph::ops::compress::{Compress, RowRounding};
 use crate::graph::ops::indexer::IndexerTopK;
 use crate::graph::ops::Op;
-use crate::graph::{Graph, ValueName};
+use crate::graph::{Graph, ValueId, ValueName};
 
 /// Which rounding steps the graph applies (MODEL.md §3.5.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +139,52 @@ fn sparse(
     }
 }
 
+/// The attention options of V4 under `numerics`.
+pub(crate) fn attn_options(numerics: Numerics) -> AttnOptions {
+    AttnOptions {
+        q_head_norm: true,
+        kv_round: if numerics == Numerics::Model {
+            KvRounding::Fp8NonRotaryF16
+        } else {
+            KvRounding::None
+        },
+        act_fp8: false,
+    }
+}
+
+/// One V4 block (MODEL.md §3.2–3.9) on the n·D `state`: HC collapse →
+/// attention with the layer's compressor and indexer → HC expand → HC
+/// collapse → MoE with shared expert → HC expand. Returns the new state.
+/// The MTP block (`model::mtp`) is one of these, window-only.
+pub(crate) fn block(
+    b: &mut Builder,
+    l: usize,
+    lw: &LayerWeights,
+    st: &LayerState,
+    numerics: Numerics,
+    state: ValueId,
+) -> ValueId {
+    let m = b.hc_mixes("attn", state, &lw.hc_attn);
+    let x = b.hc_collapse("attn_in", state, m.pre); // D
+    let y = b.attention(l, &lw.attn, st.ring, attn_options(numerics), x, |b, p| {
+        sparse(b, l, lw, st, numerics, p)
+    });
+    let state = b.hc_expand("attn", state, y, &m);
+    let m = b.hc_mixes("ffn", state, &lw.hc_ffn);
+    let x = b.hc_collapse("ffn_in", state, m.pre);
+    let y = b.moe(l, &lw.ffn, x, b.cfg.expert_weights_norm, false, false);
+    b.hc_expand("ffn", state, y, &m)
+}
+
+/// The value holding the n·D state after the last layer, before the
+/// output head (what the MTP block drafts from, MODEL.md §6).
+pub fn final_state(cfg: &ModelConfig) -> ValueName {
+    ValueName {
+        name: "ffn_hc_state".into(),
+        layer: Some(cfg.n_layer - 1),
+    }
+}
+
 /// Records the whole forward pass for steps of up to `max_tokens` tokens.
 pub fn record(
     cfg: &ModelConfig,
@@ -148,29 +194,11 @@ pub fn record(
     opts: &ForwardOptions,
 ) -> Graph {
     let mut b = Builder::new(cfg, max_tokens);
-    let attn = AttnOptions {
-        q_head_norm: true,
-        kv_round: if opts.numerics == Numerics::Model {
-            KvRounding::Fp8NonRotaryF16
-        } else {
-            KvRounding::None
-        },
-        act_fp8: false,
-    };
     let mut state = b.embed(&w.token_embd); // n·D
 
     for (l, (lw, st)) in w.layers.iter().zip(&kv.layers).enumerate() {
         b.r.set_layer(Some(l));
-        let m = b.hc_mixes("attn", state, &lw.hc_attn);
-        let x = b.hc_collapse("attn_in", state, m.pre); // D
-        let y = b.attention(l, &lw.attn, st.ring, attn, x, |b, p| {
-            sparse(b, l, lw, st, opts.numerics, p)
-        });
-        state = b.hc_expand("attn", state, y, &m);
-        let m = b.hc_mixes("ffn", state, &lw.hc_ffn);
-        let x = b.hc_collapse("ffn_in", state, m.pre);
-        let y = b.moe(l, &lw.ffn, x, cfg.expert_weights_norm, false, false);
-        state = b.hc_expand("ffn", state, y, &m);
+        state = block(&mut b, l, lw, st, opts.numerics, state);
         b.r.flush();
     }
     b.r.set_layer(None);

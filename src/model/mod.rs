@@ -18,9 +18,13 @@ use crate::gguf::GgufFile;
 
 /// An opened model: the mapped file, its configuration and its bound weights.
 pub struct ModelFile {
+    /// The main file, with the MTP file attached to it when there is one.
     pub file: GgufFile,
     pub config: ModelConfig,
     pub weights: Weights,
+    /// The MTP draft block (`--mtp-model FILE`), bound at its offsets in
+    /// `file` ([`ModelFile::attach_mtp`]).
+    pub mtp: Option<MtpWeights>,
 }
 
 impl ModelFile {
@@ -33,7 +37,25 @@ impl ModelFile {
             file,
             config,
             weights,
+            mtp: None,
         })
+    }
+
+    /// Opens the MTP draft GGUF at `path` (GGUF.md §7), checks every
+    /// tensor against this model's shapes and attaches it: backends then
+    /// read its weights through [`ModelFile::file`] like the model's own.
+    pub fn attach_mtp(&mut self, path: impl AsRef<Path>) -> Result<(), ModelError> {
+        if self.mtp.is_some() {
+            return Err(ModelError::Inconsistent(
+                "an MTP file is already attached".into(),
+            ));
+        }
+        let f = GgufFile::open(path)?;
+        let base = self.file.next_support_base();
+        let mtp = MtpWeights::bind(&f, &self.config, base)?;
+        self.file.attach(f);
+        self.mtp = Some(mtp);
+        Ok(())
     }
     /// Reads every page of the weights once so the first tokens do not pay
     /// for page faults; `progress(done, total)` in bytes.
@@ -56,6 +78,7 @@ pub mod arch;
 pub(crate) mod block;
 pub mod forward;
 pub mod logits;
+pub mod mtp;
 pub mod state;
 /// DeepSeek V4.1 (`deepseek41`): a second model family beside V4's.
 pub mod v41;

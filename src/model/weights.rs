@@ -86,6 +86,9 @@ impl Class {
 
 pub(crate) struct Binder<'f> {
     pub(crate) file: &'f GgufFile,
+    /// Added to every offset: where `file` sits when it is attached to
+    /// another ([`GgufFile::attach`]); 0 for a file read on its own.
+    pub(crate) base: u64,
 }
 
 impl Binder<'_> {
@@ -130,7 +133,7 @@ impl Binder<'_> {
             name: name.into(),
             ty,
             ne,
-            offset: self.file.data_offset() + info.offset,
+            offset: self.base + self.file.data_offset() + info.offset,
             n_bytes: info.n_bytes,
         })
     }
@@ -275,7 +278,7 @@ impl Weights {
                 "this is an MTP draft file (the optional speculative-decoding model), not a main model".into(),
             ));
         }
-        let b = Binder { file };
+        let b = Binder { file, base: 0 };
         let d = cfg.n_embd;
         let hc_d = cfg.hc_count * d;
         let layers = (0..cfg.n_layer)
@@ -649,13 +652,15 @@ fn bind_layer(
 impl MtpWeights {
     /// Binds the MTP block of a separate file, with shapes from the main
     /// model's configuration (the MTP file carries no metadata ds4 reads).
-    pub fn bind(file: &GgufFile, cfg: &ModelConfig) -> Result<MtpWeights, ModelError> {
+    /// `base`: where the file is attached to the main one
+    /// ([`GgufFile::attach`]; 0 to read it on its own).
+    pub fn bind(file: &GgufFile, cfg: &ModelConfig, base: u64) -> Result<MtpWeights, ModelError> {
         if file.tensor_info("mtp.0.attn_norm.weight").is_none() {
             return Err(ModelError::WrongKind(
                 "no mtp.0.* tensors: not an MTP draft file".into(),
             ));
         }
-        let b = Binder { file };
+        let b = Binder { file, base };
         let d = cfg.n_embd;
         let hc_d = cfg.hc_count * d;
         Ok(MtpWeights {

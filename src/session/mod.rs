@@ -4,6 +4,7 @@
 //! ds4's session payload layout (KVCACHE.md §4.3).
 
 mod batch;
+mod mtp;
 mod net;
 mod snapshot;
 mod speculate;
@@ -71,6 +72,10 @@ pub struct SessionOptions {
     /// V4.1: hot Engram rows the session's reader keeps
     /// ([`DEFAULT_ENGRAM_CACHE_ROWS`]); ignored for V4.
     pub engram_cache_rows: usize,
+    /// Draft with the model's MTP block (`--mtp`; V4 with an MTP file
+    /// attached): the session keeps its ring and what it drafts from
+    /// ([`Session::mtp_draft`]).
+    pub mtp: bool,
 }
 
 impl Default for SessionOptions {
@@ -83,6 +88,7 @@ impl Default for SessionOptions {
             backend_options: BackendOptions::default(),
             dump: Vec::new(),
             engram_cache_rows: DEFAULT_ENGRAM_CACHE_ROWS,
+            mtp: false,
         }
     }
 }
@@ -91,7 +97,17 @@ impl Default for SessionOptions {
 /// the Engram cache): the one place a session names the families.
 fn open_net(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn net::Net>, SessionError> {
     Ok(match model {
-        AnyModel::V4(m) => Box::new(v4::V4Net::open(m.clone(), opts.ctx, opts.numerics)?),
+        AnyModel::V4(m) => Box::new(v4::V4Net::open(
+            m.clone(),
+            opts.ctx,
+            opts.numerics,
+            opts.mtp,
+        )?),
+        AnyModel::V41(_) if opts.mtp => {
+            return Err(SessionError::Speculation(
+                "--mtp: V4.1 has no MTP block (its drafter is DSpark)".into(),
+            ))
+        }
         AnyModel::V41(m) => Box::new(v41::V41Net::open(
             m.clone(),
             opts.ctx,
@@ -120,6 +136,8 @@ pub struct Session {
     scoring: Option<GraphHandle>,
     /// The speculative verify graph and its undo plan, built on first use.
     verifier: Option<speculate::Verifier>,
+    /// The MTP block, when the session drafts with it (`opts.mtp`).
+    mtp: Option<Box<mtp::MtpRunner>>,
     last: GraphHandle,
     /// The recorded graphs with the handles the backend gave them.
     graphs: Vec<(GraphHandle, Arc<Graph>)>,
@@ -154,6 +172,14 @@ impl Session {
     }
 
     fn with_backend(model: &AnyModel, opts: SessionOptions) -> Result<Session, SessionError> {
+        if opts.mtp && opts.backend_options.ssd_streaming.is_some() {
+            // The streamed experts are read from the main file by offset;
+            // the MTP block's live in its own file.
+            return Err(SessionError::Speculation(
+                "--mtp does not run with --ssd-streaming yet (prompt lookup does: --spec lookup)"
+                    .into(),
+            ));
+        }
         let net = open_net(model, &opts)?;
         let opened = backend::open(
             opts.backend,
@@ -162,6 +188,16 @@ impl Session {
             &opts.backend_options,
         )?;
         let mut backend = opened.backend;
+        let mtp = mtp::MtpRunner::open(
+            net.as_ref(),
+            backend.as_mut(),
+            model.config().sliding_window,
+        )?
+        .map(Box::new);
+        // Every target graph keeps what `--dump` names and, with MTP, the
+        // final state the block drafts from.
+        let mut keep = opts.dump.clone();
+        keep.extend(mtp.as_ref().map(|m| m.target().clone()));
         let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
         let mut graphs = Vec::new();
         let mut load =
@@ -171,14 +207,14 @@ impl Session {
                 graphs.push((h, g));
                 Ok(h)
             };
-        let decode_graph = net.record(1, Logits::Last, &opts.dump);
+        let decode_graph = net.record(1, Logits::Last, &keep);
         // A misspelt --dump name fails here, before any prefill work.
         if let Some(d) = opts.dump.iter().find(|d| decode_graph.find(d).is_none()) {
             return Err(SessionError::UnknownValue(d.to_string()));
         }
         let decode = load(&mut backend, decode_graph)?;
         let prefill = if chunk > 1 {
-            load(&mut backend, net.record(chunk, Logits::Last, &opts.dump))?
+            load(&mut backend, net.record(chunk, Logits::Last, &keep))?
         } else {
             decode
         };
@@ -194,6 +230,7 @@ impl Session {
             prefill,
             scoring: None,
             verifier: None,
+            mtp,
             last: decode,
             graphs,
             backend_notice: opened.notice,
@@ -272,6 +309,9 @@ impl Session {
 
     pub fn reset(&mut self) {
         self.net.reset();
+        if let Some(m) = self.mtp.as_mut() {
+            m.clear();
+        }
         self.backend.reset_states();
         self.tokens.clear();
         self.logits.clear();
@@ -398,6 +438,12 @@ impl Session {
             self.reset();
             return Err(e.into());
         }
+        if let Some(m) = self.mtp.as_mut() {
+            if let Err(e) = m.record(self.backend.as_ref(), g, &graph, params.pos0, tokens.len()) {
+                self.reset();
+                return Err(e);
+            }
+        }
         self.tokens.extend_from_slice(tokens);
         self.last = g;
         let graph_logits = self.logits_value(g);
@@ -449,9 +495,9 @@ impl Session {
         let g = match self.scoring {
             Some(g) => g,
             None => {
-                let graph = self
-                    .net
-                    .record(self.opts.prefill_chunk, Logits::All, &self.opts.dump);
+                let graph =
+                    self.net
+                        .record(self.opts.prefill_chunk, Logits::All, &self.keep_values());
                 let graph = Arc::new(graph);
                 let h = self.backend.load_graph(graph.clone())?;
                 self.graphs.push((h, graph));
@@ -464,6 +510,14 @@ impl Session {
             out.extend(self.run(g, c)?);
         }
         Ok(out)
+    }
+
+    /// What every target graph keeps readable: the `--dump` values and,
+    /// with MTP, the final state the block drafts from.
+    fn keep_values(&self) -> Vec<ValueName> {
+        let mut keep = self.opts.dump.clone();
+        keep.extend(self.mtp.as_ref().map(|m| m.target().clone()));
+        keep
     }
 
     /// Reads back a named value (`NAME@LAYER`) of the last step, all live rows.

@@ -7,6 +7,7 @@
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, StateLayout, ValueName};
 use crate::model::logits::Logits;
+use crate::model::mtp::MtpGraph;
 use crate::model::v41::engram_reader::EngramStats;
 
 use super::SessionError;
@@ -58,6 +59,18 @@ pub(crate) trait Net: Send {
         payload: &[u8],
         pos: Frame,
     ) -> Result<(Vec<u32>, Vec<f32>), SessionError>;
+
+    /// The value of the target's final n·D state a session keeps readable
+    /// when it drafts with the MTP block (V4 with `--mtp`); `None` else.
+    fn target_state(&self) -> Option<ValueName> {
+        None
+    }
+
+    /// The MTP block's one-token step (`head`: with its draft logits), when
+    /// the session drafts with it.
+    fn record_mtp(&self, _head: bool) -> Option<MtpGraph> {
+        None
+    }
 
     /// Forgets host-side state for an empty sequence.
     fn reset(&mut self) {}

@@ -396,6 +396,9 @@ impl Session {
                 return Err(e);
             }
             self.tokens.truncate(pos0 + keep);
+            if let Some(m) = self.mtp.as_mut() {
+                m.truncate(pos0 + keep);
+            }
             self.logits = all[(keep - 1) * vocab..keep * vocab].to_vec();
             self.net.rewind_host(&self.tokens);
         }
@@ -413,7 +416,7 @@ impl Session {
                 ));
             }
             let cap = MAX_VERIFY_ROWS.min(self.opts.ctx.max(1));
-            let mut g = self.net.record(cap, Logits::All, &self.opts.dump);
+            let mut g = self.net.record(cap, Logits::All, &self.keep_values());
             let file = self.model.weight_file();
             let plan = UndoPlan::of(&g, (*file).as_ref()).map_err(SessionError::Speculation)?;
             g.keep.extend(plan.kept_values());

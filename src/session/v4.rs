@@ -12,9 +12,10 @@ use super::snapshot::{
 };
 use super::SessionError;
 use crate::backend::{state_desc, Backend};
-use crate::graph::{Graph, StateLayout, ValueName};
+use crate::graph::{Graph, StateId, StateLayout, ValueName};
 use crate::model::forward::{self, ForwardOptions, Numerics};
 use crate::model::logits::Logits;
+use crate::model::mtp::{self, MtpGraph};
 use crate::model::state::KvLayout;
 use crate::model::{AttentionKind, ModelFile};
 
@@ -27,13 +28,18 @@ pub(crate) struct V4Net {
     model: Arc<ModelFile>,
     kv: KvLayout,
     numerics: Numerics,
+    /// The MTP block's ring, when the session drafts with it.
+    mtp_ring: Option<StateId>,
 }
 
 impl V4Net {
+    /// `mtp`: with the MTP block's state and graphs (the model must have
+    /// its MTP file attached).
     pub fn open(
         model: Arc<ModelFile>,
         ctx: usize,
         numerics: Numerics,
+        mtp: bool,
     ) -> Result<V4Net, SessionError> {
         let cfg = &model.config;
         model.weights.check_tables(&model.file, cfg)?;
@@ -41,10 +47,34 @@ impl V4Net {
         if numerics == Numerics::Model {
             kv.mark_f16_rows();
         }
+        let mtp_ring = match (mtp, &model.mtp) {
+            (false, _) => None,
+            (true, None) => {
+                return Err(SessionError::Speculation(
+                    "--mtp needs the MTP file: --mtp-model FILE".into(),
+                ))
+            }
+            (true, Some(_)) => {
+                // After every layer's state: snapshots, which walk the
+                // layers, never see it.
+                let ring = kv.layout.add(
+                    "kv_ring",
+                    Some(cfg.n_layer),
+                    cfg.sliding_window,
+                    cfg.head_dim,
+                    0.0,
+                );
+                if numerics == Numerics::Model {
+                    kv.layout.mark_f16_values(ring);
+                }
+                Some(ring)
+            }
+        };
         Ok(V4Net {
             model,
             kv,
             numerics,
+            mtp_ring,
         })
     }
 }
@@ -71,6 +101,23 @@ impl Net for V4Net {
 
     fn no_batching(&self) -> Option<&'static str> {
         None
+    }
+
+    fn target_state(&self) -> Option<ValueName> {
+        self.mtp_ring
+            .map(|_| forward::final_state(&self.model.config))
+    }
+
+    fn record_mtp(&self, head: bool) -> Option<MtpGraph> {
+        let (ring, mtp) = (self.mtp_ring?, self.model.mtp.as_ref()?);
+        Some(mtp::record(
+            &self.model.config,
+            &self.model.weights,
+            mtp,
+            ring,
+            self.numerics,
+            head,
+        ))
     }
 
     /// ds4's session payload (KVCACHE.md §4.3) of state set `set`.

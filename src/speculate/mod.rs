@@ -5,7 +5,8 @@
 //! more than it gains.
 //!
 //! * [`Drafter`]: proposes tokens after a context. [`lookup::PromptLookup`]
-//!   needs no model; [`synthetic`] holds the test drafters (the known
+//!   needs no model; [`mtp::MtpDrafter`] runs V4 Flash's MTP block on the
+//!   session's backend; [`synthetic`] holds the test drafters (the known
 //!   continuation, wrong tokens, a set acceptance rate).
 //! * [`policy::Policy`]: measured step costs by row count and a running
 //!   acceptance estimate → the draft length (0 = plain decoding).
@@ -17,10 +18,13 @@
 
 pub mod accept;
 pub mod lookup;
+pub mod mtp;
 pub mod policy;
 pub mod synthetic;
 
 use std::time::Duration;
+
+use crate::session::{Session, SessionError};
 
 pub use policy::{Choice, Policy};
 
@@ -41,6 +45,22 @@ pub trait Drafter: Send {
     /// Up to `k` tokens to follow `cx.tokens` and `cx.next` (fewer or none
     /// when it has no guess).
     fn draft(&mut self, cx: &DraftContext<'_>, k: usize) -> Vec<u32>;
+
+    /// [`Drafter::draft`] after the tokens `sess` holds: what the
+    /// generation loop calls. A drafter that runs a model on the session's
+    /// backend (MTP) overrides it.
+    fn draft_in(
+        &mut self,
+        sess: &mut Session,
+        next: u32,
+        k: usize,
+    ) -> Result<Vec<u32>, SessionError> {
+        let cx = DraftContext {
+            tokens: sess.tokens(),
+            next,
+        };
+        Ok(self.draft(&cx, k))
+    }
 
     /// Whether a call costs next to nothing (no model): then it is also
     /// asked on plain steps, to keep measuring its drafts.
@@ -173,27 +193,47 @@ impl Speculator {
         &self.policy
     }
 
-    /// Drafts to verify after `next`, at most `limit` (none: a plain step).
-    pub fn propose(&mut self, tokens: &[u32], next: u32, limit: usize) -> Vec<u32> {
+    /// Drafts to verify after the tokens `sess` holds and `next`, at most
+    /// `limit` (none: a plain step).
+    pub fn propose(
+        &mut self,
+        sess: &mut Session,
+        next: u32,
+        limit: usize,
+    ) -> Result<Vec<u32>, SessionError> {
         self.shadow = None;
         self.choice = self.policy.choose(limit);
-        let cx = DraftContext { tokens, next };
+        // A costly drafter is timed on a one-token probe before a verify
+        // step counts on it (its cost can exceed what drafts save).
+        let untimed = !self.drafter.cheap() && !self.policy.draft_measured();
+        if untimed {
+            self.choice = Choice::default();
+        }
         if self.choice.k == 0 {
             // Speculation is off for this step; a drafter may still be
             // asked for one token to keep measuring it.
-            if limit > 0 && self.policy.probe(self.drafter.cheap()) {
+            if limit > 0 && (self.policy.probe(self.drafter.cheap()) || untimed) {
                 let t0 = std::time::Instant::now();
-                let d = self.drafter.draft(&cx, 1);
-                self.policy.draft_time(t0.elapsed());
+                let d = self.drafter.draft_in(sess, next, 1)?;
+                self.timed(t0.elapsed(), &d, 1);
                 self.shadow = d.first().copied();
             }
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let t0 = std::time::Instant::now();
-        let mut d = self.drafter.draft(&cx, self.choice.k);
-        self.policy.draft_time(t0.elapsed());
+        let mut d = self.drafter.draft_in(sess, next, self.choice.k)?;
+        self.timed(t0.elapsed(), &d, self.choice.k);
         d.truncate(self.choice.k);
-        d
+        Ok(d)
+    }
+
+    /// A call asking `asked` tokens took `elapsed` and drafted `d`. A
+    /// model drafter that had nothing to draft from (no target state yet)
+    /// returned at once: that time says nothing of its cost.
+    fn timed(&mut self, elapsed: Duration, d: &[u32], asked: usize) {
+        if !d.is_empty() || self.drafter.cheap() {
+            self.policy.draft_time(elapsed, asked);
+        }
     }
 
     /// The token picked after a plain step (measures a shadow draft).

@@ -21,6 +21,7 @@
 //!
 //! The expected tokens of a step with draft length `k` are
 //! `E(k) = 1 + Σ_{i≤k} Π_{j≤i} p_j` and its time `cost[k+1] + draft(k)`;
+//! (`draft(k)`: the drafter's measured time per drafted token, times `k`);
 //! the policy picks the `k` (0 = plain) with the best `E/time`, and a `k > 0`
 //! only when it beats plain decoding by [`MARGIN`]. So useless drafts turn
 //! speculation off after a few steps, and their cost from then on is the
@@ -32,8 +33,13 @@ use std::time::Duration;
 /// A draft length is chosen over plain decoding only if its expected
 /// speed is this much higher.
 pub const MARGIN: f64 = 1.03;
-/// A costly drafter is asked this often while speculation is off.
+/// A costly drafter is asked at most this often while speculation is off.
 pub const PROBE_EVERY: usize = 16;
+/// ... and its probes take at most this share of the plain steps' time
+/// (a model drafter catches up on every position since its last call, so
+/// a probe can cost several decode steps where the drafter is large beside
+/// the target, as the MTP block of a 4-layer bench model is).
+pub const PROBE_SHARE: f64 = 0.02;
 /// Each update multiplies the older acceptance counts by this.
 const DECAY: f64 = 0.98;
 /// Prior of the first position: mean and weight in pseudo-observations.
@@ -56,7 +62,8 @@ pub struct Policy {
     /// Running mean of a step's seconds by row count (index = rows) and
     /// how many steps it holds.
     cost: Vec<(f64, u32)>,
-    /// The drafter's seconds per call.
+    /// The drafter's seconds per drafted token (a call's time over the
+    /// tokens asked: a model drafter's catch-up rows counted in).
     draft_cost: (f64, u32),
     /// Per draft position (index i − 1): decayed kept and tried counts.
     kept: Vec<f64>,
@@ -159,7 +166,7 @@ impl Policy {
         let Some(plain) = self.step_cost(1) else {
             return Choice::default();
         };
-        let draft = if self.draft_cost.1 > 0 {
+        let per_token = if self.draft_cost.1 > 0 {
             self.draft_cost.0
         } else {
             0.0
@@ -174,7 +181,7 @@ impl Policy {
                 break;
             };
             let e = self.expected(k);
-            let gain = e / (t + draft) * plain;
+            let gain = e / (t + per_token * k as f64) * plain;
             if gain > best.gain.max(MARGIN) || (best.k > 0 && gain > best.gain) {
                 best = Choice {
                     k,
@@ -188,10 +195,17 @@ impl Policy {
 
     /// Whether to ask a drafter on a step where the choice is plain: a
     /// cheap one always (its first token is still measured), a costly one
-    /// once every [`PROBE_EVERY`] plain steps.
+    /// once every [`PROBE_EVERY`] plain steps, or less often when its
+    /// measured calls would take more than [`PROBE_SHARE`] of the time.
     pub fn probe(&mut self, cheap: bool) -> bool {
         self.since_probe += 1;
-        if cheap || self.since_probe >= PROBE_EVERY {
+        let every = match (self.step_cost(1), self.draft_cost) {
+            (Some(plain), (d, n)) if n > 0 && plain > 0.0 => {
+                PROBE_EVERY.max((d / (PROBE_SHARE * plain)).ceil().min(1e6) as usize)
+            }
+            _ => PROBE_EVERY,
+        };
+        if cheap || self.since_probe >= every {
             self.since_probe = 0;
             return true;
         }
@@ -214,12 +228,17 @@ impl Policy {
         c.1 += 1;
     }
 
-    /// The drafter took `elapsed` for one call.
-    pub fn draft_time(&mut self, elapsed: Duration) {
+    /// The drafter took `elapsed` for one call asking `tokens` tokens.
+    pub fn draft_time(&mut self, elapsed: Duration, tokens: usize) {
         let c = &mut self.draft_cost;
         let n = (c.1 + 1).min(8) as f64;
-        c.0 += (elapsed.as_secs_f64() - c.0) / n;
+        c.0 += (elapsed.as_secs_f64() / tokens.max(1) as f64 - c.0) / n;
         c.1 += 1;
+    }
+
+    /// Whether the drafter's cost has been measured.
+    pub fn draft_measured(&self) -> bool {
+        self.draft_cost.1 > 0
     }
 
     /// Of `proposed` drafts verified in order, the first `kept` were kept
@@ -312,6 +331,19 @@ mod tests {
         }
         assert!(p.expected(2) < MARGIN, "{}", p.expected(2));
         assert_eq!(p.choose(2).k, 0);
+    }
+
+    /// A costly drafter is probed every 16 plain steps, or less often
+    /// when its calls would take more than 2 % of the time: a call of 3
+    /// decode steps is asked once every 150.
+    #[test]
+    fn probes_of_a_costly_drafter_stay_within_their_share() {
+        let count = |p: &mut Policy| (0..600).filter(|_| p.probe(false)).count();
+        let mut p = calibrated(5, 10.0, 0.05);
+        assert_eq!(count(&mut p), 600 / PROBE_EVERY);
+        p.draft_time(ms(30.0), 1);
+        assert_eq!(count(&mut p), 600 / 150);
+        assert_eq!((0..10).filter(|_| p.probe(true)).count(), 10);
     }
 
     #[test]

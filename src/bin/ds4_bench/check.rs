@@ -114,7 +114,8 @@ pub fn run(a: &Args, backend: &str, bo: BackendOptions) -> Result<(), String> {
 }
 
 /// `--make-model KIND`: writes the model to `-m`, which must not exist
-/// (the default `-m` is where a real model lives).
+/// (the default `-m` is where a real model lives); `flash:N` also writes
+/// its MTP draft file beside it (`-m` with extension `.mtp.gguf`).
 pub fn make_model(a: &Args, kind: &str) -> Result<(), String> {
     let (spec, variant) = match kind.split_once(':') {
         Some(("flash", n)) => {
@@ -162,5 +163,12 @@ pub fn make_model(a: &Args, kind: &str) -> Result<(), String> {
         ds4::app::report::human(bytes),
         t.elapsed().as_secs_f64()
     );
+    if kind.starts_with("flash") {
+        // Its MTP draft file beside it, for `--spec-table --mtp`.
+        let mtp = out.with_extension("mtp.gguf");
+        testmodel::write_mtp(&spec, variant, &mtp)
+            .map_err(|e| format!("{}: {e}", mtp.display()))?;
+        eprintln!("ds4-bench: wrote {}", mtp.display());
+    }
     Ok(())
 }

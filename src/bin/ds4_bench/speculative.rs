@@ -9,7 +9,9 @@
 //!   gives that mean at the longest draft), with the draft fixed at
 //!   `--draft` and with the adaptive policy, beside plain decoding, with
 //!   what the policy chose (mean draft of its verify steps, plain steps);
-//! * prompt lookup on the same prompt, and its own cost per call.
+//! * prompt lookup on the same prompt, and its own cost per call;
+//! * with `--mtp --mtp-model FILE`: the MTP block as the drafter, and its
+//!   own cost per drafted token against a decode step.
 //!
 //! Every speculative run's tokens are checked against the reference: a
 //! difference is an error, not a figure.
@@ -19,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::generate::{self, Observer, Sampled, Step};
-use ds4::model::AnyModel;
 use ds4::sampler::{Rng, SamplerConfig};
 use ds4::session::{Session, SessionOptions};
 use ds4::speculate::lookup::PromptLookup;
+use ds4::speculate::mtp::MtpDrafter;
 use ds4::speculate::synthetic::Synthetic;
-use ds4::speculate::{DraftContext, Drafter, Policy, SpecStats, Speculator};
+use ds4::speculate::{DraftContext, Drafter, Policy, SpecKind, SpecStats, Speculator};
 use ds4::tokenizer::Tokenizer;
 
 use super::{csv_out, Args};
@@ -163,8 +165,17 @@ pub fn run(a: &Args, backend: BackendKind, bo: BackendOptions) -> Result<(), Str
     if a.gen_tokens < 8 || a.session_prompt == 0 {
         return Err("--spec-table needs -n ≥ 8 and --session-prompt > 0".into());
     }
+    let choice = a.spec_flags().resolve()?;
+    let mtp = choice.kind == SpecKind::Mtp;
+    if choice.on() && !mtp {
+        return Err(
+            "--spec-table runs lookup and the synthetic drafters always; \
+                    of the drafter flags it takes --mtp --mtp-model FILE"
+                .into(),
+        );
+    }
     let threads = ds4::app::threads::init_global_pool(a.threads);
-    let model = AnyModel::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
+    let model = ds4::app::spec::open_model(&a.model, &choice)?;
     if let Some(m) = model.v4() {
         m.warm(&mut |_, _| {});
     }
@@ -185,6 +196,7 @@ pub fn run(a: &Args, backend: BackendKind, bo: BackendOptions) -> Result<(), Str
         prefill_chunk: 256,
         backend,
         backend_options: bo,
+        mtp,
         ..SessionOptions::default()
     };
     let mut sess = Session::open_any(&model, opts).map_err(|e| e.to_string())?;
@@ -255,56 +267,18 @@ pub fn run(a: &Args, backend: BackendKind, bo: BackendOptions) -> Result<(), Str
     let vocab = b.sess.n_vocab();
     for (i, &len) in LENGTHS.iter().enumerate() {
         let p = Synthetic::p_for_length(len, k_max);
-        for adaptive in [false, true] {
-            let policy = if adaptive {
-                Policy::new(k_max)
-            } else {
-                Policy::fixed(k_max, k_max)
-            };
-            let d = Synthetic::new(full.clone(), p, vocab, 0x5eed + i as u64);
-            let mut spec = Speculator::new(Box::new(d), policy);
-            let r = b.generate(Some(&mut spec))?;
-            if r.tokens != reference {
-                return Err(format!(
-                    "synthetic length {len}: the speculative tokens differ from plain decoding"
-                ));
-            }
-            let name = format!("synthetic-{len:.1}");
-            let pol = if adaptive { "adaptive" } else { "fixed" };
-            w(&mut out, spec_row(&name, pol, k_max, &r, plain_tps))?;
-            eprintln!(
-                "{name} {pol}: {:.2} tok/s ({:.2}× plain), {:.2} tokens per verify step, {} verify / {} plain steps",
-                r.tokens.len() as f64 / r.secs.max(1e-9),
-                r.tokens.len() as f64 / r.secs.max(1e-9) / plain_tps.max(1e-9),
-                r.stats.tokens_per_verify(),
-                r.stats.verify_steps,
-                r.stats.plain_steps
-            );
-        }
+        let name = format!("synthetic-{len:.1}");
+        let make = || -> Box<dyn Drafter> {
+            Box::new(Synthetic::new(full.clone(), p, vocab, 0x5eed + i as u64))
+        };
+        drafter_runs(&mut b, &mut out, &name, &make, &reference, k_max, plain_tps)?;
     }
 
     // Prompt lookup on this prompt, and its cost per call.
-    for adaptive in [false, true] {
-        let policy = if adaptive {
-            Policy::new(k_max)
-        } else {
-            Policy::fixed(k_max, k_max)
-        };
-        let mut spec = Speculator::new(Box::new(PromptLookup::new()), policy);
-        let r = b.generate(Some(&mut spec))?;
-        if r.tokens != reference {
-            return Err("lookup: the speculative tokens differ from plain decoding".into());
-        }
-        let pol = if adaptive { "adaptive" } else { "fixed" };
-        w(&mut out, spec_row("lookup", pol, k_max, &r, plain_tps))?;
-        eprintln!(
-            "lookup {pol}: {:.2} tok/s, acceptance {:.3}, {} verify / {} plain steps",
-            r.tokens.len() as f64 / r.secs.max(1e-9),
-            r.stats.acceptance(),
-            r.stats.verify_steps,
-            r.stats.plain_steps
-        );
-    }
+    let make = || -> Box<dyn Drafter> { Box::new(PromptLookup::new()) };
+    drafter_runs(
+        &mut b, &mut out, "lookup", &make, &reference, k_max, plain_tps,
+    )?;
     let mut d = PromptLookup::new();
     let t0 = Instant::now();
     let start = b.prompt.len();
@@ -328,6 +302,96 @@ pub fn run(a: &Args, backend: BackendKind, bo: BackendOptions) -> Result<(), Str
         "lookup drafter: {:.1} µs per call ({:.4} % of a decode step)",
         per_call.as_secs_f64() * 1e6,
         100.0 * per_call.as_secs_f64() / decode.max(1e-12)
+    );
+    if mtp {
+        mtp_rows(
+            &mut b, &mut out, &reference, k_max, plain_tps, decode, steps,
+        )?;
+    }
+    Ok(())
+}
+
+/// Two runs with the drafter `make` gives, with drafts fixed at `k_max`
+/// and adaptive: a CSV row and a line each; tokens that differ from plain
+/// decoding's are an error.
+fn drafter_runs(
+    b: &mut Bench,
+    out: &mut Box<dyn Write>,
+    name: &str,
+    make: &dyn Fn() -> Box<dyn Drafter>,
+    reference: &[u32],
+    k_max: usize,
+    plain_tps: f64,
+) -> Result<(), String> {
+    for adaptive in [false, true] {
+        let policy = if adaptive {
+            Policy::new(k_max)
+        } else {
+            Policy::fixed(k_max, k_max)
+        };
+        let mut spec = Speculator::new(make(), policy);
+        let r = b.generate(Some(&mut spec))?;
+        if r.tokens != reference {
+            return Err(format!(
+                "{name}: the speculative tokens differ from plain decoding"
+            ));
+        }
+        let pol = if adaptive { "adaptive" } else { "fixed" };
+        writeln!(out, "{}", spec_row(name, pol, k_max, &r, plain_tps))
+            .map_err(|e| e.to_string())?;
+        let tps = r.tokens.len() as f64 / r.secs.max(1e-9);
+        eprintln!(
+            "{name} {pol}: {tps:.2} tok/s ({:.2}× plain), acceptance {:.3}, {:.2} tokens per \
+             verify step, {} verify / {} plain steps",
+            tps / plain_tps.max(1e-9),
+            r.stats.acceptance(),
+            r.stats.tokens_per_verify(),
+            r.stats.verify_steps,
+            r.stats.plain_steps
+        );
+    }
+    Ok(())
+}
+
+/// The MTP block as the drafter (fixed and adaptive), and its own cost:
+/// the median time of one draft of `k_max` tokens after a decode step
+/// (one catch-up row, then `k_max` rows with the head), per drafted token.
+fn mtp_rows(
+    b: &mut Bench,
+    out: &mut Box<dyn Write>,
+    reference: &[u32],
+    k_max: usize,
+    plain_tps: f64,
+    decode: f64,
+    steps: usize,
+) -> Result<(), String> {
+    let w = |out: &mut Box<dyn Write>, s: String| writeln!(out, "{s}").map_err(|e| e.to_string());
+    let make = || -> Box<dyn Drafter> { Box::new(MtpDrafter) };
+    drafter_runs(b, out, "mtp", &make, reference, k_max, plain_tps)?;
+    b.restore()?;
+    let mut times = Vec::new();
+    for &t in reference.iter().take(steps + 1) {
+        let t0 = Instant::now();
+        let d = b.sess.mtp_draft(t, k_max).map_err(|e| e.to_string())?;
+        // After the snapshot there is no target state yet: nothing drafted.
+        if !d.is_empty() {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        b.sess.eval(t).map_err(|e| e.to_string())?;
+    }
+    let per_token = median(times) / k_max as f64;
+    w(
+        out,
+        format!(
+            "mtp-cost,{k_max},,,,,,,,,,,{:.4},{:.5}",
+            per_token * 1e3,
+            per_token / decode.max(1e-12)
+        ),
+    )?;
+    eprintln!(
+        "mtp drafter: {:.2} ms per drafted token ({:.3} × a decode step)",
+        per_token * 1e3,
+        per_token / decode.max(1e-12)
     );
     Ok(())
 }

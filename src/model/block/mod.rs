@@ -151,16 +151,27 @@ impl<'a> Builder<'a> {
     /// The token embedding, copied into each of the n HC streams: the
     /// initial n·D state.
     pub fn embed(&mut self, table: &TensorRef) -> ValueId {
-        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
-        let e = self.r.tokens_f32("embed", d); // D
+        let e = self.embed_row(table); // D
+        self.hc_init("hc_state", e)
+    }
+
+    /// The step's token embeddings (D).
+    pub fn embed_row(&mut self, table: &TensorRef) -> ValueId {
+        let e = self.r.tokens_f32("embed", self.cfg.n_embd);
         self.r.op(Op::Embed(Embed {
             table: table.clone(),
             tokens: self.tokens,
             out: e,
         }));
-        let state = self.r.tokens_f32("hc_state", n * d); // n·D
+        e
+    }
+
+    /// `x` (D) copied into each of the n HC streams (n·D).
+    pub fn hc_init(&mut self, name: &str, x: ValueId) -> ValueId {
+        let (n, d) = (self.cfg.hc_count, self.cfg.n_embd);
+        let state = self.r.tokens_f32(name, n * d);
         self.r.op(Op::HcInit(HcInit {
-            x: e,
+            x,
             out: state,
             n_hc: n,
             dim: d,

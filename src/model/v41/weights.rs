@@ -75,7 +75,7 @@ pub struct V41Weights {
 impl V41Weights {
     /// Binds and validates every tensor of a V4.1 main model.
     pub fn bind(file: &GgufFile, cfg: &V41Config) -> Result<V41Weights, ModelError> {
-        let b = Binder { file };
+        let b = Binder { file, base: 0 };
         let d = cfg.n_embd;
         let w = V41Weights {
             token_embd: b.bind("token_embd.weight", &[d, cfg.n_vocab], Class::Dense)?,

@@ -1,0 +1,285 @@
+//! Drafting with V4 Flash's MTP block (MODEL.md §6; issue 35): the block
+//! runs on the session's own backend, over its own window ring, and
+//! proposes the tokens after the next one.
+//!
+//! **Which state drafts which token.** The block at position `j` takes the
+//! target's final n·D state at `j` and the embedding of the token at
+//! `j + 1`, and predicts the token at `j + 2`: DeepSeek-V3's pairing (the
+//! MTP paper, §2.2), which is how the block was trained over whole
+//! sequences. ds4 pairs the state at `j` with the token at `j` instead
+//! (MODEL.md §6.2 notes the point as unverified); ours is the paper's,
+//! and docs/SPECULATIVE.md says why.
+//!
+//! **Its ring.** Trained over whole sequences, the block attends to its
+//! own rows of the last `W` positions. A row depends only on its own
+//! inputs, so the ring is caught up lazily: the session keeps the target's
+//! final state of its last `W` positions ([`MtpRunner::record`]), and a
+//! draft first runs the block over the positions not yet in the ring (at
+//! most `W`, without the head), so its last row attends to exactly the
+//! rows a whole-sequence run would give it. Draft rows past the target's
+//! positions write ring slots of positions the window still needs; those
+//! slots are put back after the draft.
+//!
+//! Drafts never change what the session outputs: verification keeps a
+//! draft only when it is the token the target picks.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::{Session, SessionError};
+use crate::backend::{Backend, GraphHandle};
+use crate::graph::{Graph, StateId, StepParams, ValueId, ValueName};
+use crate::model::mtp::MtpGraph;
+use crate::sampler::argmax;
+
+/// One loaded MTP step graph.
+struct Step {
+    handle: GraphHandle,
+    hprev: ValueId,
+    state: ValueId,
+    logits: ValueId,
+}
+
+impl Step {
+    fn load(backend: &mut dyn Backend, g: MtpGraph) -> Result<(Step, StateId), SessionError> {
+        let graph = Arc::new(g.graph);
+        let handle = backend.load_graph(graph.clone())?;
+        Ok((
+            Step {
+                handle,
+                hprev: g.hprev,
+                state: g.state,
+                logits: graph.logits,
+            },
+            g.ring,
+        ))
+    }
+
+    /// One block row at position `pos`: token `t` after state `h`.
+    fn run(
+        &self,
+        backend: &mut dyn Backend,
+        h: &[f32],
+        t: u32,
+        pos: usize,
+    ) -> Result<(), SessionError> {
+        backend.write_value(self.handle, self.hprev, h)?;
+        backend.run(
+            self.handle,
+            &[t],
+            StepParams {
+                pos0: pos,
+                n_tokens: 1,
+            },
+        )?;
+        Ok(())
+    }
+}
+
+/// The MTP block of a session: its graphs, its ring and the target states
+/// it drafts from.
+pub(super) struct MtpRunner {
+    /// A step with the draft logits.
+    head: Step,
+    /// A step that only writes the ring (catching up).
+    ring_only: Step,
+    ring: StateId,
+    window: usize,
+    /// The target's final state in the graphs that keep it.
+    target: ValueName,
+    /// The target's final states of positions `hist_end - hist.len() ..
+    /// hist_end` (at most `window`).
+    hist: VecDeque<Vec<f32>>,
+    hist_end: usize,
+    /// Ring rows of positions below this come from the target's states.
+    done: usize,
+}
+
+impl MtpRunner {
+    /// The runner of a net that drafts with MTP (`None` when it does not).
+    pub fn open(
+        net: &dyn super::net::Net,
+        backend: &mut dyn Backend,
+        window: usize,
+    ) -> Result<Option<MtpRunner>, SessionError> {
+        let (Some(target), Some(h), Some(r)) = (
+            net.target_state(),
+            net.record_mtp(true),
+            net.record_mtp(false),
+        ) else {
+            return Ok(None);
+        };
+        let (head, ring) = Step::load(backend, h)?;
+        let (ring_only, _) = Step::load(backend, r)?;
+        Ok(Some(MtpRunner {
+            head,
+            ring_only,
+            ring,
+            window: window.max(1),
+            target,
+            hist: VecDeque::new(),
+            hist_end: 0,
+            done: 0,
+        }))
+    }
+
+    /// The value every target graph keeps readable.
+    pub fn target(&self) -> &ValueName {
+        &self.target
+    }
+
+    /// After a target step of graph `g` over positions `pos0 .. pos0 + n`:
+    /// keeps the final states of its last rows (up to the window).
+    pub fn record(
+        &mut self,
+        backend: &dyn Backend,
+        g: GraphHandle,
+        graph: &Graph,
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), SessionError> {
+        let Some(v) = graph.find(&self.target) else {
+            return Err(SessionError::UnknownValue(self.target.to_string()));
+        };
+        if pos0 != self.hist_end {
+            // Not a continuation (a snapshot was loaded): start over.
+            self.hist.clear();
+            self.done = self.done.min(pos0);
+        }
+        let rows = backend.read_value(g, v)?;
+        let w = rows.len() / n.max(1);
+        for (i, r) in rows
+            .chunks_exact(w)
+            .enumerate()
+            .skip(n.saturating_sub(self.window))
+        {
+            debug_assert!(i < n);
+            self.hist.push_back(r.to_vec());
+        }
+        while self.hist.len() > self.window {
+            self.hist.pop_front();
+        }
+        self.hist_end = pos0 + n;
+        Ok(())
+    }
+
+    /// The session now holds `len` tokens (a verify step took rows back).
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.hist_end {
+            let drop = (self.hist_end - len).min(self.hist.len());
+            self.hist.truncate(self.hist.len() - drop);
+            self.hist_end = len;
+        }
+        self.done = self.done.min(len);
+    }
+
+    /// An empty sequence.
+    pub fn clear(&mut self) {
+        self.hist.clear();
+        self.hist_end = 0;
+        self.done = 0;
+    }
+
+    /// Up to `k` tokens after `tokens` and `next`.
+    fn draft(
+        &mut self,
+        backend: &mut dyn Backend,
+        tokens: &[u32],
+        next: u32,
+        k: usize,
+    ) -> Result<Vec<u32>, SessionError> {
+        let len = tokens.len();
+        if k == 0 || self.hist.is_empty() || self.hist_end != len {
+            return Ok(Vec::new());
+        }
+        // Catch up: positions j < len pair the target's state at j with the
+        // token at j + 1 (`next` for the last); the last row has the head.
+        let first = self.done.max(len - self.hist.len()).min(len - 1);
+        for j in first..len {
+            let h = &self.hist[j + self.hist.len() - len];
+            let (step, t) = if j + 1 < len {
+                (&self.ring_only, tokens[j + 1])
+            } else {
+                (&self.head, next)
+            };
+            step.run(backend, h, t, j)?;
+        }
+        self.done = len;
+        let mut drafts =
+            vec![argmax(&backend.read_value(self.head.handle, self.head.logits)?) as u32];
+        if k == 1 {
+            return Ok(drafts);
+        }
+        // Draft rows at positions len .. len + k - 2 take ring slots the
+        // window of the next catch-up still reads: saved and put back.
+        let saved: Vec<(usize, Vec<f32>)> = (len..len + k - 1)
+            .map(|p| {
+                let s = p % self.window;
+                Ok((s, backend.read_set_rows(0, self.ring, s..s + 1)?))
+            })
+            .collect::<Result<_, SessionError>>()?;
+        let mut r = Ok(());
+        for p in len..len + k - 1 {
+            let h = match backend.read_value(self.head.handle, self.head.state) {
+                Ok(h) => h,
+                Err(e) => {
+                    r = Err(e.into());
+                    break;
+                }
+            };
+            let d = *drafts.last().expect("one draft");
+            if let Err(e) = self.head.run(backend, &h, d, p) {
+                r = Err(e);
+                break;
+            }
+            match backend.read_value(self.head.handle, self.head.logits) {
+                Ok(l) => drafts.push(argmax(&l) as u32),
+                Err(e) => {
+                    r = Err(e.into());
+                    break;
+                }
+            }
+        }
+        for (s, row) in saved.iter().rev() {
+            backend.write_set_rows(0, self.ring, *s, row)?;
+        }
+        r.map(|()| drafts)
+    }
+}
+
+impl Session {
+    /// Whether this session drafts with the model's MTP block
+    /// ([`crate::session::SessionOptions::mtp`]).
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Up to `k` tokens the MTP block proposes after the session's tokens
+    /// and `next` (picked, not yet evaluated); none when it has nothing to
+    /// draft from yet (after a snapshot was loaded, until a step runs).
+    pub fn mtp_draft(&mut self, next: u32, k: usize) -> Result<Vec<u32>, SessionError> {
+        let Some(m) = self.mtp.as_mut() else {
+            return Err(SessionError::Speculation(
+                "this session was opened without the MTP block (--mtp)".into(),
+            ));
+        };
+        let r = m.draft(self.backend.as_mut(), &self.tokens, next, k);
+        if r.is_err() {
+            // The block's ring is undefined after a failed step.
+            m.clear();
+        }
+        r
+    }
+
+    /// The MTP block's logits for the token after `next` (what its first
+    /// draft is the argmax of): for validation against a reference.
+    pub fn mtp_logits(&mut self, next: u32) -> Result<Vec<f32>, SessionError> {
+        if self.mtp_draft(next, 1)?.is_empty() {
+            return Err(SessionError::Speculation(
+                "the MTP block has no target state to draft from yet".into(),
+            ));
+        }
+        let m = self.mtp.as_ref().expect("drafted above");
+        Ok(self.backend.read_value(m.head.handle, m.head.logits)?)
+    }
+}

@@ -1,0 +1,447 @@
+//! Speculative decoding with V4 Flash's MTP block (issue 35, MODEL.md §6):
+//! the drafts come from the block run on the session's own backend, and
+//! whatever it drafts, the output is plain decoding's bit for bit: tokens,
+//! streamed bytes, final logits and every target state buffer.
+//!
+//! The block's own numerics are checked against the transformers
+//! reference in `reference_goldens.rs` (`tools/reference/mtp_reference.py`);
+//! here, that its lazily caught-up ring equals running it over every
+//! position, and that backends agree on its logits.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{max_abs_diff, tokens};
+use ds4::backend::{BackendKind, BackendOptions};
+use ds4::generate::{self, Finish, Observer, Sampled, Step};
+use ds4::model::forward::Numerics;
+use ds4::model::{AnyModel, ModelFile};
+use ds4::sampler::{Rng, SamplerConfig};
+use ds4::session::{Session, SessionError, SessionOptions};
+use ds4::speculate::mtp::MtpDrafter;
+use ds4::speculate::{Policy, Speculator};
+use ds4::testmodel::{write_mtp, TestModelSpec, Variant};
+use ds4::tokenizer::Tokenizer;
+
+/// The tiny model of `variant` with its MTP file attached.
+/// `tag` names the test (each writes its own copy).
+fn model_with_mtp(variant: Variant, tag: &str) -> Arc<ModelFile> {
+    let mut m = ModelFile::open(common::tiny_model_path(variant)).unwrap();
+    let path = mtp_path(variant, tag);
+    m.attach_mtp(&path).unwrap();
+    Arc::new(m)
+}
+
+fn mtp_path(variant: Variant, tag: &str) -> PathBuf {
+    let dir = common::fresh_dir("mtp", &format!("{tag}-{}", variant.name()));
+    let path = dir.join("tiny.mtp.gguf");
+    write_mtp(&TestModelSpec::tiny(), variant, &path).unwrap();
+    path
+}
+
+fn opts(backend: BackendKind, mtp: bool) -> SessionOptions {
+    SessionOptions {
+        ctx: 256,
+        prefill_chunk: 16,
+        numerics: Numerics::Model,
+        backend,
+        backend_options: BackendOptions::from_env(),
+        mtp,
+        ..Default::default()
+    }
+}
+
+#[derive(Default)]
+struct Rec {
+    ids: Vec<u32>,
+    bytes: Vec<u8>,
+}
+
+impl Observer for Rec {
+    fn greedy_next(&mut self) -> bool {
+        false
+    }
+    fn token(&mut self, id: u32, bytes: &[u8]) -> Step {
+        self.ids.push(id);
+        self.bytes.extend_from_slice(bytes);
+        Step::Continue
+    }
+}
+
+struct Run {
+    tokens: Vec<u32>,
+    finish: Finish,
+    rec: Rec,
+    logits: Vec<f32>,
+    /// Every target state buffer (the MTP ring, last in the layout, left out).
+    states: Vec<Vec<f32>>,
+}
+
+fn run(
+    s: &mut Session,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    temperature: f32,
+    spec: Option<&mut Speculator>,
+    target_states: usize,
+) -> Run {
+    s.reset();
+    s.sync(prompt, &mut |_, _| {}).unwrap();
+    let mut picker = Sampled {
+        cfg: SamplerConfig {
+            temperature,
+            ..SamplerConfig::default()
+        },
+        rng: Rng::new(0x3a7),
+    };
+    let mut rec = Rec::default();
+    let out = generate::generate_with(s, tok, 48, &mut picker, &mut rec, spec).unwrap();
+    let mut states = s.read_states().unwrap();
+    states.truncate(target_states);
+    Run {
+        tokens: out.tokens,
+        finish: out.finish,
+        rec,
+        logits: s.logits().to_vec(),
+        states,
+    }
+}
+
+/// Greedy and sampled generation with MTP drafts (fixed length 4, and the
+/// adaptive policy) equal plain generation; with the fixed length the
+/// block drafts on every step. A 40-token prompt crosses the tiny model's 32-row window,
+/// so the first draft catches the ring up over a full window.
+fn mtp_equals_plain(backend: BackendKind, variant: Variant) {
+    let model = AnyModel::V4(model_with_mtp(variant, &format!("{backend:?}")));
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let plain_layout = Session::open_any(&model, opts(backend, false)).unwrap();
+    let n_target = plain_layout.read_states().unwrap().len();
+    drop(plain_layout);
+    let mut s = Session::open_any(&model, opts(backend, true)).unwrap();
+    assert!(s.has_mtp());
+    let prompt = tokens(40, 11);
+    for temperature in [0.0, 0.8] {
+        let plain = run(&mut s, &tok, &prompt, temperature, None, n_target);
+        for policy_fixed in [true, false] {
+            let policy = if policy_fixed {
+                Policy::fixed(4, 4)
+            } else {
+                Policy::new(4)
+            };
+            let mut spec = Speculator::new(Box::new(MtpDrafter), policy);
+            let got = run(
+                &mut s,
+                &tok,
+                &prompt,
+                temperature,
+                Some(&mut spec),
+                n_target,
+            );
+            let what = format!("{backend:?} {variant:?} at temperature {temperature}");
+            assert_eq!(plain.tokens, got.tokens, "{what}: tokens");
+            assert_eq!(plain.finish, got.finish, "{what}: finish");
+            assert_eq!(plain.rec.ids, got.rec.ids, "{what}: streamed ids");
+            assert_eq!(plain.rec.bytes, got.rec.bytes, "{what}: streamed bytes");
+            assert!(plain.logits == got.logits, "{what}: final logits");
+            assert!(plain.states == got.states, "{what}: target state");
+            let st = spec.stats();
+            if policy_fixed {
+                assert!(st.drafted > 0 && st.verify_steps > 0, "{what}: {st:?}");
+            } else {
+                // The random block's drafts are useless and cost a large
+                // share of a tiny model's step: timed on a probe, they are
+                // never worth a verify step.
+                assert!(st.verify_steps <= 1, "{what}: {st:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_ref_mtp_equals_plain() {
+    mtp_equals_plain(BackendKind::CpuRef, Variant::Q8);
+}
+
+#[test]
+fn fast_cpu_mtp_equals_plain() {
+    mtp_equals_plain(BackendKind::Cpu, Variant::Q2);
+}
+
+/// The lazily caught-up ring (the last window's rows, after any verify
+/// steps and drafts) gives the block the logits a session that ran it
+/// over every position from the start gives, bit for bit: drafting after
+/// each of 50 decoded tokens vs. drafting only at the end.
+#[test]
+fn lazy_ring_equals_every_position() {
+    let model = AnyModel::V4(model_with_mtp(Variant::Q8, "lazy"));
+    let prompt = tokens(20, 5);
+    let mut every = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    let mut once = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    every.sync(&prompt, &mut |_, _| {}).unwrap();
+    once.sync(&prompt, &mut |_, _| {}).unwrap();
+    // Before any target step after a reset there is nothing to draft from.
+    let mut fresh = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    assert!(matches!(
+        fresh.mtp_logits(1),
+        Err(SessionError::Speculation(_))
+    ));
+    for i in 0..50 {
+        let t = common::argmax(every.logits());
+        // Drafts of 3 past the target write ring slots that must come back.
+        every.mtp_draft(t, 3).unwrap();
+        every.eval(t).unwrap();
+        once.eval(t).unwrap();
+        if i % 7 == 6 {
+            let next = common::argmax(every.logits());
+            let a = every.mtp_logits(next).unwrap();
+            let b = once.mtp_logits(next).unwrap();
+            assert!(a == b, "after {} tokens: {}", i + 1, max_abs_diff(&a, &b));
+        }
+    }
+}
+
+/// wgpu (lavapipe here) and the fast CPU backend agree with cpu-ref on the
+/// block's logits after a prompt and after verify steps.
+#[test]
+fn backends_agree_on_mtp_logits() {
+    let model = AnyModel::V4(model_with_mtp(Variant::Q8, "backends"));
+    let prompt = tokens(36, 3);
+    let reference = {
+        let mut s = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+        s.sync(&prompt, &mut |_, _| {}).unwrap();
+        s.mtp_logits(7).unwrap()
+    };
+    for backend in [BackendKind::Cpu, BackendKind::Wgpu] {
+        let mut s = match Session::open_any(&model, opts(backend, true)) {
+            Ok(s) => s,
+            Err(e) if backend == BackendKind::Wgpu => {
+                eprintln!("skipping wgpu: {e}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        s.sync(&prompt, &mut |_, _| {}).unwrap();
+        let got = s.mtp_logits(7).unwrap();
+        let d = max_abs_diff(&reference, &got);
+        // The fast CPU backend quantises activations to 8 bits before its
+        // products (docs/NUMERICS.md); wgpu computes in f32 like cpu-ref.
+        let bound = if backend == BackendKind::Cpu {
+            5e-2
+        } else {
+            1e-4
+        };
+        eprintln!("{backend:?}: max |Δlogit| {d} (bound {bound})");
+        assert!(d < bound, "{backend:?}: max |Δlogit| {d}");
+        // The first draft agrees unless the reference's top two are
+        // closer than the bound allows telling apart.
+        let mut sorted = reference.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > 2.0 * bound {
+            assert_eq!(
+                common::argmax(&reference),
+                common::argmax(&got),
+                "{backend:?}: first draft"
+            );
+        }
+    }
+}
+
+/// A drafter file that does not fit the model is refused, naming why.
+#[test]
+fn mismatched_mtp_file_is_refused() {
+    let mut m = ModelFile::open(common::tiny_model_path(Variant::Q8)).unwrap();
+    // The V4.1 test model's main file is no MTP file.
+    let err = m
+        .attach_mtp(common::v41_model_path())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("MTP"), "{err}");
+    // An MTP file of another width.
+    let dir = common::fresh_dir("mtp", "wide");
+    let path = dir.join("wide.mtp.gguf");
+    let mut spec = TestModelSpec::tiny();
+    spec.core.n_embd *= 2;
+    write_mtp(&spec, Variant::F32, &path).unwrap();
+    let err = m.attach_mtp(&path).unwrap_err().to_string();
+    assert!(err.contains("mtp.0."), "{err}");
+    // A session asked for MTP on a model without it.
+    let plain = AnyModel::V4(Arc::new(
+        ModelFile::open(common::tiny_model_path(Variant::Q8)).unwrap(),
+    ));
+    let err = Session::open_any(&plain, opts(BackendKind::CpuRef, true))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("--mtp-model"), "{err}");
+}
+
+// The CUDA emulator (tests/cuda_emu) under the `cuda` feature.
+#[cfg(feature = "cuda")]
+#[allow(dead_code)]
+#[path = "cuda_emu/mod.rs"]
+mod cuda_emu;
+
+/// CUDA (the host emulator when there is no driver): the block's logits
+/// equal cpu-ref's within f32 noise, and 12 tokens generated with MTP
+/// drafts equal plain decoding's.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_mtp_logits_and_exactness() {
+    match cuda_emu::install() {
+        Ok(d) => eprintln!("cuda on {d}"),
+        Err(e) => panic!("no CUDA driver or emulator: {e}"),
+    }
+    let model = AnyModel::V4(model_with_mtp(Variant::Q8, "cuda"));
+    let prompt = tokens(20, 3);
+    let mut r = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    r.sync(&prompt, &mut |_, _| {}).unwrap();
+    let reference = r.mtp_logits(7).unwrap();
+    let mut s = Session::open_any(&model, opts(BackendKind::Cuda, true)).unwrap();
+    s.sync(&prompt, &mut |_, _| {}).unwrap();
+    let d = max_abs_diff(&reference, &s.mtp_logits(7).unwrap());
+    assert!(d < 1e-4, "max |Δlogit| {d}");
+
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let n_target = Session::open_any(&model, opts(BackendKind::CpuRef, false))
+        .unwrap()
+        .read_states()
+        .unwrap()
+        .len();
+    let short = |s: &mut Session, spec: Option<&mut Speculator>| {
+        s.reset();
+        s.sync(&prompt, &mut |_, _| {}).unwrap();
+        let mut picker = Sampled {
+            cfg: SamplerConfig::default(),
+            rng: Rng::new(1),
+        };
+        let mut rec = Rec::default();
+        let out = generate::generate_with(s, &tok, 12, &mut picker, &mut rec, spec).unwrap();
+        let mut states = s.read_states().unwrap();
+        states.truncate(n_target);
+        (out.tokens, s.logits().to_vec(), states)
+    };
+    let plain = short(&mut s, None);
+    let mut spec = Speculator::new(Box::new(MtpDrafter), Policy::fixed(3, 3));
+    let got = short(&mut s, Some(&mut spec));
+    assert!(
+        plain == got,
+        "CUDA: generation with MTP drafts differs from plain"
+    );
+    assert!(spec.stats().drafted > 0, "{:?}", spec.stats());
+}
+
+/// The MTP golden (tests/golden/mtp-tiny-q8.*): 40 target states of the
+/// tiny q8 model and the ids they come from, and the float64 reference's
+/// log-probs of the block at rows 5, 31, 32 (the first row whose window
+/// drops a row) and 39, from `tools/reference/mtp_reference.py` (written
+/// from the official `MTPBlock.forward`, not from ds4's graph).
+const MTP_GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/mtp-tiny-q8");
+const GOLDEN_LEN: usize = 40;
+const GOLDEN_CHECKPOINTS: [usize; 4] = [5, 31, 32, 39];
+
+fn plain_opts(mtp: bool) -> SessionOptions {
+    SessionOptions {
+        numerics: Numerics::Plain,
+        prefill_chunk: 64,
+        ..opts(BackendKind::CpuRef, mtp)
+    }
+}
+
+/// The target's final states of the golden prompt (cpu-ref, plain
+/// numerics, one prefill step).
+fn golden_states(model: &AnyModel, ids: &[u32]) -> Vec<f32> {
+    let name = ds4::model::forward::final_state(match model {
+        AnyModel::V4(m) => &m.config,
+        AnyModel::V41(_) => unreachable!(),
+    });
+    let o = SessionOptions {
+        dump: vec![name.clone()],
+        ..plain_opts(false)
+    };
+    let mut s = Session::open_any(model, o).unwrap();
+    s.sync(ids, &mut |_, _| {}).unwrap();
+    s.dump(&name).unwrap()
+}
+
+/// Writes the golden's inputs; then run the reference (tests/golden/README.md):
+/// `cargo test --release --test speculate_mtp -- --ignored write_mtp_golden_inputs`.
+#[test]
+#[ignore = "writes tests/golden/mtp-tiny-q8.{ids.json,states.bin}; run by hand"]
+fn write_mtp_golden_inputs() {
+    let model = AnyModel::V4(common::tiny_model(Variant::Q8));
+    let ids = tokens(GOLDEN_LEN + 1, 17);
+    let states = golden_states(&model, &ids[..GOLDEN_LEN]);
+    let bytes: Vec<u8> = states.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(format!("{MTP_GOLDEN}.states.bin"), bytes).unwrap();
+    let json = serde_json::json!({ "ids": ids, "checkpoints": GOLDEN_CHECKPOINTS });
+    std::fs::write(format!("{MTP_GOLDEN}.ids.json"), json.to_string()).unwrap();
+}
+
+/// The block's log-probs equal the float64 reference's within 1e-4 on the
+/// top 20 (f32 arithmetic moves them by ~1e-6 here), and its first draft
+/// is the reference's argmax, at every checkpoint; the target states the
+/// reference read are still the engine's.
+#[test]
+fn mtp_matches_reference() {
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{MTP_GOLDEN}.json")).unwrap())
+            .unwrap();
+    let ids: Vec<u32> = common::json_uints(&g["ids"])
+        .iter()
+        .map(|&i| i as u32)
+        .collect();
+    assert_eq!(ids.len(), GOLDEN_LEN + 1);
+    let base = common::tiny_model(Variant::Q8);
+    let plain = AnyModel::V4(base.clone());
+    let committed: Vec<f32> = std::fs::read(format!("{MTP_GOLDEN}.states.bin"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let ours = golden_states(&plain, &ids[..GOLDEN_LEN]);
+    let d = max_abs_diff(&ours, &committed);
+    assert!(
+        d < 1e-5,
+        "the target states moved by {d}: rewrite the golden's inputs"
+    );
+
+    let model = AnyModel::V4(model_with_mtp(Variant::Q8, "golden"));
+    let mut s = Session::open_any(&model, plain_opts(true)).unwrap();
+    let cps = g["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), GOLDEN_CHECKPOINTS.len());
+    for cp in cps {
+        let p = cp["position"].as_u64().unwrap() as usize;
+        s.reset();
+        s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
+        let logits = s.mtp_logits(ids[p + 1]).unwrap();
+        let lse = {
+            let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            m + logits
+                .iter()
+                .map(|&x| (x as f64 - m).exp())
+                .sum::<f64>()
+                .ln()
+        };
+        let top = common::json_uints(&cp["top_ids"]);
+        let want: Vec<f64> = cp["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let mut worst = 0f64;
+        for (&i, &w) in top.iter().zip(&want) {
+            let got = logits[i] as f64 - lse;
+            worst = worst.max((got - w).abs());
+            assert!((got - w).abs() < 1e-4, "row {p}, id {i}: {got} vs {w}");
+        }
+        eprintln!("row {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
+        assert_eq!(
+            common::argmax(&logits) as usize,
+            top[0],
+            "row {p}: first draft"
+        );
+    }
+}
