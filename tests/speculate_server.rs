@@ -24,6 +24,36 @@ const CTX: usize = 768;
 
 fn server(spec: Option<Speculator>) -> Arc<State> {
     let (queue, metrics, _tok) = tiny_worker_with(CTX, Box::new(job::NoCache), spec);
+    state(queue, metrics)
+}
+
+/// The server over a session that drafts with the tiny model's MTP block
+/// (drafts of 3, fixed, so every step verifies).
+fn mtp_server() -> Arc<State> {
+    let mut m = ds4::model::ModelFile::open(common::tiny_model_path(Variant::Q8)).unwrap();
+    m.attach_mtp(mtp_file("server")).unwrap();
+    let sess = ds4::session::Session::new(
+        Arc::new(m),
+        ds4::session::SessionOptions {
+            ctx: CTX,
+            mtp: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let spec = Speculator::new(
+        Box::new(ds4::speculate::mtp::MtpDrafter),
+        Policy::fixed(3, 3),
+    );
+    let (queue, metrics, _tok) =
+        common::in_process::worker_on(sess, Box::new(job::NoCache), Some(spec));
+    state(queue, metrics)
+}
+
+fn state(
+    queue: ds4::server::worker::Queue,
+    metrics: Arc<ds4::server::metrics::Metrics>,
+) -> Arc<State> {
     Arc::new(State {
         queue,
         metrics,
@@ -93,8 +123,17 @@ fn repetitive() -> String {
 
 #[tokio::test]
 async fn the_server_streams_the_same_text_with_speculation() {
+    same_streams(server(Some(lookup())), "lookup").await;
+}
+
+/// The same with the MTP block drafting (it drafts on every step).
+#[tokio::test]
+async fn the_server_streams_the_same_text_with_mtp() {
+    same_streams(mtp_server(), "mtp").await;
+}
+
+async fn same_streams(spec: Arc<State>, name: &str) {
     let plain = server(None);
-    let spec = server(Some(lookup()));
     let mut drafted = 0;
     for (temperature, seed) in [(0.0, 5), (1.0, 7)] {
         for thinking in [false, true] {
@@ -124,7 +163,7 @@ async fn the_server_streams_the_same_text_with_speculation() {
             }
         }
     }
-    assert!(drafted > 0, "lookup drafted nothing in four requests");
+    assert!(drafted > 0, "{name} drafted nothing in four requests");
     let m = metrics(&spec).await;
     assert!(m.contains("ds4_spec_drafted_tokens_total"), "{m}");
     assert!(m.contains("ds4_spec_acceptance_rate"), "{m}");

@@ -27,7 +27,6 @@ pub fn tiny_worker_with(
     spec: Option<ds4::speculate::Speculator>,
 ) -> (Queue, Arc<Metrics>, Arc<Tokenizer>) {
     let model = super::tiny_model(Variant::Q8);
-    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
     let sess = Session::new(
         model,
         SessionOptions {
@@ -36,6 +35,17 @@ pub fn tiny_worker_with(
         },
     )
     .unwrap();
+    worker_on(sess, cache, spec)
+}
+
+/// The serial worker over `sess` (its model's tokenizer), with `cache`
+/// and the speculator `spec`.
+pub fn worker_on(
+    sess: Session,
+    cache: Box<dyn KvCacheHook>,
+    spec: Option<ds4::speculate::Speculator>,
+) -> (Queue, Arc<Metrics>, Arc<Tokenizer>) {
+    let tok = Arc::new(Tokenizer::from_gguf(sess.model().file()).unwrap());
     let metrics = Arc::new(Metrics::default());
     let queue = worker::start_with(
         sess,
