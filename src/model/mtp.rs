@@ -39,10 +39,6 @@ pub struct MtpGraph {
     pub state: ValueId,
     /// The block's raw window ring (its own, beside the model's).
     pub ring: StateId,
-    /// Whether `graph.logits` are the draft logits; without the head a
-    /// step only writes the block's ring row (catching up on positions
-    /// whose draft is not needed).
-    pub head: bool,
 }
 
 /// The MTP block's configuration: the model's, with one more layer (index
@@ -140,6 +136,5 @@ pub fn record(
         hprev,
         state,
         ring,
-        head,
     }
 }

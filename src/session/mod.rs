@@ -117,6 +117,14 @@ fn open_net(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn net::Net>
     })
 }
 
+/// What every target graph keeps readable: the `--dump` values and, with
+/// MTP, the final state the block drafts from.
+fn keep_values(dump: &[ValueName], mtp: Option<&mtp::MtpRunner>) -> Vec<ValueName> {
+    let mut keep = dump.to_vec();
+    keep.extend(mtp.map(|m| m.target().clone()));
+    keep
+}
+
 /// What a `sync` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SyncStats {
@@ -194,10 +202,7 @@ impl Session {
             model.config().sliding_window,
         )?
         .map(Box::new);
-        // Every target graph keeps what `--dump` names and, with MTP, the
-        // final state the block drafts from.
-        let mut keep = opts.dump.clone();
-        keep.extend(mtp.as_ref().map(|m| m.target().clone()));
+        let keep = keep_values(&opts.dump, mtp.as_deref());
         let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
         let mut graphs = Vec::new();
         let mut load =
@@ -512,12 +517,9 @@ impl Session {
         Ok(out)
     }
 
-    /// What every target graph keeps readable: the `--dump` values and,
-    /// with MTP, the final state the block drafts from.
+    /// What every target graph keeps readable ([`keep_values`]).
     fn keep_values(&self) -> Vec<ValueName> {
-        let mut keep = self.opts.dump.clone();
-        keep.extend(self.mtp.as_ref().map(|m| m.target().clone()));
-        keep
+        keep_values(&self.opts.dump, self.mtp.as_deref())
     }
 
     /// Reads back a named value (`NAME@LAYER`) of the last step, all live rows.
