@@ -16,7 +16,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use ds4::backend::BackendKind;
 use ds4::backend::BackendOptions;
@@ -24,6 +23,9 @@ use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
+
+#[path = "support/mod.rs"]
+mod support;
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -84,15 +86,7 @@ fn main() {
         };
         let mut sess = Session::new(model.clone(), opts).expect("session");
         eprintln!("{name}: {}", sess.backend_notice());
-        let t = Instant::now();
-        sess.sync(&prompt, &mut |_, _| {}).expect("prefill");
-        let prefill_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for _ in 0..n_decode {
-            let next = ds4::sampler::argmax(sess.logits()) as u32;
-            sess.eval(next).expect("decode");
-        }
-        let decode_s = t.elapsed().as_secs_f64();
+        let (prefill_s, decode_s) = support::time_greedy(&mut sess, &prompt, n_decode);
         results.push((name.to_string(), prefill_s, decode_s));
     }
 

@@ -42,6 +42,9 @@ use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::v41::{write_v41_bench_model, V41Spec};
 use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
 
+#[path = "support/mod.rs"]
+mod support;
+
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -113,15 +116,7 @@ fn v4(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) -> 
         ..Default::default()
     };
     let mut sess = Session::new(model.clone(), opts).expect("V4 session");
-    let t = Instant::now();
-    sess.sync(&ids, &mut |_, _| {}).expect("V4 prefill");
-    let prefill_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for _ in 0..n_decode {
-        let next = ds4::sampler::argmax(sess.logits()) as u32;
-        sess.eval(next).expect("V4 decode");
-    }
-    let decode_s = t.elapsed().as_secs_f64();
+    let (prefill_s, decode_s) = support::time_greedy(&mut sess, &ids, n_decode);
     let f = Figures {
         prefill_tps: n_prefill as f64 / prefill_s,
         decode_tps: n_decode as f64 / decode_s,

@@ -286,7 +286,7 @@ fn attention_per_session() {
     let (nh, hd, window, ratio, top_k) = (3usize, 32usize, 8usize, 4usize, 5usize);
     for selected in [false, true] {
         let mut w = Weights::default();
-        w.add("sinks", &[nh as u64], GgmlType::F32, &rng.scaled(nh, 2.0));
+        w.random(&mut rng, "sinks", &[nh], GgmlType::F32, 2.0);
         let (f, r) = w.build();
         let mut b = Builder::new(total(), total());
         let cap = 64;

@@ -6,6 +6,7 @@
 mod common;
 use common::rng::Rng;
 
+use ds4::app::selfcheck::oneop::indexer_score;
 use ds4::gguf::TensorRef;
 use ds4::gguf::{GgufFile, GgufWriter};
 use ds4::graph::ops::attention::{Attention, AttentionInputs, CompressedRows};
@@ -309,16 +310,7 @@ fn indexer_picks_the_best_rows_with_ties_to_the_lower_index() {
                 assert_eq!(got, &want[..]);
                 continue;
             }
-            let score = |r: usize| -> f64 {
-                (0..nh)
-                    .map(|h| {
-                        let d: f64 = (0..hd)
-                            .map(|i| q[(t * nh + h) * hd + i] as f64 * rows[r * hd + i] as f64)
-                            .sum();
-                        wts[t * nh + h] as f64 * d.max(0.0)
-                    })
-                    .sum()
-            };
+            let score = |r: usize| indexer_score(&q, &wts, &rows, t, r, nh, hd);
             let mut order: Vec<usize> = (0..n).collect();
             order.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
             let mut want: Vec<i32> = order[..k].iter().map(|&r| r as i32).collect();

@@ -1,6 +1,6 @@
-//! What the CPU kernel benches share: process CPU time (usable ratios on a
-//! machine shared with other jobs), best-of-N timing, and the repetition
-//! count from `DS4_BENCH_REPS`. Included with `#[path]` by each bench
+//! What the benches share: process CPU time (usable ratios on a machine
+//! shared with other jobs), best-of-N timing, the repetition count from
+//! `DS4_BENCH_REPS`, and a session's timed greedy prefill and decode. Included with `#[path]` by each bench
 //! (bench targets are separate crates).
 
 #![allow(dead_code)]
@@ -35,4 +35,22 @@ pub fn reps(default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
         .max(1)
+}
+
+/// Wall seconds of `sess`'s prefill of `prompt`, then of `n_decode` greedy
+/// decode steps after it.
+pub fn time_greedy(
+    sess: &mut ds4::session::Session,
+    prompt: &[u32],
+    n_decode: usize,
+) -> (f64, f64) {
+    let t = std::time::Instant::now();
+    sess.sync(prompt, &mut |_, _| {}).expect("prefill");
+    let prefill_s = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    for _ in 0..n_decode {
+        let next = ds4::sampler::argmax(sess.logits()) as u32;
+        sess.eval(next).expect("decode");
+    }
+    (prefill_s, t.elapsed().as_secs_f64())
 }

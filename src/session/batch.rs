@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use super::net::{Frame, Net};
+use super::net::{Frame, Loading, Net, Saving};
 use super::{open_net, Session, SessionError, SessionOptions};
 use crate::backend::{self, Backend, BackendKind, GraphHandle};
 use crate::graph::{RowRecord, ValueId};
@@ -346,8 +346,13 @@ impl Batch {
         match &self.engine {
             Engine::Shared(s) => {
                 let d = &s.slots[slot];
-                s.net
-                    .save(s.backend.as_ref(), slot, &d.tokens, &d.logits, self.frame())
+                s.net.save(Saving {
+                    backend: s.backend.as_ref(),
+                    set: slot,
+                    tokens: &d.tokens,
+                    logits: &d.logits,
+                    frame: self.frame(),
+                })
             }
             Engine::Serial(v) => v[slot].session.save_snapshot(),
         }
@@ -358,17 +363,21 @@ impl Batch {
         self.known(slot);
         let frame = self.frame();
         let r = match &mut self.engine {
-            Engine::Shared(s) => {
-                s.net
-                    .load(s.backend.as_mut(), slot, payload, frame)
-                    .map(|(tokens, logits)| {
-                        s.slots[slot] = SlotData {
-                            tokens,
-                            logits,
-                            piece_logits: Vec::new(),
-                        }
-                    })
-            }
+            Engine::Shared(s) => s
+                .net
+                .load(Loading {
+                    backend: s.backend.as_mut(),
+                    set: slot,
+                    payload,
+                    frame,
+                })
+                .map(|(tokens, logits)| {
+                    s.slots[slot] = SlotData {
+                        tokens,
+                        logits,
+                        piece_logits: Vec::new(),
+                    }
+                }),
             Engine::Serial(v) => {
                 v[slot].piece_logits.clear();
                 return v[slot].session.load_snapshot(payload);

@@ -39,26 +39,14 @@ pub(crate) trait Net: Send {
         Ok(())
     }
 
-    /// Serialises state set `set` of `backend` with the session's tokens and
-    /// logits (the family's snapshot payload).
-    fn save(
-        &self,
-        backend: &dyn Backend,
-        set: usize,
-        tokens: &[u32],
-        logits: &[f32],
-        pos: Frame,
-    ) -> Result<Vec<u8>, SessionError>;
+    /// Serialises one state set with the session's tokens and logits (the
+    /// family's snapshot payload).
+    fn save(&self, at: Saving<'_>) -> Result<Vec<u8>, SessionError>;
 
-    /// Reads a payload made by [`Net::save`] into set `set`; returns its
-    /// tokens and logits. On error the set is undefined (the caller resets).
-    fn load(
-        &mut self,
-        backend: &mut dyn Backend,
-        set: usize,
-        payload: &[u8],
-        pos: Frame,
-    ) -> Result<(Vec<u32>, Vec<f32>), SessionError>;
+    /// Reads a payload made by [`Net::save`] into one state set; returns
+    /// its tokens and logits. On error the set is undefined (the caller
+    /// resets).
+    fn load(&mut self, at: Loading<'_>) -> Result<(Vec<u32>, Vec<f32>), SessionError>;
 
     /// The value of the target's final n·D state a session keeps readable
     /// when it drafts with the MTP block (V4 with `--mtp`); `None` else.
@@ -90,4 +78,22 @@ pub(crate) trait Net: Send {
 pub(crate) struct Frame {
     pub ctx: usize,
     pub prefill_chunk: usize,
+}
+
+/// What [`Net::save`] serialises: state set `set` of `backend`, with the
+/// sequence it holds.
+pub(crate) struct Saving<'a> {
+    pub backend: &'a dyn Backend,
+    pub set: usize,
+    pub tokens: &'a [u32],
+    pub logits: &'a [f32],
+    pub frame: Frame,
+}
+
+/// What [`Net::load`] reads `payload` into: state set `set` of `backend`.
+pub(crate) struct Loading<'a> {
+    pub backend: &'a mut dyn Backend,
+    pub set: usize,
+    pub payload: &'a [u8],
+    pub frame: Frame,
 }

@@ -4,7 +4,7 @@
 //! hand the payload itself to the family's net (`v4.rs`: ds4's layout,
 //! `v41.rs`: our own).
 
-use super::net::Frame;
+use super::net::{Frame, Loading, Saving};
 use super::{Session, SessionError};
 use crate::backend::{state_desc, Backend};
 use crate::graph::StateId;
@@ -179,13 +179,13 @@ pub(super) fn begin_payload(
 impl Session {
     /// Serialises the whole session (tokens, logits, every KV state).
     pub fn save_snapshot(&self) -> Result<Vec<u8>, SessionError> {
-        self.net.save(
-            self.backend.as_ref(),
-            0,
-            &self.tokens,
-            &self.logits,
-            self.frame(),
-        )
+        self.net.save(Saving {
+            backend: self.backend.as_ref(),
+            set: 0,
+            tokens: &self.tokens,
+            logits: &self.logits,
+            frame: self.frame(),
+        })
     }
 
     /// Replaces the session with a snapshot made by [`Session::save_snapshot`]
@@ -194,7 +194,13 @@ impl Session {
     /// the session is left empty.
     pub fn load_snapshot(&mut self, payload: &[u8]) -> Result<(), SessionError> {
         let frame = self.frame();
-        match self.net.load(self.backend.as_mut(), 0, payload, frame) {
+        let at = Loading {
+            backend: self.backend.as_mut(),
+            set: 0,
+            payload,
+            frame,
+        };
+        match self.net.load(at) {
             Ok((tokens, logits)) => {
                 self.tokens = tokens;
                 self.logits = logits;

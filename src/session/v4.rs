@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use super::net::{Frame, Net};
+use super::net::{Loading, Net, Saving};
 use super::snapshot::{
     begin_payload, check_fits, put_f32s, put_u32, put_whole_state, Reader, SNAPSHOT_MAGIC,
 };
 use super::SessionError;
-use crate::backend::{state_desc, Backend};
+use crate::backend::state_desc;
 use crate::graph::{Graph, StateId, StateLayout, ValueName};
 use crate::model::forward::{self, ForwardOptions, Numerics};
 use crate::model::logits::Logits;
@@ -121,14 +121,9 @@ impl Net for V4Net {
     }
 
     /// ds4's session payload (KVCACHE.md §4.3) of state set `set`.
-    fn save(
-        &self,
-        backend: &dyn Backend,
-        set: usize,
-        tokens: &[u32],
-        logits: &[f32],
-        frame: Frame,
-    ) -> Result<Vec<u8>, SessionError> {
+    fn save(&self, at: Saving<'_>) -> Result<Vec<u8>, SessionError> {
+        let (backend, set, tokens, logits) = (at.backend, at.set, at.tokens, at.logits);
+        let frame = at.frame;
         let cfg = &self.model.config;
         let t = tokens.len();
         let w = self.raw_window(frame.ctx);
@@ -197,13 +192,8 @@ impl Net for V4Net {
     }
 
     /// Reads a payload made by `save` into state set `set`.
-    fn load(
-        &mut self,
-        backend: &mut dyn Backend,
-        set: usize,
-        payload: &[u8],
-        frame: Frame,
-    ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
+    fn load(&mut self, at: Loading<'_>) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
+        let (backend, set, payload, frame) = (at.backend, at.set, at.payload, at.frame);
         let bad = |m: String| SessionError::Snapshot(m);
         let cfg = self.model.config.clone();
         let (mut r, h) = Reader::header::<HEADER_FIELDS>(payload, false)?;

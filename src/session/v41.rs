@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use super::net::{Frame, Net};
+use super::net::{Loading, Net, Saving};
 use super::snapshot::{
     begin_payload, check_fits, put_f32s, put_whole_state, Reader, V41_SNAPSHOT_MAGIC,
 };
@@ -181,14 +181,9 @@ impl Net for V41Net {
     }
 
     /// Serialises the session's state (set `set` of `backend`).
-    fn save(
-        &self,
-        backend: &dyn Backend,
-        set: usize,
-        tokens: &[u32],
-        logits: &[f32],
-        frame: Frame,
-    ) -> Result<Vec<u8>, SessionError> {
+    fn save(&self, at: Saving<'_>) -> Result<Vec<u8>, SessionError> {
+        let (backend, set, tokens, logits) = (at.backend, at.set, at.tokens, at.logits);
+        let frame = at.frame;
         let cfg = &self.model.config;
         let t = tokens.len();
         let header = self.header(frame.ctx, frame.prefill_chunk, t);
@@ -215,13 +210,8 @@ impl Net for V41Net {
 
     /// Reads a payload made by `save` into set `set`; returns its tokens
     /// and logits. On error the set is undefined (the caller resets).
-    fn load(
-        &mut self,
-        backend: &mut dyn Backend,
-        set: usize,
-        payload: &[u8],
-        frame: Frame,
-    ) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
+    fn load(&mut self, at: Loading<'_>) -> Result<(Vec<u32>, Vec<f32>), SessionError> {
+        let (backend, set, payload, frame) = (at.backend, at.set, at.payload, at.frame);
         let ctx = frame.ctx;
         let bad = |m: String| SessionError::Snapshot(m);
         let (mut r, h) = Reader::header::<HEADER_FIELDS>(payload, true)?;

@@ -508,14 +508,9 @@ pub fn write_model(
 ) -> io::Result<()> {
     let mut w = GgufWriter::new();
     add_metadata(&mut w, spec, vocab);
-    let data = if spec.random_blocks {
-        Data::RandomBlocks
-    } else {
-        Data::Values
-    };
+    let data = Data::values_or_random(spec.random_blocks);
     let plan = plan_main(spec, vocab.tokens.len());
-    write_planned(&mut w, plan, variant, spec.core.seed, data)?;
-    w.write_to_path(path)
+    write_planned(w, plan, variant, spec.core.seed, data, path)
 }
 
 /// Writes the matching MTP draft GGUF (tensor directory only, no metadata read).
@@ -523,19 +518,9 @@ pub fn write_mtp(spec: &TestModelSpec, variant: Variant, path: &Path) -> io::Res
     let mut w = GgufWriter::new();
     // Like the published file, it says deepseek4 but carries no model keys.
     w.add_str("general.architecture", "deepseek4");
-    let data = if spec.random_blocks {
-        Data::RandomBlocks
-    } else {
-        Data::Values
-    };
-    write_planned(
-        &mut w,
-        plan_mtp(spec),
-        variant,
-        spec.core.seed ^ 0x004d_5450,
-        data,
-    )?;
-    w.write_to_path(path)
+    let data = Data::values_or_random(spec.random_blocks);
+    let seed = spec.core.seed ^ 0x004d_5450;
+    write_planned(w, plan_mtp(spec), variant, seed, data, path)
 }
 
 /// Writes a file with the exact header of the published Flash q2 file (every
@@ -558,6 +543,5 @@ pub fn write_sparse_flash_variant(vocab: &Vocab, variant: Variant, path: &Path) 
     let mut w = GgufWriter::new();
     add_metadata(&mut w, &spec, vocab);
     let plan = plan_main(&spec, vocab.tokens.len());
-    write_planned(&mut w, plan, variant, 0, Data::Hole)?;
-    w.write_to_path(path)
+    write_planned(w, plan, variant, 0, Data::Hole, path)
 }

@@ -8,6 +8,7 @@
 //! tensor's contents do not depend on where the plan puts it.
 
 use std::io;
+use std::path::Path;
 
 use super::{Rng, Variant};
 use crate::gguf::GgufWriter;
@@ -430,14 +431,27 @@ pub(crate) enum Data {
     Hole,
 }
 
-/// Adds the planned tensors in `variant`'s types; each is generated when
-/// the file is written, one tensor in memory at a time.
+impl Data {
+    /// Seeded values, or random blocks for a bench model (`random_blocks`).
+    pub fn values_or_random(random_blocks: bool) -> Data {
+        if random_blocks {
+            Data::RandomBlocks
+        } else {
+            Data::Values
+        }
+    }
+}
+
+/// Writes `w` (its metadata already added) to `path` with the planned
+/// tensors in `variant`'s types; each is generated when the file is
+/// written, one tensor in memory at a time.
 pub(crate) fn write_planned(
-    w: &mut GgufWriter,
+    mut w: GgufWriter,
     plan: Vec<Planned>,
     variant: Variant,
     seed: u64,
     data: Data,
+    path: &Path,
 ) -> io::Result<()> {
     for t in plan {
         let ty = variant.type_for(t.class);
@@ -463,5 +477,5 @@ pub(crate) fn write_planned(
         };
         w.add_tensor_lazy(&name, &ne, ty, make)?;
     }
-    Ok(())
+    w.write_to_path(path)
 }

@@ -534,14 +534,8 @@ pub fn write_v41_model(
 ) -> io::Result<()> {
     let mut w = GgufWriter::new();
     add_metadata(&mut w, spec, vocab);
-    write_planned(
-        &mut w,
-        plan(spec, vocab.tokens.len()),
-        variant,
-        spec.core.seed,
-        Data::Values,
-    )?;
-    w.write_to_path(path)
+    let plan = plan(spec, vocab.tokens.len());
+    write_planned(w, plan, variant, spec.core.seed, Data::Values, path)
 }
 
 /// Writes `spec` in ds4's q2 recipe with random quantized blocks, for
@@ -552,13 +546,13 @@ pub fn write_v41_bench_model(spec: &V41Spec, vocab: &Vocab, path: &Path) -> io::
     add_metadata(&mut w, spec, vocab);
     let plan = plan(spec, vocab.tokens.len());
     write_planned(
-        &mut w,
+        w,
         plan,
         Variant::Q2,
         spec.core.seed,
         Data::RandomBlocks,
-    )?;
-    w.write_to_path(path)
+        path,
+    )
 }
 
 /// Writes the full header of a V4.1 Flash file in ds4's q2 recipe (1,046
@@ -567,14 +561,8 @@ pub fn write_sparse_v41_flash(vocab: &Vocab, path: &Path) -> io::Result<()> {
     let spec = V41Spec::flash();
     let mut w = GgufWriter::new();
     add_metadata(&mut w, &spec, vocab);
-    write_planned(
-        &mut w,
-        plan(&spec, vocab.tokens.len()),
-        Variant::Q2,
-        0,
-        Data::Hole,
-    )?;
-    w.write_to_path(path)
+    let plan = plan(&spec, vocab.tokens.len());
+    write_planned(w, plan, Variant::Q2, 0, Data::Hole, path)
 }
 
 /// Writes `spec` with some metadata keys replaced or removed and some tensors
@@ -600,6 +588,5 @@ pub fn write_v41_edited(
         .into_iter()
         .filter(|t| !drop_tensors.contains(&t.name.as_str()))
         .collect();
-    write_planned(&mut w, plan, Variant::F32, spec.core.seed, Data::Hole)?;
-    w.write_to_path(path)
+    write_planned(w, plan, Variant::F32, spec.core.seed, Data::Hole, path)
 }

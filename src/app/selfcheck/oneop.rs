@@ -102,6 +102,14 @@ impl Weights {
         self.tensors.push((name.into(), ne.to_vec(), ty, bytes));
     }
 
+    /// Adds tensor `name` of shape `ne` (GGML order) with values uniform
+    /// in ±`scale`, drawn from `rng`.
+    pub fn random(&mut self, rng: &mut Rng, name: &str, ne: &[usize], ty: GgmlType, scale: f32) {
+        let n = ne.iter().product();
+        let ne: Vec<u64> = ne.iter().map(|&d| d as u64).collect();
+        self.add(name, &ne, ty, &rng.scaled(n, scale));
+    }
+
     pub fn add_i32(&mut self, name: &str, ne: &[u64], values: &[i32]) {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.tensors
@@ -112,18 +120,8 @@ impl Weights {
     /// `width`), then `norm` (`head_dim`).
     pub fn compressor(rng: &mut Rng, ratio: usize, width: usize, head_dim: usize) -> Weights {
         let mut w = Weights::default();
-        w.add(
-            "ape",
-            &[width as u64, ratio as u64],
-            GgmlType::F32,
-            &rng.scaled(ratio * width, 1.0),
-        );
-        w.add(
-            "norm",
-            &[head_dim as u64],
-            GgmlType::F32,
-            &rng.scaled(head_dim, 1.5),
-        );
+        w.random(rng, "ape", &[width, ratio], GgmlType::F32, 1.0);
+        w.random(rng, "norm", &[head_dim], GgmlType::F32, 1.5);
         w
     }
 
@@ -511,4 +509,27 @@ pub fn run_cases(cases: &[Case], rule: Rule, open: &mut OpenFn<'_>) -> Vec<CaseR
             }
         })
         .collect()
+}
+
+/// The indexer's f64 score of key row `r` for token `t`:
+/// Σ_h w[t,h]·relu(q[t,h]·k[r]), with `nh` heads of `hd` (the oracle of
+/// V4's indexer top-k and V4.1's candidate selection; exact in f32 for
+/// grid values).
+pub fn indexer_score(
+    q: &[f32],
+    w: &[f32],
+    keys: &[f32],
+    t: usize,
+    r: usize,
+    nh: usize,
+    hd: usize,
+) -> f64 {
+    (0..nh)
+        .map(|h| {
+            let d: f64 = (0..hd)
+                .map(|j| q[(t * nh + h) * hd + j] as f64 * keys[r * hd + j] as f64)
+                .sum();
+            w[t * nh + h] as f64 * d.max(0.0)
+        })
+        .sum()
 }

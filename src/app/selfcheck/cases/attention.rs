@@ -30,7 +30,7 @@ pub fn attention_cases() -> Vec<Case> {
         (2, 64, 3, 3300, 1, true, 128, 512),
     ] {
         let mut w = Weights::default();
-        w.add("sinks", &[nh as u64], GgmlType::F32, &rng.scaled(nh, 2.0));
+        w.random(&mut rng, "sinks", &[nh], GgmlType::F32, 2.0);
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
         let ring = b.state("ring", window, hd, rng.scaled(window * hd, 1.0));
@@ -291,7 +291,7 @@ pub fn router_cases() -> Vec<Case> {
     ] {
         let vocab = 11;
         let mut w = Weights::default();
-        w.add("bias", &[e as u64], GgmlType::F32, &rng.scaled(e, 0.5));
+        w.random(&mut rng, "bias", &[e], GgmlType::F32, 0.5);
         let table: Vec<i32> = (0..vocab * k)
             .map(|i| ((i * 7 + i / k) % e) as i32)
             .collect();

@@ -131,12 +131,7 @@ pub fn embed_cases() -> Vec<Case> {
         (GgmlType::F16, 258, 5, 3),
     ] {
         let mut w = Weights::default();
-        w.add(
-            "table",
-            &[dim as u64, vocab as u64],
-            ty,
-            &rng.scaled(dim * vocab, 2.0),
-        );
+        w.random(&mut rng, "table", &[dim, vocab], ty, 2.0);
         let (f, r) = w.build();
         let mut b = Builder::new(8, n);
         let o = b.rec.tokens_f32("out", dim);
@@ -172,7 +167,7 @@ pub fn rms_norm_cases() -> Vec<Case> {
         (1000, 1, 2, true, false),
     ] {
         let mut w = Weights::default();
-        w.add("w", &[dim as u64], GgmlType::F32, &rng.scaled(dim, 1.5));
+        w.random(&mut rng, "w", &[dim], GgmlType::F32, 1.5);
         let (f, r) = w.build();
         let mut b = Builder::new(6, n);
         let (x, o) = if fixed {
@@ -217,8 +212,8 @@ pub fn hc_cases() -> Vec<Case> {
         for head in [false, true] {
             let mix = if head { nh } else { (2 + nh) * nh };
             let mut w = Weights::default();
-            w.add("scale", &[3], GgmlType::F32, &rng.scaled(3, 1.0));
-            w.add("base", &[mix as u64], GgmlType::F32, &rng.scaled(mix, 1.0));
+            w.random(&mut rng, "scale", &[3], GgmlType::F32, 1.0);
+            w.random(&mut rng, "base", &[mix], GgmlType::F32, 1.0);
             let (f, r) = w.build();
             let mut b = Builder::new(4, n);
             let logits = b.rec.tokens_f32("mix", mix);

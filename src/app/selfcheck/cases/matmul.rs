@@ -21,12 +21,7 @@ pub fn matmul_case(
     cap: usize,
 ) -> Case {
     let mut w = Weights::default();
-    w.add(
-        "w",
-        &[n_in as u64, n_out as u64],
-        ty,
-        &rng.scaled(n_in * n_out, 1.0),
-    );
+    w.random(rng, "w", &[n_in, n_out], ty, 1.0);
     let (f, r) = w.build();
     let mut b = Builder::new(cap, n);
     let x = b.rec.tokens_f32("x", groups * n_in);
@@ -162,24 +157,9 @@ pub fn matmul_cases() -> Vec<Case> {
         };
         for &mid_fp8 in mids {
             let mut w = Weights::default();
-            w.add(
-                "gate",
-                &[d as u64, ff as u64, e as u64],
-                ty_g,
-                &rng.scaled(d * ff * e, 1.0),
-            );
-            w.add(
-                "up",
-                &[d as u64, ff as u64, e as u64],
-                ty_u,
-                &rng.scaled(d * ff * e, 1.0),
-            );
-            w.add(
-                "down",
-                &[ff as u64, d as u64, e as u64],
-                ty_d,
-                &rng.scaled(d * ff * e, 1.0),
-            );
+            w.random(&mut rng, "gate", &[d, ff, e], ty_g, 1.0);
+            w.random(&mut rng, "up", &[d, ff, e], ty_u, 1.0);
+            w.random(&mut rng, "down", &[ff, d, e], ty_d, 1.0);
             let (f, r) = w.build();
             let mut b = Builder::new(6, n);
             let x = b.rec.tokens_f32("x", d);

@@ -6,7 +6,7 @@
 //! by design (the host hashes and reads the rows; docs/V41.md).
 
 use super::basic::rope_config_at;
-use crate::app::selfcheck::oneop::{Builder, Case, Weights};
+use crate::app::selfcheck::oneop::{indexer_score, Builder, Case, Weights};
 use crate::app::selfcheck::rng::Rng;
 use crate::graph::ops::candidate::{CandidateBlocks, CandidateTopK};
 use crate::graph::ops::engram::EngramGate;
@@ -110,19 +110,9 @@ pub fn compressor_case(rng: &mut Rng, shape: CompressShape) -> Case {
 pub fn compressor_case_rounded(rng: &mut Rng, shape: CompressShape, round_rows: bool) -> Case {
     let (ratio, hd, ihd, n_rot, n, pos0, cap) = shape;
     let mut w = Weights::default();
-    w.add("norm", &[hd as u64], GgmlType::F32, &rng.scaled(hd, 1.5));
-    w.add(
-        "index_wk",
-        &[hd as u64, ihd as u64],
-        GgmlType::F16,
-        &rng.scaled(hd * ihd, 0.3),
-    );
-    w.add(
-        "index_norm",
-        &[ihd as u64],
-        GgmlType::F32,
-        &rng.scaled(ihd, 1.5),
-    );
+    w.random(rng, "norm", &[hd], GgmlType::F32, 1.5);
+    w.random(rng, "index_wk", &[hd, ihd], GgmlType::F16, 0.3);
+    w.random(rng, "index_norm", &[ihd], GgmlType::F32, 1.5);
     let (f, refs) = w.build();
     let mut b = Builder::new(16, n);
     let cap = if cap > 0 { cap } else { (pos0 + n) / ratio + 2 };
@@ -204,18 +194,6 @@ fn grid(rng: &mut Rng, len: usize, weights: bool) -> Vec<f32> {
             }
         })
         .collect()
-}
-
-/// The f64 score of row r for token t (exact for grid values).
-fn score(q: &[f32], w: &[f32], keys: &[f32], t: usize, r: usize, nh: usize, hd: usize) -> f64 {
-    (0..nh)
-        .map(|h| {
-            let d: f64 = (0..hd)
-                .map(|j| q[(t * nh + h) * hd + j] as f64 * keys[r * hd + j] as f64)
-                .sum();
-            w[t * nh + h] as f64 * d.max(0.0)
-        })
-        .sum()
 }
 
 /// One shape of the candidate selections (blocks of `bs` rows, `kb` kept).
@@ -371,7 +349,7 @@ pub fn candidate_blocks_cases() -> (Vec<Case>, usize) {
                     .filter(|&b| b != last)
                     .map(|b| {
                         (b * c.bs..((b + 1) * c.bs).min(v))
-                            .map(|r| score(&q_in, &w_in, &keys_in, t, r, c.nh, c.hd))
+                            .map(|r| indexer_score(&q_in, &w_in, &keys_in, t, r, c.nh, c.hd))
                             .fold(f64::NEG_INFINITY, f64::max)
                     })
                     .collect();
