@@ -169,6 +169,47 @@ fn fast_cpu_mtp_equals_plain() {
     mtp_equals_plain(BackendKind::Cpu, Variant::Q2);
 }
 
+/// MTP drafts with routed experts streamed from the SSD (the smallest
+/// cache: every step evicts): the same greedy output and final logits as
+/// plain decoding with every expert resident. The block's own experts live
+/// in the MTP file and are read whole through the mapping; the model
+/// file's stream.
+#[test]
+fn fast_cpu_mtp_with_ssd_streaming_equals_plain() {
+    use ds4::app::selfcheck::streaming::{streaming, streaming_cases};
+    let model = AnyModel::V4(model_with_mtp(Variant::Q2, "streaming"));
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let prompt = tokens(40, 11);
+    let mut plain = Session::open_any(&model, opts(BackendKind::Cpu, false)).unwrap();
+    let n_target = plain.read_states().unwrap().len();
+    let want = run(&mut plain, &tok, &prompt, 0.0, None, n_target);
+    drop(plain);
+    let k = model.config().n_expert_used;
+    let [hardest, ..] = streaming_cases(k);
+    let mut o = opts(BackendKind::Cpu, true);
+    o.backend_options = streaming(hardest, &o.backend_options);
+    let mut s = Session::open_any(&model, o).unwrap();
+    let mut spec = Speculator::new(Box::new(MtpDrafter), Policy::fixed(4, 4));
+    let got = run(&mut s, &tok, &prompt, 0.0, Some(&mut spec), n_target);
+    assert_eq!(want.tokens, got.tokens, "tokens");
+    assert_eq!(want.rec.bytes, got.rec.bytes, "streamed bytes");
+    assert!(want.logits == got.logits, "final logits");
+    let st = spec.stats();
+    assert!(st.drafted > 0 && st.verify_steps > 0, "{st:?}");
+    let cache = s.expert_cache().expect("a streaming backend has a cache");
+    let cs = cache.stats();
+    assert!(
+        cs.misses > 0 && cs.bytes_read > 0,
+        "the experts streamed: {cs:?}"
+    );
+    let plan = cache.plan().expect("planned by the main forward");
+    assert_eq!(
+        plan.layers,
+        model.config().n_layer,
+        "the block's layer is not planned"
+    );
+}
+
 /// The lazily caught-up ring (the last window's rows, after any verify
 /// steps and drafts) gives the block the logits a session that ran it
 /// over every position from the start gives, bit for bit: drafting after

@@ -180,14 +180,6 @@ impl Session {
     }
 
     fn with_backend(model: &AnyModel, opts: SessionOptions) -> Result<Session, SessionError> {
-        if opts.mtp && opts.backend_options.ssd_streaming.is_some() {
-            // The streamed experts are read from the main file by offset;
-            // the MTP block's live in its own file.
-            return Err(SessionError::Speculation(
-                "--mtp does not run with --ssd-streaming yet (prompt lookup does: --spec lookup)"
-                    .into(),
-            ));
-        }
         let net = open_net(model, &opts)?;
         let opened = backend::open(
             opts.backend,

@@ -144,20 +144,28 @@ impl ExpertCache {
     /// Registers the routed layers of `graph`. The first graph sets the
     /// plan (an error when the budget is below one token's experts) and,
     /// unless cold, preloads the cache; later graphs must use the same
-    /// layers.
+    /// layers. Layers in a support file attached past the model file's end
+    /// (the MTP block's, `GgufFile::attach`) never stream: the reader reads
+    /// the model file only, and one small layer is read whole through the
+    /// mapping, as the first `--ssd-streaming-full-layers` are.
     pub fn register(&self, file: &GgufFile, graph: &Graph) -> Result<(), String> {
-        let layers = graph_layers(graph);
-        if let Some(plan) = self.plan.get() {
+        let mut layers = graph_layers(graph);
+        layers.retain(|l| l.parts.iter().all(|p| p.offset < self.file_len));
+        if self.plan.get().is_some() {
             let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
-            if layers.len() != plan.layers
-                || layers
-                    .iter()
-                    .any(|l| !reg.by_gate.contains_key(&l.parts[0].offset))
+            if layers
+                .iter()
+                .any(|l| !reg.by_gate.contains_key(&l.parts[0].offset))
             {
                 return Err(
                     "ssd streaming: a graph with other routed layers than the first".into(),
                 );
             }
+            return Ok(());
+        }
+        if layers.is_empty() {
+            // Nothing of the model file routed (the MTP block's step): the
+            // main forward plans the cache when it comes.
             return Ok(());
         }
         let plan = StreamPlan::new(self.file_len, &layers, &self.opts)?;
