@@ -35,10 +35,28 @@ fn model_with_mtp(variant: Variant, tag: &str) -> Arc<ModelFile> {
 }
 
 fn mtp_path(variant: Variant, tag: &str) -> PathBuf {
+    mtp_path_of(&TestModelSpec::tiny(), variant, tag)
+}
+
+fn mtp_path_of(spec: &TestModelSpec, variant: Variant, tag: &str) -> PathBuf {
     let dir = common::fresh_dir("mtp", &format!("{tag}-{}", variant.name()));
-    let path = dir.join("tiny.mtp.gguf");
-    write_mtp(&TestModelSpec::tiny(), variant, &path).unwrap();
+    let path = dir.join("model.mtp.gguf");
+    write_mtp(spec, variant, &path).unwrap();
     path
+}
+
+/// The long-context model (ratios 0,0,4,128,4,128, window 128, an
+/// indexer keeping 64 rows) in f32 with its MTP file attached.
+fn long_context_with_mtp(tag: &str) -> AnyModel {
+    let path = common::models().long_context_path(Variant::F32).unwrap();
+    let mut m = ModelFile::open(path).unwrap();
+    m.attach_mtp(mtp_path_of(
+        &TestModelSpec::long_context(),
+        Variant::F32,
+        tag,
+    ))
+    .unwrap();
+    AnyModel::V4(Arc::new(m))
 }
 
 fn opts(backend: BackendKind, mtp: bool) -> SessionOptions {
@@ -87,6 +105,18 @@ fn run(
     spec: Option<&mut Speculator>,
     target_states: usize,
 ) -> Run {
+    run_n(s, tok, prompt, 48, temperature, spec, target_states)
+}
+
+fn run_n(
+    s: &mut Session,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    n: usize,
+    temperature: f32,
+    spec: Option<&mut Speculator>,
+    target_states: usize,
+) -> Run {
     s.reset();
     s.sync(prompt, &mut |_, _| {}).unwrap();
     let mut picker = Sampled {
@@ -97,7 +127,7 @@ fn run(
         rng: Rng::new(0x3a7),
     };
     let mut rec = Rec::default();
-    let out = generate::generate_with(s, tok, 48, &mut picker, &mut rec, spec).unwrap();
+    let out = generate::generate_with(s, tok, n, &mut picker, &mut rec, spec).unwrap();
     let mut states = s.read_states().unwrap();
     states.truncate(target_states);
     Run {
@@ -208,6 +238,75 @@ fn fast_cpu_mtp_with_ssd_streaming_equals_plain() {
         model.config().n_layer,
         "the block's layer is not planned"
     );
+}
+
+/// Greedy generation of `n` tokens after `prompt` with MTP drafts of 4 at
+/// every step equals plain generation (tokens, bytes, final logits, every
+/// target state buffer), on `o`'s backend.
+fn long_context_equals_plain(model: &AnyModel, o: SessionOptions, prompt: &[u32], n: usize) {
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let plain_opts = SessionOptions {
+        mtp: false,
+        ..o.clone()
+    };
+    let mut plain = Session::open_any(model, plain_opts).unwrap();
+    let n_target = plain.read_states().unwrap().len();
+    let want = run_n(&mut plain, &tok, prompt, n, 0.0, None, n_target);
+    drop(plain);
+    let mut s = Session::open_any(model, o).unwrap();
+    let mut spec = Speculator::new(Box::new(MtpDrafter), Policy::fixed(4, 4));
+    let got = run_n(&mut s, &tok, prompt, n, 0.0, Some(&mut spec), n_target);
+    let what = format!("{} prompt tokens", prompt.len());
+    assert_eq!(want.tokens, got.tokens, "{what}: tokens");
+    assert_eq!(want.rec.bytes, got.rec.bytes, "{what}: streamed bytes");
+    assert!(want.logits == got.logits, "{what}: final logits");
+    assert!(want.states == got.states, "{what}: target state");
+    let st = spec.stats();
+    assert!(st.drafted > 0 && st.verify_steps > 0, "{what}: {st:?}");
+    eprintln!("{what}: {st:?}");
+}
+
+/// Verify steps whose drafted rows cross the first ratio-128 boundary
+/// (position 127) and are taken back: a 120-token prompt on the
+/// long-context model, 30 tokens decoded with 4 drafts a step (the random
+/// block's drafts are rejected, so steps at 123..=127 each write row 127's
+/// compression and roll it back), cpu-ref.
+#[test]
+fn ratio_128_boundary_rejections_with_mtp() {
+    let model = long_context_with_mtp("r128");
+    let o = SessionOptions {
+        ctx: 512,
+        ..opts(BackendKind::CpuRef, true)
+    };
+    long_context_equals_plain(&model, o, &tokens(120, 5), 30);
+}
+
+/// A 3,000-token prompt on the long-context model, whose indexer selects
+/// 64 of ~750 compressed rows, then 60 tokens with MTP drafts at every
+/// step, on `backend`.
+fn long_prompt_with_mtp(backend: BackendKind) {
+    let model = long_context_with_mtp(&format!("long-{backend:?}"));
+    let o = SessionOptions {
+        ctx: 4096,
+        prefill_chunk: 256,
+        ..opts(backend, true)
+    };
+    long_context_equals_plain(&model, o, &tokens(3000, 9), 60);
+}
+
+/// cpu-ref and the fast CPU backend (8 s together).
+#[test]
+fn long_prompt_indexer_selects_with_mtp() {
+    long_prompt_with_mtp(BackendKind::CpuRef);
+    long_prompt_with_mtp(BackendKind::Cpu);
+}
+
+/// The same on wgpu (lavapipe here: 7 minutes). Run with
+/// `cargo test --release --test speculate_mtp -- --ignored wgpu_long_prompt`.
+#[test]
+#[ignore]
+fn wgpu_long_prompt_with_mtp() {
+    long_prompt_with_mtp(BackendKind::Wgpu);
 }
 
 /// The lazily caught-up ring (the last window's rows, after any verify

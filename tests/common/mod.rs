@@ -88,7 +88,7 @@ pub fn synthetic_checkpoint(
 
 /// The generated models of the tests, once per build tree (the library's
 /// generator and names, as `ds4-bench --check` uses them).
-fn models() -> &'static ds4::app::selfcheck::models::Models {
+pub fn models() -> &'static ds4::app::selfcheck::models::Models {
     static M: std::sync::OnceLock<ds4::app::selfcheck::models::Models> = std::sync::OnceLock::new();
     M.get_or_init(|| {
         ds4::app::selfcheck::models::Models::new(
