@@ -26,18 +26,12 @@ use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
 
 #[path = "support/mod.rs"]
 mod support;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use support::env_usize;
 
 fn main() {
-    let layers = env("DS4_BENCH_LAYERS", 4);
-    let n_prefill = env("DS4_BENCH_PREFILL", 256);
-    let n_decode = env("DS4_BENCH_DECODE", 16);
+    let layers = env_usize("DS4_BENCH_LAYERS", 4);
+    let n_prefill = env_usize("DS4_BENCH_PREFILL", 256);
+    let n_decode = env_usize("DS4_BENCH_DECODE", 16);
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-models");
     std::fs::create_dir_all(&dir).expect("target/bench-models");
     let path = match std::env::var("DS4_BENCH_MODEL") {

@@ -38,12 +38,9 @@ use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::{write_model, CoreShape, TestModelSpec, Variant, Vocab};
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::env_usize;
 
 fn model_path() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-models");
@@ -118,7 +115,7 @@ fn backends(default_max: usize) -> Result<Vec<BenchBackend>, String> {
 }
 
 fn main() {
-    let max = env("DS4_BENCH_KV_MAX", 8192);
+    let max = env_usize("DS4_BENCH_KV_MAX", 8192);
     let backends = match backends(max) {
         Ok(b) => b,
         Err(e) => {

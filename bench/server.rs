@@ -29,12 +29,9 @@ use ds4::Tokenizer;
 const CTX: usize = 4096;
 const PROMPT: &str = "Explain mmap in two sentences.";
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::env_usize;
 
 fn model_path() -> PathBuf {
     if let Some(p) = std::env::var_os("DS4_BENCH_MODEL") {
@@ -131,8 +128,8 @@ fn http(addr: &str, n: usize, content: &str) -> (f64, f64, String) {
 }
 
 fn main() {
-    let n = env("DS4_BENCH_TOKENS", 128);
-    let runs = env("DS4_BENCH_RUNS", 3);
+    let n = env_usize("DS4_BENCH_TOKENS", 128);
+    let runs = env_usize("DS4_BENCH_RUNS", 3);
     let path = model_path();
     let model = Arc::new(ModelFile::open(&path).expect("model"));
     let tok = Arc::new(Tokenizer::from_gguf(&model.file).expect("tokenizer"));

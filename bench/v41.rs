@@ -44,13 +44,7 @@ use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
 
 #[path = "support/mod.rs"]
 mod support;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use support::env_usize;
 
 const MIB: f64 = (1u64 << 20) as f64;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -137,7 +131,7 @@ fn v4(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) -> 
 }
 
 fn v41(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) -> Figures {
-    let engram_vocab = env("DS4_BENCH_ENGRAM_VOCAB", 50_000) as u64;
+    let engram_vocab = env_usize("DS4_BENCH_ENGRAM_VOCAB", 50_000) as u64;
     let path = dir.join(format!("v41-flash-q2-{layers}l-e{engram_vocab}.gguf"));
     if !path.exists() {
         let spec = V41Spec::flash_bench(layers, engram_vocab);
@@ -178,7 +172,7 @@ fn v41(dir: &Path, layers: usize, n_prefill: usize, n_decode: usize, bw: f64) ->
         b.load_graph(gd.clone()).expect("decode graph"),
     );
     let eg = &cfg.engram;
-    let cache_rows = env("DS4_BENCH_ENGRAM_CACHE", 4096);
+    let cache_rows = env_usize("DS4_BENCH_ENGRAM_CACHE", 4096);
     let mut reader =
         EngramReader::open(m.file.path(), eg, &m.weights, cache_rows).expect("Engram reader");
     let (cols, hdim, slots) = (eg.cols(), eg.head_dim, eg.layer_ids.len());
@@ -296,9 +290,9 @@ fn report(name: &str, f: &Figures, engram_bytes: f64, bw: f64) {
 }
 
 fn main() {
-    let layers = env("DS4_BENCH_LAYERS", 2).max(2);
-    let n_prefill = env("DS4_BENCH_PREFILL", 64);
-    let n_decode = env("DS4_BENCH_DECODE", 16);
+    let layers = env_usize("DS4_BENCH_LAYERS", 2).max(2);
+    let n_prefill = env_usize("DS4_BENCH_PREFILL", 64);
+    let n_decode = env_usize("DS4_BENCH_DECODE", 16);
     let dir = PathBuf::from(
         std::env::var("DS4_BENCH_DIR").unwrap_or_else(|_| "/tmp/ds4-bench-v41".into()),
     );

@@ -30,11 +30,16 @@ pub fn best(reps: usize, mut f: impl FnMut()) -> f64 {
 
 /// `DS4_BENCH_REPS`, or `default` (at least 1).
 pub fn reps(default: usize) -> usize {
-    std::env::var("DS4_BENCH_REPS")
+    env_usize("DS4_BENCH_REPS", default).max(1)
+}
+
+/// The number in environment variable `name` (a bench's knob), or
+/// `default` when it is unset or not a number.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-        .max(1)
 }
 
 /// Wall seconds of `sess`'s prefill of `prompt`, then of `n_decode` greedy
