@@ -113,7 +113,19 @@ pub trait Backend: Send {
 
     /// Reads back the live rows of a value after a step (logits, dumps); i32
     /// values come back as f32 numbers.
-    fn read_value(&self, g: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError>;
+    fn read_value(&self, g: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
+        self.read_value_rows(g, v, 0..usize::MAX)
+    }
+
+    /// Reads back rows `rows` of a value's live rows after a step (clamped
+    /// to them): only those rows cross to the host (the MTP drafter keeps
+    /// the last window's target states of a 2,048-row prefill chunk).
+    fn read_value_rows(
+        &self,
+        g: GraphHandle,
+        v: ValueId,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, BackendError>;
 
     /// Writes the first `data.len()` elements of a value (i32 values given as
     /// f32 numbers), for one-op tests that feed a graph's inputs directly.
@@ -500,4 +512,10 @@ fn fast_cpu(
         ),
     })?;
     Ok(cpu::CpuBackend::fast(file, layout, kernels).with_profile(opts.cpu_profile))
+}
+
+/// `rows` clamped to the `live` rows a value holds after a step.
+pub(crate) fn clamp_rows(rows: Range<usize>, live: usize) -> Range<usize> {
+    let end = rows.end.min(live);
+    rows.start.min(end)..end
 }

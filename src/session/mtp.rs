@@ -146,14 +146,12 @@ impl MtpRunner {
             self.hist.clear();
             self.done = self.done.min(pos0);
         }
-        let rows = backend.read_value(g, v)?;
-        let w = rows.len() / n.max(1);
-        for (i, r) in rows
-            .chunks_exact(w)
-            .enumerate()
-            .skip(n.saturating_sub(self.window))
-        {
-            debug_assert!(i < n);
+        // Only the rows the block can still attend to cross to the host
+        // (a window of a 2,048-row prefill chunk, not the chunk).
+        let kept = n.min(self.window);
+        let rows = backend.read_value_rows(g, v, n - kept..n)?;
+        let w = rows.len() / kept.max(1);
+        for r in rows.chunks_exact(w.max(1)) {
             self.hist.push_back(r.to_vec());
         }
         while self.hist.len() > self.window {

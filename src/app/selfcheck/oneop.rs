@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use super::rng::Rng;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, GraphHandle};
 use crate::gguf::{GgufFile, GgufWriter, TensorRef};
 use crate::graph::ops::Op;
-use crate::graph::{DType, Graph, Recorder, StateId, StateLayout, StepParams, ValueId};
+use crate::graph::{DType, Graph, Recorder, StateId, StateLayout, StepParams, ValueDesc, ValueId};
 use crate::quant::{self, GgmlType};
 
 /// Per-op tolerance of a GPU backend against the CPU twin: |got − want| ≤
@@ -262,15 +262,52 @@ pub fn run_case(case: &Case, b: &mut dyn Backend) -> Result<Results, BackendErro
             n_tokens: n,
         },
     )?;
-    let outs = case
+    let outs: Vec<Vec<f32>> = case
         .outputs
         .iter()
         .map(|&v| b.read_value(h, v))
         .collect::<Result<_, _>>()?;
+    for (&v, whole) in case.outputs.iter().zip(&outs) {
+        check_row_reads(b, h, case.graph.value(v), v, whole)?;
+    }
     let states = (0..case.states.len())
         .map(|i| b.read_state(StateId(i as u32)))
         .collect::<Result<_, _>>()?;
     Ok((outs, states))
+}
+
+/// Rows read alone ([`Backend::read_value_rows`], what the MTP drafter
+/// reads) are the whole read's rows bit for bit: a tail, a middle, a range
+/// past the live rows (clamped) and an empty one.
+fn check_row_reads(
+    b: &dyn Backend,
+    h: GraphHandle,
+    d: &ValueDesc,
+    v: ValueId,
+    whole: &[f32],
+) -> Result<(), BackendError> {
+    let live = whole.len() / d.cols.max(1);
+    for rows in [
+        1.min(live)..live,
+        live / 3..live / 2,
+        live / 2..live + 3,
+        live..live,
+    ] {
+        let got = b.read_value_rows(h, v, rows.clone())?;
+        let end = rows.end.min(live);
+        let want = &whole[rows.start.min(end) * d.cols..end * d.cols];
+        if !got
+            .iter()
+            .map(|x| x.to_bits())
+            .eq(want.iter().map(|x| x.to_bits()))
+        {
+            return Err(BackendError::Value {
+                value: d.name.to_string(),
+                msg: format!("rows {rows:?} read alone differ from the whole read"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Largest |got − want| / (abs + rel·|want|) over every element (> 1

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::ops::Range;
 
 use super::experts::ExpertCache;
-use super::{state_range, Backend, BackendError, GraphHandle, WeightFile};
+use super::{clamp_rows, state_range, Backend, BackendError, GraphHandle, WeightFile};
 use crate::graph::ops::{CpuCx, Op};
 use crate::graph::RowRecord;
 use crate::graph::{plan, DType, Graph, Node, Plan, StateId, StateLayout, StepParams, ValueId};
@@ -313,14 +313,19 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn read_value(&self, h: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
+    fn read_value_rows(
+        &self,
+        h: GraphHandle,
+        v: ValueId,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, BackendError> {
         let g = self
             .graphs
             .get(h.0)
             .ok_or(BackendError::UnknownGraph(h.0))?;
         let d = g.graph.value(v);
-        let rows = d.live_rows(g.n_tokens);
-        let data = &g.get(v)[..rows * d.cols];
+        let rows = clamp_rows(rows, d.live_rows(g.n_tokens));
+        let data = &g.get(v)[rows.start * d.cols..rows.end * d.cols];
         Ok(match d.dtype {
             DType::F32 => data.to_vec(),
             DType::I32 => as_i32(data).iter().map(|&x| x as f32).collect(),

@@ -31,7 +31,9 @@ use cudarc::driver::sys::{self, CUdeviceptr};
 
 pub use device::{list_devices, DeviceInfo};
 
-use super::{state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile};
+use super::{
+    clamp_rows, state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile,
+};
 use crate::graph::{plan, DType, Graph, Segment, StateId, StateLayout, StepParams, ValueId};
 use device::Device;
 use launch::{Launch, THREADS};
@@ -578,13 +580,22 @@ impl Backend for CudaBackend {
         self.reset_set_buffers(set)
     }
 
-    fn read_value(&self, h: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
+    fn read_value_rows(
+        &self,
+        h: GraphHandle,
+        v: ValueId,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, BackendError> {
         self.dev.bind()?;
         let g = self.loaded(h)?;
         let d = g.graph.value(v);
-        let rows = d.live_rows(g.n_tokens);
-        let mut raw = vec![0u32; rows * d.cols];
-        download(g.values[v.0 as usize], bytemuck::cast_slice_mut(&mut raw))?;
+        let rows = clamp_rows(rows, d.live_rows(g.n_tokens));
+        let mut raw = vec![0u32; rows.len() * d.cols];
+        let first = (rows.start * d.cols * 4) as u64;
+        download(
+            g.values[v.0 as usize] + first,
+            bytemuck::cast_slice_mut(&mut raw),
+        )?;
         Ok(match d.dtype {
             DType::F32 => raw.iter().map(|&b| f32::from_bits(b)).collect(),
             DType::I32 => raw.iter().map(|&b| b as i32 as f32).collect(),

@@ -44,7 +44,9 @@ pub use state::GpuState;
 
 use state::{make_states, step_buffer};
 
-use super::{state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile};
+use super::{
+    clamp_rows, state_range, Backend, BackendError, BackendOptions, GraphHandle, WeightFile,
+};
 use crate::graph::{plan, DType, Graph, Segment, StateId, StateLayout, StepParams, ValueId};
 
 /// How many workgroups a dispatch needs for `n` live tokens.
@@ -602,14 +604,21 @@ impl Backend for WgpuBackend {
         Ok(())
     }
 
-    fn read_value(&self, h: GraphHandle, v: ValueId) -> Result<Vec<f32>, BackendError> {
+    fn read_value_rows(
+        &self,
+        h: GraphHandle,
+        v: ValueId,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, BackendError> {
         let g = self.loaded(h)?;
-        if v == g.graph.logits && g.n_tokens > 0 {
-            return Ok(g.logits.clone());
-        }
         let d = g.graph.value(v);
-        let rows = d.live_rows(g.n_tokens);
-        let bytes = self.read_bytes(g.buffer(v), 0, (rows * d.cols * 4) as u64)?;
+        let rows = clamp_rows(rows, d.live_rows(g.n_tokens));
+        let (first, len) = (rows.start * d.cols * 4, rows.len() * d.cols * 4);
+        if v == g.graph.logits && g.n_tokens > 0 {
+            // Read back with the step already.
+            return Ok(g.logits[first / 4..(first + len) / 4].to_vec());
+        }
+        let bytes = self.read_bytes(g.buffer(v), first as u64, len as u64)?;
         Ok(to_f32(d.dtype, &bytes))
     }
 
