@@ -1,7 +1,9 @@
 // Attention with sinks (ops::attention::Attention): for token t at
 // p = pos0 + t, softmax over the raw rows max(0, p-W+1)..=p (ring or this
 // step's kv), the visible compressed rows (all, or the indexer's choice)
-// and the head's sink logit. Two passes like the CPU twin: the maximum
+// and the head's sink logit. With `block` (a DSpark draft block) every row
+// sees the ring's positions max(0, pos0-W)..pos0-1 and all the step's rows.
+// Two passes like the CPU twin: the maximum
 // first, then the weights and the weighted sum.
 // Launch: grid (n_head, max_tokens), 256 threads (8 warps); each warp takes
 // every 8th candidate row; lanes stride the head dims (head_dim <= 512);
@@ -28,7 +30,7 @@ __device__ __forceinline__ const float* att_row(u32 j, u32 n_win, u32 lo, u32 po
 
 extern "C" __global__ void attention(const float* q, const float* kv, const float* ring, const float* comp,
                                      const int* sel, const float* sinks, float* out, u32 window, u32 ratio,
-                                     u32 top_k, u32 n_head, u32 hd, const Step* st) {
+                                     u32 top_k, u32 n_head, u32 hd, u32 block, const Step* st) {
     __shared__ float qs[ATT_MAX_HD];
     __shared__ float part[ATT_WARPS][ATT_MAX_HD];
     __shared__ float wmax[ATT_WARPS], wden[ATT_WARPS];
@@ -42,7 +44,8 @@ extern "C" __global__ void attention(const float* q, const float* kv, const floa
     if (sel) sel += row0 * top_k;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 pos0 = st->pos0, p = pos0 + t;
-    const u32 lo = p + 1 > window ? p + 1 - window : 0, n_win = p + 1 - lo;
+    const u32 lo = block ? (pos0 > window ? pos0 - window : 0) : (p + 1 > window ? p + 1 - window : 0);
+    const u32 n_win = (block ? pos0 + st->n_tokens - 1 : p) + 1 - lo;
     const u32 n_vis = (comp && ratio) ? (p + 1) / ratio : 0;
     const u32 n_comp = comp ? (sel ? top_k : n_vis) : 0;
     const u32 n_rows = n_win + n_comp;

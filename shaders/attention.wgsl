@@ -17,6 +17,12 @@ struct AttnParams {
     scale: f32,
     // Compressed rows per chunk binding (comp0..comp7).
     chunk_rows: u32,
+    // 1: a DSpark draft block, every row sees the ring's last `window`
+    // positions before the step and all the step's rows (no causal mask).
+    block: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: StepUniform;
@@ -64,8 +70,13 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let h = g % nh;
     let p = row_table[t].pos;
     let w = prm.window;
-    let lo = select(0u, p + 1u - w, p + 1u > w);
-    let n_raw = p - lo + 1u;
+    var lo = select(0u, p + 1u - w, p + 1u > w);
+    var hi = p;
+    if (prm.block != 0u) {
+        lo = select(0u, step.pos0 - w, step.pos0 > w);
+        hi = step.pos0 + step.n_tokens - 1u;
+    }
+    let n_raw = hi - lo + 1u;
     var n_vis = 0u;
     var n_comp = 0u;
     if (prm.ratio > 0u) {

@@ -301,6 +301,7 @@ fn attention_per_session() {
             kv,
             ring,
             window,
+            block: false,
             compressed: Some(attention::CompressedRows { rows: comp, ratio }),
             selected: sel,
             top_k,

@@ -215,6 +215,7 @@ fn attention_matches_a_naive_softmax_over_the_visible_rows() {
             kv: ValueId(1),
             ring: StateId(0),
             window: w,
+            block: false,
             compressed: Some(CompressedRows {
                 rows: StateId(1),
                 ratio,
@@ -263,6 +264,63 @@ fn attention_matches_a_naive_softmax_over_the_visible_rows() {
                     assert!(
                         close(got, want[d], 1e-5),
                         "pos {p} head {h} dim {d}: {got} vs {}",
+                        want[d]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A DSpark draft block (`block`): every row sees the ring's last `W`
+/// positions before the step and all the step's rows, later ones included.
+#[test]
+fn block_attention_sees_the_ring_and_the_whole_block() {
+    let mut rng = Rng(43);
+    let (nh, hd, w) = (2usize, 16usize, 8usize);
+    let (file, refs) = weights(&[("sinks", vec![nh as u64], rng.vec(nh))]);
+    let sinks: Vec<f32> = ds4::graph::ops::load_f32(&file, &refs[0]);
+    for (pos0, n_tok) in [(0usize, 4usize), (3, 5), (20, 5), (9, 1)] {
+        let q = rng.vec(n_tok * nh * hd);
+        let kv = rng.vec(n_tok * hd);
+        let ring = rng.vec(w * hd);
+        let op = Attention {
+            q: ValueId(0),
+            kv: ValueId(1),
+            ring: StateId(0),
+            window: w,
+            block: true,
+            compressed: None,
+            selected: None,
+            top_k: 0,
+            sinks: refs[0].clone(),
+            n_head: nh,
+            head_dim: hd,
+            out: ValueId(3),
+        };
+        let mut out = vec![f32::NAN; n_tok * nh * hd];
+        let inp = AttentionInputs {
+            q: &q,
+            kv: &kv,
+            ring: &ring,
+            compressed: None,
+            selected: None,
+        };
+        op.compute(&file, inp, pos0, n_tok, &mut out);
+        // Written out by hand: ring slots of positions pos0-W.., then the block.
+        let mut rows: Vec<Vec<f32>> = (pos0.saturating_sub(w)..pos0)
+            .map(|s| ring[(s % w) * hd..][..hd].to_vec())
+            .collect();
+        assert_eq!(rows.len(), pos0.min(w));
+        rows.extend((0..n_tok).map(|t| kv[t * hd..][..hd].to_vec()));
+        for t in 0..n_tok {
+            for h in 0..nh {
+                let want = naive_attention(&q[(t * nh + h) * hd..][..hd], &rows, sinks[h]);
+                for d in 0..hd {
+                    let got = out[(t * nh + h) * hd + d];
+                    assert!(
+                        close(got, want[d], 1e-5),
+                        "pos0 {pos0} row {t} head {h} dim {d}: {got} vs {}",
                         want[d]
                     );
                 }

@@ -19,8 +19,8 @@ use ds4::generate::{self, Finish, Observer, Sampled, Step};
 use ds4::model::forward::Numerics;
 use ds4::model::{AnyModel, ModelFile};
 use ds4::sampler::{Rng, SamplerConfig};
-use ds4::session::{Session, SessionError, SessionOptions};
-use ds4::speculate::mtp::MtpDrafter;
+use ds4::session::{DraftModel, Session, SessionError, SessionOptions};
+use ds4::speculate::draft_model::ModelDrafter;
 use ds4::speculate::{Policy, Speculator};
 use ds4::testmodel::{write_mtp, TestModelSpec, Variant};
 use ds4::tokenizer::Tokenizer;
@@ -66,7 +66,11 @@ fn opts(backend: BackendKind, mtp: bool) -> SessionOptions {
         numerics: Numerics::Model,
         backend,
         backend_options: BackendOptions::from_env(),
-        mtp,
+        drafter: if mtp {
+            DraftModel::Mtp
+        } else {
+            DraftModel::None
+        },
         ..Default::default()
     }
 }
@@ -150,7 +154,7 @@ fn mtp_equals_plain(backend: BackendKind, variant: Variant) {
     let n_target = plain_layout.read_states().unwrap().len();
     drop(plain_layout);
     let mut s = Session::open_any(&model, opts(backend, true)).unwrap();
-    assert!(s.has_mtp());
+    assert!(s.has_draft_model());
     let prompt = tokens(40, 11);
     for temperature in [0.0, 0.8] {
         let plain = run(&mut s, &tok, &prompt, temperature, None, n_target);
@@ -160,7 +164,7 @@ fn mtp_equals_plain(backend: BackendKind, variant: Variant) {
             } else {
                 Policy::new(4)
             };
-            let mut spec = Speculator::new(Box::new(MtpDrafter), policy);
+            let mut spec = Speculator::new(Box::new(ModelDrafter::MTP), policy);
             let got = run(
                 &mut s,
                 &tok,
@@ -219,7 +223,7 @@ fn fast_cpu_mtp_with_ssd_streaming_equals_plain() {
     let mut o = opts(BackendKind::Cpu, true);
     o.backend_options = streaming(hardest, &o.backend_options);
     let mut s = Session::open_any(&model, o).unwrap();
-    let mut spec = Speculator::new(Box::new(MtpDrafter), Policy::fixed(4, 4));
+    let mut spec = Speculator::new(Box::new(ModelDrafter::MTP), Policy::fixed(4, 4));
     let got = run(&mut s, &tok, &prompt, 0.0, Some(&mut spec), n_target);
     assert_eq!(want.tokens, got.tokens, "tokens");
     assert_eq!(want.rec.bytes, got.rec.bytes, "streamed bytes");
@@ -246,7 +250,7 @@ fn fast_cpu_mtp_with_ssd_streaming_equals_plain() {
 fn long_context_equals_plain(model: &AnyModel, o: SessionOptions, prompt: &[u32], n: usize) {
     let tok = Tokenizer::from_gguf(model.file()).unwrap();
     let plain_opts = SessionOptions {
-        mtp: false,
+        drafter: DraftModel::None,
         ..o.clone()
     };
     let mut plain = Session::open_any(model, plain_opts).unwrap();
@@ -254,7 +258,7 @@ fn long_context_equals_plain(model: &AnyModel, o: SessionOptions, prompt: &[u32]
     let want = run_n(&mut plain, &tok, prompt, n, 0.0, None, n_target);
     drop(plain);
     let mut s = Session::open_any(model, o).unwrap();
-    let mut spec = Speculator::new(Box::new(MtpDrafter), Policy::fixed(4, 4));
+    let mut spec = Speculator::new(Box::new(ModelDrafter::MTP), Policy::fixed(4, 4));
     let got = run_n(&mut s, &tok, prompt, n, 0.0, Some(&mut spec), n_target);
     let what = format!("{} prompt tokens", prompt.len());
     assert_eq!(want.tokens, got.tokens, "{what}: tokens");
@@ -324,19 +328,19 @@ fn lazy_ring_equals_every_position() {
     // Before any target step after a reset there is nothing to draft from.
     let mut fresh = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
     assert!(matches!(
-        fresh.mtp_logits(1),
+        fresh.draft_logits(1),
         Err(SessionError::Speculation(_))
     ));
     for i in 0..50 {
         let t = common::argmax(every.logits());
         // Drafts of 3 past the target write ring slots that must come back.
-        every.mtp_draft(t, 3).unwrap();
+        every.model_draft(t, 3).unwrap();
         every.eval(t).unwrap();
         once.eval(t).unwrap();
         if i % 7 == 6 {
             let next = common::argmax(every.logits());
-            let a = every.mtp_logits(next).unwrap();
-            let b = once.mtp_logits(next).unwrap();
+            let a = every.draft_logits(next).unwrap();
+            let b = once.draft_logits(next).unwrap();
             assert!(a == b, "after {} tokens: {}", i + 1, max_abs_diff(&a, &b));
         }
     }
@@ -351,7 +355,7 @@ fn backends_agree_on_mtp_logits() {
     let reference = {
         let mut s = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
         s.sync(&prompt, &mut |_, _| {}).unwrap();
-        s.mtp_logits(7).unwrap()
+        s.draft_logits(7).unwrap()
     };
     for backend in [BackendKind::Cpu, BackendKind::Wgpu] {
         let mut s = match Session::open_any(&model, opts(backend, true)) {
@@ -363,7 +367,7 @@ fn backends_agree_on_mtp_logits() {
             Err(e) => panic!("{e}"),
         };
         s.sync(&prompt, &mut |_, _| {}).unwrap();
-        let got = s.mtp_logits(7).unwrap();
+        let got = s.draft_logits(7).unwrap();
         let d = max_abs_diff(&reference, &got);
         // The fast CPU backend quantises activations to 8 bits before its
         // products (docs/NUMERICS.md); wgpu computes in f32 like cpu-ref.
@@ -437,10 +441,10 @@ fn cuda_mtp_logits_and_exactness() {
     let prompt = tokens(20, 3);
     let mut r = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
     r.sync(&prompt, &mut |_, _| {}).unwrap();
-    let reference = r.mtp_logits(7).unwrap();
+    let reference = r.draft_logits(7).unwrap();
     let mut s = Session::open_any(&model, opts(BackendKind::Cuda, true)).unwrap();
     s.sync(&prompt, &mut |_, _| {}).unwrap();
-    let d = max_abs_diff(&reference, &s.mtp_logits(7).unwrap());
+    let d = max_abs_diff(&reference, &s.draft_logits(7).unwrap());
     assert!(d < 1e-4, "max |Δlogit| {d}");
 
     let tok = Tokenizer::from_gguf(model.file()).unwrap();
@@ -463,7 +467,7 @@ fn cuda_mtp_logits_and_exactness() {
         (out.tokens, s.logits().to_vec(), states)
     };
     let plain = short(&mut s, None);
-    let mut spec = Speculator::new(Box::new(MtpDrafter), Policy::fixed(3, 3));
+    let mut spec = Speculator::new(Box::new(ModelDrafter::MTP), Policy::fixed(3, 3));
     let got = short(&mut s, Some(&mut spec));
     assert!(
         plain == got,
@@ -555,7 +559,7 @@ fn mtp_matches_reference() {
         let p = cp["position"].as_u64().unwrap() as usize;
         s.reset();
         s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
-        let logits = s.mtp_logits(ids[p + 1]).unwrap();
+        let logits = s.draft_logits(ids[p + 1]).unwrap();
         let lse = {
             let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
             m + logits

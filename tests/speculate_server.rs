@@ -36,13 +36,13 @@ fn mtp_server() -> Arc<State> {
         Arc::new(m),
         ds4::session::SessionOptions {
             ctx: CTX,
-            mtp: true,
+            drafter: ds4::session::DraftModel::Mtp,
             ..Default::default()
         },
     )
     .unwrap();
     let spec = Speculator::new(
-        Box::new(ds4::speculate::mtp::MtpDrafter),
+        Box::new(ds4::speculate::draft_model::ModelDrafter::MTP),
         Policy::fixed(3, 3),
     );
     let (queue, metrics, _tok) =

@@ -7,42 +7,58 @@ use std::sync::Arc;
 
 use crate::app::flags::SpecChoice;
 use crate::model::{AnyModel, ModelFile};
+use crate::session::DraftModel;
+use crate::speculate::draft_model::ModelDrafter;
 use crate::speculate::lookup::PromptLookup;
-use crate::speculate::mtp::MtpDrafter;
 use crate::speculate::{Drafter, Policy, SpecKind, SpecStats, Speculator};
 
-/// Opens the model at `path` with what `choice` drafts from: with `--mtp`,
-/// the MTP file attached (every tensor checked against the model's shapes,
-/// a mismatch named). Errors name the file.
+/// Opens the model at `path` with what `choice` drafts from: with `--mtp`
+/// or `--dspark`, the drafter's file attached (its keys and every tensor
+/// checked against the model, a mismatch named). Errors name the file.
 pub fn open_model(path: &Path, choice: &SpecChoice) -> Result<AnyModel, String> {
     let at = |p: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", p.display());
     let model = AnyModel::open(path).map_err(|e| at(path, &e))?;
-    if choice.kind != SpecKind::Mtp {
-        return Ok(model);
-    }
+    let flag = match choice.kind {
+        SpecKind::Mtp => "--mtp",
+        SpecKind::Dspark => "--dspark",
+        _ => return Ok(model),
+    };
     let file = choice
         .drafter_file
         .as_deref()
-        .ok_or("--mtp needs the drafter's GGUF: --mtp-model FILE")?;
+        .ok_or_else(|| format!("{flag} needs the drafter's GGUF: --mtp-model FILE"))?;
     match model {
-        AnyModel::V41(_) => Err(format!(
+        AnyModel::V41(_) if choice.kind == SpecKind::Mtp => Err(format!(
             "--mtp: {} is a DeepSeek V4.1 model, which has no MTP block (its drafter is DSpark)",
+            path.display()
+        )),
+        AnyModel::V41(_) => Err(format!(
+            "--dspark: {} is a DeepSeek V4.1 model; V4.1's DSpark drafter is not built yet \
+             (V4's is; docs/SPECULATIVE.md)",
             path.display()
         )),
         AnyModel::V4(m) => {
             drop(m);
             let mut m = ModelFile::open(path).map_err(|e| at(path, &e))?;
-            m.attach_mtp(file)
-                .map_err(|e| format!("--mtp-model {}: {e}", file.display()))?;
+            let r = if choice.kind == SpecKind::Mtp {
+                m.attach_mtp(file)
+            } else {
+                m.attach_dspark(file)
+            };
+            r.map_err(|e| format!("--mtp-model {}: {e}", file.display()))?;
             Ok(AnyModel::V4(Arc::new(m)))
         }
     }
 }
 
-/// Whether sessions must be opened with the MTP block
-/// ([`crate::session::SessionOptions::mtp`]).
-pub fn session_mtp(choice: &SpecChoice) -> bool {
-    choice.kind == SpecKind::Mtp
+/// The draft model sessions must be opened with
+/// ([`crate::session::SessionOptions::drafter`]).
+pub fn session_drafter(choice: &SpecChoice) -> DraftModel {
+    match choice.kind {
+        SpecKind::Mtp => DraftModel::Mtp,
+        SpecKind::Dspark => DraftModel::Dspark,
+        _ => DraftModel::None,
+    }
 }
 
 /// The speculator `choice` asks for on `model` (`None`: off); a drafter
@@ -52,16 +68,13 @@ pub fn speculator(choice: &SpecChoice, model: &AnyModel) -> Result<Option<Specul
         SpecKind::Off => return Ok(None),
         SpecKind::Lookup => Box::new(PromptLookup::new()),
         SpecKind::Mtp => match model {
-            AnyModel::V4(m) if m.mtp.is_some() => Box::new(MtpDrafter),
+            AnyModel::V4(m) if m.mtp.is_some() => Box::new(ModelDrafter::MTP),
             _ => return Err("--mtp: the model was opened without its MTP file".into()),
         },
-        SpecKind::Dspark => {
-            return Err(format!(
-                "--{}: this build has no {} drafter yet (use --spec lookup)",
-                choice.kind.name(),
-                choice.kind.name()
-            ));
-        }
+        SpecKind::Dspark => match model {
+            AnyModel::V4(m) if m.dspark.is_some() => Box::new(ModelDrafter::DSPARK),
+            _ => return Err("--dspark: the model was opened without its DSpark file".into()),
+        },
     };
     let policy = if choice.fixed {
         Policy::fixed(choice.max_draft, choice.max_draft)

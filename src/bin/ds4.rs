@@ -240,7 +240,7 @@ fn run(a: Args) -> Result<(), String> {
         backend: c.backend,
         backend_options: bo.clone(),
         dump,
-        mtp: ds4::app::spec::session_mtp(&spec),
+        drafter: ds4::app::spec::session_drafter(&spec),
         ..Default::default()
     };
     let sess = open_session(&model, opts(a.ctx, c.dumps.clone()), a.ctx)?;

@@ -382,14 +382,14 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
         numerics,
         backend,
         backend_options,
-        mtp: ds4::app::spec::session_mtp(&spec_choice),
+        drafter: ds4::app::spec::session_drafter(&spec_choice),
         ..SessionOptions::default()
     };
     let slots = slot_count(&a)?;
     let scratch_opts = SessionOptions {
         backend: BackendKind::CpuRef,
         backend_options: BackendOptions::default(),
-        mtp: false,
+        drafter: ds4::session::DraftModel::None,
         ..opts.clone()
     };
     let engine = open_engine(&a, &any, opts, slots, &path, threads)?;

@@ -149,6 +149,7 @@ pub(crate) fn attn_options(numerics: Numerics) -> AttnOptions {
             KvRounding::None
         },
         act_fp8: false,
+        draft_block: false,
     }
 }
 
@@ -164,9 +165,23 @@ pub(crate) fn block(
     numerics: Numerics,
     state: ValueId,
 ) -> ValueId {
+    block_with(b, l, lw, st, numerics, attn_options(numerics), state)
+}
+
+/// [`block`] with the attention options given (a DSpark stage's draft
+/// block: [`AttnOptions::draft_block`]).
+pub(crate) fn block_with(
+    b: &mut Builder,
+    l: usize,
+    lw: &LayerWeights,
+    st: &LayerState,
+    numerics: Numerics,
+    attn: AttnOptions,
+    state: ValueId,
+) -> ValueId {
     let m = b.hc_mixes("attn", state, &lw.hc_attn);
     let x = b.hc_collapse("attn_in", state, m.pre); // D
-    let y = b.attention(l, &lw.attn, st.ring, attn_options(numerics), x, |b, p| {
+    let y = b.attention(l, &lw.attn, st.ring, attn, x, |b, p| {
         sparse(b, l, lw, st, numerics, p)
     });
     let state = b.hc_expand("attn", state, y, &m);

@@ -25,6 +25,9 @@ pub struct ModelFile {
     /// The MTP draft block (`--mtp-model FILE`), bound at its offsets in
     /// `file` ([`ModelFile::attach_mtp`]).
     pub mtp: Option<MtpWeights>,
+    /// The DSpark drafter (`--dspark --mtp-model FILE`), bound at its
+    /// offsets in `file` ([`ModelFile::attach_dspark`]).
+    pub dspark: Option<dspark::DsparkWeights>,
 }
 
 impl ModelFile {
@@ -38,6 +41,7 @@ impl ModelFile {
             config,
             weights,
             mtp: None,
+            dspark: None,
         })
     }
 
@@ -55,6 +59,23 @@ impl ModelFile {
         let mtp = MtpWeights::bind(&f, &self.config, base)?;
         self.file.attach(f);
         self.mtp = Some(mtp);
+        Ok(())
+    }
+
+    /// Opens a DSpark drafter GGUF (`deepseek4-dspark`, docs/SPECULATIVE.md),
+    /// checks its keys and every tensor against this model and attaches it
+    /// like the MTP file.
+    pub fn attach_dspark(&mut self, path: impl AsRef<Path>) -> Result<(), ModelError> {
+        if self.dspark.is_some() || self.mtp.is_some() {
+            return Err(ModelError::Inconsistent(
+                "a drafter file is already attached".into(),
+            ));
+        }
+        let f = GgufFile::open(path)?;
+        let base = self.file.next_support_base();
+        let ds = dspark::DsparkWeights::bind(&f, &self.config, base)?;
+        self.file.attach(f);
+        self.dspark = Some(ds);
         Ok(())
     }
     /// Reads every page of the weights once so the first tokens do not pay
@@ -76,6 +97,7 @@ impl ModelFile {
 
 pub mod arch;
 pub(crate) mod block;
+pub mod dspark;
 pub mod forward;
 pub mod logits;
 pub mod mtp;

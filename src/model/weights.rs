@@ -541,7 +541,7 @@ fn bind_compressor(
     })
 }
 
-fn bind_layer(
+pub(crate) fn bind_layer(
     b: &Binder<'_>,
     cfg: &ModelConfig,
     p: &str,

@@ -4,6 +4,8 @@
 //! ds4's session payload layout (KVCACHE.md §4.3).
 
 mod batch;
+mod draft;
+mod dspark;
 mod mtp;
 mod net;
 mod snapshot;
@@ -24,6 +26,7 @@ use crate::model::v41::engram_reader::EngramStats;
 use crate::model::ModelFile;
 
 pub use batch::{Batch, SlotWork};
+pub use draft::DraftModel;
 pub use snapshot::{SNAPSHOT_MAGIC, V41_SNAPSHOT_MAGIC};
 pub use speculate::{Verified, MAX_VERIFY_ROWS};
 pub use v41::DEFAULT_ENGRAM_CACHE_ROWS;
@@ -72,10 +75,10 @@ pub struct SessionOptions {
     /// V4.1: hot Engram rows the session's reader keeps
     /// ([`DEFAULT_ENGRAM_CACHE_ROWS`]); ignored for V4.
     pub engram_cache_rows: usize,
-    /// Draft with the model's MTP block (`--mtp`; V4 with an MTP file
-    /// attached): the session keeps its ring and what it drafts from
-    /// ([`Session::mtp_draft`]).
-    pub mtp: bool,
+    /// The draft model the session runs beside the target (`--mtp`,
+    /// `--dspark`; V4 with the drafter's file attached): the session keeps
+    /// its rings and what it drafts from ([`Session::model_draft`]).
+    pub drafter: DraftModel,
 }
 
 impl Default for SessionOptions {
@@ -88,7 +91,7 @@ impl Default for SessionOptions {
             backend_options: BackendOptions::default(),
             dump: Vec::new(),
             engram_cache_rows: DEFAULT_ENGRAM_CACHE_ROWS,
-            mtp: false,
+            drafter: DraftModel::None,
         }
     }
 }
@@ -101,11 +104,17 @@ fn open_net(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn net::Net>
             m.clone(),
             opts.ctx,
             opts.numerics,
-            opts.mtp,
+            opts.drafter,
         )?),
-        AnyModel::V41(_) if opts.mtp => {
+        AnyModel::V41(_) if opts.drafter == DraftModel::Mtp => {
             return Err(SessionError::Speculation(
                 "--mtp: V4.1 has no MTP block (its drafter is DSpark)".into(),
+            ))
+        }
+        AnyModel::V41(_) if opts.drafter == DraftModel::Dspark => {
+            return Err(SessionError::Speculation(
+                "--dspark: V4.1's DSpark drafter is not built yet (V4's is; docs/SPECULATIVE.md)"
+                    .into(),
             ))
         }
         AnyModel::V41(m) => Box::new(v41::V41Net::open(
@@ -117,11 +126,11 @@ fn open_net(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn net::Net>
     })
 }
 
-/// What every target graph keeps readable: the `--dump` values and, with
-/// MTP, the final state the block drafts from.
-fn keep_values(dump: &[ValueName], mtp: Option<&mtp::MtpRunner>) -> Vec<ValueName> {
+/// What every target graph keeps readable: the `--dump` values and what
+/// the draft model drafts from.
+fn keep_values(dump: &[ValueName], drafter: Option<&dyn draft::DraftRunner>) -> Vec<ValueName> {
     let mut keep = dump.to_vec();
-    keep.extend(mtp.map(|m| m.target().clone()));
+    keep.extend(drafter.map(|m| m.targets()).unwrap_or_default());
     keep
 }
 
@@ -144,8 +153,8 @@ pub struct Session {
     scoring: Option<GraphHandle>,
     /// The speculative verify graph and its undo plan, built on first use.
     verifier: Option<speculate::Verifier>,
-    /// The MTP block, when the session drafts with it (`opts.mtp`).
-    mtp: Option<Box<mtp::MtpRunner>>,
+    /// The draft model, when the session runs one (`opts.drafter`).
+    drafter: Option<Box<dyn draft::DraftRunner>>,
     last: GraphHandle,
     /// The recorded graphs with the handles the backend gave them.
     graphs: Vec<(GraphHandle, Arc<Graph>)>,
@@ -188,13 +197,8 @@ impl Session {
             &opts.backend_options,
         )?;
         let mut backend = opened.backend;
-        let mtp = mtp::MtpRunner::open(
-            net.as_ref(),
-            backend.as_mut(),
-            model.config().sliding_window,
-        )?
-        .map(Box::new);
-        let keep = keep_values(&opts.dump, mtp.as_deref());
+        let drafter = net.open_drafter(backend.as_mut())?;
+        let keep = keep_values(&opts.dump, drafter.as_deref());
         let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
         let mut graphs = Vec::new();
         let mut load =
@@ -227,7 +231,7 @@ impl Session {
             prefill,
             scoring: None,
             verifier: None,
-            mtp,
+            drafter,
             last: decode,
             graphs,
             backend_notice: opened.notice,
@@ -306,7 +310,7 @@ impl Session {
 
     pub fn reset(&mut self) {
         self.net.reset();
-        if let Some(m) = self.mtp.as_mut() {
+        if let Some(m) = self.drafter.as_mut() {
             m.clear();
         }
         self.backend.reset_states();
@@ -435,7 +439,7 @@ impl Session {
             self.reset();
             return Err(e.into());
         }
-        if let Some(m) = self.mtp.as_mut() {
+        if let Some(m) = self.drafter.as_mut() {
             if let Err(e) = m.record(self.backend.as_ref(), g, &graph, params.pos0, tokens.len()) {
                 self.reset();
                 return Err(e);
@@ -511,7 +515,7 @@ impl Session {
 
     /// What every target graph keeps readable ([`keep_values`]).
     fn keep_values(&self) -> Vec<ValueName> {
-        keep_values(&self.opts.dump, self.mtp.as_deref())
+        keep_values(&self.opts.dump, self.drafter.as_deref())
     }
 
     /// Reads back a named value (`NAME@LAYER`) of the last step, all live rows.

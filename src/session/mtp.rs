@@ -26,7 +26,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::{Session, SessionError};
+use super::draft::DraftRunner;
+use super::SessionError;
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, StateId, StepParams, ValueId, ValueName};
 use crate::model::mtp::MtpGraph;
@@ -96,22 +97,19 @@ pub(super) struct MtpRunner {
 }
 
 impl MtpRunner {
-    /// The runner of a net that drafts with MTP (`None` when it does not).
+    /// The runner of the MTP block's two graphs (`head`: with the draft
+    /// logits; `ring_only`: catching up), drafting from the target's
+    /// value `target`.
     pub fn open(
-        net: &dyn super::net::Net,
         backend: &mut dyn Backend,
+        target: ValueName,
+        head: MtpGraph,
+        ring_only: MtpGraph,
         window: usize,
-    ) -> Result<Option<MtpRunner>, SessionError> {
-        let (Some(target), Some(h), Some(r)) = (
-            net.target_state(),
-            net.record_mtp(true),
-            net.record_mtp(false),
-        ) else {
-            return Ok(None);
-        };
-        let (head, ring) = Step::load(backend, h)?;
-        let (ring_only, _) = Step::load(backend, r)?;
-        Ok(Some(MtpRunner {
+    ) -> Result<MtpRunner, SessionError> {
+        let (head, ring) = Step::load(backend, head)?;
+        let (ring_only, _) = Step::load(backend, ring_only)?;
+        Ok(MtpRunner {
             head,
             ring_only,
             ring,
@@ -120,17 +118,18 @@ impl MtpRunner {
             hist: VecDeque::new(),
             hist_end: 0,
             done: 0,
-        }))
+        })
     }
+}
 
-    /// The value every target graph keeps readable.
-    pub fn target(&self) -> &ValueName {
-        &self.target
+impl DraftRunner for MtpRunner {
+    fn targets(&self) -> Vec<ValueName> {
+        vec![self.target.clone()]
     }
 
     /// After a target step of graph `g` over positions `pos0 .. pos0 + n`:
     /// keeps the final states of its last rows (up to the window).
-    pub fn record(
+    fn record(
         &mut self,
         backend: &dyn Backend,
         g: GraphHandle,
@@ -162,7 +161,7 @@ impl MtpRunner {
     }
 
     /// The session now holds `len` tokens (a verify step took rows back).
-    pub fn truncate(&mut self, len: usize) {
+    fn truncate(&mut self, len: usize) {
         if len < self.hist_end {
             let drop = (self.hist_end - len).min(self.hist.len());
             self.hist.truncate(self.hist.len() - drop);
@@ -172,7 +171,7 @@ impl MtpRunner {
     }
 
     /// An empty sequence.
-    pub fn clear(&mut self) {
+    fn clear(&mut self) {
         self.hist.clear();
         self.hist_end = 0;
         self.done = 0;
@@ -243,41 +242,8 @@ impl MtpRunner {
         }
         r.map(|()| drafts)
     }
-}
 
-impl Session {
-    /// Whether this session drafts with the model's MTP block
-    /// ([`crate::session::SessionOptions::mtp`]).
-    pub fn has_mtp(&self) -> bool {
-        self.mtp.is_some()
-    }
-
-    /// Up to `k` tokens the MTP block proposes after the session's tokens
-    /// and `next` (picked, not yet evaluated); none when it has nothing to
-    /// draft from yet (after a snapshot was loaded, until a step runs).
-    pub fn mtp_draft(&mut self, next: u32, k: usize) -> Result<Vec<u32>, SessionError> {
-        let Some(m) = self.mtp.as_mut() else {
-            return Err(SessionError::Speculation(
-                "this session was opened without the MTP block (--mtp)".into(),
-            ));
-        };
-        let r = m.draft(self.backend.as_mut(), &self.tokens, next, k);
-        if r.is_err() {
-            // The block's ring is undefined after a failed step.
-            m.clear();
-        }
-        r
-    }
-
-    /// The MTP block's logits for the token after `next` (what its first
-    /// draft is the argmax of): for validation against a reference.
-    pub fn mtp_logits(&mut self, next: u32) -> Result<Vec<f32>, SessionError> {
-        if self.mtp_draft(next, 1)?.is_empty() {
-            return Err(SessionError::Speculation(
-                "the MTP block has no target state to draft from yet".into(),
-            ));
-        }
-        let m = self.mtp.as_ref().expect("drafted above");
-        Ok(self.backend.read_value(m.head.handle, m.head.logits)?)
+    fn first_logits(&self, backend: &dyn Backend) -> Result<Vec<f32>, SessionError> {
+        Ok(backend.read_value(self.head.handle, self.head.logits)?)
     }
 }

@@ -7,9 +7,9 @@
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, StateLayout, ValueName};
 use crate::model::logits::Logits;
-use crate::model::mtp::MtpGraph;
 use crate::model::v41::engram_reader::EngramStats;
 
+use super::draft::DraftRunner;
 use super::SessionError;
 
 /// A model family's graphs, state and snapshot payload for one session (or
@@ -48,16 +48,13 @@ pub(crate) trait Net: Send {
     /// resets).
     fn load(&mut self, at: Loading<'_>) -> Result<(Vec<u32>, Vec<f32>), SessionError>;
 
-    /// The value of the target's final n·D state a session keeps readable
-    /// when it drafts with the MTP block (V4 with `--mtp`); `None` else.
-    fn target_state(&self) -> Option<ValueName> {
-        None
-    }
-
-    /// The MTP block's one-token step (`head`: with its draft logits), when
-    /// the session drafts with it.
-    fn record_mtp(&self, _head: bool) -> Option<MtpGraph> {
-        None
+    /// The draft model's runner, with its graphs loaded on `backend`, when
+    /// the session runs one (V4 with `--mtp` or `--dspark`).
+    fn open_drafter(
+        &self,
+        _backend: &mut dyn Backend,
+    ) -> Result<Option<Box<dyn DraftRunner>>, SessionError> {
+        Ok(None)
     }
 
     /// Forgets host-side state for an empty sequence.

@@ -396,7 +396,7 @@ impl Session {
                 return Err(e);
             }
             self.tokens.truncate(pos0 + keep);
-            if let Some(m) = self.mtp.as_mut() {
+            if let Some(m) = self.drafter.as_mut() {
                 m.truncate(pos0 + keep);
             }
             self.logits = all[(keep - 1) * vocab..keep * vocab].to_vec();

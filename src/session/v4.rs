@@ -6,17 +6,20 @@
 
 use std::sync::Arc;
 
+use super::draft::{DraftModel, DraftRunner};
+use super::dspark::DsparkRunner;
+use super::mtp::MtpRunner;
 use super::net::{Loading, Net, Saving};
 use super::snapshot::{
     begin_payload, check_fits, put_f32s, put_u32, put_whole_state, Reader, SNAPSHOT_MAGIC,
 };
 use super::SessionError;
-use crate::backend::state_desc;
+use crate::backend::{state_desc, Backend};
 use crate::graph::{Graph, StateId, StateLayout, ValueName};
 use crate::model::forward::{self, ForwardOptions, Numerics};
 use crate::model::logits::Logits;
-use crate::model::mtp::{self, MtpGraph};
 use crate::model::state::KvLayout;
+use crate::model::{dspark, mtp};
 use crate::model::{AttentionKind, ModelFile};
 
 const VERSION: u32 = 1;
@@ -28,18 +31,19 @@ pub(crate) struct V4Net {
     model: Arc<ModelFile>,
     kv: KvLayout,
     numerics: Numerics,
-    /// The MTP block's ring, when the session drafts with it.
-    mtp_ring: Option<StateId>,
+    drafter: DraftModel,
+    /// The draft model's window rings (MTP: one; DSpark: one per stage).
+    draft_rings: Vec<StateId>,
 }
 
 impl V4Net {
-    /// `mtp`: with the MTP block's state and graphs (the model must have
-    /// its MTP file attached).
+    /// `drafter`: with the draft model's state and graphs (the model must
+    /// have the drafter's file attached).
     pub fn open(
         model: Arc<ModelFile>,
         ctx: usize,
         numerics: Numerics,
-        mtp: bool,
+        drafter: DraftModel,
     ) -> Result<V4Net, SessionError> {
         let cfg = &model.config;
         model.weights.check_tables(&model.file, cfg)?;
@@ -47,19 +51,30 @@ impl V4Net {
         if numerics == Numerics::Model {
             kv.mark_f16_rows();
         }
-        let mtp_ring = match (mtp, &model.mtp) {
-            (false, _) => None,
-            (true, None) => {
+        let n_rings = match drafter {
+            DraftModel::None => 0,
+            DraftModel::Mtp if model.mtp.is_some() => 1,
+            DraftModel::Dspark => match &model.dspark {
+                Some(ds) => ds.config.n_stages,
+                None => {
+                    return Err(SessionError::Speculation(
+                        "--dspark needs the DSpark file: --mtp-model FILE".into(),
+                    ))
+                }
+            },
+            DraftModel::Mtp => {
                 return Err(SessionError::Speculation(
                     "--mtp needs the MTP file: --mtp-model FILE".into(),
                 ))
             }
-            (true, Some(_)) => {
-                // After every layer's state: snapshots, which walk the
-                // layers, never see it.
+        };
+        // After every layer's state: snapshots, which walk the layers,
+        // never see them.
+        let draft_rings = (0..n_rings)
+            .map(|k| {
                 let ring = kv.layout.add(
                     "kv_ring",
-                    Some(cfg.n_layer),
+                    Some(cfg.n_layer + k),
                     cfg.sliding_window,
                     cfg.head_dim,
                     0.0,
@@ -67,14 +82,15 @@ impl V4Net {
                 if numerics == Numerics::Model {
                     kv.layout.mark_f16_values(ring);
                 }
-                Some(ring)
-            }
-        };
+                ring
+            })
+            .collect();
         Ok(V4Net {
             model,
             kv,
             numerics,
-            mtp_ring,
+            drafter,
+            draft_rings,
         })
     }
 }
@@ -103,21 +119,29 @@ impl Net for V4Net {
         None
     }
 
-    fn target_state(&self) -> Option<ValueName> {
-        self.mtp_ring
-            .map(|_| forward::final_state(&self.model.config))
-    }
-
-    fn record_mtp(&self, head: bool) -> Option<MtpGraph> {
-        let (ring, mtp) = (self.mtp_ring?, self.model.mtp.as_ref()?);
-        Some(mtp::record(
-            &self.model.config,
-            &self.model.weights,
-            mtp,
-            ring,
-            self.numerics,
-            head,
-        ))
+    fn open_drafter(
+        &self,
+        backend: &mut dyn Backend,
+    ) -> Result<Option<Box<dyn DraftRunner>>, SessionError> {
+        let (m, cfg) = (&self.model, &self.model.config);
+        let window = cfg.sliding_window;
+        Ok(match (self.drafter, &m.mtp, &m.dspark) {
+            (DraftModel::Mtp, Some(mtp), _) => {
+                let ring = self.draft_rings[0];
+                let graph = |head| mtp::record(cfg, &m.weights, mtp, ring, self.numerics, head);
+                let target = forward::final_state(cfg);
+                let r = MtpRunner::open(backend, target, graph(true), graph(false), window)?;
+                Some(Box::new(r))
+            }
+            (DraftModel::Dspark, _, Some(ds)) => {
+                let rings = &self.draft_rings;
+                let seed = dspark::record_seed(cfg, ds, rings, self.numerics, window);
+                let draft = dspark::record_draft(cfg, &m.weights, ds, rings, self.numerics);
+                let r = DsparkRunner::open(backend, &m.file, cfg, ds, seed, draft)?;
+                Some(Box::new(r))
+            }
+            _ => None,
+        })
     }
 
     /// ds4's session payload (KVCACHE.md §4.3) of state set `set`.

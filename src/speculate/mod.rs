@@ -5,7 +5,7 @@
 //! more than it gains.
 //!
 //! * [`Drafter`]: proposes tokens after a context. [`lookup::PromptLookup`]
-//!   needs no model; [`mtp::MtpDrafter`] runs V4 Flash's MTP block on the
+//!   needs no model; [`draft_model::ModelDrafter`] runs V4 Flash's MTP block or DSpark on the
 //!   session's backend; [`synthetic`] holds the test drafters (the known
 //!   continuation, wrong tokens, a set acceptance rate).
 //! * [`policy::Policy`]: measured step costs by row count and a running
@@ -17,8 +17,8 @@
 //!   generation loop (`generate::generate_with`).
 
 pub mod accept;
+pub mod draft_model;
 pub mod lookup;
-pub mod mtp;
 pub mod policy;
 pub mod synthetic;
 

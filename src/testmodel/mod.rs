@@ -7,6 +7,7 @@
 //! The same layout code writes the full-shape Flash file whose data region is
 //! a hole ([`write_sparse_flash`]), which tests loading at real scale.
 
+pub mod dspark;
 mod rng;
 mod tensors;
 pub mod v41;
@@ -289,7 +290,7 @@ impl Variant {
 /// One V4 block (`p` = `blk.L.` or `mtp.0.`): the shared parts, V4's own
 /// compressors (CSA: overlapped, with the indexer's) and the hash table or
 /// router bias.
-fn plan_block(
+pub(crate) fn plan_block(
     s: &TestModelSpec,
     p: &str,
     ratio: usize,

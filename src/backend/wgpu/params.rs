@@ -51,6 +51,7 @@ params! {
     AttnParams {
         n_head: u32, head_dim: u32, window: u32, top_k: u32,
         ratio: u32, has_sel: u32, scale: f32, chunk_rows: u32,
+        block: u32, _pad0: u32, _pad1: u32, _pad2: u32,
     }
     CompressParams {
         ratio: u32, head_dim: u32, width: u32, overlapped: u32,

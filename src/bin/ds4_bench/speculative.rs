@@ -10,8 +10,8 @@
 //!   `--draft` and with the adaptive policy, beside plain decoding, with
 //!   what the policy chose (mean draft of its verify steps, plain steps);
 //! * prompt lookup on the same prompt, and its own cost per call;
-//! * with `--mtp --mtp-model FILE`: the MTP block as the drafter, and its
-//!   own cost per drafted token against a decode step.
+//! * with `--mtp` or `--dspark` and `--mtp-model FILE`: the draft model as
+//!   the drafter, and its own cost per drafted token against a decode step.
 //!
 //! Every speculative run's tokens are checked against the reference: a
 //! difference is an error, not a figure.
@@ -23,8 +23,8 @@ use ds4::backend::{BackendKind, BackendOptions};
 use ds4::generate::{self, Observer, Sampled, Step};
 use ds4::sampler::{Rng, SamplerConfig};
 use ds4::session::{Session, SessionOptions};
+use ds4::speculate::draft_model::ModelDrafter;
 use ds4::speculate::lookup::PromptLookup;
-use ds4::speculate::mtp::MtpDrafter;
 use ds4::speculate::synthetic::Synthetic;
 use ds4::speculate::{DraftContext, Drafter, Policy, SpecKind, SpecStats, Speculator};
 use ds4::tokenizer::Tokenizer;
@@ -166,11 +166,16 @@ pub fn run(a: &Args, backend: BackendKind, bo: BackendOptions) -> Result<(), Str
         return Err("--spec-table needs -n ≥ 8 and --session-prompt > 0".into());
     }
     let choice = a.spec_flags().resolve()?;
-    let mtp = choice.kind == SpecKind::Mtp;
-    if choice.on() && !mtp {
+    let drafter = ds4::app::spec::session_drafter(&choice);
+    let model_drafter = match choice.kind {
+        SpecKind::Mtp => Some(ModelDrafter::MTP),
+        SpecKind::Dspark => Some(ModelDrafter::DSPARK),
+        _ => None,
+    };
+    if choice.on() && model_drafter.is_none() {
         return Err(
             "--spec-table runs lookup and the synthetic drafters always; \
-                    of the drafter flags it takes --mtp --mtp-model FILE"
+                    of the drafter flags it takes --mtp or --dspark with --mtp-model FILE"
                 .into(),
         );
     }
@@ -196,7 +201,7 @@ pub fn run(a: &Args, backend: BackendKind, bo: BackendOptions) -> Result<(), Str
         prefill_chunk: 256,
         backend,
         backend_options: bo,
-        mtp,
+        drafter,
         ..SessionOptions::default()
     };
     let mut sess = Session::open_any(&model, opts).map_err(|e| e.to_string())?;
@@ -303,9 +308,9 @@ pub fn run(a: &Args, backend: BackendKind, bo: BackendOptions) -> Result<(), Str
         per_call.as_secs_f64() * 1e6,
         100.0 * per_call.as_secs_f64() / decode.max(1e-12)
     );
-    if mtp {
-        mtp_rows(
-            &mut b, &mut out, &reference, k_max, plain_tps, decode, steps,
+    if let Some(d) = model_drafter {
+        model_rows(
+            &mut b, &mut out, d, &reference, k_max, plain_tps, decode, steps,
         )?;
     }
     Ok(())
@@ -353,12 +358,15 @@ fn drafter_runs(
     Ok(())
 }
 
-/// The MTP block as the drafter (fixed and adaptive), and its own cost:
-/// the median time of one draft of `k_max` tokens after a decode step
-/// (one catch-up row, then `k_max` rows with the head), per drafted token.
-fn mtp_rows(
+/// The draft model (MTP or DSpark) as the drafter (fixed and adaptive),
+/// and its own cost: the median time of one draft of `k_max` tokens after
+/// a decode step (catching its rings up on one position, then drafting),
+/// per drafted token.
+#[allow(clippy::too_many_arguments)]
+fn model_rows(
     b: &mut Bench,
     out: &mut Box<dyn Write>,
+    drafter: ModelDrafter,
     reference: &[u32],
     k_max: usize,
     plain_tps: f64,
@@ -366,13 +374,14 @@ fn mtp_rows(
     steps: usize,
 ) -> Result<(), String> {
     let w = |out: &mut Box<dyn Write>, s: String| writeln!(out, "{s}").map_err(|e| e.to_string());
-    let make = || -> Box<dyn Drafter> { Box::new(MtpDrafter) };
-    drafter_runs(b, out, "mtp", &make, reference, k_max, plain_tps)?;
+    let name = drafter.name();
+    let make = || -> Box<dyn Drafter> { Box::new(drafter) };
+    drafter_runs(b, out, name, &make, reference, k_max, plain_tps)?;
     b.restore()?;
     let mut times = Vec::new();
     for &t in reference.iter().take(steps + 1) {
         let t0 = Instant::now();
-        let d = b.sess.mtp_draft(t, k_max).map_err(|e| e.to_string())?;
+        let d = b.sess.model_draft(t, k_max).map_err(|e| e.to_string())?;
         // After the snapshot there is no target state yet: nothing drafted.
         if !d.is_empty() {
             times.push(t0.elapsed().as_secs_f64());
@@ -383,13 +392,13 @@ fn mtp_rows(
     w(
         out,
         format!(
-            "mtp-cost,{k_max},,,,,,,,,,,{:.4},{:.5}",
+            "{name}-cost,{k_max},,,,,,,,,,,{:.4},{:.5}",
             per_token * 1e3,
             per_token / decode.max(1e-12)
         ),
     )?;
     eprintln!(
-        "mtp drafter: {:.2} ms per drafted token ({:.3} × a decode step)",
+        "{name} drafter: {:.2} ms per drafted token ({:.3} × a decode step)",
         per_token * 1e3,
         per_token / decode.max(1e-12)
     );

@@ -18,12 +18,19 @@ pub struct CompressedRows {
 /// others from `kv`), the visible compressed rows (all rows `w` with
 /// `(w+1)·ratio ≤ p+1`, or the indexer's `selected` list), and the head's sink
 /// logit, which joins the denominator but carries no value. K = V = the row.
+///
+/// With `block` (a DSpark draft block, docs/SPECULATIVE.md), every row of
+/// the step sees the same raw rows: the ring's positions
+/// `max(0, pos0−W)..pos0` and all the step's rows, its later ones included
+/// (DeepSeek's `DSparkAttention`: no causal mask inside the block).
 #[derive(Clone, Debug)]
 pub struct Attention {
     pub q: ValueId,
     pub kv: ValueId,
     pub ring: StateId,
     pub window: usize,
+    /// A draft block: no causal mask inside the step (above). Window-only.
+    pub block: bool,
     pub compressed: Option<CompressedRows>,
     /// Indexer choice per token (`top_k` entries, −1 = unused).
     pub selected: Option<ValueId>,
@@ -54,6 +61,18 @@ impl Attention {
         }
     }
 
+    /// The raw positions token `t` of an `n`-token step starting at `pos0`
+    /// attends to, in order: `first..=last`.
+    pub fn raw_positions(&self, pos0: usize, n: usize, t: usize) -> (usize, usize) {
+        let w = self.window;
+        if self.block {
+            (pos0.saturating_sub(w), pos0 + n - 1)
+        } else {
+            let p = pos0 + t;
+            (p.saturating_sub(w - 1), p)
+        }
+    }
+
     pub fn cpu(&self, cx: &mut CpuCx) {
         let (pos0, n) = (cx.p.pos0, cx.n());
         cx.write(self.out, |cx, out| {
@@ -61,21 +80,24 @@ impl Attention {
         });
     }
 
-    /// The rows token `t` of a step starting at `pos0` attends to, in the
-    /// order its softmax sums them: the raw window (ring rows before the
-    /// step, `kv` rows in it), then the visible compressed rows (the
-    /// indexer's selection when there is one). `rows` is cleared first.
+    /// The rows token `t` of an `n`-token step starting at `pos0` attends
+    /// to, in the order its softmax sums them: the raw window (ring rows
+    /// before the step, `kv` rows in it; [`Attention::raw_positions`]), then
+    /// the visible compressed rows (the indexer's selection when there is
+    /// one). `rows` is cleared first.
     pub fn visible_rows<'a>(
         &self,
         inp: &AttentionInputs<'a>,
         pos0: usize,
+        n: usize,
         t: usize,
         rows: &mut Vec<&'a [f32]>,
     ) {
         let (hd, w) = (self.head_dim, self.window);
         let p = pos0 + t;
         rows.clear();
-        for s in p.saturating_sub(w - 1)..=p {
+        let (first, last) = self.raw_positions(pos0, n, t);
+        for s in first..=last {
             rows.push(if s >= pos0 {
                 &inp.kv[(s - pos0) * hd..(s - pos0 + 1) * hd]
             } else {
@@ -124,7 +146,7 @@ impl Attention {
                 let mut logits: Vec<f32> = Vec::new();
                 for (i, o) in chunk.chunks_exact_mut(qw).enumerate() {
                     let t = first + i;
-                    self.visible_rows(&inp, pos0, t, &mut rows);
+                    self.visible_rows(&inp, pos0, n_tokens, t, &mut rows);
                     for h in 0..nh {
                         let qh = &inp.q[t * qw + h * hd..t * qw + (h + 1) * hd];
                         logits.clear();

@@ -31,6 +31,10 @@ pub(crate) struct AttnOptions {
     /// (and the indexer's `wq_b`, through [`Projected::qr`]) and `wo_b`
     /// (V4.1 model numerics; `wo_a` and the compressor read plain values).
     pub act_fp8: bool,
+    /// A DSpark draft block: the step's rows see each other and the ring
+    /// (no causal mask) and are not written to the ring, which holds the
+    /// target positions' rows ([`Builder::seed_ring`]).
+    pub draft_block: bool,
 }
 
 /// The rounding of the window KV row after its RoPE.
@@ -98,25 +102,7 @@ impl Builder<'_> {
             q = self.rms_norm("q_head_norm", q, hd, None); // H·HD, per-head RMS
         }
         let q = self.rope("q_rope", q, nh, hd, l, false);
-        let kv = self.matmul("kv_proj", &w.kv, xq); // HD
-        let kv = self.rms_norm("kv_norm", kv, hd, Some(&w.kv_norm));
-        let mut kv = self.rope("kv_rope", kv, 1, hd, l, false);
-        match opts.kv_round {
-            KvRounding::None => {}
-            KvRounding::Fp8NonRotaryF16 => {
-                let out = self.r.tokens_f32("kv", hd);
-                self.r.op(Op::KvRound(KvRound {
-                    x: kv,
-                    out,
-                    dim: hd,
-                    n_rot: cfg.n_rot,
-                    fp8: true,
-                    f16: true,
-                }));
-                kv = out;
-            }
-            KvRounding::Fp8Row => kv = self.round_blocks("kv", kv, hd, BlockFormat::Fp8, ACT_BLOCK),
-        }
+        let kv = self.window_row(l, w, opts, xq);
 
         // Compressors run before attention: a row completed by token p is
         // visible to p itself.
@@ -128,6 +114,7 @@ impl Builder<'_> {
             kv,
             ring,
             window: cfg.sliding_window,
+            block: opts.draft_block,
             compressed: s.compressed,
             selected: s.selected,
             top_k: cfg.indexer_top_k,
@@ -136,16 +123,66 @@ impl Builder<'_> {
             head_dim: hd,
             out: o,
         }));
-        self.r.op(Op::RingWrite(RingWrite {
-            kv,
-            ring,
-            window: cfg.sliding_window,
-            dim: hd,
-        }));
+        if !opts.draft_block {
+            self.ring_write(kv, ring);
+        }
         let o = self.rope("attn_heads_unrope", o, nh, hd, l, true);
         let low = self.grouped_matmul("attn_low", &w.output_a, o, cfg.o_groups); // OG·OL
         let low = self.gemm_input("attn_low_fp8", low, opts.act_fp8);
         self.matmul("attn_out", &w.output_b, low) // D
+    }
+
+    /// The window row of each token (HD): `kv_norm(wkv · xq)`, its RoPE at
+    /// the token's position, rounded as `opts` says; `xq` is the normed
+    /// sublayer input as the FP8 GEMMs read it.
+    fn window_row(&mut self, l: usize, w: &AttnWeights, opts: AttnOptions, xq: ValueId) -> ValueId {
+        let cfg = self.cfg;
+        let hd = cfg.head_dim;
+        let kv = self.matmul("kv_proj", &w.kv, xq); // HD
+        let kv = self.rms_norm("kv_norm", kv, hd, Some(&w.kv_norm));
+        let kv = self.rope("kv_rope", kv, 1, hd, l, false);
+        match opts.kv_round {
+            KvRounding::None => kv,
+            KvRounding::Fp8NonRotaryF16 => {
+                let out = self.r.tokens_f32("kv", hd);
+                self.r.op(Op::KvRound(KvRound {
+                    x: kv,
+                    out,
+                    dim: hd,
+                    n_rot: cfg.n_rot,
+                    fp8: true,
+                    f16: true,
+                }));
+                out
+            }
+            KvRounding::Fp8Row => self.round_blocks("kv", kv, hd, BlockFormat::Fp8, ACT_BLOCK),
+        }
+    }
+
+    fn ring_write(&mut self, kv: ValueId, ring: StateId) {
+        self.r.op(Op::RingWrite(RingWrite {
+            kv,
+            ring,
+            window: self.cfg.sliding_window,
+            dim: self.cfg.head_dim,
+        }));
+    }
+
+    /// Writes the window rows of `x` (D, already normed: DSpark's `main_x`)
+    /// into layer `l`'s ring `ring`, at the step's positions: what a DSpark
+    /// stage's attention keys on (`DSparkAttention`'s `main_kv`).
+    pub fn seed_ring(
+        &mut self,
+        l: usize,
+        w: &AttnWeights,
+        ring: StateId,
+        opts: AttnOptions,
+        x: ValueId,
+    ) -> ValueId {
+        let xq = self.gemm_input("main_x_fp8", x, opts.act_fp8);
+        let kv = self.window_row(l, w, opts, xq);
+        self.ring_write(kv, ring);
+        kv
     }
 
     /// The indexer's query heads and head weights (MODEL.md §3.6): `q` (IH·IHD,

@@ -321,6 +321,7 @@ pub fn record(
             KvRounding::None
         },
         act_fp8: carry.model,
+        draft_block: false,
     };
 
     // Engram rows depend on the ids alone: hashed once, before any layer.

@@ -13,7 +13,15 @@ use crate::quant::GgmlType;
 pub fn attention_cases() -> Vec<Case> {
     let mut rng = Rng(0xA77);
     let mut cases = Vec::new();
-    for &(nh, hd, n, pos0, ratio, sel, window, top_k) in &[
+    // `block`: a DSpark draft block (every row sees the whole step): no
+    // ring rows yet, a ring not yet full, a full one, one row.
+    let blocks = [
+        (1usize, 16usize, 3usize, 0usize),
+        (2, 16, 5, 3),
+        (3, 64, 4, 21),
+        (2, 32, 1, 9),
+    ];
+    let causal = [
         (
             1usize, 16usize, 1usize, 0usize, 0usize, false, 8usize, 5usize,
         ),
@@ -28,7 +36,13 @@ pub fn attention_cases() -> Vec<Case> {
         // (13 blocks of 256 candidates), and Flash's 512 chosen among them.
         (4, 80, 3, 3100, 1, false, 128, 5),
         (2, 64, 3, 3300, 1, true, 128, 512),
-    ] {
+    ];
+    let block_cases = blocks.map(|(nh, hd, n, pos0)| (nh, hd, n, pos0, 0, false, 8, 5, true));
+    for &(nh, hd, n, pos0, ratio, sel, window, top_k, block) in causal
+        .map(|(a, b, c, d, e, f, g, h)| (a, b, c, d, e, f, g, h, false))
+        .iter()
+        .chain(&block_cases)
+    {
         let mut w = Weights::default();
         w.random(&mut rng, "sinks", &[nh], GgmlType::F32, 2.0);
         let (f, r) = w.build();
@@ -57,6 +71,7 @@ pub fn attention_cases() -> Vec<Case> {
             kv,
             ring,
             window,
+            block,
             compressed,
             selected,
             top_k,
@@ -66,7 +81,7 @@ pub fn attention_cases() -> Vec<Case> {
             out: o,
         });
         cases.push(b.finish(
-            format!("attention {nh}×{hd} n {n} pos {pos0} ratio {ratio} sel {sel}"),
+            format!("attention {nh}×{hd} n {n} pos {pos0} ratio {ratio} sel {sel} block {block}"),
             f,
             op,
             inputs,

@@ -32,7 +32,7 @@ pub fn attention(
             let mut logits: Vec<f32> = Vec::new();
             for (i, ot) in chunk.chunks_exact_mut(qw).enumerate() {
                 let t = first + i;
-                o.visible_rows(&inp, pos0, t, &mut rows);
+                o.visible_rows(&inp, pos0, n_tokens, t, &mut rows);
                 let head = |h: usize, oh: &mut [f32], logits: &mut Vec<f32>| {
                     let qh = &inp.q[t * qw + h * hd..t * qw + (h + 1) * hd];
                     logits.clear();

@@ -20,5 +20,5 @@ pub fn attention(cx: &mut Cx, o: &Attention) -> Result<(), BackendError> {
     let grid = Grid::Blocks(fixed(o.n_head), per_token(1));
     launch!(cx, Entry::Attention, grid, THREADS, 0;
         o.q, o.kv, o.ring, comp, o.selected, sinks, o.out,
-        o.window, ratio, o.top_k, o.n_head, o.head_dim)
+        o.window, ratio, o.top_k, o.n_head, o.head_dim, o.block as u32)
 }

@@ -35,6 +35,8 @@ pub fn attention(cx: &mut Cx, o: &Attention) -> Result<Vec<Work>, BackendError> 
         has_sel: o.selected.is_some() as u32,
         scale: 1.0 / (o.head_dim as f32).sqrt(),
         chunk_rows: comp(cx, 0).1,
+        block: o.block as u32,
+        ..Default::default()
     };
     let sel = o.selected.map_or_else(|| cx.dummy(), |v| cx.val(v));
     let sinks = cx.small(&o.sinks)?;

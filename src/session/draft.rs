@@ -1,0 +1,91 @@
+//! The draft model a session runs beside the target (issue 35): V4 Flash's
+//! MTP block (`mtp.rs`) or DeepSeek's DSpark (`dspark.rs`). Both draft from
+//! values of the target's forward that the session keeps, on the session's
+//! own backend, and give back what a rejected verify row left.
+
+use super::{Session, SessionError};
+use crate::backend::{Backend, GraphHandle};
+use crate::graph::{Graph, ValueName};
+
+/// Which draft model a session opens with (`--mtp`, `--dspark`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftModel {
+    #[default]
+    None,
+    /// The MTP block of the attached MTP file.
+    Mtp,
+    /// The attached DSpark drafter.
+    Dspark,
+}
+
+/// A draft model's runner: its graphs, its state and what it keeps of the
+/// target's steps.
+pub(crate) trait DraftRunner: Send {
+    /// The target values every target graph keeps readable for it.
+    fn targets(&self) -> Vec<ValueName>;
+
+    /// After a target step of graph `g` over positions `pos0 .. pos0 + n`.
+    fn record(
+        &mut self,
+        backend: &dyn Backend,
+        g: GraphHandle,
+        graph: &Graph,
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), SessionError>;
+
+    /// The session now holds `len` tokens (a verify step took rows back).
+    fn truncate(&mut self, len: usize);
+
+    /// An empty sequence.
+    fn clear(&mut self);
+
+    /// Up to `k` tokens after `tokens` and `next`.
+    fn draft(
+        &mut self,
+        backend: &mut dyn Backend,
+        tokens: &[u32],
+        next: u32,
+        k: usize,
+    ) -> Result<Vec<u32>, SessionError>;
+
+    /// The logits the last draft's first token was picked from.
+    fn first_logits(&self, backend: &dyn Backend) -> Result<Vec<f32>, SessionError>;
+}
+
+impl Session {
+    /// Whether this session runs a draft model
+    /// ([`crate::session::SessionOptions::drafter`]).
+    pub fn has_draft_model(&self) -> bool {
+        self.drafter.is_some()
+    }
+
+    /// Up to `k` tokens the draft model proposes after the session's tokens
+    /// and `next` (picked, not yet evaluated); none when it has nothing to
+    /// draft from yet (after a snapshot was loaded, until a step runs).
+    pub fn model_draft(&mut self, next: u32, k: usize) -> Result<Vec<u32>, SessionError> {
+        let Some(m) = self.drafter.as_mut() else {
+            return Err(SessionError::Speculation(
+                "this session was opened without a draft model (--mtp, --dspark)".into(),
+            ));
+        };
+        let r = m.draft(self.backend.as_mut(), &self.tokens, next, k);
+        if r.is_err() {
+            // The draft model's rings are undefined after a failed step.
+            m.clear();
+        }
+        r
+    }
+
+    /// The draft model's logits for the token after `next` (what its first
+    /// draft is the argmax of): for validation against a reference.
+    pub fn draft_logits(&mut self, next: u32) -> Result<Vec<f32>, SessionError> {
+        if self.model_draft(next, 1)?.is_empty() {
+            return Err(SessionError::Speculation(
+                "the draft model has no target state to draft from yet".into(),
+            ));
+        }
+        let m = self.drafter.as_ref().expect("drafted above");
+        m.first_logits(self.backend.as_ref())
+    }
+}

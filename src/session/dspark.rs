@@ -1,0 +1,241 @@
+//! Drafting with DeepSeek's DSpark (docs/SPECULATIVE.md, "DSpark";
+//! `model::dspark`): the session keeps the taps of the target's last `W`
+//! positions, seeds the stages' rings with the positions not yet in them,
+//! runs one draft block and picks the drafts through the Markov head.
+//!
+//! **Its rings.** A stage's ring holds one row per target position, made
+//! from that position's taps alone, so it is caught up lazily before a
+//! draft, like the MTP block's: rows of positions a verify step took back
+//! are never written (only kept positions are seeded), and the block's
+//! own rows are never written at all (`Attention::block`).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::draft::DraftRunner;
+use super::SessionError;
+use crate::backend::{Backend, GraphHandle};
+use crate::gguf::GgufFile;
+use crate::graph::ops::load_f32;
+use crate::graph::{Graph, StepParams, ValueId, ValueName};
+use crate::model::dspark::{tap_values, DsparkWeights, SeedGraph};
+use crate::model::ModelConfig;
+use crate::sampler::argmax;
+
+pub(super) struct DsparkRunner {
+    seed: GraphHandle,
+    seed_taps: ValueId,
+    draft: GraphHandle,
+    draft_logits: ValueId,
+    targets: Vec<ValueName>,
+    /// The model's width (a tap's).
+    dim: usize,
+    window: usize,
+    block: usize,
+    noise: u32,
+    vocab: usize,
+    /// The Markov head's tables, `vocab × rank` each.
+    markov_embed: Vec<f32>,
+    markov_head: Vec<f32>,
+    rank: usize,
+    /// Taps (`taps·D`) of positions `hist_end - hist.len() .. hist_end`.
+    hist: VecDeque<Vec<f32>>,
+    hist_end: usize,
+    /// Ring rows of positions below this are seeded.
+    done: usize,
+    /// Row 0's logits with its Markov bias, of the last draft.
+    first: Vec<f32>,
+}
+
+impl DsparkRunner {
+    pub fn open(
+        backend: &mut dyn Backend,
+        file: &GgufFile,
+        cfg: &ModelConfig,
+        ds: &DsparkWeights,
+        seed: SeedGraph,
+        draft: Graph,
+    ) -> Result<DsparkRunner, SessionError> {
+        let draft_logits = draft.logits;
+        let seed_taps = seed.taps;
+        let seed = backend.load_graph(Arc::new(seed.graph))?;
+        let draft = backend.load_graph(Arc::new(draft))?;
+        Ok(DsparkRunner {
+            seed,
+            seed_taps,
+            draft,
+            draft_logits,
+            targets: tap_values(&ds.config),
+            dim: cfg.n_embd,
+            window: cfg.sliding_window.max(1),
+            block: ds.config.block_size,
+            noise: ds.config.noise_token,
+            vocab: cfg.n_vocab,
+            markov_embed: load_f32(file, &ds.markov_embed),
+            markov_head: load_f32(file, &ds.markov_head),
+            rank: ds.config.markov_rank,
+            hist: VecDeque::new(),
+            hist_end: 0,
+            done: 0,
+            first: Vec::new(),
+        })
+    }
+
+    /// One tap: the mean of an n·D state's streams, or a D row as it is.
+    fn tap(&self, row: &[f32], out: &mut Vec<f32>) {
+        let d = self.dim;
+        if row.len() == d {
+            out.extend_from_slice(row);
+            return;
+        }
+        let n = (row.len() / d) as f32;
+        out.extend((0..d).map(|j| row.iter().skip(j).step_by(d).sum::<f32>() / n));
+    }
+}
+
+impl DraftRunner for DsparkRunner {
+    fn targets(&self) -> Vec<ValueName> {
+        self.targets.clone()
+    }
+
+    fn record(
+        &mut self,
+        backend: &dyn Backend,
+        g: GraphHandle,
+        graph: &Graph,
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), SessionError> {
+        if pos0 != self.hist_end {
+            // Not a continuation (a snapshot was loaded): start over.
+            self.hist.clear();
+            self.done = self.done.min(pos0);
+        }
+        // Only the rows the rings can still hold cross to the host.
+        let kept = n.min(self.window);
+        let mut values = Vec::with_capacity(self.targets.len());
+        for t in &self.targets {
+            let v = graph
+                .find(t)
+                .ok_or_else(|| SessionError::UnknownValue(t.to_string()))?;
+            values.push(backend.read_value_rows(g, v, n - kept..n)?);
+        }
+        for r in 0..kept {
+            let mut row = Vec::with_capacity(self.targets.len() * self.dim);
+            for v in &values {
+                let w = v.len() / kept;
+                self.tap(&v[r * w..(r + 1) * w], &mut row);
+            }
+            self.hist.push_back(row);
+        }
+        while self.hist.len() > self.window {
+            self.hist.pop_front();
+        }
+        self.hist_end = pos0 + n;
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: usize) {
+        if len < self.hist_end {
+            let drop = (self.hist_end - len).min(self.hist.len());
+            self.hist.truncate(self.hist.len() - drop);
+            self.hist_end = len;
+        }
+        self.done = self.done.min(len);
+    }
+
+    fn clear(&mut self) {
+        self.hist.clear();
+        self.hist_end = 0;
+        self.done = 0;
+    }
+
+    fn draft(
+        &mut self,
+        backend: &mut dyn Backend,
+        tokens: &[u32],
+        next: u32,
+        k: usize,
+    ) -> Result<Vec<u32>, SessionError> {
+        let len = tokens.len();
+        if k == 0 || self.hist.is_empty() || self.hist_end != len {
+            return Ok(Vec::new());
+        }
+        // Seed the rings with the kept positions not in them yet.
+        let oldest = len - self.hist.len();
+        let first = self.done.max(oldest);
+        if first < len {
+            let taps: Vec<f32> = self
+                .hist
+                .range(first - oldest..)
+                .flatten()
+                .copied()
+                .collect();
+            backend.write_value(self.seed, self.seed_taps, &taps)?;
+            let params = StepParams {
+                pos0: first,
+                n_tokens: len - first,
+            };
+            backend.run(self.seed, &tokens[first..len], params)?;
+            self.done = len;
+        }
+        // The block: `next` and noise, at the positions after the target's.
+        let mut block = vec![self.noise; self.block];
+        block[0] = next;
+        let params = StepParams {
+            pos0: len,
+            n_tokens: self.block,
+        };
+        backend.run(self.draft, &block, params)?;
+        let logits = backend.read_value(self.draft, self.draft_logits)?;
+        let (drafts, first) = markov_drafts(
+            &logits,
+            self.vocab,
+            next,
+            &self.markov_embed,
+            &self.markov_head,
+            self.rank,
+            k.min(self.block),
+        );
+        self.first = first;
+        Ok(drafts)
+    }
+
+    fn first_logits(&self, _backend: &dyn Backend) -> Result<Vec<f32>, SessionError> {
+        Ok(self.first.clone())
+    }
+}
+
+/// The drafts of one block: row `i` of `logits` (`rows × vocab`) plus the
+/// Markov bias of token `i` (token 0 = `next`) picks token `i + 1`
+/// (greedy; DeepSeek's `DSparkBlock.forward_head`). `embed` and `head` are
+/// the Markov tables, `vocab × rank`, row-major. Also returns row 0 with
+/// its bias.
+fn markov_drafts(
+    logits: &[f32],
+    vocab: usize,
+    next: u32,
+    embed: &[f32],
+    head: &[f32],
+    rank: usize,
+    k: usize,
+) -> (Vec<u32>, Vec<f32>) {
+    let mut prev = next as usize;
+    let mut drafts = Vec::with_capacity(k);
+    let mut first = Vec::new();
+    let mut row = vec![0f32; vocab];
+    for logit_row in logits.chunks_exact(vocab).take(k) {
+        let e = &embed[prev * rank..(prev + 1) * rank];
+        for (v, (o, &l)) in row.iter_mut().zip(logit_row).enumerate() {
+            let h = &head[v * rank..(v + 1) * rank];
+            let bias: f32 = h.iter().zip(e).map(|(a, b)| a * b).sum();
+            *o = l + bias;
+        }
+        if first.is_empty() {
+            first = row.clone();
+        }
+        prev = argmax(&row);
+        drafts.push(prev as u32);
+    }
+    (drafts, first)
+}

@@ -1,0 +1,122 @@
+//! Tiny DSpark drafter files for the tiny V4 models (docs/SPECULATIVE.md):
+//! ds4's `deepseek4-dspark` layout with random weights.
+
+use std::io;
+use std::path::Path;
+
+use super::tensors::{write_planned, Class, Data, Init, Planner};
+use super::{plan_block, TestModelSpec, Variant};
+use crate::gguf::{GgufWriter, MetaArray};
+
+/// A drafter's shape; its widths are the model's.
+#[derive(Clone, Debug)]
+pub struct DsparkSpec {
+    pub block_size: usize,
+    pub markov_rank: usize,
+    pub noise_token: u32,
+    pub target_layers: Vec<usize>,
+    pub n_stages: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+}
+
+impl DsparkSpec {
+    /// Two stages drafting blocks of 4, tapping the first layer (the
+    /// embedding), a middle one and the last, with experts of its own (half
+    /// the model's, top-2).
+    pub fn for_model(spec: &TestModelSpec) -> DsparkSpec {
+        let n = spec.n_layer();
+        DsparkSpec {
+            block_size: 4,
+            markov_rank: 8,
+            noise_token: 5,
+            target_layers: vec![0, n / 2, n - 1],
+            n_stages: 2,
+            n_expert: (spec.core.n_expert / 2).max(2),
+            n_expert_used: 2,
+        }
+    }
+}
+
+/// Writes the drafter for `spec` (its vocabulary has `n_vocab` tokens).
+pub fn write_dspark(
+    spec: &TestModelSpec,
+    ds: &DsparkSpec,
+    variant: Variant,
+    n_vocab: usize,
+    path: &Path,
+) -> io::Result<()> {
+    let mut w = GgufWriter::new();
+    w.add_str("general.architecture", "deepseek4-dspark");
+    w.add_str("general.name", "ds4 tiny DSpark drafter (random weights)");
+    let k = |x: &str| format!("dspark.{x}");
+    w.add_u32(&k("block_size"), ds.block_size as u32);
+    w.add_u32(&k("markov_rank"), ds.markov_rank as u32);
+    w.add_u32(&k("noise_token_id"), ds.noise_token);
+    let targets = ds.target_layers.iter().map(|&l| l as u32).collect();
+    w.add_array(&k("target_layer_ids"), MetaArray::U32(targets));
+    w.add_u32(&k("stage_count"), ds.n_stages as u32);
+    w.add_u32(&k("n_layers"), ds.n_stages as u32);
+    w.add_u32(&k("expert_count"), ds.n_expert as u32);
+    w.add_u32(&k("expert_used_count"), ds.n_expert_used as u32);
+    w.add_u32(&k("embedding_length"), spec.core.n_embd as u32);
+    w.add_u32(&k("vocab_size"), n_vocab as u32);
+
+    let mut s = spec.clone();
+    s.core.n_expert = ds.n_expert;
+    s.core.n_expert_used = ds.n_expert_used;
+    let (d, hc, r) = (s.core.n_embd, s.core.hc_count, ds.markov_rank);
+    let mut t = Planner::new(&s.core);
+    let taps = ds.target_layers.len();
+    for stage in 0..ds.n_stages {
+        let p = format!("mtp.{stage}.");
+        let n = |x: &str| format!("{p}{x}.weight");
+        plan_block(&s, &p, 0, false, n_vocab, &mut t);
+        if stage == 0 {
+            let init = t.normal(d * taps);
+            t.add(n("main_proj"), &[d * taps, d], Class::Q8Dense, init);
+            t.add(n("main_norm"), &[d], Class::Vector, Init::NormWeight);
+        }
+        if stage + 1 == ds.n_stages {
+            let init = t.normal(hc * d);
+            t.add(n("hc_head_fn"), &[hc * d, hc], Class::F16Dense, init);
+            t.add(
+                n("hc_head_scale"),
+                &[1],
+                Class::Vector,
+                Init::Uniform(0.5, 1.5),
+            );
+            t.add(n("hc_head_base"), &[hc], Class::Vector, Init::Normal(0.5));
+            t.add(n("norm"), &[d], Class::Vector, Init::NormWeight);
+            let head = t.normal(r);
+            t.add(
+                n("markov_head.markov_w1"),
+                &[r, n_vocab],
+                Class::F16Dense,
+                Init::Normal(1.0),
+            );
+            t.add(
+                n("markov_head.markov_w2"),
+                &[r, n_vocab],
+                Class::F16Dense,
+                head,
+            );
+            let conf = t.normal(d + r);
+            t.add(
+                n("confidence_head.proj"),
+                &[d + r, 1],
+                Class::F16Dense,
+                conf,
+            );
+        }
+    }
+    let seed = spec.core.seed ^ 0x0d5a_a4c0;
+    write_planned(
+        w,
+        t.out,
+        variant,
+        seed,
+        Data::values_or_random(spec.random_blocks),
+        path,
+    )
+}

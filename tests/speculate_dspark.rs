@@ -1,0 +1,296 @@
+//! Speculative decoding with DeepSeek's DSpark drafter (issue 35;
+//! `model::dspark`, docs/SPECULATIVE.md): the tiny generator writes a
+//! `deepseek4-dspark` file for the tiny V4 model; the loader binds it and
+//! refuses files that do not fit, naming why; whatever it drafts, greedy
+//! and sampled output is plain decoding's bit for bit; its lazily seeded
+//! rings equal seeding every position; the backends agree on its logits.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{max_abs_diff, tokens};
+use ds4::backend::{BackendKind, BackendOptions};
+use ds4::generate::{self, Observer, Sampled, Step};
+use ds4::model::dspark::DsparkConfig;
+use ds4::model::forward::Numerics;
+use ds4::model::{AnyModel, ModelFile};
+use ds4::sampler::{Rng, SamplerConfig};
+use ds4::session::{DraftModel, Session, SessionError, SessionOptions};
+use ds4::speculate::draft_model::ModelDrafter;
+use ds4::speculate::{Policy, Speculator};
+use ds4::testmodel::dspark::{write_dspark, DsparkSpec};
+use ds4::testmodel::{write_mtp, TestModelSpec, Variant};
+use ds4::tokenizer::Tokenizer;
+
+fn n_vocab(variant: Variant) -> usize {
+    ModelFile::open(common::tiny_model_path(variant))
+        .unwrap()
+        .config
+        .n_vocab
+}
+
+/// Writes the tiny model's drafter (`edit` changes its spec) for test `tag`.
+fn dspark_path(variant: Variant, tag: &str, edit: impl FnOnce(&mut DsparkSpec)) -> PathBuf {
+    let spec = TestModelSpec::tiny();
+    let mut ds = DsparkSpec::for_model(&spec);
+    edit(&mut ds);
+    let dir = common::fresh_dir("dspark", &format!("{tag}-{}", variant.name()));
+    let path = dir.join("model.dspark.gguf");
+    write_dspark(&spec, &ds, variant, n_vocab(variant), &path).unwrap();
+    path
+}
+
+/// The tiny model of `variant` with its DSpark file attached.
+fn model_with_dspark(variant: Variant, tag: &str) -> AnyModel {
+    let mut m = ModelFile::open(common::tiny_model_path(variant)).unwrap();
+    m.attach_dspark(dspark_path(variant, tag, |_| {})).unwrap();
+    AnyModel::V4(Arc::new(m))
+}
+
+fn opts(backend: BackendKind, dspark: bool) -> SessionOptions {
+    SessionOptions {
+        ctx: 256,
+        prefill_chunk: 16,
+        numerics: Numerics::Model,
+        backend,
+        backend_options: BackendOptions::from_env(),
+        drafter: if dspark {
+            DraftModel::Dspark
+        } else {
+            DraftModel::None
+        },
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_drafter_binds_with_its_own_experts_and_taps() {
+    let model = model_with_dspark(Variant::Q8, "binds");
+    let m = model.v4().unwrap();
+    let ds = m.dspark.as_ref().unwrap();
+    let spec = TestModelSpec::tiny();
+    let want = DsparkSpec::for_model(&spec);
+    assert_eq!(
+        ds.config,
+        DsparkConfig {
+            block_size: want.block_size,
+            markov_rank: want.markov_rank,
+            noise_token: want.noise_token,
+            target_layers: want.target_layers.clone(),
+            n_stages: want.n_stages,
+            n_expert: want.n_expert,
+            n_expert_used: want.n_expert_used,
+        }
+    );
+    assert_ne!(ds.config.n_expert, m.config.n_expert, "its own experts");
+    assert_eq!(ds.config.target_layers[0], 0, "the embedding is tapped");
+    assert_eq!(ds.stages.len(), 2);
+    // Attached past the main file: every tensor reads through it.
+    assert!(ds.main_proj.offset >= m.file.file_len());
+}
+
+/// Files that do not fit the model are refused, naming the key, the tensor
+/// or the kind of file.
+#[test]
+fn mismatched_dspark_files_are_refused() {
+    let attach = |p: PathBuf| {
+        let mut m = ModelFile::open(common::tiny_model_path(Variant::Q8)).unwrap();
+        m.attach_dspark(p).unwrap_err().to_string()
+    };
+    let n_layer = TestModelSpec::tiny().n_layer();
+    let err = attach(dspark_path(Variant::Q8, "bad-tap", |d| {
+        d.target_layers = vec![1, n_layer]
+    }));
+    assert!(err.contains("dspark.target_layer_ids"), "{err}");
+    let err = attach(dspark_path(Variant::Q8, "bad-order", |d| {
+        d.target_layers = vec![3, 1]
+    }));
+    assert!(err.contains("dspark.target_layer_ids"), "{err}");
+    let err = attach(dspark_path(Variant::Q8, "bad-noise", |d| {
+        d.noise_token = 1 << 30
+    }));
+    assert!(err.contains("dspark.noise_token_id"), "{err}");
+    let err = attach(dspark_path(Variant::Q8, "bad-block", |d| d.block_size = 99));
+    assert!(err.contains("dspark.block_size"), "{err}");
+    let err = attach(dspark_path(Variant::Q8, "bad-used", |d| {
+        d.n_expert_used = d.n_expert + 1
+    }));
+    assert!(err.contains("experts per token"), "{err}");
+    // The MTP file is another drafter.
+    let dir = common::fresh_dir("dspark", "mtp-file");
+    let mtp = dir.join("model.mtp.gguf");
+    write_mtp(&TestModelSpec::tiny(), Variant::Q8, &mtp).unwrap();
+    let err = attach(mtp);
+    assert!(err.contains("MTP draft file"), "{err}");
+    // The main model is no drafter.
+    let err = attach(common::tiny_model_path(Variant::Q8));
+    assert!(err.contains("not a DSpark drafter"), "{err}");
+}
+
+#[derive(Default)]
+struct Rec {
+    ids: Vec<u32>,
+    bytes: Vec<u8>,
+}
+
+impl Observer for Rec {
+    fn greedy_next(&mut self) -> bool {
+        false
+    }
+    fn token(&mut self, id: u32, bytes: &[u8]) -> Step {
+        self.ids.push(id);
+        self.bytes.extend_from_slice(bytes);
+        Step::Continue
+    }
+}
+
+struct Run {
+    tokens: Vec<u32>,
+    rec: Rec,
+    logits: Vec<f32>,
+    states: Vec<Vec<f32>>,
+}
+
+fn run(
+    s: &mut Session,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    temperature: f32,
+    spec: Option<&mut Speculator>,
+    target_states: usize,
+) -> Run {
+    s.reset();
+    s.sync(prompt, &mut |_, _| {}).unwrap();
+    let mut picker = Sampled {
+        cfg: SamplerConfig {
+            temperature,
+            ..SamplerConfig::default()
+        },
+        rng: Rng::new(0x3a7),
+    };
+    let mut rec = Rec::default();
+    let out = generate::generate_with(s, tok, 40, &mut picker, &mut rec, spec).unwrap();
+    let mut states = s.read_states().unwrap();
+    states.truncate(target_states);
+    Run {
+        tokens: out.tokens,
+        rec,
+        logits: s.logits().to_vec(),
+        states,
+    }
+}
+
+/// Greedy and sampled generation with DSpark drafts of 4 (every step
+/// drafts) equals plain generation: tokens, streamed bytes, final logits
+/// and every target state buffer. The 40-token prompt crosses the tiny
+/// model's 32-row window, so the first draft seeds a full ring.
+fn dspark_equals_plain(backend: BackendKind, variant: Variant) {
+    let model = model_with_dspark(variant, &format!("{backend:?}"));
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let n_target = Session::open_any(&model, opts(backend, false))
+        .unwrap()
+        .read_states()
+        .unwrap()
+        .len();
+    let mut s = Session::open_any(&model, opts(backend, true)).unwrap();
+    assert!(s.has_draft_model());
+    let prompt = tokens(40, 11);
+    for temperature in [0.0, 0.8] {
+        let plain = run(&mut s, &tok, &prompt, temperature, None, n_target);
+        let mut spec = Speculator::new(Box::new(ModelDrafter::DSPARK), Policy::fixed(4, 4));
+        let got = run(
+            &mut s,
+            &tok,
+            &prompt,
+            temperature,
+            Some(&mut spec),
+            n_target,
+        );
+        let what = format!("{backend:?} {variant:?} at temperature {temperature}");
+        assert_eq!(plain.tokens, got.tokens, "{what}: tokens");
+        assert_eq!(plain.rec.ids, got.rec.ids, "{what}: streamed ids");
+        assert_eq!(plain.rec.bytes, got.rec.bytes, "{what}: streamed bytes");
+        assert!(plain.logits == got.logits, "{what}: final logits");
+        assert!(plain.states == got.states, "{what}: target state");
+        let st = spec.stats();
+        assert!(st.drafted > 0 && st.verify_steps > 0, "{what}: {st:?}");
+    }
+}
+
+#[test]
+fn cpu_ref_dspark_equals_plain() {
+    dspark_equals_plain(BackendKind::CpuRef, Variant::Q8);
+}
+
+#[test]
+fn fast_cpu_dspark_equals_plain() {
+    dspark_equals_plain(BackendKind::Cpu, Variant::Q2);
+}
+
+/// The lazily seeded rings (the last window's positions, after verify
+/// steps took rows back and drafts ran) give the drafter the logits a
+/// session that seeded every position as it came gives, bit for bit:
+/// drafting after each of 50 decoded tokens vs. only at checkpoints.
+#[test]
+fn lazy_rings_equal_every_position() {
+    let model = model_with_dspark(Variant::Q8, "lazy");
+    let prompt = tokens(20, 5);
+    let mut every = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    let mut once = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    every.sync(&prompt, &mut |_, _| {}).unwrap();
+    once.sync(&prompt, &mut |_, _| {}).unwrap();
+    let mut fresh = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    assert!(matches!(
+        fresh.draft_logits(1),
+        Err(SessionError::Speculation(_))
+    ));
+    for i in 0..50 {
+        let t = common::argmax(every.logits());
+        every.model_draft(t, 4).unwrap();
+        every.eval(t).unwrap();
+        once.eval(t).unwrap();
+        if i % 7 == 6 {
+            let next = common::argmax(every.logits());
+            let a = every.draft_logits(next).unwrap();
+            let b = once.draft_logits(next).unwrap();
+            assert!(a == b, "after {} tokens: {}", i + 1, max_abs_diff(&a, &b));
+        }
+    }
+}
+
+/// wgpu (lavapipe here) and the fast CPU backend agree with cpu-ref on the
+/// drafter's first-row logits (Markov bias included) after a prompt.
+#[test]
+fn backends_agree_on_dspark_logits() {
+    let model = model_with_dspark(Variant::Q8, "backends");
+    let prompt = tokens(36, 3);
+    let reference = {
+        let mut s = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+        s.sync(&prompt, &mut |_, _| {}).unwrap();
+        s.draft_logits(7).unwrap()
+    };
+    for backend in [BackendKind::Cpu, BackendKind::Wgpu] {
+        let mut s = match Session::open_any(&model, opts(backend, true)) {
+            Ok(s) => s,
+            Err(e) if backend == BackendKind::Wgpu => {
+                eprintln!("skipping wgpu: {e}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        s.sync(&prompt, &mut |_, _| {}).unwrap();
+        let got = s.draft_logits(7).unwrap();
+        let d = max_abs_diff(&reference, &got);
+        // As for the MTP block: the fast CPU backend quantises activations
+        // to 8 bits before its products; wgpu computes in f32 like cpu-ref.
+        let bound = if backend == BackendKind::Cpu {
+            5e-2
+        } else {
+            1e-4
+        };
+        eprintln!("{backend:?}: max |Δlogit| {d} (bound {bound})");
+        assert!(d < bound, "{backend:?}: max |Δlogit| {d}");
+    }
+}
