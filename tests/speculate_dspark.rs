@@ -294,3 +294,131 @@ fn backends_agree_on_dspark_logits() {
         assert!(d < bound, "{backend:?}: max |Δlogit| {d}");
     }
 }
+
+const GOLDEN: &str = "tests/golden/dspark-tiny-q8";
+const GOLDEN_LEN: usize = 40;
+const GOLDEN_CHECKPOINTS: [usize; 4] = [5, 31, 32, 39];
+
+fn plain_opts(dspark: bool) -> SessionOptions {
+    SessionOptions {
+        numerics: Numerics::Plain,
+        prefill_chunk: 64,
+        ..opts(BackendKind::CpuRef, dspark)
+    }
+}
+
+/// The taps of every position of `ids` (cpu-ref, plain numerics, one
+/// step), computed here from the dumped layer inputs, not by the runner:
+/// per target layer L, the mean over the HC streams of the state entering
+/// L (the embedding for L = 0), concatenated. `[len][taps·D]`.
+fn golden_taps(ids: &[u32]) -> Vec<f32> {
+    let model = AnyModel::V4(common::tiny_model(Variant::Q8));
+    let cfg = model.config().clone();
+    let layers = DsparkSpec::for_model(&TestModelSpec::tiny()).target_layers;
+    let names: Vec<ds4::graph::ValueName> = layers
+        .iter()
+        .map(|&l| match l {
+            0 => ds4::graph::ValueName::parse("embed").unwrap(),
+            l => ds4::graph::ValueName::parse(&format!("ffn_hc_state@{}", l - 1)).unwrap(),
+        })
+        .collect();
+    let o = SessionOptions {
+        dump: names.clone(),
+        ..plain_opts(false)
+    };
+    let mut s = Session::open_any(&model, o).unwrap();
+    s.sync(ids, &mut |_, _| {}).unwrap();
+    let d = cfg.n_embd;
+    let dumps: Vec<Vec<f32>> = names.iter().map(|n| s.dump(n).unwrap()).collect();
+    let mut taps = Vec::new();
+    for p in 0..ids.len() {
+        for v in &dumps {
+            let w = v.len() / ids.len();
+            let row = &v[p * w..(p + 1) * w];
+            let n = w / d;
+            for j in 0..d {
+                let sum: f32 = (0..n).map(|s| row[s * d + j]).sum();
+                taps.push(sum / n as f32);
+            }
+        }
+    }
+    taps
+}
+
+/// Writes the golden's inputs; then run the reference (tests/golden/README.md):
+/// `cargo test --release --test speculate_dspark -- --ignored write_dspark_golden_inputs`.
+#[test]
+#[ignore = "writes tests/golden/dspark-tiny-q8.{ids.json,taps.bin}; run by hand"]
+fn write_dspark_golden_inputs() {
+    let ids = tokens(GOLDEN_LEN + 1, 17);
+    let taps = golden_taps(&ids[..GOLDEN_LEN]);
+    let bytes: Vec<u8> = taps.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(format!("{GOLDEN}.taps.bin"), bytes).unwrap();
+    let json = serde_json::json!({ "ids": ids, "checkpoints": GOLDEN_CHECKPOINTS });
+    std::fs::write(format!("{GOLDEN}.ids.json"), json.to_string()).unwrap();
+}
+
+/// The drafter's first-row log-probs (Markov bias included) equal the
+/// float64 reference's (`tools/reference/dspark_reference.py`, from the
+/// official `DSparkBlock`) within 1e-4 on the top 20, and its whole draft
+/// block is the reference's, at every checkpoint; the taps the reference
+/// read are still the engine's.
+#[test]
+fn dspark_matches_reference() {
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{GOLDEN}.json")).unwrap()).unwrap();
+    let ids: Vec<u32> = common::json_uints(&g["ids"])
+        .iter()
+        .map(|&i| i as u32)
+        .collect();
+    assert_eq!(ids.len(), GOLDEN_LEN + 1);
+    let committed: Vec<f32> = std::fs::read(format!("{GOLDEN}.taps.bin"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let d = max_abs_diff(&golden_taps(&ids[..GOLDEN_LEN]), &committed);
+    assert!(
+        d < 1e-5,
+        "the taps moved by {d}: rewrite the golden's inputs"
+    );
+
+    let model = model_with_dspark(Variant::Q8, "golden");
+    let mut s = Session::open_any(&model, plain_opts(true)).unwrap();
+    let cps = g["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), GOLDEN_CHECKPOINTS.len());
+    for cp in cps {
+        let p = cp["position"].as_u64().unwrap() as usize;
+        s.reset();
+        s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
+        let logits = s.draft_logits(ids[p + 1]).unwrap();
+        let lse = {
+            let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            m + logits
+                .iter()
+                .map(|&x| (x as f64 - m).exp())
+                .sum::<f64>()
+                .ln()
+        };
+        let top = common::json_uints(&cp["top_ids"]);
+        let want: Vec<f64> = cp["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let mut worst = 0f64;
+        for (&i, &w) in top.iter().zip(&want) {
+            let got = logits[i] as f64 - lse;
+            worst = worst.max((got - w).abs());
+            assert!((got - w).abs() < 1e-4, "row {p}, id {i}: {got} vs {w}");
+        }
+        eprintln!("position {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
+        let drafts = s.model_draft(ids[p + 1], 16).unwrap();
+        let want: Vec<u32> = common::json_uints(&cp["drafts"])
+            .iter()
+            .map(|&i| i as u32)
+            .collect();
+        assert_eq!(drafts, want, "position {p}: the draft block");
+    }
+}

@@ -245,6 +245,8 @@ fn the_cli_prints_the_same_text() {
     );
     let mtp = mtp_file("cli");
     let mtp = mtp.to_str().unwrap();
+    let dspark = dspark_file("cli");
+    let dspark = dspark.to_str().unwrap();
     for (extra, name) in [
         (&["--spec", "lookup"][..], "lookup"),
         (
@@ -268,6 +270,30 @@ fn the_cli_prints_the_same_text() {
             ],
             "mtp",
         ),
+        (
+            &[
+                "--dspark",
+                "--mtp-model",
+                dspark,
+                "--draft",
+                "4",
+                "--draft-fixed",
+            ],
+            "dspark",
+        ),
+        // The drafter's experts live in its file and are read whole.
+        (
+            &[
+                "--dspark",
+                "--mtp-model",
+                dspark,
+                "--draft",
+                "4",
+                "--draft-fixed",
+                "--ssd-streaming",
+            ],
+            "dspark",
+        ),
     ] {
         let mut args = base.to_vec();
         args.extend_from_slice(extra);
@@ -277,6 +303,24 @@ fn the_cli_prints_the_same_text() {
         assert_eq!(o.stdout, plain.stdout, "{extra:?}");
         assert!(err.contains(&format!("speculation ({name}):")), "{err}");
     }
+}
+
+/// The tiny q8 model's DSpark drafter, in a directory of its own.
+fn dspark_file(tag: &str) -> std::path::PathBuf {
+    use ds4::testmodel::dspark::{write_dspark, DsparkSpec};
+    let dir = common::fresh_dir("spec-server-dspark", tag);
+    let p = dir.join("tiny-q8.dspark.gguf");
+    let spec = ds4::testmodel::TestModelSpec::tiny();
+    let n_vocab = common::tiny_model(Variant::Q8).config.n_vocab;
+    write_dspark(
+        &spec,
+        &DsparkSpec::for_model(&spec),
+        Variant::Q8,
+        n_vocab,
+        &p,
+    )
+    .unwrap();
+    p
 }
 
 /// The tiny q8 model's MTP draft file, in a directory of its own.

@@ -53,6 +53,9 @@ struct Args {
     /// also write the MTP draft file next to the output (OUT with extension .mtp.gguf)
     #[argh(switch)]
     mtp: bool,
+    /// also write a DSpark drafter next to the output (OUT with extension .dspark.gguf)
+    #[argh(switch)]
+    dspark: bool,
     /// write the full-shape Flash header (q2 unless --variant q4/mxfp4) with a hole for data instead
     #[argh(switch)]
     sparse_flash: bool,
@@ -166,6 +169,13 @@ fn run(a: Args) -> Result<(), String> {
             testmodel::write_mtp(&spec, v, &mtp).map_err(|e| format!("{}: {e}", mtp.display()))?;
             eprintln!("wrote {}", mtp.display());
         }
+        if a.dspark {
+            let ds = path.with_extension("dspark.gguf");
+            let d = testmodel::dspark::DsparkSpec::for_model(&spec);
+            testmodel::dspark::write_dspark(&spec, &d, v, vocab.tokens.len(), &ds)
+                .map_err(|e| format!("{}: {e}", ds.display()))?;
+            eprintln!("wrote {}", ds.display());
+        }
     }
     Ok(())
 }
@@ -211,7 +221,8 @@ fn run_v41(a: &Args, vocab: &Vocab) -> Result<(), String> {
         || a.indexer_heads.is_some()
         || a.experts.is_some()
         || a.long_context
-        || a.mtp;
+        || a.mtp
+        || a.dspark;
     if unsupported {
         return Err("--arch deepseek41 takes --window, --init-gain and --seed only".into());
     }

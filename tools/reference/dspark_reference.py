@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""DeepSeek's DSpark drafter on a V4 target, in numpy float64, for the DSpark golden.
+
+Written from the official `inference/model.py` (`DSparkBlock`, `DSparkAttention`,
+`DSparkMarkovHead`, `Transformer.forward_spec`; the V4.1 file, the one DeepSeek
+published with DSpark) and ds4's `deepseek4-dspark` layout, independently of
+ds4's graph. The stages are V4 blocks (this golden's target is V4), so their
+HC mixes, attention and MoE are those of `mtp_reference.py`; what DSpark adds:
+
+    main_x[p] = rmsnorm(main_proj · taps[p], main_norm)     p = 0 … P
+    ring_k    = rope(kv_norm_k(wkv_k · main_x[p]), p)       each stage k, the
+                last `sliding_window` positions
+    block     = [next, noise, …, noise] at positions P+1 … P+bs, embedded
+                with the target's table, copied to the HC streams
+    attention = the block's queries over ring_k and all the block's own rows
+                (kv of the block's normed inputs, RoPE at their positions):
+                no causal mask inside the block; per-head sinks
+    logits    = output(norm(collapse(x, sigmoid head mix of the last stage)))
+    row i    += markov_w2 · markov_w1[token_i]   token_0 = next, token_i+1 =
+                argmax of row i (greedy `sample` at temperature 0)
+
+Plain numerics (no simulated rounding).
+
+Inputs: the main GGUF, the DSpark GGUF (gguf-py; quantised tensors
+dequantised) and `PREFIX.ids.json` + `PREFIX.taps.bin` (the target's taps,
+`[L][taps·D]` f32, written by
+`cargo test --release --test speculate_dspark -- --ignored write_dspark_golden_inputs`).
+Output: per checkpoint position P (the target holds ids[0..=P], next =
+ids[P+1]): the top-k ids and float64 log-probs of the first row (Markov bias
+included) and the greedy draft block.
+
+    python3 tools/reference/dspark_reference.py --gguf tiny-q8.gguf \
+        --dspark tiny-q8.dspark.gguf --inputs tests/golden/dspark-tiny-q8 \
+        -o tests/golden/dspark-tiny-q8.json
+"""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mtp_reference import Mtp  # noqa: E402
+from v41_reference import rmsnorm, rope, sigmoid, topk_low_index  # noqa: E402
+
+
+class DSpark(Mtp):
+    def __init__(self, main_path, dspark_path):
+        super().__init__(main_path, dspark_path)
+        k = lambda x: self.f.kv["dspark." + x]  # noqa: E731
+        self.bs = int(k("block_size"))
+        self.noise = int(k("noise_token_id"))
+        self.targets = [int(x) for x in k("target_layer_ids")]
+        self.stages = int(k("stage_count"))
+        self.K = int(k("expert_used_count"))
+        self.stage = 0
+
+    def W(self, name):
+        key = (self.stage, name)
+        if key not in self.w:
+            self.w[key] = self.f.t(f"mtp.{self.stage}." + name)
+        return self.w[key]
+
+    def block_attention(self, x, ring, ring_pos, pos):
+        """The block's rows `x` at positions `pos` over the ring rows (keys at
+        `ring_pos`, already roped) and all the block's own rows."""
+        T, H, hd = x.shape[0], self.H, self.hd
+        xn = rmsnorm(x, self.W("attn_norm.weight"), self.eps)
+        qr = rmsnorm(xn @ self.W("attn_q_a.weight").T, self.W("attn_q_a_norm.weight"), self.eps)
+        q = (qr @ self.W("attn_q_b.weight").T).reshape(T, H, hd)
+        q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + self.eps)  # V4: per-head norm
+        q = rope(q, pos, self.freqs)
+        kv = rmsnorm(xn @ self.W("attn_kv.weight").T, self.W("attn_kv_a_norm.weight"), self.eps)
+        kv = rope(kv, pos, self.freqs)
+        rows = np.concatenate([ring, kv])
+        sink = self.W("attn_sinks.weight")
+        o = np.zeros((T, H, hd))
+        for t in range(T):
+            s = q[t] @ rows.T / math.sqrt(hd)
+            mx = np.maximum(s.max(axis=1), sink)
+            e = np.exp(s - mx[:, None])
+            o[t] = (e @ rows) / (e.sum(axis=1) + np.exp(sink - mx))[:, None]
+        o = rope(o, pos, self.freqs, inverse=True)
+        g = self.o_groups
+        wo_a = self.W("attn_output_a.weight").reshape(g, self.o_rank, -1)
+        o = np.einsum("tgd,grd->tgr", o.reshape(T, g, -1), wo_a).reshape(T, -1)
+        return o @ self.W("attn_output_b.weight").T
+
+    def rings(self, taps):
+        """Each stage's ring rows and their positions, from the taps of
+        positions 0 … P (only the last window's rows are kept)."""
+        self.stage = 0
+        main = rmsnorm(taps @ self.W("main_proj.weight").T, self.W("main_norm.weight"), self.eps)
+        P = taps.shape[0] - 1
+        pos = np.arange(max(0, P + 1 - self.win), P + 1)
+        out = []
+        for k in range(self.stages):
+            self.stage = k
+            kv = rmsnorm(main[pos] @ self.W("attn_kv.weight").T, self.W("attn_kv_a_norm.weight"), self.eps)
+            out.append(rope(kv, pos, self.freqs))
+        return out, pos
+
+    def draft(self, taps, next_id):
+        """The first row's biased logits and the greedy draft block."""
+        rings, ring_pos = self.rings(taps)
+        P = taps.shape[0] - 1
+        pos = np.arange(P + 1, P + 1 + self.bs)
+        ids = np.full(self.bs, self.noise)
+        ids[0] = next_id
+        x = np.repeat(self.embed[ids][:, None, :], self.hc, axis=1)  # [bs, hc, D]
+        for k in range(self.stages):
+            self.stage = k
+            subs = (("attn", lambda h: self.block_attention(h, rings[k], ring_pos, pos)),
+                    ("ffn", self.moe))
+            for site, sub in subs:
+                pre, post, comb = self.mix(x, site)
+                y = sub(np.einsum("th,thd->td", pre, x))
+                x = post[:, :, None] * y[:, None, :] + np.einsum("tij,tid->tjd", comb, x)
+        flat = x.reshape(x.shape[0], -1)
+        flat = flat / np.sqrt(np.mean(flat * flat, axis=-1, keepdims=True) + self.eps)
+        m = flat @ self.W("hc_head_fn.weight").T
+        pre = sigmoid(m * self.W("hc_head_scale.weight")[0] + self.W("hc_head_base.weight")) + self.hc_eps
+        y = rmsnorm(np.einsum("th,thd->td", pre, x), self.W("norm.weight"), self.eps)
+        logits = y @ self.output.T
+        m_embed = self.W("markov_head.markov_w1.weight")  # [vocab, rank]
+        m_head = self.W("markov_head.markov_w2.weight")  # [vocab, rank]
+        prev, drafts, first = next_id, [], None
+        for i in range(self.bs):
+            row = logits[i] + m_head @ m_embed[prev]
+            if first is None:
+                first = row
+            prev = int(topk_low_index(row, 1)[0])
+            drafts.append(prev)
+        return first, drafts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", required=True, help="the main model")
+    ap.add_argument("--dspark", required=True, help="its DSpark file")
+    ap.add_argument("--inputs", required=True, help="PREFIX of PREFIX.ids.json and PREFIX.taps.bin")
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args()
+    ref = DSpark(a.gguf, a.dspark)
+    inp = json.loads(Path(a.inputs + ".ids.json").read_text())
+    ids, checkpoints = inp["ids"], inp["checkpoints"]
+    L = len(ids) - 1
+    taps = np.fromfile(a.inputs + ".taps.bin", dtype="<f4").astype(np.float64)
+    taps = taps.reshape(L, len(ref.targets) * ref.d)
+    out = []
+    for p in checkpoints:
+        row, drafts = ref.draft(taps[:p + 1], ids[p + 1])
+        lse = float(np.logaddexp.reduce(row))
+        top = topk_low_index(row, a.top)
+        out.append({"position": p, "next": ids[p + 1], "top_ids": [int(i) for i in top],
+                    "top_logprobs": [float(row[i] - lse) for i in top], "logsumexp": lse,
+                    "drafts": drafts})
+    json.dump({"format": "ds4-dspark-golden-v1", "script": "tools/reference/dspark_reference.py",
+               "numerics": "plain", "dtype": "float64", "window": ref.win,
+               "block_size": ref.bs, "target_layers": ref.targets,
+               "ids": ids, "checkpoints": out}, open(a.out, "w"), indent=1)
+    print(f"wrote {a.out}: {len(out)} checkpoints over {L} positions")
+
+
+if __name__ == "__main__":
+    main()
