@@ -38,6 +38,8 @@ use super::state::LayerState;
 use super::weights::{bind_layer, Binder, Class};
 use super::{LayerWeights, ModelConfig, ModelError, Weights};
 use crate::gguf::{GgufFile, TensorRef};
+use crate::graph::ops::basic::{Add, Embed};
+use crate::graph::ops::Op;
 use crate::graph::{Graph, StateId, ValueId, ValueName};
 
 /// The longest draft block ds4 runs (the published drafters use 5–7).
@@ -331,4 +333,39 @@ pub fn record_draft(
     let x = b.hc_collapse("dspark_out_in", state, pre);
     let logits = b.head(x, &ds.norm, &w.output, Logits::All);
     b.finish(logits, Vec::new(), &[])
+}
+
+/// One Markov step: a logits row (host-written) plus the bias of the
+/// step's one token, `markov_w2 · markov_w1[token]`.
+#[derive(Clone, Debug)]
+pub struct MarkovGraph {
+    pub graph: Graph,
+    /// The draft block's logits row the bias is added to (vocab).
+    pub row: ValueId,
+}
+
+/// Records the Markov step of `ds` (the row's biased logits are the
+/// graph's logits).
+pub fn record_markov(cfg: &ModelConfig, ds: &DsparkWeights) -> MarkovGraph {
+    let core = dspark_config(cfg, &ds.config);
+    let mut b = Builder::new(&core, 1);
+    let e = b.r.tokens_f32("markov_embed", ds.config.markov_rank);
+    b.r.op(Op::Embed(Embed {
+        table: ds.markov_embed.clone(),
+        tokens: b.tokens,
+        out: e,
+    }));
+    let bias = b.matmul("markov_bias", &ds.markov_head, e); // vocab
+    let row = b.r.tokens_f32("markov_row", cfg.n_vocab);
+    let out = b.r.tokens_f32("markov_logits", cfg.n_vocab);
+    b.r.op(Op::Add(Add {
+        a: row,
+        b: bias,
+        out,
+        cols: cfg.n_vocab,
+    }));
+    MarkovGraph {
+        graph: b.finish(out, vec![row], &[]),
+        row,
+    }
 }

@@ -15,10 +15,8 @@ use std::sync::Arc;
 use super::draft::DraftRunner;
 use super::SessionError;
 use crate::backend::{Backend, GraphHandle};
-use crate::gguf::GgufFile;
-use crate::graph::ops::load_f32;
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
-use crate::model::dspark::{tap_values, DsparkWeights, SeedGraph};
+use crate::model::dspark::{tap_values, DsparkWeights, MarkovGraph, SeedGraph};
 use crate::model::ModelConfig;
 use crate::sampler::argmax;
 
@@ -34,10 +32,10 @@ pub(super) struct DsparkRunner {
     block: usize,
     noise: u32,
     vocab: usize,
-    /// The Markov head's tables, `vocab × rank` each.
-    markov_embed: Vec<f32>,
-    markov_head: Vec<f32>,
-    rank: usize,
+    /// The Markov step ([`crate::model::dspark::record_markov`]).
+    markov: GraphHandle,
+    markov_row: ValueId,
+    markov_logits: ValueId,
     /// Taps (`taps·D`) of positions `hist_end - hist.len() .. hist_end`.
     hist: VecDeque<Vec<f32>>,
     hist_end: usize,
@@ -50,16 +48,18 @@ pub(super) struct DsparkRunner {
 impl DsparkRunner {
     pub fn open(
         backend: &mut dyn Backend,
-        file: &GgufFile,
         cfg: &ModelConfig,
         ds: &DsparkWeights,
         seed: SeedGraph,
         draft: Graph,
+        markov: MarkovGraph,
     ) -> Result<DsparkRunner, SessionError> {
         let draft_logits = draft.logits;
         let seed_taps = seed.taps;
+        let (markov_row, markov_logits) = (markov.row, markov.graph.logits);
         let seed = backend.load_graph(Arc::new(seed.graph))?;
         let draft = backend.load_graph(Arc::new(draft))?;
+        let markov_h = backend.load_graph(Arc::new(markov.graph))?;
         Ok(DsparkRunner {
             seed,
             seed_taps,
@@ -71,9 +71,9 @@ impl DsparkRunner {
             block: ds.config.block_size,
             noise: ds.config.noise_token,
             vocab: cfg.n_vocab,
-            markov_embed: load_f32(file, &ds.markov_embed),
-            markov_head: load_f32(file, &ds.markov_head),
-            rank: ds.config.markov_rank,
+            markov: markov_h,
+            markov_row,
+            markov_logits,
             hist: VecDeque::new(),
             hist_end: 0,
             done: 0,
@@ -188,54 +188,29 @@ impl DraftRunner for DsparkRunner {
         };
         backend.run(self.draft, &block, params)?;
         let logits = backend.read_value(self.draft, self.draft_logits)?;
-        let (drafts, first) = markov_drafts(
-            &logits,
-            self.vocab,
-            next,
-            &self.markov_embed,
-            &self.markov_head,
-            self.rank,
-            k.min(self.block),
-        );
-        self.first = first;
+        // Row i gains the Markov bias of token i (`next`, then each pick)
+        // and picks token i + 1 (DeepSeek's `DSparkBlock.forward_head`,
+        // greedy).
+        let mut prev = next;
+        let mut drafts = Vec::with_capacity(k.min(self.block));
+        for (i, row) in logits.chunks_exact(self.vocab).take(k).enumerate() {
+            backend.write_value(self.markov, self.markov_row, row)?;
+            let params = StepParams {
+                pos0: len + i,
+                n_tokens: 1,
+            };
+            backend.run(self.markov, &[prev], params)?;
+            let biased = backend.read_value(self.markov, self.markov_logits)?;
+            prev = argmax(&biased) as u32;
+            drafts.push(prev);
+            if i == 0 {
+                self.first = biased;
+            }
+        }
         Ok(drafts)
     }
 
     fn first_logits(&self, _backend: &dyn Backend) -> Result<Vec<f32>, SessionError> {
         Ok(self.first.clone())
     }
-}
-
-/// The drafts of one block: row `i` of `logits` (`rows × vocab`) plus the
-/// Markov bias of token `i` (token 0 = `next`) picks token `i + 1`
-/// (greedy; DeepSeek's `DSparkBlock.forward_head`). `embed` and `head` are
-/// the Markov tables, `vocab × rank`, row-major. Also returns row 0 with
-/// its bias.
-fn markov_drafts(
-    logits: &[f32],
-    vocab: usize,
-    next: u32,
-    embed: &[f32],
-    head: &[f32],
-    rank: usize,
-    k: usize,
-) -> (Vec<u32>, Vec<f32>) {
-    let mut prev = next as usize;
-    let mut drafts = Vec::with_capacity(k);
-    let mut first = Vec::new();
-    let mut row = vec![0f32; vocab];
-    for logit_row in logits.chunks_exact(vocab).take(k) {
-        let e = &embed[prev * rank..(prev + 1) * rank];
-        for (v, (o, &l)) in row.iter_mut().zip(logit_row).enumerate() {
-            let h = &head[v * rank..(v + 1) * rank];
-            let bias: f32 = h.iter().zip(e).map(|(a, b)| a * b).sum();
-            *o = l + bias;
-        }
-        if first.is_empty() {
-            first = row.clone();
-        }
-        prev = argmax(&row);
-        drafts.push(prev as u32);
-    }
-    (drafts, first)
 }

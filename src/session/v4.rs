@@ -137,7 +137,8 @@ impl Net for V4Net {
                 let rings = &self.draft_rings;
                 let seed = dspark::record_seed(cfg, ds, rings, self.numerics, window);
                 let draft = dspark::record_draft(cfg, &m.weights, ds, rings, self.numerics);
-                let r = DsparkRunner::open(backend, &m.file, cfg, ds, seed, draft)?;
+                let markov = dspark::record_markov(cfg, ds);
+                let r = DsparkRunner::open(backend, cfg, ds, seed, draft, markov)?;
                 Some(Box::new(r))
             }
             _ => None,

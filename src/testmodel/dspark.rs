@@ -38,6 +38,24 @@ impl DsparkSpec {
     }
 }
 
+impl DsparkSpec {
+    /// DeepSeek's published shape on a Flash-width model: three stages,
+    /// blocks of 5, Markov rank 256, the last three layers tapped, the
+    /// model's experts and top-k (ds4's V4 0731 file has no expert keys).
+    pub fn flash_for(spec: &TestModelSpec, n_vocab: usize) -> DsparkSpec {
+        let n = spec.n_layer();
+        DsparkSpec {
+            block_size: 5,
+            markov_rank: 256,
+            noise_token: (n_vocab - 1) as u32,
+            target_layers: (n.saturating_sub(3)..n).collect(),
+            n_stages: 3,
+            n_expert: spec.core.n_expert,
+            n_expert_used: spec.core.n_expert_used,
+        }
+    }
+}
+
 /// Writes the drafter for `spec` (its vocabulary has `n_vocab` tokens).
 pub fn write_dspark(
     spec: &TestModelSpec,

@@ -169,6 +169,13 @@ pub fn make_model(a: &Args, kind: &str) -> Result<(), String> {
         testmodel::write_mtp(&spec, variant, &mtp)
             .map_err(|e| format!("{}: {e}", mtp.display()))?;
         eprintln!("ds4-bench: wrote {}", mtp.display());
+        // And a DSpark drafter of DeepSeek's shape, for `--spec-table --dspark`.
+        let ds = out.with_extension("dspark.gguf");
+        let n_vocab = vocab.tokens.len();
+        let d = testmodel::dspark::DsparkSpec::flash_for(&spec, n_vocab);
+        testmodel::dspark::write_dspark(&spec, &d, variant, n_vocab, &ds)
+            .map_err(|e| format!("{}: {e}", ds.display()))?;
+        eprintln!("ds4-bench: wrote {}", ds.display());
     }
     Ok(())
 }
