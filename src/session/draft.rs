@@ -3,6 +3,8 @@
 //! values of the target's forward that the session keeps, on the session's
 //! own backend, and give back what a rejected verify row left.
 
+use std::collections::VecDeque;
+
 use super::{Session, SessionError};
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, ValueName};
@@ -87,5 +89,78 @@ impl Session {
         }
         let m = self.drafter.as_ref().expect("drafted above");
         m.first_logits(self.backend.as_ref())
+    }
+}
+
+/// What a draft model keeps of the target's steps: one row per position of
+/// the last `window` (the values it drafts from), and how far its own rings
+/// are caught up. A verify step's rejected rows are taken back; a step that
+/// does not continue the kept positions (a snapshot was loaded) starts over.
+pub(super) struct TargetRows {
+    window: usize,
+    /// Rows of positions `end - rows.len() .. end`.
+    rows: VecDeque<Vec<f32>>,
+    end: usize,
+    /// The draft model's ring rows of positions below this are written.
+    pub done: usize,
+}
+
+impl TargetRows {
+    pub fn new(window: usize) -> TargetRows {
+        TargetRows {
+            window: window.max(1),
+            rows: VecDeque::new(),
+            end: 0,
+            done: 0,
+        }
+    }
+
+    /// How many of an `n`-row step's last rows are worth keeping.
+    pub fn kept(&self, n: usize) -> usize {
+        n.min(self.window)
+    }
+
+    /// Keeps `rows`, the last rows of a step over `pos0 .. pos0 + n`.
+    pub fn push(&mut self, pos0: usize, n: usize, rows: impl IntoIterator<Item = Vec<f32>>) {
+        if pos0 != self.end {
+            self.rows.clear();
+            self.done = self.done.min(pos0);
+        }
+        self.rows.extend(rows);
+        while self.rows.len() > self.window {
+            self.rows.pop_front();
+        }
+        self.end = pos0 + n;
+    }
+
+    /// The session now holds `len` tokens.
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.end {
+            let drop = (self.end - len).min(self.rows.len());
+            self.rows.truncate(self.rows.len() - drop);
+            self.end = len;
+        }
+        self.done = self.done.min(len);
+    }
+
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.end = 0;
+        self.done = 0;
+    }
+
+    /// Whether the rows end at `len` tokens (something to draft from).
+    pub fn ready(&self, len: usize) -> bool {
+        !self.rows.is_empty() && self.end == len
+    }
+
+    /// The first position with a kept row.
+    pub fn oldest(&self) -> usize {
+        self.end - self.rows.len()
+    }
+
+    /// The row of position `pos` (kept).
+    pub fn row(&self, pos: usize) -> &[f32] {
+        &self.rows[pos - self.oldest()]
     }
 }

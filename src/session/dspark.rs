@@ -9,10 +9,9 @@
 //! are never written (only kept positions are seeded), and the block's
 //! own rows are never written at all (`Attention::block`).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::draft::DraftRunner;
+use super::draft::{DraftRunner, TargetRows};
 use super::SessionError;
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
@@ -28,7 +27,6 @@ pub(super) struct DsparkRunner {
     targets: Vec<ValueName>,
     /// The model's width (a tap's).
     dim: usize,
-    window: usize,
     block: usize,
     noise: u32,
     vocab: usize,
@@ -36,11 +34,8 @@ pub(super) struct DsparkRunner {
     markov: GraphHandle,
     markov_row: ValueId,
     markov_logits: ValueId,
-    /// Taps (`taps·D`) of positions `hist_end - hist.len() .. hist_end`.
-    hist: VecDeque<Vec<f32>>,
-    hist_end: usize,
-    /// Ring rows of positions below this are seeded.
-    done: usize,
+    /// Taps (`taps·D`) of the last `window` positions.
+    hist: TargetRows,
     /// Row 0's logits with its Markov bias, of the last draft.
     first: Vec<f32>,
 }
@@ -67,16 +62,13 @@ impl DsparkRunner {
             draft_logits,
             targets: tap_values(&ds.config),
             dim: cfg.n_embd,
-            window: cfg.sliding_window.max(1),
             block: ds.config.block_size,
             noise: ds.config.noise_token,
             vocab: cfg.n_vocab,
             markov: markov_h,
             markov_row,
             markov_logits,
-            hist: VecDeque::new(),
-            hist_end: 0,
-            done: 0,
+            hist: TargetRows::new(cfg.sliding_window),
             first: Vec::new(),
         })
     }
@@ -106,13 +98,8 @@ impl DraftRunner for DsparkRunner {
         pos0: usize,
         n: usize,
     ) -> Result<(), SessionError> {
-        if pos0 != self.hist_end {
-            // Not a continuation (a snapshot was loaded): start over.
-            self.hist.clear();
-            self.done = self.done.min(pos0);
-        }
         // Only the rows the rings can still hold cross to the host.
-        let kept = n.min(self.window);
+        let kept = self.hist.kept(n);
         let mut values = Vec::with_capacity(self.targets.len());
         for t in &self.targets {
             let v = graph
@@ -120,34 +107,26 @@ impl DraftRunner for DsparkRunner {
                 .ok_or_else(|| SessionError::UnknownValue(t.to_string()))?;
             values.push(backend.read_value_rows(g, v, n - kept..n)?);
         }
-        for r in 0..kept {
-            let mut row = Vec::with_capacity(self.targets.len() * self.dim);
-            for v in &values {
-                let w = v.len() / kept;
-                self.tap(&v[r * w..(r + 1) * w], &mut row);
-            }
-            self.hist.push_back(row);
-        }
-        while self.hist.len() > self.window {
-            self.hist.pop_front();
-        }
-        self.hist_end = pos0 + n;
+        let taps: Vec<Vec<f32>> = (0..kept)
+            .map(|r| {
+                let mut row = Vec::with_capacity(self.targets.len() * self.dim);
+                for v in &values {
+                    let w = v.len() / kept;
+                    self.tap(&v[r * w..(r + 1) * w], &mut row);
+                }
+                row
+            })
+            .collect();
+        self.hist.push(pos0, n, taps);
         Ok(())
     }
 
     fn truncate(&mut self, len: usize) {
-        if len < self.hist_end {
-            let drop = (self.hist_end - len).min(self.hist.len());
-            self.hist.truncate(self.hist.len() - drop);
-            self.hist_end = len;
-        }
-        self.done = self.done.min(len);
+        self.hist.truncate(len);
     }
 
     fn clear(&mut self) {
         self.hist.clear();
-        self.hist_end = 0;
-        self.done = 0;
     }
 
     fn draft(
@@ -158,17 +137,14 @@ impl DraftRunner for DsparkRunner {
         k: usize,
     ) -> Result<Vec<u32>, SessionError> {
         let len = tokens.len();
-        if k == 0 || self.hist.is_empty() || self.hist_end != len {
+        if k == 0 || !self.hist.ready(len) {
             return Ok(Vec::new());
         }
         // Seed the rings with the kept positions not in them yet.
-        let oldest = len - self.hist.len();
-        let first = self.done.max(oldest);
+        let first = self.hist.done.max(self.hist.oldest());
         if first < len {
-            let taps: Vec<f32> = self
-                .hist
-                .range(first - oldest..)
-                .flatten()
+            let taps: Vec<f32> = (first..len)
+                .flat_map(|p| self.hist.row(p))
                 .copied()
                 .collect();
             backend.write_value(self.seed, self.seed_taps, &taps)?;
@@ -177,7 +153,7 @@ impl DraftRunner for DsparkRunner {
                 n_tokens: len - first,
             };
             backend.run(self.seed, &tokens[first..len], params)?;
-            self.done = len;
+            self.hist.done = len;
         }
         // The block: `next` and noise, at the positions after the target's.
         let mut block = vec![self.noise; self.block];

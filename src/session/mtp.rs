@@ -23,10 +23,9 @@
 //! Drafts never change what the session outputs: verification keeps a
 //! draft only when it is the token the target picks.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::draft::DraftRunner;
+use super::draft::{DraftRunner, TargetRows};
 use super::SessionError;
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, StateId, StepParams, ValueId, ValueName};
@@ -88,12 +87,8 @@ pub(super) struct MtpRunner {
     window: usize,
     /// The target's final state in the graphs that keep it.
     target: ValueName,
-    /// The target's final states of positions `hist_end - hist.len() ..
-    /// hist_end` (at most `window`).
-    hist: VecDeque<Vec<f32>>,
-    hist_end: usize,
-    /// Ring rows of positions below this come from the target's states.
-    done: usize,
+    /// The target's final states of the last `window` positions.
+    hist: TargetRows,
 }
 
 impl MtpRunner {
@@ -115,9 +110,7 @@ impl MtpRunner {
             ring,
             window: window.max(1),
             target,
-            hist: VecDeque::new(),
-            hist_end: 0,
-            done: 0,
+            hist: TargetRows::new(window),
         })
     }
 }
@@ -140,41 +133,22 @@ impl DraftRunner for MtpRunner {
         let Some(v) = graph.find(&self.target) else {
             return Err(SessionError::UnknownValue(self.target.to_string()));
         };
-        if pos0 != self.hist_end {
-            // Not a continuation (a snapshot was loaded): start over.
-            self.hist.clear();
-            self.done = self.done.min(pos0);
-        }
         // Only the rows the block can still attend to cross to the host
         // (a window of a 2,048-row prefill chunk, not the chunk).
-        let kept = n.min(self.window);
+        let kept = self.hist.kept(n);
         let rows = backend.read_value_rows(g, v, n - kept..n)?;
         let w = rows.len() / kept.max(1);
-        for r in rows.chunks_exact(w.max(1)) {
-            self.hist.push_back(r.to_vec());
-        }
-        while self.hist.len() > self.window {
-            self.hist.pop_front();
-        }
-        self.hist_end = pos0 + n;
+        self.hist
+            .push(pos0, n, rows.chunks_exact(w.max(1)).map(<[f32]>::to_vec));
         Ok(())
     }
 
-    /// The session now holds `len` tokens (a verify step took rows back).
     fn truncate(&mut self, len: usize) {
-        if len < self.hist_end {
-            let drop = (self.hist_end - len).min(self.hist.len());
-            self.hist.truncate(self.hist.len() - drop);
-            self.hist_end = len;
-        }
-        self.done = self.done.min(len);
+        self.hist.truncate(len);
     }
 
-    /// An empty sequence.
     fn clear(&mut self) {
         self.hist.clear();
-        self.hist_end = 0;
-        self.done = 0;
     }
 
     /// Up to `k` tokens after `tokens` and `next`.
@@ -186,14 +160,14 @@ impl DraftRunner for MtpRunner {
         k: usize,
     ) -> Result<Vec<u32>, SessionError> {
         let len = tokens.len();
-        if k == 0 || self.hist.is_empty() || self.hist_end != len {
+        if k == 0 || !self.hist.ready(len) {
             return Ok(Vec::new());
         }
         // Catch up: positions j < len pair the target's state at j with the
         // token at j + 1 (`next` for the last); the last row has the head.
-        let first = self.done.max(len - self.hist.len()).min(len - 1);
+        let first = self.hist.done.max(self.hist.oldest()).min(len - 1);
         for j in first..len {
-            let h = &self.hist[j + self.hist.len() - len];
+            let h = self.hist.row(j);
             let (step, t) = if j + 1 < len {
                 (&self.ring_only, tokens[j + 1])
             } else {
@@ -201,7 +175,7 @@ impl DraftRunner for MtpRunner {
             };
             step.run(backend, h, t, j)?;
         }
-        self.done = len;
+        self.hist.done = len;
         let mut drafts =
             vec![argmax(&backend.read_value(self.head.handle, self.head.logits)?) as u32];
         if k == 1 {
