@@ -10,13 +10,11 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use common::draft::{check_top_logprobs, run_n};
 use common::{max_abs_diff, tokens};
 use ds4::backend::{BackendKind, BackendOptions};
-use ds4::generate::{self, Observer, Sampled, Step};
-use ds4::model::dspark::DsparkConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::{AnyModel, ModelFile};
-use ds4::sampler::{Rng, SamplerConfig};
 use ds4::session::{DraftModel, Session, SessionError, SessionOptions};
 use ds4::speculate::draft_model::ModelDrafter;
 use ds4::speculate::{Policy, Speculator};
@@ -72,18 +70,7 @@ fn the_drafter_binds_with_its_own_experts_and_taps() {
     let ds = m.dspark.as_ref().unwrap();
     let spec = TestModelSpec::tiny();
     let want = DsparkSpec::for_model(&spec);
-    assert_eq!(
-        ds.config,
-        DsparkConfig {
-            block_size: want.block_size,
-            markov_rank: want.markov_rank,
-            noise_token: want.noise_token,
-            target_layers: want.target_layers.clone(),
-            n_stages: want.n_stages,
-            n_expert: want.n_expert,
-            n_expert_used: want.n_expert_used,
-        }
-    );
+    assert_eq!(ds.config, want, "the keys read back");
     assert_ne!(ds.config.n_expert, m.config.n_expert, "its own experts");
     assert_eq!(ds.config.target_layers[0], 0, "the embedding is tapped");
     assert_eq!(ds.stages.len(), 2);
@@ -129,59 +116,6 @@ fn mismatched_dspark_files_are_refused() {
     assert!(err.contains("not a DSpark drafter"), "{err}");
 }
 
-#[derive(Default)]
-struct Rec {
-    ids: Vec<u32>,
-    bytes: Vec<u8>,
-}
-
-impl Observer for Rec {
-    fn greedy_next(&mut self) -> bool {
-        false
-    }
-    fn token(&mut self, id: u32, bytes: &[u8]) -> Step {
-        self.ids.push(id);
-        self.bytes.extend_from_slice(bytes);
-        Step::Continue
-    }
-}
-
-struct Run {
-    tokens: Vec<u32>,
-    rec: Rec,
-    logits: Vec<f32>,
-    states: Vec<Vec<f32>>,
-}
-
-fn run(
-    s: &mut Session,
-    tok: &Tokenizer,
-    prompt: &[u32],
-    temperature: f32,
-    spec: Option<&mut Speculator>,
-    target_states: usize,
-) -> Run {
-    s.reset();
-    s.sync(prompt, &mut |_, _| {}).unwrap();
-    let mut picker = Sampled {
-        cfg: SamplerConfig {
-            temperature,
-            ..SamplerConfig::default()
-        },
-        rng: Rng::new(0x3a7),
-    };
-    let mut rec = Rec::default();
-    let out = generate::generate_with(s, tok, 40, &mut picker, &mut rec, spec).unwrap();
-    let mut states = s.read_states().unwrap();
-    states.truncate(target_states);
-    Run {
-        tokens: out.tokens,
-        rec,
-        logits: s.logits().to_vec(),
-        states,
-    }
-}
-
 /// Greedy and sampled generation with DSpark drafts of 4 (every step
 /// drafts) equals plain generation: tokens, streamed bytes, final logits
 /// and every target state buffer. The 40-token prompt crosses the tiny
@@ -198,12 +132,13 @@ fn dspark_equals_plain(backend: BackendKind, variant: Variant) {
     assert!(s.has_draft_model());
     let prompt = tokens(40, 11);
     for temperature in [0.0, 0.8] {
-        let plain = run(&mut s, &tok, &prompt, temperature, None, n_target);
+        let plain = run_n(&mut s, &tok, &prompt, 40, temperature, None, n_target);
         let mut spec = Speculator::new(Box::new(ModelDrafter::DSPARK), Policy::fixed(4, 4));
-        let got = run(
+        let got = run_n(
             &mut s,
             &tok,
             &prompt,
+            40,
             temperature,
             Some(&mut spec),
             n_target,
@@ -392,27 +327,7 @@ fn dspark_matches_reference() {
         s.reset();
         s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
         let logits = s.draft_logits(ids[p + 1]).unwrap();
-        let lse = {
-            let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-            m + logits
-                .iter()
-                .map(|&x| (x as f64 - m).exp())
-                .sum::<f64>()
-                .ln()
-        };
-        let top = common::json_uints(&cp["top_ids"]);
-        let want: Vec<f64> = cp["top_logprobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
-        let mut worst = 0f64;
-        for (&i, &w) in top.iter().zip(&want) {
-            let got = logits[i] as f64 - lse;
-            worst = worst.max((got - w).abs());
-            assert!((got - w).abs() < 1e-4, "row {p}, id {i}: {got} vs {w}");
-        }
+        let worst = check_top_logprobs(&logits, cp, 1e-4, &format!("position {p}"));
         eprintln!("position {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
         let drafts = s.model_draft(ids[p + 1], 16).unwrap();
         let want: Vec<u32> = common::json_uints(&cp["drafts"])
@@ -421,4 +336,45 @@ fn dspark_matches_reference() {
             .collect();
         assert_eq!(drafts, want, "position {p}: the draft block");
     }
+}
+
+#[cfg(feature = "cuda")]
+#[allow(dead_code)]
+#[path = "cuda_emu/mod.rs"]
+mod cuda_emu;
+
+/// CUDA (the host emulator when there is no driver): the drafter's logits
+/// equal cpu-ref's within f32 noise, and 12 greedy tokens with DSpark
+/// drafts equal plain decoding's.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_dspark_logits_and_exactness() {
+    match cuda_emu::install() {
+        Ok(d) => eprintln!("cuda on {d}"),
+        Err(e) => panic!("no CUDA driver or emulator: {e}"),
+    }
+    let model = model_with_dspark(Variant::Q8, "cuda");
+    let prompt = tokens(20, 3);
+    let mut r = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    r.sync(&prompt, &mut |_, _| {}).unwrap();
+    let reference = r.draft_logits(7).unwrap();
+    let mut s = Session::open_any(&model, opts(BackendKind::Cuda, true)).unwrap();
+    s.sync(&prompt, &mut |_, _| {}).unwrap();
+    let d = max_abs_diff(&reference, &s.draft_logits(7).unwrap());
+    eprintln!("cuda: max |Δlogit| {d}");
+    assert!(d < 1e-4, "max |Δlogit| {d}");
+
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let n_target = Session::open_any(&model, opts(BackendKind::CpuRef, false))
+        .unwrap()
+        .read_states()
+        .unwrap()
+        .len();
+    let plain = run_n(&mut s, &tok, &prompt, 12, 0.0, None, n_target);
+    let mut spec = Speculator::new(Box::new(ModelDrafter::DSPARK), Policy::fixed(4, 4));
+    let got = run_n(&mut s, &tok, &prompt, 12, 0.0, Some(&mut spec), n_target);
+    assert_eq!(plain.tokens, got.tokens, "CUDA: tokens");
+    assert!(plain.logits == got.logits, "CUDA: final logits");
+    assert!(plain.states == got.states, "CUDA: target state");
+    assert!(spec.stats().drafted > 0, "{:?}", spec.stats());
 }

@@ -13,12 +13,11 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use common::draft::{check_top_logprobs, run_n, Run};
 use common::{max_abs_diff, tokens};
 use ds4::backend::{BackendKind, BackendOptions};
-use ds4::generate::{self, Finish, Observer, Sampled, Step};
 use ds4::model::forward::Numerics;
 use ds4::model::{AnyModel, ModelFile};
-use ds4::sampler::{Rng, SamplerConfig};
 use ds4::session::{DraftModel, Session, SessionError, SessionOptions};
 use ds4::speculate::draft_model::ModelDrafter;
 use ds4::speculate::{Policy, Speculator};
@@ -75,32 +74,6 @@ fn opts(backend: BackendKind, mtp: bool) -> SessionOptions {
     }
 }
 
-#[derive(Default)]
-struct Rec {
-    ids: Vec<u32>,
-    bytes: Vec<u8>,
-}
-
-impl Observer for Rec {
-    fn greedy_next(&mut self) -> bool {
-        false
-    }
-    fn token(&mut self, id: u32, bytes: &[u8]) -> Step {
-        self.ids.push(id);
-        self.bytes.extend_from_slice(bytes);
-        Step::Continue
-    }
-}
-
-struct Run {
-    tokens: Vec<u32>,
-    finish: Finish,
-    rec: Rec,
-    logits: Vec<f32>,
-    /// Every target state buffer (the MTP ring, last in the layout, left out).
-    states: Vec<Vec<f32>>,
-}
-
 fn run(
     s: &mut Session,
     tok: &Tokenizer,
@@ -110,37 +83,6 @@ fn run(
     target_states: usize,
 ) -> Run {
     run_n(s, tok, prompt, 48, temperature, spec, target_states)
-}
-
-fn run_n(
-    s: &mut Session,
-    tok: &Tokenizer,
-    prompt: &[u32],
-    n: usize,
-    temperature: f32,
-    spec: Option<&mut Speculator>,
-    target_states: usize,
-) -> Run {
-    s.reset();
-    s.sync(prompt, &mut |_, _| {}).unwrap();
-    let mut picker = Sampled {
-        cfg: SamplerConfig {
-            temperature,
-            ..SamplerConfig::default()
-        },
-        rng: Rng::new(0x3a7),
-    };
-    let mut rec = Rec::default();
-    let out = generate::generate_with(s, tok, n, &mut picker, &mut rec, spec).unwrap();
-    let mut states = s.read_states().unwrap();
-    states.truncate(target_states);
-    Run {
-        tokens: out.tokens,
-        finish: out.finish,
-        rec,
-        logits: s.logits().to_vec(),
-        states,
-    }
 }
 
 /// Greedy and sampled generation with MTP drafts (fixed length 4, and the
@@ -433,6 +375,9 @@ mod cuda_emu;
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_mtp_logits_and_exactness() {
+    use common::draft::Rec;
+    use ds4::generate::{self, Sampled};
+    use ds4::sampler::{Rng, SamplerConfig};
     match cuda_emu::install() {
         Ok(d) => eprintln!("cuda on {d}"),
         Err(e) => panic!("no CUDA driver or emulator: {e}"),
@@ -560,32 +505,7 @@ fn mtp_matches_reference() {
         s.reset();
         s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
         let logits = s.draft_logits(ids[p + 1]).unwrap();
-        let lse = {
-            let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-            m + logits
-                .iter()
-                .map(|&x| (x as f64 - m).exp())
-                .sum::<f64>()
-                .ln()
-        };
-        let top = common::json_uints(&cp["top_ids"]);
-        let want: Vec<f64> = cp["top_logprobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
-        let mut worst = 0f64;
-        for (&i, &w) in top.iter().zip(&want) {
-            let got = logits[i] as f64 - lse;
-            worst = worst.max((got - w).abs());
-            assert!((got - w).abs() < 1e-4, "row {p}, id {i}: {got} vs {w}");
-        }
+        let worst = check_top_logprobs(&logits, cp, 1e-4, &format!("row {p}"));
         eprintln!("row {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
-        assert_eq!(
-            common::argmax(&logits) as usize,
-            top[0],
-            "row {p}: first draft"
-        );
     }
 }

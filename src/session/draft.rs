@@ -36,11 +36,18 @@ pub(crate) trait DraftRunner: Send {
         n: usize,
     ) -> Result<(), SessionError>;
 
+    /// What it keeps of the target's steps.
+    fn target_rows(&mut self) -> &mut TargetRows;
+
     /// The session now holds `len` tokens (a verify step took rows back).
-    fn truncate(&mut self, len: usize);
+    fn truncate(&mut self, len: usize) {
+        self.target_rows().truncate(len);
+    }
 
     /// An empty sequence.
-    fn clear(&mut self);
+    fn clear(&mut self) {
+        self.target_rows().clear();
+    }
 
     /// Up to `k` tokens after `tokens` and `next`.
     fn draft(
@@ -96,7 +103,7 @@ impl Session {
 /// the last `window` (the values it drafts from), and how far its own rings
 /// are caught up. A verify step's rejected rows are taken back; a step that
 /// does not continue the kept positions (a snapshot was loaded) starts over.
-pub(super) struct TargetRows {
+pub(crate) struct TargetRows {
     window: usize,
     /// Rows of positions `end - rows.len() .. end`.
     rows: VecDeque<Vec<f32>>,

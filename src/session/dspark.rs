@@ -121,12 +121,8 @@ impl DraftRunner for DsparkRunner {
         Ok(())
     }
 
-    fn truncate(&mut self, len: usize) {
-        self.hist.truncate(len);
-    }
-
-    fn clear(&mut self) {
-        self.hist.clear();
+    fn target_rows(&mut self) -> &mut TargetRows {
+        &mut self.hist
     }
 
     fn draft(

@@ -143,12 +143,8 @@ impl DraftRunner for MtpRunner {
         Ok(())
     }
 
-    fn truncate(&mut self, len: usize) {
-        self.hist.truncate(len);
-    }
-
-    fn clear(&mut self) {
-        self.hist.clear();
+    fn target_rows(&mut self) -> &mut TargetRows {
+        &mut self.hist
     }
 
     /// Up to `k` tokens after `tokens` and `next`.

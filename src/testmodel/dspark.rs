@@ -7,18 +7,11 @@ use std::path::Path;
 use super::tensors::{write_planned, Class, Data, Init, Planner};
 use super::{plan_block, TestModelSpec, Variant};
 use crate::gguf::{GgufWriter, MetaArray};
+use crate::model::dspark::DsparkConfig;
 
-/// A drafter's shape; its widths are the model's.
-#[derive(Clone, Debug)]
-pub struct DsparkSpec {
-    pub block_size: usize,
-    pub markov_rank: usize,
-    pub noise_token: u32,
-    pub target_layers: Vec<usize>,
-    pub n_stages: usize,
-    pub n_expert: usize,
-    pub n_expert_used: usize,
-}
+/// A drafter's shape (its widths are the model's): the configuration the
+/// loader reads back.
+pub type DsparkSpec = DsparkConfig;
 
 impl DsparkSpec {
     /// Two stages drafting blocks of 4, tapping the first layer (the
@@ -26,7 +19,7 @@ impl DsparkSpec {
     /// the model's, top-2).
     pub fn for_model(spec: &TestModelSpec) -> DsparkSpec {
         let n = spec.n_layer();
-        DsparkSpec {
+        DsparkConfig {
             block_size: 4,
             markov_rank: 8,
             noise_token: 5,
@@ -36,15 +29,13 @@ impl DsparkSpec {
             n_expert_used: 2,
         }
     }
-}
 
-impl DsparkSpec {
     /// DeepSeek's published shape on a Flash-width model: three stages,
     /// blocks of 5, Markov rank 256, the last three layers tapped, the
     /// model's experts and top-k (ds4's V4 0731 file has no expert keys).
     pub fn flash_for(spec: &TestModelSpec, n_vocab: usize) -> DsparkSpec {
         let n = spec.n_layer();
-        DsparkSpec {
+        DsparkConfig {
             block_size: 5,
             markov_rank: 256,
             noise_token: (n_vocab - 1) as u32,
@@ -83,7 +74,7 @@ pub fn write_dspark(
     let mut s = spec.clone();
     s.core.n_expert = ds.n_expert;
     s.core.n_expert_used = ds.n_expert_used;
-    let (d, hc, r) = (s.core.n_embd, s.core.hc_count, ds.markov_rank);
+    let (d, r) = (s.core.n_embd, ds.markov_rank);
     let mut t = Planner::new(&s.core);
     let taps = ds.target_layers.len();
     for stage in 0..ds.n_stages {
@@ -96,15 +87,7 @@ pub fn write_dspark(
             t.add(n("main_norm"), &[d], Class::Vector, Init::NormWeight);
         }
         if stage + 1 == ds.n_stages {
-            let init = t.normal(hc * d);
-            t.add(n("hc_head_fn"), &[hc * d, hc], Class::F16Dense, init);
-            t.add(
-                n("hc_head_scale"),
-                &[1],
-                Class::Vector,
-                Init::Uniform(0.5, 1.5),
-            );
-            t.add(n("hc_head_base"), &[hc], Class::Vector, Init::Normal(0.5));
+            t.hc_head(&p);
             t.add(n("norm"), &[d], Class::Vector, Init::NormWeight);
             let head = t.normal(r);
             t.add(

@@ -393,18 +393,11 @@ fn plan_main(s: &TestModelSpec, n_vocab: usize) -> Vec<Planned> {
 }
 
 fn plan_mtp(s: &TestModelSpec) -> Vec<Planned> {
-    let (d, hc) = (s.core.n_embd, s.core.hc_count);
+    let d = s.core.n_embd;
     let mut t = Planner::new(&s.core);
     let n = |x: &str| format!("mtp.0.{x}.weight");
-    let (nhc, nd) = (t.normal(hc * d), t.normal(d));
-    t.add(n("hc_head_fn"), &[hc * d, hc], Class::F16Dense, nhc);
-    t.add(
-        n("hc_head_scale"),
-        &[1],
-        Class::Vector,
-        Init::Uniform(0.5, 1.5),
-    );
-    t.add(n("hc_head_base"), &[hc], Class::Vector, Init::Normal(0.5));
+    let nd = t.normal(d);
+    t.hc_head("mtp.0.");
     t.add(n("e_proj"), &[d, d], Class::Q8Dense, nd);
     t.add(n("h_proj"), &[d, d], Class::Q8Dense, nd);
     for x in ["enorm", "hnorm", "norm"] {

@@ -162,6 +162,16 @@ impl Planner {
         self.add("output.weight".into(), &[d, n_vocab], Class::Q8Dense, nd);
     }
 
+    /// A draft model's output HC mix: `{p}hc_head_fn`, `_scale`, `_base`.
+    pub fn hc_head(&mut self, p: &str) {
+        let (d, hc) = (self.dims.n_embd, self.dims.hc_count);
+        let init = self.normal(hc * d);
+        let n = |x: &str| format!("{p}hc_head_{x}.weight");
+        self.add(n("fn"), &[hc * d, hc], Class::F16Dense, init);
+        self.add(n("scale"), &[1], Class::Vector, Init::Uniform(0.5, 1.5));
+        self.add(n("base"), &[hc], Class::Vector, Init::Normal(0.5));
+    }
+
     /// A sublayer's HC mix: `{p}hc_{sub}_fn`, `_scale`, `_base`.
     pub fn hc_mix(&mut self, p: &str, sub: &str) {
         let CoreShape {

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod draft;
 pub mod in_process;
 pub mod process;
 pub mod rng;
