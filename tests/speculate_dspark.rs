@@ -10,12 +10,12 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::draft::{check_top_logprobs, run_n};
+use common::draft::{self, check_top_logprobs, run_n};
 use common::{max_abs_diff, tokens};
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::model::{AnyModel, ModelFile};
-use ds4::session::{DraftModel, Session, SessionError, SessionOptions};
+use ds4::session::{DraftModel, Session, SessionOptions};
 use ds4::speculate::draft_model::ModelDrafter;
 use ds4::speculate::{Policy, Speculator};
 use ds4::testmodel::dspark::{write_dspark, DsparkSpec};
@@ -164,70 +164,23 @@ fn fast_cpu_dspark_equals_plain() {
     dspark_equals_plain(BackendKind::Cpu, Variant::Q2);
 }
 
-/// The lazily seeded rings (the last window's positions, after verify
-/// steps took rows back and drafts ran) give the drafter the logits a
-/// session that seeded every position as it came gives, bit for bit:
-/// drafting after each of 50 decoded tokens vs. only at checkpoints.
+/// The lazily seeded rings equal seeding every position, bit for bit
+/// (`common::draft::lazy_rings_equal_every_position`): rows a verify step
+/// took back are never seeded, the block writes none.
 #[test]
 fn lazy_rings_equal_every_position() {
     let model = model_with_dspark(Variant::Q8, "lazy");
-    let prompt = tokens(20, 5);
-    let mut every = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-    let mut once = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-    every.sync(&prompt, &mut |_, _| {}).unwrap();
-    once.sync(&prompt, &mut |_, _| {}).unwrap();
-    let mut fresh = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-    assert!(matches!(
-        fresh.draft_logits(1),
-        Err(SessionError::Speculation(_))
-    ));
-    for i in 0..50 {
-        let t = common::argmax(every.logits());
-        every.model_draft(t, 4).unwrap();
-        every.eval(t).unwrap();
-        once.eval(t).unwrap();
-        if i % 7 == 6 {
-            let next = common::argmax(every.logits());
-            let a = every.draft_logits(next).unwrap();
-            let b = once.draft_logits(next).unwrap();
-            assert!(a == b, "after {} tokens: {}", i + 1, max_abs_diff(&a, &b));
-        }
-    }
+    let open = || Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    draft::lazy_rings_equal_every_position(&open, 4);
 }
 
-/// wgpu (lavapipe here) and the fast CPU backend agree with cpu-ref on the
-/// drafter's first-row logits (Markov bias included) after a prompt.
+/// wgpu and the fast CPU backend agree with cpu-ref on the drafter's
+/// first-row logits, Markov bias included
+/// (`common::draft::backends_agree_on_draft_logits`).
 #[test]
 fn backends_agree_on_dspark_logits() {
     let model = model_with_dspark(Variant::Q8, "backends");
-    let prompt = tokens(36, 3);
-    let reference = {
-        let mut s = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-        s.sync(&prompt, &mut |_, _| {}).unwrap();
-        s.draft_logits(7).unwrap()
-    };
-    for backend in [BackendKind::Cpu, BackendKind::Wgpu] {
-        let mut s = match Session::open_any(&model, opts(backend, true)) {
-            Ok(s) => s,
-            Err(e) if backend == BackendKind::Wgpu => {
-                eprintln!("skipping wgpu: {e}");
-                continue;
-            }
-            Err(e) => panic!("{e}"),
-        };
-        s.sync(&prompt, &mut |_, _| {}).unwrap();
-        let got = s.draft_logits(7).unwrap();
-        let d = max_abs_diff(&reference, &got);
-        // As for the MTP block: the fast CPU backend quantises activations
-        // to 8 bits before its products; wgpu computes in f32 like cpu-ref.
-        let bound = if backend == BackendKind::Cpu {
-            5e-2
-        } else {
-            1e-4
-        };
-        eprintln!("{backend:?}: max |Δlogit| {d} (bound {bound})");
-        assert!(d < bound, "{backend:?}: max |Δlogit| {d}");
-    }
+    draft::backends_agree_on_draft_logits(&|b| Session::open_any(&model, opts(b, true)));
 }
 
 const GOLDEN: &str = "tests/golden/dspark-tiny-q8";

@@ -13,12 +13,14 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::draft::{check_top_logprobs, run_n, Run};
+use common::draft::{
+    backends_agree_on_draft_logits, check_top_logprobs, lazy_rings_equal_every_position, run_n, Run,
+};
 use common::{max_abs_diff, tokens};
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
 use ds4::model::{AnyModel, ModelFile};
-use ds4::session::{DraftModel, Session, SessionError, SessionOptions};
+use ds4::session::{DraftModel, Session, SessionOptions};
 use ds4::speculate::draft_model::ModelDrafter;
 use ds4::speculate::{Policy, Speculator};
 use ds4::testmodel::{write_mtp, TestModelSpec, Variant};
@@ -255,83 +257,22 @@ fn wgpu_long_prompt_with_mtp() {
     long_prompt_with_mtp(BackendKind::Wgpu);
 }
 
-/// The lazily caught-up ring (the last window's rows, after any verify
-/// steps and drafts) gives the block the logits a session that ran it
-/// over every position from the start gives, bit for bit: drafting after
-/// each of 50 decoded tokens vs. drafting only at the end.
+/// The MTP block's lazily caught-up ring equals running it over every
+/// position; drafts of 3 past the target write ring slots that must come
+/// back (`common::draft::lazy_rings_equal_every_position`).
 #[test]
 fn lazy_ring_equals_every_position() {
     let model = AnyModel::V4(model_with_mtp(Variant::Q8, "lazy"));
-    let prompt = tokens(20, 5);
-    let mut every = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-    let mut once = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-    every.sync(&prompt, &mut |_, _| {}).unwrap();
-    once.sync(&prompt, &mut |_, _| {}).unwrap();
-    // Before any target step after a reset there is nothing to draft from.
-    let mut fresh = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-    assert!(matches!(
-        fresh.draft_logits(1),
-        Err(SessionError::Speculation(_))
-    ));
-    for i in 0..50 {
-        let t = common::argmax(every.logits());
-        // Drafts of 3 past the target write ring slots that must come back.
-        every.model_draft(t, 3).unwrap();
-        every.eval(t).unwrap();
-        once.eval(t).unwrap();
-        if i % 7 == 6 {
-            let next = common::argmax(every.logits());
-            let a = every.draft_logits(next).unwrap();
-            let b = once.draft_logits(next).unwrap();
-            assert!(a == b, "after {} tokens: {}", i + 1, max_abs_diff(&a, &b));
-        }
-    }
+    let open = || Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
+    lazy_rings_equal_every_position(&open, 3);
 }
 
-/// wgpu (lavapipe here) and the fast CPU backend agree with cpu-ref on the
-/// block's logits after a prompt and after verify steps.
+/// wgpu and the fast CPU backend agree with cpu-ref on the block's logits
+/// (`common::draft::backends_agree_on_draft_logits`).
 #[test]
 fn backends_agree_on_mtp_logits() {
     let model = AnyModel::V4(model_with_mtp(Variant::Q8, "backends"));
-    let prompt = tokens(36, 3);
-    let reference = {
-        let mut s = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-        s.sync(&prompt, &mut |_, _| {}).unwrap();
-        s.draft_logits(7).unwrap()
-    };
-    for backend in [BackendKind::Cpu, BackendKind::Wgpu] {
-        let mut s = match Session::open_any(&model, opts(backend, true)) {
-            Ok(s) => s,
-            Err(e) if backend == BackendKind::Wgpu => {
-                eprintln!("skipping wgpu: {e}");
-                continue;
-            }
-            Err(e) => panic!("{e}"),
-        };
-        s.sync(&prompt, &mut |_, _| {}).unwrap();
-        let got = s.draft_logits(7).unwrap();
-        let d = max_abs_diff(&reference, &got);
-        // The fast CPU backend quantises activations to 8 bits before its
-        // products (docs/NUMERICS.md); wgpu computes in f32 like cpu-ref.
-        let bound = if backend == BackendKind::Cpu {
-            5e-2
-        } else {
-            1e-4
-        };
-        eprintln!("{backend:?}: max |Δlogit| {d} (bound {bound})");
-        assert!(d < bound, "{backend:?}: max |Δlogit| {d}");
-        // The first draft agrees unless the reference's top two are
-        // closer than the bound allows telling apart.
-        let mut sorted = reference.clone();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        if sorted[0] - sorted[1] > 2.0 * bound {
-            assert_eq!(
-                common::argmax(&reference),
-                common::argmax(&got),
-                "{backend:?}: first draft"
-            );
-        }
-    }
+    backends_agree_on_draft_logits(&|b| Session::open_any(&model, opts(b, true)));
 }
 
 /// A drafter file that does not fit the model is refused, naming why.

@@ -99,3 +99,79 @@ pub fn check_top_logprobs(logits: &[f32], cp: &serde_json::Value, tol: f64, what
     );
     worst
 }
+
+/// A draft model's lazily caught-up rings (the last window's rows, after
+/// verify steps and drafts) give it the logits a session that caught up at
+/// every position gives, bit for bit: drafting `k` after each of 50 decoded
+/// tokens vs. only at checkpoints. Before any target step there is nothing
+/// to draft from. `open` opens a cpu-ref session with the draft model.
+pub fn lazy_rings_equal_every_position(open: &dyn Fn() -> Session, k: usize) {
+    let prompt = super::tokens(20, 5);
+    let (mut every, mut once) = (open(), open());
+    every.sync(&prompt, &mut |_, _| {}).unwrap();
+    once.sync(&prompt, &mut |_, _| {}).unwrap();
+    assert!(matches!(
+        open().draft_logits(1),
+        Err(ds4::session::SessionError::Speculation(_))
+    ));
+    for i in 0..50 {
+        let t = super::argmax(every.logits());
+        every.model_draft(t, k).unwrap();
+        every.eval(t).unwrap();
+        once.eval(t).unwrap();
+        if i % 7 == 6 {
+            let next = super::argmax(every.logits());
+            let a = every.draft_logits(next).unwrap();
+            let b = once.draft_logits(next).unwrap();
+            let d = super::max_abs_diff(&a, &b);
+            assert!(a == b, "after {} tokens: {d}", i + 1);
+        }
+    }
+}
+
+/// wgpu (lavapipe here; skipped without an adapter) and the fast CPU
+/// backend agree with cpu-ref on a draft model's first-row logits after a
+/// prompt: the fast CPU within 5e-2 (it quantises activations to 8 bits
+/// before its products, docs/NUMERICS.md), wgpu within 1e-4 (f32 like
+/// cpu-ref); the first draft agrees unless the reference's top two are
+/// closer than the bound tells apart. `open` opens a session on a backend.
+pub fn backends_agree_on_draft_logits(
+    open: &dyn Fn(ds4::backend::BackendKind) -> Result<Session, ds4::session::SessionError>,
+) {
+    use ds4::backend::BackendKind;
+    let prompt = super::tokens(36, 3);
+    let reference = {
+        let mut s = open(BackendKind::CpuRef).unwrap();
+        s.sync(&prompt, &mut |_, _| {}).unwrap();
+        s.draft_logits(7).unwrap()
+    };
+    for backend in [BackendKind::Cpu, BackendKind::Wgpu] {
+        let mut s = match open(backend) {
+            Ok(s) => s,
+            Err(e) if backend == BackendKind::Wgpu => {
+                eprintln!("skipping wgpu: {e}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        s.sync(&prompt, &mut |_, _| {}).unwrap();
+        let got = s.draft_logits(7).unwrap();
+        let d = super::max_abs_diff(&reference, &got);
+        let bound = if backend == BackendKind::Cpu {
+            5e-2
+        } else {
+            1e-4
+        };
+        eprintln!("{backend:?}: max |Δlogit| {d} (bound {bound})");
+        assert!(d < bound, "{backend:?}: max |Δlogit| {d}");
+        let mut sorted = reference.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > 2.0 * bound {
+            assert_eq!(
+                super::argmax(&reference),
+                super::argmax(&got),
+                "{backend:?}: first draft"
+            );
+        }
+    }
+}
