@@ -10,15 +10,17 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::draft::{self, check_top_logprobs, run_n};
+use common::draft::{self, check_top_logprobs, long_context_equals_plain, run_n};
 use common::{max_abs_diff, tokens};
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
+use ds4::model::v41::V41ModelFile;
 use ds4::model::{AnyModel, ModelFile};
 use ds4::session::{DraftModel, Session, SessionOptions};
 use ds4::speculate::draft_model::ModelDrafter;
 use ds4::speculate::{Policy, Speculator};
-use ds4::testmodel::dspark::{write_dspark, DsparkSpec};
+use ds4::testmodel::dspark::{write_dspark, write_v41_dspark, DsparkSpec};
+use ds4::testmodel::v41::V41Spec;
 use ds4::testmodel::{write_mtp, TestModelSpec, Variant};
 use ds4::tokenizer::Tokenizer;
 
@@ -31,13 +33,40 @@ fn n_vocab(variant: Variant) -> usize {
 
 /// Writes the tiny model's drafter (`edit` changes its spec) for test `tag`.
 fn dspark_path(variant: Variant, tag: &str, edit: impl FnOnce(&mut DsparkSpec)) -> PathBuf {
-    let spec = TestModelSpec::tiny();
-    let mut ds = DsparkSpec::for_model(&spec);
+    dspark_path_of(&TestModelSpec::tiny(), n_vocab(variant), variant, tag, edit)
+}
+
+/// Writes the drafter of the model `spec` (vocabulary `n_vocab`).
+fn dspark_path_of(
+    spec: &TestModelSpec,
+    n_vocab: usize,
+    variant: Variant,
+    tag: &str,
+    edit: impl FnOnce(&mut DsparkSpec),
+) -> PathBuf {
+    let mut ds = DsparkSpec::for_model(spec);
     edit(&mut ds);
     let dir = common::fresh_dir("dspark", &format!("{tag}-{}", variant.name()));
     let path = dir.join("model.dspark.gguf");
-    write_dspark(&spec, &ds, variant, n_vocab(variant), &path).unwrap();
+    write_dspark(spec, &ds, variant, n_vocab, &path).unwrap();
     path
+}
+
+/// The long-context model (ratios 0,0,4,128,4,128, window 128, an
+/// indexer keeping 64 rows) in f32 with its DSpark file attached.
+fn long_context_with_dspark(tag: &str) -> AnyModel {
+    let path = common::models().long_context_path(Variant::F32).unwrap();
+    let mut m = ModelFile::open(path).unwrap();
+    let n_vocab = m.config.n_vocab;
+    let ds = dspark_path_of(
+        &TestModelSpec::long_context(),
+        n_vocab,
+        Variant::F32,
+        tag,
+        |_| {},
+    );
+    m.attach_dspark(ds).unwrap();
+    AnyModel::V4(Arc::new(m))
 }
 
 /// The tiny model of `variant` with its DSpark file attached.
@@ -122,13 +151,28 @@ fn mismatched_dspark_files_are_refused() {
 /// model's 32-row window, so the first draft seeds a full ring.
 fn dspark_equals_plain(backend: BackendKind, variant: Variant) {
     let model = model_with_dspark(variant, &format!("{backend:?}"));
+    equals_plain(
+        &model,
+        opts(backend, true),
+        &format!("{backend:?} {variant:?}"),
+    );
+}
+
+/// Greedy and sampled runs of `model` with `o` (a drafter session) equal
+/// plain runs: tokens, streamed ids and bytes, final logits, every target
+/// state buffer.
+fn equals_plain(model: &AnyModel, o: SessionOptions, what: &str) {
     let tok = Tokenizer::from_gguf(model.file()).unwrap();
-    let n_target = Session::open_any(&model, opts(backend, false))
+    let plain_opts = SessionOptions {
+        drafter: DraftModel::None,
+        ..o.clone()
+    };
+    let n_target = Session::open_any(model, plain_opts)
         .unwrap()
         .read_states()
         .unwrap()
         .len();
-    let mut s = Session::open_any(&model, opts(backend, true)).unwrap();
+    let mut s = Session::open_any(model, o).unwrap();
     assert!(s.has_draft_model());
     let prompt = tokens(40, 11);
     for temperature in [0.0, 0.8] {
@@ -143,7 +187,7 @@ fn dspark_equals_plain(backend: BackendKind, variant: Variant) {
             Some(&mut spec),
             n_target,
         );
-        let what = format!("{backend:?} {variant:?} at temperature {temperature}");
+        let what = format!("{what} at temperature {temperature}");
         assert_eq!(plain.tokens, got.tokens, "{what}: tokens");
         assert_eq!(plain.rec.ids, got.rec.ids, "{what}: streamed ids");
         assert_eq!(plain.rec.bytes, got.rec.bytes, "{what}: streamed bytes");
@@ -164,6 +208,50 @@ fn fast_cpu_dspark_equals_plain() {
     dspark_equals_plain(BackendKind::Cpu, Variant::Q2);
 }
 
+/// Verify steps whose drafted rows cross the first ratio-128 boundary
+/// (position 127) and are taken back: a 120-token prompt on the
+/// long-context model, 30 tokens with DSpark drafts of 4 (the random
+/// drafter's drafts are rejected, so steps at 123..=127 each write row
+/// 127's compression and roll it back), cpu-ref.
+#[test]
+fn ratio_128_boundary_rejections_with_dspark() {
+    let model = long_context_with_dspark("r128");
+    let o = SessionOptions {
+        ctx: 512,
+        ..opts(BackendKind::CpuRef, true)
+    };
+    long_context_equals_plain(&model, ModelDrafter::DSPARK, o, &tokens(120, 5), 30);
+}
+
+/// A 3,000-token prompt on the long-context model, whose indexer selects
+/// 64 of ~750 compressed rows, then 60 tokens with DSpark drafts of 4 at
+/// every step, on `backend`: the drafter's rings are seeded from taps of
+/// the window's last rows only, and every output equals plain decoding.
+fn long_prompt_with_dspark(backend: BackendKind) {
+    let model = long_context_with_dspark(&format!("long-{backend:?}"));
+    let o = SessionOptions {
+        ctx: 4096,
+        prefill_chunk: 256,
+        ..opts(backend, true)
+    };
+    long_context_equals_plain(&model, ModelDrafter::DSPARK, o, &tokens(3000, 9), 60);
+}
+
+/// cpu-ref and the fast CPU backend.
+#[test]
+fn long_prompt_indexer_selects_with_dspark() {
+    long_prompt_with_dspark(BackendKind::CpuRef);
+    long_prompt_with_dspark(BackendKind::Cpu);
+}
+
+/// The same on wgpu (lavapipe here: minutes). Run with
+/// `cargo test --release --test speculate_dspark -- --ignored wgpu_long_prompt`.
+#[test]
+#[ignore]
+fn wgpu_long_prompt_with_dspark() {
+    long_prompt_with_dspark(BackendKind::Wgpu);
+}
+
 /// The lazily seeded rings equal seeding every position, bit for bit
 /// (`common::draft::lazy_rings_equal_every_position`): rows a verify step
 /// took back are never seeded, the block writes none.
@@ -181,6 +269,154 @@ fn lazy_rings_equal_every_position() {
 fn backends_agree_on_dspark_logits() {
     let model = model_with_dspark(Variant::Q8, "backends");
     draft::backends_agree_on_draft_logits(&|b| Session::open_any(&model, opts(b, true)));
+}
+
+// ---- V4.1: the drafter's stages are V4.1 blocks (model::v41::dspark) ----
+
+/// The tiny V4.1 model (f32) with its DSpark drafter (`edit` changes the
+/// drafter's spec) attached.
+fn v41_with_dspark(tag: &str, edit: impl FnOnce(&mut DsparkSpec)) -> AnyModel {
+    let mut m = V41ModelFile::open(common::v41_model_path()).unwrap();
+    let path = v41_dspark_path(tag, m.config.n_vocab, edit);
+    m.attach_dspark(path).unwrap();
+    AnyModel::V41(Arc::new(m))
+}
+
+fn v41_dspark_path(tag: &str, n_vocab: usize, edit: impl FnOnce(&mut DsparkSpec)) -> PathBuf {
+    let spec = V41Spec::tiny();
+    let mut ds = DsparkSpec::for_v41(&spec);
+    edit(&mut ds);
+    let dir = common::fresh_dir("dspark", &format!("v41-{tag}"));
+    let path = dir.join("model.dspark.gguf");
+    write_v41_dspark(&spec, &ds, Variant::F32, n_vocab, &path).unwrap();
+    path
+}
+
+fn v41_opts(backend: BackendKind, numerics: Numerics) -> SessionOptions {
+    SessionOptions {
+        numerics,
+        ..opts(backend, true)
+    }
+}
+
+/// The drafter binds: the keys read back, V4.1 stages (no learned head
+/// mix), its own experts.
+#[test]
+fn v41_drafter_binds() {
+    let model = v41_with_dspark("binds", |_| {});
+    let AnyModel::V41(m) = &model else {
+        unreachable!()
+    };
+    let ds = m.dspark.as_ref().unwrap();
+    assert_eq!(ds.config, DsparkSpec::for_v41(&V41Spec::tiny()));
+    assert!(ds.head_mix.is_none(), "V4.1 collapses with the lagged mix");
+    assert_ne!(ds.config.n_expert, m.config.n_expert);
+    assert!(ds.main_proj.offset >= m.file.file_len());
+}
+
+/// A drafter of the other family is refused, naming both.
+#[test]
+fn drafters_of_the_other_family_are_refused() {
+    let mut v41 = V41ModelFile::open(common::v41_model_path()).unwrap();
+    let v4_drafter = dspark_path(Variant::Q8, "v4-for-v41", |_| {});
+    let err = v41.attach_dspark(v4_drafter).unwrap_err().to_string();
+    assert!(
+        err.contains("V4 (deepseek4-dspark)") && err.contains("V4.1"),
+        "{err}"
+    );
+    let mut v4 = ModelFile::open(common::tiny_model_path(Variant::Q8)).unwrap();
+    let v41_drafter = v41_dspark_path("v41-for-v4", v41.config.n_vocab, |_| {});
+    let err = v4.attach_dspark(v41_drafter).unwrap_err().to_string();
+    assert!(err.contains("V4.1 (deepseek41-dspark)"), "{err}");
+}
+
+/// Greedy and sampled generation on V4.1 with DSpark drafts of 4 equals
+/// plain generation, under the official rounding steps (model numerics)
+/// on cpu-ref and the fast CPU backend, and plain numerics on cpu-ref.
+#[test]
+fn v41_dspark_equals_plain() {
+    let model = v41_with_dspark("exact", |_| {});
+    for (backend, numerics) in [
+        (BackendKind::CpuRef, Numerics::Model),
+        (BackendKind::CpuRef, Numerics::Plain),
+        (BackendKind::Cpu, Numerics::Model),
+    ] {
+        let what = format!("V4.1 {backend:?} {numerics:?}");
+        equals_plain(&model, v41_opts(backend, numerics), &what);
+    }
+}
+
+/// The lazily seeded rings equal seeding every position on V4.1.
+#[test]
+fn v41_lazy_rings_equal_every_position() {
+    let model = v41_with_dspark("lazy", |_| {});
+    let open =
+        || Session::open_any(&model, v41_opts(BackendKind::CpuRef, Numerics::Model)).unwrap();
+    draft::lazy_rings_equal_every_position(&open, 4);
+}
+
+/// wgpu and the fast CPU backend agree with cpu-ref on the V4.1 drafter's
+/// first-row logits.
+#[test]
+fn v41_backends_agree_on_dspark_logits() {
+    let model = v41_with_dspark("backends", |_| {});
+    draft::backends_agree_on_draft_logits(&|b| {
+        Session::open_any(&model, v41_opts(b, Numerics::Model))
+    });
+}
+
+const V41_GOLDEN: &str = "tests/golden/dspark-v41-tiny";
+/// The tiny V4.1 model's window is 4: positions 1 and 3 inside the first
+/// window, the rest past it.
+const V41_CHECKPOINTS: [usize; 4] = [1, 3, 20, 39];
+
+/// Writes the V4.1 golden's ids; then run the reference (tests/golden/README.md):
+/// `cargo test --release --test speculate_dspark -- --ignored write_v41_dspark_golden_inputs`.
+#[test]
+#[ignore = "writes tests/golden/dspark-v41-tiny.ids.json; run by hand"]
+fn write_v41_dspark_golden_inputs() {
+    let ids = tokens(GOLDEN_LEN + 1, 17);
+    let json = serde_json::json!({ "ids": ids, "checkpoints": V41_CHECKPOINTS });
+    std::fs::write(format!("{V41_GOLDEN}.ids.json"), json.to_string()).unwrap();
+}
+
+/// The V4.1 drafter's first-row log-probs (Markov bias included) equal the
+/// float64 reference's (`tools/reference/dspark_v41_reference.py`, from the
+/// official `DSparkBlock` on V4.1's `Block`; it computes the taps with its
+/// own V4.1 forward) within 1e-4 on the top 20, and its whole draft block
+/// is the reference's, at every checkpoint (cpu-ref, plain numerics).
+#[test]
+fn v41_dspark_matches_reference() {
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{V41_GOLDEN}.json")).unwrap())
+            .unwrap();
+    let ids: Vec<u32> = common::json_uints(&g["ids"])
+        .iter()
+        .map(|&i| i as u32)
+        .collect();
+    assert_eq!(ids, tokens(GOLDEN_LEN + 1, 17));
+    let model = v41_with_dspark("golden", |_| {});
+    let o = SessionOptions {
+        prefill_chunk: 64,
+        ..v41_opts(BackendKind::CpuRef, Numerics::Plain)
+    };
+    let mut s = Session::open_any(&model, o).unwrap();
+    let cps = g["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), V41_CHECKPOINTS.len());
+    for cp in cps {
+        let p = cp["position"].as_u64().unwrap() as usize;
+        s.reset();
+        s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
+        let logits = s.draft_logits(ids[p + 1]).unwrap();
+        let worst = check_top_logprobs(&logits, cp, 1e-4, &format!("V4.1 position {p}"));
+        eprintln!("V4.1 position {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
+        let drafts = s.model_draft(ids[p + 1], 16).unwrap();
+        let want: Vec<u32> = common::json_uints(&cp["drafts"])
+            .iter()
+            .map(|&i| i as u32)
+            .collect();
+        assert_eq!(drafts, want, "V4.1 position {p}: the draft block");
+    }
 }
 
 const GOLDEN: &str = "tests/golden/dspark-tiny-q8";
@@ -298,7 +534,7 @@ mod cuda_emu;
 
 /// CUDA (the host emulator when there is no driver): the drafter's logits
 /// equal cpu-ref's within f32 noise, and 12 greedy tokens with DSpark
-/// drafts equal plain decoding's.
+/// drafts equal plain decoding's; the V4.1 drafter's logits too.
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_dspark_logits_and_exactness() {
@@ -330,4 +566,15 @@ fn cuda_dspark_logits_and_exactness() {
     assert!(plain.logits == got.logits, "CUDA: final logits");
     assert!(plain.states == got.states, "CUDA: target state");
     assert!(spec.stats().drafted > 0, "{:?}", spec.stats());
+
+    // The V4.1 drafter's logits (model numerics) on CUDA.
+    let v41 = v41_with_dspark("cuda", |_| {});
+    let logits = |backend| {
+        let mut s = Session::open_any(&v41, v41_opts(backend, Numerics::Model)).unwrap();
+        s.sync(&prompt, &mut |_, _| {}).unwrap();
+        s.draft_logits(7).unwrap()
+    };
+    let d = max_abs_diff(&logits(BackendKind::CpuRef), &logits(BackendKind::Cuda));
+    eprintln!("cuda V4.1: max |Δlogit| {d}");
+    assert!(d < 1e-4, "V4.1: max |Δlogit| {d}");
 }

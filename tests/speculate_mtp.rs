@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::draft::{
-    backends_agree_on_draft_logits, check_top_logprobs, lazy_rings_equal_every_position, run_n, Run,
+    backends_agree_on_draft_logits, check_top_logprobs, lazy_rings_equal_every_position,
+    long_context_equals_plain, run_n, Run,
 };
 use common::{max_abs_diff, tokens};
 use ds4::backend::{BackendKind, BackendOptions};
@@ -188,32 +189,6 @@ fn fast_cpu_mtp_with_ssd_streaming_equals_plain() {
     );
 }
 
-/// Greedy generation of `n` tokens after `prompt` with MTP drafts of 4 at
-/// every step equals plain generation (tokens, bytes, final logits, every
-/// target state buffer), on `o`'s backend.
-fn long_context_equals_plain(model: &AnyModel, o: SessionOptions, prompt: &[u32], n: usize) {
-    let tok = Tokenizer::from_gguf(model.file()).unwrap();
-    let plain_opts = SessionOptions {
-        drafter: DraftModel::None,
-        ..o.clone()
-    };
-    let mut plain = Session::open_any(model, plain_opts).unwrap();
-    let n_target = plain.read_states().unwrap().len();
-    let want = run_n(&mut plain, &tok, prompt, n, 0.0, None, n_target);
-    drop(plain);
-    let mut s = Session::open_any(model, o).unwrap();
-    let mut spec = Speculator::new(Box::new(ModelDrafter::MTP), Policy::fixed(4, 4));
-    let got = run_n(&mut s, &tok, prompt, n, 0.0, Some(&mut spec), n_target);
-    let what = format!("{} prompt tokens", prompt.len());
-    assert_eq!(want.tokens, got.tokens, "{what}: tokens");
-    assert_eq!(want.rec.bytes, got.rec.bytes, "{what}: streamed bytes");
-    assert!(want.logits == got.logits, "{what}: final logits");
-    assert!(want.states == got.states, "{what}: target state");
-    let st = spec.stats();
-    assert!(st.drafted > 0 && st.verify_steps > 0, "{what}: {st:?}");
-    eprintln!("{what}: {st:?}");
-}
-
 /// Verify steps whose drafted rows cross the first ratio-128 boundary
 /// (position 127) and are taken back: a 120-token prompt on the
 /// long-context model, 30 tokens decoded with 4 drafts a step (the random
@@ -226,7 +201,7 @@ fn ratio_128_boundary_rejections_with_mtp() {
         ctx: 512,
         ..opts(BackendKind::CpuRef, true)
     };
-    long_context_equals_plain(&model, o, &tokens(120, 5), 30);
+    long_context_equals_plain(&model, ModelDrafter::MTP, o, &tokens(120, 5), 30);
 }
 
 /// A 3,000-token prompt on the long-context model, whose indexer selects
@@ -239,7 +214,7 @@ fn long_prompt_with_mtp(backend: BackendKind) {
         prefill_chunk: 256,
         ..opts(backend, true)
     };
-    long_context_equals_plain(&model, o, &tokens(3000, 9), 60);
+    long_context_equals_plain(&model, ModelDrafter::MTP, o, &tokens(3000, 9), 60);
 }
 
 /// cpu-ref and the fast CPU backend (8 s together).

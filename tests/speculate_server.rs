@@ -305,6 +305,79 @@ fn the_cli_prints_the_same_text() {
     }
 }
 
+/// V4.1 with its DSpark drafter prints plain decoding's text, with and
+/// without `--ssd-streaming`; a V4 drafter is refused at start, naming the
+/// family.
+#[test]
+fn the_cli_runs_dspark_on_v41() {
+    use ds4::testmodel::dspark::{write_v41_dspark, DsparkSpec};
+    use ds4::testmodel::v41::V41Spec;
+    let m = common::v41_model_path();
+    let dir = common::fresh_dir("spec-server-dspark", "v41");
+    let ds = dir.join("tiny-v41.dspark.gguf");
+    let spec = V41Spec::tiny();
+    let n_vocab = ds4::model::v41::V41ModelFile::open(&m)
+        .unwrap()
+        .config
+        .n_vocab;
+    write_v41_dspark(
+        &spec,
+        &DsparkSpec::for_v41(&spec),
+        Variant::F32,
+        n_vocab,
+        &ds,
+    )
+    .unwrap();
+    let p = repetitive();
+    let base = [
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        p.as_str(),
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--nothink",
+        "--cpu",
+    ];
+    let plain = ds4(&base);
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let ds = ds.to_str().unwrap();
+    let spec_args = [
+        "--dspark",
+        "--mtp-model",
+        ds,
+        "--draft",
+        "4",
+        "--draft-fixed",
+    ];
+    for streaming in [false, true] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(&spec_args);
+        if streaming {
+            args.push("--ssd-streaming");
+        }
+        let o = ds4(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert_eq!(o.stdout, plain.stdout, "streaming {streaming}");
+        assert!(err.contains("speculation (dspark):"), "{err}");
+    }
+    let v4_drafter = dspark_file("v4-on-v41");
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--dspark", "--mtp-model", v4_drafter.to_str().unwrap()]);
+    let o = ds4(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("V4 (deepseek4-dspark)"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// The tiny q8 model's DSpark drafter, in a directory of its own.
 fn dspark_file(tag: &str) -> std::path::PathBuf {
     use ds4::testmodel::dspark::{write_dspark, DsparkSpec};

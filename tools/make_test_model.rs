@@ -221,10 +221,11 @@ fn run_v41(a: &Args, vocab: &Vocab) -> Result<(), String> {
         || a.indexer_heads.is_some()
         || a.experts.is_some()
         || a.long_context
-        || a.mtp
-        || a.dspark;
+        || a.mtp;
     if unsupported {
-        return Err("--arch deepseek41 takes --window, --init-gain and --seed only".into());
+        return Err(
+            "--arch deepseek41 takes --window, --init-gain, --seed and --dspark only".into(),
+        );
     }
     let mut spec = V41Spec::tiny();
     if let Some(v) = a.window {
@@ -239,6 +240,14 @@ fn run_v41(a: &Args, vocab: &Vocab) -> Result<(), String> {
     write_v41_model(&spec, ds4::testmodel::Variant::F32, vocab, &a.out)
         .map_err(|e| format!("{}: {e}", a.out.display()))?;
     eprintln!("wrote {}", a.out.display());
+    if a.dspark {
+        let ds = a.out.with_extension("dspark.gguf");
+        let d = testmodel::dspark::DsparkSpec::for_v41(&spec);
+        let v = ds4::testmodel::Variant::F32;
+        testmodel::dspark::write_v41_dspark(&spec, &d, v, vocab.tokens.len(), &ds)
+            .map_err(|e| format!("{}: {e}", ds.display()))?;
+        eprintln!("wrote {}", ds.display());
+    }
     Ok(())
 }
 

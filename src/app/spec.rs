@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::app::flags::SpecChoice;
+use crate::model::v41::V41ModelFile;
 use crate::model::{AnyModel, ModelFile};
 use crate::session::DraftModel;
 use crate::speculate::draft_model::ModelDrafter;
@@ -32,11 +33,13 @@ pub fn open_model(path: &Path, choice: &SpecChoice) -> Result<AnyModel, String> 
             "--mtp: {} is a DeepSeek V4.1 model, which has no MTP block (its drafter is DSpark)",
             path.display()
         )),
-        AnyModel::V41(_) => Err(format!(
-            "--dspark: {} is a DeepSeek V4.1 model; V4.1's DSpark drafter is not built yet \
-             (V4's is; docs/SPECULATIVE.md)",
-            path.display()
-        )),
+        AnyModel::V41(m) => {
+            drop(m);
+            let mut m = V41ModelFile::open(path).map_err(|e| at(path, &e))?;
+            m.attach_dspark(file)
+                .map_err(|e| format!("--mtp-model {}: {e}", file.display()))?;
+            Ok(AnyModel::V41(Arc::new(m)))
+        }
         AnyModel::V4(m) => {
             drop(m);
             let mut m = ModelFile::open(path).map_err(|e| at(path, &e))?;
@@ -73,6 +76,7 @@ pub fn speculator(choice: &SpecChoice, model: &AnyModel) -> Result<Option<Specul
         },
         SpecKind::Dspark => match model {
             AnyModel::V4(m) if m.dspark.is_some() => Box::new(ModelDrafter::DSPARK),
+            AnyModel::V41(m) if m.dspark.is_some() => Box::new(ModelDrafter::DSPARK),
             _ => return Err("--dspark: the model was opened without its DSpark file".into()),
         },
     };

@@ -18,25 +18,33 @@
 //!            whose attention keys on the ring's last W positions and on
 //!            all the block's rows (no causal mask), and writes no ring row
 //! logits   = the target's output head on the last stage's HC collapse
+//!            (V4: a learned head mix; V4.1: the last FFN mix, lagged)
 //! ```
+//!
+//! The stages are blocks of the target's family: V4 blocks for a V4
+//! target (`record_draft` here), V4.1 blocks with the lagged HC mixes for a
+//! V4.1 target (`model::v41::dspark`). A V4.1 drafter taps its layers'
+//! inputs after their Engram module.
 //!
 //! Then, on the host, row `i` of the logits gains the Markov bias
 //! `head_m · embed_m[token_i]` (token 0 = `next`, token i+1 = the pick from
 //! row i), and the picks are the drafts ([`markov_drafts`]).
 //!
-//! The file layout is ds4's (`deepseek4-dspark`): `dspark.*` keys, the
-//! stages under `mtp.{k}.` with the main model's tensor names, `main_proj`
-//! and `main_norm` in stage 0, the head (`hc_head_*`, `norm`, the Markov
-//! head and the confidence head) in the last stage.
+//! The file layout is ds4's (`deepseek4-dspark`, `deepseek41-dspark`):
+//! `dspark.*` keys, the stages under `mtp.{k}.` with the main model's
+//! tensor names, `main_proj` and `main_norm` in stage 0, the head (V4's
+//! `hc_head_*`, `norm`, the Markov head and the confidence head) in the
+//! last stage.
 
+use super::arch::Arch;
 use super::block::attention::AttnOptions;
 use super::block::Builder;
 use super::config::{CoreConfig, Meta};
 use super::forward::{self, attn_options, Numerics};
 use super::logits::Logits;
 use super::state::LayerState;
-use super::weights::{bind_layer, Binder, Class};
-use super::{LayerWeights, ModelConfig, ModelError, Weights};
+use super::weights::{bind_attn, bind_hc_mix, bind_layer, bind_moe, Binder, Class};
+use super::{AttentionKind, LayerWeights, ModelConfig, ModelError, Weights};
 use crate::gguf::{GgufFile, TensorRef};
 use crate::graph::ops::basic::{Add, Embed};
 use crate::graph::ops::Op;
@@ -48,6 +56,9 @@ pub const MAX_BLOCK: usize = 16;
 /// The drafter's hyper-parameters (`dspark.*`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DsparkConfig {
+    /// The family of the target it drafts for (`deepseek4-dspark`: V4,
+    /// `deepseek41-dspark`: V4.1).
+    pub family: Arch,
     /// Tokens per draft block: the token after the target's last, then
     /// `block_size − 1` noise tokens; it drafts `block_size` tokens.
     pub block_size: usize,
@@ -60,6 +71,14 @@ pub struct DsparkConfig {
     pub n_expert_used: usize,
 }
 
+/// V4's learned collapse of the HC streams before the output head.
+#[derive(Clone, Debug)]
+pub struct HeadMix {
+    pub func: TensorRef,
+    pub scale: TensorRef,
+    pub base: TensorRef,
+}
+
 /// The drafter's weights, bound at their offsets in the main file.
 #[derive(Clone, Debug)]
 pub struct DsparkWeights {
@@ -69,9 +88,9 @@ pub struct DsparkWeights {
     pub main_norm: TensorRef,
     /// One window-only block per stage (`mtp.{k}.`).
     pub stages: Vec<LayerWeights>,
-    pub hc_head_fn: TensorRef,
-    pub hc_head_scale: TensorRef,
-    pub hc_head_base: TensorRef,
+    /// V4's learned head mix (`hc_head_*`); a V4.1 drafter collapses with
+    /// its last stage's FFN mix instead.
+    pub head_mix: Option<HeadMix>,
     pub norm: TensorRef,
     /// The Markov head: a rank-r embedding of the previous token and its
     /// vocabulary projection (`markov_w1`, `markov_w2`).
@@ -81,9 +100,10 @@ pub struct DsparkWeights {
 
 impl DsparkConfig {
     /// Reads and checks the `dspark.*` keys against the main model.
-    fn read(f: &GgufFile, cfg: &ModelConfig) -> Result<DsparkConfig, ModelError> {
-        match f.get_str("general.architecture") {
-            Some("deepseek4-dspark" | "deepseek41-dspark") => {}
+    fn read(f: &GgufFile, cfg: &CoreConfig, target: Arch) -> Result<DsparkConfig, ModelError> {
+        let family = match f.get_str("general.architecture") {
+            Some("deepseek4-dspark") => Arch::V4,
+            Some("deepseek41-dspark") => Arch::V41,
             other => {
                 let what = if f.tensor_info("mtp.0.e_proj.weight").is_some() {
                     "this is an MTP draft file: use --mtp".to_string()
@@ -97,6 +117,17 @@ impl DsparkConfig {
                     "not a DSpark drafter: {what}"
                 )));
             }
+        };
+        if family != target {
+            let name = |a: Arch| match a {
+                Arch::V4 => "V4 (deepseek4-dspark)",
+                Arch::V41 => "V4.1 (deepseek41-dspark)",
+            };
+            return Err(ModelError::WrongKind(format!(
+                "this DSpark drafter is built for a {} target, and the model is {}",
+                name(family),
+                name(target).split(' ').next().unwrap_or_default()
+            )));
         }
         let m = Meta { f, arch: "dspark" };
         let block_size = m.pos("block_size")?;
@@ -162,6 +193,7 @@ impl DsparkConfig {
             )));
         }
         Ok(DsparkConfig {
+            family,
             block_size,
             markov_rank,
             noise_token: noise as u32,
@@ -174,31 +206,49 @@ impl DsparkConfig {
 }
 
 impl DsparkWeights {
-    /// Binds a DSpark support file attached at `base` to a V4 model.
+    /// Binds a DSpark support file attached at `base` to a model of family
+    /// `target` with configuration `cfg`.
     pub fn bind(
         file: &GgufFile,
-        cfg: &ModelConfig,
+        cfg: &CoreConfig,
+        target: Arch,
         base: u64,
     ) -> Result<DsparkWeights, ModelError> {
-        let config = DsparkConfig::read(file, cfg)?;
+        let config = DsparkConfig::read(file, cfg, target)?;
         let b = Binder { file, base };
         let (d, hc, r) = (cfg.n_embd, cfg.hc_count, config.markov_rank);
-        let mut stage_cfg = cfg.clone();
-        stage_cfg.core.n_expert = config.n_expert;
-        stage_cfg.core.n_expert_used = config.n_expert_used;
+        let stage_cfg = dspark_config(cfg, &config);
         let stages = (0..config.n_stages)
-            .map(|k| bind_layer(&b, &stage_cfg, &format!("mtp.{k}."), 0, true))
+            .map(|k| {
+                let p = format!("mtp.{k}.");
+                match config.family {
+                    Arch::V4 => {
+                        let v4 = ModelConfig {
+                            core: stage_cfg.clone(),
+                            n_hash_layers: 0,
+                        };
+                        bind_layer(&b, &v4, &p, 0, true)
+                    }
+                    Arch::V41 => bind_v41_stage(&b, &stage_cfg, &p),
+                }
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let last = format!("mtp.{}.", config.n_stages - 1);
         let n = |p: &str, s: &str| format!("{p}{s}");
         let taps = config.target_layers.len();
+        let head_mix = match config.family {
+            Arch::V4 => Some(HeadMix {
+                func: b.bind(&n(&last, "hc_head_fn.weight"), &[hc * d, hc], Class::Dense)?,
+                scale: b.bind(&n(&last, "hc_head_scale.weight"), &[1], Class::Vector)?,
+                base: b.bind(&n(&last, "hc_head_base.weight"), &[hc], Class::Vector)?,
+            }),
+            Arch::V41 => None,
+        };
         Ok(DsparkWeights {
             main_proj: b.bind("mtp.0.main_proj.weight", &[d * taps, d], Class::Dense)?,
             main_norm: b.bind("mtp.0.main_norm.weight", &[d], Class::Vector)?,
             stages,
-            hc_head_fn: b.bind(&n(&last, "hc_head_fn.weight"), &[hc * d, hc], Class::Dense)?,
-            hc_head_scale: b.bind(&n(&last, "hc_head_scale.weight"), &[1], Class::Vector)?,
-            hc_head_base: b.bind(&n(&last, "hc_head_base.weight"), &[hc], Class::Vector)?,
+            head_mix,
             norm: b.bind(&n(&last, "norm.weight"), &[d], Class::Vector)?,
             markov_embed: b.bind(
                 &n(&last, "markov_head.markov_w1.weight"),
@@ -213,6 +263,24 @@ impl DsparkWeights {
             config,
         })
     }
+}
+
+/// A V4.1 stage: a window-only V4.1 block, always with a router bias and
+/// a shared expert; its image-span bias, when present, is checked and left
+/// unused (drafts are text).
+fn bind_v41_stage(b: &Binder, cfg: &CoreConfig, p: &str) -> Result<LayerWeights, ModelError> {
+    let e = cfg.n_expert;
+    let bias = b.bind(&format!("{p}exp_probs_b.bias"), &[e], Class::Vector)?;
+    b.bind_opt(&format!("{p}exp_probs_b_vl.bias"), &[e], Class::Vector)?;
+    Ok(LayerWeights {
+        kind: AttentionKind::Window,
+        hc_attn: bind_hc_mix(b, cfg, p, "attn")?,
+        attn: bind_attn(b, cfg, p)?,
+        compressor: None,
+        indexer: None,
+        hc_ffn: bind_hc_mix(b, cfg, p, "ffn")?,
+        ffn: bind_moe(b, cfg, p, Some(bias), None, true)?,
+    })
 }
 
 /// The drafter's configuration: the model's, with one window-only layer
@@ -240,19 +308,23 @@ pub fn dspark_config(cfg: &CoreConfig, ds: &DsparkConfig) -> CoreConfig {
 
 /// The values of the target's forward the taps are read from, in the
 /// order of `target_layers`: the HC state entering layer L (n·D; the
-/// embedding, D, for layer 0, whose streams are all equal).
-pub fn tap_values(ds: &DsparkConfig) -> Vec<ValueName> {
+/// embedding, D, for layer 0, whose streams are all equal). A V4.1 layer
+/// with an Engram module (`engram_layers`) is tapped after it.
+pub fn tap_values(ds: &DsparkConfig, engram_layers: &[usize]) -> Vec<ValueName> {
+    let at = |name: &str, layer| ValueName {
+        name: name.into(),
+        layer,
+    };
     ds.target_layers
         .iter()
-        .map(|&l| match l {
-            0 => ValueName {
-                name: "embed".into(),
-                layer: None,
-            },
-            l => ValueName {
-                name: "ffn_hc_state".into(),
-                layer: Some(l - 1),
-            },
+        .map(|&l| {
+            if engram_layers.contains(&l) {
+                at("engram_hc_state", Some(l))
+            } else if l == 0 {
+                at("embed", None)
+            } else {
+                at("ffn_hc_state", Some(l - 1))
+            }
         })
         .collect()
 }
@@ -266,12 +338,14 @@ pub struct SeedGraph {
     pub taps: ValueId,
 }
 
-/// Records the seed step over `rings` (one per stage).
-pub fn record_seed(
-    cfg: &ModelConfig,
+/// Records the seed step over `rings` (one per stage) of a drafter for a
+/// target of configuration `cfg`; `attn` as the target's layers (its
+/// rounding of window rows and of the FP8 GEMMs' inputs).
+pub(crate) fn record_seed(
+    cfg: &CoreConfig,
     ds: &DsparkWeights,
     rings: &[StateId],
-    numerics: Numerics,
+    attn: AttnOptions,
     max_rows: usize,
 ) -> SeedGraph {
     let core = dspark_config(cfg, &ds.config);
@@ -280,13 +354,14 @@ pub fn record_seed(
     b.r.set_layer(Some(cfg.n_layer));
     let taps =
         b.r.tokens_f32("dspark_taps", ds.config.target_layers.len() * d);
-    let main = b.matmul("dspark_main_proj", &ds.main_proj, taps); // D
+    let xq = b.gemm_input("dspark_taps_fp8", taps, attn.act_fp8);
+    let main = b.matmul("dspark_main_proj", &ds.main_proj, xq); // D
     let main = b.rms_norm("dspark_main_norm", main, d, Some(&ds.main_norm));
     let mut last = main;
     for (k, (stage, &ring)) in ds.stages.iter().zip(rings).enumerate() {
         let l = cfg.n_layer + k;
         b.r.set_layer(Some(l));
-        last = b.seed_ring(l, &stage.attn, ring, attn_options(numerics), main);
+        last = b.seed_ring(l, &stage.attn, ring, attn, main);
     }
     b.r.set_layer(None);
     SeedGraph {
@@ -295,8 +370,8 @@ pub fn record_seed(
     }
 }
 
-/// Records the draft block: `block_size` rows, logits at every row (before
-/// the Markov bias).
+/// Records a V4 target's draft block: `block_size` rows, logits at every
+/// row (before the Markov bias).
 pub fn record_draft(
     cfg: &ModelConfig,
     w: &Weights,
@@ -323,13 +398,8 @@ pub fn record_draft(
         b.r.flush();
     }
     b.r.set_layer(None);
-    let pre = b.hc_head_mix(
-        "dspark_out",
-        state,
-        &ds.hc_head_fn,
-        &ds.hc_head_scale,
-        &ds.hc_head_base,
-    );
+    let h = ds.head_mix.as_ref().expect("a V4 drafter has a head mix");
+    let pre = b.hc_head_mix("dspark_out", state, &h.func, &h.scale, &h.base);
     let x = b.hc_collapse("dspark_out_in", state, pre);
     let logits = b.head(x, &ds.norm, &w.output, Logits::All);
     b.finish(logits, Vec::new(), &[])
@@ -346,7 +416,7 @@ pub struct MarkovGraph {
 
 /// Records the Markov step of `ds` (the row's biased logits are the
 /// graph's logits).
-pub fn record_markov(cfg: &ModelConfig, ds: &DsparkWeights) -> MarkovGraph {
+pub fn record_markov(cfg: &CoreConfig, ds: &DsparkWeights) -> MarkovGraph {
     let core = dspark_config(cfg, &ds.config);
     let mut b = Builder::new(&core, 1);
     let e = b.r.tokens_f32("markov_embed", ds.config.markov_rank);

@@ -73,7 +73,7 @@ impl ModelFile {
         }
         let f = GgufFile::open(path)?;
         let base = self.file.next_support_base();
-        let ds = dspark::DsparkWeights::bind(&f, &self.config, base)?;
+        let ds = dspark::DsparkWeights::bind(&f, &self.config, arch::Arch::V4, base)?;
         self.file.attach(f);
         self.dspark = Some(ds);
         Ok(())

@@ -7,7 +7,8 @@ use std::collections::VecDeque;
 
 use super::{Session, SessionError};
 use crate::backend::{Backend, GraphHandle};
-use crate::graph::{Graph, ValueName};
+use crate::graph::{Graph, StateId, StateLayout, ValueName};
+use crate::model::config::CoreConfig;
 
 /// Which draft model a session opens with (`--mtp`, `--dspark`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -18,6 +19,37 @@ pub enum DraftModel {
     Mtp,
     /// The attached DSpark drafter.
     Dspark,
+}
+
+/// Adds `n` window rings for the draft model's layers (`n_layer …`) after
+/// every layer's state, so snapshots, which walk the layers, never see
+/// them; `f16`: stored as f16 values (V4's model numerics).
+pub(super) fn add_draft_rings(
+    layout: &mut StateLayout,
+    cfg: &CoreConfig,
+    n: usize,
+    f16: bool,
+) -> Vec<StateId> {
+    (0..n)
+        .map(|k| {
+            let ring = layout.add(
+                "kv_ring",
+                Some(cfg.n_layer + k),
+                cfg.sliding_window,
+                cfg.head_dim,
+                0.0,
+            );
+            if f16 {
+                layout.mark_f16_values(ring);
+            }
+            ring
+        })
+        .collect()
+}
+
+/// The refusal of a drafter whose file is not attached.
+pub(super) fn no_drafter_file(flag: &str) -> SessionError {
+    SessionError::Speculation(format!("{flag} needs the drafter's file: --mtp-model FILE"))
 }
 
 /// A draft model's runner: its graphs, its state and what it keeps of the

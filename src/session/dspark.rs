@@ -15,8 +15,8 @@ use super::draft::{DraftRunner, TargetRows};
 use super::SessionError;
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
-use crate::model::dspark::{tap_values, DsparkWeights, MarkovGraph, SeedGraph};
-use crate::model::ModelConfig;
+use crate::model::config::CoreConfig;
+use crate::model::dspark::{DsparkWeights, MarkovGraph, SeedGraph};
 use crate::sampler::argmax;
 
 pub(super) struct DsparkRunner {
@@ -41,10 +41,13 @@ pub(super) struct DsparkRunner {
 }
 
 impl DsparkRunner {
+    /// `targets`: the target's values the taps are read from
+    /// ([`crate::model::dspark::tap_values`]).
     pub fn open(
         backend: &mut dyn Backend,
-        cfg: &ModelConfig,
+        cfg: &CoreConfig,
         ds: &DsparkWeights,
+        targets: Vec<ValueName>,
         seed: SeedGraph,
         draft: Graph,
         markov: MarkovGraph,
@@ -60,7 +63,7 @@ impl DsparkRunner {
             seed_taps,
             draft,
             draft_logits,
-            targets: tap_values(&ds.config),
+            targets,
             dim: cfg.n_embd,
             block: ds.config.block_size,
             noise: ds.config.noise_token,

@@ -106,22 +106,12 @@ fn open_net(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn net::Net>
             opts.numerics,
             opts.drafter,
         )?),
-        AnyModel::V41(_) if opts.drafter == DraftModel::Mtp => {
-            return Err(SessionError::Speculation(
-                "--mtp: V4.1 has no MTP block (its drafter is DSpark)".into(),
-            ))
-        }
-        AnyModel::V41(_) if opts.drafter == DraftModel::Dspark => {
-            return Err(SessionError::Speculation(
-                "--dspark: V4.1's DSpark drafter is not built yet (V4's is; docs/SPECULATIVE.md)"
-                    .into(),
-            ))
-        }
         AnyModel::V41(m) => Box::new(v41::V41Net::open(
             m.clone(),
             opts.ctx,
             opts.engram_cache_rows,
             opts.numerics,
+            opts.drafter,
         )?),
     })
 }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::draft::{DraftModel, DraftRunner};
+use super::draft::{add_draft_rings, no_drafter_file, DraftModel, DraftRunner};
 use super::dspark::DsparkRunner;
 use super::mtp::MtpRunner;
 use super::net::{Loading, Net, Saving};
@@ -51,40 +51,15 @@ impl V4Net {
         if numerics == Numerics::Model {
             kv.mark_f16_rows();
         }
-        let n_rings = match drafter {
-            DraftModel::None => 0,
-            DraftModel::Mtp if model.mtp.is_some() => 1,
-            DraftModel::Dspark => match &model.dspark {
-                Some(ds) => ds.config.n_stages,
-                None => {
-                    return Err(SessionError::Speculation(
-                        "--dspark needs the DSpark file: --mtp-model FILE".into(),
-                    ))
-                }
-            },
-            DraftModel::Mtp => {
-                return Err(SessionError::Speculation(
-                    "--mtp needs the MTP file: --mtp-model FILE".into(),
-                ))
-            }
+        let n_rings = match (drafter, &model.mtp, &model.dspark) {
+            (DraftModel::None, _, _) => 0,
+            (DraftModel::Mtp, Some(_), _) => 1,
+            (DraftModel::Dspark, _, Some(ds)) => ds.config.n_stages,
+            (DraftModel::Mtp, None, _) => return Err(no_drafter_file("--mtp")),
+            (DraftModel::Dspark, _, None) => return Err(no_drafter_file("--dspark")),
         };
-        // After every layer's state: snapshots, which walk the layers,
-        // never see them.
-        let draft_rings = (0..n_rings)
-            .map(|k| {
-                let ring = kv.layout.add(
-                    "kv_ring",
-                    Some(cfg.n_layer + k),
-                    cfg.sliding_window,
-                    cfg.head_dim,
-                    0.0,
-                );
-                if numerics == Numerics::Model {
-                    kv.layout.mark_f16_values(ring);
-                }
-                ring
-            })
-            .collect();
+        let f16 = numerics == Numerics::Model;
+        let draft_rings = add_draft_rings(&mut kv.layout, cfg, n_rings, f16);
         Ok(V4Net {
             model,
             kv,
@@ -135,10 +110,12 @@ impl Net for V4Net {
             }
             (DraftModel::Dspark, _, Some(ds)) => {
                 let rings = &self.draft_rings;
-                let seed = dspark::record_seed(cfg, ds, rings, self.numerics, window);
+                let attn = forward::attn_options(self.numerics);
+                let seed = dspark::record_seed(cfg, ds, rings, attn, window);
                 let draft = dspark::record_draft(cfg, &m.weights, ds, rings, self.numerics);
                 let markov = dspark::record_markov(cfg, ds);
-                let r = DsparkRunner::open(backend, cfg, ds, seed, draft, markov)?;
+                let taps = dspark::tap_values(&ds.config, &[]);
+                let r = DsparkRunner::open(backend, cfg, ds, taps, seed, draft, markov)?;
                 Some(Box::new(r))
             }
             _ => None,

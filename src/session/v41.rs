@@ -18,15 +18,19 @@
 
 use std::sync::Arc;
 
+use super::draft::{add_draft_rings, no_drafter_file, DraftModel, DraftRunner};
+use super::dspark::DsparkRunner;
 use super::net::{Loading, Net, Saving};
 use super::snapshot::{
     begin_payload, check_fits, put_f32s, put_whole_state, Reader, V41_SNAPSHOT_MAGIC,
 };
 use super::SessionError;
 use crate::backend::{state_desc, Backend, GraphHandle};
-use crate::graph::{Graph, StateLayout, ValueName};
+use crate::graph::{Graph, StateId, StateLayout, ValueName};
+use crate::model::dspark;
 use crate::model::forward::Numerics;
 use crate::model::logits::Logits;
+use crate::model::v41::dspark as v41_dspark;
 use crate::model::v41::engram::{hash_rows, EngramHistory};
 use crate::model::v41::engram_reader::{EngramReader, EngramStats};
 use crate::model::v41::forward::{self, engram_input, V41ForwardOptions, V41KvLayout};
@@ -47,6 +51,8 @@ pub(super) struct V41Net {
     history: EngramHistory,
     /// What the session asked for (`model`: the official rounding steps).
     numerics: Numerics,
+    /// The DSpark stages' window rings (`--dspark`; empty without).
+    draft_rings: Vec<StateId>,
 }
 
 impl V41Net {
@@ -55,8 +61,20 @@ impl V41Net {
         ctx: usize,
         cache_rows: usize,
         numerics: Numerics,
+        drafter: DraftModel,
     ) -> Result<V41Net, SessionError> {
-        let kv = V41KvLayout::new(&model.config, ctx);
+        let mut kv = V41KvLayout::new(&model.config, ctx);
+        let n_rings = match (drafter, &model.dspark) {
+            (DraftModel::None, _) => 0,
+            (DraftModel::Dspark, Some(ds)) => ds.config.n_stages,
+            (DraftModel::Dspark, None) => return Err(no_drafter_file("--dspark")),
+            (DraftModel::Mtp, _) => {
+                return Err(SessionError::Speculation(
+                    "--mtp: V4.1 has no MTP block (its drafter is DSpark: --dspark)".into(),
+                ))
+            }
+        };
+        let draft_rings = add_draft_rings(&mut kv.layout, &model.config, n_rings, false);
         let reader = EngramReader::open(
             model.file.path(),
             &model.config.engram,
@@ -71,6 +89,7 @@ impl V41Net {
             reader,
             history,
             numerics,
+            draft_rings,
         })
     }
 
@@ -125,6 +144,24 @@ impl Net for V41Net {
 
     fn no_batching(&self) -> Option<&'static str> {
         Some("V4.1 steps one slot at a time")
+    }
+
+    fn open_drafter(
+        &self,
+        backend: &mut dyn Backend,
+    ) -> Result<Option<Box<dyn DraftRunner>>, SessionError> {
+        let (m, cfg) = (&self.model, &self.model.config);
+        let Some(ds) = m.dspark.as_ref().filter(|_| !self.draft_rings.is_empty()) else {
+            return Ok(None);
+        };
+        let rings = &self.draft_rings;
+        let attn = forward::v41_attn_options(self.numerics);
+        let seed = dspark::record_seed(cfg, ds, rings, attn, cfg.sliding_window);
+        let draft = v41_dspark::record_draft(cfg, &m.weights, ds, rings, self.numerics);
+        let markov = dspark::record_markov(cfg, ds);
+        let taps = dspark::tap_values(&ds.config, &cfg.engram.layer_ids);
+        let r = DsparkRunner::open(backend, cfg, ds, taps, seed, draft, markov)?;
+        Ok(Some(Box::new(r)))
     }
 
     fn engram_stats(&self) -> Option<EngramStats> {

@@ -1,12 +1,15 @@
-//! Tiny DSpark drafter files for the tiny V4 models (docs/SPECULATIVE.md):
-//! ds4's `deepseek4-dspark` layout with random weights.
+//! Tiny DSpark drafter files for the tiny V4 and V4.1 models
+//! (docs/SPECULATIVE.md): ds4's `deepseek4-dspark` and `deepseek41-dspark`
+//! layouts with random weights.
 
 use std::io;
 use std::path::Path;
 
-use super::tensors::{write_planned, Class, Data, Init, Planner};
+use super::tensors::{write_planned, Class, CoreShape, Data, Init, Planner};
+use super::v41::V41Spec;
 use super::{plan_block, TestModelSpec, Variant};
 use crate::gguf::{GgufWriter, MetaArray};
+use crate::model::arch::Arch;
 use crate::model::dspark::DsparkConfig;
 
 /// A drafter's shape (its widths are the model's): the configuration the
@@ -20,6 +23,7 @@ impl DsparkSpec {
     pub fn for_model(spec: &TestModelSpec) -> DsparkSpec {
         let n = spec.n_layer();
         DsparkConfig {
+            family: Arch::V4,
             block_size: 4,
             markov_rank: 8,
             noise_token: 5,
@@ -36,6 +40,7 @@ impl DsparkSpec {
     pub fn flash_for(spec: &TestModelSpec, n_vocab: usize) -> DsparkSpec {
         let n = spec.n_layer();
         DsparkConfig {
+            family: Arch::V4,
             block_size: 5,
             markov_rank: 256,
             noise_token: (n_vocab - 1) as u32,
@@ -43,6 +48,30 @@ impl DsparkSpec {
             n_stages: 3,
             n_expert: spec.core.n_expert,
             n_expert_used: spec.core.n_expert_used,
+        }
+    }
+}
+
+impl DsparkSpec {
+    /// The tiny V4.1 model's drafter: two stages drafting blocks of 4 with
+    /// experts of its own, top-1 (the router then does not normalise),
+    /// tapping the embedding, an Engram layer (after its module), a plain
+    /// middle layer and the last.
+    pub fn for_v41(spec: &V41Spec) -> DsparkSpec {
+        let n = spec.n_layer();
+        let engram = spec.engram_layers[0];
+        let middle = (engram + 1..n - 1)
+            .find(|l| !spec.engram_layers.contains(l))
+            .unwrap_or(n / 2);
+        DsparkConfig {
+            family: Arch::V41,
+            block_size: 4,
+            markov_rank: 8,
+            noise_token: 5,
+            target_layers: vec![0, engram, middle, n - 1],
+            n_stages: 2,
+            n_expert: spec.core.n_expert.max(2) - 1,
+            n_expert_used: 1,
         }
     }
 }
@@ -55,8 +84,60 @@ pub fn write_dspark(
     n_vocab: usize,
     path: &Path,
 ) -> io::Result<()> {
+    let mut s = spec.clone();
+    s.core.n_expert = ds.n_expert;
+    s.core.n_expert_used = ds.n_expert_used;
+    let stage = |t: &mut Planner, p: &str| plan_block(&s, p, 0, false, n_vocab, t);
+    let data = Data::values_or_random(spec.random_blocks);
+    write_drafter(&spec.core, ds, variant, n_vocab, data, stage, path)
+}
+
+/// Writes the drafter for the V4.1 model `spec`: its stages are window-only
+/// V4.1 blocks (the router bias and the image-span bias, a shared expert)
+/// and its head has no learned HC mix.
+pub fn write_v41_dspark(
+    spec: &V41Spec,
+    ds: &DsparkSpec,
+    variant: Variant,
+    n_vocab: usize,
+    path: &Path,
+) -> io::Result<()> {
+    let stage = |t: &mut Planner, p: &str| {
+        t.hc_mix(p, "attn");
+        t.attention(p);
+        t.hc_mix(p, "ffn");
+        t.router(p, Class::Vector);
+        for bias in ["exp_probs_b.bias", "exp_probs_b_vl.bias"] {
+            t.add(
+                format!("{p}{bias}"),
+                &[ds.n_expert],
+                Class::Vector,
+                Init::Normal(0.1),
+            );
+        }
+        t.experts(p);
+        t.shared_expert(p);
+    };
+    write_drafter(&spec.core, ds, variant, n_vocab, Data::Values, stage, path)
+}
+
+/// The file: the `dspark.*` keys, each stage's block (`stage`), stage 0's
+/// tap projection, the last stage's head.
+fn write_drafter(
+    core: &CoreShape,
+    ds: &DsparkSpec,
+    variant: Variant,
+    n_vocab: usize,
+    data: Data,
+    plan_stage: impl Fn(&mut Planner, &str),
+    path: &Path,
+) -> io::Result<()> {
     let mut w = GgufWriter::new();
-    w.add_str("general.architecture", "deepseek4-dspark");
+    let arch = match ds.family {
+        Arch::V4 => "deepseek4-dspark",
+        Arch::V41 => "deepseek41-dspark",
+    };
+    w.add_str("general.architecture", arch);
     w.add_str("general.name", "ds4 tiny DSpark drafter (random weights)");
     let k = |x: &str| format!("dspark.{x}");
     w.add_u32(&k("block_size"), ds.block_size as u32);
@@ -68,26 +149,28 @@ pub fn write_dspark(
     w.add_u32(&k("n_layers"), ds.n_stages as u32);
     w.add_u32(&k("expert_count"), ds.n_expert as u32);
     w.add_u32(&k("expert_used_count"), ds.n_expert_used as u32);
-    w.add_u32(&k("embedding_length"), spec.core.n_embd as u32);
+    w.add_u32(&k("embedding_length"), core.n_embd as u32);
     w.add_u32(&k("vocab_size"), n_vocab as u32);
 
-    let mut s = spec.clone();
-    s.core.n_expert = ds.n_expert;
-    s.core.n_expert_used = ds.n_expert_used;
-    let (d, r) = (s.core.n_embd, ds.markov_rank);
-    let mut t = Planner::new(&s.core);
+    let mut core = core.clone();
+    core.n_expert = ds.n_expert;
+    core.n_expert_used = ds.n_expert_used;
+    let (d, r) = (core.n_embd, ds.markov_rank);
+    let mut t = Planner::new(&core);
     let taps = ds.target_layers.len();
     for stage in 0..ds.n_stages {
         let p = format!("mtp.{stage}.");
         let n = |x: &str| format!("{p}{x}.weight");
-        plan_block(&s, &p, 0, false, n_vocab, &mut t);
+        plan_stage(&mut t, &p);
         if stage == 0 {
             let init = t.normal(d * taps);
             t.add(n("main_proj"), &[d * taps, d], Class::Q8Dense, init);
             t.add(n("main_norm"), &[d], Class::Vector, Init::NormWeight);
         }
         if stage + 1 == ds.n_stages {
-            t.hc_head(&p);
+            if ds.family == Arch::V4 {
+                t.hc_head(&p);
+            }
             t.add(n("norm"), &[d], Class::Vector, Init::NormWeight);
             let head = t.normal(r);
             t.add(
@@ -111,13 +194,6 @@ pub fn write_dspark(
             );
         }
     }
-    let seed = spec.core.seed ^ 0x0d5a_a4c0;
-    write_planned(
-        w,
-        t.out,
-        variant,
-        seed,
-        Data::values_or_random(spec.random_blocks),
-        path,
-    )
+    let seed = core.seed ^ 0x0d5a_a4c0;
+    write_planned(w, t.out, variant, seed, data, path)
 }

@@ -3,9 +3,11 @@
 //! check of a draft model's logits against a float64 golden.
 
 use ds4::generate::{self, Finish, Observer, Sampled, Step};
+use ds4::model::AnyModel;
 use ds4::sampler::{Rng, SamplerConfig};
-use ds4::session::Session;
-use ds4::speculate::Speculator;
+use ds4::session::{DraftModel, Session, SessionOptions};
+use ds4::speculate::draft_model::ModelDrafter;
+use ds4::speculate::{Policy, Speculator};
 use ds4::tokenizer::Tokenizer;
 
 /// The streamed tokens and bytes of a run.
@@ -174,4 +176,36 @@ pub fn backends_agree_on_draft_logits(
             );
         }
     }
+}
+
+/// Greedy generation of `n` tokens after `prompt` with `drafter`'s drafts of 4 at
+/// every step equals plain generation (tokens, bytes, final logits, every
+/// target state buffer), on `o`'s backend.
+pub fn long_context_equals_plain(
+    model: &AnyModel,
+    drafter: ModelDrafter,
+    o: SessionOptions,
+    prompt: &[u32],
+    n: usize,
+) {
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let plain_opts = SessionOptions {
+        drafter: DraftModel::None,
+        ..o.clone()
+    };
+    let mut plain = Session::open_any(model, plain_opts).unwrap();
+    let n_target = plain.read_states().unwrap().len();
+    let want = run_n(&mut plain, &tok, prompt, n, 0.0, None, n_target);
+    drop(plain);
+    let mut s = Session::open_any(model, o).unwrap();
+    let mut spec = Speculator::new(Box::new(drafter), Policy::fixed(4, 4));
+    let got = run_n(&mut s, &tok, prompt, n, 0.0, Some(&mut spec), n_target);
+    let what = format!("{} prompt tokens", prompt.len());
+    assert_eq!(want.tokens, got.tokens, "{what}: tokens");
+    assert_eq!(want.rec.bytes, got.rec.bytes, "{what}: streamed bytes");
+    assert!(want.logits == got.logits, "{what}: final logits");
+    assert!(want.states == got.states, "{what}: target state");
+    let st = spec.stats();
+    assert!(st.drafted > 0 && st.verify_steps > 0, "{what}: {st:?}");
+    eprintln!("{what}: {st:?}");
 }

@@ -696,10 +696,12 @@ class V41Reference:
 
     # -- whole model -----------------------------------------------------
 
-    def forward(self, ids, hc_positions=()):
+    def forward(self, ids, hc_positions=(), taps_at=()):
         """Logits [T, vocab] of one prefill of `ids`; the trace holds the
-        Engram rows and gates, top-k lists, candidates, experts, gaps and the
-        HC state after each sublayer at `hc_positions`."""
+        Engram rows and gates, top-k lists, candidates, experts, gaps, the
+        HC state after each sublayer at `hc_positions` and, under "taps", the
+        mean over the HC streams of the state entering each layer of
+        `taps_at` after its Engram module (DSpark's `main_hiddens`)."""
         self.trace = {}
         T = len(ids)
         rows = engram_hash(self.f, ids)
@@ -714,6 +716,8 @@ class V41Reference:
             p = f"blk.{L}."
             if L in self.engram_layers:
                 x = self.engram(L, x, rows)
+            if L in taps_at:
+                self.trace.setdefault("taps", []).append(x.mean(axis=1))
             res = x
             a_pre, a_post, a_comb = self.mixes(x, "attn", L)
             y = rmsnorm(self.hc_pre(x, pre_mix), self.W(p + "attn_norm.weight"), self.eps)

@@ -34,6 +34,7 @@ use crate::model::block::attention::{AttnOptions, IndexRounding, KvRounding, Pro
 use crate::model::block::Builder;
 use crate::model::forward::Numerics;
 use crate::model::logits::Logits;
+use crate::model::weights::{AttnWeights, HcMixWeights, MoeWeights};
 
 /// Persistent state of one V4.1 layer.
 #[derive(Clone, Copy, Debug)]
@@ -294,6 +295,72 @@ fn sparse(
     }
 }
 
+/// The weights of a V4.1 block's sublayers (a layer's, or a DSpark stage's).
+#[derive(Clone, Copy)]
+pub(crate) struct BlockParts<'a> {
+    pub hc_attn: &'a HcMixWeights,
+    pub attn: &'a AttnWeights,
+    pub hc_ffn: &'a HcMixWeights,
+    pub ffn: &'a MoeWeights,
+}
+
+/// The attention options of V4.1's layers: no per-head query norm; under
+/// model numerics the whole window row in FP8 and the FP8 GEMMs' inputs
+/// rounded.
+pub(crate) fn v41_attn_options(numerics: Numerics) -> AttnOptions {
+    let model = numerics == Numerics::Model;
+    AttnOptions {
+        q_head_norm: false,
+        kv_round: if model {
+            KvRounding::Fp8Row
+        } else {
+            KvRounding::None
+        },
+        act_fp8: model,
+        draft_block: false,
+    }
+}
+
+/// One V4.1 block on the n·D `state` (after its Engram module), with the
+/// lagged HC mixes: the attention collapses with `pre_mix` (the mix one
+/// sublayer earlier), the MoE with the attention's. Returns the new state
+/// and the FFN's mix, which the next sublayer collapses with. `model`:
+/// the FP8 rounding of the MoE's inputs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn lagged_block(
+    b: &mut Builder,
+    l: usize,
+    w: BlockParts,
+    ring: StateId,
+    attn: AttnOptions,
+    model: bool,
+    state: ValueId,
+    pre_mix: ValueId,
+    sparse: impl FnOnce(&mut Builder, Projected) -> Sparse,
+) -> (ValueId, ValueId) {
+    let a = b.hc_mixes("attn", state, w.hc_attn);
+    let x = b.hc_collapse("attn_in", state, pre_mix);
+    let y = b.attention(l, w.attn, ring, attn, x, sparse);
+    let state = b.hc_expand("attn", state, y, &a);
+    let f = b.hc_mixes("ffn", state, w.hc_ffn);
+    let x = b.hc_collapse("ffn_in", state, a.pre);
+    let normalize = b.cfg.expert_weights_norm && b.cfg.n_expert_used > 1;
+    let y = b.moe(l, w.ffn, x, normalize, model, model);
+    (b.hc_expand("ffn", state, y, &f), f.pre)
+}
+
+/// A one-hot mix on the first stream: what layer 0's attention (and a
+/// DSpark draft's first stage) collapses with.
+pub(crate) fn first_stream_mix(b: &mut Builder) -> ValueId {
+    let n = b.cfg.hc_count;
+    let pre_mix = b.r.tokens_f32("hc_pre0", n);
+    b.r.op(Op::V41(V41Op::HcOneHot(HcOneHot {
+        out: pre_mix,
+        n_hc: n,
+    })));
+    pre_mix
+}
+
 /// Records the V4.1 forward pass for steps of up to `max_tokens` tokens.
 pub fn record(
     cfg: &V41Config,
@@ -310,19 +377,8 @@ pub fn record(
         inputs: Vec::new(),
         model: opts.numerics == Numerics::Model,
     };
-    let (n, eg) = (cfg.hc_count, &cfg.engram);
-    // No per-head query norm; under model numerics the whole window row in
-    // FP8 and the FP8 GEMMs' inputs rounded.
-    let attn = AttnOptions {
-        q_head_norm: false,
-        kv_round: if carry.model {
-            KvRounding::Fp8Row
-        } else {
-            KvRounding::None
-        },
-        act_fp8: carry.model,
-        draft_block: false,
-    };
+    let eg = &cfg.engram;
+    let attn = v41_attn_options(opts.numerics);
 
     // Engram rows depend on the ids alone: hashed once, before any layer.
     if !opts.engram_from_host {
@@ -339,27 +395,30 @@ pub fn record(
     let mut state = b.embed(&w.token_embd);
     // Lagged HC: a sublayer is collapsed with the mix computed one sublayer
     // earlier; layer 0's attention with a one-hot on the first stream.
-    let mut pre_mix = b.r.tokens_f32("hc_pre0", n);
-    b.r.op(Op::V41(V41Op::HcOneHot(HcOneHot {
-        out: pre_mix,
-        n_hc: n,
-    })));
+    let mut pre_mix = first_stream_mix(&mut b);
 
     for (l, lw) in w.layers.iter().enumerate() {
         b.r.set_layer(Some(l));
         state = engram(&mut b, cfg, &mut carry, l, lw, state);
-        let a = b.hc_mixes("attn", state, &lw.hc_attn);
-        let x = b.hc_collapse("attn_in", state, pre_mix);
-        let y = b.attention(l, &lw.attn, kv.layers[l].ring, attn, x, |b, p| {
-            sparse(b, cfg, &mut carry, l, lw, kv, p)
-        });
-        state = b.hc_expand("attn", state, y, &a);
-        let f = b.hc_mixes("ffn", state, &lw.hc_ffn);
-        let x = b.hc_collapse("ffn_in", state, a.pre);
-        let normalize = cfg.expert_weights_norm && cfg.n_expert_used > 1;
-        let y = b.moe(l, &lw.ffn, x, normalize, carry.model, carry.model);
-        state = b.hc_expand("ffn", state, y, &f);
-        pre_mix = f.pre;
+        let parts = BlockParts {
+            hc_attn: &lw.hc_attn,
+            attn: &lw.attn,
+            hc_ffn: &lw.hc_ffn,
+            ffn: &lw.ffn,
+        };
+        let model = carry.model;
+        let ring = kv.layers[l].ring;
+        (state, pre_mix) = lagged_block(
+            &mut b,
+            l,
+            parts,
+            ring,
+            attn,
+            model,
+            state,
+            pre_mix,
+            |b, p| sparse(b, cfg, &mut carry, l, lw, kv, p),
+        );
         b.r.flush();
     }
     b.r.set_layer(None);

@@ -5,6 +5,7 @@
 //! decisions; V4 files go through `model::ModelFile` unchanged.
 
 pub mod config;
+pub mod dspark;
 pub mod engram;
 pub mod engram_reader;
 pub mod forward;
@@ -13,6 +14,8 @@ pub mod weights;
 use std::path::Path;
 
 use crate::gguf::GgufFile;
+use crate::model::arch::Arch;
+use crate::model::dspark::DsparkWeights;
 use crate::model::ModelError;
 
 pub use config::{EngramConfig, LayerRole, V41Config};
@@ -24,6 +27,9 @@ pub struct V41ModelFile {
     pub file: GgufFile,
     pub config: V41Config,
     pub weights: V41Weights,
+    /// The DSpark drafter (`--dspark --mtp-model FILE`), bound at its
+    /// offsets in `file` ([`V41ModelFile::attach_dspark`]).
+    pub dspark: Option<DsparkWeights>,
 }
 
 impl V41ModelFile {
@@ -38,7 +44,25 @@ impl V41ModelFile {
             file,
             config,
             weights,
+            dspark: None,
         })
+    }
+
+    /// Opens a `deepseek41-dspark` drafter GGUF, checks its keys and every
+    /// tensor against this model and attaches it (as V4's
+    /// `ModelFile::attach_dspark`; a V4 drafter is refused by family).
+    pub fn attach_dspark(&mut self, path: impl AsRef<Path>) -> Result<(), ModelError> {
+        if self.dspark.is_some() {
+            return Err(ModelError::Inconsistent(
+                "a drafter file is already attached".into(),
+            ));
+        }
+        let f = GgufFile::open(path)?;
+        let base = self.file.next_support_base();
+        let ds = DsparkWeights::bind(&f, &self.config, Arch::V41, base)?;
+        self.file.attach(f);
+        self.dspark = Some(ds);
+        Ok(())
     }
 }
 
