@@ -28,23 +28,28 @@ fn server(spec: Option<Speculator>) -> Arc<State> {
 }
 
 /// The server over a session that drafts with the tiny model's MTP block
-/// (drafts of 3, fixed, so every step verifies).
-fn mtp_server() -> Arc<State> {
+/// or its DSpark drafter (drafts of 3, fixed, so every step verifies).
+fn model_drafter_server(dspark: bool) -> Arc<State> {
+    use ds4::session::DraftModel;
+    use ds4::speculate::draft_model::ModelDrafter;
     let mut m = ds4::model::ModelFile::open(common::tiny_model_path(Variant::Q8)).unwrap();
-    m.attach_mtp(mtp_file("server")).unwrap();
+    let (drafter, model_drafter) = if dspark {
+        m.attach_dspark(dspark_file("server")).unwrap();
+        (DraftModel::Dspark, ModelDrafter::DSPARK)
+    } else {
+        m.attach_mtp(mtp_file("server")).unwrap();
+        (DraftModel::Mtp, ModelDrafter::MTP)
+    };
     let sess = ds4::session::Session::new(
         Arc::new(m),
         ds4::session::SessionOptions {
             ctx: CTX,
-            drafter: ds4::session::DraftModel::Mtp,
+            drafter,
             ..Default::default()
         },
     )
     .unwrap();
-    let spec = Speculator::new(
-        Box::new(ds4::speculate::draft_model::ModelDrafter::MTP),
-        Policy::fixed(3, 3),
-    );
+    let spec = Speculator::new(Box::new(model_drafter), Policy::fixed(3, 3));
     let (queue, metrics, _tok) =
         common::in_process::worker_on(sess, Box::new(job::NoCache), Some(spec));
     state(queue, metrics)
@@ -129,7 +134,13 @@ async fn the_server_streams_the_same_text_with_speculation() {
 /// The same with the MTP block drafting (it drafts on every step).
 #[tokio::test]
 async fn the_server_streams_the_same_text_with_mtp() {
-    same_streams(mtp_server(), "mtp").await;
+    same_streams(model_drafter_server(false), "mtp").await;
+}
+
+/// The same with DSpark drafting.
+#[tokio::test]
+async fn the_server_streams_the_same_text_with_dspark() {
+    same_streams(model_drafter_server(true), "dspark").await;
 }
 
 async fn same_streams(spec: Arc<State>, name: &str) {
@@ -306,8 +317,8 @@ fn the_cli_prints_the_same_text() {
 }
 
 /// V4.1 with its DSpark drafter prints plain decoding's text, with and
-/// without `--ssd-streaming`; a V4 drafter is refused at start, naming the
-/// family.
+/// without `--ssd-streaming` (a `--draft` over the block clamped with a
+/// note); a V4 drafter is refused at start, naming the family.
 #[test]
 fn the_cli_runs_dspark_on_v41() {
     use ds4::testmodel::dspark::{write_v41_dspark, DsparkSpec};
@@ -348,17 +359,11 @@ fn the_cli_runs_dspark_on_v41() {
         String::from_utf8_lossy(&plain.stderr)
     );
     let ds = ds.to_str().unwrap();
-    let spec_args = [
-        "--dspark",
-        "--mtp-model",
-        ds,
-        "--draft",
-        "4",
-        "--draft-fixed",
-    ];
-    for streaming in [false, true] {
+    // A draft length over the file's block (4) is clamped, with a note.
+    for (streaming, draft) in [(false, "7"), (true, "4")] {
         let mut args = base.to_vec();
-        args.extend_from_slice(&spec_args);
+        args.extend_from_slice(&["--dspark", "--mtp-model", ds, "--draft", draft]);
+        args.push("--draft-fixed");
         if streaming {
             args.push("--ssd-streaming");
         }
@@ -367,6 +372,8 @@ fn the_cli_runs_dspark_on_v41() {
         assert!(o.status.success(), "{err}");
         assert_eq!(o.stdout, plain.stdout, "streaming {streaming}");
         assert!(err.contains("speculation (dspark):"), "{err}");
+        let clamped = err.contains("drafts blocks of 4; drafting at most 4");
+        assert_eq!(clamped, draft == "7", "{err}");
     }
     let v4_drafter = dspark_file("v4-on-v41");
     let mut args = base.to_vec();

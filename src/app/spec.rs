@@ -80,12 +80,34 @@ pub fn speculator(choice: &SpecChoice, model: &AnyModel) -> Result<Option<Specul
             _ => return Err("--dspark: the model was opened without its DSpark file".into()),
         },
     };
+    let max_draft = clamp_to_block(choice, model);
     let policy = if choice.fixed {
-        Policy::fixed(choice.max_draft, choice.max_draft)
+        Policy::fixed(max_draft, max_draft)
     } else {
-        Policy::new(choice.max_draft)
+        Policy::new(max_draft)
     };
     Ok(Some(Speculator::new(drafter, policy)))
+}
+
+/// The draft length `choice` asks for, clamped to the DSpark file's block
+/// (it drafts one block per call), with a note when it had to be.
+fn clamp_to_block(choice: &SpecChoice, model: &AnyModel) -> usize {
+    let block = match model {
+        AnyModel::V4(m) => m.dspark.as_ref(),
+        AnyModel::V41(m) => m.dspark.as_ref(),
+    }
+    .filter(|_| choice.kind == SpecKind::Dspark)
+    .map(|ds| ds.config.block_size);
+    match block {
+        Some(b) if choice.max_draft > b => {
+            crate::log_line!(
+                "ds4: --draft {}: the DSpark file drafts blocks of {b}; drafting at most {b}",
+                choice.max_draft
+            );
+            b
+        }
+        _ => choice.max_draft,
+    }
 }
 
 /// `speculation (lookup): 120 drafted, 84 kept (70.0 %), 2.40 tokens per

@@ -24,6 +24,11 @@ impl Drafter for ModelDrafter {
         self.name
     }
 
+    /// DSpark drafts its whole block in one run, whatever is asked.
+    fn costs_per_call(&self) -> bool {
+        self.name == "dspark"
+    }
+
     /// Without a session there is nothing to run the model on.
     fn draft(&mut self, _cx: &DraftContext<'_>, _k: usize) -> Vec<u32> {
         Vec::new()

@@ -67,6 +67,13 @@ pub trait Drafter: Send {
     fn cheap(&self) -> bool {
         false
     }
+
+    /// Whether a call costs the same however many tokens it is asked for
+    /// (DSpark runs its whole block at once); otherwise its cost grows with
+    /// them (MTP runs its block once per drafted token).
+    fn costs_per_call(&self) -> bool {
+        false
+    }
 }
 
 /// Which drafter `--spec` names.
@@ -165,7 +172,8 @@ pub struct Speculator {
 }
 
 impl Speculator {
-    pub fn new(drafter: Box<dyn Drafter>, policy: Policy) -> Speculator {
+    pub fn new(drafter: Box<dyn Drafter>, mut policy: Policy) -> Speculator {
+        policy.set_cost_per_call(drafter.costs_per_call());
         Speculator {
             drafter,
             policy,

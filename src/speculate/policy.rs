@@ -38,8 +38,10 @@ pub const PROBE_EVERY: usize = 16;
 /// ... and its probes take at most this share of the plain steps' time
 /// (a model drafter catches up on every position since its last call, so
 /// a probe can cost several decode steps where the drafter is large beside
-/// the target, as the MTP block of a 4-layer bench model is).
-pub const PROBE_SHARE: f64 = 0.02;
+/// the target, as the MTP block and the DSpark stages of a 4-layer bench
+/// model are). 1 %: with the first probe, useless drafts cost at most a
+/// few percent of a run of a few hundred tokens, and less after.
+pub const PROBE_SHARE: f64 = 0.01;
 /// Each update multiplies the older acceptance counts by this.
 const DECAY: f64 = 0.98;
 /// Prior of the first position: mean and weight in pseudo-observations.
@@ -63,8 +65,11 @@ pub struct Policy {
     /// how many steps it holds.
     cost: Vec<(f64, u32)>,
     /// The drafter's seconds per drafted token (a call's time over the
-    /// tokens asked: a model drafter's catch-up rows counted in).
+    /// tokens asked: a model drafter's catch-up rows counted in), or per
+    /// call when `cost_per_call`.
     draft_cost: (f64, u32),
+    /// The drafter's call costs the same for any number of tokens (DSpark).
+    cost_per_call: bool,
     /// Per draft position (index i − 1): decayed kept and tried counts.
     kept: Vec<f64>,
     tried: Vec<f64>,
@@ -83,6 +88,7 @@ impl Policy {
             max_k,
             cost: vec![(0.0, 0); max_k + 2],
             draft_cost: (0.0, 0),
+            cost_per_call: false,
             kept: vec![0.0; max_k],
             tried: vec![0.0; max_k],
             warm: vec![false; max_k + 2],
@@ -97,6 +103,12 @@ impl Policy {
             fixed: Some(k.min(max_k)),
             ..Policy::new(max_k)
         }
+    }
+
+    /// The drafter's calls cost the same for any number of tokens: its
+    /// measured cost is per call, not per drafted token.
+    pub fn set_cost_per_call(&mut self, per_call: bool) {
+        self.cost_per_call = per_call;
     }
 
     pub fn max_k(&self) -> usize {
@@ -166,10 +178,17 @@ impl Policy {
         let Some(plain) = self.step_cost(1) else {
             return Choice::default();
         };
-        let per_token = if self.draft_cost.1 > 0 {
+        let measured = if self.draft_cost.1 > 0 {
             self.draft_cost.0
         } else {
             0.0
+        };
+        let drafting = |k: usize| {
+            if self.cost_per_call {
+                measured
+            } else {
+                measured * k as f64
+            }
         };
         let mut best = Choice {
             k: 0,
@@ -181,7 +200,7 @@ impl Policy {
                 break;
             };
             let e = self.expected(k);
-            let gain = e / (t + per_token * k as f64) * plain;
+            let gain = e / (t + drafting(k)) * plain;
             if gain > best.gain.max(MARGIN) || (best.k > 0 && gain > best.gain) {
                 best = Choice {
                     k,
@@ -230,9 +249,10 @@ impl Policy {
 
     /// The drafter took `elapsed` for one call asking `tokens` tokens.
     pub fn draft_time(&mut self, elapsed: Duration, tokens: usize) {
+        let per = if self.cost_per_call { 1 } else { tokens.max(1) };
         let c = &mut self.draft_cost;
         let n = (c.1 + 1).min(8) as f64;
-        c.0 += (elapsed.as_secs_f64() / tokens.max(1) as f64 - c.0) / n;
+        c.0 += (elapsed.as_secs_f64() / per as f64 - c.0) / n;
         c.1 += 1;
     }
 
@@ -334,16 +354,38 @@ mod tests {
     }
 
     /// A costly drafter is probed every 16 plain steps, or less often
-    /// when its calls would take more than 2 % of the time: a call of 3
-    /// decode steps is asked once every 150.
+    /// when its calls would take more than 1 % of the time: a call of 3
+    /// decode steps is asked once every 300.
     #[test]
     fn probes_of_a_costly_drafter_stay_within_their_share() {
-        let count = |p: &mut Policy| (0..600).filter(|_| p.probe(false)).count();
+        let count = |p: &mut Policy| (0..1200).filter(|_| p.probe(false)).count();
         let mut p = calibrated(5, 10.0, 0.05);
-        assert_eq!(count(&mut p), 600 / PROBE_EVERY);
+        assert_eq!(count(&mut p), 1200 / PROBE_EVERY);
         p.draft_time(ms(30.0), 1);
-        assert_eq!(count(&mut p), 600 / 150);
+        assert_eq!(count(&mut p), 1200 / 300);
         assert_eq!((0..10).filter(|_| p.probe(true)).count(), 10);
+    }
+
+    /// A drafter whose call costs the same for any length (DSpark's
+    /// block): a probe asking one token measures the whole call, and a
+    /// longer draft is not charged that many times over.
+    #[test]
+    fn a_per_call_drafter_is_charged_once_per_step() {
+        let good = |per_call| {
+            let mut p = calibrated(5, 10.0, 0.05);
+            p.set_cost_per_call(per_call);
+            p.draft_time(ms(8.0), 1);
+            for _ in 0..50 {
+                p.outcome(5, 5);
+            }
+            p.choose(5)
+        };
+        let (per_token, per_call) = (good(false), good(true));
+        assert_eq!(per_call.k, 5, "{per_call:?}");
+        assert!(
+            per_call.gain > 2.0 * per_token.gain,
+            "{per_call:?} {per_token:?}"
+        );
     }
 
     #[test]
