@@ -314,7 +314,8 @@ fn v41_drafter_binds() {
     assert!(ds.main_proj.offset >= m.file.file_len());
 }
 
-/// A drafter of the other family is refused, naming both.
+/// A drafter of the other family is refused, naming both; a V4.1 drafter
+/// of another width or with a tensor missing, naming the key or tensor.
 #[test]
 fn drafters_of_the_other_family_are_refused() {
     let mut v41 = V41ModelFile::open(common::v41_model_path()).unwrap();
@@ -328,6 +329,35 @@ fn drafters_of_the_other_family_are_refused() {
     let v41_drafter = v41_dspark_path("v41-for-v4", v41.config.n_vocab, |_| {});
     let err = v4.attach_dspark(v41_drafter).unwrap_err().to_string();
     assert!(err.contains("V4.1 (deepseek41-dspark)"), "{err}");
+
+    // A V4.1 drafter of another width, and one missing a tensor (its name
+    // changed in the header), are refused naming the key and the tensor.
+    let n_vocab = v41.config.n_vocab;
+    let dir = common::fresh_dir("dspark", "v41-wide");
+    let wide = dir.join("wide.dspark.gguf");
+    let mut spec = V41Spec::tiny();
+    spec.core.n_embd *= 2;
+    write_v41_dspark(
+        &spec,
+        &DsparkSpec::for_v41(&spec),
+        Variant::F32,
+        n_vocab,
+        &wide,
+    )
+    .unwrap();
+    let err = v41.attach_dspark(&wide).unwrap_err().to_string();
+    assert!(err.contains("dspark.embedding_length"), "{err}");
+    let path = v41_dspark_path("v41-missing", n_vocab, |_| {});
+    let mut bytes = std::fs::read(&path).unwrap();
+    let name = b"mtp.1.norm.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the tensor's name in the header");
+    bytes[at + 9] = b'X'; // mtp.1.norX.weight
+    std::fs::write(&path, bytes).unwrap();
+    let err = v41.attach_dspark(&path).unwrap_err().to_string();
+    assert!(err.contains("mtp.1.norm.weight"), "{err}");
 }
 
 /// Greedy and sampled generation on V4.1 with DSpark drafts of 4 equals
@@ -344,6 +374,16 @@ fn v41_dspark_equals_plain() {
         let what = format!("V4.1 {backend:?} {numerics:?}");
         equals_plain(&model, v41_opts(backend, numerics), &what);
     }
+}
+
+/// The same on wgpu (lavapipe here: 5 minutes). Run with
+/// `cargo test --release --test speculate_dspark -- --ignored wgpu_v41`.
+#[test]
+#[ignore]
+fn wgpu_v41_dspark_equals_plain() {
+    let model = v41_with_dspark("exact-wgpu", |_| {});
+    let o = v41_opts(BackendKind::Wgpu, Numerics::Model);
+    equals_plain(&model, o, "V4.1 Wgpu Model");
 }
 
 /// The lazily seeded rings equal seeding every position on V4.1.
