@@ -10,7 +10,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::draft::{self, check_top_logprobs, long_context_equals_plain, run_n};
+use common::draft::{self, check_top_logprobs, run_n};
 use common::{max_abs_diff, tokens};
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::model::forward::Numerics;
@@ -208,33 +208,23 @@ fn fast_cpu_dspark_equals_plain() {
     dspark_equals_plain(BackendKind::Cpu, Variant::Q2);
 }
 
-/// Verify steps whose drafted rows cross the first ratio-128 boundary
-/// (position 127) and are taken back: a 120-token prompt on the
-/// long-context model, 30 tokens with DSpark drafts of 4 (the random
-/// drafter's drafts are rejected, so steps at 123..=127 each write row
-/// 127's compression and roll it back), cpu-ref.
+/// Rejected drafts across the first ratio-128 boundary on cpu-ref
+/// (`common::draft::rejections_across_ratio_128`).
 #[test]
 fn ratio_128_boundary_rejections_with_dspark() {
     let model = long_context_with_dspark("r128");
-    let o = SessionOptions {
-        ctx: 512,
-        ..opts(BackendKind::CpuRef, true)
-    };
-    long_context_equals_plain(&model, ModelDrafter::DSPARK, o, &tokens(120, 5), 30);
+    draft::rejections_across_ratio_128(
+        &model,
+        ModelDrafter::DSPARK,
+        opts(BackendKind::CpuRef, true),
+    );
 }
 
-/// A 3,000-token prompt on the long-context model, whose indexer selects
-/// 64 of ~750 compressed rows, then 60 tokens with DSpark drafts of 4 at
-/// every step, on `backend`: the drafter's rings are seeded from taps of
-/// the window's last rows only, and every output equals plain decoding.
+/// A 3,000-token prompt whose indexer selects, then drafts at every step
+/// (`common::draft::long_prompt_equals_plain`), on `backend`.
 fn long_prompt_with_dspark(backend: BackendKind) {
     let model = long_context_with_dspark(&format!("long-{backend:?}"));
-    let o = SessionOptions {
-        ctx: 4096,
-        prefill_chunk: 256,
-        ..opts(backend, true)
-    };
-    long_context_equals_plain(&model, ModelDrafter::DSPARK, o, &tokens(3000, 9), 60);
+    draft::long_prompt_equals_plain(&model, ModelDrafter::DSPARK, opts(backend, true));
 }
 
 /// cpu-ref and the fast CPU backend.
@@ -441,21 +431,28 @@ fn v41_dspark_matches_reference() {
         ..v41_opts(BackendKind::CpuRef, Numerics::Plain)
     };
     let mut s = Session::open_any(&model, o).unwrap();
+    check_checkpoints(&mut s, &ids, &g, V41_CHECKPOINTS.len(), "V4.1");
+}
+
+/// At each of the golden `g`'s `n` checkpoints P: `s` holding `ids[..=P]`
+/// drafts after `ids[P+1]` a first row whose top-20 log-probs are the
+/// golden's within 1e-4, and the golden's whole draft block.
+fn check_checkpoints(s: &mut Session, ids: &[u32], g: &serde_json::Value, n: usize, what: &str) {
     let cps = g["checkpoints"].as_array().unwrap();
-    assert_eq!(cps.len(), V41_CHECKPOINTS.len());
+    assert_eq!(cps.len(), n);
     for cp in cps {
         let p = cp["position"].as_u64().unwrap() as usize;
         s.reset();
         s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
         let logits = s.draft_logits(ids[p + 1]).unwrap();
-        let worst = check_top_logprobs(&logits, cp, 1e-4, &format!("V4.1 position {p}"));
-        eprintln!("V4.1 position {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
+        let worst = check_top_logprobs(&logits, cp, 1e-4, &format!("{what} position {p}"));
+        eprintln!("{what} position {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
         let drafts = s.model_draft(ids[p + 1], 16).unwrap();
         let want: Vec<u32> = common::json_uints(&cp["drafts"])
             .iter()
             .map(|&i| i as u32)
             .collect();
-        assert_eq!(drafts, want, "V4.1 position {p}: the draft block");
+        assert_eq!(drafts, want, "{what} position {p}: the draft block");
     }
 }
 
@@ -549,22 +546,7 @@ fn dspark_matches_reference() {
 
     let model = model_with_dspark(Variant::Q8, "golden");
     let mut s = Session::open_any(&model, plain_opts(true)).unwrap();
-    let cps = g["checkpoints"].as_array().unwrap();
-    assert_eq!(cps.len(), GOLDEN_CHECKPOINTS.len());
-    for cp in cps {
-        let p = cp["position"].as_u64().unwrap() as usize;
-        s.reset();
-        s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
-        let logits = s.draft_logits(ids[p + 1]).unwrap();
-        let worst = check_top_logprobs(&logits, cp, 1e-4, &format!("position {p}"));
-        eprintln!("position {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
-        let drafts = s.model_draft(ids[p + 1], 16).unwrap();
-        let want: Vec<u32> = common::json_uints(&cp["drafts"])
-            .iter()
-            .map(|&i| i as u32)
-            .collect();
-        assert_eq!(drafts, want, "position {p}: the draft block");
-    }
+    check_checkpoints(&mut s, &ids, &g, GOLDEN_CHECKPOINTS.len(), "V4");
 }
 
 #[cfg(feature = "cuda")]

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::draft::{
-    backends_agree_on_draft_logits, check_top_logprobs, lazy_rings_equal_every_position,
-    long_context_equals_plain, run_n, Run,
+    self, backends_agree_on_draft_logits, check_top_logprobs, lazy_rings_equal_every_position,
+    run_n, Run,
 };
 use common::{max_abs_diff, tokens};
 use ds4::backend::{BackendKind, BackendOptions};
@@ -189,32 +189,19 @@ fn fast_cpu_mtp_with_ssd_streaming_equals_plain() {
     );
 }
 
-/// Verify steps whose drafted rows cross the first ratio-128 boundary
-/// (position 127) and are taken back: a 120-token prompt on the
-/// long-context model, 30 tokens decoded with 4 drafts a step (the random
-/// block's drafts are rejected, so steps at 123..=127 each write row 127's
-/// compression and roll it back), cpu-ref.
+/// Rejected drafts across the first ratio-128 boundary on cpu-ref
+/// (`common::draft::rejections_across_ratio_128`).
 #[test]
 fn ratio_128_boundary_rejections_with_mtp() {
     let model = long_context_with_mtp("r128");
-    let o = SessionOptions {
-        ctx: 512,
-        ..opts(BackendKind::CpuRef, true)
-    };
-    long_context_equals_plain(&model, ModelDrafter::MTP, o, &tokens(120, 5), 30);
+    draft::rejections_across_ratio_128(&model, ModelDrafter::MTP, opts(BackendKind::CpuRef, true));
 }
 
-/// A 3,000-token prompt on the long-context model, whose indexer selects
-/// 64 of ~750 compressed rows, then 60 tokens with MTP drafts at every
-/// step, on `backend`.
+/// A 3,000-token prompt whose indexer selects, then drafts at every step
+/// (`common::draft::long_prompt_equals_plain`), on `backend`.
 fn long_prompt_with_mtp(backend: BackendKind) {
     let model = long_context_with_mtp(&format!("long-{backend:?}"));
-    let o = SessionOptions {
-        ctx: 4096,
-        prefill_chunk: 256,
-        ..opts(backend, true)
-    };
-    long_context_equals_plain(&model, ModelDrafter::MTP, o, &tokens(3000, 9), 60);
+    draft::long_prompt_equals_plain(&model, ModelDrafter::MTP, opts(backend, true));
 }
 
 /// cpu-ref and the fast CPU backend (8 s together).

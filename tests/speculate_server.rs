@@ -236,24 +236,8 @@ fn ds4(args: &[&str]) -> std::process::Output {
 fn the_cli_prints_the_same_text() {
     let m = common::tiny_model_path(Variant::Q8);
     let p = repetitive();
-    let base = [
-        "-m",
-        m.to_str().unwrap(),
-        "-p",
-        p.as_str(),
-        "-n",
-        "40",
-        "--temp",
-        "0",
-        "--nothink",
-        "--cpu",
-    ];
-    let plain = ds4(&base);
-    assert!(
-        plain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
-    );
+    let base = greedy_args(&m, &p, "40");
+    let plain = plain_cli(&base);
     let mtp = mtp_file("cli");
     let mtp = mtp.to_str().unwrap();
     let dspark = dspark_file("cli");
@@ -340,24 +324,8 @@ fn the_cli_runs_dspark_on_v41() {
     )
     .unwrap();
     let p = repetitive();
-    let base = [
-        "-m",
-        m.to_str().unwrap(),
-        "-p",
-        p.as_str(),
-        "-n",
-        "24",
-        "--temp",
-        "0",
-        "--nothink",
-        "--cpu",
-    ];
-    let plain = ds4(&base);
-    assert!(
-        plain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
-    );
+    let base = greedy_args(&m, &p, "24");
+    let plain = plain_cli(&base);
     let ds = ds.to_str().unwrap();
     // A draft length over the file's block (4) is clamped, with a note.
     for (streaming, draft) in [(false, "7"), (true, "4")] {
@@ -383,6 +351,31 @@ fn the_cli_runs_dspark_on_v41() {
     assert!(!o.status.success());
     assert!(err.contains("V4 (deepseek4-dspark)"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `ds4`'s arguments for `n` greedy tokens of model `m` after prompt `p`
+/// on the fast CPU backend.
+fn greedy_args<'a>(m: &'a std::path::Path, p: &'a str, n: &'a str) -> Vec<&'a str> {
+    let m = m.to_str().unwrap();
+    vec![
+        "-m",
+        m,
+        "-p",
+        p,
+        "-n",
+        n,
+        "--temp",
+        "0",
+        "--nothink",
+        "--cpu",
+    ]
+}
+
+/// The plain run of `args`, which must succeed.
+fn plain_cli(args: &[&str]) -> std::process::Output {
+    let o = ds4(args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    o
 }
 
 /// The tiny q8 model's DSpark drafter, in a directory of its own.

@@ -36,10 +36,10 @@
 //! `hc_head_*`, `norm`, the Markov head and the confidence head) in the
 //! last stage.
 
-use super::arch::Arch;
 use super::block::attention::AttnOptions;
 use super::block::Builder;
 use super::config::{CoreConfig, Meta};
+use super::family::Arch;
 use super::forward::{self, attn_options, Numerics};
 use super::logits::Logits;
 use super::state::LayerState;
@@ -263,6 +263,21 @@ impl DsparkWeights {
             config,
         })
     }
+}
+
+/// Opens the DSpark drafter GGUF at `path`, binds it against a model of
+/// family `target` (configuration `cfg`) and attaches it to the model's
+/// `file`: backends then read its weights like the model's own.
+pub fn attach(
+    file: &mut GgufFile,
+    cfg: &CoreConfig,
+    target: Arch,
+    path: &std::path::Path,
+) -> Result<DsparkWeights, ModelError> {
+    let f = GgufFile::open(path)?;
+    let ds = DsparkWeights::bind(&f, cfg, target, file.next_support_base())?;
+    file.attach(f);
+    Ok(ds)
 }
 
 /// A V4.1 stage: a window-only V4.1 block, always with a router bias and

@@ -5,9 +5,10 @@ pub mod config;
 mod error;
 pub mod weights;
 
-pub use arch::{AnyModel, Arch};
+pub use any_model::AnyModel;
 pub use config::{AttentionKind, ModelConfig};
 pub use error::ModelError;
+pub use family::Arch;
 pub use weights::{
     CompressorWeights, IndexerWeights, LayerWeights, MtpWeights, TypeShare, Weights,
 };
@@ -71,10 +72,12 @@ impl ModelFile {
                 "a drafter file is already attached".into(),
             ));
         }
-        let f = GgufFile::open(path)?;
-        let base = self.file.next_support_base();
-        let ds = dspark::DsparkWeights::bind(&f, &self.config, arch::Arch::V4, base)?;
-        self.file.attach(f);
+        let ds = dspark::attach(
+            &mut self.file,
+            &self.config,
+            family::Arch::V4,
+            path.as_ref(),
+        )?;
         self.dspark = Some(ds);
         Ok(())
     }
@@ -95,9 +98,10 @@ impl ModelFile {
     }
 }
 
-pub mod arch;
+pub mod any_model;
 pub(crate) mod block;
 pub mod dspark;
+pub mod family;
 pub mod forward;
 pub mod logits;
 pub mod mtp;

@@ -19,7 +19,8 @@ use thiserror::Error;
 
 use crate::backend::{self, Backend, BackendError, BackendKind, BackendOptions, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
-use crate::model::arch::{AnyModel, Arch};
+use crate::model::any_model::AnyModel;
+use crate::model::family::Arch;
 use crate::model::forward::Numerics;
 use crate::model::logits::Logits;
 use crate::model::v41::engram_reader::EngramStats;

@@ -9,8 +9,8 @@ use super::tensors::{write_planned, Class, CoreShape, Data, Init, Planner};
 use super::v41::V41Spec;
 use super::{plan_block, TestModelSpec, Variant};
 use crate::gguf::{GgufWriter, MetaArray};
-use crate::model::arch::Arch;
 use crate::model::dspark::DsparkConfig;
+use crate::model::family::Arch;
 
 /// A drafter's shape (its widths are the model's): the configuration the
 /// loader reads back.

@@ -181,7 +181,7 @@ pub fn backends_agree_on_draft_logits(
 /// Greedy generation of `n` tokens after `prompt` with `drafter`'s drafts of 4 at
 /// every step equals plain generation (tokens, bytes, final logits, every
 /// target state buffer), on `o`'s backend.
-pub fn long_context_equals_plain(
+fn long_context_equals_plain(
     model: &AnyModel,
     drafter: ModelDrafter,
     o: SessionOptions,
@@ -208,4 +208,26 @@ pub fn long_context_equals_plain(
     let st = spec.stats();
     assert!(st.drafted > 0 && st.verify_steps > 0, "{what}: {st:?}");
     eprintln!("{what}: {st:?}");
+}
+
+/// Verify steps whose drafted rows cross the first ratio-128 boundary
+/// (position 127) and are taken back: a 120-token prompt on the
+/// long-context model `model`, 30 tokens decoded with `drafter`'s drafts of
+/// 4 (random drafts are rejected, so steps at 123..=127 each write row
+/// 127's compression and roll it back), with `o` (its context set here).
+pub fn rejections_across_ratio_128(model: &AnyModel, drafter: ModelDrafter, o: SessionOptions) {
+    let o = SessionOptions { ctx: 512, ..o };
+    long_context_equals_plain(model, drafter, o, &super::tokens(120, 5), 30);
+}
+
+/// A 3,000-token prompt on the long-context model `model`, whose indexer
+/// selects 64 of ~750 compressed rows, then 60 tokens with `drafter`'s
+/// drafts of 4 at every step, with `o` (context and chunk set here).
+pub fn long_prompt_equals_plain(model: &AnyModel, drafter: ModelDrafter, o: SessionOptions) {
+    let o = SessionOptions {
+        ctx: 4096,
+        prefill_chunk: 256,
+        ..o
+    };
+    long_context_equals_plain(model, drafter, o, &super::tokens(3000, 9), 60);
 }

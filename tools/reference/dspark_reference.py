@@ -127,43 +127,62 @@ class DSpark(Mtp):
         logits = y @ self.output.T
         m_embed = self.W("markov_head.markov_w1.weight")  # [vocab, rank]
         m_head = self.W("markov_head.markov_w2.weight")  # [vocab, rank]
-        prev, drafts, first = next_id, [], None
-        for i in range(self.bs):
-            row = logits[i] + m_head @ m_embed[prev]
-            if first is None:
-                first = row
-            prev = int(topk_low_index(row, 1)[0])
-            drafts.append(prev)
-        return first, drafts
+        return markov_drafts(logits, m_embed, m_head, next_id)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", required=True, help="the main model")
-    ap.add_argument("--dspark", required=True, help="its DSpark file")
-    ap.add_argument("--inputs", required=True, help="PREFIX of PREFIX.ids.json and PREFIX.taps.bin")
-    ap.add_argument("--top", type=int, default=20)
-    ap.add_argument("-o", "--out", required=True)
-    a = ap.parse_args()
-    ref = DSpark(a.gguf, a.dspark)
-    inp = json.loads(Path(a.inputs + ".ids.json").read_text())
-    ids, checkpoints = inp["ids"], inp["checkpoints"]
-    L = len(ids) - 1
-    taps = np.fromfile(a.inputs + ".taps.bin", dtype="<f4").astype(np.float64)
-    taps = taps.reshape(L, len(ref.targets) * ref.d)
-    out = []
+def markov_drafts(logits, m_embed, m_head, next_id):
+    """Row i of the block's logits gains `markov_w2 · markov_w1[token_i]`
+    (token 0 = next, token i+1 = the greedy pick of row i): the first row's
+    biased logits and the picks."""
+    prev, drafts, first = next_id, [], None
+    for row in logits:
+        row = row + m_head @ m_embed[prev]
+        if first is None:
+            first = row
+        prev = int(topk_low_index(row, 1)[0])
+        drafts.append(prev)
+    return first, drafts
+
+
+def write_golden(ref, ids, taps, checkpoints, top, out, script, extra=None):
+    """At each checkpoint P (the target holds ids[0..=P], next = ids[P+1]):
+    the first row's top-`top` ids and float64 log-probs, and the greedy
+    draft block; written to `out` as the DSpark golden."""
+    rows = []
     for p in checkpoints:
         row, drafts = ref.draft(taps[:p + 1], ids[p + 1])
         lse = float(np.logaddexp.reduce(row))
-        top = topk_low_index(row, a.top)
-        out.append({"position": p, "next": ids[p + 1], "top_ids": [int(i) for i in top],
-                    "top_logprobs": [float(row[i] - lse) for i in top], "logsumexp": lse,
-                    "drafts": drafts})
-    json.dump({"format": "ds4-dspark-golden-v1", "script": "tools/reference/dspark_reference.py",
+        best = topk_low_index(row, top)
+        rows.append({"position": p, "next": ids[p + 1], "top_ids": [int(i) for i in best],
+                     "top_logprobs": [float(row[i] - lse) for i in best], "logsumexp": lse,
+                     "drafts": drafts})
+    json.dump({"format": "ds4-dspark-golden-v1", "script": script, **(extra or {}),
                "numerics": "plain", "dtype": "float64", "window": ref.win,
                "block_size": ref.bs, "target_layers": ref.targets,
-               "ids": ids, "checkpoints": out}, open(a.out, "w"), indent=1)
-    print(f"wrote {a.out}: {len(out)} checkpoints over {L} positions")
+               "ids": ids, "checkpoints": rows}, open(out, "w"), indent=1)
+    print(f"wrote {out}: {len(rows)} checkpoints over {len(ids) - 1} positions")
+
+
+def golden_cli(doc, inputs):
+    """The golden scripts' command line and their ids and checkpoints."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--gguf", required=True, help="the main model")
+    ap.add_argument("--dspark", required=True, help="its DSpark file")
+    ap.add_argument("--inputs", required=True, help=inputs)
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args()
+    inp = json.loads(Path(a.inputs + ".ids.json").read_text())
+    return a, inp["ids"], inp["checkpoints"]
+
+
+def main():
+    a, ids, checkpoints = golden_cli(__doc__, "PREFIX of PREFIX.ids.json and PREFIX.taps.bin")
+    ref = DSpark(a.gguf, a.dspark)
+    L = len(ids) - 1
+    taps = np.fromfile(a.inputs + ".taps.bin", dtype="<f4").astype(np.float64)
+    taps = taps.reshape(L, len(ref.targets) * ref.d)
+    write_golden(ref, ids, taps, checkpoints, a.top, a.out, "tools/reference/dspark_reference.py")
 
 
 if __name__ == "__main__":

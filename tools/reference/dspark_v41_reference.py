@@ -32,8 +32,6 @@ Plain numerics (no simulated rounding).
 `cargo test --release --test speculate_dspark -- --ignored write_v41_dspark_golden_inputs`.
 """
 
-import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -41,8 +39,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dspark_reference import golden_cli, markov_drafts, write_golden  # noqa: E402
 from mtp_reference import File  # noqa: E402
-from v41_reference import V41Reference, rmsnorm, rope, topk_low_index  # noqa: E402
+from v41_reference import V41Reference, rmsnorm, rope  # noqa: E402
 
 
 class DSparkV41(V41Reference):
@@ -136,42 +135,14 @@ class DSparkV41(V41Reference):
         logits = y @ self.W("output.weight").T
         m_embed = self.W(last + "markov_head.markov_w1.weight")  # [vocab, rank]
         m_head = self.W(last + "markov_head.markov_w2.weight")  # [vocab, rank]
-        prev, drafts, first = next_id, [], None
-        for i in range(self.bs):
-            row = logits[i] + m_head @ m_embed[prev]
-            if first is None:
-                first = row
-            prev = int(topk_low_index(row, 1)[0])
-            drafts.append(prev)
-        return first, drafts
-
+        return markov_drafts(logits, m_embed, m_head, next_id)
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", required=True, help="the main V4.1 model")
-    ap.add_argument("--dspark", required=True, help="its deepseek41-dspark file")
-    ap.add_argument("--inputs", required=True, help="PREFIX of PREFIX.ids.json")
-    ap.add_argument("--top", type=int, default=20)
-    ap.add_argument("-o", "--out", required=True)
-    a = ap.parse_args()
+    a, ids, checkpoints = golden_cli(__doc__, "PREFIX of PREFIX.ids.json")
     ref = DSparkV41(a.gguf, a.dspark)
-    inp = json.loads(Path(a.inputs + ".ids.json").read_text())
-    ids, checkpoints = inp["ids"], inp["checkpoints"]
-    L = len(ids) - 1
-    taps = ref.taps(ids[:L])
-    out = []
-    for p in checkpoints:
-        row, drafts = ref.draft(taps[:p + 1], ids[p + 1])
-        lse = float(np.logaddexp.reduce(row))
-        top = topk_low_index(row, a.top)
-        out.append({"position": p, "next": ids[p + 1], "top_ids": [int(i) for i in top],
-                    "top_logprobs": [float(row[i] - lse) for i in top], "logsumexp": lse,
-                    "drafts": drafts})
-    json.dump({"format": "ds4-dspark-golden-v1", "script": "tools/reference/dspark_v41_reference.py",
-               "family": "deepseek41", "numerics": "plain", "dtype": "float64", "window": ref.win,
-               "block_size": ref.bs, "target_layers": ref.targets,
-               "ids": ids, "checkpoints": out}, open(a.out, "w"), indent=1)
-    print(f"wrote {a.out}: {len(out)} checkpoints over {L} positions")
+    taps = ref.taps(ids[:-1])
+    write_golden(ref, ids, taps, checkpoints, a.top, a.out, "tools/reference/dspark_v41_reference.py",
+                 {"family": "deepseek41"})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 //! cpu_fast_e2e.rs; stated in docs/VALIDATION.md).
 
 use super::Target;
-use crate::model::arch::AnyModel;
+use crate::model::any_model::AnyModel;
 use crate::model::forward::Numerics;
 use crate::session::{Session, SessionOptions};
 

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::backend::{BackendKind, BackendOptions};
-use crate::model::arch::AnyModel;
+use crate::model::any_model::AnyModel;
 use crate::model::forward::Numerics;
 use crate::testmodel::Variant;
 use e2e::{Bound, Piece};

@@ -12,7 +12,7 @@
 //! * the taps are the target layers' inputs after their Engram module
 //!   (`tap_values` with the model's Engram layers).
 
-use super::forward::{first_stream_mix, lagged_block, v41_attn_options, BlockParts};
+use super::forward::{first_stream_mix, lagged_block, v41_attn_options};
 use super::V41Weights;
 use crate::graph::{Graph, StateId};
 use crate::model::block::attention::{AttnOptions, Sparse};
@@ -43,16 +43,10 @@ pub fn record_draft(
     for (k, (stage, &ring)) in ds.stages.iter().zip(rings).enumerate() {
         let l = cfg.n_layer + k;
         b.r.set_layer(Some(l));
-        let parts = BlockParts {
-            hc_attn: &stage.hc_attn,
-            attn: &stage.attn,
-            hc_ffn: &stage.hc_ffn,
-            ffn: &stage.ffn,
-        };
         (state, pre_mix) = lagged_block(
             &mut b,
             l,
-            parts,
+            stage.into(),
             ring,
             attn,
             model,

@@ -35,6 +35,7 @@ use crate::model::block::Builder;
 use crate::model::forward::Numerics;
 use crate::model::logits::Logits;
 use crate::model::weights::{AttnWeights, HcMixWeights, MoeWeights};
+use crate::model::LayerWeights;
 
 /// Persistent state of one V4.1 layer.
 #[derive(Clone, Copy, Debug)]
@@ -304,6 +305,29 @@ pub(crate) struct BlockParts<'a> {
     pub ffn: &'a MoeWeights,
 }
 
+impl<'a> From<&'a V41LayerWeights> for BlockParts<'a> {
+    fn from(w: &'a V41LayerWeights) -> Self {
+        BlockParts {
+            hc_attn: &w.hc_attn,
+            attn: &w.attn,
+            hc_ffn: &w.hc_ffn,
+            ffn: &w.ffn,
+        }
+    }
+}
+
+/// A DSpark stage's (a window-only block in the shared layer type).
+impl<'a> From<&'a LayerWeights> for BlockParts<'a> {
+    fn from(w: &'a LayerWeights) -> Self {
+        BlockParts {
+            hc_attn: &w.hc_attn,
+            attn: &w.attn,
+            hc_ffn: &w.hc_ffn,
+            ffn: &w.ffn,
+        }
+    }
+}
+
 /// The attention options of V4.1's layers: no per-head query norm; under
 /// model numerics the whole window row in FP8 and the FP8 GEMMs' inputs
 /// rounded.
@@ -400,18 +424,12 @@ pub fn record(
     for (l, lw) in w.layers.iter().enumerate() {
         b.r.set_layer(Some(l));
         state = engram(&mut b, cfg, &mut carry, l, lw, state);
-        let parts = BlockParts {
-            hc_attn: &lw.hc_attn,
-            attn: &lw.attn,
-            hc_ffn: &lw.hc_ffn,
-            ffn: &lw.ffn,
-        };
-        let model = carry.model;
         let ring = kv.layers[l].ring;
+        let model = carry.model;
         (state, pre_mix) = lagged_block(
             &mut b,
             l,
-            parts,
+            lw.into(),
             ring,
             attn,
             model,

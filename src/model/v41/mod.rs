@@ -14,8 +14,8 @@ pub mod weights;
 use std::path::Path;
 
 use crate::gguf::GgufFile;
-use crate::model::arch::Arch;
-use crate::model::dspark::DsparkWeights;
+use crate::model::dspark::{attach as attach_drafter, DsparkWeights};
+use crate::model::family::Arch;
 use crate::model::ModelError;
 
 pub use config::{EngramConfig, LayerRole, V41Config};
@@ -57,11 +57,12 @@ impl V41ModelFile {
                 "a drafter file is already attached".into(),
             ));
         }
-        let f = GgufFile::open(path)?;
-        let base = self.file.next_support_base();
-        let ds = DsparkWeights::bind(&f, &self.config, Arch::V41, base)?;
-        self.file.attach(f);
-        self.dspark = Some(ds);
+        self.dspark = Some(attach_drafter(
+            &mut self.file,
+            &self.config,
+            Arch::V41,
+            path.as_ref(),
+        )?);
         Ok(())
     }
 }

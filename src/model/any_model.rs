@@ -1,37 +1,15 @@
-//! Which model family a GGUF holds, and an opened model of either family.
-//!
-//! `general.architecture` decides: `deepseek4` (or no key, as older V4
-//! files) is V4 Flash/Pro, `deepseek41` is V4.1 Flash. [`AnyModel`] is what
-//! the session, the binaries and the server open; what the two families
-//! share is read through it without matching on the family.
+//! An opened model of either family ([`Arch`], `model::family`).
+//! [`AnyModel`] is what the session, the binaries and the server open; what
+//! the two families share is read through it without matching on the
+//! family.
 
 use std::sync::Arc;
 
 use crate::gguf::GgufFile;
 use crate::model::config::CoreConfig;
-use crate::model::v41::{config::ARCH as V41_ARCH, V41ModelFile};
+use crate::model::family::Arch;
+use crate::model::v41::V41ModelFile;
 use crate::model::{ModelError, ModelFile};
-
-/// Which model family a GGUF holds, from `general.architecture`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// `deepseek4` (or no architecture key, as older V4 files): V4 Flash/Pro.
-    V4,
-    /// `deepseek41`: V4.1 Flash.
-    V41,
-}
-
-impl Arch {
-    pub fn of(file: &GgufFile) -> Result<Arch, ModelError> {
-        match file.get_str("general.architecture") {
-            None | Some("deepseek4") => Ok(Arch::V4),
-            Some(V41_ARCH) => Ok(Arch::V41),
-            Some(other) => Err(ModelError::WrongKind(format!(
-                "general.architecture is {other:?}; ds4 runs \"deepseek4\" and \"deepseek41\""
-            ))),
-        }
-    }
-}
 
 /// An opened model of either family, recognised by `general.architecture`.
 #[derive(Clone)]
