@@ -43,7 +43,7 @@ use super::family::Arch;
 use super::forward::{self, attn_options, Numerics};
 use super::logits::Logits;
 use super::state::LayerState;
-use super::weights::{bind_attn, bind_hc_mix, bind_layer, bind_moe, Binder, Class};
+use super::weights::{bind_attn, bind_hc_mix, bind_layer, bind_moe, Binder, Class, HcMixWeights};
 use super::{AttentionKind, LayerWeights, ModelConfig, ModelError, Weights};
 use crate::gguf::{GgufFile, TensorRef};
 use crate::graph::ops::basic::{Add, Embed};
@@ -71,14 +71,6 @@ pub struct DsparkConfig {
     pub n_expert_used: usize,
 }
 
-/// V4's learned collapse of the HC streams before the output head.
-#[derive(Clone, Debug)]
-pub struct HeadMix {
-    pub func: TensorRef,
-    pub scale: TensorRef,
-    pub base: TensorRef,
-}
-
 /// The drafter's weights, bound at their offsets in the main file.
 #[derive(Clone, Debug)]
 pub struct DsparkWeights {
@@ -88,9 +80,10 @@ pub struct DsparkWeights {
     pub main_norm: TensorRef,
     /// One window-only block per stage (`mtp.{k}.`).
     pub stages: Vec<LayerWeights>,
-    /// V4's learned head mix (`hc_head_*`); a V4.1 drafter collapses with
-    /// its last stage's FFN mix instead.
-    pub head_mix: Option<HeadMix>,
+    /// V4's learned collapse of the HC streams before the output head
+    /// (`hc_head_*`); a V4.1 drafter collapses with its last stage's FFN
+    /// mix instead.
+    pub head_mix: Option<HcMixWeights>,
     pub norm: TensorRef,
     /// The Markov head: a rank-r embedding of the previous token and its
     /// vocabulary projection (`markov_w1`, `markov_w2`).
@@ -237,7 +230,7 @@ impl DsparkWeights {
         let n = |p: &str, s: &str| format!("{p}{s}");
         let taps = config.target_layers.len();
         let head_mix = match config.family {
-            Arch::V4 => Some(HeadMix {
+            Arch::V4 => Some(HcMixWeights {
                 func: b.bind(&n(&last, "hc_head_fn.weight"), &[hc * d, hc], Class::Dense)?,
                 scale: b.bind(&n(&last, "hc_head_scale.weight"), &[1], Class::Vector)?,
                 base: b.bind(&n(&last, "hc_head_base.weight"), &[hc], Class::Vector)?,
