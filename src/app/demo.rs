@@ -1,7 +1,27 @@
 //! The demo model of `--demo`: a tiny model with random weights, generated
 //! once into the user cache, so every binary can run without a download.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The model file a binary runs when `-m` is not given.
+pub const DEFAULT_MODEL: &str = "ds4flash.gguf";
+
+/// The model a binary runs: the demo model under `--demo`, else `-m`, else
+/// `./ds4flash.gguf` when it exists; with none of them, an error that says
+/// how to get one.
+pub fn model_path(model: Option<&Path>, demo: bool) -> Result<PathBuf, String> {
+    if demo {
+        return demo_model();
+    }
+    match model {
+        Some(p) => Ok(p.to_path_buf()),
+        None if Path::new(DEFAULT_MODEL).exists() => Ok(PathBuf::from(DEFAULT_MODEL)),
+        None => Err("no model: ./ds4flash.gguf not found and no -m given.\n\
+            Get the real model (q2, 81 GB) with: tools/download_model.sh q2\n\
+            or try the engine on a random tiny model with --demo"
+            .to_string()),
+    }
+}
 
 /// Tokens the demo generates when no `-n` is given: enough to see the
 /// engine stream, short enough to finish in seconds.

@@ -126,19 +126,8 @@ Get the real model with tools/download_model.sh q2")]
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
-const NO_MODEL: &str = "no model: ./ds4flash.gguf not found and no -m given.\n\
-    Get the real model (q2, 81 GB) with: tools/download_model.sh q2\n\
-    or try the engine on a random tiny model with: ds4 --demo -p \"hello\"";
-
 fn model_path(a: &Args) -> Result<PathBuf, String> {
-    if a.demo {
-        return ds4::app::demo::demo_model();
-    }
-    match &a.model {
-        Some(p) => Ok(p.clone()),
-        None if Path::new("ds4flash.gguf").exists() => Ok(PathBuf::from("ds4flash.gguf")),
-        None => Err(NO_MODEL.to_string()),
-    }
+    ds4::app::demo::model_path(a.model.as_deref(), a.demo)
 }
 
 fn read_prompt(a: &Args) -> Result<Option<String>, String> {

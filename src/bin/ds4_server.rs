@@ -320,14 +320,7 @@ fn host_addr(host: &str) -> Result<IpAddr, String> {
 }
 
 fn model_path(a: &Args) -> Result<PathBuf, String> {
-    if a.demo {
-        return ds4::app::demo::demo_model();
-    }
-    match &a.model {
-        Some(p) => Ok(p.clone()),
-        None if Path::new("ds4flash.gguf").exists() => Ok(PathBuf::from("ds4flash.gguf")),
-        None => Err("no model: ./ds4flash.gguf not found and no -m given (try --demo)".into()),
-    }
+    ds4::app::demo::model_path(a.model.as_deref(), a.demo)
 }
 
 /// Flag values that are wrong on their face: exit status 2 (SERVER.md §2).

@@ -16,6 +16,30 @@ pub struct Meta {
     pub model: String,
 }
 
+impl Meta {
+    /// One streamed event of `object` (`chat.completion.chunk`,
+    /// `text_completion`) with these `choices`.
+    fn event(&self, object: &str, choices: Value) -> String {
+        data(
+            json!({"id": self.id, "object": object, "created": self.created,
+            "model": self.model, "choices": choices}),
+        )
+    }
+
+    /// The end of a stream of `object` events: the usage event when the
+    /// client asked for it (`stream_options.include_usage`), then `[DONE]`.
+    fn end_events(&self, object: &str, usage: Option<&Usage>) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(u) = usage {
+            out.push(data(json!({"id": self.id, "object": object,
+                "created": self.created, "model": self.model, "choices": [],
+                "usage": usage_json(u)})));
+        }
+        out.push("data: [DONE]\n\n".into());
+        out
+    }
+}
+
 pub fn finish_str(f: FinishReason) -> &'static str {
     match f {
         FinishReason::Stop => "stop",
@@ -166,11 +190,7 @@ impl ChatStream {
         if !self.pending.is_empty() {
             choice["logprobs"] = chat_logprobs(&std::mem::take(&mut self.pending), true);
         }
-        data(
-            json!({"id": self.meta.id, "object": "chat.completion.chunk",
-            "created": self.meta.created, "model": self.meta.model,
-            "choices": [choice]}),
-        )
+        self.meta.event("chat.completion.chunk", json!([choice]))
     }
 }
 
@@ -221,14 +241,8 @@ impl StreamFormat for ChatStream {
             out.push(self.chunk(json!({"tool_calls": calls}), None));
         }
         out.push(self.chunk(json!({}), Some(finish_str(f.finish))));
-        if self.include_usage {
-            out.push(data(
-                json!({"id": self.meta.id, "object": "chat.completion.chunk",
-                "created": self.meta.created, "model": self.meta.model,
-                "choices": [], "usage": usage_json(&f.usage)}),
-            ));
-        }
-        out.push("data: [DONE]\n\n".into());
+        let usage = self.include_usage.then_some(&f.usage);
+        out.extend(self.meta.end_events("chat.completion.chunk", usage));
         out
     }
     fn error(&mut self, msg: &str) -> Vec<String> {
@@ -271,9 +285,7 @@ impl CompletionStream {
             choice["logprobs"] = completion_logprobs(&entries, self.shown_chars);
             self.shown_chars += entries.iter().map(|e| chars(&e.bytes)).sum::<usize>();
         }
-        data(json!({"id": self.meta.id, "object": "text_completion",
-            "created": self.meta.created, "model": self.meta.model,
-            "choices": [choice]}))
+        self.meta.event("text_completion", json!([choice]))
     }
 }
 
@@ -293,14 +305,8 @@ impl StreamFormat for CompletionStream {
     }
     fn done(&mut self, f: &Final) -> Vec<String> {
         let mut out = vec![self.chunk("", Some(finish_str(f.finish)))];
-        if self.include_usage {
-            out.push(data(
-                json!({"id": self.meta.id, "object": "text_completion",
-                "created": self.meta.created, "model": self.meta.model,
-                "choices": [], "usage": usage_json(&f.usage)}),
-            ));
-        }
-        out.push("data: [DONE]\n\n".into());
+        let usage = self.include_usage.then_some(&f.usage);
+        out.extend(self.meta.end_events("text_completion", usage));
         out
     }
     fn error(&mut self, msg: &str) -> Vec<String> {

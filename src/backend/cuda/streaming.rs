@@ -109,15 +109,14 @@ impl CudaBackend {
         };
         let file = self.file.clone();
         let file: &GgufFile = (*file).as_ref();
-        cache.register(file, graph).map_err(BackendError::Weights)?;
-        let Some(plan) = cache.plan().cloned() else {
+        let Some((plan, layers)) = cache
+            .layers_for_slots(file, graph, |gate| self.streamed.contains_key(&gate))
+            .map_err(BackendError::Weights)?
+        else {
             return Ok(());
         };
-        for layer in crate::backend::experts::graph_layers(graph) {
+        for layer in layers {
             let gate = layer.parts[0].offset;
-            if !cache.is_streamed(gate) || self.streamed.contains_key(&gate) {
-                continue;
-            }
             let slab = [0, 1, 2].map(|p| layer.parts[p].n_bytes / layer.n_expert.max(1) as u64);
             let parts = [
                 DevBuf::alloc((slab[0] * plan.slots as u64).max(4) as usize)?,
@@ -131,12 +130,7 @@ impl CudaBackend {
                 slots: plan.slots,
                 table: SlotTable::new(plan.slots, self.stream_policy),
             };
-            let list = cache.preload_list(file, gate);
-            if !list.is_empty() {
-                let pinned = cache
-                    .read_experts(gate, &list)
-                    .map_err(weights_err)?
-                    .ok_or_else(|| weights_err("ssd streaming: preload of a layer kept whole"))?;
+            if let Some((list, pinned)) = cache.read_preload(file, gate).map_err(weights_err)? {
                 for round in l.table.plan(&list) {
                     upload(&l, &round, &|e, p| pinned.part(e, p), self.dev.stream)?;
                 }

@@ -493,6 +493,47 @@ impl ExpertCache {
         self.pin_experts(o.gate.offset, &want, n_tokens == 1, &|_| false)
     }
 
+    /// What a GPU backend gives device slots to: registers `graph`'s routed
+    /// layers (the first graph plans the cache; a budget below one token's
+    /// experts is refused here) and returns the plan with the streamed
+    /// layers for which `has_slots` is false. `None` when nothing streams.
+    pub fn layers_for_slots(
+        &self,
+        file: &GgufFile,
+        graph: &Graph,
+        has_slots: impl Fn(u64) -> bool,
+    ) -> Result<Option<(StreamPlan, Vec<ExpertLayer>)>, String> {
+        self.register(file, graph)?;
+        let Some(plan) = self.plan().cloned() else {
+            return Ok(None);
+        };
+        let mut layers = graph_layers(graph);
+        layers.retain(|l| {
+            let gate = l.parts[0].offset;
+            self.is_streamed(gate) && !has_slots(gate)
+        });
+        Ok(Some((plan, layers)))
+    }
+
+    /// The experts a GPU backend preloads into the new slots of the layer
+    /// at `gate_offset` ([`ExpertCache::preload_list`]), read and pinned;
+    /// `None` when there are none (a cold start).
+    pub fn read_preload(
+        &self,
+        file: &GgufFile,
+        gate_offset: u64,
+    ) -> Result<Option<(Vec<u32>, Pinned)>, String> {
+        let list = self.preload_list(file, gate_offset);
+        if list.is_empty() {
+            return Ok(None);
+        }
+        let pinned = self
+            .read_experts(gate_offset, &list)
+            .map_err(|e| e.to_string())?
+            .ok_or("ssd streaming: preload of a layer kept whole")?;
+        Ok(Some((list, pinned)))
+    }
+
     /// Whether the layer whose `gate` tensor starts at `gate_offset` streams
     /// (registered and not kept whole).
     pub fn is_streamed(&self, gate_offset: u64) -> bool {

@@ -84,17 +84,16 @@ impl WgpuBackend {
         };
         let file = self.file.clone();
         let file: &GgufFile = (*file).as_ref();
-        cache.register(file, graph).map_err(BackendError::Weights)?;
-        let Some(plan) = cache.plan().cloned() else {
-            return Ok(());
-        };
         let policy = self.stream_policy;
         let mut streamed = lock(&self.streamed);
-        for layer in crate::backend::experts::graph_layers(graph) {
+        let Some((plan, layers)) = cache
+            .layers_for_slots(file, graph, |gate| streamed.contains_key(&gate))
+            .map_err(BackendError::Weights)?
+        else {
+            return Ok(());
+        };
+        for layer in layers {
             let gate = layer.parts[0].offset;
-            if !cache.is_streamed(gate) || streamed.contains_key(&gate) {
-                continue;
-            }
             let mut parts = Vec::with_capacity(3);
             for t in &layer.parts {
                 parts.push(Arc::new(GpuTensor::slots(
@@ -107,12 +106,7 @@ impl WgpuBackend {
                 refs: layer.parts.clone(),
                 table: SlotTable::new(plan.slots, policy),
             };
-            let list = cache.preload_list(file, gate);
-            if !list.is_empty() {
-                let pinned = cache
-                    .read_experts(gate, &list)
-                    .map_err(weights_err)?
-                    .ok_or_else(|| weights_err("ssd streaming: preload of a layer kept whole"))?;
+            if let Some((list, pinned)) = cache.read_preload(file, gate).map_err(weights_err)? {
                 for round in l.table.plan(&list) {
                     upload(&self.gpu.queue, &l, &round, &|e, p| pinned.part(e, p))?;
                 }

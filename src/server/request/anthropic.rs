@@ -7,10 +7,9 @@ use serde_json::Value;
 use super::thinking::thinking;
 use super::tools::tool_lines;
 use super::{
-    bad, content_text, max_tokens, model, object, opt_bool, sampling, script, stop_list, Api,
-    GenRequest, Message, ParseContext, Role, Scoring, ToolCall, ToolResultBlock,
+    bad, content_text, max_tokens, message_array, model, object, opt_bool, sampling, script,
+    stop_list, Api, GenRequest, Message, ParseContext, Role, ToolCall, ToolResultBlock,
 };
-use crate::chat::Dialect;
 use crate::server::error::ApiError;
 use crate::server::strict;
 
@@ -44,12 +43,7 @@ pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiEr
     let m = object(body)?;
     let model = model(&m)?;
     let (mode, _, think_level) = thinking(&m, &model, Api::Messages, pc.ctx)?;
-    let Some(msgs) = m.get("messages") else {
-        return Err(ApiError::invalid("missing messages"));
-    };
-    let Value::Array(msgs) = msgs else {
-        return Err(bad());
-    };
+    let msgs = message_array(&m)?;
     let mut messages = Vec::new();
     if let Some(s) = anthropic_system(m.get("system"))? {
         messages.push(Message::new(Role::System, s));
@@ -111,27 +105,14 @@ pub fn parse_messages(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiEr
         == Some("none");
     let asked = sampling(&m, false, true)?;
     Ok(GenRequest {
-        think_level,
-        dialect: Dialect::V4,
-        api: Api::Messages,
-        sampler: asked.for_thinking(mode.thinks()),
-        sampler_asked: asked,
-        seed: None,
         max_tokens: max_tokens(&m, &["max_tokens"])?,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),
-        include_usage: false,
         stop: stop_list(m.get("stop_sequences")),
         tool_lines: tool_lines(body)?,
         tools_disabled,
         script: script(&m, pc)?,
-        model,
         messages,
-        prompt: None,
-        mode,
-        reasoning_summary: false,
-        output: None,
         tool_grammar: strict::parse(&m)?,
-        raw: Vec::new(),
-        scoring: Scoring::default(),
+        ..GenRequest::new(Api::Messages, model, mode, think_level, asked)
     })
 }

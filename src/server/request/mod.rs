@@ -144,6 +144,44 @@ pub struct ThinkLevel {
 }
 
 impl GenRequest {
+    /// A request of `api` for `model`, thinking in `mode`, with every
+    /// API-specific field empty for its parser to fill in. The sampler its
+    /// turn runs with follows from what it `asked` and the mode
+    /// ([`SamplerConfig::for_thinking`]: a thinking turn samples with the
+    /// thinking defaults).
+    fn new(
+        api: Api,
+        model: String,
+        mode: ThinkMode,
+        think_level: ThinkLevel,
+        asked: SamplerConfig,
+    ) -> GenRequest {
+        GenRequest {
+            api,
+            model,
+            messages: Vec::new(),
+            prompt: None,
+            tool_lines: Vec::new(),
+            tools_disabled: false,
+            mode,
+            sampler: asked.for_thinking(mode.thinks()),
+            sampler_asked: asked,
+            seed: None,
+            max_tokens: None,
+            stream: false,
+            include_usage: false,
+            stop: Vec::new(),
+            reasoning_summary: false,
+            output: None,
+            tool_grammar: None,
+            script: None,
+            raw: Vec::new(),
+            scoring: Scoring::default(),
+            think_level,
+            dialect: Dialect::V4,
+        }
+    }
+
     pub fn tools_active(&self) -> bool {
         !self.tool_lines.is_empty() && !self.tools_disabled
     }
@@ -341,6 +379,15 @@ fn script(m: &Map<String, Value>, pc: ParseContext) -> Result<Option<String>, Ap
         return Ok(None);
     }
     opt_str(m, "ds4_test_script")
+}
+
+/// The `messages` array of a chat or messages request.
+fn message_array(m: &Map<String, Value>) -> Result<&Vec<Value>, ApiError> {
+    match m.get("messages") {
+        None => Err(ApiError::invalid("missing messages")),
+        Some(Value::Array(msgs)) => Ok(msgs),
+        Some(_) => Err(bad()),
+    }
 }
 
 fn model(m: &Map<String, Value>) -> Result<String, ApiError> {

@@ -9,10 +9,11 @@ use super::scoring::{chat_scoring, completion_scoring};
 use super::thinking::thinking;
 use super::tools::tool_lines;
 use super::{
-    arguments_text, bad, content_text, include_usage, max_tokens, model, object, opt_bool,
-    sampling, script, seed, stop_list, Api, GenRequest, Message, ParseContext, Role, ToolCall,
+    arguments_text, bad, content_text, include_usage, max_tokens, message_array, model, object,
+    opt_bool, sampling, script, seed, stop_list, Api, GenRequest, Message, ParseContext, Role,
+    ToolCall,
 };
-use crate::chat::{Dialect, ThinkMode};
+use crate::chat::ThinkMode;
 use crate::server::error::ApiError;
 use crate::server::strict;
 
@@ -21,12 +22,7 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
     let m = object(body)?;
     let model = model(&m)?;
     let (mode, _, think_level) = thinking(&m, &model, Api::Chat, pc.ctx)?;
-    let Some(msgs) = m.get("messages") else {
-        return Err(ApiError::invalid("missing messages"));
-    };
-    let Value::Array(msgs) = msgs else {
-        return Err(bad());
-    };
+    let msgs = message_array(&m)?;
     let mut messages = Vec::new();
     for v in msgs {
         let Value::Object(o) = v else {
@@ -72,11 +68,6 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
         matches!(m.get("tool_choice"), Some(Value::String(s)) if s == "none") || output.is_some();
     let asked = sampling(&m, true, true)?;
     Ok(GenRequest {
-        think_level,
-        dialect: Dialect::V4,
-        api: Api::Chat,
-        sampler: asked.for_thinking(mode.thinks()),
-        sampler_asked: asked,
         seed: seed(&m)?,
         max_tokens: max_tokens(&m, &["max_tokens", "max_completion_tokens"])?,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),
@@ -85,15 +76,11 @@ pub fn parse_chat(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiError>
         tool_lines: tool_lines(body)?,
         tools_disabled,
         script: script(&m, pc)?,
-        model,
         messages,
-        prompt: None,
-        mode,
-        reasoning_summary: false,
         output,
         tool_grammar: strict::parse(&m)?,
-        raw: Vec::new(),
         scoring: chat_scoring(&m)?,
+        ..GenRequest::new(Api::Chat, model, mode, think_level, asked)
     })
 }
 
@@ -125,27 +112,16 @@ pub fn parse_completions(body: &[u8], pc: ParseContext) -> Result<GenRequest, Ap
     };
     let asked = sampling(&m, true, true)?;
     Ok(GenRequest {
-        think_level,
-        dialect: Dialect::V4,
-        api: Api::Completions,
-        sampler: asked.for_thinking(mode.thinks()),
-        sampler_asked: asked,
         seed: seed(&m)?,
         max_tokens: max_tokens(&m, &["max_tokens"])?,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),
         include_usage: include_usage(&m)?,
         stop: stop_list(m.get("stop")),
-        tool_lines: Vec::new(),
         tools_disabled: true,
         script: script(&m, pc)?,
-        model,
-        messages: Vec::new(),
         prompt: Some(prompt),
-        mode,
-        reasoning_summary: false,
         output: response_format(&m)?,
-        tool_grammar: None,
-        raw: Vec::new(),
         scoring,
+        ..GenRequest::new(Api::Completions, model, mode, think_level, asked)
     })
 }

@@ -9,9 +9,8 @@ use super::thinking::thinking;
 use super::tools::tool_lines;
 use super::{
     arguments_text, bad, content_text, max_tokens, model, object, opt_bool, opt_str, sampling,
-    script, Api, GenRequest, Message, ParseContext, Role, Scoring, ToolCall,
+    script, Api, GenRequest, Message, ParseContext, Role, ToolCall,
 };
-use crate::chat::Dialect;
 use crate::server::error::ApiError;
 use crate::server::strict;
 
@@ -56,28 +55,16 @@ pub fn parse_responses(body: &[u8], pc: ParseContext) -> Result<GenRequest, ApiE
     }
     let asked = sampling(&m, false, false)?;
     Ok(GenRequest {
-        think_level,
-        dialect: Dialect::V4,
-        api: Api::Responses,
-        sampler: asked.for_thinking(mode.thinks()),
-        sampler_asked: asked,
-        seed: None,
         max_tokens: max_tokens(&m, &["max_output_tokens", "max_tokens"])?,
         stream: opt_bool(&m, "stream")?.unwrap_or(false),
-        include_usage: false,
-        stop: Vec::new(),
         tool_lines: tool_lines(body)?,
         tools_disabled: tools_disabled || output.is_some(),
         script: script(&m, pc)?,
-        model,
         messages,
-        prompt: None,
-        mode,
         reasoning_summary: summary,
         output,
         tool_grammar: strict::parse(&m)?,
-        raw: Vec::new(),
-        scoring: Scoring::default(),
+        ..GenRequest::new(Api::Responses, model, mode, think_level, asked)
     })
 }
 

@@ -166,52 +166,6 @@ pub struct Kernels {
     pub axpy: fn(f32, &[f32], &mut [f32]),
 }
 
-/// Safe wrappers over the AVX2 kernels; only reachable through
-/// [`Kernels::new`] after the features were detected.
-#[cfg(target_arch = "x86_64")]
-mod avx2_safe {
-    use super::*;
-    pub fn q2k(r: &[u8], y: &[BlockQ8K]) -> f32 {
-        unsafe { super::avx2::q2k(r, y) }
-    }
-    pub fn q4k(r: &[u8], y: &[BlockQ8K]) -> f32 {
-        unsafe { super::avx2::q4k(r, y) }
-    }
-    pub fn iq2xxs(r: &[u8], y: &[BlockQ8K]) -> f32 {
-        unsafe { super::avx2::iq2xxs(r, y) }
-    }
-    pub fn q8_0(r: &[u8], y: &[BlockQ8x32]) -> f32 {
-        unsafe { super::avx2::q8_0(r, y) }
-    }
-    pub fn mxfp4(r: &[u8], y: &[BlockQ8x32]) -> f32 {
-        unsafe { super::avx2::mxfp4(r, y) }
-    }
-    pub fn f32(r: &[u8], x: &[f32]) -> f32 {
-        unsafe { super::avx2::f32(r, x) }
-    }
-    pub fn f16(r: &[u8], x: &[f32]) -> f32 {
-        unsafe { super::avx2::f16(r, x) }
-    }
-    pub fn bf16(r: &[u8], x: &[f32]) -> f32 {
-        unsafe { super::avx2::bf16(r, x) }
-    }
-    pub fn expanded(c: &[i8], s: &[f32], y: &[BlockQ8x32]) -> f32 {
-        unsafe { super::avx2::expanded(c, s, y) }
-    }
-    pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-        unsafe { super::avx2::axpy(a, x, y) }
-    }
-    pub fn q8_0_many(r: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
-        unsafe { super::avx2::q8_0_many(r, ys, out) }
-    }
-    pub fn iq2xxs_many(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
-        unsafe { super::avx2::iq2xxs_many(r, ys, out) }
-    }
-    pub fn q2k_many(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
-        unsafe { super::avx2::q2k_many(r, ys, out) }
-    }
-}
-
 /// Safe wrappers over one SIMD variant's kernels (AVX-512, NEON); only
 /// reachable through [`Kernels::new`], [`Kernels::avx512`] or
 /// [`Kernels::neon`] after the features were detected.
@@ -272,32 +226,43 @@ macro_rules! simd_safe {
         }
     };
 }
+/// Safe wrappers over one SIMD variant's multi-row kernels (AVX2,
+/// AVX-512), with the same reach as [`simd_safe`]'s.
+#[allow(unused_macros)]
+macro_rules! many_safe {
+    ($name:ident, $m:path) => {
+        mod $name {
+            use super::*;
+            use $m as k;
+            pub fn q8_0(r: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
+                unsafe { k::q8_0_many(r, ys, out) }
+            }
+            pub fn iq2xxs(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+                unsafe { k::iq2xxs_many(r, ys, out) }
+            }
+            pub fn q2k(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+                unsafe { k::q2k_many(r, ys, out) }
+            }
+            /// `kern` with these multi-row kernels.
+            pub fn with(mut kern: Kernels) -> Kernels {
+                kern.q8_0_many = Some(q8_0);
+                kern.iq2xxs_many = Some(iq2xxs);
+                kern.q2k_many = Some(q2k);
+                kern
+            }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+simd_safe!(avx2_safe, super::avx2, Isa::Avx2);
+#[cfg(target_arch = "x86_64")]
+many_safe!(avx2_many, super::avx2);
 #[cfg(target_arch = "x86_64")]
 simd_safe!(avx512_vnni_safe, super::avx512::vnni, Isa::Avx512);
-/// Safe wrappers over the AVX-512 multi-row kernels; only reachable through
-/// [`Kernels::avx512`] after the features were detected.
 #[cfg(target_arch = "x86_64")]
-mod avx512_many {
-    use super::*;
-    pub fn q8_0_vnni(r: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
-        unsafe { super::avx512::vnni::q8_0_many(r, ys, out) }
-    }
-    pub fn q8_0_bw(r: &[u8], ys: &[&[BlockQ8x32]], out: &mut [f32]) {
-        unsafe { super::avx512::bw::q8_0_many(r, ys, out) }
-    }
-    pub fn iq2xxs_vnni(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
-        unsafe { super::avx512::vnni::iq2xxs_many(r, ys, out) }
-    }
-    pub fn iq2xxs_bw(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
-        unsafe { super::avx512::bw::iq2xxs_many(r, ys, out) }
-    }
-    pub fn q2k_vnni(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
-        unsafe { super::avx512::vnni::q2k_many(r, ys, out) }
-    }
-    pub fn q2k_bw(r: &[u8], ys: &[&[BlockQ8K]], out: &mut [f32]) {
-        unsafe { super::avx512::bw::q2k_many(r, ys, out) }
-    }
-}
+many_safe!(avx512_vnni_many, super::avx512::vnni);
+#[cfg(target_arch = "x86_64")]
+many_safe!(avx512_bw_many, super::avx512::bw);
 #[cfg(target_arch = "x86_64")]
 simd_safe!(avx512_bw_safe, super::avx512::bw, Isa::Avx512);
 #[cfg(target_arch = "aarch64")]
@@ -316,18 +281,10 @@ impl Kernels {
                 return None;
             }
             if !vnni {
-                let mut k = avx512_bw_safe::kernels();
-                k.q8_0_many = Some(avx512_many::q8_0_bw);
-                k.iq2xxs_many = Some(avx512_many::iq2xxs_bw);
-                k.q2k_many = Some(avx512_many::q2k_bw);
-                return Some(k);
+                return Some(avx512_bw_many::with(avx512_bw_safe::kernels()));
             }
             if is_x86_feature_detected!("avx512vnni") {
-                let mut k = avx512_vnni_safe::kernels();
-                k.q8_0_many = Some(avx512_many::q8_0_vnni);
-                k.iq2xxs_many = Some(avx512_many::iq2xxs_vnni);
-                k.q2k_many = Some(avx512_many::q2k_vnni);
-                return Some(k);
+                return Some(avx512_vnni_many::with(avx512_vnni_safe::kernels()));
             }
             None
         }
@@ -385,22 +342,7 @@ impl Kernels {
                 axpy: portable::axpy,
             },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => Kernels {
-                isa,
-                q2k: avx2_safe::q2k,
-                q4k: avx2_safe::q4k,
-                iq2xxs: avx2_safe::iq2xxs,
-                q8_0: avx2_safe::q8_0,
-                mxfp4: avx2_safe::mxfp4,
-                f32: avx2_safe::f32,
-                f16: avx2_safe::f16,
-                bf16: avx2_safe::bf16,
-                q8_0_many: Some(avx2_safe::q8_0_many),
-                iq2xxs_many: Some(avx2_safe::iq2xxs_many),
-                q2k_many: Some(avx2_safe::q2k_many),
-                expanded: avx2_safe::expanded,
-                axpy: avx2_safe::axpy,
-            },
+            Isa::Avx2 => avx2_many::with(avx2_safe::kernels()),
             Isa::Avx512 => {
                 return Kernels::avx512(true).or_else(|| Kernels::avx512(false));
             }
