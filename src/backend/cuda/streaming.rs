@@ -23,7 +23,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use super::mem::{download, upload_async, DevBuf};
 use super::CudaBackend;
 use crate::backend::experts::device::{Round, SlotTable};
-use crate::backend::experts::distinct_experts;
+use crate::backend::experts::{distinct_experts, HashTable};
 use crate::backend::BackendError;
 use crate::gguf::{GgufFile, TensorRef};
 use crate::graph::Graph;
@@ -61,42 +61,12 @@ pub struct StreamPoint {
     pub selected: CUdeviceptr,
     /// The slot-id selection the pass's kernels read.
     pub slot_sel: CUdeviceptr,
-    /// A hash layer's table (`tid2eid`, row length).
-    pub hash: Option<(TensorRef, usize)>,
+    /// A hash layer's table: the selection follows from the token ids.
+    pub hash: Option<HashTable>,
 }
 
 fn weights_err(e: impl std::fmt::Display) -> BackendError {
     BackendError::Weights(e.to_string())
-}
-
-/// A hash layer's selection for `tokens` (what its router writes).
-fn hash_selection(p: &StreamPoint, file: &GgufFile, tokens: &[u32]) -> Option<Vec<i32>> {
-    let (t, cols) = p.hash.as_ref()?;
-    let bytes = t.bytes(file);
-    let mut sel = Vec::with_capacity(tokens.len() * p.k);
-    for &tok in tokens {
-        for i in 0..p.k {
-            let at = (tok as usize * cols + i) * 4;
-            let b = bytes.get(at..at + 4)?;
-            sel.push(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        }
-    }
-    Some(sel)
-}
-
-/// The hash table of the router that writes `o`'s selection from the
-/// step's token ids, if any.
-pub fn hash_of(
-    graph: &Graph,
-    o: &crate::graph::ops::moe::MoeExperts,
-) -> Option<(TensorRef, usize)> {
-    use crate::graph::ops::Op;
-    graph.ops().find_map(|op| match op {
-        Op::Router(r) if r.selected == o.selected && r.tokens == graph.tokens => {
-            r.tid2eid.clone().map(|t| (t, r.table_cols()))
-        }
-        _ => None,
-    })
 }
 
 impl CudaBackend {
@@ -191,7 +161,7 @@ impl CudaBackend {
         let file = self.file.clone();
         let file: &GgufFile = (*file).as_ref();
         let p = &self.graphs[h].points[i];
-        let sel = match hash_selection(p, file, tokens) {
+        let sel = match p.hash.as_ref().and_then(|h| h.selection(file, tokens, p.k)) {
             Some(s) => s,
             None => {
                 // A learned router: wait for its choice on the device.

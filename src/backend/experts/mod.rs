@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-pub use self::plan::{graph_layers, ExpertLayer, StreamPlan};
+pub use self::plan::{graph_layers, ExpertLayer, HashTable, StreamPlan};
 use self::read::{ReadError, SliceReader};
 use self::slots::{read_ahead, LayerCache, LayerState};
 pub use self::slots::{Pinned, Slice};

@@ -93,6 +93,47 @@ impl ExpertLayer {
     }
 }
 
+/// The table of a hash router (`tid2eid`) that writes a routed pass's
+/// selection from the step's token ids alone: a streaming backend knows
+/// which experts the pass needs before anything runs.
+#[derive(Clone, Debug)]
+pub struct HashTable {
+    pub table: TensorRef,
+    /// Experts per token id (the row length).
+    pub cols: usize,
+}
+
+impl HashTable {
+    /// The hash router's table for `o`'s selection, if a hash router
+    /// reading the step's token ids writes it.
+    pub fn of(graph: &Graph, o: &MoeExperts) -> Option<HashTable> {
+        graph.ops().find_map(|op| match op {
+            Op::Router(r) if r.selected == o.selected && r.tokens == graph.tokens => {
+                r.tid2eid.clone().map(|table| HashTable {
+                    table,
+                    cols: r.table_cols(),
+                })
+            }
+            _ => None,
+        })
+    }
+
+    /// The selection for `tokens`, `k` experts each (what the router
+    /// writes); `None` if a token id lies past the table.
+    pub fn selection(&self, file: &GgufFile, tokens: &[u32], k: usize) -> Option<Vec<i32>> {
+        let bytes = self.table.bytes(file);
+        let mut sel = Vec::with_capacity(tokens.len() * k);
+        for &tok in tokens {
+            for i in 0..k {
+                let at = (tok as usize * self.cols + i) * 4;
+                let b = bytes.get(at..at + 4)?;
+                sel.push(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            }
+        }
+        Some(sel)
+    }
+}
+
 /// The routed layers of a graph, in the order they run.
 pub fn graph_layers(graph: &Graph) -> Vec<ExpertLayer> {
     let mut out = Vec::new();

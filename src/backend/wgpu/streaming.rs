@@ -22,7 +22,7 @@ use super::matmul::{BufRange, RoutedExperts};
 use super::weights::GpuTensor;
 use super::WgpuBackend;
 use crate::backend::experts::device::{Round, SlotTable};
-use crate::backend::experts::distinct_experts;
+use crate::backend::experts::{distinct_experts, HashTable};
 
 use crate::backend::BackendError;
 use crate::gguf::{GgufFile, TensorRef};
@@ -45,9 +45,8 @@ pub struct StreamedExperts {
     pub n_expert: usize,
     /// The router's selection (read back for a learned router).
     pub selected: BufRange,
-    /// A hash layer's table (`tid2eid`, row length): the selection follows
-    /// from the token ids.
-    pub hash: Option<(TensorRef, usize)>,
+    /// A hash layer's table: the selection follows from the token ids.
+    pub hash: Option<HashTable>,
     /// The selection as slot ids, bound where the kernels read `selected`.
     pub slot_sel: wgpu::Buffer,
     pub experts: RoutedExperts,
@@ -55,23 +54,6 @@ pub struct StreamedExperts {
 
 fn weights_err(e: impl std::fmt::Display) -> BackendError {
     BackendError::Weights(e.to_string())
-}
-
-impl StreamedExperts {
-    /// A hash layer's selection for `tokens` (what its router writes).
-    fn hash_selection(&self, file: &GgufFile, tokens: &[u32]) -> Option<Vec<i32>> {
-        let (t, cols) = self.hash.as_ref()?;
-        let bytes = t.bytes(file);
-        let mut sel = Vec::with_capacity(tokens.len() * self.k);
-        for &tok in tokens {
-            for i in 0..self.k {
-                let at = (tok as usize * cols + i) * 4;
-                let b = bytes.get(at..at + 4)?;
-                sel.push(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            }
-        }
-        Some(sel)
-    }
 }
 
 impl WgpuBackend {
@@ -138,7 +120,11 @@ impl WgpuBackend {
         let n = tokens.len();
         let file = self.file.clone();
         let file: &GgufFile = (*file).as_ref();
-        let sel = match se.hash_selection(file, tokens) {
+        let sel = match se
+            .hash
+            .as_ref()
+            .and_then(|h| h.selection(file, tokens, se.k))
+        {
             Some(sel) => sel,
             None => {
                 // A learned router: its choice is on the device.
@@ -256,7 +242,6 @@ pub(super) fn record_streamed(
     g: &super::LoadedGraph,
     o: &crate::graph::ops::moe::MoeExperts,
 ) -> Result<StreamedExperts, BackendError> {
-    use crate::graph::ops::Op;
     let parts = lock(&b.streamed)
         .get(&o.gate.offset)
         .map(|l| l.parts.clone())
@@ -269,13 +254,7 @@ pub(super) fn record_streamed(
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
-    // A hash router reading the step's token ids decides from them alone.
-    let hash = graph.ops().find_map(|op| match op {
-        Op::Router(r) if r.selected == o.selected && r.tokens == graph.tokens => {
-            r.tid2eid.clone().map(|t| (t, r.table_cols()))
-        }
-        _ => None,
-    });
+    let hash = HashTable::of(graph, o);
     let mm = b.pipes.matmul(&b.gpu)?;
     let range = |v| BufRange::whole(g.buffer(v));
     let experts = mm.experts(

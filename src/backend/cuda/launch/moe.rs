@@ -7,7 +7,8 @@
 
 use super::{fixed, launch, per_token, unsupported, Cx, Dev, Grid, THREADS};
 use crate::backend::cuda::kernels::Kernel;
-use crate::backend::cuda::streaming::{self, StreamPoint, StreamedLayer};
+use crate::backend::cuda::streaming::{StreamPoint, StreamedLayer};
+use crate::backend::experts::HashTable;
 use crate::backend::kernels::Entry;
 use crate::backend::BackendError;
 use crate::gguf::TensorRef;
@@ -93,7 +94,7 @@ pub fn moe_experts(cx: &mut Cx, o: &MoeExperts) -> Result<(), BackendError> {
                 n_expert,
                 selected: cx.value(o.selected),
                 slot_sel: slot_sel.0,
-                hash: streaming::hash_of(cx.graph, o),
+                hash: HashTable::of(cx.graph, o),
             });
             (l.slots, slot_sel)
         }
