@@ -191,24 +191,37 @@ pub fn save_file(
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let c = file::NewCheckpoint {
-        header: KvcHeader {
-            quant_bits: session.routed_quant_bits(),
-            arch: session.arch(),
-            reason,
-            ext_flags: 0,
-            tokens: n as u32,
-            hits: 0,
-            ctx: session.ctx() as u32,
-            created: now,
-            last_used: now,
-            payload_bytes: payload.len() as u64,
-            checksum: Some(file::checksum(text, &payload)),
-        },
+        header: fresh_header(session, session.routed_quant_bits(), reason, now, text, &payload),
         text,
         payload: &payload,
         tool_map: &[],
     };
     file::write_atomic(path, &c, None).map_err(|e| KvCacheError::io(path, e))
+}
+
+/// The header of a new checkpoint of `session` (all its tokens) written at
+/// `now`, with cache text `text` and snapshot `payload`; no extensions.
+fn fresh_header(
+    session: &Session,
+    quant_bits: u8,
+    reason: SaveReason,
+    now: u64,
+    text: &[u8],
+    payload: &[u8],
+) -> KvcHeader {
+    KvcHeader {
+        quant_bits,
+        arch: session.arch(),
+        reason,
+        ext_flags: 0,
+        tokens: session.tokens().len() as u32,
+        hits: 0,
+        ctx: session.ctx() as u32,
+        created: now,
+        last_used: now,
+        payload_bytes: payload.len() as u64,
+        checksum: Some(file::checksum(text, payload)),
+    }
 }
 
 /// Loads a KVC file written by [`save_file`], [`DiskCache::store`] or ds4

@@ -409,17 +409,8 @@ impl DiskCache {
         }
         let c = NewCheckpoint {
             header: KvcHeader {
-                arch: session.arch(),
-                quant_bits: self.quant_bits,
-                reason,
                 ext_flags: ext,
-                tokens: n as u32,
-                hits: 0,
-                ctx: session.ctx() as u32,
-                created: now,
-                last_used: now,
-                payload_bytes: payload.len() as u64,
-                checksum: Some(file::checksum(text, &payload)),
+                ..super::fresh_header(session, self.quant_bits, reason, now, text, &payload)
             },
             text,
             payload: &payload,
