@@ -29,6 +29,17 @@ __device__ __forceinline__ u32 ld_u32_2(const u8* p) {
     return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16);
 }
 
+// The 16 bytes at p (16-byte aligned) as four little-endian u32 words, in
+// one vector load.
+struct Words4 {
+    u32 w[4];
+};
+
+__device__ __forceinline__ Words4 ld_words4(const uint4* p) {
+    const uint4 v = *p;
+    return {{v.x, v.y, v.z, v.w}};
+}
+
 template <int TY>
 __device__ __forceinline__ void decode32(const u8* row, u32 u, float* out) {
     if constexpr (TY == TY_F32) {
@@ -42,11 +53,10 @@ __device__ __forceinline__ void decode32(const u8* row, u32 u, float* out) {
         const uint4* p = (const uint4*)(row + 64u * u);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            uint4 v = p[i];
-            u32 w[4] = {v.x, v.y, v.z, v.w};
+            const Words4 v = ld_words4(p + i);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                u16 lo = (u16)(w[k] & 0xffffu), hi = (u16)(w[k] >> 16);
+                u16 lo = (u16)(v.w[k] & 0xffffu), hi = (u16)(v.w[k] >> 16);
                 if constexpr (TY == TY_F16) {
                     out[8 * i + 2 * k] = f16_to_f32(lo);
                     out[8 * i + 2 * k + 1] = f16_to_f32(hi);
@@ -101,13 +111,12 @@ __device__ __forceinline__ void decode32(const u8* row, u32 u, float* out) {
         const uint4* qs = (const uint4*)(b + 16 + 32 * c);  // 16-byte aligned in the block
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            uint4 v = qs[i];
-            u32 w[4] = {v.x, v.y, v.z, v.w};
+            const Words4 v = ld_words4(qs + i);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
 #pragma unroll
                 for (int by = 0; by < 4; by++) {
-                    u32 q = ((w[k] >> (8 * by)) >> shift) & 15;
+                    u32 q = ((v.w[k] >> (8 * by)) >> shift) & 15;
                     out[16 * i + 4 * k + by] = MUL_RN(dl, (float)q) - ml;
                 }
             }

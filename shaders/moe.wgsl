@@ -27,45 +27,16 @@ fn swiglu(g: f32, u: f32, c: f32) -> f32 {
     return silu(g) * u;
 }
 
-// Grid: x·y = ceil(rows of one expert / ROWS), z = slots (n_tokens · k).
-//#if subgroups
-@compute @workgroup_size(64)
-fn expert_rows(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
-    let s = wid.z;
-    for (var j = ids.sg; j < ROWS; j += ids.n_sg) {
-        let f = (wid.x + wid.y * P.grid_x) * ROWS + j;
-        var live = false;
-        var e = 0u;
-        if (f < P.n_rows && s < STEP.n_tokens * P.k) {
-            let ei = SEL[s];
-            e = u32(ei);
-            live = ei >= 0 && e >= P.expert0 && e < P.expert0 + P.n_experts;
-        }
-        let rb = ((e - P.expert0) * P.n_rows + f) * P.row_bytes;
-        var xrow = s / max(P.k, 1u);
-        if (P.mode == MODE_DOWN) {
-            xrow = s;
-        }
-        accumulate(ids.lid, ids.lane, ids.sg_size, live, select(0u, rb, live), 1u,
-                   xrow * P.x_stride, P.x_stride);
-        let dot = subgroupAdd(red[ids.lid]);
-        if (live && ids.lane == 0u) {
-            let o = s * P.out_stride + f;
-            if (P.mode == MODE_UP) {
-                OUT[o] = RW[s] * swiglu(OUT[o], dot, P.clamp);
-            } else {
-                OUT[o] = dot;
-            }
-        }
-    }
+// Row f of the expert that slot s selects: whether the bound chunk holds it
+// (`live`), its first byte in W (0 when not live) and the row of X it
+// multiplies (the slot's token; the slot itself for MODE_DOWN).
+struct ExpertRow {
+    live: bool,
+    rb: u32,
+    xrow: u32,
 }
-//#else
-@compute @workgroup_size(64)
-fn expert_rows(@builtin(workgroup_id) wid: vec3<u32>,
-               @builtin(local_invocation_id) lid3: vec3<u32>) {
-    let lid = lid3.x;
-    let f = (wid.x + wid.y * P.grid_x) * ROWS + lid / LANES;
-    let s = wid.z;
+
+fn expert_row(s: u32, f: u32) -> ExpertRow {
     var live = false;
     var e = 0u;
     if (f < P.n_rows && s < STEP.n_tokens * P.k) {
@@ -78,14 +49,47 @@ fn expert_rows(@builtin(workgroup_id) wid: vec3<u32>,
     if (P.mode == MODE_DOWN) {
         xrow = s;
     }
-    row_dots(lid, live, select(0u, rb, live), 1u, xrow * P.x_stride, P.x_stride);
-    if (live && lid % LANES == 0u) {
-        let o = s * P.out_stride + f;
-        if (P.mode == MODE_UP) {
-            OUT[o] = RW[s] * swiglu(OUT[o], red[lid], P.clamp);
-        } else {
-            OUT[o] = red[lid];
+    return ExpertRow(live, select(0u, rb, live), xrow);
+}
+
+// Stores row f of slot s from its dot product: H[s][f] itself (MODE_GATE,
+// MODE_DOWN), or RW[s] · swiglu(gate already in H[s][f], dot) (MODE_UP).
+fn write_expert_row(s: u32, f: u32, dot: f32) {
+    let o = s * P.out_stride + f;
+    if (P.mode == MODE_UP) {
+        OUT[o] = RW[s] * swiglu(OUT[o], dot, P.clamp);
+    } else {
+        OUT[o] = dot;
+    }
+}
+
+// Grid: x·y = ceil(rows of one expert / ROWS), z = slots (n_tokens · k).
+//#if subgroups
+@compute @workgroup_size(64)
+fn expert_rows(@builtin(workgroup_id) wid: vec3<u32>, ids: Ids) {
+    let s = wid.z;
+    for (var j = ids.sg; j < ROWS; j += ids.n_sg) {
+        let f = (wid.x + wid.y * P.grid_x) * ROWS + j;
+        let er = expert_row(s, f);
+        accumulate(ids.lid, ids.lane, ids.sg_size, er.live, er.rb, 1u,
+                   er.xrow * P.x_stride, P.x_stride);
+        let dot = subgroupAdd(red[ids.lid]);
+        if (er.live && ids.lane == 0u) {
+            write_expert_row(s, f, dot);
         }
+    }
+}
+//#else
+@compute @workgroup_size(64)
+fn expert_rows(@builtin(workgroup_id) wid: vec3<u32>,
+               @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let lid = lid3.x;
+    let f = (wid.x + wid.y * P.grid_x) * ROWS + lid / LANES;
+    let s = wid.z;
+    let er = expert_row(s, f);
+    row_dots(lid, er.live, er.rb, 1u, er.xrow * P.x_stride, P.x_stride);
+    if (er.live && lid % LANES == 0u) {
+        write_expert_row(s, f, red[lid]);
     }
 }
 //#endif

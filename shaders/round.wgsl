@@ -24,32 +24,48 @@ struct RoundParams {
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-@compute @workgroup_size(WG)
-fn kv_round(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) tid: u32) {
-    let r = group_id(wid, nwg);
-    if (r >= step.n_tokens * prm.rows_per_token) { return; }
+// Whether the step has a row `r` (one per token and row of it).
+fn has_row(r: u32) -> bool {
+    return r < step.n_tokens * prm.rows_per_token;
+}
+
+// Copies row `r` of x (prm.dim values) into workgroup memory; false, with
+// nothing read, when the step has no row `r`. Called by the whole workgroup.
+fn load_row(r: u32, tid: u32) -> bool {
+    if (!has_row(r)) { return false; }
     let n = prm.dim;
     let base = r * n;
     for (var j = tid; j < n; j += WG) { row[j] = x[base + j]; }
     workgroupBarrier();
+    return true;
+}
+
+// Writes the workgroup's row back as row `r` of out.
+fn store_row(r: u32, tid: u32) {
+    let n = prm.dim;
+    let base = r * n;
+    for (var j = tid; j < n; j += WG) { out[base + j] = row[j]; }
+}
+
+@compute @workgroup_size(WG)
+fn kv_round(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) tid: u32) {
+    let r = group_id(wid, nwg);
+    if (!load_row(r, tid)) { return; }
+    let n = prm.dim;
     if (prm.fp8 != 0u && prm.n_rot <= n) { row_fp8(n - prm.n_rot, tid); }
     if (prm.f16 != 0u) { row_f16(n, tid); }
-    for (var j = tid; j < n; j += WG) { out[base + j] = row[j]; }
+    store_row(r, tid);
 }
 
 @compute @workgroup_size(WG)
 fn hadamard_fp4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) tid: u32) {
     let r = group_id(wid, nwg);
-    if (r >= step.n_tokens * prm.rows_per_token) { return; }
-    let n = prm.dim;
-    let base = r * n;
-    for (var j = tid; j < n; j += WG) { row[j] = x[base + j]; }
-    workgroupBarrier();
-    row_hadamard(0u, n, tid);
-    row_fp4(n, tid);
-    for (var j = tid; j < n; j += WG) { out[base + j] = row[j]; }
+    if (!load_row(r, tid)) { return; }
+    row_hadamard(0u, prm.dim, tid);
+    row_fp4(prm.dim, tid);
+    store_row(r, tid);
 }
 
 // The official act_quant / fp4_act_quant round trip (twin:
@@ -59,7 +75,7 @@ fn block_round(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                @builtin(local_invocation_index) tid: u32) {
     // One workgroup per head of dim values.
     let r = group_id(wid, nwg);
-    if (r >= step.n_tokens * prm.rows_per_token) { return; }
+    if (!has_row(r)) { return; }
     let n = prm.dim;
     let base = r * n;
     for (var b = tid * prm.block; b < n; b += WG * prm.block) {

@@ -16,6 +16,18 @@ ROOT = os.path.dirname(HERE)
 DEFAULT_JSON = "/work/shared/spec/iq2xxs_tables.json"
 
 
+def rust_table(out: list, doc: list, name: str, ty: str, items: list, per_line: int) -> None:
+    """Appends `pub const NAME: [TY; N]` with its doc lines to `out`, `per_line`
+    items a line (kept as laid out by `#[rustfmt::skip]`), then a blank line."""
+    out.extend(f"/// {line}" for line in doc)
+    out.append("#[rustfmt::skip]")
+    out.append(f"pub const {name}: [{ty}; {len(items)}] = [")
+    for i in range(0, len(items), per_line):
+        out.append("    " + " ".join(f"{v}," for v in items[i:i + per_line]))
+    out.append("];")
+    out.append("")
+
+
 def main() -> None:
     src = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_JSON
     with open(src) as f:
@@ -38,21 +50,11 @@ def main() -> None:
     out.append("//! `tools/gen_iq2xxs_tables.py` from `iq2xxs_tables.json` (gguf-py 0.19.0).")
     out.append("//! Do not edit by hand; rerun the script instead.")
     out.append("")
-    out.append("/// 256 grid patterns; byte `i` (LSB first) is the magnitude (8, 25 or 43) of")
-    out.append("/// element `i` of the 8-value piece.")
-    out.append("#[rustfmt::skip]")
-    out.append("pub const IQ2XXS_GRID: [u64; 256] = [")
-    for i in range(0, 256, 4):
-        out.append("    " + " ".join(f"0x{g:016x}," for g in grid[i:i + 4]))
-    out.append("];")
-    out.append("")
-    out.append("/// 7 explicit sign bits plus the implied parity bit 7 (even count of negatives).")
-    out.append("#[rustfmt::skip]")
-    out.append("pub const KSIGNS_IQ2XS: [u8; 128] = [")
-    for i in range(0, 128, 16):
-        out.append("    " + " ".join(f"{s}," for s in ksigns[i:i + 16]))
-    out.append("];")
-    out.append("")
+    rust_table(out, ["256 grid patterns; byte `i` (LSB first) is the magnitude (8, 25 or 43) of",
+                     "element `i` of the 8-value piece."],
+               "IQ2XXS_GRID", "u64", [f"0x{g:016x}" for g in grid], 4)
+    rust_table(out, ["7 explicit sign bits plus the implied parity bit 7 (even count of negatives)."],
+               "KSIGNS_IQ2XS", "u8", [str(s) for s in ksigns], 16)
     out.append("/// Bit mask of element `i` within a sign byte.")
     out.append("pub const KMASK_IQ2XS: [u8; 8] = [" + ", ".join(str(k) for k in kmask) + "];")
     out.append("")

@@ -187,28 +187,26 @@ def open_schemas():
     return out
 
 
+def write_checked(fixture, count, path):
+    """Writes `fixture` to `path` after checking that it holds `count` schemas,
+    uniquely named, each valid under the draft 2020-12 meta-schema."""
+    assert len(fixture) == count, len(fixture)
+    assert len({s["name"] for s in fixture}) == count
+    for s in fixture:
+        jsonschema.Draft202012Validator.check_schema(s["schema"])
+    with open(path, "w") as f:
+        json.dump(fixture, f, indent=1)
+        f.write("\n")
+    print(f"wrote {len(fixture)} schemas to {path}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(ROOT, "tests/data/structured_schemas.json"))
     ap.add_argument("--open-out", default=os.path.join(ROOT, "tests/data/structured_schemas_open.json"))
     a = ap.parse_args()
-    all_ = schemas()
-    assert len(all_) == 50, len(all_)
-    assert len({s["name"] for s in all_}) == 50
-    for s in all_:
-        jsonschema.Draft202012Validator.check_schema(s["schema"])
-    with open(a.out, "w") as f:
-        json.dump(all_, f, indent=1)
-        f.write("\n")
-    print(f"wrote {len(all_)} schemas to {a.out}")
-    open_ = open_schemas()
-    assert len(open_) == 16 and len({s["name"] for s in open_}) == 16
-    for s in open_:
-        jsonschema.Draft202012Validator.check_schema(s["schema"])
-    with open(a.open_out, "w") as f:
-        json.dump(open_, f, indent=1)
-        f.write("\n")
-    print(f"wrote {len(open_)} schemas to {a.open_out}")
+    write_checked(schemas(), 50, a.out)
+    write_checked(open_schemas(), 16, a.open_out)
 
 
 if __name__ == "__main__":

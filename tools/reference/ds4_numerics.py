@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from e2m1 import e2m1_magnitude
+
 E4M3_MAX = 448.0
 E4M3_MANT_BITS = 3
 E4M3_MIN_NORMAL_EXP = -6  # 2^-6; subnormals are m * 2^-9
@@ -88,16 +90,7 @@ def fp8_kv_round(x: torch.Tensor, n_rot: int) -> torch.Tensor:
 def e2m1_round(v: torch.Tensor) -> torch.Tensor:
     """Nearest E2M1 value {0, .5, 1, 1.5, 2, 3, 4, 6} (v within +-6), ties to the even
     table index: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4."""
-    a = v.abs()
-    q = torch.where(
-        a <= 0.25, 0.0,
-        torch.where(a < 0.75, 0.5,
-        torch.where(a <= 1.25, 1.0,
-        torch.where(a < 1.75, 1.5,
-        torch.where(a <= 2.5, 2.0,
-        torch.where(a < 3.5, 3.0,
-        torch.where(a <= 5.0, 4.0, 6.0)))))))
-    return torch.copysign(q.to(v.dtype), v)
+    return torch.copysign(e2m1_magnitude(v.abs(), torch.where).to(v.dtype), v)
 
 
 def hadamard(x: torch.Tensor) -> torch.Tensor:

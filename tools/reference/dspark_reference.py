@@ -36,26 +36,21 @@ included) and the greedy draft block.
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mtp_reference import Mtp  # noqa: E402
-from v41_reference import rmsnorm, rope, sigmoid, topk_low_index  # noqa: E402
+from mtp_reference import Mtp, sink_attention  # noqa: E402
+from v41_reference import rmsnorm, rope, topk_low_index  # noqa: E402
 
 
 class DSpark(Mtp):
     def __init__(self, main_path, dspark_path):
         super().__init__(main_path, dspark_path)
-        k = lambda x: self.f.kv["dspark." + x]  # noqa: E731
-        self.bs = int(k("block_size"))
-        self.noise = int(k("noise_token_id"))
-        self.targets = [int(x) for x in k("target_layer_ids")]
-        self.stages = int(k("stage_count"))
-        self.K = int(k("expert_used_count"))
+        self.bs, self.noise, self.targets, self.stages = dspark_geometry(self.f.kv)
+        self.K = int(self.f.kv["dspark.expert_used_count"])
         self.stage = 0
 
     def W(self, name):
@@ -64,33 +59,17 @@ class DSpark(Mtp):
             self.w[key] = self.f.t(f"mtp.{self.stage}." + name)
         return self.w[key]
 
-    def block_attention(self, x, ring, ring_pos, pos):
-        """The block's rows `x` at positions `pos` over the ring rows (keys at
-        `ring_pos`, already roped) and all the block's own rows."""
-        T, H, hd = x.shape[0], self.H, self.hd
-        xn = rmsnorm(x, self.W("attn_norm.weight"), self.eps)
-        qr = rmsnorm(xn @ self.W("attn_q_a.weight").T, self.W("attn_q_a_norm.weight"), self.eps)
-        q = (qr @ self.W("attn_q_b.weight").T).reshape(T, H, hd)
-        q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + self.eps)  # V4: per-head norm
-        q = rope(q, pos, self.freqs)
-        kv = rmsnorm(xn @ self.W("attn_kv.weight").T, self.W("attn_kv_a_norm.weight"), self.eps)
-        kv = rope(kv, pos, self.freqs)
+    def block_attention(self, x, ring, pos):
+        """The block's rows `x` at positions `pos` over the ring rows (already
+        roped) and all the block's own rows; V4's per-head q norm."""
+        q, kv = self.q_kv(x, pos)
         rows = np.concatenate([ring, kv])
         sink = self.W("attn_sinks.weight")
-        o = np.zeros((T, H, hd))
-        for t in range(T):
-            s = q[t] @ rows.T / math.sqrt(hd)
-            mx = np.maximum(s.max(axis=1), sink)
-            e = np.exp(s - mx[:, None])
-            o[t] = (e @ rows) / (e.sum(axis=1) + np.exp(sink - mx))[:, None]
-        o = rope(o, pos, self.freqs, inverse=True)
-        g = self.o_groups
-        wo_a = self.W("attn_output_a.weight").reshape(g, self.o_rank, -1)
-        o = np.einsum("tgd,grd->tgr", o.reshape(T, g, -1), wo_a).reshape(T, -1)
-        return o @ self.W("attn_output_b.weight").T
+        o = np.stack([sink_attention(q[t], rows, sink) for t in range(len(pos))])
+        return self.attn_output(o, pos)
 
     def rings(self, taps):
-        """Each stage's ring rows and their positions, from the taps of
+        """Each stage's ring rows (roped at their positions), from the taps of
         positions 0 … P (only the last window's rows are kept)."""
         self.stage = 0
         main = rmsnorm(taps @ self.W("main_proj.weight").T, self.W("main_norm.weight"), self.eps)
@@ -101,11 +80,11 @@ class DSpark(Mtp):
             self.stage = k
             kv = rmsnorm(main[pos] @ self.W("attn_kv.weight").T, self.W("attn_kv_a_norm.weight"), self.eps)
             out.append(rope(kv, pos, self.freqs))
-        return out, pos
+        return out
 
     def draft(self, taps, next_id):
         """The first row's biased logits and the greedy draft block."""
-        rings, ring_pos = self.rings(taps)
+        rings = self.rings(taps)
         P = taps.shape[0] - 1
         pos = np.arange(P + 1, P + 1 + self.bs)
         ids = np.full(self.bs, self.noise)
@@ -113,21 +92,20 @@ class DSpark(Mtp):
         x = np.repeat(self.embed[ids][:, None, :], self.hc, axis=1)  # [bs, hc, D]
         for k in range(self.stages):
             self.stage = k
-            subs = (("attn", lambda h: self.block_attention(h, rings[k], ring_pos, pos)),
-                    ("ffn", self.moe))
-            for site, sub in subs:
-                pre, post, comb = self.mix(x, site)
-                y = sub(np.einsum("th,thd->td", pre, x))
-                x = post[:, :, None] * y[:, None, :] + np.einsum("tij,tid->tjd", comb, x)
-        flat = x.reshape(x.shape[0], -1)
-        flat = flat / np.sqrt(np.mean(flat * flat, axis=-1, keepdims=True) + self.eps)
-        m = flat @ self.W("hc_head_fn.weight").T
-        pre = sigmoid(m * self.W("hc_head_scale.weight")[0] + self.W("hc_head_base.weight")) + self.hc_eps
-        y = rmsnorm(np.einsum("th,thd->td", pre, x), self.W("norm.weight"), self.eps)
-        logits = y @ self.output.T
+            x = self.sublayers(x, (("attn", lambda h: self.block_attention(h, rings[k], pos)),
+                                   ("ffn", self.moe)))
+        logits = self.head(x)  # the last stage's head mix and norm
         m_embed = self.W("markov_head.markov_w1.weight")  # [vocab, rank]
         m_head = self.W("markov_head.markov_w2.weight")  # [vocab, rank]
         return markov_drafts(logits, m_embed, m_head, next_id)
+
+
+def dspark_geometry(kv):
+    """Block size, noise token id, tapped target layers and stage count from
+    a DSpark file's metadata `kv`."""
+    k = lambda x: kv["dspark." + x]  # noqa: E731
+    return (int(k("block_size")), int(k("noise_token_id")),
+            [int(x) for x in k("target_layer_ids")], int(k("stage_count")))
 
 
 def markov_drafts(logits, m_embed, m_head, next_id):

@@ -32,15 +32,14 @@ Plain numerics (no simulated rounding).
 `cargo test --release --test speculate_dspark -- --ignored write_v41_dspark_golden_inputs`.
 """
 
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dspark_reference import golden_cli, markov_drafts, write_golden  # noqa: E402
-from mtp_reference import File  # noqa: E402
+from dspark_reference import dspark_geometry, golden_cli, markov_drafts, write_golden  # noqa: E402
+from mtp_reference import File, grouped_output, sink_attention  # noqa: E402
 from v41_reference import V41Reference, rmsnorm, rope  # noqa: E402
 
 
@@ -50,13 +49,9 @@ class DSparkV41(V41Reference):
         self.ds = File(dspark_path)
         if self.ds.kv.get("general.architecture") != "deepseek41-dspark":
             raise ValueError(f"{dspark_path}: not a deepseek41-dspark file")
-        k = lambda x: self.ds.kv["dspark." + x]  # noqa: E731
-        self.bs = int(k("block_size"))
-        self.noise = int(k("noise_token_id"))
-        self.targets = [int(x) for x in k("target_layer_ids")]
-        self.stages = int(k("stage_count"))
-        self.ds_E = int(k("expert_count"))
-        self.ds_K = int(k("expert_used_count"))
+        self.bs, self.noise, self.targets, self.stages = dspark_geometry(self.ds.kv)
+        self.ds_E = int(self.ds.kv["dspark.expert_count"])
+        self.ds_K = int(self.ds.kv["dspark.expert_used_count"])
 
     def W(self, name):
         """Layer n_layer + k is the drafter's stage k (`mtp.{k}.`)."""
@@ -82,17 +77,10 @@ class DSparkV41(V41Reference):
         kv = rmsnorm(x @ self.W(p + "attn_kv.weight").T, self.W(p + "attn_kv_a_norm.weight"), self.eps)
         rows = np.concatenate([ring, rope(kv, pos, self.freqs_window)])
         sink = self.W(p + "attn_sinks.weight")
-        o = np.zeros((T, H, hd))
-        for t in range(T):
-            s = q[t] @ rows.T / math.sqrt(hd)
-            mx = np.maximum(s.max(axis=1), sink)
-            e = np.exp(s - mx[:, None])
-            o[t] = (e @ rows) / (e.sum(axis=1) + np.exp(sink - mx))[:, None]
+        o = np.stack([sink_attention(q[t], rows, sink) for t in range(T)])
         o = rope(o, pos, self.freqs_window, inverse=True)
-        g = self.o_groups
-        wo_a = self.W(p + "attn_output_a.weight").reshape(g, self.o_rank, -1)
-        o = np.einsum("tgd,grd->tgr", o.reshape(T, g, -1), wo_a).reshape(T, -1)
-        return o @ self.W(p + "attn_output_b.weight").T
+        return grouped_output(o, self.W(p + "attn_output_a.weight"), self.W(p + "attn_output_b.weight"),
+                              self.o_groups, self.o_rank)
 
     def draft(self, taps, next_id):
         """The first row's biased logits and the greedy draft block, for a

@@ -58,6 +58,25 @@ class File:
         return np.asarray(data, dtype=np.float64).reshape(shape)
 
 
+def sink_attention(q, rows, sink):
+    """One position's heads `q` [H, hd] over `rows` [n, hd] (one row serves as
+    key and value), softmax with a per-head sink logit `sink` [H]: [H, hd]."""
+    s = q @ rows.T / math.sqrt(q.shape[-1])
+    mx = np.maximum(s.max(axis=1), sink)
+    e = np.exp(s - mx[:, None])
+    return (e @ rows) / (e.sum(axis=1) + np.exp(sink - mx))[:, None]
+
+
+def grouped_output(o, wo_a, wo_b, groups, rank):
+    """The grouped low-rank output projection of the heads `o` [T, H, hd]:
+    each of the `groups` head groups through its own `rank` rows of `wo_a`,
+    the concatenation through `wo_b`."""
+    T = o.shape[0]
+    wo_a = wo_a.reshape(groups, rank, -1)
+    o = np.einsum("tgd,grd->tgr", o.reshape(T, groups, -1), wo_a).reshape(T, -1)
+    return o @ wo_b.T
+
+
 class Mtp:
     def __init__(self, main_path, mtp_path):
         m, self.f = File(main_path), File(mtp_path)
@@ -111,29 +130,31 @@ class Mtp:
             comb[t] = c
         return pre, post, comb
 
-    def attention(self, x):
-        T, H, hd = x.shape[0], self.H, self.hd
-        pos = np.arange(T)
+    def q_kv(self, x, pos):
+        """The attention's roped queries [T, H, hd] and shared K=V rows [T, hd]
+        of the rows `x` at positions `pos`."""
+        T = x.shape[0]
         xn = rmsnorm(x, self.W("attn_norm.weight"), self.eps)
         qr = rmsnorm(xn @ self.W("attn_q_a.weight").T, self.W("attn_q_a_norm.weight"), self.eps)
-        q = (qr @ self.W("attn_q_b.weight").T).reshape(T, H, hd)
+        q = (qr @ self.W("attn_q_b.weight").T).reshape(T, self.H, self.hd)
         q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + self.eps)  # per-head, no weight
         q = rope(q, pos, self.freqs)
         kv = rmsnorm(xn @ self.W("attn_kv.weight").T, self.W("attn_kv_a_norm.weight"), self.eps)
-        kv = rope(kv, pos, self.freqs)
-        sink = self.W("attn_sinks.weight")
-        o = np.zeros((T, H, hd))
-        for t in range(T):
-            rows = kv[max(0, t - self.win + 1):t + 1]
-            s = q[t] @ rows.T / math.sqrt(hd)
-            mx = np.maximum(s.max(axis=1), sink)
-            e = np.exp(s - mx[:, None])
-            o[t] = (e @ rows) / (e.sum(axis=1) + np.exp(sink - mx))[:, None]
+        return q, rope(kv, pos, self.freqs)
+
+    def attn_output(self, o, pos):
+        """The heads `o` [T, H, hd] at `pos`: inverse RoPE, grouped output."""
         o = rope(o, pos, self.freqs, inverse=True)
-        g = self.o_groups
-        wo_a = self.W("attn_output_a.weight").reshape(g, self.o_rank, -1)
-        o = np.einsum("tgd,grd->tgr", o.reshape(T, g, -1), wo_a).reshape(T, -1)
-        return o @ self.W("attn_output_b.weight").T
+        return grouped_output(o, self.W("attn_output_a.weight"), self.W("attn_output_b.weight"),
+                              self.o_groups, self.o_rank)
+
+    def attention(self, x):
+        """Causal attention over the last `sliding_window` rows."""
+        pos = np.arange(x.shape[0])
+        q, kv = self.q_kv(x, pos)
+        sink = self.W("attn_sinks.weight")
+        o = np.stack([sink_attention(q[t], kv[max(0, t - self.win + 1):t + 1], sink) for t in range(len(pos))])
+        return self.attn_output(o, pos)
 
     def swiglu(self, g, u):
         if self.clamp > 1e-6:
@@ -162,10 +183,21 @@ class Mtp:
         ep = rmsnorm(e, self.W("enorm.weight"), self.eps) @ self.W("e_proj.weight").T
         hp = rmsnorm(states, self.W("hnorm.weight"), self.eps) @ self.W("h_proj.weight").T
         x = ep[:, None, :] + hp  # [L, hc, D]
-        for site, sub in (("attn", self.attention), ("ffn", self.moe)):
+        return self.head(self.sublayers(x, (("attn", self.attention), ("ffn", self.moe))))
+
+    def sublayers(self, x, subs):
+        """The HC state `x` [T, hc, D] through each (site, sublayer) of `subs`:
+        collapse with the site's pre mix, the sublayer, write back with its
+        post and comb mixes."""
+        for site, sub in subs:
             pre, post, comb = self.mix(x, site)
             y = sub(np.einsum("th,thd->td", pre, x))
             x = post[:, :, None] * y[:, None, :] + np.einsum("tij,tid->tjd", comb, x)
+        return x
+
+    def head(self, x):
+        """Logits [T, vocab] of the HC state `x`: collapse with the sigmoid
+        head mix, final norm, the main model's output."""
         flat = x.reshape(x.shape[0], -1)
         flat = flat / np.sqrt(np.mean(flat * flat, axis=-1, keepdims=True) + self.eps)
         m = flat @ self.W("hc_head_fn.weight").T

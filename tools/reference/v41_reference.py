@@ -53,6 +53,8 @@ try:
 except ImportError:  # pragma: no cover
     sys.exit("v41_reference.py needs gguf-py: pip install gguf numpy")
 
+from e2m1 import e2m1_magnitude
+
 
 # ------------------------------------------------------------------ file
 
@@ -246,15 +248,7 @@ def e2m1_round(v):
     """Nearest E2M1 value {0, .5, 1, 1.5, 2, 3, 4, 6} of `v` (|v| <= 6), ties to
     the even table index: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4."""
     v = np.asarray(v)
-    a = np.abs(v)
-    q = np.where(a <= 0.25, 0.0,
-        np.where(a < 0.75, 0.5,
-        np.where(a <= 1.25, 1.0,
-        np.where(a < 1.75, 1.5,
-        np.where(a <= 2.5, 2.0,
-        np.where(a < 3.5, 3.0,
-        np.where(a <= 5.0, 4.0, 6.0)))))))
-    return np.copysign(q.astype(v.dtype), v)
+    return np.copysign(e2m1_magnitude(np.abs(v), np.where).astype(v.dtype), v)
 
 
 def _blockwise(x, block, fn):
