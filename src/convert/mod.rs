@@ -1,15 +1,26 @@
-//! `ds4-quantize`: tools around ds4's GGUF files (docs/TOOLS.md).
+//! `ds4-quantize`: tools around ds4's GGUF files and the official
+//! checkpoints (docs/TOOLS.md).
 //!
+//! * [`safetensors`]: an official checkpoint (DeepSeek's safetensors
+//!   shards, `model.safetensors.index.json`, `config.json`) mapped and
+//!   checked, one tensor viewed at a time;
+//! * [`decode`]: its number formats (FP8 E4M3 with E8M0 block scales, packed
+//!   FP4 E2M1 with E8M0 scales per 32, BF16/F16/F32, integer tables) to f32
+//!   exactly, a range of rows at a time, and the FP4 experts repacked into
+//!   MXFP4 without loss;
 //! * [`compare`]: per-tensor errors between two GGUFs of the same model
 //!   (`--compare`), and a file made of one's tensors with some taken from
 //!   the other (`--splice`);
 //! * [`output`]: the output written under a temporary name and renamed when
 //!   complete, and tensor name patterns.
 //!
-//! Conversion of the official checkpoints is not here yet (docs/TOOLS.md).
+//! Writing ds4's GGUF layouts from a checkpoint (name map, recipes,
+//! imatrix) is not here yet (docs/TOOLS.md, issue 37).
 
 pub mod compare;
+pub mod decode;
 pub mod output;
+pub mod safetensors;
 
 /// Every failure of the tools; each names the file and, where there is one,
 /// the tensor.

@@ -191,7 +191,14 @@ pub fn save_file(
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let c = file::NewCheckpoint {
-        header: fresh_header(session, session.routed_quant_bits(), reason, now, text, &payload),
+        header: fresh_header(
+            session,
+            session.routed_quant_bits(),
+            reason,
+            now,
+            text,
+            &payload,
+        ),
         text,
         payload: &payload,
         tool_map: &[],
