@@ -3,8 +3,10 @@
 values decoded on this side (for tests/convert_checkpoint.rs).
 
     make_checkpoint.py --out DIR [--block 128] [--seed 1]
+    make_checkpoint.py --model v4 --out DIR [--vocab 129280] [--block 128] [--seed 1]
+                       [--drop NAME ...] [--reshape NAME ...]
 
-Writes into DIR:
+Without `--model`, writes into DIR:
 
 * `config.json` with the release's `quantization_config` (fp8 E4M3 weights,
   UE8M0 scales over `--block` x `--block` blocks: 128 for V4 Flash, 32 for
@@ -30,6 +32,23 @@ include the extreme bytes 0 and 254. Scale byte 255 (NaN) is never written.
 Decoding here: values are exact products in Python floats (binary64),
 narrowed once to f32 (round to nearest even; an overflow is +-inf), which is
 what one f32 product of the two exact factors gives.
+
+`--model v4` writes instead a complete DeepSeek V4 (Flash) checkpoint at the
+tiny test model's shapes (src/testmodel `TestModelSpec::tiny()`: 6 layers,
+ratios 0 0 4 16 4 16, 3 hash layers, 8 experts; `--vocab` tokens, the real
+vocabulary's 129280 by default) with the release's official names and
+storage (GGUF.md sections 9-10, the official inference/model.py): FP8 E4M3
+`wq_a`, `wq_b`, `wkv`, `wo_b`, indexer `wq_b` and shared experts; BF16
+`embed`, `head`, `wo_a`, router and indexer `weights_proj`; F32 norms, sinks,
+hyper-connection tensors, compressors, router bias; packed FP4 routed experts;
+an I64 `tid2eid` [vocab, 2] of distinct expert ids per row. It has a
+config.json with the official V4 keys (compress_ratios with the MTP layer's
+extra slot), three shards and the index; no MTP layer and no expected values
+(the values are random bytes kept finite: FP8 codes avoid the NaN pattern,
+scale bytes lie in 118..133, floats in about +-2^-7..2). Tests break it on
+purpose: `--drop NAME` leaves tensor NAME (a weight or a `.scale`) out of
+its shard and the index,
+`--reshape NAME` writes it with one more row (its scale following).
 
 Python standard library only; the same seed gives the same bytes.
 """
@@ -232,12 +251,212 @@ def write_shard(path, tensors):
     return offset
 
 
+# ------------------------------------------------------------------ --model v4
+
+# TestModelSpec::tiny() (src/testmodel/mod.rs) in the official config.json keys.
+TINY_V4 = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "hidden_size": 256,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 80,
+    "qk_rope_head_dim": 16,
+    "q_lora_rank": 64,
+    "o_lora_rank": 32,
+    "o_groups": 2,
+    "sliding_window": 32,
+    # One more slot for the MTP layer, as the release lists.
+    "compress_ratios": [0, 0, 4, 16, 4, 16, 0],
+    "compress_rope_theta": 160000,
+    "index_n_heads": 16,
+    "index_head_dim": 32,
+    "index_topk": 16,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 256,
+    "num_hash_layers": 3,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 16,
+        "original_max_position_embeddings": 65536,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "max_position_embeddings": 1048576,
+    "swiglu_limit": 10.0,
+    "routed_scaling_factor": 1.5,
+    "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "hidden_act": "silu",
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+# Byte maps that keep random bytes finite: E4M3 codes without the NaN pattern,
+# E8M0 scales in 118..133, and float bytes whose top byte puts the exponent
+# near 1 (every byte of a BF16/F32 value goes through it; any low bytes are fine).
+FP8_MAP = bytes(b ^ 1 if b & 0x7F == 0x7F else b for b in range(256))
+SCALE_MAP = bytes(118 + b % 16 for b in range(256))
+FLOAT_MAP = bytes((0x3C | (b & 3)) | (b & 0x80) for b in range(256))
+
+
+def rand(seed, name, n):
+    return rng_for(seed, name).randbytes(n)
+
+
+def v4_storage(c):
+    """(name, storage, logical shape [out, in] or [n]) of every tensor of the
+    checkpoint, in file order; storage: fp8, fp4, bf16, f32, i64."""
+    d, hc, hd = c["hidden_size"], c["hc_mult"], c["head_dim"]
+    nh, ql, og, ol = c["num_attention_heads"], c["q_lora_rank"], c["o_groups"], c["o_lora_rank"]
+    ih, ihd = c["index_n_heads"], c["index_head_dim"]
+    ne, ff, v, k = (c["n_routed_experts"], c["moe_intermediate_size"], c["vocab_size"],
+                    c["num_experts_per_tok"])
+    mix = (2 + hc) * hc
+    out = [("embed.weight", "bf16", [v, d])]
+    for li in range(c["num_hidden_layers"]):
+        p = f"layers.{li}."
+        ratio = c["compress_ratios"][li]
+        for sub in ("attn", "ffn"):
+            out += [(f"{p}hc_{sub}_fn", "f32", [mix, hc * d]),
+                    (f"{p}hc_{sub}_scale", "f32", [3]),
+                    (f"{p}hc_{sub}_base", "f32", [mix])]
+        out += [(f"{p}attn_norm.weight", "f32", [d]),
+                (f"{p}ffn_norm.weight", "f32", [d]),
+                (f"{p}attn.attn_sink", "f32", [nh]),
+                (f"{p}attn.wq_a.weight", "fp8", [ql, d]),
+                (f"{p}attn.q_norm.weight", "f32", [ql]),
+                (f"{p}attn.wq_b.weight", "fp8", [nh * hd, ql]),
+                (f"{p}attn.wkv.weight", "fp8", [hd, d]),
+                (f"{p}attn.kv_norm.weight", "f32", [hd]),
+                (f"{p}attn.wo_a.weight", "bf16", [og * ol, nh // og * hd]),
+                (f"{p}attn.wo_b.weight", "fp8", [d, og * ol])]
+        if ratio:
+            csa = ratio == 4
+            comps = [("attn.compressor.", hd)]
+            if csa:
+                comps.append(("attn.indexer.compressor.", ihd))
+                out += [(f"{p}attn.indexer.wq_b.weight", "fp8", [ih * ihd, ql]),
+                        (f"{p}attn.indexer.weights_proj.weight", "bf16", [ih, d])]
+            for cp, w in comps:
+                w2 = 2 * w if csa else w
+                out += [(f"{p}{cp}ape", "f32", [ratio, w2]),
+                        (f"{p}{cp}wkv.weight", "f32", [w2, d]),
+                        (f"{p}{cp}wgate.weight", "f32", [w2, d]),
+                        (f"{p}{cp}norm.weight", "f32", [w])]
+        out.append((f"{p}ffn.gate.weight", "bf16", [ne, d]))
+        if li < c["num_hash_layers"]:
+            out.append((f"{p}ffn.gate.tid2eid", "i64", [v, k]))
+        else:
+            out.append((f"{p}ffn.gate.bias", "f32", [ne]))
+        for x in range(ne):
+            out += [(f"{p}ffn.experts.{x}.w1.weight", "fp4", [ff, d]),
+                    (f"{p}ffn.experts.{x}.w3.weight", "fp4", [ff, d]),
+                    (f"{p}ffn.experts.{x}.w2.weight", "fp4", [d, ff])]
+        out += [(f"{p}ffn.shared_experts.w1.weight", "fp8", [ff, d]),
+                (f"{p}ffn.shared_experts.w3.weight", "fp8", [ff, d]),
+                (f"{p}ffn.shared_experts.w2.weight", "fp8", [d, ff])]
+    out += [("hc_head_fn", "f32", [hc, hc * d]),
+            ("hc_head_scale", "f32", [1]),
+            ("hc_head_base", "f32", [hc]),
+            ("norm.weight", "f32", [d]),
+            ("head.weight", "bf16", [v, d])]
+    return out
+
+
+def v4_encode(seed, name, storage, shape, block, experts):
+    """-> [Tensor] (the weight, and its scale for fp8 / fp4); no expected values."""
+    n = math.prod(shape)
+    if storage == "f32":
+        return [Tensor(name, "F32", shape, rand(seed, name, 4 * n).translate(FLOAT_MAP), None)]
+    if storage == "bf16":
+        return [Tensor(name, "BF16", shape, rand(seed, name, 2 * n).translate(FLOAT_MAP), None)]
+    if storage == "i64":
+        r, (rows, k) = rng_for(seed, name), shape
+        ids = []
+        for _ in range(rows):
+            first = r.randrange(experts)
+            ids += [(first + j) % experts for j in range(k)]
+        return [Tensor(name, "I64", shape, struct.pack(f"<{n}q", *ids), None)]
+    out, inp = shape
+    sname = name[: -len(".weight")] + ".scale"
+    if storage == "fp8":
+        sshape = [-(-out // block), -(-inp // block)]
+        codes = rand(seed, name, n).translate(FP8_MAP)
+        w = Tensor(name, "F8_E4M3", shape, codes, None)
+    else:
+        sshape = [out, inp // 32]
+        w = Tensor(name, "I8", [out, inp // 2], rand(seed, name, n // 2), None)
+    scales = rand(seed, sname, math.prod(sshape)).translate(SCALE_MAP)
+    return [w, Tensor(sname, "F8_E8M0", sshape, scales, None)]
+
+
+def write_v4(a):
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    c = dict(TINY_V4, vocab_size=a.vocab)
+    c["quantization_config"] = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [a.block, a.block],
+    }
+    c["expert_dtype"] = "fp4"
+    tensors = []
+    for name, storage, shape in v4_storage(c):
+        if name in a.reshape:
+            shape = [shape[0] + 1] + shape[1:]
+        ts = v4_encode(a.seed, name, storage, shape, a.block, c["n_routed_experts"])
+        tensors += [t for t in ts if t.name not in a.drop]
+    # Three shards: the embedding and layers 0-1, layers 2-3, the rest.
+    def shard_of(name):
+        if name.startswith("layers."):
+            return min(int(name.split(".")[1]) // 2, 2)
+        return 0 if name.startswith("embed") else 2
+    write_sharded(out, [[t for t in tensors if shard_of(t.name) == k] for k in range(3)])
+    (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
+
+
+def write_sharded(out, shards):
+    """Writes `shards` (lists of tensors) as the release names its shard
+    files, and the index that maps every tensor to its shard."""
+    weight_map, total = {}, 0
+    for k, ts in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        total += write_shard(out / fname, ts)
+        for t in ts:
+            weight_map[t.name] = fname
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--model", choices=["v4"], help="a complete checkpoint of the tiny model")
+    ap.add_argument("--vocab", type=int, default=129280, help="--model v4: vocabulary size")
+    ap.add_argument("--drop", action="append", default=[], help="--model v4: leave tensor out")
+    ap.add_argument("--reshape", action="append", default=[],
+                    help="--model v4: write tensor with one more row")
     a = ap.parse_args()
+    if a.model == "v4":
+        write_v4(a)
+        return
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -249,15 +468,7 @@ def main():
         f32_tensor(a.seed, "hc_head_base", [4]),
     ] + layer(a.seed, 0, a.block)
     shards = [first] + [layer(a.seed, li, a.block) for li in range(1, N_LAYERS)]
-
-    weight_map, total = {}, 0
-    for k, ts in enumerate(shards):
-        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        total += write_shard(out / fname, ts)
-        for t in ts:
-            weight_map[t.name] = fname
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    write_sharded(out, shards)
 
     config = {
         "architectures": ["DeepseekV4ForCausalLM"],
