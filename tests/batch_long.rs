@@ -12,23 +12,12 @@ mod common;
 
 use std::sync::Arc;
 
+use common::batch::{options, run_plans};
 use common::long_context_model;
 use ds4::app::selfcheck::batch::{plan, Plan};
-use ds4::backend::{BackendKind, BackendOptions};
-use ds4::model::forward::Numerics;
+use ds4::backend::BackendKind;
 use ds4::model::ModelFile;
-use ds4::session::{Batch, Session, SessionOptions, SlotWork};
-
-fn options(backend: BackendKind, ctx: usize) -> SessionOptions {
-    SessionOptions {
-        ctx,
-        prefill_chunk: 64,
-        numerics: Numerics::Model,
-        backend,
-        backend_options: BackendOptions::default(),
-        ..Default::default()
-    }
-}
+use ds4::session::{Batch, Session};
 
 /// The bits of a logits row (compared whole; a mismatch reports where).
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -59,51 +48,28 @@ fn check(model: Arc<ModelFile>, backend: BackendKind, plans: &[Plan], ctx: usize
         "{}",
         b.backend_notice()
     );
-    let mut next = vec![0usize; plans.len()];
-    let (mut step, mut mixed) = (0, 0);
-    while plans.iter().zip(&next).any(|(p, &n)| n < p.pieces.len()) {
-        let work: Vec<SlotWork> = plans
-            .iter()
-            .enumerate()
-            .filter(|(i, p)| step >= p.start && next[*i] < p.pieces.len())
-            .map(|(i, p)| {
-                let (a, z) = p.pieces[next[i]];
-                SlotWork {
-                    slot: i,
-                    tokens: &p.tokens[a..z],
-                    all_logits: false,
-                }
-            })
-            .collect();
+    let mut mixed = 0;
+    run_plans(&mut b, plans, &|_, _| false, &mut |b, work, ks| {
         let sizes: Vec<usize> = work.iter().map(|w| w.tokens.len()).collect();
         if sizes.contains(&1) && sizes.iter().any(|&n| n > 1) {
             mixed += 1;
         }
-        if !work.is_empty() {
-            b.step(&work).unwrap();
-            for w in &work {
-                let k = next[w.slot];
-                let want = &serial[w.slot][k];
-                let got = bits(b.logits(w.slot));
-                if let Some(j) = (0..want.len()).find(|&j| got.get(j) != want.get(j)) {
-                    panic!(
-                        "{backend:?}: slot {} piece {k} (position {}): logit {j} is {} batched, {} alone",
-                        w.slot,
-                        plans[w.slot].pieces[k].1,
-                        f32::from_bits(got[j]),
-                        f32::from_bits(want[j])
-                    );
-                }
-                next[w.slot] += 1;
+        for (w, &k) in work.iter().zip(ks) {
+            let want = &serial[w.slot][k];
+            let got = bits(b.logits(w.slot));
+            if let Some(j) = (0..want.len()).find(|&j| got.get(j) != want.get(j)) {
+                panic!(
+                    "{backend:?}: slot {} piece {k} (position {}): logit {j} is {} batched, {} alone",
+                    w.slot,
+                    plans[w.slot].pieces[k].1,
+                    f32::from_bits(got[j]),
+                    f32::from_bits(want[j])
+                );
             }
         }
-        step += 1;
-    }
+    });
     // Prefill pieces really met other sessions' decode rows.
     assert!(mixed >= 4, "only {mixed} mixed steps");
-    for (i, p) in plans.iter().enumerate() {
-        assert_eq!(b.tokens(i), &p.tokens[..]);
-    }
 }
 
 /// Four sessions on the fast CPU backend: three of 3,000+ tokens whose

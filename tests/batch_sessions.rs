@@ -7,10 +7,10 @@ mod common;
 
 use std::sync::Arc;
 
+use common::batch::{options, run_plans};
 use common::{long_context_model, tiny_model, tokens};
 use ds4::app::selfcheck::batch::{plan, Plan};
-use ds4::backend::{BackendKind, BackendOptions};
-use ds4::model::forward::Numerics;
+use ds4::backend::BackendKind;
 use ds4::model::ModelFile;
 use ds4::session::{Batch, SessionError, SessionOptions, SlotWork};
 use ds4::testmodel::Variant;
@@ -18,17 +18,6 @@ use ds4::testmodel::Variant;
 /// What a session saw: after each piece, its last-row logits and (when
 /// asked) every row's.
 type Trace = Vec<(Vec<f32>, Vec<f32>)>;
-
-fn options(backend: BackendKind, ctx: usize) -> SessionOptions {
-    SessionOptions {
-        ctx,
-        prefill_chunk: 64,
-        numerics: Numerics::Model,
-        backend,
-        backend_options: BackendOptions::default(),
-        ..Default::default()
-    }
-}
 
 /// Runs the plans together on one batch of `plans.len()` slots.
 fn run_together(model: &Arc<ModelFile>, opts: &SessionOptions, plans: &[Plan]) -> Vec<Trace> {
@@ -40,34 +29,11 @@ fn run_together(model: &Arc<ModelFile>, opts: &SessionOptions, plans: &[Plan]) -
         b.backend_notice()
     );
     let mut traces: Vec<Trace> = vec![Vec::new(); plans.len()];
-    let mut next = vec![0usize; plans.len()];
-    let mut step = 0;
-    while plans.iter().zip(&next).any(|(p, &n)| n < p.pieces.len()) {
-        let work: Vec<SlotWork> = plans
-            .iter()
-            .enumerate()
-            .filter(|(i, p)| step >= p.start && next[*i] < p.pieces.len())
-            .map(|(i, p)| {
-                let (a, z) = p.pieces[next[i]];
-                SlotWork {
-                    slot: i,
-                    tokens: &p.tokens[a..z],
-                    all_logits: p.all_logits[next[i]],
-                }
-            })
-            .collect();
-        if !work.is_empty() {
-            b.step(&work).unwrap();
-            for w in &work {
-                traces[w.slot].push((b.logits(w.slot).to_vec(), b.piece_logits(w.slot).to_vec()));
-                next[w.slot] += 1;
-            }
+    run_plans(&mut b, plans, &|p, k| p.all_logits[k], &mut |b, work, _| {
+        for w in work {
+            traces[w.slot].push((b.logits(w.slot).to_vec(), b.piece_logits(w.slot).to_vec()));
         }
-        step += 1;
-    }
-    for (i, p) in plans.iter().enumerate() {
-        assert_eq!(b.tokens(i), &p.tokens[..], "slot {i} holds its tokens");
-    }
+    });
     traces
 }
 

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use ds4::testmodel::Variant;
@@ -17,6 +18,53 @@ fn ds4(args: &[&str]) -> Output {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The stdout of a run that must have succeeded (its stderr says why not).
+fn success_stdout(o: Output) -> String {
+    assert!(o.status.success(), "{}", stderr(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// A fresh folder `<name>-<pid>` under the system's temporary folder.
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `ds4 -m <tiny model of variant> --info`: its report.
+fn info(variant: Variant) -> String {
+    let m = common::tiny_model_path(variant);
+    success_stdout(ds4(&["-m", m.to_str().unwrap(), "--info"]))
+}
+
+/// A ds4-bench prompt file in `dir`: `sentence` 40 times.
+fn bench_prompt(dir: &Path, sentence: &str) -> PathBuf {
+    let prompt = dir.join("p.txt");
+    std::fs::write(&prompt, sentence.repeat(40)).unwrap();
+    prompt
+}
+
+/// `ds4-bench` on the model `m` and the prompt file `prompt`, with `more`.
+fn bench(m: &Path, prompt: &Path, more: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
+        .args([
+            "-m",
+            m.to_str().unwrap(),
+            "--prompt-file",
+            prompt.to_str().unwrap(),
+        ])
+        .args(more)
+        .output()
+        .unwrap()
+}
+
+/// The CSV ds4-bench printed: its header and its rows' cells.
+fn bench_csv(csv: &str) -> (&str, Vec<Vec<&str>>) {
+    let lines: Vec<&str> = csv.lines().collect();
+    let rows = lines[1..].iter().map(|l| l.split(',').collect()).collect();
+    (lines[0], rows)
 }
 
 /// The interactive REPL on the tiny q8 model (greedy, no thinking, `-n`
@@ -64,15 +112,13 @@ fn assert_clean_error(o: &Output, what: &str) {
 #[test]
 fn dump_tokens_prints_ids_and_vocab_strings() {
     let m = common::tiny_model_path(Variant::F32);
-    let o = ds4(&[
+    let out = success_stdout(ds4(&[
         "-m",
         m.to_str().unwrap(),
         "--dump-tokens",
         "-p",
         "Hello world</｜DSML｜",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = String::from_utf8(o.stdout).unwrap();
+    ]));
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "[19923, 2058, 1718, 128825]");
     assert_eq!(lines[1], " 19923  Hello");
@@ -83,10 +129,7 @@ fn dump_tokens_prints_ids_and_vocab_strings() {
 
 #[test]
 fn info_prints_config_and_tensor_table() {
-    let m = common::tiny_model_path(Variant::Q2);
-    let o = ds4(&["-m", m.to_str().unwrap(), "--info"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = String::from_utf8(o.stdout).unwrap();
+    let out = info(Variant::Q2);
     assert!(out.contains("layer kinds          W W C4 H16 C4 H16"));
     assert!(
         out.contains("blk.2.ffn_gate_exps.weight")
@@ -109,10 +152,7 @@ fn info_prints_config_and_tensor_table() {
 
 #[test]
 fn info_prints_the_type_mix_of_an_mxfp4_file() {
-    let m = common::tiny_model_path(Variant::Mxfp4);
-    let o = ds4(&["-m", m.to_str().unwrap(), "--info"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = String::from_utf8(o.stdout).unwrap();
+    let out = info(Variant::Mxfp4);
     assert!(out.contains("== type mix (bound tensors) =="), "{out}");
     // 6 layers × gate/up/down.
     assert!(
@@ -128,24 +168,16 @@ fn info_prints_the_type_mix_of_an_mxfp4_file() {
 fn greedy_generation_and_logprob_dump_agree() {
     let m = common::tiny_model_path(Variant::Q8);
     let m = m.to_str().unwrap();
-    let dir = std::env::temp_dir().join(format!("ds4-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("ds4-cli");
     let lp = dir.join("lp.json");
-    let o = ds4(&[
-        "-m",
-        m,
-        "-p",
-        "Hello",
-        "--nothink",
-        "-sys",
-        "",
-        "-n",
-        "4",
+    let hello = ["-m", m, "-p", "Hello", "--nothink", "-sys", "", "-n", "4"];
+    let dump = [
         "--dump-logprobs",
         lp.to_str().unwrap(),
         "--logprobs-top-k",
         "3",
-    ]);
+    ];
+    let o = ds4(&[&hello[..], &dump].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         o.stdout.is_empty(),
@@ -170,19 +202,7 @@ fn greedy_generation_and_logprob_dump_agree() {
         assert!(lps.windows(2).all(|w| w[0] >= w[1]) && lps[0] <= 0.0);
     }
     // Greedy generation prints the same tokens the dump selected.
-    let o = ds4(&[
-        "-m",
-        m,
-        "-p",
-        "Hello",
-        "--nothink",
-        "-sys",
-        "",
-        "-n",
-        "4",
-        "--temp",
-        "0",
-    ]);
+    let o = ds4(&[&hello[..], &["--temp", "0"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("generation:"));
     std::fs::remove_dir_all(&dir).ok();
@@ -192,8 +212,7 @@ fn greedy_generation_and_logprob_dump_agree() {
 fn bad_input_is_a_clear_error() {
     let m = common::tiny_model_path(Variant::F32);
     let m = m.to_str().unwrap();
-    let dir = std::env::temp_dir().join(format!("ds4-cli-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("ds4-cli-bad");
     let bad_utf8 = dir.join("bad.txt");
     std::fs::write(&bad_utf8, b"caf\xe9").unwrap();
     let long = dir.join("long.txt");
@@ -272,22 +291,12 @@ fn repl_reuses_the_session_across_turns() {
 #[test]
 fn ds4_bench_writes_one_csv_row_per_frontier() {
     let m = common::tiny_model_path(Variant::Q8);
-    let dir = std::env::temp_dir().join(format!("ds4-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let prompt = dir.join("p.txt");
-    std::fs::write(
+    let dir = scratch_dir("ds4-bench");
+    let prompt = bench_prompt(&dir, "The quick brown fox jumps over the lazy dog. ");
+    let o = bench(
+        &m,
         &prompt,
-        "The quick brown fox jumps over the lazy dog. ".repeat(40),
-    )
-    .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
-        .args([
-            "-m",
-            m.to_str().unwrap(),
-            "--prompt-file",
-            prompt.to_str().unwrap(),
-        ])
-        .args([
+        &[
             "--ctx-start",
             "64",
             "--ctx-max",
@@ -296,17 +305,14 @@ fn ds4_bench_writes_one_csv_row_per_frontier() {
             "48",
             "-n",
             "4",
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let csv = String::from_utf8(o.stdout).unwrap();
-    let lines: Vec<&str> = csv.lines().collect();
+        ],
+    );
+    let csv = success_stdout(o);
+    let (header, rows) = bench_csv(&csv);
     assert_eq!(
-        lines[0],
+        header,
         "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes"
     );
-    let rows: Vec<Vec<&str>> = lines[1..].iter().map(|l| l.split(',').collect()).collect();
     let frontiers: Vec<&str> = rows.iter().map(|r| r[0]).collect();
     assert_eq!(frontiers, ["64", "112", "160"]);
     let new: Vec<&str> = rows.iter().map(|r| r[1]).collect();
@@ -315,17 +321,7 @@ fn ds4_bench_writes_one_csv_row_per_frontier() {
     let kv: Vec<u64> = rows.iter().map(|r| r[5].parse().unwrap()).collect();
     assert!(kv[0] < kv[1] && kv[1] < kv[2]);
     // Too short a prompt is an error.
-    let o = Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
-        .args([
-            "-m",
-            m.to_str().unwrap(),
-            "--prompt-file",
-            prompt.to_str().unwrap(),
-            "--ctx-max",
-            "100000",
-        ])
-        .output()
-        .unwrap();
+    let o = bench(&m, &prompt, &["--ctx-max", "100000"]);
     assert_eq!(o.status.code(), Some(1));
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -333,23 +329,13 @@ fn ds4_bench_writes_one_csv_row_per_frontier() {
 #[test]
 fn ds4_bench_restore_mode_stores_and_loads_each_frontier() {
     let m = common::tiny_model_path(Variant::Q8);
-    let dir = std::env::temp_dir().join(format!("ds4-bench-kv-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let prompt = dir.join("p.txt");
-    std::fs::write(
-        &prompt,
-        "Pack my box with five dozen liquor jugs. ".repeat(40),
-    )
-    .unwrap();
+    let dir = scratch_dir("ds4-bench-kv");
+    let prompt = bench_prompt(&dir, "Pack my box with five dozen liquor jugs. ");
     let kv = dir.join("kv");
-    let o = Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
-        .args([
-            "-m",
-            m.to_str().unwrap(),
-            "--prompt-file",
-            prompt.to_str().unwrap(),
-        ])
-        .args([
+    let o = bench(
+        &m,
+        &prompt,
+        &[
             "--ctx-start",
             "48",
             "--ctx-max",
@@ -358,19 +344,18 @@ fn ds4_bench_restore_mode_stores_and_loads_each_frontier() {
             "3",
             "-n",
             "2",
-        ])
-        .args(["--kv-restore-dir", kv.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let csv = String::from_utf8(o.stdout.clone()).unwrap();
-    let lines: Vec<&str> = csv.lines().collect();
+            "--kv-restore-dir",
+            kv.to_str().unwrap(),
+        ],
+    );
+    let err = stderr(&o);
+    let csv = success_stdout(o);
+    let (header, rows) = bench_csv(&csv);
     assert_eq!(
-        lines[0],
+        header,
         "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,\
          prefill_total_s,kv_store_s,kv_restore_s,kv_file_bytes"
     );
-    let rows: Vec<Vec<&str>> = lines[1..].iter().map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.iter().map(|r| r[0]).collect::<Vec<_>>(), ["48", "144"]);
     for r in &rows {
         // A file holds the session payload plus header and text.
@@ -383,7 +368,6 @@ fn ds4_bench_restore_mode_stores_and_loads_each_frontier() {
     }
     // One store and one hit per frontier (the loaded logits were checked
     // equal to the stored ones, or the run would have failed); no files left.
-    let err = stderr(&o);
     assert_eq!(err.matches("kv cache: stored tokens=").count(), 2, "{err}");
     assert_eq!(err.matches("kv cache: hit tokens=").count(), 2, "{err}");
     let left: Vec<_> = std::fs::read_dir(&kv).unwrap().collect();
@@ -410,8 +394,7 @@ fn repl_commands_check_their_arguments() {
 
 #[test]
 fn demo_without_n_is_short() {
-    let dir = std::env::temp_dir().join(format!("ds4-cli-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("ds4-cli-demo");
     let o = Command::new(env!("CARGO_BIN_EXE_ds4"))
         .args(["--demo", "-p", "Hello", "--temp", "0", "--nothink"])
         .env("XDG_CACHE_HOME", &dir)
@@ -427,8 +410,7 @@ fn demo_without_n_is_short() {
 /// an error line and the chat goes on.
 #[test]
 fn repl_save_and_load_continue_a_conversation() {
-    let dir = std::env::temp_dir().join(format!("ds4-cli-save-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("ds4-cli-save");
     let file = dir.join("chat.kv");
     let run = |input: String| {
         let o = repl("3", &input);

@@ -190,27 +190,21 @@ fn routed_experts_match_the_reference_on_every_path() {
             (9, true),
         ] {
             let mut wr = GgufWriter::new();
-            tensor(
-                &mut wr,
-                "gate",
-                &[d as u64, ff as u64, n_exp as u64],
-                gu,
-                quantize(gu, &rng.vec(d * ff * n_exp), d),
-            );
-            tensor(
-                &mut wr,
-                "up",
-                &[d as u64, ff as u64, n_exp as u64],
-                gu,
-                quantize(gu, &rng.vec(d * ff * n_exp), d),
-            );
-            tensor(
-                &mut wr,
-                "down",
-                &[ff as u64, d as u64, n_exp as u64],
-                dn,
-                quantize(dn, &rng.vec(d * ff * n_exp), ff),
-            );
+            // Rows of `d` inputs for gate and up, of `ff` for down.
+            for (name, ty, [n_in, n_out]) in [
+                ("gate", gu, [d, ff]),
+                ("up", gu, [d, ff]),
+                ("down", dn, [ff, d]),
+            ] {
+                let ne = [n_in as u64, n_out as u64, n_exp as u64];
+                tensor(
+                    &mut wr,
+                    name,
+                    &ne,
+                    ty,
+                    quantize(ty, &rng.vec(d * ff * n_exp), n_in),
+                );
+            }
             let f = GgufFile::from_vec(wr.to_bytes().unwrap()).unwrap();
             let op = MoeExperts {
                 x: ValueId(0),

@@ -5,12 +5,28 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 use ds4::testmodel::Variant;
 
 fn cuda_present() -> bool {
     ds4::backend::cuda_device_lines().is_ok_and(|l| !l.is_empty())
+}
+
+/// `o`, a run of `bin` with `flags` asking for CUDA where there is none,
+/// failed with exit status 1 and one `<bin>: ` line naming the backend as
+/// not available, no panic, and nothing on stdout (`no_output` says what
+/// would have been there).
+fn assert_no_cuda_error(o: &Output, bin: &str, flags: &[&str], no_output: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{flags:?}: {err}");
+    assert!(!err.contains("panicked"), "{flags:?}: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with(&format!("{bin}: ")) && l.contains("backend cuda"))
+        .unwrap_or_else(|| panic!("{flags:?}: no {bin}: line naming cuda in {err}"));
+    assert!(line.contains("not available"), "{line}");
+    assert!(o.stdout.is_empty(), "{flags:?}: {no_output}");
 }
 
 #[test]
@@ -34,18 +50,7 @@ fn backend_cuda_without_a_gpu_is_a_clear_error() {
             .args(flags)
             .output()
             .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{flags:?}: {err}");
-        assert!(!err.contains("panicked"), "{flags:?}: {err}");
-        let line = err
-            .lines()
-            .find(|l| l.starts_with("ds4: ") && l.contains("backend cuda"))
-            .unwrap_or_else(|| panic!("{flags:?}: no ds4: line naming cuda in {err}"));
-        assert!(line.contains("not available"), "{line}");
-        assert!(
-            o.stdout.is_empty(),
-            "{flags:?}: generated text without a backend"
-        );
+        assert_no_cuda_error(&o, "ds4", flags, "generated text without a backend");
     }
 }
 
@@ -84,15 +89,7 @@ fn bandwidth_on_cuda_without_a_gpu_is_a_clear_error() {
             .args(flags)
             .output()
             .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{flags:?}: {err}");
-        assert!(!err.contains("panicked"), "{flags:?}: {err}");
-        let line = err
-            .lines()
-            .find(|l| l.starts_with("ds4-bench: ") && l.contains("backend cuda"))
-            .unwrap_or_else(|| panic!("{flags:?}: no ds4-bench: line naming cuda in {err}"));
-        assert!(line.contains("not available"), "{line}");
-        assert!(o.stdout.is_empty(), "{flags:?}: a table without a device");
+        assert_no_cuda_error(&o, "ds4-bench", flags, "a table without a device");
     }
 }
 

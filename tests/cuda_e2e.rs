@@ -67,13 +67,7 @@ fn decode_with_and_without_the_cuda_graph_matches_the_cpu() {
                 common::session_with(v, Numerics::Model, BackendKind::Cuda, 256, 16, opts.clone());
             c.sync(head, &mut |_, _| {}).unwrap();
             g.sync(head, &mut |_, _| {}).unwrap();
-            let vocab = c.n_vocab();
-            let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
-            for &t in tail {
-                c.eval(t).unwrap();
-                g.eval(t).unwrap();
-                worst = worst.max(max_dlogprob(g.logits(), c.logits(), vocab));
-            }
+            let worst = common::decode_max_dlogprob(&mut g, &mut c, tail);
             eprintln!("{v:?} graph {capture}: decode max |Δ log-prob| {worst:e}");
             assert!(worst <= MAX_DLOGPROB, "{v:?} graph {capture}: {worst:e}");
         }

@@ -7,38 +7,16 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use common::{max_abs_diff, tiny_model};
+use common::kvcache::{file_names, session, sync_prefix, tokenizer};
+use common::max_abs_diff;
 use ds4::kvcache::file::{self, KvcHeader, SaveReason};
 use ds4::kvcache::{
     load_file, save_file, tool_map_for, CacheKey, DiskCache, KtmEntry, KvCacheConfig,
     LookupOutcome, NoToolIds, SaveMoments, StoreOutcome, ToolIds,
 };
-use ds4::model::ModelFile;
-use ds4::session::{Session, SessionOptions};
-use ds4::testmodel::Variant;
-use ds4::tokenizer::Tokenizer;
 
 const CTX: usize = 1024;
-
-fn model() -> Arc<ModelFile> {
-    static M: std::sync::OnceLock<Arc<ModelFile>> = std::sync::OnceLock::new();
-    M.get_or_init(|| tiny_model(Variant::F32)).clone()
-}
-
-fn tokenizer() -> Tokenizer {
-    Tokenizer::from_gguf(&model().file).unwrap()
-}
-
-fn session(ctx: usize) -> Session {
-    let opts = SessionOptions {
-        ctx,
-        prefill_chunk: 64,
-        ..Default::default()
-    };
-    Session::new(model(), opts).unwrap()
-}
 
 fn no_progress() -> impl FnMut(usize, usize) {
     |_, _| {}
@@ -83,16 +61,6 @@ fn rendered(turns: usize, seed: u64) -> String {
     s
 }
 
-fn kv_files(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn save_lookup_load_continues_bit_identically() {
     let tok = tokenizer();
@@ -106,8 +74,7 @@ fn save_lookup_load_continues_bit_identically() {
 
     // A: the first request stops at the boundary and stores it.
     let mut a = session(CTX);
-    a.sync(&p[..k], &mut no_progress()).unwrap();
-    let head = tok.decode(&p[..k]);
+    let head = sync_prefix(&mut a, &tok, &p, k);
     assert!(text.as_bytes().starts_with(&head));
     let StoreOutcome::Stored { sha, bytes } =
         cache.store(&a, &head, CacheKey::Tokens, SaveReason::Cold, &[])
@@ -251,8 +218,7 @@ fn longest_prefix_wins_and_visible_keys_and_tool_maps() {
     let mut s = session(CTX);
     let mut stored = Vec::new();
     for k in [40, 120, 90] {
-        s.sync(&p[..k], &mut no_progress()).unwrap();
-        let head = tok.decode(&p[..k]);
+        let head = sync_prefix(&mut s, &tok, &p, k);
         assert!(matches!(
             cache.store(&s, &head, CacheKey::Tokens, SaveReason::Continued, &[]),
             StoreOutcome::Stored { .. }
@@ -488,7 +454,7 @@ fn a_file_over_the_cold_maximum_is_consumed() {
         panic!()
     };
     assert!(hit.consumed);
-    assert!(kv_files(&dir).is_empty());
+    assert!(file_names(&dir).is_empty());
 }
 
 /// A synthetic checkpoint: eviction reads only headers and sizes.
@@ -510,7 +476,7 @@ fn eviction_order_under_a_small_budget() {
     let big = synthetic(&dir, "big", 5000, 0, now, 4 * SZ); // 1250
                                                             // Opening runs eviction under the configured (roomy) budget: nothing goes.
     let mut cache = open(&config(&dir));
-    assert_eq!(kv_files(&dir).len(), 6);
+    assert_eq!(file_names(&dir).len(), 6);
     // 2.70 MB in 2.15 MB: stale goes first (ties low, used earlier), then low.
     let order = eviction_sequence(&mut cache, 2_150_000, now, Some(&fresh));
     assert_eq!(order, vec![stale, low]);
@@ -519,14 +485,14 @@ fn eviction_order_under_a_small_budget() {
         .map(|s| format!("{s}.kv"))
         .collect();
     want.sort();
-    assert_eq!(kv_files(&dir), want);
+    assert_eq!(file_names(&dir), want);
     // Without protection, by score: fresh (1 token), mid (200), hot (≈ 399);
     // big (1250) alone fits 1.3 MB.
     assert_eq!(
         eviction_sequence(&mut cache, 1_300_000, now, None),
         vec![fresh, mid, hot]
     );
-    assert_eq!(kv_files(&dir), vec![format!("{big}.kv")]);
+    assert_eq!(file_names(&dir), vec![format!("{big}.kv")]);
     // A protected file alone over the budget loses its protection.
     let dir2 = fresh_dir("evict2");
     let huge = synthetic(&dir2, "huge", 10, 0, now, 1_200_000);
@@ -536,7 +502,7 @@ fn eviction_order_under_a_small_budget() {
         eviction_sequence(&mut cache2, 1 << 20, now, Some(&huge)),
         vec![huge]
     );
-    assert_eq!(kv_files(&dir2), vec![format!("{other}.kv")]);
+    assert_eq!(file_names(&dir2), vec![format!("{other}.kv")]);
     // A store runs eviction protecting the new file (real sessions).
     let tok = tokenizer();
     let dir3 = fresh_dir("evict3");
@@ -565,7 +531,7 @@ fn eviction_order_under_a_small_budget() {
     };
     assert_ne!(a, b);
     assert_eq!(
-        kv_files(&dir3),
+        file_names(&dir3),
         vec![format!("{b}.kv")],
         "the older file made room"
     );
@@ -602,16 +568,14 @@ fn disk_full_fails_the_save_and_keeps_serving() {
     let text = rendered(3, 7);
     let p = tok.encode_chat(&text);
     let mut s = session(CTX);
-    s.sync(&p[..60], &mut no_progress()).unwrap();
-    let first = tok.decode(&p[..60]);
+    let first = sync_prefix(&mut s, &tok, &p, 60);
     let StoreOutcome::Stored { bytes, .. } =
         cache.store(&s, &first, CacheKey::Tokens, SaveReason::Cold, &[])
     else {
         panic!()
     };
-    let before = kv_files(&dir);
-    s.sync(&p[..80], &mut no_progress()).unwrap();
-    let second = tok.decode(&p[..80]);
+    let before = file_names(&dir);
+    let second = sync_prefix(&mut s, &tok, &p, 80);
     for limit in [0, 1, 47, 52, 53 + second.len() as u64, bytes / 2, bytes - 1] {
         cache.set_write_limit(Some(limit));
         let r = cache.store(&s, &second, CacheKey::Tokens, SaveReason::Continued, &[]);
@@ -620,7 +584,7 @@ fn disk_full_fails_the_save_and_keeps_serving() {
             "{limit}: {r:?}"
         );
         assert_eq!(
-            kv_files(&dir),
+            file_names(&dir),
             before,
             "no new or temp file after a failed write"
         );
@@ -670,8 +634,7 @@ fn corrupt_file_corpus() {
     let p = tok.encode_chat(&text);
     let k = 70;
     let mut s = session(CTX);
-    s.sync(&p[..k], &mut no_progress()).unwrap();
-    let head = tok.decode(&p[..k]);
+    let head = sync_prefix(&mut s, &tok, &p, k);
     let StoreOutcome::Stored { sha, .. } =
         cache.store(&s, &head, CacheKey::Tokens, SaveReason::Cold, &[])
     else {
@@ -780,7 +743,7 @@ fn corrupt_file_corpus() {
     let cfg = config(&work);
     let mut results = Vec::new();
     for (what, bytes, want) in cases {
-        for f in kv_files(&work) {
+        for f in file_names(&work) {
             fs::remove_file(work.join(f)).unwrap();
         }
         let path = work.join(&name);
@@ -870,7 +833,7 @@ fn a_restarted_worker_resumes_with_only_the_suffix_evaluated() {
     points.sort();
     points.dedup();
     let expect_files = points.len();
-    let mut lens: Vec<usize> = kv_files(&dir)
+    let mut lens: Vec<usize> = file_names(&dir)
         .iter()
         .map(|f| header_of(&dir.join(f)).tokens as usize)
         .collect();

@@ -15,29 +15,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, SystemTime};
 
-use common::tiny_model;
+use common::kvcache::{file_names as names, sync_prefix, tokenizer};
 use ds4::kvcache::file::{self, KvcHeader, NewCheckpoint, SaveReason};
 use ds4::kvcache::guard;
 use ds4::kvcache::{CacheKey, DiskCache, KvCacheConfig, LookupOutcome, StoreOutcome};
-use ds4::model::ModelFile;
-use ds4::session::{Session, SessionOptions};
-use ds4::testmodel::Variant;
+use ds4::session::Session;
 use ds4::tokenizer::Tokenizer;
 
 const CTX: usize = 512;
 
-fn model() -> Arc<ModelFile> {
-    static M: std::sync::OnceLock<Arc<ModelFile>> = std::sync::OnceLock::new();
-    M.get_or_init(|| tiny_model(Variant::F32)).clone()
-}
-
 fn session() -> Session {
-    let opts = SessionOptions {
-        ctx: CTX,
-        prefill_chunk: 64,
-        ..Default::default()
-    };
-    Session::new(model(), opts).unwrap()
+    common::kvcache::session(CTX)
 }
 
 fn fresh_dir(name: &str) -> PathBuf {
@@ -59,16 +47,6 @@ fn replica(cfg: &KvCacheConfig) -> (DiskCache, Log) {
         .unwrap()
         .with_logger(move |m| l.lock().unwrap().push(m.to_string()));
     (c, log)
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 fn folder_bytes(dir: &Path) -> u64 {
@@ -100,12 +78,8 @@ fn prompt(seed: u64) -> String {
 /// A session holding the first `n` tokens of `p`, and their text.
 fn prefix_session(tok: &Tokenizer, p: &[u32], n: usize) -> (Session, Vec<u8>) {
     let mut s = session();
-    s.sync(&p[..n], &mut |_, _| {}).unwrap();
-    (s, tok.decode(&p[..n]))
-}
-
-fn tokenizer() -> Tokenizer {
-    Tokenizer::from_gguf(&model().file).unwrap()
+    let text = sync_prefix(&mut s, tok, p, n);
+    (s, text)
 }
 
 #[test]

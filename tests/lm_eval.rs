@@ -98,13 +98,18 @@ fn split(tok: &Tokenizer, context: &str, continuation: &str) -> (Vec<u32>, usize
     (whole, tok.encode_chat(trimmed).len())
 }
 
-#[test]
-fn lm_eval_loglikelihoods_equal_the_engines_scoring() {
-    if !python_has(
+/// Whether python3 has lm-eval (`DS4_SKIP_LM_EVAL` skips the tests).
+fn lm_eval_installed() -> bool {
+    python_has(
         "lm_eval, datasets, aiohttp, tenacity, pytablewriter",
         "DS4_SKIP_LM_EVAL",
         "python3 with lm-eval is needed: see docs/CLIENTS.md § lm-evaluation-harness for the light install",
-    ) {
+    )
+}
+
+#[test]
+fn lm_eval_loglikelihoods_equal_the_engines_scoring() {
+    if !lm_eval_installed() {
         return;
     }
     let s = start(&["--backend", "cpu"]);
@@ -202,11 +207,7 @@ fn answers(samples: &str) -> Vec<(String, String)> {
 
 #[test]
 fn lm_eval_generate_until_gives_the_engines_greedy_answers() {
-    if !python_has(
-        "lm_eval, datasets, aiohttp, tenacity, pytablewriter",
-        "DS4_SKIP_LM_EVAL",
-        "python3 with lm-eval is needed: see docs/CLIENTS.md § lm-evaluation-harness for the light install",
-    ) {
+    if !lm_eval_installed() {
         return;
     }
     let s = start(&["--backend", "cpu"]);

@@ -190,6 +190,55 @@ fn naive_attention(q: &[f32], rows: &[Vec<f32>], sink: f32) -> Vec<f64> {
         .collect()
 }
 
+/// An attention over the raw window of `w` only (no compressed rows, no
+/// block), `n_head` heads of `head_dim`, with the sinks `sinks`.
+fn window_attention(w: usize, n_head: usize, head_dim: usize, sinks: TensorRef) -> Attention {
+    Attention {
+        q: ValueId(0),
+        kv: ValueId(1),
+        ring: StateId(0),
+        window: w,
+        block: false,
+        compressed: None,
+        selected: None,
+        top_k: 0,
+        sinks,
+        n_head,
+        head_dim,
+        out: ValueId(3),
+    }
+}
+
+/// `op` on `inp` for `n_tok` rows from `pos0`, its output poisoned first.
+fn attend(
+    op: &Attention,
+    file: &GgufFile,
+    inp: AttentionInputs,
+    pos0: usize,
+    n_tok: usize,
+) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n_tok * op.n_head * op.head_dim];
+    op.compute(file, inp, pos0, n_tok, &mut out);
+    out
+}
+
+/// Every head of one output row `out` equals the naive softmax over `rows`
+/// of that head's query in `q`, with the head's sink; `what` names the row.
+fn check_heads(q: &[f32], out: &[f32], rows: &[Vec<f32>], sinks: &[f32], what: &str) {
+    let hd = q.len() / sinks.len();
+    for (h, &sink) in sinks.iter().enumerate() {
+        let want = naive_attention(&q[h * hd..][..hd], rows, sink);
+        for d in 0..hd {
+            let got = out[h * hd + d];
+            assert!(
+                close(got, want[d], 1e-5),
+                "{what} head {h} dim {d}: {got} vs {}",
+                want[d]
+            );
+        }
+    }
+}
+
 #[test]
 fn attention_matches_a_naive_softmax_over_the_visible_rows() {
     let mut rng = Rng(42);
@@ -211,23 +260,14 @@ fn attention_matches_a_naive_softmax_over_the_visible_rows() {
             .map(|i| [0, 2, -1, 5, 1, 9][i % 6])
             .collect();
         let op = Attention {
-            q: ValueId(0),
-            kv: ValueId(1),
-            ring: StateId(0),
-            window: w,
-            block: false,
             compressed: Some(CompressedRows {
                 rows: StateId(1),
                 ratio,
             }),
             selected: indexed.then_some(ValueId(2)),
             top_k,
-            sinks: refs[0].clone(),
-            n_head: nh,
-            head_dim: hd,
-            out: ValueId(3),
+            ..window_attention(w, nh, hd, refs[0].clone())
         };
-        let mut out = vec![f32::NAN; n_tok * nh * hd];
         let inp = AttentionInputs {
             q: &q,
             kv: &kv,
@@ -235,7 +275,7 @@ fn attention_matches_a_naive_softmax_over_the_visible_rows() {
             compressed: Some(&comp),
             selected: indexed.then_some(&sel[..]),
         };
-        op.compute(&file, inp, pos0, n_tok, &mut out);
+        let out = attend(&op, &file, inp, pos0, n_tok);
         for t in 0..n_tok {
             let p = pos0 + t;
             let mut rows: Vec<Vec<f32>> = Vec::new();
@@ -257,17 +297,14 @@ fn attention_matches_a_naive_softmax_over_the_visible_rows() {
                 (0..n_vis).collect()
             };
             rows.extend(comp_rows.iter().map(|&r| comp[r * hd..][..hd].to_vec()));
-            for h in 0..nh {
-                let want = naive_attention(&q[(t * nh + h) * hd..][..hd], &rows, sinks[h]);
-                for d in 0..hd {
-                    let got = out[(t * nh + h) * hd + d];
-                    assert!(
-                        close(got, want[d], 1e-5),
-                        "pos {p} head {h} dim {d}: {got} vs {}",
-                        want[d]
-                    );
-                }
-            }
+            let row = t * nh * hd..(t + 1) * nh * hd;
+            check_heads(
+                &q[row.clone()],
+                &out[row],
+                &rows,
+                &sinks,
+                &format!("pos {p}"),
+            );
         }
     }
 }
@@ -285,20 +322,9 @@ fn block_attention_sees_the_ring_and_the_whole_block() {
         let kv = rng.vec(n_tok * hd);
         let ring = rng.vec(w * hd);
         let op = Attention {
-            q: ValueId(0),
-            kv: ValueId(1),
-            ring: StateId(0),
-            window: w,
             block: true,
-            compressed: None,
-            selected: None,
-            top_k: 0,
-            sinks: refs[0].clone(),
-            n_head: nh,
-            head_dim: hd,
-            out: ValueId(3),
+            ..window_attention(w, nh, hd, refs[0].clone())
         };
-        let mut out = vec![f32::NAN; n_tok * nh * hd];
         let inp = AttentionInputs {
             q: &q,
             kv: &kv,
@@ -306,7 +332,7 @@ fn block_attention_sees_the_ring_and_the_whole_block() {
             compressed: None,
             selected: None,
         };
-        op.compute(&file, inp, pos0, n_tok, &mut out);
+        let out = attend(&op, &file, inp, pos0, n_tok);
         // Written out by hand: ring slots of positions pos0-W.., then the block.
         let mut rows: Vec<Vec<f32>> = (pos0.saturating_sub(w)..pos0)
             .map(|s| ring[(s % w) * hd..][..hd].to_vec())
@@ -314,17 +340,9 @@ fn block_attention_sees_the_ring_and_the_whole_block() {
         assert_eq!(rows.len(), pos0.min(w));
         rows.extend((0..n_tok).map(|t| kv[t * hd..][..hd].to_vec()));
         for t in 0..n_tok {
-            for h in 0..nh {
-                let want = naive_attention(&q[(t * nh + h) * hd..][..hd], &rows, sinks[h]);
-                for d in 0..hd {
-                    let got = out[(t * nh + h) * hd + d];
-                    assert!(
-                        close(got, want[d], 1e-5),
-                        "pos0 {pos0} row {t} head {h} dim {d}: {got} vs {}",
-                        want[d]
-                    );
-                }
-            }
+            let row = t * nh * hd..(t + 1) * nh * hd;
+            let what = format!("pos0 {pos0} row {t}");
+            check_heads(&q[row.clone()], &out[row], &rows, &sinks, &what);
         }
     }
 }

@@ -23,16 +23,7 @@ use ds4::quant::{
     can_compute, dequantize_row, dot_row, f16, q8_k, quantize_row, GgmlType, QuantError,
 };
 
-const COMPUTE: [GgmlType; 8] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Bf16,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q4K,
-    GgmlType::Iq2Xxs,
-    GgmlType::Mxfp4,
-];
+const COMPUTE: [GgmlType; 8] = common::COMPUTE_TYPES;
 
 fn quantized(ty: GgmlType, x: &[f32], imp: Option<&[f32]>) -> Vec<u8> {
     let mut q = vec![0u8; ty.row_bytes(x.len() as u64).unwrap() as usize];

@@ -106,12 +106,7 @@ fn session(model: Arc<ModelFile>, numerics: Numerics, dump: Vec<ValueName>) -> S
 }
 
 fn log_softmax_at(logits: &[f32], ids: &[u32]) -> Vec<f64> {
-    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = m + logits
-        .iter()
-        .map(|&x| (x as f64 - m).exp())
-        .sum::<f64>()
-        .ln();
+    let lse = common::log_sum_exp(logits);
     ids.iter()
         .map(|&i| logits[i as usize] as f64 - lse)
         .collect()

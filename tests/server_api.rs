@@ -7,7 +7,6 @@ mod common;
 
 use common::in_process::tiny_worker;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use ds4::server::job;
@@ -35,20 +34,25 @@ fn server_hooked(
     cache: Box<dyn job::KvCacheHook>,
 ) -> Server {
     let (queue, metrics, tok) = tiny_worker(CTX, cache);
-    let state = Arc::new(State {
-        queue,
-        metrics,
-        opts: HttpOptions {
-            ctx: CTX,
-            default_tokens: 24,
-            api_key: api_key.map(String::from),
-            max_body_bytes: max_body,
-            allow_script: true,
-            ..HttpOptions::default()
-        },
-        counter: AtomicU64::new(0),
-    });
+    let opts = HttpOptions {
+        api_key: api_key.map(String::from),
+        max_body_bytes: max_body,
+        allow_script: true,
+        ..HttpOptions::default()
+    };
+    let state = common::in_process::routes_state(queue, metrics, CTX, opts);
     Server { state, tok }
+}
+
+/// The first item of a Responses reply's output of type `ty`.
+fn output_item(v: &Value, ty: &str) -> Value {
+    v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == ty)
+        .unwrap()
+        .clone()
 }
 
 fn server() -> Server {
@@ -80,6 +84,11 @@ impl Server {
 
     async fn post(&self, path: &str, v: &Value) -> Reply {
         self.send("POST", path, v.to_string().as_bytes()).await
+    }
+
+    /// The JSON body of a POST, whatever its status.
+    async fn post_body(&self, path: &str, v: &Value) -> Value {
+        serde_json::from_str(&self.post(path, v).await.body).unwrap()
     }
 
     async fn post_json(&self, path: &str, v: &Value) -> Value {
@@ -517,7 +526,7 @@ async fn responses_json_and_lifecycle() {
 
     // Length limit: incomplete.
     let body = json!({"input":"x","max_output_tokens":3,"reasoning":{"effort":"none"}});
-    let v: Value = serde_json::from_str(&s.post("/v1/responses", &body).await.body).unwrap();
+    let v = s.post_body("/v1/responses", &body).await;
     assert_eq!(v["status"], "incomplete");
     assert_eq!(v["incomplete_details"]["reason"], "max_tokens");
     // Unsupported state and tool choice.
@@ -757,46 +766,28 @@ async fn responses_tool_output_continues_the_live_session() {
     let s = server();
     let tools = json!([{"type":"function","name":"bash","parameters":{"type":"object"}}]);
     let first = json!({"input":"List.","tools":tools,"max_output_tokens":200,"ds4_test_script":TOOL_SCRIPT});
-    let v: Value = serde_json::from_str(&s.post("/v1/responses", &first).await.body).unwrap();
+    let v = s.post_body("/v1/responses", &first).await;
     let live = v["usage"]["total_tokens"].as_u64().unwrap();
-    let call = v["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["type"] == "function_call")
-        .unwrap()
-        .clone();
-    let msg = v["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["type"] == "message")
-        .unwrap()
-        .clone();
+    let call = output_item(&v, "function_call");
+    let msg = output_item(&v, "message");
     let cid = call["call_id"].as_str().unwrap();
     let out = json!({"type":"function_call_output","call_id":cid,"output":"a.c"});
     let user = json!({"role":"user","content":"List."});
     // (a) Full replay (message + call): the visible transcript matches.
     let b = json!({"input":[user, msg, call, out],"tools":tools,"max_output_tokens":5,"ds4_test_script":"k.</think>ok"});
-    let v: Value = serde_json::from_str(&s.post("/v1/responses", &b).await.body).unwrap();
+    let v = s.post_body("/v1/responses", &b).await;
     assert_eq!(
         v["usage"]["input_tokens_details"]["cached_tokens"], live,
         "{v}"
     );
     // (b) The message item dropped: the tool-output tail is appended.
-    let v: Value = serde_json::from_str(&s.post("/v1/responses", &first).await.body).unwrap();
+    let v = s.post_body("/v1/responses", &first).await;
     let live = v["usage"]["total_tokens"].as_u64().unwrap();
-    let call = v["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["type"] == "function_call")
-        .unwrap()
-        .clone();
+    let call = output_item(&v, "function_call");
     let cid = call["call_id"].as_str().unwrap().to_string();
     let out = json!({"type":"function_call_output","call_id":cid,"output":"a.c"});
     let b = json!({"input":[user, call, out],"tools":tools,"max_output_tokens":5,"ds4_test_script":"k.</think>ok"});
-    let v: Value = serde_json::from_str(&s.post("/v1/responses", &b).await.body).unwrap();
+    let v = s.post_body("/v1/responses", &b).await;
     assert_eq!(
         v["usage"]["input_tokens_details"]["cached_tokens"], live,
         "{v}"
@@ -808,14 +799,8 @@ async fn responses_tool_output_continues_the_live_session() {
         s.tok.encode_chat(tail).len()
     );
     // (c) Only the output (live-only id), then the live state is gone: 409.
-    let v: Value = serde_json::from_str(&s.post("/v1/responses", &first).await.body).unwrap();
-    let cid = v["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["type"] == "function_call")
-        .unwrap()["call_id"]
-        .clone();
+    let v = s.post_body("/v1/responses", &first).await;
+    let cid = output_item(&v, "function_call")["call_id"].clone();
     let only = json!({"input":[{"type":"function_call_output","call_id":cid,"output":"a.c"}],"tools":tools,
         "max_output_tokens":3,"ds4_test_script":"x"});
     assert_eq!(s.post("/v1/responses", &only).await.status, 200);

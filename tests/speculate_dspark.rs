@@ -10,9 +10,9 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::draft::{self, check_top_logprobs, run_n};
+use common::draft::{self, assert_same_run, run_n};
 use common::{max_abs_diff, tokens};
-use ds4::backend::{BackendKind, BackendOptions};
+use ds4::backend::BackendKind;
 use ds4::model::forward::Numerics;
 use ds4::model::v41::V41ModelFile;
 use ds4::model::{AnyModel, ModelFile};
@@ -77,19 +77,7 @@ fn model_with_dspark(variant: Variant, tag: &str) -> AnyModel {
 }
 
 fn opts(backend: BackendKind, dspark: bool) -> SessionOptions {
-    SessionOptions {
-        ctx: 256,
-        prefill_chunk: 16,
-        numerics: Numerics::Model,
-        backend,
-        backend_options: BackendOptions::from_env(),
-        drafter: if dspark {
-            DraftModel::Dspark
-        } else {
-            DraftModel::None
-        },
-        ..Default::default()
-    }
+    draft::opts(backend, dspark.then_some(DraftModel::Dspark))
 }
 
 #[test]
@@ -163,15 +151,7 @@ fn dspark_equals_plain(backend: BackendKind, variant: Variant) {
 /// state buffer.
 fn equals_plain(model: &AnyModel, o: SessionOptions, what: &str) {
     let tok = Tokenizer::from_gguf(model.file()).unwrap();
-    let plain_opts = SessionOptions {
-        drafter: DraftModel::None,
-        ..o.clone()
-    };
-    let n_target = Session::open_any(model, plain_opts)
-        .unwrap()
-        .read_states()
-        .unwrap()
-        .len();
+    let n_target = draft::n_target_states(model, &o);
     let mut s = Session::open_any(model, o).unwrap();
     assert!(s.has_draft_model());
     let prompt = tokens(40, 11);
@@ -188,11 +168,7 @@ fn equals_plain(model: &AnyModel, o: SessionOptions, what: &str) {
             n_target,
         );
         let what = format!("{what} at temperature {temperature}");
-        assert_eq!(plain.tokens, got.tokens, "{what}: tokens");
-        assert_eq!(plain.rec.ids, got.rec.ids, "{what}: streamed ids");
-        assert_eq!(plain.rec.bytes, got.rec.bytes, "{what}: streamed bytes");
-        assert!(plain.logits == got.logits, "{what}: final logits");
-        assert!(plain.states == got.states, "{what}: target state");
+        assert_same_run(&plain, &got, &what);
         let st = spec.stats();
         assert!(st.drafted > 0 && st.verify_steps > 0, "{what}: {st:?}");
     }
@@ -417,13 +393,7 @@ fn write_v41_dspark_golden_inputs() {
 /// is the reference's, at every checkpoint (cpu-ref, plain numerics).
 #[test]
 fn v41_dspark_matches_reference() {
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{V41_GOLDEN}.json")).unwrap())
-            .unwrap();
-    let ids: Vec<u32> = common::json_uints(&g["ids"])
-        .iter()
-        .map(|&i| i as u32)
-        .collect();
+    let (g, ids) = draft::read_golden(V41_GOLDEN);
     assert_eq!(ids, tokens(GOLDEN_LEN + 1, 17));
     let model = v41_with_dspark("golden", |_| {});
     let o = SessionOptions {
@@ -438,35 +408,20 @@ fn v41_dspark_matches_reference() {
 /// drafts after `ids[P+1]` a first row whose top-20 log-probs are the
 /// golden's within 1e-4, and the golden's whole draft block.
 fn check_checkpoints(s: &mut Session, ids: &[u32], g: &serde_json::Value, n: usize, what: &str) {
-    let cps = g["checkpoints"].as_array().unwrap();
-    assert_eq!(cps.len(), n);
-    for cp in cps {
-        let p = cp["position"].as_u64().unwrap() as usize;
-        s.reset();
-        s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
-        let logits = s.draft_logits(ids[p + 1]).unwrap();
-        let worst = check_top_logprobs(&logits, cp, 1e-4, &format!("{what} position {p}"));
-        eprintln!("{what} position {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
+    let label = |p| format!("{what} position {p}");
+    draft::check_checkpoints(s, ids, g, n, &label, &mut |s, p, cp| {
         let drafts = s.model_draft(ids[p + 1], 16).unwrap();
         let want: Vec<u32> = common::json_uints(&cp["drafts"])
             .iter()
             .map(|&i| i as u32)
             .collect();
-        assert_eq!(drafts, want, "{what} position {p}: the draft block");
-    }
+        assert_eq!(drafts, want, "{}: the draft block", label(p));
+    });
 }
 
 const GOLDEN: &str = "tests/golden/dspark-tiny-q8";
 const GOLDEN_LEN: usize = 40;
 const GOLDEN_CHECKPOINTS: [usize; 4] = [5, 31, 32, 39];
-
-fn plain_opts(dspark: bool) -> SessionOptions {
-    SessionOptions {
-        numerics: Numerics::Plain,
-        prefill_chunk: 64,
-        ..opts(BackendKind::CpuRef, dspark)
-    }
-}
 
 /// The taps of every position of `ids` (cpu-ref, plain numerics, one
 /// step), computed here from the dumped layer inputs, not by the runner:
@@ -485,7 +440,7 @@ fn golden_taps(ids: &[u32]) -> Vec<f32> {
         .collect();
     let o = SessionOptions {
         dump: names.clone(),
-        ..plain_opts(false)
+        ..draft::golden_opts(None)
     };
     let mut s = Session::open_any(&model, o).unwrap();
     s.sync(ids, &mut |_, _| {}).unwrap();
@@ -513,8 +468,7 @@ fn golden_taps(ids: &[u32]) -> Vec<f32> {
 fn write_dspark_golden_inputs() {
     let ids = tokens(GOLDEN_LEN + 1, 17);
     let taps = golden_taps(&ids[..GOLDEN_LEN]);
-    let bytes: Vec<u8> = taps.iter().flat_map(|x| x.to_le_bytes()).collect();
-    std::fs::write(format!("{GOLDEN}.taps.bin"), bytes).unwrap();
+    std::fs::write(format!("{GOLDEN}.taps.bin"), draft::f32_bytes(&taps)).unwrap();
     let json = serde_json::json!({ "ids": ids, "checkpoints": GOLDEN_CHECKPOINTS });
     std::fs::write(format!("{GOLDEN}.ids.json"), json.to_string()).unwrap();
 }
@@ -526,18 +480,9 @@ fn write_dspark_golden_inputs() {
 /// read are still the engine's.
 #[test]
 fn dspark_matches_reference() {
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{GOLDEN}.json")).unwrap()).unwrap();
-    let ids: Vec<u32> = common::json_uints(&g["ids"])
-        .iter()
-        .map(|&i| i as u32)
-        .collect();
+    let (g, ids) = draft::read_golden(GOLDEN);
     assert_eq!(ids.len(), GOLDEN_LEN + 1);
-    let committed: Vec<f32> = std::fs::read(format!("{GOLDEN}.taps.bin"))
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let committed = draft::read_f32s(&format!("{GOLDEN}.taps.bin"));
     let d = max_abs_diff(&golden_taps(&ids[..GOLDEN_LEN]), &committed);
     assert!(
         d < 1e-5,
@@ -545,7 +490,7 @@ fn dspark_matches_reference() {
     );
 
     let model = model_with_dspark(Variant::Q8, "golden");
-    let mut s = Session::open_any(&model, plain_opts(true)).unwrap();
+    let mut s = Session::open_any(&model, draft::golden_opts(Some(DraftModel::Dspark))).unwrap();
     check_checkpoints(&mut s, &ids, &g, GOLDEN_CHECKPOINTS.len(), "V4");
 }
 
@@ -560,27 +505,13 @@ mod cuda_emu;
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_dspark_logits_and_exactness() {
-    match cuda_emu::install() {
-        Ok(d) => eprintln!("cuda on {d}"),
-        Err(e) => panic!("no CUDA driver or emulator: {e}"),
-    }
     let model = model_with_dspark(Variant::Q8, "cuda");
     let prompt = tokens(20, 3);
-    let mut r = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-    r.sync(&prompt, &mut |_, _| {}).unwrap();
-    let reference = r.draft_logits(7).unwrap();
-    let mut s = Session::open_any(&model, opts(BackendKind::Cuda, true)).unwrap();
-    s.sync(&prompt, &mut |_, _| {}).unwrap();
-    let d = max_abs_diff(&reference, &s.draft_logits(7).unwrap());
-    eprintln!("cuda: max |Δlogit| {d}");
-    assert!(d < 1e-4, "max |Δlogit| {d}");
+    let open = |b| Session::open_any(&model, opts(b, true)).unwrap();
+    let mut s = draft::cuda_draft_logits_match(cuda_emu::install(), &open, &prompt);
 
     let tok = Tokenizer::from_gguf(model.file()).unwrap();
-    let n_target = Session::open_any(&model, opts(BackendKind::CpuRef, false))
-        .unwrap()
-        .read_states()
-        .unwrap()
-        .len();
+    let n_target = draft::n_target_states(&model, &opts(BackendKind::CpuRef, false));
     let plain = run_n(&mut s, &tok, &prompt, 12, 0.0, None, n_target);
     let mut spec = Speculator::new(Box::new(ModelDrafter::DSPARK), Policy::fixed(4, 4));
     let got = run_n(&mut s, &tok, &prompt, 12, 0.0, Some(&mut spec), n_target);

@@ -14,12 +14,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::draft::{
-    self, backends_agree_on_draft_logits, check_top_logprobs, lazy_rings_equal_every_position,
-    run_n, Run,
+    self, assert_same_run, backends_agree_on_draft_logits, lazy_rings_equal_every_position, run_n,
+    Run,
 };
 use common::{max_abs_diff, tokens};
-use ds4::backend::{BackendKind, BackendOptions};
-use ds4::model::forward::Numerics;
+use ds4::backend::BackendKind;
 use ds4::model::{AnyModel, ModelFile};
 use ds4::session::{DraftModel, Session, SessionOptions};
 use ds4::speculate::draft_model::ModelDrafter;
@@ -62,19 +61,7 @@ fn long_context_with_mtp(tag: &str) -> AnyModel {
 }
 
 fn opts(backend: BackendKind, mtp: bool) -> SessionOptions {
-    SessionOptions {
-        ctx: 256,
-        prefill_chunk: 16,
-        numerics: Numerics::Model,
-        backend,
-        backend_options: BackendOptions::from_env(),
-        drafter: if mtp {
-            DraftModel::Mtp
-        } else {
-            DraftModel::None
-        },
-        ..Default::default()
-    }
+    draft::opts(backend, mtp.then_some(DraftModel::Mtp))
 }
 
 fn run(
@@ -95,9 +82,7 @@ fn run(
 fn mtp_equals_plain(backend: BackendKind, variant: Variant) {
     let model = AnyModel::V4(model_with_mtp(variant, &format!("{backend:?}")));
     let tok = Tokenizer::from_gguf(model.file()).unwrap();
-    let plain_layout = Session::open_any(&model, opts(backend, false)).unwrap();
-    let n_target = plain_layout.read_states().unwrap().len();
-    drop(plain_layout);
+    let n_target = draft::n_target_states(&model, &opts(backend, false));
     let mut s = Session::open_any(&model, opts(backend, true)).unwrap();
     assert!(s.has_draft_model());
     let prompt = tokens(40, 11);
@@ -119,12 +104,8 @@ fn mtp_equals_plain(backend: BackendKind, variant: Variant) {
                 n_target,
             );
             let what = format!("{backend:?} {variant:?} at temperature {temperature}");
-            assert_eq!(plain.tokens, got.tokens, "{what}: tokens");
+            assert_same_run(&plain, &got, &what);
             assert_eq!(plain.finish, got.finish, "{what}: finish");
-            assert_eq!(plain.rec.ids, got.rec.ids, "{what}: streamed ids");
-            assert_eq!(plain.rec.bytes, got.rec.bytes, "{what}: streamed bytes");
-            assert!(plain.logits == got.logits, "{what}: final logits");
-            assert!(plain.states == got.states, "{what}: target state");
             let st = spec.stats();
             if policy_fixed {
                 assert!(st.drafted > 0 && st.verify_steps > 0, "{what}: {st:?}");
@@ -281,26 +262,13 @@ fn cuda_mtp_logits_and_exactness() {
     use common::draft::Rec;
     use ds4::generate::{self, Sampled};
     use ds4::sampler::{Rng, SamplerConfig};
-    match cuda_emu::install() {
-        Ok(d) => eprintln!("cuda on {d}"),
-        Err(e) => panic!("no CUDA driver or emulator: {e}"),
-    }
     let model = AnyModel::V4(model_with_mtp(Variant::Q8, "cuda"));
     let prompt = tokens(20, 3);
-    let mut r = Session::open_any(&model, opts(BackendKind::CpuRef, true)).unwrap();
-    r.sync(&prompt, &mut |_, _| {}).unwrap();
-    let reference = r.draft_logits(7).unwrap();
-    let mut s = Session::open_any(&model, opts(BackendKind::Cuda, true)).unwrap();
-    s.sync(&prompt, &mut |_, _| {}).unwrap();
-    let d = max_abs_diff(&reference, &s.draft_logits(7).unwrap());
-    assert!(d < 1e-4, "max |Δlogit| {d}");
+    let open = |b| Session::open_any(&model, opts(b, true)).unwrap();
+    let mut s = draft::cuda_draft_logits_match(cuda_emu::install(), &open, &prompt);
 
     let tok = Tokenizer::from_gguf(model.file()).unwrap();
-    let n_target = Session::open_any(&model, opts(BackendKind::CpuRef, false))
-        .unwrap()
-        .read_states()
-        .unwrap()
-        .len();
+    let n_target = draft::n_target_states(&model, &opts(BackendKind::CpuRef, false));
     let short = |s: &mut Session, spec: Option<&mut Speculator>| {
         s.reset();
         s.sync(&prompt, &mut |_, _| {}).unwrap();
@@ -333,14 +301,6 @@ const MTP_GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/mtp-
 const GOLDEN_LEN: usize = 40;
 const GOLDEN_CHECKPOINTS: [usize; 4] = [5, 31, 32, 39];
 
-fn plain_opts(mtp: bool) -> SessionOptions {
-    SessionOptions {
-        numerics: Numerics::Plain,
-        prefill_chunk: 64,
-        ..opts(BackendKind::CpuRef, mtp)
-    }
-}
-
 /// The target's final states of the golden prompt (cpu-ref, plain
 /// numerics, one prefill step).
 fn golden_states(model: &AnyModel, ids: &[u32]) -> Vec<f32> {
@@ -350,7 +310,7 @@ fn golden_states(model: &AnyModel, ids: &[u32]) -> Vec<f32> {
     });
     let o = SessionOptions {
         dump: vec![name.clone()],
-        ..plain_opts(false)
+        ..draft::golden_opts(None)
     };
     let mut s = Session::open_any(model, o).unwrap();
     s.sync(ids, &mut |_, _| {}).unwrap();
@@ -365,8 +325,11 @@ fn write_mtp_golden_inputs() {
     let model = AnyModel::V4(common::tiny_model(Variant::Q8));
     let ids = tokens(GOLDEN_LEN + 1, 17);
     let states = golden_states(&model, &ids[..GOLDEN_LEN]);
-    let bytes: Vec<u8> = states.iter().flat_map(|x| x.to_le_bytes()).collect();
-    std::fs::write(format!("{MTP_GOLDEN}.states.bin"), bytes).unwrap();
+    std::fs::write(
+        format!("{MTP_GOLDEN}.states.bin"),
+        draft::f32_bytes(&states),
+    )
+    .unwrap();
     let json = serde_json::json!({ "ids": ids, "checkpoints": GOLDEN_CHECKPOINTS });
     std::fs::write(format!("{MTP_GOLDEN}.ids.json"), json.to_string()).unwrap();
 }
@@ -377,21 +340,11 @@ fn write_mtp_golden_inputs() {
 /// reference read are still the engine's.
 #[test]
 fn mtp_matches_reference() {
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{MTP_GOLDEN}.json")).unwrap())
-            .unwrap();
-    let ids: Vec<u32> = common::json_uints(&g["ids"])
-        .iter()
-        .map(|&i| i as u32)
-        .collect();
+    let (g, ids) = draft::read_golden(MTP_GOLDEN);
     assert_eq!(ids.len(), GOLDEN_LEN + 1);
     let base = common::tiny_model(Variant::Q8);
     let plain = AnyModel::V4(base.clone());
-    let committed: Vec<f32> = std::fs::read(format!("{MTP_GOLDEN}.states.bin"))
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let committed = draft::read_f32s(&format!("{MTP_GOLDEN}.states.bin"));
     let ours = golden_states(&plain, &ids[..GOLDEN_LEN]);
     let d = max_abs_diff(&ours, &committed);
     assert!(
@@ -400,15 +353,13 @@ fn mtp_matches_reference() {
     );
 
     let model = AnyModel::V4(model_with_mtp(Variant::Q8, "golden"));
-    let mut s = Session::open_any(&model, plain_opts(true)).unwrap();
-    let cps = g["checkpoints"].as_array().unwrap();
-    assert_eq!(cps.len(), GOLDEN_CHECKPOINTS.len());
-    for cp in cps {
-        let p = cp["position"].as_u64().unwrap() as usize;
-        s.reset();
-        s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
-        let logits = s.draft_logits(ids[p + 1]).unwrap();
-        let worst = check_top_logprobs(&logits, cp, 1e-4, &format!("row {p}"));
-        eprintln!("row {p}: max |Δ log-prob| over the top 20 {worst:.2e}");
-    }
+    let mut s = Session::open_any(&model, draft::golden_opts(Some(DraftModel::Mtp))).unwrap();
+    draft::check_checkpoints(
+        &mut s,
+        &ids,
+        &g,
+        GOLDEN_CHECKPOINTS.len(),
+        &|p| format!("row {p}"),
+        &mut |_, _, _| {},
+    );
 }

@@ -9,7 +9,6 @@
 mod common;
 
 use std::process::Command;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use common::in_process::tiny_worker_with;
@@ -59,17 +58,11 @@ fn state(
     queue: ds4::server::worker::Queue,
     metrics: Arc<ds4::server::metrics::Metrics>,
 ) -> Arc<State> {
-    Arc::new(State {
-        queue,
-        metrics,
-        opts: HttpOptions {
-            ctx: CTX,
-            default_tokens: 24,
-            allow_script: true,
-            ..HttpOptions::default()
-        },
-        counter: AtomicU64::new(0),
-    })
+    let opts = HttpOptions {
+        allow_script: true,
+        ..HttpOptions::default()
+    };
+    common::in_process::routes_state(queue, metrics, CTX, opts)
 }
 
 fn lookup() -> Speculator {
@@ -79,15 +72,9 @@ fn lookup() -> Speculator {
 }
 
 async fn post(state: &Arc<State>, path: &str, body: &Value) -> String {
-    let r = warp::test::request()
-        .method("POST")
-        .path(path)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .reply(&routes::routes(state.clone()))
-        .await;
-    assert_eq!(r.status(), 200, "{:?}", r.body());
-    String::from_utf8(r.body().to_vec()).unwrap()
+    let (status, text) = common::in_process::post(state, path, body).await;
+    assert_eq!(status, 200, "{text:?}");
+    text
 }
 
 async fn metrics(state: &Arc<State>) -> String {
@@ -242,53 +229,29 @@ fn the_cli_prints_the_same_text() {
     let mtp = mtp.to_str().unwrap();
     let dspark = dspark_file("cli");
     let dspark = dspark.to_str().unwrap();
+    let mtp = ["--mtp", "--mtp-model", mtp, "--draft", "3", "--draft-fixed"];
+    let dspark = [
+        "--dspark",
+        "--mtp-model",
+        dspark,
+        "--draft",
+        "4",
+        "--draft-fixed",
+    ];
+    let mtp_streaming = [&mtp[..], &["--ssd-streaming"]].concat();
+    let dspark_streaming = [&dspark[..], &["--ssd-streaming"]].concat();
     for (extra, name) in [
         (&["--spec", "lookup"][..], "lookup"),
         (
             &["--spec", "lookup", "--draft", "8", "--draft-fixed"],
             "lookup",
         ),
-        (
-            &["--mtp", "--mtp-model", mtp, "--draft", "3", "--draft-fixed"],
-            "mtp",
-        ),
+        (&mtp, "mtp"),
         // A 64 GB Mac's combination: the model file's experts stream.
-        (
-            &[
-                "--mtp",
-                "--mtp-model",
-                mtp,
-                "--draft",
-                "3",
-                "--draft-fixed",
-                "--ssd-streaming",
-            ],
-            "mtp",
-        ),
-        (
-            &[
-                "--dspark",
-                "--mtp-model",
-                dspark,
-                "--draft",
-                "4",
-                "--draft-fixed",
-            ],
-            "dspark",
-        ),
+        (&mtp_streaming, "mtp"),
+        (&dspark, "dspark"),
         // The drafter's experts live in its file and are read whole.
-        (
-            &[
-                "--dspark",
-                "--mtp-model",
-                dspark,
-                "--draft",
-                "4",
-                "--draft-fixed",
-                "--ssd-streaming",
-            ],
-            "dspark",
-        ),
+        (&dspark_streaming, "dspark"),
     ] {
         let mut args = base.to_vec();
         args.extend_from_slice(extra);

@@ -115,19 +115,7 @@ fn a_budget_below_one_tokens_experts_is_refused_with_the_minimum() {
 /// Whether a wgpu adapter (lavapipe in CI) opens; with `CI` set and none,
 /// a failure rather than a skip.
 fn have_gpu() -> bool {
-    match ds4::backend::wgpu::Gpu::shared(&BackendOptions::from_env(), true) {
-        Ok(g) => {
-            eprintln!("wgpu device: {}", g.describe());
-            true
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set but no wgpu adapter opened: {e}");
-            }
-            eprintln!("skipping wgpu: {e}");
-            false
-        }
-    }
+    common::have_wgpu()
 }
 
 /// A GPU backend keeps the cache in device slots and uploads misses:

@@ -12,7 +12,6 @@ mod common;
 
 use common::in_process::tiny_worker;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use ds4::server::job;
@@ -25,30 +24,17 @@ const CTX: usize = 1024;
 
 fn server() -> Arc<State> {
     let (queue, metrics, _) = tiny_worker(CTX, Box::new(job::NoCache));
-    Arc::new(State {
-        queue,
-        metrics,
-        opts: HttpOptions {
-            ctx: CTX,
-            default_tokens: 24,
-            max_body_bytes: 1 << 20,
-            ..HttpOptions::default()
-        },
-        counter: AtomicU64::new(0),
-    })
+    let opts = HttpOptions {
+        max_body_bytes: 1 << 20,
+        ..HttpOptions::default()
+    };
+    common::in_process::routes_state(queue, metrics, CTX, opts)
 }
 
 async fn post(state: &Arc<State>, path: &str, body: &Value) -> (u16, Value) {
-    let r = warp::test::request()
-        .method("POST")
-        .path(path)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .reply(&routes::routes(state.clone()))
-        .await;
-    let text = String::from_utf8(r.body().to_vec()).unwrap();
+    let (status, text) = common::in_process::post(state, path, body).await;
     let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (r.status().as_u16(), v)
+    (status, v)
 }
 
 fn chat(format: Value, max_tokens: u32, sampled: Option<u64>) -> Value {

@@ -5,41 +5,25 @@
 
 use std::sync::Arc;
 
-use ds4::backend::{self, Backend, BackendKind, BackendOptions, GraphHandle};
-use ds4::graph::{StepParams, ValueName};
+use ds4::backend::BackendKind;
 use ds4::model::forward::Numerics;
-use ds4::model::logits::Logits;
 use ds4::model::v41::engram::{hash_rows, EngramHistory};
 use ds4::model::v41::engram_reader::EngramReader;
-use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLayout};
+use ds4::model::v41::forward::{engram_input, V41KvLayout};
 use ds4::model::v41::V41ModelFile;
 use serde_json::Value;
 
 mod common;
-use common::v41::{golden, ids_of, log_softmax, tiny as model};
+use common::v41::{
+    check_candidate_rows, check_topk, first_argmax, forward_options, golden, ids_of, keep_names,
+    load, log_softmax, step_logits, tiny as model, top_dlogprobs, worst_per_position,
+};
 
 struct Run {
     logits: Vec<Vec<f32>>,
     /// index_selected@L per position (prefill only).
     selected: Vec<(usize, Vec<Vec<i32>>)>,
     blocks: Vec<Vec<i32>>,
-}
-
-fn keep_names(m: &V41ModelFile) -> Vec<ValueName> {
-    let mut v: Vec<ValueName> = m
-        .config
-        .index_source_layers
-        .iter()
-        .map(|&l| ValueName {
-            name: "index_selected".into(),
-            layer: Some(l),
-        })
-        .collect();
-    v.push(ValueName {
-        name: "candidate_blocks".into(),
-        layer: m.config.candidate_source,
-    });
-    v
 }
 
 /// Runs `ids` in steps of `step` tokens on cpu-ref.
@@ -49,22 +33,8 @@ fn run(m: &Arc<V41ModelFile>, ids: &[u32], step: usize) -> Run {
 
 fn run_on(kind: BackendKind, m: &Arc<V41ModelFile>, ids: &[u32], step: usize) -> Run {
     let kv = V41KvLayout::new(&m.config, 128);
-    let opts = V41ForwardOptions {
-        numerics: Numerics::Plain,
-        logits: Logits::All,
-        keep: keep_names(m),
-        engram_from_host: false,
-    };
-    let g = Arc::new(record(&m.config, &m.weights, &kv, step, &opts));
-    let mut b: Box<dyn Backend> = backend::open(
-        kind,
-        m.clone(),
-        kv.layout.clone(),
-        &BackendOptions::default(),
-    )
-    .unwrap()
-    .backend;
-    let h: GraphHandle = b.load_graph(g.clone()).unwrap();
+    let opts = forward_options(Numerics::Plain, keep_names(m), false);
+    let (mut b, g, h) = load(kind, m, &kv, step, &opts);
     let vocab = m.config.n_vocab;
     let mut out = Run {
         logits: Vec::new(),
@@ -73,12 +43,7 @@ fn run_on(kind: BackendKind, m: &Arc<V41ModelFile>, ids: &[u32], step: usize) ->
     };
     let sel_ids: Vec<_> = keep_names(m).iter().map(|n| g.find(n).unwrap()).collect();
     for (i, chunk) in ids.chunks(step).enumerate() {
-        let p = StepParams {
-            pos0: i * step,
-            n_tokens: chunk.len(),
-        };
-        b.run(h, chunk, p).unwrap();
-        let l = b.read_value(h, g.logits).unwrap();
+        let l = step_logits(&mut *b, h, &g, chunk, i * step);
         out.logits.extend(l.chunks(vocab).map(|r| r.to_vec()));
         if step == ids.len() {
             for (k, &layer) in m.config.index_source_layers.iter().enumerate() {
@@ -103,23 +68,9 @@ fn run_on(kind: BackendKind, m: &Arc<V41ModelFile>, ids: &[u32], step: usize) ->
 
 /// Worst |Δ log-prob| over the golden's top-20 at every position.
 fn compare(p: &Value, logits: &[Vec<f32>]) -> f64 {
-    let top_ids = p["top_ids"].as_array().unwrap();
-    let top_lp = p["top_logprobs"].as_array().unwrap();
-    assert_eq!(logits.len(), top_ids.len());
-    let mut worst = 0f64;
-    for (t, row) in logits.iter().enumerate() {
-        let lp = log_softmax(row);
-        for (id, want) in top_ids[t]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(top_lp[t].as_array().unwrap())
-        {
-            let d = (lp[id.as_u64().unwrap() as usize] - want.as_f64().unwrap()).abs();
-            worst = worst.max(d);
-        }
-    }
-    worst
+    worst_per_position(p, logits)
+        .into_iter()
+        .fold(0f64, f64::max)
 }
 
 #[test]
@@ -137,37 +88,12 @@ fn v41_graph_matches_the_reference_at_every_position() {
         );
         // Choices first: a different row or block explains any logit gap.
         for (layer, sel) in &prefill.selected {
-            let want = &p["topk"][layer.to_string()];
-            for (t, row) in sel.iter().enumerate() {
-                let w: Vec<i32> = want[t]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_i64().unwrap() as i32)
-                    .collect();
-                assert_eq!(row, &w, "{name}: layer {layer} top-k at position {t}");
-            }
+            check_topk(p, *layer, sel, name);
         }
         // The reference lists every row of a kept block up to the prompt's
         // compressed length.
         let src = m.config.candidate_source.unwrap();
-        let n_rows = ids.len() / m.config.compress_ratios[src];
-        let bs = m.config.candidate_block_size;
-        for (t, blocks) in prefill.blocks.iter().enumerate() {
-            let rows: Vec<i64> = blocks
-                .iter()
-                .filter(|&&b| b >= 0)
-                .flat_map(|&b| b as usize * bs..((b as usize + 1) * bs).min(n_rows))
-                .map(|r| r as i64)
-                .collect();
-            let want: Vec<i64> = p["candidates"][src.to_string()][t]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_i64().unwrap())
-                .collect();
-            assert_eq!(rows, want, "{name}: candidate rows at position {t}");
-        }
+        check_candidate_rows(&m, p, src, &prefill.blocks, name);
         assert!(
             worst < 1e-4,
             "{name}: prefill differs from the reference by {worst:.3e}"
@@ -212,23 +138,9 @@ fn v41_graph_with_engram_rows_read_by_the_host() {
     let ids = ids_of(p);
     let cfg = &m.config;
     let kv = V41KvLayout::new(cfg, 128);
-    let opts = V41ForwardOptions {
-        numerics: Numerics::Plain,
-        logits: Logits::All,
-        keep: Vec::new(),
-        engram_from_host: true,
-    };
-    let graph = Arc::new(record(cfg, &m.weights, &kv, 1, &opts));
+    let opts = forward_options(Numerics::Plain, Vec::new(), true);
+    let (mut b, graph, h) = load(BackendKind::CpuRef, &m, &kv, 1, &opts);
     assert!(graph.ops().all(|op| op.name() != "engram_lookup"));
-    let mut b = backend::open(
-        BackendKind::CpuRef,
-        m.clone(),
-        kv.layout.clone(),
-        &BackendOptions::default(),
-    )
-    .unwrap()
-    .backend;
-    let h = b.load_graph(graph.clone()).unwrap();
     let eg = &cfg.engram;
     let mut reader = EngramReader::open(m.file.path(), eg, &m.weights, 64).unwrap();
     let mut hist = EngramHistory::new(eg);
@@ -246,16 +158,7 @@ fn v41_graph_with_engram_rows_read_by_the_host() {
             b.write_value(h, engram_input(&graph, l).unwrap(), &buf)
                 .unwrap();
         }
-        b.run(
-            h,
-            &[tok],
-            StepParams {
-                pos0: pos,
-                n_tokens: 1,
-            },
-        )
-        .unwrap();
-        logits.push(b.read_value(h, graph.logits).unwrap());
+        logits.push(step_logits(&mut *b, h, &graph, &[tok], pos));
     }
     let worst = compare(p, &logits);
     let st = reader.stats();
@@ -297,62 +200,18 @@ fn at_3000_tokens(kind: BackendKind, what: &str) {
     let cfg = &m.config;
     let kv = V41KvLayout::new(cfg, ids.len() + 16);
     let step = 256;
-    let opts = V41ForwardOptions {
-        numerics: Numerics::Plain,
-        logits: Logits::All,
-        keep: Vec::new(),
-        engram_from_host: false,
-    };
-    let graph = Arc::new(record(cfg, &m.weights, &kv, step, &opts));
-    let mut b = backend::open(
-        kind,
-        m.clone(),
-        kv.layout.clone(),
-        &BackendOptions::default(),
-    )
-    .unwrap()
-    .backend;
-    let h = b.load_graph(graph.clone()).unwrap();
+    let opts = forward_options(Numerics::Plain, Vec::new(), false);
+    let (mut b, graph, h) = load(kind, &m, &kv, step, &opts);
     let t0 = std::time::Instant::now();
     let mut diffs = Vec::with_capacity(ids.len());
-    let (top_ids, top_lp) = (
-        p["top_ids"].as_array().unwrap(),
-        p["top_logprobs"].as_array().unwrap(),
-    );
     let mut argmax_agree = 0;
     for (i, chunk) in ids.chunks(step).enumerate() {
-        b.run(
-            h,
-            chunk,
-            StepParams {
-                pos0: i * step,
-                n_tokens: chunk.len(),
-            },
-        )
-        .unwrap();
-        let l = b.read_value(h, graph.logits).unwrap();
+        let l = step_logits(&mut *b, h, &graph, chunk, i * step);
         for (j, row) in l.chunks(cfg.n_vocab).enumerate() {
             let t = i * step + j;
-            let lp = log_softmax(row);
-            let mut worst = 0f64;
-            for (id, want) in top_ids[t]
-                .as_array()
-                .unwrap()
-                .iter()
-                .zip(top_lp[t].as_array().unwrap())
-            {
-                worst =
-                    worst.max((lp[id.as_u64().unwrap() as usize] - want.as_f64().unwrap()).abs());
-            }
+            let worst = top_dlogprobs(p, t, &log_softmax(row)).fold(0f64, f64::max);
             diffs.push(worst);
-            let am = row
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |a, (k, &x)| if x > a.1 { (k, x) } else { a },
-                )
-                .0;
+            let am = first_argmax(row);
             if am as u64 == p["argmax"][t].as_u64().unwrap() {
                 argmax_agree += 1;
             }

@@ -17,7 +17,7 @@ mod cuda_emu;
 use std::sync::Arc;
 
 use ds4::backend::wgpu::WgpuBackend;
-use ds4::backend::{self, Backend, BackendKind, BackendOptions};
+use ds4::backend::{Backend, BackendKind, BackendOptions};
 use ds4::graph::{Graph, StepParams, ValueName};
 use ds4::model::forward::Numerics;
 use ds4::model::logits::Logits;
@@ -27,7 +27,10 @@ use ds4::model::v41::forward::{engram_input, record, V41ForwardOptions, V41KvLay
 use ds4::model::v41::V41ModelFile;
 use serde_json::Value;
 
-use common::v41::{check_model, compare, golden, ids_of, log_softmax, tiny as model};
+use common::v41::{
+    check_candidate_rows, check_model, check_topk, compare, first_argmax, forward_options, golden,
+    ids_of, keep_names, step_logits, tiny as model, try_open, worst_per_position as diffs,
+};
 
 /// Worst |Δ log-prob| allowed at any position against the float64 golden
 /// (the CPU backends stay below 5e-7; f32 GPU sums and transcendental
@@ -36,44 +39,14 @@ use common::v41::{check_model, compare, golden, ids_of, log_softmax, tiny as mod
 /// `cpu-ref`).
 const MAX_DLOGPROB: f64 = ds4::app::selfcheck::e2e::V41_MAX_DLOGPROB as f64;
 
-/// |Δ log-prob| over the golden's listed ids, per position.
-fn diffs(p: &Value, logits: &[Vec<f32>]) -> Vec<f64> {
-    let (top_ids, top_lp) = (
-        p["top_ids"].as_array().unwrap(),
-        p["top_logprobs"].as_array().unwrap(),
-    );
-    assert_eq!(logits.len(), top_ids.len());
-    logits
-        .iter()
-        .enumerate()
-        .map(|(t, row)| {
-            let lp = log_softmax(row);
-            top_ids[t]
-                .as_array()
-                .unwrap()
-                .iter()
-                .zip(top_lp[t].as_array().unwrap())
-                .map(|(id, want)| {
-                    (lp[id.as_u64().unwrap() as usize] - want.as_f64().unwrap()).abs()
-                })
-                .fold(0.0, f64::max)
-        })
-        .collect()
-}
-
 fn worst(d: &[f64]) -> f64 {
     d.iter().cloned().fold(0.0, f64::max)
 }
 
 /// Opens `kind`, or says why not: `None` skips (outside CI).
 fn open(kind: BackendKind, m: &Arc<V41ModelFile>, kv: &V41KvLayout) -> Option<Box<dyn Backend>> {
-    match backend::open(
-        kind,
-        m.clone(),
-        kv.layout.clone(),
-        &BackendOptions::default(),
-    ) {
-        Ok(o) => Some(o.backend),
+    match try_open(kind, m, kv) {
+        Ok(b) => Some(b),
         Err(e) if std::env::var_os("CI").is_some() && kind == BackendKind::Wgpu => {
             panic!("CI is set but {kind:?} did not open: {e}")
         }
@@ -92,23 +65,6 @@ struct Run {
     /// `(name@layer, per position)`: index_selected and candidate_blocks
     /// of the one step, when the whole prompt was one step.
     choices: Vec<(ValueName, Vec<Vec<i32>>)>,
-}
-
-fn keep_names(m: &V41ModelFile) -> Vec<ValueName> {
-    let mut v: Vec<ValueName> = m
-        .config
-        .index_source_layers
-        .iter()
-        .map(|&l| ValueName {
-            name: "index_selected".into(),
-            layer: Some(l),
-        })
-        .collect();
-    v.push(ValueName {
-        name: "candidate_blocks".into(),
-        layer: m.config.candidate_source,
-    });
-    v
 }
 
 /// Runs `ids` in steps of `step` on `b`, the Engram rows hashed and read
@@ -144,12 +100,7 @@ fn run_host_fed(
             b.write_value(h, engram_input(graph, l).unwrap(), &buf)
                 .unwrap();
         }
-        let p = StepParams {
-            pos0: i * step,
-            n_tokens: chunk.len(),
-        };
-        b.run(h, chunk, p).unwrap();
-        let l = b.read_value(h, graph.logits).unwrap();
+        let l = step_logits(b, h, graph, chunk, i * step);
         let rows: Vec<Vec<f32>> = l.chunks(cfg.n_vocab).map(|r| r.to_vec()).collect();
         // A last-row graph gives one row for the step's last token.
         let first = i * step + chunk.len() - rows.len().min(chunk.len());
@@ -186,11 +137,10 @@ fn graph_with(
     logits: Logits,
     numerics: Numerics,
 ) -> Arc<Graph> {
+    let keep = if keep { keep_names(m) } else { Vec::new() };
     let opts = V41ForwardOptions {
-        numerics,
         logits,
-        keep: if keep { keep_names(m) } else { Vec::new() },
-        engram_from_host: true,
+        ..forward_options(numerics, keep, true)
     };
     Arc::new(record(&m.config, &m.weights, kv, step, &opts))
 }
@@ -198,42 +148,13 @@ fn graph_with(
 /// The prefill's choices against the golden: every index source's top-k
 /// and the rows of the candidate source's kept blocks.
 fn check_choices(m: &V41ModelFile, p: &Value, run: &Run, what: &str) {
-    let name = p["name"].as_str().unwrap();
-    let n = ids_of(p).len();
+    let label = format!("{what} {}", p["name"].as_str().unwrap());
     for (vn, per_pos) in &run.choices {
         let layer = vn.layer.unwrap();
         if vn.name == "index_selected" {
-            let want = &p["topk"][layer.to_string()];
-            for (t, row) in per_pos.iter().enumerate() {
-                let w: Vec<i32> = want[t]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_i64().unwrap() as i32)
-                    .collect();
-                assert_eq!(
-                    row, &w,
-                    "{what} {name}: layer {layer} top-k at position {t}"
-                );
-            }
+            check_topk(p, layer, per_pos, &label);
         } else {
-            let bs = m.config.candidate_block_size;
-            let n_rows = n / m.config.compress_ratios[layer];
-            for (t, blocks) in per_pos.iter().enumerate() {
-                let rows: Vec<i64> = blocks
-                    .iter()
-                    .filter(|&&b| b >= 0)
-                    .flat_map(|&b| b as usize * bs..((b as usize + 1) * bs).min(n_rows))
-                    .map(|r| r as i64)
-                    .collect();
-                let want: Vec<i64> = p["candidates"][layer.to_string()][t]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_i64().unwrap())
-                    .collect();
-                assert_eq!(rows, want, "{what} {name}: candidate rows at position {t}");
-            }
+            check_candidate_rows(m, p, layer, per_pos, &label);
         }
     }
 }
@@ -544,14 +465,7 @@ fn long_context(kind: BackendKind, what: &str, n: usize, step: usize, logits: Lo
         .iter()
         .zip(&run.positions)
         .filter(|(row, &t)| {
-            let am = row
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |a, (k, &x)| if x > a.1 { (k, x) } else { a },
-                )
-                .0;
+            let am = first_argmax(row);
             // A near-tie in the golden (top two within the tolerance) may
             // go either way in f32.
             let lp = p["top_logprobs"][t].as_array().unwrap();

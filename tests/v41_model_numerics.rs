@@ -20,15 +20,15 @@
 
 use std::sync::Arc;
 
-use ds4::backend::{self, BackendKind, BackendOptions};
-use ds4::graph::StepParams;
+use ds4::backend::BackendKind;
 use ds4::model::forward::Numerics;
-use ds4::model::logits::Logits;
-use ds4::model::v41::forward::{record, V41ForwardOptions, V41KvLayout};
+use ds4::model::v41::forward::V41KvLayout;
 use ds4::model::v41::V41ModelFile;
 
 mod common;
-use common::v41::{check_model, compare, golden, ids_of, tiny as model};
+use common::v41::{
+    check_model, compare, forward_options, golden, ids_of, load, step_logits, tiny as model,
+};
 
 /// The logits at every position of `ids`, in steps of `step`, on `kind`
 /// under `numerics` (every official step, the routed experts' w2 input
@@ -41,31 +41,12 @@ fn run(
     numerics: Numerics,
 ) -> Vec<Vec<f32>> {
     let kv = V41KvLayout::new(&m.config, ids.len() + 16);
-    let opts = V41ForwardOptions {
-        numerics,
-        logits: Logits::All,
-        keep: Vec::new(),
-        engram_from_host: false,
-    };
-    let g = Arc::new(record(&m.config, &m.weights, &kv, step, &opts));
-    let mut b = backend::open(
-        kind,
-        m.clone(),
-        kv.layout.clone(),
-        &BackendOptions::default(),
-    )
-    .unwrap()
-    .backend;
-    let h = b.load_graph(g.clone()).unwrap();
+    let opts = forward_options(numerics, Vec::new(), false);
+    let (mut b, g, h) = load(kind, m, &kv, step, &opts);
     let vocab = m.config.n_vocab;
     let mut out = Vec::with_capacity(ids.len());
     for (i, chunk) in ids.chunks(step).enumerate() {
-        let p = StepParams {
-            pos0: i * step,
-            n_tokens: chunk.len(),
-        };
-        b.run(h, chunk, p).unwrap();
-        let l = b.read_value(h, g.logits).unwrap();
+        let l = step_logits(&mut *b, h, &g, chunk, i * step);
         out.extend(l.chunks(vocab).map(|r| r.to_vec()));
     }
     out

@@ -28,6 +28,19 @@ use common::server::{get, json_body, launch, lock_file, post, START_BOUND};
 
 const CTX: usize = 256;
 
+/// `ds4-server -m <tiny V4.1 model>` on a free port, context 512, 8 tokens
+/// per answer, cpu-ref, no API key; the caller adds the rest.
+fn v41_server() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
+    cmd.env("DS4_LOCK_FILE", lock_file())
+        .env_remove("DS4_API_KEY")
+        .arg("-m")
+        .arg(v41_path())
+        .args(["--port", "0", "--ctx", "512", "-n", "8"])
+        .args(["--backend", "cpu-ref"]);
+    cmd
+}
+
 /// The tiny V4.1 model (`ds4-make-test-model --arch deepseek41`), made
 /// once per build tree.
 fn v41_path() -> PathBuf {
@@ -516,23 +529,8 @@ fn ds4_server_serves_the_tiny_v41_model() {
     let dir = common::fresh_dir("v41-session", "server-cache");
     // A V4 checkpoint already in the folder, for the same text the V4.1
     // server will render: it must be left alone.
-    let m = v41_path();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
-    cmd.env("DS4_LOCK_FILE", lock_file())
-        .env_remove("DS4_API_KEY")
-        .arg("-m")
-        .arg(&m)
-        .args([
-            "--port",
-            "0",
-            "--ctx",
-            "512",
-            "-n",
-            "8",
-            "--backend",
-            "cpu-ref",
-        ])
-        .args(["--think-level", "40", "--kv-disk-dir"])
+    let mut cmd = v41_server();
+    cmd.args(["--think-level", "40", "--kv-disk-dir"])
         .arg(&dir)
         .args(common::server::SMALL_SAVES);
     let log = common::server::temp_path("v41-server");
@@ -716,13 +714,8 @@ fn v41_batch_slots_equal_their_sessions_run_alone() {
 #[test]
 fn ds4_server_serves_v41_requests_in_slots() {
     let dir = common::fresh_dir("v41-session", "slots-cache");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
-    cmd.env("DS4_LOCK_FILE", lock_file())
-        .env_remove("DS4_API_KEY")
-        .arg("-m")
-        .arg(v41_path())
-        .args(["--port", "0", "--ctx", "512", "-n", "8"])
-        .args(["--backend", "cpu-ref", "--batched-session", "3"])
+    let mut cmd = v41_server();
+    cmd.args(["--batched-session", "3"])
         .args(["--mixed-prefill-quantum", "16", "--kv-disk-dir"])
         .arg(&dir)
         .args(common::server::SMALL_SAVES);
@@ -1124,25 +1117,9 @@ fn strict_tool_grammar_uses_each_dialects_spelling() {
 /// the schema.
 #[test]
 fn ds4_server_forces_a_strict_tool_call_in_v41_tags() {
-    let m = v41_path();
     let trace = common::server::temp_path("v41-strict-trace");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds4-server"));
-    cmd.env("DS4_LOCK_FILE", lock_file())
-        .env_remove("DS4_API_KEY")
-        .arg("-m")
-        .arg(&m)
-        .args([
-            "--port",
-            "0",
-            "--ctx",
-            "512",
-            "-n",
-            "8",
-            "--backend",
-            "cpu-ref",
-        ])
-        .arg("--trace")
-        .arg(&trace);
+    let mut cmd = v41_server();
+    cmd.arg("--trace").arg(&trace);
     let log = common::server::temp_path("v41-strict-server");
     let s = launch(cmd, log, START_BOUND);
     let tool = json!({"type": "function", "function": {"name": "weather", "description": "t",

@@ -44,16 +44,7 @@ fn options(f16: bool) -> BackendOptions {
 }
 
 fn gpu() -> Option<std::sync::Arc<Gpu>> {
-    match Gpu::shared(&BackendOptions::from_env(), true) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set but no wgpu adapter opened: {e}");
-            }
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
+    common::shared_gpu()
 }
 
 /// Whether the device can store f16 rows.

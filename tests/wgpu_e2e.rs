@@ -19,7 +19,6 @@ use common::{argmax, max_dlogprob, session_on as session};
 use std::sync::Arc;
 
 use common::{long_context_model, tiny_model, tokens};
-use ds4::backend::wgpu::Gpu;
 use ds4::backend::{BackendKind, BackendOptions};
 use ds4::graph::ValueName;
 use ds4::model::forward::{self, ForwardOptions, Numerics};
@@ -33,19 +32,7 @@ use ds4::app::selfcheck::e2e::MAX_DLOGPROB;
 
 /// Whether the GPU half runs (`CI` set and no adapter: panic).
 fn have_gpu() -> bool {
-    match Gpu::shared(&BackendOptions::from_env(), true) {
-        Ok(g) => {
-            eprintln!("wgpu device: {}", g.describe());
-            true
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set but no wgpu adapter opened: {e}");
-            }
-            eprintln!("skipping: {e}");
-            false
-        }
-    }
+    common::have_wgpu()
 }
 
 /// Keep-all mode: runs `toks` on the CPU and on wgpu with every value of the
@@ -181,13 +168,7 @@ fn check_prefill_then_decode(v: Variant, numerics: Numerics, n: usize, chunk: us
     let mut g = session(v, numerics, BackendKind::Wgpu, 512, chunk);
     c.sync(&toks[..n], &mut |_, _| {}).unwrap();
     g.sync(&toks[..n], &mut |_, _| {}).unwrap();
-    let vocab = c.n_vocab();
-    let mut d = max_dlogprob(g.logits(), c.logits(), vocab);
-    for &t in &toks[n..] {
-        c.eval(t).unwrap();
-        g.eval(t).unwrap();
-        d = d.max(max_dlogprob(g.logits(), c.logits(), vocab));
-    }
+    let d = common::decode_max_dlogprob(&mut g, &mut c, &toks[n..]);
     eprintln!(
         "{v:?} {numerics:?}: {n} tokens in chunks of {chunk} + 1 decoded: max |Δ log-prob| {d:e}"
     );
@@ -251,13 +232,7 @@ fn decode_snapshot_and_greedy_continuation_match_the_cpu() {
         c.sync(head, &mut |_, _| {}).unwrap();
         g.sync(head, &mut |_, _| {}).unwrap();
         let snap = g.save_snapshot().unwrap();
-        let vocab = c.n_vocab();
-        let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
-        for &t in tail {
-            c.eval(t).unwrap();
-            g.eval(t).unwrap();
-            worst = worst.max(max_dlogprob(g.logits(), c.logits(), vocab));
-        }
+        let worst = common::decode_max_dlogprob(&mut g, &mut c, tail);
         eprintln!("{v:?}: token-by-token decode: max |Δ log-prob| {worst:e}");
         assert!(worst <= MAX_DLOGPROB, "{v:?}: decode {worst:e}");
         // Snapshot taken on the GPU, restored on the GPU, continued.
@@ -266,7 +241,7 @@ fn decode_snapshot_and_greedy_continuation_match_the_cpu() {
         for &t in tail {
             r.eval(t).unwrap();
         }
-        let d = max_dlogprob(r.logits(), c.logits(), vocab);
+        let d = max_dlogprob(r.logits(), c.logits(), c.n_vocab());
         eprintln!("{v:?}: after snapshot restore: max |Δ log-prob| {d:e}");
         assert!(d <= MAX_DLOGPROB, "{v:?}: restored {d:e}");
         // Greedy continuation from the same state.
@@ -294,13 +269,7 @@ fn long_context_wraps_the_window_and_indexes_many_rows() {
     let mut g = session(Variant::Q8, Numerics::Model, BackendKind::Wgpu, 1152, 550);
     c.sync(&toks, &mut |_, _| {}).unwrap();
     g.sync(&toks, &mut |_, _| {}).unwrap();
-    let vocab = c.n_vocab();
-    let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
-    for &t in &tokens(2, 5) {
-        c.eval(t).unwrap();
-        g.eval(t).unwrap();
-        worst = worst.max(max_dlogprob(g.logits(), c.logits(), vocab));
-    }
+    let worst = common::decode_max_dlogprob(&mut g, &mut c, &tokens(2, 5));
     eprintln!("long context (1100 + 2 tokens): max |Δ log-prob| {worst:e}");
     assert!(worst <= MAX_DLOGPROB, "long context: {worst:e}");
     let _ = Arc::strong_count(&tiny_model(Variant::Q8));
@@ -386,13 +355,7 @@ fn long_context_default_prefill_steps_match_the_cpu() {
     let mut g = long_session(BackendKind::Wgpu, n + 2, 2048);
     c.sync(&toks[..n], &mut |_, _| {}).unwrap();
     g.sync(&toks[..n], &mut |_, _| {}).unwrap();
-    let vocab = c.n_vocab();
-    let mut worst = max_dlogprob(g.logits(), c.logits(), vocab);
-    for &t in &toks[n..] {
-        c.eval(t).unwrap();
-        g.eval(t).unwrap();
-        worst = worst.max(max_dlogprob(g.logits(), c.logits(), vocab));
-    }
+    let worst = common::decode_max_dlogprob(&mut g, &mut c, &toks[n..]);
     eprintln!(
         "long-context model, {n} tokens in steps of 2048 + 2 decoded: max |Δ log-prob| {worst:e}"
     );

@@ -175,6 +175,44 @@ fn run_pass(gpu: &Gpu, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
     gpu.wait().expect("no device error");
 }
 
+/// The upload limit for chunks of `units` (rows or experts) of
+/// `unit_bytes` each, or the device's binding limit.
+fn chunk_limit(gpu: &Gpu, unit_bytes: usize, units: Option<usize>) -> u64 {
+    units.map_or(gpu.max_binding(), |u| (u * unit_bytes + 8) as u64)
+}
+
+/// `t`, `n` units uploaded in chunks of `per_chunk`, has as many chunks as
+/// that takes.
+fn assert_chunks(t: &GpuTensor, n: usize, per_chunk: Option<usize>, what: &str) {
+    if let Some(u) = per_chunk {
+        assert_eq!(t.chunks.len(), n.div_ceil(u), "{what}");
+    }
+}
+
+/// A product's buffers: the input `x`, an output of `out_len` values
+/// poisoned with NaN (what the kernel does not write stays NaN), and the
+/// step uniform of `n_tokens`.
+fn io_buffers(gpu: &Gpu, x: &[f32], out_len: usize, n_tokens: usize) -> [wgpu::Buffer; 3] {
+    [
+        storage(gpu, x),
+        storage(gpu, &vec![f32::NAN; out_len]),
+        step(gpu, n_tokens as u32),
+    ]
+}
+
+/// Runs the pass `f` encodes and reads `out` back, with the seconds that
+/// took.
+fn run_and_read(
+    gpu: &Gpu,
+    out: &wgpu::Buffer,
+    f: impl FnOnce(&mut wgpu::ComputePass<'_>),
+) -> (Vec<f32>, f64) {
+    let t1 = std::time::Instant::now();
+    run_pass(gpu, f);
+    let got = read_f32(gpu, out);
+    (got, t1.elapsed().as_secs_f64())
+}
+
 struct Dense {
     ty: GgmlType,
     n_in: usize,
@@ -183,6 +221,20 @@ struct Dense {
     n_tokens: usize,
     /// Chunk limit in rows (None: the device's binding limit).
     chunk_rows: Option<usize>,
+}
+
+impl Dense {
+    /// An ungrouped product in one chunk.
+    fn new(ty: GgmlType, n_in: usize, n_out: usize, n_tokens: usize) -> Self {
+        Dense {
+            ty,
+            n_in,
+            n_out,
+            groups: 1,
+            n_tokens,
+            chunk_rows: None,
+        }
+    }
 }
 
 /// Runs one dense case and checks every output against matmul_rows.
@@ -204,22 +256,17 @@ fn dense_case_with(gpu: &Gpu, kernels: &MatmulKernels, case: &Dense, seed: u64) 
     let max_tokens = case.n_tokens + 1;
     let x = randn(&mut rng, max_tokens * x_stride, 1.0);
     let rb = w.len() / case.n_out;
-    let limit = case
-        .chunk_rows
-        .map_or(gpu.max_binding(), |r| (r * rb + 8) as u64);
+    let limit = chunk_limit(gpu, rb, case.chunk_rows);
     let ne = [case.n_in as u64, case.n_out as u64, 1, 1];
     let t =
         GpuTensor::upload_chunked(gpu, &name, case.ty, ne, &w, limit, &mut |_| {}).expect("upload");
-    if let Some(r) = case.chunk_rows {
-        assert_eq!(
-            t.chunks.len(),
-            case.n_out.div_ceil(r),
-            "{name}: chunk count"
-        );
-    }
-    let xb = storage(gpu, &x);
-    let out = storage(gpu, &vec![f32::NAN; max_tokens * case.n_out]);
-    let sb = step(gpu, case.n_tokens as u32);
+    assert_chunks(
+        &t,
+        case.n_out,
+        case.chunk_rows,
+        &format!("{name}: chunk count"),
+    );
+    let [xb, out, sb] = io_buffers(gpu, &x, max_tokens * case.n_out, case.n_tokens);
     let mm = kernels
         .dense(
             gpu,
@@ -235,10 +282,7 @@ fn dense_case_with(gpu: &Gpu, kernels: &MatmulKernels, case: &Dense, seed: u64) 
             max_tokens,
         )
         .expect("dense matmul");
-    let t1 = std::time::Instant::now();
-    run_pass(gpu, |p| mm.encode(p, case.n_tokens as u32));
-    let got = read_f32(gpu, &out);
-    let t_gpu = t1.elapsed().as_secs_f64();
+    let (got, t_gpu) = run_and_read(gpu, &out, |p| mm.encode(p, case.n_tokens as u32));
 
     let mut want = vec![0f32; case.n_tokens * case.n_out];
     matmul_rows(
@@ -290,16 +334,7 @@ fn dense_case_with(gpu: &Gpu, kernels: &MatmulKernels, case: &Dense, seed: u64) 
     eprintln!("{name}: worst |Δ| / bound = {worst:.3} (quantise {t_quant:.2}s, gpu {t_gpu:.2}s, total {:.2}s)", t0.elapsed().as_secs_f64());
 }
 
-const ALL: [GgmlType; 8] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Bf16,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q4K,
-    GgmlType::Iq2Xxs,
-    GgmlType::Mxfp4,
-];
+const ALL: [GgmlType; 8] = common::COMPUTE_TYPES;
 
 fn min_in(ty: GgmlType) -> usize {
     ty.block_elems().max(1)
@@ -318,18 +353,7 @@ fn dense_every_type_small_and_odd_sizes() {
         };
         for (i, &n_in) in ins.iter().enumerate() {
             for &(n_out, n_tokens) in &[(1usize, 1usize), (7, 3), (67, 1), (130, 9)] {
-                dense_case(
-                    c,
-                    &Dense {
-                        ty,
-                        n_in,
-                        n_out,
-                        groups: 1,
-                        n_tokens,
-                        chunk_rows: None,
-                    },
-                    11 + i as u64,
-                );
+                dense_case(c, &Dense::new(ty, n_in, n_out, n_tokens), 11 + i as u64);
             }
         }
     }
@@ -350,12 +374,8 @@ fn dense_prefill_tiles_and_groups() {
             dense_case(
                 c,
                 &Dense {
-                    ty,
-                    n_in,
-                    n_out,
                     groups,
-                    n_tokens,
-                    chunk_rows: None,
+                    ..Dense::new(ty, n_in, n_out, n_tokens)
                 },
                 23,
             );
@@ -372,24 +392,17 @@ fn dense_multi_chunk_weights() {
         dense_case(
             c,
             &Dense {
-                ty,
-                n_in,
-                n_out: 42,
                 groups: 2,
-                n_tokens: 3,
                 chunk_rows: Some(6),
+                ..Dense::new(ty, n_in, 42, 3)
             },
             31,
         );
         dense_case(
             c,
             &Dense {
-                ty,
-                n_in,
-                n_out: 41,
-                groups: 1,
-                n_tokens: 1,
                 chunk_rows: Some(1),
+                ..Dense::new(ty, n_in, 41, 1)
             },
             37,
         );
@@ -409,18 +422,7 @@ fn dense_flash_shapes() {
         (GgmlType::Q4K, 2048, 4096, 1),
         (GgmlType::Mxfp4, 2048, 4096, 1),
     ] {
-        dense_case(
-            c,
-            &Dense {
-                ty,
-                n_in,
-                n_out,
-                groups: 1,
-                n_tokens,
-                chunk_rows: None,
-            },
-            41,
-        );
+        dense_case(c, &Dense::new(ty, n_in, n_out, n_tokens), 41);
     }
 }
 
@@ -449,14 +451,7 @@ fn rows_variants(gpu: &Gpu) {
                 dense_case_with(
                     gpu,
                     &k,
-                    &Dense {
-                        ty,
-                        n_in,
-                        n_out,
-                        groups: 1,
-                        n_tokens,
-                        chunk_rows: None,
-                    },
+                    &Dense::new(ty, n_in, n_out, n_tokens),
                     61 + rows as u64,
                 );
             }
@@ -467,17 +462,7 @@ fn rows_variants(gpu: &Gpu) {
         experts_case_with(
             gpu,
             &k,
-            &Experts {
-                gate_ty: GgmlType::Iq2Xxs,
-                down_ty: GgmlType::Q2K,
-                d: 256,
-                ff: 512,
-                n_expert: 4,
-                k: 2,
-                n_tokens: 3,
-                clamp: 10.0,
-                chunk_experts: Some(3),
-            },
+            &Experts::q2_mix(256, 512, 4, 2, 3, Some(3)),
             67 + rows as u64,
         );
     }
@@ -552,28 +537,34 @@ fn parameter_structs_match_wgsl_field_by_field() {
 fn bad_weights_are_errors() {
     let Some(c) = ctx() else { return };
     let gpu = &c.gpu;
-    let short = vec![0u8; 33];
-    let e = GpuTensor::upload(gpu, "w", GgmlType::Q8_0, [32, 1, 1, 1], &short, &mut |_| {});
-    assert!(e.is_err(), "wrong byte count accepted");
-    let e = GpuTensor::upload(
-        gpu,
-        "w",
-        GgmlType::Q6K,
-        [256, 1, 1, 1],
-        &[0u8; 210],
-        &mut |_| {},
-    );
-    assert!(e.is_err(), "undecodable type accepted");
-    let e = GpuTensor::upload_chunked(
-        gpu,
-        "w",
-        GgmlType::F32,
-        [64, 2, 1, 1],
-        &[0u8; 512],
-        100,
-        &mut |_| {},
-    );
-    assert!(e.is_err(), "row larger than the chunk limit accepted");
+    let max = gpu.max_binding();
+    let cases = [
+        (
+            GgmlType::Q8_0,
+            [32, 1, 1, 1],
+            &[0u8; 33][..],
+            max,
+            "wrong byte count accepted",
+        ),
+        (
+            GgmlType::Q6K,
+            [256, 1, 1, 1],
+            &[0u8; 210][..],
+            max,
+            "undecodable type accepted",
+        ),
+        (
+            GgmlType::F32,
+            [64, 2, 1, 1],
+            &[0u8; 512][..],
+            100,
+            "row larger than the chunk limit accepted",
+        ),
+    ];
+    for (ty, ne, bytes, limit, what) in cases {
+        let e = GpuTensor::upload_chunked(gpu, "w", ty, ne, bytes, limit, &mut |_| {});
+        assert!(e.is_err(), "{what}");
+    }
 }
 
 /// A GGUF in memory with the three expert tensors, for MoeExperts::cpu.
@@ -611,6 +602,30 @@ struct Experts {
     clamp: f32,
     /// Experts per chunk (None: the device's binding limit).
     chunk_experts: Option<usize>,
+}
+
+impl Experts {
+    /// The q2 mix (IQ2_XXS gate and up, Q2_K down) clamped at 10.
+    fn q2_mix(
+        d: usize,
+        ff: usize,
+        n_expert: usize,
+        k: usize,
+        n_tokens: usize,
+        chunk_experts: Option<usize>,
+    ) -> Self {
+        Experts {
+            gate_ty: GgmlType::Iq2Xxs,
+            down_ty: GgmlType::Q2K,
+            d,
+            ff,
+            n_expert,
+            k,
+            n_tokens,
+            clamp: 10.0,
+            chunk_experts,
+        }
+    }
 }
 
 fn experts_case(c: &Ctx, e: &Experts, seed: u64) {
@@ -667,10 +682,7 @@ fn experts_case_with(gpu: &Gpu, kernels: &MatmulKernels, e: &Experts, seed: u64)
     op.compute(&file, &x, &sel, &wts, e.n_tokens, &mut want);
 
     let upload = |n: &str, ty: GgmlType, ne: [u64; 3], bytes: &[u8]| {
-        let slab = bytes.len() / e.n_expert;
-        let limit = e
-            .chunk_experts
-            .map_or(gpu.max_binding(), |c| (c * slab + 8) as u64);
+        let limit = chunk_limit(gpu, bytes.len() / e.n_expert, e.chunk_experts);
         let t = GpuTensor::upload_chunked(
             gpu,
             n,
@@ -681,19 +693,14 @@ fn experts_case_with(gpu: &Gpu, kernels: &MatmulKernels, e: &Experts, seed: u64)
             &mut |_| {},
         )
         .expect("upload");
-        if let Some(c) = e.chunk_experts {
-            assert_eq!(
-                t.chunks.len(),
-                e.n_expert.div_ceil(c),
-                "{name}: chunks of {n}"
-            );
-        }
+        let what = format!("{name}: chunks of {n}");
+        assert_chunks(&t, e.n_expert, e.chunk_experts, &what);
         t
     };
     let tg = upload("gate", e.gate_ty, ne_gate, &gate);
     let tu = upload("up", e.gate_ty, ne_gate, &up);
     let td = upload("down", e.down_ty, ne_down, &down);
-    let xb = storage(gpu, &x);
+    let [xb, out, sb] = io_buffers(gpu, &x, max_tokens * e.d, e.n_tokens);
     let selb = gpu
         .device
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -702,8 +709,6 @@ fn experts_case_with(gpu: &Gpu, kernels: &MatmulKernels, e: &Experts, seed: u64)
             usage: wgpu::BufferUsages::STORAGE,
         });
     let wb = storage(gpu, &wts);
-    let out = storage(gpu, &vec![f32::NAN; max_tokens * e.d]);
-    let sb = step(gpu, e.n_tokens as u32);
     let re = kernels
         .experts(
             gpu,
@@ -724,10 +729,7 @@ fn experts_case_with(gpu: &Gpu, kernels: &MatmulKernels, e: &Experts, seed: u64)
             max_tokens,
         )
         .expect("experts");
-    let t1 = std::time::Instant::now();
-    run_pass(gpu, |p| re.encode(p, e.n_tokens as u32));
-    let got = read_f32(gpu, &out);
-    let t_gpu = t1.elapsed().as_secs_f64();
+    let (got, t_gpu) = run_and_read(gpu, &out, |p| re.encode(p, e.n_tokens as u32));
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
     let mut worst = 0f64;
     for i in 0..e.n_tokens * e.d {
@@ -791,19 +793,5 @@ fn experts_flash_shape() {
     let Some(c) = ctx() else { return };
     // Flash expert shapes (4096 → 2048 gate/up, 2048 → 4096 down), 6 of 8
     // experts for a decode token, the q2 mix, two experts per chunk.
-    experts_case(
-        c,
-        &Experts {
-            gate_ty: GgmlType::Iq2Xxs,
-            down_ty: GgmlType::Q2K,
-            d: 4096,
-            ff: 2048,
-            n_expert: 8,
-            k: 6,
-            n_tokens: 1,
-            clamp: 10.0,
-            chunk_experts: Some(2),
-        },
-        59,
-    );
+    experts_case(c, &Experts::q2_mix(4096, 2048, 8, 6, 1, Some(2)), 59);
 }

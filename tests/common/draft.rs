@@ -2,7 +2,9 @@
 //! whole (tokens, streamed bytes, final logits, target states), and the
 //! check of a draft model's logits against a float64 golden.
 
+use ds4::backend::{BackendKind, BackendOptions};
 use ds4::generate::{self, Finish, Observer, Sampled, Step};
+use ds4::model::forward::Numerics;
 use ds4::model::AnyModel;
 use ds4::sampler::{Rng, SamplerConfig};
 use ds4::session::{DraftModel, Session, SessionOptions};
@@ -36,6 +38,130 @@ pub struct Run {
     /// The first `target_states` state buffers (a draft model's rings,
     /// last in the layout, left out).
     pub states: Vec<Vec<f32>>,
+}
+
+/// The drafter tests' session on `backend` (opened as the environment
+/// says): context 256, prefill in chunks of 16, model numerics, drafting
+/// with `drafter` (none: plain decoding).
+pub fn opts(backend: BackendKind, drafter: Option<DraftModel>) -> SessionOptions {
+    SessionOptions {
+        ctx: 256,
+        prefill_chunk: 16,
+        numerics: Numerics::Model,
+        backend,
+        backend_options: BackendOptions::from_env(),
+        drafter: drafter.unwrap_or(DraftModel::None),
+        ..Default::default()
+    }
+}
+
+/// [`opts`] as the float64 goldens were computed: cpu-ref, plain numerics,
+/// a 40-token prompt in one prefill step.
+pub fn golden_opts(drafter: Option<DraftModel>) -> SessionOptions {
+    SessionOptions {
+        numerics: Numerics::Plain,
+        prefill_chunk: 64,
+        ..opts(BackendKind::CpuRef, drafter)
+    }
+}
+
+/// How many state buffers `model`'s target has under `o` without a drafter
+/// (a drafter's rings come after them in the layout).
+pub fn n_target_states(model: &AnyModel, o: &SessionOptions) -> usize {
+    let plain = SessionOptions {
+        drafter: DraftModel::None,
+        ..o.clone()
+    };
+    Session::open_any(model, plain)
+        .unwrap()
+        .read_states()
+        .unwrap()
+        .len()
+}
+
+/// A drafter golden `<base>.json` and the prompt ids it lists.
+pub fn read_golden(base: &str) -> (serde_json::Value, Vec<u32>) {
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{base}.json")).unwrap()).unwrap();
+    let ids = super::json_uints(&g["ids"])
+        .iter()
+        .map(|&i| i as u32)
+        .collect();
+    (g, ids)
+}
+
+/// A file of little-endian f32s (a golden's committed inputs).
+pub fn read_f32s(path: &str) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// `xs` as little-endian bytes, the format [`read_f32s`] reads.
+pub fn f32_bytes(xs: &[f32]) -> Vec<u8> {
+    xs.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A run with drafts equals the plain run: tokens, streamed ids and bytes,
+/// final logits, every target state buffer.
+pub fn assert_same_run(plain: &Run, got: &Run, what: &str) {
+    assert_eq!(plain.tokens, got.tokens, "{what}: tokens");
+    assert_eq!(plain.rec.ids, got.rec.ids, "{what}: streamed ids");
+    assert_eq!(plain.rec.bytes, got.rec.bytes, "{what}: streamed bytes");
+    assert!(plain.logits == got.logits, "{what}: final logits");
+    assert!(plain.states == got.states, "{what}: target state");
+}
+
+/// CUDA (`installed`: the driver, or the host emulator of tests/cuda_emu)
+/// agrees with cpu-ref on the draft logits after `prompt` and token 7
+/// within f32 noise (1e-4); `open` opens a drafter session on a backend.
+/// Returns the CUDA session, synced on `prompt`.
+pub fn cuda_draft_logits_match(
+    installed: Result<String, String>,
+    open: &dyn Fn(BackendKind) -> Session,
+    prompt: &[u32],
+) -> Session {
+    match installed {
+        Ok(d) => eprintln!("cuda on {d}"),
+        Err(e) => panic!("no CUDA driver or emulator: {e}"),
+    }
+    let mut r = open(BackendKind::CpuRef);
+    r.sync(prompt, &mut |_, _| {}).unwrap();
+    let reference = r.draft_logits(7).unwrap();
+    let mut s = open(BackendKind::Cuda);
+    s.sync(prompt, &mut |_, _| {}).unwrap();
+    let d = super::max_abs_diff(&reference, &s.draft_logits(7).unwrap());
+    eprintln!("cuda: max |Δlogit| {d}");
+    assert!(d < 1e-4, "max |Δlogit| {d}");
+    s
+}
+
+/// At each of the golden `g`'s `n` checkpoints P: `s`, reset and holding
+/// `ids[..=P]`, drafts after `ids[P+1]` a first row whose top-20 log-probs
+/// are the golden's within 1e-4 (`label(P)` names it), then `more(s, P,
+/// checkpoint)` checks what else the golden holds.
+pub fn check_checkpoints(
+    s: &mut Session,
+    ids: &[u32],
+    g: &serde_json::Value,
+    n: usize,
+    label: &dyn Fn(usize) -> String,
+    more: &mut dyn FnMut(&mut Session, usize, &serde_json::Value),
+) {
+    let cps = g["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), n);
+    for cp in cps {
+        let p = cp["position"].as_u64().unwrap() as usize;
+        s.reset();
+        s.sync(&ids[..=p], &mut |_, _| {}).unwrap();
+        let logits = s.draft_logits(ids[p + 1]).unwrap();
+        let what = label(p);
+        let worst = check_top_logprobs(&logits, cp, 1e-4, &what);
+        eprintln!("{what}: max |Δ log-prob| over the top 20 {worst:.2e}");
+        more(s, p, cp);
+    }
 }
 
 /// `n` tokens after `prompt` from a reset session, at `temperature` (seeded),
@@ -75,12 +201,7 @@ pub fn run_n(
 /// `top_logprobs` (float64 log-probs) within `tol`, and that their argmax
 /// is the golden's; returns the largest difference.
 pub fn check_top_logprobs(logits: &[f32], cp: &serde_json::Value, tol: f64, what: &str) -> f64 {
-    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = m + logits
-        .iter()
-        .map(|&x| (x as f64 - m).exp())
-        .sum::<f64>()
-        .ln();
+    let lse = super::log_sum_exp(logits);
     let top = super::json_uints(&cp["top_ids"]);
     let want: Vec<f64> = cp["top_logprobs"]
         .as_array()
@@ -138,9 +259,8 @@ pub fn lazy_rings_equal_every_position(open: &dyn Fn() -> Session, k: usize) {
 /// cpu-ref); the first draft agrees unless the reference's top two are
 /// closer than the bound tells apart. `open` opens a session on a backend.
 pub fn backends_agree_on_draft_logits(
-    open: &dyn Fn(ds4::backend::BackendKind) -> Result<Session, ds4::session::SessionError>,
+    open: &dyn Fn(BackendKind) -> Result<Session, ds4::session::SessionError>,
 ) {
-    use ds4::backend::BackendKind;
     let prompt = super::tokens(36, 3);
     let reference = {
         let mut s = open(BackendKind::CpuRef).unwrap();

@@ -2,8 +2,10 @@
 
 #![allow(dead_code)]
 
+pub mod batch;
 pub mod draft;
 pub mod in_process;
+pub mod kvcache;
 pub mod process;
 pub mod rng;
 pub mod server;
@@ -17,8 +19,21 @@ use ds4::kvcache::file::{self, KvcHeader, NewCheckpoint, SaveReason};
 use ds4::kvcache::KvCacheConfig;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
+use ds4::quant::GgmlType;
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
+
+/// The weight formats the matrix-product kernels compute with.
+pub const COMPUTE_TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q4K,
+    GgmlType::Iq2Xxs,
+    GgmlType::Mxfp4,
+];
 
 /// A JSON array of unsigned integers (a golden's token ids, shapes,
 /// positions).
@@ -129,6 +144,53 @@ pub fn tiny_model(variant: Variant) -> Arc<ModelFile> {
 // Each test binary uses some of these.
 #[allow(unused_imports)]
 pub use ds4::app::selfcheck::e2e::{argmax, log_softmax, max_dlogprob, tokens};
+
+/// log Σ exp over a logit row, in f64 (the goldens are float64): a
+/// log-prob is a logit minus it.
+pub fn log_sum_exp(logits: &[f32]) -> f64 {
+    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    m + logits
+        .iter()
+        .map(|&x| (x as f64 - m).exp())
+        .sum::<f64>()
+        .ln()
+}
+
+/// Two sessions holding the same tokens, fed `decode` token by token: the
+/// largest |Δ log-prob| of `got`'s logits against `want`'s, before the
+/// first token and after each.
+pub fn decode_max_dlogprob(got: &mut Session, want: &mut Session, decode: &[u32]) -> f32 {
+    let vocab = want.n_vocab();
+    let mut worst = max_dlogprob(got.logits(), want.logits(), vocab);
+    for &t in decode {
+        want.eval(t).unwrap();
+        got.eval(t).unwrap();
+        worst = worst.max(max_dlogprob(got.logits(), want.logits(), vocab));
+    }
+    worst
+}
+
+/// The shared wgpu device (lavapipe in CI), or `None` (skip) where no
+/// adapter opens; with `CI` set, a failure rather than a skip.
+pub fn shared_gpu() -> Option<Arc<ds4::backend::wgpu::Gpu>> {
+    match ds4::backend::wgpu::Gpu::shared(&BackendOptions::from_env(), true) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set but no wgpu adapter opened: {e}");
+            }
+            eprintln!("skipping wgpu: {e}");
+            None
+        }
+    }
+}
+
+/// Whether the wgpu half runs ([`shared_gpu`]), naming the device.
+pub fn have_wgpu() -> bool {
+    shared_gpu()
+        .map(|g| eprintln!("wgpu device: {}", g.describe()))
+        .is_some()
+}
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

@@ -6,6 +6,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use ds4::backend::{self, Backend, BackendError, BackendKind, BackendOptions, GraphHandle};
+use ds4::graph::{Graph, StepParams, ValueName};
+use ds4::model::forward::Numerics;
+use ds4::model::logits::Logits;
+use ds4::model::v41::forward::{record, V41ForwardOptions, V41KvLayout};
 use ds4::model::v41::V41ModelFile;
 use serde_json::Value;
 
@@ -29,6 +34,161 @@ pub fn ids_of(p: &Value) -> Vec<u32> {
         .into_iter()
         .map(|x| x as u32)
         .collect()
+}
+
+/// The values the choice checks read: every index source's
+/// `index_selected` and the candidate source's `candidate_blocks`.
+pub fn keep_names(m: &V41ModelFile) -> Vec<ValueName> {
+    let mut v: Vec<ValueName> = m
+        .config
+        .index_source_layers
+        .iter()
+        .map(|&l| ValueName {
+            name: "index_selected".into(),
+            layer: Some(l),
+        })
+        .collect();
+    v.push(ValueName {
+        name: "candidate_blocks".into(),
+        layer: m.config.candidate_source,
+    });
+    v
+}
+
+/// Forward options with the logits of every position.
+pub fn forward_options(
+    numerics: Numerics,
+    keep: Vec<ValueName>,
+    engram_from_host: bool,
+) -> V41ForwardOptions {
+    V41ForwardOptions {
+        numerics,
+        logits: Logits::All,
+        keep,
+        engram_from_host,
+    }
+}
+
+/// Opens backend `kind` on `m` with `kv`'s state layout.
+pub fn try_open(
+    kind: BackendKind,
+    m: &Arc<V41ModelFile>,
+    kv: &V41KvLayout,
+) -> Result<Box<dyn Backend>, BackendError> {
+    backend::open(
+        kind,
+        m.clone(),
+        kv.layout.clone(),
+        &BackendOptions::default(),
+    )
+    .map(|o| o.backend)
+}
+
+/// Backend `kind` on `m` with the graph of `opts` in steps of `step`
+/// recorded and loaded.
+pub fn load(
+    kind: BackendKind,
+    m: &Arc<V41ModelFile>,
+    kv: &V41KvLayout,
+    step: usize,
+    opts: &V41ForwardOptions,
+) -> (Box<dyn Backend>, Arc<Graph>, GraphHandle) {
+    let g = Arc::new(record(&m.config, &m.weights, kv, step, opts));
+    let mut b = try_open(kind, m, kv).unwrap();
+    let h = b.load_graph(g.clone()).unwrap();
+    (b, g, h)
+}
+
+/// Runs the step of `tokens` at `pos0` and reads its logits.
+pub fn step_logits(
+    b: &mut dyn Backend,
+    h: GraphHandle,
+    g: &Graph,
+    tokens: &[u32],
+    pos0: usize,
+) -> Vec<f32> {
+    let p = StepParams {
+        pos0,
+        n_tokens: tokens.len(),
+    };
+    b.run(h, tokens, p).unwrap();
+    b.read_value(h, g.logits).unwrap()
+}
+
+/// The first index of a row's largest logit (a NaN never wins).
+pub fn first_argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |a, (k, &x)| if x > a.1 { (k, x) } else { a },
+        )
+        .0
+}
+
+/// |Δ log-prob| of each id the golden prompt `p` lists at position `t`,
+/// `lp` being that position's log-probabilities.
+pub fn top_dlogprobs<'a>(p: &'a Value, t: usize, lp: &'a [f64]) -> impl Iterator<Item = f64> + 'a {
+    p["top_ids"][t]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(p["top_logprobs"][t].as_array().unwrap())
+        .map(|(id, want)| (lp[id.as_u64().unwrap() as usize] - want.as_f64().unwrap()).abs())
+}
+
+/// The largest |Δ log-prob| over the golden's listed ids, per position.
+pub fn worst_per_position(p: &Value, logits: &[Vec<f32>]) -> Vec<f64> {
+    assert_eq!(logits.len(), p["top_ids"].as_array().unwrap().len());
+    logits
+        .iter()
+        .enumerate()
+        .map(|(t, row)| top_dlogprobs(p, t, &log_softmax(row)).fold(0.0, f64::max))
+        .collect()
+}
+
+/// The index source `layer`'s top-k rows per position against the golden
+/// prompt `p`'s; `label` names the run.
+pub fn check_topk(p: &Value, layer: usize, per_pos: &[Vec<i32>], label: &str) {
+    let want = &p["topk"][layer.to_string()];
+    for (t, row) in per_pos.iter().enumerate() {
+        let w: Vec<i32> = want[t]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap() as i32)
+            .collect();
+        assert_eq!(row, &w, "{label}: layer {layer} top-k at position {t}");
+    }
+}
+
+/// The rows of the candidate source `layer`'s kept blocks per position
+/// against the golden prompt `p`'s (every row of a kept block up to the
+/// prompt's compressed length); `label` names the run.
+pub fn check_candidate_rows(
+    m: &V41ModelFile,
+    p: &Value,
+    layer: usize,
+    per_pos: &[Vec<i32>],
+    label: &str,
+) {
+    let bs = m.config.candidate_block_size;
+    let n_rows = ids_of(p).len() / m.config.compress_ratios[layer];
+    for (t, blocks) in per_pos.iter().enumerate() {
+        let rows: Vec<i64> = blocks
+            .iter()
+            .filter(|&&b| b >= 0)
+            .flat_map(|&b| b as usize * bs..((b as usize + 1) * bs).min(n_rows))
+            .map(|r| r as i64)
+            .collect();
+        let want: Vec<i64> = p["candidates"][layer.to_string()][t]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect();
+        assert_eq!(rows, want, "{label}: candidate rows at position {t}");
+    }
 }
 
 /// Log-probabilities of a logit row, in f64 (the goldens are float64).
@@ -63,10 +223,7 @@ pub struct Figures {
 
 /// One run's logits against one golden prompt under model numerics.
 pub fn compare(p: &Value, logits: &[Vec<f32>]) -> Figures {
-    let (top_ids, top_lp) = (
-        p["top_ids"].as_array().unwrap(),
-        p["top_logprobs"].as_array().unwrap(),
-    );
+    let top_ids = p["top_ids"].as_array().unwrap();
     let (argmax, margin) = (
         p["argmax"].as_array().unwrap(),
         p["margin"].as_array().unwrap(),
@@ -76,14 +233,7 @@ pub fn compare(p: &Value, logits: &[Vec<f32>]) -> Figures {
     let (mut agree, mut checked) = (0, 0);
     let mut first = None;
     for (t, row) in logits.iter().enumerate() {
-        let lp = log_softmax(row);
-        for (id, want) in top_ids[t]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(top_lp[t].as_array().unwrap())
-        {
-            let x = (lp[id.as_u64().unwrap() as usize] - want.as_f64().unwrap()).abs();
+        for x in top_dlogprobs(p, t, &log_softmax(row)) {
             if x > 1e-4 && first.is_none() {
                 first = Some(t);
             }

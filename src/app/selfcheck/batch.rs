@@ -85,10 +85,24 @@ pub fn options(backend: BackendKind, backend_options: BackendOptions) -> Session
 /// asked) every row's.
 type Trace = Vec<(Vec<f32>, Vec<f32>)>;
 
-/// Runs `plans` on slots `0..plans.len()` of `b`, piece `k` of a session
-/// at step `start + k` (so steps mix prefill pieces and decode rows).
-fn run(b: &mut Batch, plans: &[&Plan]) -> Result<Vec<Trace>, String> {
-    let mut traces: Vec<Trace> = vec![Vec::new(); plans.len()];
+/// What [`run_plans`] calls after each step: the batch, the work stepped
+/// and the index of each slot's piece.
+pub type StepSeen<'a> = dyn FnMut(&Batch, &[SlotWork], &[usize]) + 'a;
+
+/// Runs `plans` together on `b`, plan `i` on slot `i`, as the server
+/// schedules sessions: from its start step on, every step takes each
+/// plan's next piece (`all_logits(plan, k)`: whether piece `k` keeps every
+/// row's logits), so steps mix prefill pieces and decode rows. After each
+/// step `seen(b, work, ks)` gets the work stepped and the index of each
+/// slot's piece. An error names the step that failed, or a slot that does
+/// not end holding its plan's tokens.
+pub fn run_plans<P: std::borrow::Borrow<Plan>>(
+    b: &mut Batch,
+    plans: &[P],
+    all_logits: &dyn Fn(&Plan, usize) -> bool,
+    seen: &mut StepSeen<'_>,
+) -> Result<(), String> {
+    let plans: Vec<&Plan> = plans.iter().map(|p| p.borrow()).collect();
     let mut next = vec![0usize; plans.len()];
     let mut step = 0;
     while plans.iter().zip(&next).any(|(p, &n)| n < p.pieces.len()) {
@@ -101,14 +115,15 @@ fn run(b: &mut Batch, plans: &[&Plan]) -> Result<Vec<Trace>, String> {
                 SlotWork {
                     slot: i,
                     tokens: &p.tokens[a..z],
-                    all_logits: p.all_logits[next[i]],
+                    all_logits: all_logits(p, next[i]),
                 }
             })
             .collect();
         if !work.is_empty() {
             b.step(&work).map_err(|e| format!("step {step}: {e}"))?;
+            let ks: Vec<usize> = work.iter().map(|w| next[w.slot]).collect();
+            seen(b, &work, &ks);
             for w in &work {
-                traces[w.slot].push((b.logits(w.slot).to_vec(), b.piece_logits(w.slot).to_vec()));
                 next[w.slot] += 1;
             }
         }
@@ -119,6 +134,18 @@ fn run(b: &mut Batch, plans: &[&Plan]) -> Result<Vec<Trace>, String> {
             return Err(format!("slot {i} does not hold its tokens"));
         }
     }
+    Ok(())
+}
+
+/// Runs `plans` on slots `0..plans.len()` of `b` ([`run_plans`]), keeping
+/// what each session saw.
+fn run(b: &mut Batch, plans: &[&Plan]) -> Result<Vec<Trace>, String> {
+    let mut traces: Vec<Trace> = vec![Vec::new(); plans.len()];
+    run_plans(b, plans, &|p, k| p.all_logits[k], &mut |b, work, _| {
+        for w in work {
+            traces[w.slot].push((b.logits(w.slot).to_vec(), b.piece_logits(w.slot).to_vec()));
+        }
+    })?;
     Ok(traces)
 }
 
