@@ -426,7 +426,7 @@ fn run(a: Args, hf: HttpFlags) -> Result<(), String> {
                 Some(c) => Box::new(DiskHook::new(c)),
                 None => Box::new(job::NoCache),
             };
-            worker::start_with(sess, tok.clone(), cfg, metrics.clone(), a.queue, hook, spec)
+            worker::start(sess, tok.clone(), cfg, metrics.clone(), a.queue, hook, spec)
         }
         Engine::Slots(batch) => {
             // The disk cache reads and writes through a session: one CPU

@@ -89,22 +89,11 @@ impl Queue {
     }
 }
 
-/// Starts the worker thread; `bound` is the queue length.
+/// Starts the worker thread; `bound` is the queue length. With `spec`,
+/// speculative decoding drafts for every request (issue 35); its policy
+/// and counters live as long as the worker, so the measured step costs and
+/// acceptance carry from request to request.
 pub fn start(
-    sess: Session,
-    tok: Arc<Tokenizer>,
-    cfg: WorkerConfig,
-    metrics: Arc<Metrics>,
-    bound: usize,
-    cache: Box<dyn KvCacheHook>,
-) -> Queue {
-    start_with(sess, tok, cfg, metrics, bound, cache, None)
-}
-
-/// [`start`] with speculative decoding: `spec` drafts for every request
-/// (issue 35). Its policy and counters live as long as the worker, so the
-/// measured step costs and acceptance carry from request to request.
-pub fn start_with(
     sess: Session,
     tok: Arc<Tokenizer>,
     cfg: WorkerConfig,

@@ -85,7 +85,7 @@ pub fn worker_on(
 ) -> (Queue, Arc<Metrics>, Arc<Tokenizer>) {
     let tok = Arc::new(Tokenizer::from_gguf(sess.model().file()).unwrap());
     let metrics = Arc::new(Metrics::default());
-    let queue = worker::start_with(
+    let queue = worker::start(
         sess,
         tok.clone(),
         WorkerConfig {

@@ -432,7 +432,7 @@ fn health_is_503_when_the_worker_thread_is_gone() {
         debug_panic_on_prompt: None,
     };
     let metrics = Arc::new(Metrics::default());
-    let q = worker::start(sess, tok, cfg, metrics, 4, Box::new(job::NoCache));
+    let q = worker::start(sess, tok, cfg, metrics, 4, Box::new(job::NoCache), None);
     let (status, body) = q.health().report();
     assert_eq!(
         (status, body["worker"]["alive"].clone()),
