@@ -6,11 +6,13 @@
 //! the spec on its own; the FP4 experts repack into MXFP4 that decodes to
 //! the same values; broken checkpoints give errors naming file and tensor.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
+use common::checkpoint::{fresh_dir, make_checkpoint};
 use ds4::convert::decode::{to_i32, Weight};
 use ds4::convert::safetensors::{Checkpoint, Shard, INDEX_FILE};
 use ds4::quant::mxfp4;
@@ -20,12 +22,7 @@ const SHARD1: &str = "model-00001-of-00002.safetensors";
 const SHARD2: &str = "model-00002-of-00002.safetensors";
 
 fn tmp(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("convert_checkpoint")
-        .join(name);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    fresh_dir("convert_checkpoint", name)
 }
 
 /// The script's checkpoint with FP8 blocks of `block` (128: V4 Flash, 32:
@@ -36,23 +33,7 @@ fn base(block: usize) -> &'static Path {
     let cell = if block == 128 { &B128 } else { &B32 };
     cell.get_or_init(|| {
         let dir = tmp(&format!("base-{block}"));
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/checkpoint/make_checkpoint.py");
-        let out = Command::new("python3")
-            .arg(script)
-            .args([
-                "--out",
-                dir.to_str().unwrap(),
-                "--block",
-                &block.to_string(),
-            ])
-            .output()
-            .expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "make_checkpoint.py: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        make_checkpoint(&dir, &["--block", &block.to_string()]);
         dir
     })
 }

@@ -5,15 +5,23 @@
 //! `tools/checkpoint/make_checkpoint.py --model v4` is accepted and maps onto
 //! the tiny test model's directory; a missing tensor or a shape that
 //! disagrees with `config.json` is refused naming the file and the tensor.
+//! The `deepseek4` metadata made from `config.json` (`ds4::convert::metadata`)
+//! is, key by key, that of the published Flash file's header and of the
+//! tiny model's generator, and reads back into the same `ModelConfig`; a
+//! `config.json` value the loader would refuse is refused naming the file
+//! and the key.
+
+mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use ds4::convert::layout::{Layout, Source, V4Shape};
+use common::checkpoint::{fresh_dir, make_checkpoint};
+use ds4::convert::layout::{Layout, Source};
+use ds4::convert::metadata::V4Config;
 use ds4::convert::safetensors::{Checkpoint, CONFIG_FILE, INDEX_FILE};
 use ds4::convert::ConvertError;
-use ds4::gguf::GgufFile;
-use ds4::model::ModelFile;
+use ds4::gguf::{GgufFile, GgufWriter, MetaValue};
+use ds4::model::{ModelConfig, ModelFile};
 use ds4::testmodel::{write_model, write_sparse_flash, TestModelSpec, Variant, Vocab};
 use serde_json::{json, Value};
 
@@ -69,12 +77,7 @@ fn flash_config() -> Value {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("convert_layout")
-        .join(name);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    fresh_dir("convert_layout", name)
 }
 
 /// The GGUF's tensor directory: (name, ne) in file order.
@@ -166,63 +169,39 @@ fn small_vocab(n: usize) -> Vocab {
     }
 }
 
-fn make_checkpoint(name: &str, extra: &[&str]) -> PathBuf {
+/// The script's complete tiny V4 checkpoint (a 512-token vocabulary), with
+/// `extra` arguments (`--drop`, `--reshape`).
+fn v4_checkpoint(name: &str, extra: &[&str]) -> PathBuf {
     let dir = tmp(name);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/checkpoint/make_checkpoint.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args(["--model", "v4", "--vocab", "512", "--out"])
-        .arg(&dir)
-        .args(extra)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "make_checkpoint.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut args = vec!["--model", "v4", "--vocab", "512"];
+    args.extend_from_slice(extra);
+    make_checkpoint(&dir, &args);
     dir
 }
 
 #[test]
 fn tiny_checkpoint_is_accepted_and_maps_onto_the_tiny_model() {
-    let dir = make_checkpoint("good", &[]);
+    let dir = v4_checkpoint("good", &[]);
     let ck = Checkpoint::open(&dir).unwrap();
     let l = Layout::for_checkpoint(&ck).expect("the tiny checkpoint passes the checks");
     // The name map reads every tensor of the checkpoint (it has no MTP layer).
     assert_eq!(l.unused(&ck), Vec::<&str>::new());
 
-    // The script's config.json is TestModelSpec::tiny() in the official keys.
-    let spec = TestModelSpec::tiny();
-    let c = &spec.core;
-    let want = V4Shape {
-        n_layer: c.compress_ratios.len(),
-        n_embd: c.n_embd,
-        n_vocab: 512,
-        n_head: c.n_head,
-        head_dim: c.head_dim,
-        n_rot: c.n_rot,
-        q_lora_rank: c.q_lora_rank,
-        o_lora_rank: c.o_lora_rank,
-        o_groups: c.o_groups,
-        compress_ratios: c.compress_ratios.clone(),
-        indexer_heads: c.indexer_heads,
-        indexer_head_dim: c.indexer_head_dim,
-        n_expert: c.n_expert,
-        n_expert_used: c.n_expert_used,
-        expert_ff: c.expert_ff,
-        n_hash_layers: spec.n_hash_layers,
-        hc_count: c.hc_count,
-    };
-    assert_eq!(l.shape, want);
-
     // The tiny model's generator writes the same directory, and the loader
     // binds it.
+    let spec = TestModelSpec::tiny();
     let gguf = dir.join("tiny.gguf");
     write_model(&spec, Variant::F32, &small_vocab(512), &gguf).unwrap();
     assert_same_directory(&directory(&l), &header(&gguf));
     let m = ModelFile::open(&gguf).expect("the tiny model loads");
     assert_loader_binds(&m, &l);
+
+    // The script's config.json is TestModelSpec::tiny() in the official
+    // keys: the directory's configuration is the loader's of the tiny model
+    // (but for general.name, which the directory leaves empty).
+    let mut want = m.config.clone();
+    want.core.name = String::new();
+    assert_eq!(l.config, want);
 }
 
 /// The error `Layout::for_checkpoint` gives for a broken checkpoint.
@@ -253,7 +232,7 @@ fn a_missing_tensor_is_refused_naming_the_index_and_the_tensor() {
         ),
         ("hc_head_scale", "output_hc_scale.weight"),
     ] {
-        let dir = make_checkpoint("missing", &["--drop", drop]);
+        let dir = v4_checkpoint("missing", &["--drop", drop]);
         let (file, tensor, msg) = refusal(&dir);
         assert_eq!(file, dir.join(INDEX_FILE).display().to_string());
         assert_eq!(tensor, drop);
@@ -264,7 +243,7 @@ fn a_missing_tensor_is_refused_naming_the_index_and_the_tensor() {
 
 #[test]
 fn a_missing_scale_is_refused_naming_the_weight() {
-    let dir = make_checkpoint("no-scale", &["--drop", "layers.1.attn.wq_b.scale"]);
+    let dir = v4_checkpoint("no-scale", &["--drop", "layers.1.attn.wq_b.scale"]);
     let (file, tensor, msg) = refusal(&dir);
     assert!(file.ends_with("model-00001-of-00003.safetensors"), "{file}");
     assert_eq!(tensor, "layers.1.attn.wq_b.weight");
@@ -308,7 +287,7 @@ fn a_wrong_shape_is_refused_naming_the_shard_and_both_shapes() {
             "implies [4, 160] for blk.2.attn_compressor_ape.weight",
         ),
     ] {
-        let dir = make_checkpoint("reshaped", &["--reshape", name]);
+        let dir = v4_checkpoint("reshaped", &["--reshape", name]);
         let (file, tensor, msg) = refusal(&dir);
         assert_eq!(file, dir.join(shard).display().to_string());
         assert_eq!(tensor, name);
@@ -319,7 +298,7 @@ fn a_wrong_shape_is_refused_naming_the_shard_and_both_shapes() {
 
 #[test]
 fn a_config_that_disagrees_with_the_tensors_is_refused() {
-    let dir = make_checkpoint("config", &[]);
+    let dir = v4_checkpoint("config", &[]);
     let path = dir.join(CONFIG_FILE);
     let mut c: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     c["index_head_dim"] = json!(64);
@@ -339,4 +318,125 @@ fn a_config_that_disagrees_with_the_tensors_is_refused() {
     let ck = Checkpoint::open(&dir).unwrap();
     let e = Layout::for_checkpoint(&ck).err().unwrap().to_string();
     assert_eq!(e, format!("{}: no `o_lora_rank`", path.display()));
+}
+
+/// The metadata of `kvs` written through `GgufWriter` and opened again.
+fn written(c: &V4Config) -> GgufFile {
+    let mut w = GgufWriter::new();
+    c.add_to(&mut w);
+    GgufFile::from_vec(w.to_bytes().unwrap()).unwrap()
+}
+
+/// A file's metadata in order, without the tokenizer keys (which come from
+/// `tokenizer.json`, not `config.json`).
+fn model_kvs(f: &GgufFile) -> Vec<(String, MetaValue)> {
+    f.metadata()
+        .filter(|(k, _)| !k.starts_with("tokenizer."))
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+/// `got` and `want` hold the same keys in the same order with the same
+/// typed values; a difference names the first key that differs.
+fn assert_same_kvs(got: &[(String, MetaValue)], want: &[(String, MetaValue)]) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g, w, "key {i} differs");
+    }
+    let keys = |v: &[(String, MetaValue)]| v.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(got), keys(want), "key lists differ");
+}
+
+#[test]
+fn flash_metadata_is_the_published_header() {
+    let c = V4Config::from_config(&flash_config(), Path::new(CONFIG_FILE), "DeepSeek V4 Flash")
+        .unwrap();
+    let dir = tmp("flash-metadata");
+    let path = dir.join("flash-q2-sparse.gguf");
+    let vocab = Vocab::load_default().expect("committed tokenizer.json");
+    write_sparse_flash(&vocab, &path).unwrap();
+    drop(vocab);
+    let published = GgufFile::open(&path).unwrap();
+    let want = model_kvs(&published);
+    assert_eq!(
+        want.len(),
+        40,
+        "general.architecture, general.name, 38 deepseek4.* keys"
+    );
+    assert_same_kvs(&c.kvs, &want);
+
+    // Written and read back, it is what the loader reads from the header.
+    let f = written(&c);
+    assert_same_kvs(&model_kvs(&f), &want);
+    let got = ModelConfig::from_gguf(&f).unwrap();
+    assert_eq!(got, ModelConfig::from_gguf(&published).unwrap());
+    assert_eq!(got, c.model);
+    drop(published);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn tiny_checkpoint_metadata_is_the_tiny_models() {
+    let dir = v4_checkpoint("metadata", &[]);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let spec = TestModelSpec::tiny();
+    let c = V4Config::from_config(ck.config(), &dir.join(CONFIG_FILE), &spec.core.name).unwrap();
+
+    let gguf = dir.join("tiny.gguf");
+    write_model(&spec, Variant::F32, &small_vocab(512), &gguf).unwrap();
+    let tiny = GgufFile::open(&gguf).unwrap();
+    // The loader's reader, on the metadata written through GgufWriter,
+    // gives the generated tiny model's configuration.
+    let f = written(&c);
+    let want = ModelConfig::from_gguf(&tiny).unwrap();
+    assert_eq!(ModelConfig::from_gguf(&f).unwrap(), want);
+    assert_eq!(c.model, want);
+    // And the metadata is the generator's, key by key.
+    assert_same_kvs(&model_kvs(&f), &model_kvs(&tiny));
+}
+
+#[test]
+fn an_inconsistent_config_is_refused_naming_the_file_and_the_key() {
+    let dir = v4_checkpoint("inconsistent", &[]);
+    let path = dir.join(CONFIG_FILE);
+    let good: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for (key, value, want) in [
+        (
+            "o_groups",
+            json!(3),
+            "`o_groups`: expected a divisor of `num_attention_heads` 4, found 3",
+        ),
+        (
+            "num_experts_per_tok",
+            json!(9),
+            "`num_experts_per_tok`: expected ≤ `n_routed_experts` 8, found 9",
+        ),
+        (
+            "index_head_dim",
+            json!(48),
+            "`index_head_dim`: expected a power of two, multiple of 32, found 48",
+        ),
+        (
+            "rms_norm_eps",
+            json!(0.0),
+            "`rms_norm_eps`: expected positive epsilons",
+        ),
+        (
+            "num_hash_layers",
+            json!(7),
+            "`num_hash_layers`: expected ≤ `num_hidden_layers` 6, found 7",
+        ),
+    ] {
+        let mut c = good.clone();
+        c[key] = value;
+        std::fs::write(&path, serde_json::to_vec(&c).unwrap()).unwrap();
+        let ck = Checkpoint::open(&dir).unwrap();
+        let e = V4Config::from_config(ck.config(), &path, "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(&format!("{}: ", path.display())), "{e}");
+        assert!(e.contains(want), "{e:?} lacks {want:?}");
+        // The name map refuses it the same way.
+        let e2 = Layout::for_checkpoint(&ck).err().unwrap().to_string();
+        assert_eq!(e2, e);
+    }
 }

@@ -4,7 +4,9 @@
 //! every source tensor against it before anything is written
 //! (docs/TOOLS.md, "The name map"; GGUF.md §4 and §9).
 //!
-//! The directory is derived here from `config.json` alone, in the order of
+//! The directory is derived here from `config.json` alone (read into ds4's
+//! own [`ModelConfig`] by [`super::metadata`], the loader's reader and
+//! checks), in the order of
 //! ds4's published files; tests/convert_layout.rs checks it, name by name
 //! and shape by shape, against the full-shape header of the published Flash
 //! file and against what ds4's loader binds. The tensor types are a
@@ -31,7 +33,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::model::ModelConfig;
+
 use super::decode::{scale_name, FP4_BLOCK};
+use super::metadata::V4Config;
 use super::safetensors::{Checkpoint, Dtype, TensorView, CONFIG_FILE, INDEX_FILE};
 use super::ConvertError;
 
@@ -40,182 +45,6 @@ use super::ConvertError;
 /// an `Indexer` only when `compress_ratio == 4`); other compressed layers
 /// are HCA.
 pub const CSA_RATIO: usize = 4;
-
-/// The shapes of a DeepSeek V4 (Flash) checkpoint, from the official
-/// `config.json` keys (MODEL.md §1 for their meaning): only what the tensor
-/// directory needs. The slice that writes metadata reads `config.json` into
-/// `model::config::ModelConfig` (what the loader reads from the GGUF) and
-/// makes this a view of it, so the shapes live in one struct.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct V4Shape {
-    /// `num_hidden_layers`.
-    pub n_layer: usize,
-    /// `hidden_size`.
-    pub n_embd: usize,
-    /// `vocab_size`.
-    pub n_vocab: usize,
-    /// `num_attention_heads`.
-    pub n_head: usize,
-    /// `head_dim` (K and V).
-    pub head_dim: usize,
-    /// `qk_rope_head_dim`.
-    pub n_rot: usize,
-    pub q_lora_rank: usize,
-    pub o_lora_rank: usize,
-    pub o_groups: usize,
-    /// `compress_ratios`, the first `n_layer` entries (the release lists one
-    /// more, for the MTP layer).
-    pub compress_ratios: Vec<usize>,
-    /// `index_n_heads`.
-    pub indexer_heads: usize,
-    /// `index_head_dim`.
-    pub indexer_head_dim: usize,
-    /// `n_routed_experts`.
-    pub n_expert: usize,
-    /// `num_experts_per_tok`.
-    pub n_expert_used: usize,
-    /// `moe_intermediate_size`.
-    pub expert_ff: usize,
-    /// `num_hash_layers`: layers `0 .. n_hash_layers` route by `tid2eid`.
-    pub n_hash_layers: usize,
-    /// `hc_mult`: hyper-connection streams.
-    pub hc_count: usize,
-}
-
-fn config_err(file: &Path, msg: String) -> ConvertError {
-    ConvertError::Input {
-        file: file.display().to_string(),
-        msg,
-    }
-}
-
-impl V4Shape {
-    /// Reads and checks the shapes of `config.json` (`json`, read from
-    /// `file`, which errors name). A V4.1 or other config is refused.
-    pub fn from_config(json: &Value, file: &Path) -> Result<V4Shape, ConvertError> {
-        let err = |msg: String| config_err(file, msg);
-        let model_type = json.get("model_type").and_then(|v| v.as_str());
-        let archs: Vec<&str> = json
-            .get("architectures")
-            .and_then(|v| v.as_array())
-            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
-            .unwrap_or_default();
-        if json.get("text_config").is_some()
-            || model_type == Some("deepseek_v41")
-            || archs.iter().any(|a| a.starts_with("DeepseekV41"))
-        {
-            return Err(err(
-                "a DeepSeek V4.1 config (model_type deepseek_v41 / text_config): \
-                 only the V4 (Flash) name map is implemented"
-                    .into(),
-            ));
-        }
-        let is_v4 = model_type == Some("deepseek_v4") || archs.contains(&"DeepseekV4ForCausalLM");
-        if !is_v4 {
-            return Err(err(format!(
-                "not a DeepSeek V4 config: model_type {model_type:?}, architectures {archs:?} \
-                 (expected deepseek_v4 / DeepseekV4ForCausalLM)"
-            )));
-        }
-        let uint = |key: &str| -> Result<usize, ConvertError> {
-            let v = json.get(key).ok_or_else(|| err(format!("no `{key}`")))?;
-            v.as_u64()
-                .map(|x| x as usize)
-                .ok_or_else(|| err(format!("`{key}` is {v}, not a non-negative integer")))
-        };
-        let positive = |key: &str| -> Result<usize, ConvertError> {
-            match uint(key)? {
-                0 => Err(err(format!("`{key}` is 0"))),
-                x => Ok(x),
-            }
-        };
-        let n_layer = positive("num_hidden_layers")?;
-        let ratios_v = json
-            .get("compress_ratios")
-            .and_then(|v| v.as_array())
-            .ok_or_else(|| err("no `compress_ratios` array".into()))?;
-        let ratios: Vec<usize> = ratios_v
-            .iter()
-            .map(|r| r.as_u64().map(|x| x as usize))
-            .collect::<Option<_>>()
-            .ok_or_else(|| err("`compress_ratios` holds a value that is not an integer".into()))?;
-        if ratios.len() < n_layer {
-            return Err(err(format!(
-                "`compress_ratios` has {} entries for {n_layer} layers",
-                ratios.len()
-            )));
-        }
-        let compress_ratios = ratios[..n_layer].to_vec();
-        if let Some((l, r)) = compress_ratios
-            .iter()
-            .enumerate()
-            .find(|&(_, &r)| r == 1 || r > 1 << 20)
-        {
-            return Err(err(format!(
-                "`compress_ratios[{l}]` is {r}: a V4 layer is 0 (window only) or compresses \
-                 2 or more rows into one"
-            )));
-        }
-        let s = V4Shape {
-            n_layer,
-            n_embd: positive("hidden_size")?,
-            n_vocab: positive("vocab_size")?,
-            n_head: positive("num_attention_heads")?,
-            head_dim: positive("head_dim")?,
-            n_rot: positive("qk_rope_head_dim")?,
-            q_lora_rank: positive("q_lora_rank")?,
-            o_lora_rank: positive("o_lora_rank")?,
-            o_groups: positive("o_groups")?,
-            compress_ratios,
-            indexer_heads: positive("index_n_heads")?,
-            indexer_head_dim: positive("index_head_dim")?,
-            n_expert: positive("n_routed_experts")?,
-            n_expert_used: positive("num_experts_per_tok")?,
-            expert_ff: positive("moe_intermediate_size")?,
-            n_hash_layers: uint("num_hash_layers")?,
-            hc_count: positive("hc_mult")?,
-        };
-        // What ds4's V4 runs (GGUF.md §3, §8): one shared K=V head, one
-        // shared expert, heads split evenly over the output groups.
-        if json.get("num_key_value_heads").is_some() && uint("num_key_value_heads")? != 1 {
-            return Err(err(format!(
-                "`num_key_value_heads` is {}: V4 has one shared K=V head",
-                uint("num_key_value_heads")?
-            )));
-        }
-        let shared = uint("n_shared_experts")?;
-        if shared != 1 {
-            return Err(err(format!(
-                "`n_shared_experts` is {shared}: V4 has one shared expert"
-            )));
-        }
-        if s.n_head % s.o_groups != 0 {
-            return Err(err(format!(
-                "`num_attention_heads` {} is not a multiple of `o_groups` {}",
-                s.n_head, s.o_groups
-            )));
-        }
-        if s.n_rot > s.head_dim || s.n_rot % 2 != 0 {
-            return Err(err(format!(
-                "`qk_rope_head_dim` {} must be even and at most `head_dim` {}",
-                s.n_rot, s.head_dim
-            )));
-        }
-        if s.n_expert_used > s.n_expert {
-            return Err(err(format!(
-                "`num_experts_per_tok` {} exceeds `n_routed_experts` {}",
-                s.n_expert_used, s.n_expert
-            )));
-        }
-        if s.n_hash_layers > s.n_layer {
-            return Err(err(format!(
-                "`num_hash_layers` {} exceeds the {} layers",
-                s.n_hash_layers, s.n_layer
-            )));
-        }
-        Ok(s)
-    }
-}
 
 /// Where a GGUF tensor's values come from in the checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -258,7 +87,9 @@ impl GgufTensor {
 /// The `deepseek4` tensor directory of a V4 checkpoint.
 #[derive(Clone, Debug)]
 pub struct Layout {
-    pub shape: V4Shape,
+    /// The shapes (and every other hyper-parameter) the directory is made
+    /// for: what ds4's loader reads from the converted file.
+    pub config: ModelConfig,
     /// In the order of ds4's published files: the embedding, each layer's
     /// tensors, then the output HC mix, norm and head.
     pub tensors: Vec<GgufTensor>,
@@ -283,7 +114,7 @@ impl Dir {
     }
 
     /// A sublayer's hyper-connection mix (`sub` = attn or ffn).
-    fn hc_mix(&mut self, s: &V4Shape, l: usize, sub: &str) {
+    fn hc_mix(&mut self, s: &ModelConfig, l: usize, sub: &str) {
         let (hc, d) = (s.hc_count, s.n_embd);
         let mix = (2 + hc) * hc;
         let g = |x: &str| format!("blk.{l}.hc_{sub}_{x}.weight");
@@ -296,7 +127,7 @@ impl Dir {
     /// A compressor: `names` = its GGUF prefix (`attn_compressor_` /
     /// `indexer_compressor_`) and its checkpoint prefix, `hd` its head dim
     /// (outputs doubled when overlapped, in CSA layers).
-    fn compressor(&mut self, s: &V4Shape, l: usize, names: [&str; 2], ratio: usize, hd: usize) {
+    fn compressor(&mut self, s: &ModelConfig, l: usize, names: [&str; 2], ratio: usize, hd: usize) {
         let [gguf, hf] = names;
         let w = if ratio == CSA_RATIO { 2 * hd } else { hd };
         let g = |x: &str| format!("blk.{l}.{gguf}{x}.weight");
@@ -307,7 +138,7 @@ impl Dir {
         self.one(&g("norm"), &[hd], &h("norm.weight"));
     }
 
-    fn layer(&mut self, s: &V4Shape, l: usize) {
+    fn layer(&mut self, s: &ModelConfig, l: usize) {
         let (d, hd, nh, ql) = (s.n_embd, s.head_dim, s.n_head, s.q_lora_rank);
         let ol = s.o_groups * s.o_lora_rank;
         let group_in = nh / s.o_groups * hd;
@@ -391,8 +222,8 @@ enum Storage {
 }
 
 impl Layout {
-    /// The directory for the shapes `s`.
-    pub fn v4(s: &V4Shape) -> Layout {
+    /// The directory for the hyper-parameters `s`.
+    pub fn v4(s: &ModelConfig) -> Layout {
         let (d, hc, v) = (s.n_embd, s.hc_count, s.n_vocab);
         let mut dir = Dir {
             tensors: Vec::new(),
@@ -407,14 +238,16 @@ impl Layout {
         dir.one("output_norm.weight", &[d], "norm.weight");
         dir.one("output.weight", &[d, v], "head.weight");
         Layout {
-            shape: s.clone(),
+            config: s.clone(),
             tensors: dir.tensors,
         }
     }
 
-    /// The directory of a `config.json` (`json`, read from `file`).
+    /// The directory of a `config.json` (`json`, read from `file`), read
+    /// and checked by [`V4Config::from_config`] (its `general.name` left
+    /// empty: the directory does not depend on it).
     pub fn from_config(json: &Value, file: &Path) -> Result<Layout, ConvertError> {
-        Ok(Layout::v4(&V4Shape::from_config(json, file)?))
+        Ok(Layout::v4(&V4Config::from_config(json, file, "")?.model))
     }
 
     /// The directory of an opened checkpoint, every source tensor checked
@@ -573,28 +406,8 @@ fn check_source(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
-    /// The official V4 Flash `config.json`'s shape keys (the release's
-    /// values, MODEL.md §1).
-    fn flash_config() -> Value {
-        let mut ratios = vec![0, 0];
-        for l in 2..43 {
-            ratios.push(if l % 2 == 0 { 4 } else { 128 });
-        }
-        ratios.push(0);
-        json!({
-            "architectures": ["DeepseekV4ForCausalLM"],
-            "model_type": "deepseek_v4",
-            "vocab_size": 129280, "hidden_size": 4096, "moe_intermediate_size": 2048,
-            "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1,
-            "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 6,
-            "q_lora_rank": 1024, "qk_rope_head_dim": 64, "head_dim": 512,
-            "compress_ratios": ratios, "sliding_window": 128, "o_lora_rank": 1024,
-            "o_groups": 8, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
-            "num_hash_layers": 3, "hc_mult": 4,
-        })
-    }
+    use crate::convert::metadata::flash_config;
 
     fn path() -> &'static Path {
         Path::new("ck/config.json")
@@ -605,7 +418,7 @@ mod tests {
         let l = Layout::from_config(&flash_config(), path()).unwrap();
         // GGUF.md §4: 1328 tensors.
         assert_eq!(l.tensors.len(), 1328);
-        assert_eq!(l.shape.compress_ratios.len(), 43);
+        assert_eq!(l.config.compress_ratios.len(), 43);
         let ne = |n: &str| l.get(n).unwrap().ne.clone();
         assert_eq!(ne("token_embd.weight"), [4096, 129280]);
         assert_eq!(ne("blk.0.hc_attn_fn.weight"), [16384, 24]);
@@ -660,72 +473,5 @@ mod tests {
         );
         let tid = l.get("blk.0.ffn_gate_tid2eid.weight").unwrap().sources();
         assert_eq!(tid, [("layers.0.ffn.gate.tid2eid".into(), vec![129280, 6])]);
-    }
-
-    #[test]
-    fn bad_configs_are_refused_with_the_key() {
-        let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
-            (
-                Box::new(|c| drop(c.as_object_mut().unwrap().remove("o_groups"))),
-                "no `o_groups`",
-            ),
-            (
-                Box::new(|c| c["hidden_size"] = json!("4096")),
-                "`hidden_size` is \"4096\"",
-            ),
-            (
-                Box::new(|c| c["num_hidden_layers"] = json!(50)),
-                "`compress_ratios` has 44 entries for 50 layers",
-            ),
-            (
-                Box::new(|c| c["compress_ratios"][5] = json!(1)),
-                "`compress_ratios[5]` is 1",
-            ),
-            (
-                Box::new(|c| c["o_groups"] = json!(7)),
-                "not a multiple of `o_groups` 7",
-            ),
-            (
-                Box::new(|c| c["n_shared_experts"] = json!(2)),
-                "one shared expert",
-            ),
-            (
-                Box::new(|c| c["num_key_value_heads"] = json!(8)),
-                "one shared K=V head",
-            ),
-            (
-                Box::new(|c| c["num_hash_layers"] = json!(44)),
-                "`num_hash_layers` 44 exceeds",
-            ),
-            (
-                Box::new(|c| c["num_experts_per_tok"] = json!(300)),
-                "exceeds `n_routed_experts`",
-            ),
-            (Box::new(|c| c["hc_mult"] = json!(0)), "`hc_mult` is 0"),
-            (
-                Box::new(|c| c["model_type"] = json!("deepseek_v3")),
-                "not a DeepSeek V4 config",
-            ),
-            (Box::new(|c| c["text_config"] = json!({})), "V4.1"),
-        ];
-        for (edit, want) in cases {
-            let mut c = flash_config();
-            if want == "not a DeepSeek V4 config" {
-                c["architectures"] = json!(["DeepseekV3ForCausalLM"]);
-            }
-            edit(&mut c);
-            let e = Layout::from_config(&c, path()).unwrap_err().to_string();
-            assert!(e.starts_with("ck/config.json: "), "{e}");
-            assert!(e.contains(want), "{e:?} lacks {want:?}");
-        }
-    }
-
-    #[test]
-    fn architectures_alone_identify_v4() {
-        let mut c = flash_config();
-        c.as_object_mut().unwrap().remove("model_type");
-        assert!(Layout::from_config(&c, path()).is_ok());
-        c.as_object_mut().unwrap().remove("architectures");
-        assert!(Layout::from_config(&c, path()).is_err());
     }
 }

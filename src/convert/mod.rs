@@ -8,24 +8,28 @@
 //!   FP4 E2M1 with E8M0 scales per 32, BF16/F16/F32, integer tables) to f32
 //!   exactly, a range of rows at a time, and the FP4 experts repacked into
 //!   MXFP4 without loss;
-//! * [`layout`]: the V4 Flash name map: from `config.json`, ds4's
+//! * [`layout`]: the V4 Flash name map: from the configuration, ds4's
 //!   `deepseek4` tensor directory (GGUF names and shapes, and the
 //!   checkpoint tensors each comes from), and every source tensor of a
 //!   checkpoint checked against it (present, dtype, shape, scale) before
 //!   anything is written;
+//! * [`metadata`]: a V4 `config.json` read into ds4's own `ModelConfig`
+//!   through the loader's reader and checks, and the `deepseek4` GGUF
+//!   metadata of the converted file (tokenizer keys not yet);
 //! * [`compare`]: per-tensor errors between two GGUFs of the same model
 //!   (`--compare`), and a file made of one's tensors with some taken from
 //!   the other (`--splice`);
 //! * [`output`]: the output written under a temporary name and renamed when
 //!   complete, and tensor name patterns.
 //!
-//! Writing ds4's GGUF layouts from a checkpoint (metadata, recipes, the
-//! GGUF writer, imatrix; the V4.1 and DSpark layouts) is not here yet
+//! Writing ds4's GGUF layouts from a checkpoint (tokenizer metadata, tensor
+//! data, recipes, imatrix; the V4.1 and DSpark layouts) is not here yet
 //! (docs/TOOLS.md, issue 37).
 
 pub mod compare;
 pub mod decode;
 pub mod layout;
+pub mod metadata;
 pub mod output;
 pub mod safetensors;
 

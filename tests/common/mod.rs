@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod batch;
+pub mod checkpoint;
 pub mod draft;
 pub mod in_process;
 pub mod kvcache;
