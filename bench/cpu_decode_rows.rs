@@ -39,13 +39,7 @@ fn main() {
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 2, 4, 8, 16]);
-    println!(
-        "threads {}; load {}",
-        rayon::current_num_threads(),
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-    );
+    support::print_machine();
     println!(
         "{:<28} {:>9} {:>4} {:>11} {:>11} {:>11} {:>9} {:>9}",
         "shape", "path", "rows", "product ms", "many ms", "1-row ms", "many GB/s", "1row GB/s"
@@ -80,14 +74,7 @@ fn main() {
         for isa in Isa::available() {
             let k = Kernels::new(isa).expect("available");
             for &m in &rows {
-                let segs: Vec<Segment> = (0..m)
-                    .map(|t| Segment {
-                        row0: t,
-                        n: 1,
-                        pos0: 0,
-                        state: t,
-                    })
-                    .collect();
+                let segs = Segment::one_row_each(m);
                 let product = best(reps, || {
                     matmul_segments(&k, ty, &w, n_in, n_out, 1, &x, &segs, &mut out);
                 });

@@ -58,13 +58,7 @@ fn pair_path(
 
 fn main() {
     let reps = support::reps(3);
-    println!(
-        "threads {}; load {}",
-        rayon::current_num_threads(),
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-    );
+    support::print_machine();
     println!(
         "{:<34} {:>9} {:>16} {:>16} {:>7}",
         "shape", "path", "gemm GMAC/cpu-s", "pair GMAC/cpu-s", "ratio"

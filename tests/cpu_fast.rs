@@ -542,14 +542,7 @@ fn multi_row_direct_kernels_match_the_one_row_kernel_bit_for_bit() {
             for n_tok in [1, 2, 3, 5, 8, 9, 16, 17] {
                 let width = groups * n_in;
                 let x = rng.scaled(n_tok * width, 3.0);
-                let segs: Vec<Segment> = (0..n_tok)
-                    .map(|t| Segment {
-                        row0: t,
-                        n: 1,
-                        pos0: 0,
-                        state: t,
-                    })
-                    .collect();
+                let segs = Segment::one_row_each(n_tok);
                 let mut got = vec![f32::NAN; n_tok * n_out];
                 assert!(matmul_segments(
                     &k, ty, &w, n_in, n_out, groups, &x, &segs, &mut got

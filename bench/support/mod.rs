@@ -28,6 +28,18 @@ pub fn best(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// Prints the thread count and the load average: what a CPU figure was
+/// measured beside.
+pub fn print_machine() {
+    println!(
+        "threads {}; load {}",
+        rayon::current_num_threads(),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+}
+
 /// `DS4_BENCH_REPS`, or `default` (at least 1).
 pub fn reps(default: usize) -> usize {
     env_usize("DS4_BENCH_REPS", default).max(1)

@@ -163,6 +163,21 @@ pub struct Segment {
     pub state: usize,
 }
 
+impl Segment {
+    /// `n` one-row segments at position 0, row `t` of state `t`: `n`
+    /// sessions that each decode one token in the step.
+    pub fn one_row_each(n: usize) -> Vec<Segment> {
+        (0..n)
+            .map(|t| Segment {
+                row0: t,
+                n: 1,
+                pos0: 0,
+                state: t,
+            })
+            .collect()
+    }
+}
+
 /// Splits a row table into its segments. Each state's rows must be one
 /// block of consecutive positions in order (a session appends one piece
 /// per step), and states must be below `n_states`; the error says which

@@ -155,15 +155,21 @@ impl EngramReader {
         missing.sort_unstable();
         missing.dedup();
         for r in missing {
-            let mut buf = vec![0u8; self.row_bytes].into_boxed_slice();
-            read_at(
-                &self.file,
-                &mut buf,
-                t.offset + r as u64 * self.row_bytes as u64,
-            )?;
-            self.stats.bytes_read += self.row_bytes as u64;
-            self.cache.put((slot, r), buf);
+            self.read_row(slot, t, r)?;
         }
+        Ok(())
+    }
+
+    /// Reads row `r` of table `slot` (`t`) from the file into the cache.
+    fn read_row(&mut self, slot: usize, t: Table, r: u32) -> io::Result<()> {
+        let mut buf = vec![0u8; self.row_bytes].into_boxed_slice();
+        read_at(
+            &self.file,
+            &mut buf,
+            t.offset + r as u64 * self.row_bytes as u64,
+        )?;
+        self.stats.bytes_read += self.row_bytes as u64;
+        self.cache.put((slot, r), buf);
         Ok(())
     }
 
@@ -213,14 +219,7 @@ impl EngramReader {
             }
             // A row evicted by this very request (cache smaller than it) is read again.
             if !self.cache.contains(&(slot, r)) {
-                let mut buf = vec![0u8; self.row_bytes].into_boxed_slice();
-                read_at(
-                    &self.file,
-                    &mut buf,
-                    t.offset + r as u64 * self.row_bytes as u64,
-                )?;
-                self.stats.bytes_read += self.row_bytes as u64;
-                self.cache.put((slot, r), buf);
+                self.read_row(slot, t, r)?;
             }
             if let Some(raw) = self.cache.get(&(slot, r)) {
                 if decode_row(raw, hd, o).is_none() {
