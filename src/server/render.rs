@@ -135,19 +135,9 @@ fn render_messages(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
     for (i, m) in msgs.iter().enumerate() {
         match m.role {
             Role::System => {}
-            Role::User => {
-                out.push_str(USER);
-                user_body(m, &mut out);
+            Role::User | Role::Tool => {
+                user_turn(m, &mut pending_tool, &mut out);
                 pending_assistant = true;
-                pending_tool = false;
-            }
-            Role::Tool => {
-                if !pending_tool {
-                    out.push_str(USER);
-                }
-                out.push_str(&template::tool_result(&m.content));
-                pending_assistant = true;
-                pending_tool = true;
             }
             Role::Assistant => {
                 if pending_assistant {
@@ -158,9 +148,7 @@ fn render_messages(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
                     }
                     out.push_str(THINK_CLOSE);
                 }
-                out.push_str(&m.content);
-                out.push_str(&tool_calls_text(&m.tool_calls, replay));
-                out.push_str(EOS);
+                assistant_body(m, replay, &mut out);
                 pending_assistant = false;
                 pending_tool = false;
             }
@@ -185,18 +173,7 @@ pub fn render_tail(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
     for m in msgs {
         match m.role {
             Role::System => {}
-            Role::User => {
-                out.push_str(USER);
-                user_body(m, &mut out);
-                pending_tool = false;
-            }
-            Role::Tool => {
-                if !pending_tool {
-                    out.push_str(USER);
-                }
-                out.push_str(&template::tool_result(&m.content));
-                pending_tool = true;
-            }
+            Role::User | Role::Tool => user_turn(m, &mut pending_tool, &mut out),
             Role::Assistant => {
                 out.push_str(ASSISTANT);
                 if think {
@@ -204,15 +181,42 @@ pub fn render_tail(msgs: &[Message], req: &GenRequest, replay: &mut dyn ReplayLo
                     out.push_str(m.reasoning.as_deref().unwrap_or(""));
                 }
                 out.push_str(THINK_CLOSE);
-                out.push_str(&m.content);
-                out.push_str(&tool_calls_text(&m.tool_calls, replay));
-                out.push_str(EOS);
+                assistant_body(m, replay, &mut out);
                 pending_tool = false;
             }
         }
     }
     out.push_str(&assistant_prefix(think));
     out
+}
+
+/// A user or tool message (§3.3): a user turn, or a tool result, where a
+/// run of tool results shares one user marker (`pending_tool`: the turn
+/// before was a tool result).
+fn user_turn(m: &Message, pending_tool: &mut bool, out: &mut String) {
+    match m.role {
+        Role::User => {
+            out.push_str(USER);
+            user_body(m, out);
+            *pending_tool = false;
+        }
+        Role::Tool => {
+            if !*pending_tool {
+                out.push_str(USER);
+            }
+            out.push_str(&template::tool_result(&m.content));
+            *pending_tool = true;
+        }
+        Role::System | Role::Assistant => {}
+    }
+}
+
+/// An assistant message after its header and thinking part: its text, its
+/// tool calls (the exact sampled block when the tool memory has it), EOS.
+fn assistant_body(m: &Message, replay: &mut dyn ReplayLookup, out: &mut String) {
+    out.push_str(&m.content);
+    out.push_str(&tool_calls_text(&m.tool_calls, replay));
+    out.push_str(EOS);
 }
 
 /// A user message's body: its text, with any Anthropic tool results
