@@ -170,6 +170,7 @@ fn main() {
         metrics.clone(),
         64,
         Box::new(job::NoCache),
+        None,
     );
     let state = Arc::new(State {
         queue,

@@ -22,7 +22,7 @@
 //!           ─► kvcache   KV snapshots on disk
 //!           ─► server    HTTP routes, wire formats, the worker
 //! testmodel: tiny GGUF models for the tests and the demo
-//! convert:   ds4-quantize: compare and splice GGUFs
+//! convert:   ds4-quantize: official checkpoints → ds4's GGUFs; compare, splice
 //! app:       what the binaries share (flags, thread count, demo, reports)
 //! ```
 //!

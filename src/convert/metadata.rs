@@ -498,9 +498,12 @@ mod tests {
         assert_eq!(c.kvs[0].0, "general.architecture");
     }
 
+    /// An edit of `config.json`, and what its refusal must say.
+    type BadCase = (Box<dyn Fn(&mut Value)>, &'static str);
+
     #[test]
     fn bad_configs_are_refused_with_the_key() {
-        let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
+        let cases: Vec<BadCase> = vec![
             (
                 Box::new(|c| drop(c.as_object_mut().unwrap().remove("o_groups"))),
                 "no `o_groups`",

@@ -20,11 +20,12 @@
 //!   (`--compare`), and a file made of one's tensors with some taken from
 //!   the other (`--splice`);
 //! * [`output`]: the output written under a temporary name and renamed when
-//!   complete, and tensor name patterns.
+//!   complete, and tensor name patterns;
+//! * [`write`]: a V4 checkpoint converted to a `deepseek4` GGUF in one of
+//!   ds4's published mixes (`--hf DIR --recipe q8|mxfp4|q2|q4|f32`).
 //!
-//! Writing ds4's GGUF layouts from a checkpoint (tokenizer metadata, tensor
-//! data, recipes, imatrix; the V4.1 and DSpark layouts) is not here yet
-//! (docs/TOOLS.md, issue 37).
+//! Not here yet (docs/TOOLS.md, issue 37): tokenizer metadata, recipe
+//! files, imatrix, the MTP file, the V4.1 and DSpark layouts.
 
 pub mod compare;
 pub mod decode;
@@ -32,6 +33,7 @@ pub mod layout;
 pub mod metadata;
 pub mod output;
 pub mod safetensors;
+pub mod write;
 
 /// Every failure of the tools; each names the file and, where there is one,
 /// the tensor.

@@ -89,7 +89,7 @@ pub fn finish(file: File, partial: &Path, out: &Path) -> Result<(), ConvertError
         .map_err(|e| bad(format!("cannot rename to {}: {e}", out.display())))
 }
 
-/// A progress bar over output bytes.
+/// A progress bar over output bytes (its message: the tensor being written).
 pub fn progress_bar(total: u64, show: bool) -> indicatif::ProgressBar {
     if !show {
         return indicatif::ProgressBar::hidden();
@@ -97,7 +97,7 @@ pub fn progress_bar(total: u64, show: bool) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(total);
     pb.set_style(
         indicatif::ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:32}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+            "{elapsed_precise} [{bar:32}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
         )
         .expect("template")
         .progress_chars("=> "),

@@ -17,6 +17,8 @@ use std::io;
 use std::path::Path;
 
 use crate::gguf::{GgufWriter, MetaArray, MetaValue};
+use crate::model::ModelConfig;
+use crate::quant::GgmlType;
 
 pub use rng::Rng;
 pub use tensors::{encode_tensor, random_blocks, CoreShape};
@@ -181,6 +183,40 @@ impl TestModelSpec {
 
     pub fn n_layer(&self) -> usize {
         self.core.n_layer()
+    }
+
+    /// The spec whose tensor plan has the directory of a V4 model of
+    /// hyper-parameters `c` (the converter's check that a converted file
+    /// gets the published mix's types, [`tensor_types`]): every shape of
+    /// `c`; the constants the plan does not use are the tiny model's.
+    pub fn from_config(c: &ModelConfig) -> TestModelSpec {
+        let tiny = TestModelSpec::tiny();
+        TestModelSpec {
+            core: CoreShape {
+                name: c.name.clone(),
+                n_embd: c.n_embd,
+                n_head: c.n_head,
+                head_dim: c.head_dim,
+                n_rot: c.n_rot,
+                q_lora_rank: c.q_lora_rank,
+                o_lora_rank: c.o_lora_rank,
+                o_groups: c.o_groups,
+                sliding_window: c.sliding_window,
+                compress_ratios: c.compress_ratios.clone(),
+                indexer_heads: c.indexer_heads,
+                indexer_head_dim: c.indexer_head_dim,
+                indexer_top_k: c.indexer_top_k,
+                n_expert: c.n_expert,
+                n_expert_used: c.n_expert_used,
+                expert_ff: c.expert_ff,
+                hc_count: c.hc_count,
+                hc_sinkhorn_iters: c.hc_sinkhorn_iters,
+                ..tiny.core
+            },
+            n_expert_shared: c.n_expert_shared,
+            n_hash_layers: c.n_hash_layers,
+            ..tiny
+        }
     }
 }
 
@@ -491,6 +527,23 @@ fn add_tokenizer(w: &mut GgufWriter, vocab: &Vocab, types_first: bool) {
     }
     w.add_kv("tokenizer.ggml.bos_token_id", MetaValue::U32(0));
     w.add_kv("tokenizer.ggml.eos_token_id", MetaValue::U32(1));
+}
+
+/// The main model's tensors in file order, each with its GGUF shape and
+/// its type in `variant` (ds4's published mix of that name): the plan the
+/// generator writes, which the converter (`ds4::convert::write`) follows.
+pub fn tensor_types(
+    spec: &TestModelSpec,
+    variant: Variant,
+    n_vocab: usize,
+) -> Vec<(String, Vec<u64>, GgmlType)> {
+    plan_main(spec, n_vocab)
+        .into_iter()
+        .map(|t| {
+            let ty = variant.type_for(t.class);
+            (t.name, t.ne, ty)
+        })
+        .collect()
 }
 
 /// Writes a main-model GGUF with random weights.

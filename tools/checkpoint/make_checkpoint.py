@@ -4,7 +4,7 @@ values decoded on this side (for tests/convert_checkpoint.rs).
 
     make_checkpoint.py --out DIR [--block 128] [--seed 1]
     make_checkpoint.py --model v4 --out DIR [--vocab 129280] [--block 128] [--seed 1]
-                       [--drop NAME ...] [--reshape NAME ...]
+                       [--tame] [--drop NAME ...] [--reshape NAME ...]
 
 Without `--model`, writes into DIR:
 
@@ -45,7 +45,13 @@ an I64 `tid2eid` [vocab, 2] of distinct expert ids per row. It has a
 config.json with the official V4 keys (compress_ratios with the MTP layer's
 extra slot), three shards and the index; no MTP layer and no expected values
 (the values are random bytes kept finite: FP8 codes avoid the NaN pattern,
-scale bytes lie in 118..133, floats in about +-2^-7..2). Tests break it on
+scale bytes lie in 118..133, floats in about +-2^-7..2: a forward on them is
+chaotic, any rounding changes every logit). `--tame` draws instead the
+values of a well-conditioned model, as the tiny test model's generator does
+(src/testmodel: norms 1 + N(0, 0.1^2), matrices N(0, (0.5 / sqrt(fan_in))^2)
+in F32/BF16; FP8 codes of magnitude 0.5..1.875 and FP4 codes 0.5..3, random
+signs, with the scale byte that gives the same spread), so a converted file's
+logits move little when its weights are rounded. Tests break it on
 purpose: `--drop NAME` leaves tensor NAME (a weight or a `.scale`) out of
 its shard and the index,
 `--reshape NAME` writes it with one more row (its scale following).
@@ -316,6 +322,47 @@ def rand(seed, name, n):
     return rng_for(seed, name).randbytes(n)
 
 
+# --tame: E4M3 codes with exponent field 6 or 7 (|v| in 0.5..1.875), E2M1
+# codes 1..5 (|v| in 0.5..3), random signs and mantissas; their RMS values.
+TAME_FP8_MAP = bytes((b & 0x87) | ((6 + ((b >> 3) & 1)) << 3) for b in range(256))
+TAME_FP8_RMS = 1.2
+
+
+def tame_nibble(n):
+    return (n & 8) | (1 + (n & 7) % 5)
+
+
+TAME_FP4_MAP = bytes(tame_nibble(b & 15) | tame_nibble(b >> 4) << 4 for b in range(256))
+TAME_FP4_RMS = 1.82
+TAME_GAIN = 0.5
+
+
+def tame_values(seed, name, shape):
+    """--tame: the values of a float tensor, drawn as src/testmodel draws the
+    tiny model's (norm weights near 1, HC scales in 0.5..1.5, matrices of
+    fan-in `shape[-1]` with std 0.5 / sqrt(fan_in))."""
+    r, n = rng_for(seed, name), math.prod(shape)
+    if name.endswith("norm.weight"):
+        return [1.0 + r.gauss(0.0, 0.1) for _ in range(n)]
+    if "hc_" in name and name.endswith("scale"):
+        return [r.uniform(0.5, 1.5) for _ in range(n)]
+    std = 1.0
+    if name.endswith("_base") or name.endswith("ape"):
+        std = 0.5
+    elif name.endswith("gate.bias"):
+        std = 0.1
+    elif len(shape) == 2 and name != "embed.weight":
+        std = TAME_GAIN / math.sqrt(shape[-1])
+    return [r.gauss(0.0, std) for _ in range(n)]
+
+
+def tame_scale(seed, sname, n, fan_in, rms):
+    """--tame: scale bytes giving codes of RMS `rms` the std 0.5 / sqrt(fan_in)
+    (one lower at random, so the scales vary)."""
+    e0 = 127 + round(math.log2(TAME_GAIN / math.sqrt(fan_in) / rms))
+    return bytes(e0 - (b & 1) for b in rand(seed, sname, n))
+
+
 def v4_storage(c):
     """(name, storage, logical shape [out, in] or [n]) of every tensor of the
     checkpoint, in file order; storage: fp8, fp4, bf16, f32, i64."""
@@ -376,9 +423,17 @@ def v4_storage(c):
     return out
 
 
-def v4_encode(seed, name, storage, shape, block, experts):
+def v4_encode(seed, name, storage, shape, block, experts, tame=False):
     """-> [Tensor] (the weight, and its scale for fp8 / fp4); no expected values."""
     n = math.prod(shape)
+    if tame and storage in ("f32", "bf16"):
+        data = struct.pack(f"<{n}f", *tame_values(seed, name, shape))
+        if storage == "f32":
+            return [Tensor(name, "F32", shape, data, None)]
+        # BF16: the top half of each f32 (truncated).
+        bf = bytearray(2 * n)
+        bf[0::2], bf[1::2] = data[2::4], data[3::4]
+        return [Tensor(name, "BF16", shape, bytes(bf), None)]
     if storage == "f32":
         return [Tensor(name, "F32", shape, rand(seed, name, 4 * n).translate(FLOAT_MAP), None)]
     if storage == "bf16":
@@ -394,12 +449,20 @@ def v4_encode(seed, name, storage, shape, block, experts):
     sname = name[: -len(".weight")] + ".scale"
     if storage == "fp8":
         sshape = [-(-out // block), -(-inp // block)]
-        codes = rand(seed, name, n).translate(FP8_MAP)
+        codes = rand(seed, name, n).translate(TAME_FP8_MAP if tame else FP8_MAP)
         w = Tensor(name, "F8_E4M3", shape, codes, None)
+        rms = TAME_FP8_RMS
     else:
         sshape = [out, inp // 32]
-        w = Tensor(name, "I8", [out, inp // 2], rand(seed, name, n // 2), None)
-    scales = rand(seed, sname, math.prod(sshape)).translate(SCALE_MAP)
+        codes = rand(seed, name, n // 2)
+        if tame:
+            codes = codes.translate(TAME_FP4_MAP)
+        w = Tensor(name, "I8", [out, inp // 2], codes, None)
+        rms = TAME_FP4_RMS
+    if tame:
+        scales = tame_scale(seed, sname, math.prod(sshape), inp, rms)
+    else:
+        scales = rand(seed, sname, math.prod(sshape)).translate(SCALE_MAP)
     return [w, Tensor(sname, "F8_E8M0", sshape, scales, None)]
 
 
@@ -419,7 +482,7 @@ def write_v4(a):
     for name, storage, shape in v4_storage(c):
         if name in a.reshape:
             shape = [shape[0] + 1] + shape[1:]
-        ts = v4_encode(a.seed, name, storage, shape, a.block, c["n_routed_experts"])
+        ts = v4_encode(a.seed, name, storage, shape, a.block, c["n_routed_experts"], a.tame)
         tensors += [t for t in ts if t.name not in a.drop]
     # Three shards: the embedding and layers 0-1, layers 2-3, the rest.
     def shard_of(name):
@@ -450,6 +513,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model", choices=["v4"], help="a complete checkpoint of the tiny model")
     ap.add_argument("--vocab", type=int, default=129280, help="--model v4: vocabulary size")
+    ap.add_argument("--tame", action="store_true",
+                    help="--model v4: the values of a well-conditioned model (see above)")
     ap.add_argument("--drop", action="append", default=[], help="--model v4: leave tensor out")
     ap.add_argument("--reshape", action="append", default=[],
                     help="--model v4: write tensor with one more row")
