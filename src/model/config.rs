@@ -299,6 +299,25 @@ impl<'f> Meta<'f> {
 }
 
 impl CoreConfig {
+    /// This configuration with `k` window-only layers after the model's
+    /// (indices `n_layer ..`), each clamped like the last layer: the layers
+    /// of a drafter's block (MTP's one, DSpark's stages).
+    pub fn with_draft_layers(&self, k: usize) -> CoreConfig {
+        let mut c = self.clone();
+        let n = self.n_layer;
+        let clamp = self
+            .swiglu_clamp
+            .get(n.saturating_sub(1))
+            .copied()
+            .unwrap_or(0.0);
+        c.compress_ratios.truncate(n);
+        c.swiglu_clamp.truncate(n);
+        c.compress_ratios.extend(std::iter::repeat_n(0, k));
+        c.swiglu_clamp.extend(std::iter::repeat_n(clamp, k));
+        c.n_layer = n + k;
+        c
+    }
+
     /// Reads and checks the shared hyper-parameters through `keys`.
     pub(crate) fn read(f: &GgufFile, keys: &CoreKeys) -> Result<CoreConfig, ModelError> {
         let m = Meta { f, arch: keys.arch };

@@ -295,20 +295,7 @@ fn bind_v41_stage(b: &Binder, cfg: &CoreConfig, p: &str) -> Result<LayerWeights,
 /// per stage after the model's (indices `n_layer …`), clamped like the
 /// last layer, with the drafter's expert counts.
 pub fn dspark_config(cfg: &CoreConfig, ds: &DsparkConfig) -> CoreConfig {
-    let mut c = cfg.clone();
-    let n = cfg.n_layer;
-    let clamp = cfg
-        .swiglu_clamp
-        .get(n.saturating_sub(1))
-        .copied()
-        .unwrap_or(0.0);
-    c.compress_ratios.truncate(n);
-    c.swiglu_clamp.truncate(n);
-    for _ in 0..ds.n_stages {
-        c.compress_ratios.push(0);
-        c.swiglu_clamp.push(clamp);
-    }
-    c.n_layer = n + ds.n_stages;
+    let mut c = cfg.with_draft_layers(ds.n_stages);
     c.n_expert = ds.n_expert;
     c.n_expert_used = ds.n_expert_used;
     c

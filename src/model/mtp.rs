@@ -44,19 +44,7 @@ pub struct MtpGraph {
 /// The MTP block's configuration: the model's, with one more layer (index
 /// `n_layer`) that is window-only and clamps like the last layer.
 pub fn mtp_config(cfg: &CoreConfig) -> CoreConfig {
-    let mut c = cfg.clone();
-    let n = cfg.n_layer;
-    c.compress_ratios.truncate(n);
-    c.compress_ratios.push(0);
-    let clamp = cfg
-        .swiglu_clamp
-        .get(n.saturating_sub(1))
-        .copied()
-        .unwrap_or(0.0);
-    c.swiglu_clamp.truncate(n);
-    c.swiglu_clamp.push(clamp);
-    c.n_layer = n + 1;
-    c
+    cfg.with_draft_layers(1)
 }
 
 /// Records one MTP draft step (one token) over the ring `ring`; with

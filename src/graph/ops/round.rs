@@ -24,12 +24,18 @@ impl KvRound {
     }
 
     pub fn compute(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-        let n = n_tokens * self.dim;
-        out[..n].copy_from_slice(&x[..n]);
-        for row in out[..n].chunks_exact_mut(self.dim) {
-            round_row(row, self.n_rot, self.fp8, self.f16);
-        }
+        round_pieces(x, n_tokens * self.dim, self.dim, out, |row| {
+            round_row(row, self.n_rot, self.fp8, self.f16)
+        });
     }
+}
+
+/// Copies the first `n` values of `x` to `out`, then rounds each
+/// `piece`-wide run of them in place: what every rounding op does to its
+/// tokens' rows.
+fn round_pieces(x: &[f32], n: usize, piece: usize, out: &mut [f32], round: impl Fn(&mut [f32])) {
+    out[..n].copy_from_slice(&x[..n]);
+    out[..n].chunks_exact_mut(piece).for_each(round);
 }
 
 /// FP8 simulation (optional) then f16 rounding (optional) of one cached row.
@@ -70,11 +76,13 @@ impl HadamardFp4 {
     }
 
     pub fn compute(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-        let n = n_tokens * self.cols;
-        out[..n].copy_from_slice(&x[..n]);
-        for head in out[..n].chunks_exact_mut(self.head_dim) {
-            small_float::hadamard_fp4_roundtrip(head);
-        }
+        round_pieces(
+            x,
+            n_tokens * self.cols,
+            self.head_dim,
+            out,
+            small_float::hadamard_fp4_roundtrip,
+        );
     }
 }
 
@@ -139,10 +147,8 @@ impl BlockRound {
     }
 
     pub fn compute(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-        let n = n_tokens * self.cols;
-        out[..n].copy_from_slice(&x[..n]);
-        for head in out[..n].chunks_exact_mut(self.head) {
-            self.format.round(head, self.block);
-        }
+        round_pieces(x, n_tokens * self.cols, self.head, out, |head| {
+            self.format.round(head, self.block)
+        });
     }
 }
