@@ -12,7 +12,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use common::checkpoint::{fresh_dir, make_checkpoint};
+use common::checkpoint::make_checkpoint;
+use common::fresh_dir;
 use ds4::convert::decode::{to_i32, Weight};
 use ds4::convert::safetensors::{Checkpoint, Shard, INDEX_FILE};
 use ds4::quant::mxfp4;

@@ -15,7 +15,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::checkpoint::{fresh_dir, make_checkpoint};
+use common::checkpoint::make_checkpoint;
+use common::fresh_dir;
 use ds4::convert::layout::{Layout, Source};
 use ds4::convert::metadata::V4Config;
 use ds4::convert::safetensors::{Checkpoint, CONFIG_FILE, INDEX_FILE};

@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use common::checkpoint::{fresh_dir, make_checkpoint};
+use common::checkpoint::make_checkpoint;
+use common::fresh_dir;
 use ds4::backend::BackendKind;
 use ds4::convert::decode::Weight;
 use ds4::convert::safetensors::{Checkpoint, INDEX_FILE};

@@ -1,18 +1,8 @@
 //! Tiny checkpoints in DeepSeek's official format, written by
 //! `tools/checkpoint/make_checkpoint.py` (the converter's tests).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-/// An empty folder `name` of test `test` under the target's tmp folder.
-pub fn fresh_dir(test: &str, name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(test)
-        .join(name);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// Runs the script with `--out dir` and `args`; fails the test, with the
 /// script's stderr, if it fails.
