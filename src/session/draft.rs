@@ -52,21 +52,36 @@ pub(super) fn no_drafter_file(flag: &str) -> SessionError {
     SessionError::Speculation(format!("{flag} needs the drafter's file: --mtp-model FILE"))
 }
 
+/// A finished target step: graph `g` over positions `pos0 .. pos0 + n`.
+pub(crate) struct TargetStep<'a> {
+    pub backend: &'a dyn Backend,
+    pub g: GraphHandle,
+    pub graph: &'a Graph,
+    pub pos0: usize,
+    pub n: usize,
+}
+
+impl TargetStep<'_> {
+    /// The step's last `kept` rows of value `name`, read to the host.
+    pub fn read_last(&self, name: &ValueName, kept: usize) -> Result<Vec<f32>, SessionError> {
+        let v = self
+            .graph
+            .find(name)
+            .ok_or_else(|| SessionError::UnknownValue(name.to_string()))?;
+        Ok(self
+            .backend
+            .read_value_rows(self.g, v, self.n - kept..self.n)?)
+    }
+}
+
 /// A draft model's runner: its graphs, its state and what it keeps of the
 /// target's steps.
 pub(crate) trait DraftRunner: Send {
     /// The target values every target graph keeps readable for it.
     fn targets(&self) -> Vec<ValueName>;
 
-    /// After a target step of graph `g` over positions `pos0 .. pos0 + n`.
-    fn record(
-        &mut self,
-        backend: &dyn Backend,
-        g: GraphHandle,
-        graph: &Graph,
-        pos0: usize,
-        n: usize,
-    ) -> Result<(), SessionError>;
+    /// After a target step.
+    fn record(&mut self, step: &TargetStep<'_>) -> Result<(), SessionError>;
 
     /// What it keeps of the target's steps.
     fn target_rows(&mut self) -> &mut TargetRows;
@@ -81,7 +96,8 @@ pub(crate) trait DraftRunner: Send {
         self.target_rows().clear();
     }
 
-    /// Up to `k` tokens after `tokens` and `next`.
+    /// Up to `k` tokens after `tokens` and `next`; the session calls it
+    /// only with `k > 0` and [`TargetRows::ready`] for `tokens`.
     fn draft(
         &mut self,
         backend: &mut dyn Backend,
@@ -110,6 +126,9 @@ impl Session {
                 "this session was opened without a draft model (--mtp, --dspark)".into(),
             ));
         };
+        if k == 0 || !m.target_rows().ready(self.tokens.len()) {
+            return Ok(Vec::new());
+        }
         let r = m.draft(self.backend.as_mut(), &self.tokens, next, k);
         if r.is_err() {
             // The draft model's rings are undefined after a failed step.

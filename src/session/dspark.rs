@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use super::draft::{DraftRunner, TargetRows};
+use super::draft::{DraftRunner, TargetRows, TargetStep};
 use super::SessionError;
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
@@ -93,23 +93,12 @@ impl DraftRunner for DsparkRunner {
         self.targets.clone()
     }
 
-    fn record(
-        &mut self,
-        backend: &dyn Backend,
-        g: GraphHandle,
-        graph: &Graph,
-        pos0: usize,
-        n: usize,
-    ) -> Result<(), SessionError> {
+    fn record(&mut self, step: &TargetStep<'_>) -> Result<(), SessionError> {
         // Only the rows the rings can still hold cross to the host.
-        let kept = self.hist.kept(n);
-        let mut values = Vec::with_capacity(self.targets.len());
-        for t in &self.targets {
-            let v = graph
-                .find(t)
-                .ok_or_else(|| SessionError::UnknownValue(t.to_string()))?;
-            values.push(backend.read_value_rows(g, v, n - kept..n)?);
-        }
+        let kept = self.hist.kept(step.n);
+        let values = (self.targets.iter())
+            .map(|t| step.read_last(t, kept))
+            .collect::<Result<Vec<_>, _>>()?;
         let taps: Vec<Vec<f32>> = (0..kept)
             .map(|r| {
                 let mut row = Vec::with_capacity(self.targets.len() * self.dim);
@@ -120,7 +109,7 @@ impl DraftRunner for DsparkRunner {
                 row
             })
             .collect();
-        self.hist.push(pos0, n, taps);
+        self.hist.push(step.pos0, step.n, taps);
         Ok(())
     }
 
@@ -136,9 +125,6 @@ impl DraftRunner for DsparkRunner {
         k: usize,
     ) -> Result<Vec<u32>, SessionError> {
         let len = tokens.len();
-        if k == 0 || !self.hist.ready(len) {
-            return Ok(Vec::new());
-        }
         // Seed the rings with the kept positions not in them yet.
         let first = self.hist.done.max(self.hist.oldest());
         if first < len {

@@ -25,6 +25,7 @@ use crate::model::forward::Numerics;
 use crate::model::logits::Logits;
 use crate::model::v41::engram_reader::EngramStats;
 use crate::model::ModelFile;
+use draft::TargetStep;
 
 pub use batch::{Batch, SlotWork};
 pub use draft::DraftModel;
@@ -431,7 +432,14 @@ impl Session {
             return Err(e.into());
         }
         if let Some(m) = self.drafter.as_mut() {
-            if let Err(e) = m.record(self.backend.as_ref(), g, &graph, params.pos0, tokens.len()) {
+            let step = TargetStep {
+                backend: self.backend.as_ref(),
+                g,
+                graph: &graph,
+                pos0: params.pos0,
+                n: tokens.len(),
+            };
+            if let Err(e) = m.record(&step) {
                 self.reset();
                 return Err(e);
             }

@@ -25,10 +25,10 @@
 
 use std::sync::Arc;
 
-use super::draft::{DraftRunner, TargetRows};
+use super::draft::{DraftRunner, TargetRows, TargetStep};
 use super::SessionError;
 use crate::backend::{Backend, GraphHandle};
-use crate::graph::{Graph, StateId, StepParams, ValueId, ValueName};
+use crate::graph::{StateId, StepParams, ValueId, ValueName};
 use crate::model::mtp::MtpGraph;
 use crate::sampler::argmax;
 
@@ -122,24 +122,17 @@ impl DraftRunner for MtpRunner {
 
     /// After a target step of graph `g` over positions `pos0 .. pos0 + n`:
     /// keeps the final states of its last rows (up to the window).
-    fn record(
-        &mut self,
-        backend: &dyn Backend,
-        g: GraphHandle,
-        graph: &Graph,
-        pos0: usize,
-        n: usize,
-    ) -> Result<(), SessionError> {
-        let Some(v) = graph.find(&self.target) else {
-            return Err(SessionError::UnknownValue(self.target.to_string()));
-        };
+    fn record(&mut self, step: &TargetStep<'_>) -> Result<(), SessionError> {
         // Only the rows the block can still attend to cross to the host
         // (a window of a 2,048-row prefill chunk, not the chunk).
-        let kept = self.hist.kept(n);
-        let rows = backend.read_value_rows(g, v, n - kept..n)?;
+        let kept = self.hist.kept(step.n);
+        let rows = step.read_last(&self.target, kept)?;
         let w = rows.len() / kept.max(1);
-        self.hist
-            .push(pos0, n, rows.chunks_exact(w.max(1)).map(<[f32]>::to_vec));
+        self.hist.push(
+            step.pos0,
+            step.n,
+            rows.chunks_exact(w.max(1)).map(<[f32]>::to_vec),
+        );
         Ok(())
     }
 
@@ -156,9 +149,6 @@ impl DraftRunner for MtpRunner {
         k: usize,
     ) -> Result<Vec<u32>, SessionError> {
         let len = tokens.len();
-        if k == 0 || !self.hist.ready(len) {
-            return Ok(Vec::new());
-        }
         // Catch up: positions j < len pair the target's state at j with the
         // token at j + 1 (`next` for the last); the last row has the head.
         let first = self.hist.done.max(self.hist.oldest()).min(len - 1);
