@@ -74,40 +74,76 @@ impl TargetStep<'_> {
     }
 }
 
-/// A draft model's runner: its graphs, its state and what it keeps of the
-/// target's steps.
+/// What a draft is asked for: up to `k` tokens after the session's `tokens`
+/// and `next` (picked, not yet evaluated).
+pub(crate) struct DraftAsk<'a> {
+    pub tokens: &'a [u32],
+    pub next: u32,
+    pub k: usize,
+}
+
+/// A draft model's runner: its graphs and its state. What it keeps of the
+/// target's steps is the [`Drafter`]'s.
 pub(crate) trait DraftRunner: Send {
     /// The target values every target graph keeps readable for it.
     fn targets(&self) -> Vec<ValueName>;
 
-    /// After a target step.
-    fn record(&mut self, step: &TargetStep<'_>) -> Result<(), SessionError>;
+    /// The rows it keeps of a target step's last `kept` positions.
+    fn rows(&self, step: &TargetStep<'_>, kept: usize) -> Result<Vec<Vec<f32>>, SessionError>;
 
-    /// What it keeps of the target's steps.
-    fn target_rows(&mut self) -> &mut TargetRows;
-
-    /// The session now holds `len` tokens (a verify step took rows back).
-    fn truncate(&mut self, len: usize) {
-        self.target_rows().truncate(len);
-    }
-
-    /// An empty sequence.
-    fn clear(&mut self) {
-        self.target_rows().clear();
-    }
-
-    /// Up to `k` tokens after `tokens` and `next`; the session calls it
-    /// only with `k > 0` and [`TargetRows::ready`] for `tokens`.
+    /// Up to `ask.k` tokens after `ask.tokens` and `ask.next`, drafted from
+    /// `hist`; called only with `k > 0` and `hist` [`TargetRows::ready`]
+    /// for `tokens`.
     fn draft(
         &mut self,
         backend: &mut dyn Backend,
-        tokens: &[u32],
-        next: u32,
-        k: usize,
+        hist: &mut TargetRows,
+        ask: DraftAsk<'_>,
     ) -> Result<Vec<u32>, SessionError>;
 
     /// The logits the last draft's first token was picked from.
     fn first_logits(&self, backend: &dyn Backend) -> Result<Vec<f32>, SessionError>;
+}
+
+/// A session's draft model: its runner, and the rows it drafts from.
+pub(crate) struct Drafter {
+    runner: Box<dyn DraftRunner>,
+    hist: TargetRows,
+}
+
+impl Drafter {
+    /// `runner`, drafting from the target's last `window` positions.
+    pub fn new(runner: Box<dyn DraftRunner>, window: usize) -> Drafter {
+        Drafter {
+            runner,
+            hist: TargetRows::new(window),
+        }
+    }
+
+    /// The target values every target graph keeps readable for it.
+    pub fn targets(&self) -> Vec<ValueName> {
+        self.runner.targets()
+    }
+
+    /// After a target step: only the rows the draft model can still use
+    /// cross to the host (a window of a 2,048-row prefill chunk, not the
+    /// chunk).
+    pub fn record(&mut self, step: &TargetStep<'_>) -> Result<(), SessionError> {
+        let kept = self.hist.kept(step.n);
+        let rows = self.runner.rows(step, kept)?;
+        self.hist.push(step.pos0, step.n, rows);
+        Ok(())
+    }
+
+    /// The session now holds `len` tokens (a verify step took rows back).
+    pub fn truncate(&mut self, len: usize) {
+        self.hist.truncate(len);
+    }
+
+    /// An empty sequence.
+    pub fn clear(&mut self) {
+        self.hist.clear();
+    }
 }
 
 impl Session {
@@ -126,10 +162,15 @@ impl Session {
                 "this session was opened without a draft model (--mtp, --dspark)".into(),
             ));
         };
-        if k == 0 || !m.target_rows().ready(self.tokens.len()) {
+        if k == 0 || !m.hist.ready(self.tokens.len()) {
             return Ok(Vec::new());
         }
-        let r = m.draft(self.backend.as_mut(), &self.tokens, next, k);
+        let ask = DraftAsk {
+            tokens: &self.tokens,
+            next,
+            k,
+        };
+        let r = m.runner.draft(self.backend.as_mut(), &mut m.hist, ask);
         if r.is_err() {
             // The draft model's rings are undefined after a failed step.
             m.clear();
@@ -146,7 +187,7 @@ impl Session {
             ));
         }
         let m = self.drafter.as_ref().expect("drafted above");
-        m.first_logits(self.backend.as_ref())
+        m.runner.first_logits(self.backend.as_ref())
     }
 }
 

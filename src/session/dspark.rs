@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use super::draft::{DraftRunner, TargetRows, TargetStep};
+use super::draft::{DraftAsk, DraftRunner, TargetRows, TargetStep};
 use super::SessionError;
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{Graph, StepParams, ValueId, ValueName};
@@ -34,8 +34,6 @@ pub(super) struct DsparkRunner {
     markov: GraphHandle,
     markov_row: ValueId,
     markov_logits: ValueId,
-    /// Taps (`taps·D`) of the last `window` positions.
-    hist: TargetRows,
     /// Row 0's logits with its Markov bias, of the last draft.
     first: Vec<f32>,
 }
@@ -71,7 +69,6 @@ impl DsparkRunner {
             markov: markov_h,
             markov_row,
             markov_logits,
-            hist: TargetRows::new(cfg.sliding_window),
             first: Vec::new(),
         })
     }
@@ -93,13 +90,12 @@ impl DraftRunner for DsparkRunner {
         self.targets.clone()
     }
 
-    fn record(&mut self, step: &TargetStep<'_>) -> Result<(), SessionError> {
-        // Only the rows the rings can still hold cross to the host.
-        let kept = self.hist.kept(step.n);
+    /// One row per position: the taps of every target value, side by side.
+    fn rows(&self, step: &TargetStep<'_>, kept: usize) -> Result<Vec<Vec<f32>>, SessionError> {
         let values = (self.targets.iter())
             .map(|t| step.read_last(t, kept))
             .collect::<Result<Vec<_>, _>>()?;
-        let taps: Vec<Vec<f32>> = (0..kept)
+        Ok((0..kept)
             .map(|r| {
                 let mut row = Vec::with_capacity(self.targets.len() * self.dim);
                 for v in &values {
@@ -108,37 +104,28 @@ impl DraftRunner for DsparkRunner {
                 }
                 row
             })
-            .collect();
-        self.hist.push(step.pos0, step.n, taps);
-        Ok(())
-    }
-
-    fn target_rows(&mut self) -> &mut TargetRows {
-        &mut self.hist
+            .collect())
     }
 
     fn draft(
         &mut self,
         backend: &mut dyn Backend,
-        tokens: &[u32],
-        next: u32,
-        k: usize,
+        hist: &mut TargetRows,
+        ask: DraftAsk<'_>,
     ) -> Result<Vec<u32>, SessionError> {
+        let DraftAsk { tokens, next, k } = ask;
         let len = tokens.len();
         // Seed the rings with the kept positions not in them yet.
-        let first = self.hist.done.max(self.hist.oldest());
+        let first = hist.done.max(hist.oldest());
         if first < len {
-            let taps: Vec<f32> = (first..len)
-                .flat_map(|p| self.hist.row(p))
-                .copied()
-                .collect();
+            let taps: Vec<f32> = (first..len).flat_map(|p| hist.row(p)).copied().collect();
             backend.write_value(self.seed, self.seed_taps, &taps)?;
             let params = StepParams {
                 pos0: first,
                 n_tokens: len - first,
             };
             backend.run(self.seed, &tokens[first..len], params)?;
-            self.hist.done = len;
+            hist.done = len;
         }
         // The block: `next` and noise, at the positions after the target's.
         let mut block = vec![self.noise; self.block];

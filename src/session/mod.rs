@@ -8,6 +8,7 @@ mod draft;
 mod dspark;
 mod mtp;
 mod net;
+mod observe;
 mod snapshot;
 mod speculate;
 mod v4;
@@ -29,6 +30,7 @@ use draft::TargetStep;
 
 pub use batch::{Batch, SlotWork};
 pub use draft::DraftModel;
+pub use observe::{ObservedStep, Observer, StepObserver};
 pub use snapshot::{SNAPSHOT_MAGIC, V41_SNAPSHOT_MAGIC};
 pub use speculate::{Verified, MAX_VERIFY_ROWS};
 pub use v41::DEFAULT_ENGRAM_CACHE_ROWS;
@@ -61,6 +63,9 @@ pub enum SessionError {
     /// A speculative verify step this session cannot take (issue 35).
     #[error("speculative decoding: {0}")]
     Speculation(String),
+    /// The step observer ([`SessionOptions::observer`]) failed.
+    #[error("{0}")]
+    Observer(String),
 }
 
 #[derive(Clone, Debug)]
@@ -81,6 +86,9 @@ pub struct SessionOptions {
     /// `--dspark`; V4 with the drafter's file attached): the session keeps
     /// its rings and what it drafts from ([`Session::model_draft`]).
     pub drafter: DraftModel,
+    /// Sees the kept values of every target step (imatrix collection);
+    /// the graphs keep what it names ([`StepObserver::targets`]).
+    pub observer: Option<Observer>,
 }
 
 impl Default for SessionOptions {
@@ -94,6 +102,7 @@ impl Default for SessionOptions {
             dump: Vec::new(),
             engram_cache_rows: DEFAULT_ENGRAM_CACHE_ROWS,
             drafter: DraftModel::None,
+            observer: None,
         }
     }
 }
@@ -120,7 +129,7 @@ fn open_net(model: &AnyModel, opts: &SessionOptions) -> Result<Box<dyn net::Net>
 
 /// What every target graph keeps readable: the `--dump` values and what
 /// the draft model drafts from.
-fn keep_values(dump: &[ValueName], drafter: Option<&dyn draft::DraftRunner>) -> Vec<ValueName> {
+fn keep_values(dump: &[ValueName], drafter: Option<&draft::Drafter>) -> Vec<ValueName> {
     let mut keep = dump.to_vec();
     keep.extend(drafter.map(|m| m.targets()).unwrap_or_default());
     keep
@@ -146,7 +155,7 @@ pub struct Session {
     /// The speculative verify graph and its undo plan, built on first use.
     verifier: Option<speculate::Verifier>,
     /// The draft model, when the session runs one (`opts.drafter`).
-    drafter: Option<Box<dyn draft::DraftRunner>>,
+    drafter: Option<draft::Drafter>,
     last: GraphHandle,
     /// The recorded graphs with the handles the backend gave them.
     graphs: Vec<(GraphHandle, Arc<Graph>)>,
@@ -190,7 +199,7 @@ impl Session {
         )?;
         let mut backend = opened.backend;
         let drafter = net.open_drafter(backend.as_mut())?;
-        let keep = keep_values(&opts.dump, drafter.as_deref());
+        let keep = keep_values(&opts.dump, drafter.as_ref());
         let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
         let mut graphs = Vec::new();
         let mut load =
@@ -200,14 +209,16 @@ impl Session {
                 graphs.push((h, g));
                 Ok(h)
             };
-        let decode_graph = net.record(1, Logits::Last, &keep);
+        let obs = opts.observer.as_ref();
+        let decode_graph = observe::record(net.as_ref(), obs, 1, Logits::Last, &keep);
         // A misspelt --dump name fails here, before any prefill work.
         if let Some(d) = opts.dump.iter().find(|d| decode_graph.find(d).is_none()) {
             return Err(SessionError::UnknownValue(d.to_string()));
         }
         let decode = load(&mut backend, decode_graph)?;
         let prefill = if chunk > 1 {
-            load(&mut backend, net.record(chunk, Logits::Last, &keep))?
+            let g = observe::record(net.as_ref(), obs, chunk, Logits::Last, &keep);
+            load(&mut backend, g)?
         } else {
             decode
         };
@@ -444,6 +455,19 @@ impl Session {
                 return Err(e);
             }
         }
+        if let Some(o) = &self.opts.observer {
+            let step = TargetStep {
+                backend: self.backend.as_ref(),
+                g,
+                graph: &graph,
+                pos0: params.pos0,
+                n: tokens.len(),
+            };
+            if let Err(e) = o.observe(&step) {
+                self.reset();
+                return Err(e);
+            }
+        }
         self.tokens.extend_from_slice(tokens);
         self.last = g;
         let graph_logits = self.logits_value(g);
@@ -495,9 +519,13 @@ impl Session {
         let g = match self.scoring {
             Some(g) => g,
             None => {
-                let graph =
-                    self.net
-                        .record(self.opts.prefill_chunk, Logits::All, &self.keep_values());
+                let graph = observe::record(
+                    self.net.as_ref(),
+                    self.opts.observer.as_ref(),
+                    self.opts.prefill_chunk,
+                    Logits::All,
+                    &self.keep_values(),
+                );
                 let graph = Arc::new(graph);
                 let h = self.backend.load_graph(graph.clone())?;
                 self.graphs.push((h, graph));
@@ -514,7 +542,7 @@ impl Session {
 
     /// What every target graph keeps readable ([`keep_values`]).
     fn keep_values(&self) -> Vec<ValueName> {
-        keep_values(&self.opts.dump, self.drafter.as_deref())
+        keep_values(&self.opts.dump, self.drafter.as_ref())
     }
 
     /// Reads back a named value (`NAME@LAYER`) of the last step, all live rows.

@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use super::draft::{DraftRunner, TargetRows, TargetStep};
+use super::draft::{DraftAsk, DraftRunner, TargetRows, TargetStep};
 use super::SessionError;
 use crate::backend::{Backend, GraphHandle};
 use crate::graph::{StateId, StepParams, ValueId, ValueName};
@@ -87,8 +87,6 @@ pub(super) struct MtpRunner {
     window: usize,
     /// The target's final state in the graphs that keep it.
     target: ValueName,
-    /// The target's final states of the last `window` positions.
-    hist: TargetRows,
 }
 
 impl MtpRunner {
@@ -110,7 +108,6 @@ impl MtpRunner {
             ring,
             window: window.max(1),
             target,
-            hist: TargetRows::new(window),
         })
     }
 }
@@ -120,40 +117,26 @@ impl DraftRunner for MtpRunner {
         vec![self.target.clone()]
     }
 
-    /// After a target step of graph `g` over positions `pos0 .. pos0 + n`:
-    /// keeps the final states of its last rows (up to the window).
-    fn record(&mut self, step: &TargetStep<'_>) -> Result<(), SessionError> {
-        // Only the rows the block can still attend to cross to the host
-        // (a window of a 2,048-row prefill chunk, not the chunk).
-        let kept = self.hist.kept(step.n);
+    /// One row per position: the target's final state.
+    fn rows(&self, step: &TargetStep<'_>, kept: usize) -> Result<Vec<Vec<f32>>, SessionError> {
         let rows = step.read_last(&self.target, kept)?;
         let w = rows.len() / kept.max(1);
-        self.hist.push(
-            step.pos0,
-            step.n,
-            rows.chunks_exact(w.max(1)).map(<[f32]>::to_vec),
-        );
-        Ok(())
+        Ok(rows.chunks_exact(w.max(1)).map(<[f32]>::to_vec).collect())
     }
 
-    fn target_rows(&mut self) -> &mut TargetRows {
-        &mut self.hist
-    }
-
-    /// Up to `k` tokens after `tokens` and `next`.
     fn draft(
         &mut self,
         backend: &mut dyn Backend,
-        tokens: &[u32],
-        next: u32,
-        k: usize,
+        hist: &mut TargetRows,
+        ask: DraftAsk<'_>,
     ) -> Result<Vec<u32>, SessionError> {
+        let DraftAsk { tokens, next, k } = ask;
         let len = tokens.len();
         // Catch up: positions j < len pair the target's state at j with the
         // token at j + 1 (`next` for the last); the last row has the head.
-        let first = self.hist.done.max(self.hist.oldest()).min(len - 1);
+        let first = hist.done.max(hist.oldest()).min(len - 1);
         for j in first..len {
-            let h = self.hist.row(j);
+            let h = hist.row(j);
             let (step, t) = if j + 1 < len {
                 (&self.ring_only, tokens[j + 1])
             } else {
@@ -161,7 +144,7 @@ impl DraftRunner for MtpRunner {
             };
             step.run(backend, h, t, j)?;
         }
-        self.hist.done = len;
+        hist.done = len;
         let mut drafts =
             vec![argmax(&backend.read_value(self.head.handle, self.head.logits)?) as u32];
         if k == 1 {

@@ -9,7 +9,7 @@ use crate::graph::{Graph, StateLayout, ValueName};
 use crate::model::logits::Logits;
 use crate::model::v41::engram_reader::EngramStats;
 
-use super::draft::DraftRunner;
+use super::draft::Drafter;
 use super::SessionError;
 
 /// A model family's graphs, state and snapshot payload for one session (or
@@ -50,10 +50,7 @@ pub(crate) trait Net: Send {
 
     /// The draft model's runner, with its graphs loaded on `backend`, when
     /// the session runs one (V4 with `--mtp` or `--dspark`).
-    fn open_drafter(
-        &self,
-        _backend: &mut dyn Backend,
-    ) -> Result<Option<Box<dyn DraftRunner>>, SessionError> {
+    fn open_drafter(&self, _backend: &mut dyn Backend) -> Result<Option<Drafter>, SessionError> {
         Ok(None)
     }
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::draft::{add_draft_rings, no_drafter_file, DraftModel, DraftRunner};
+use super::draft::{add_draft_rings, no_drafter_file, DraftModel, Drafter};
 use super::dspark::DsparkRunner;
 use super::mtp::MtpRunner;
 use super::net::{Loading, Net, Saving};
@@ -94,10 +94,7 @@ impl Net for V4Net {
         None
     }
 
-    fn open_drafter(
-        &self,
-        backend: &mut dyn Backend,
-    ) -> Result<Option<Box<dyn DraftRunner>>, SessionError> {
+    fn open_drafter(&self, backend: &mut dyn Backend) -> Result<Option<Drafter>, SessionError> {
         let (m, cfg) = (&self.model, &self.model.config);
         let window = cfg.sliding_window;
         Ok(match (self.drafter, &m.mtp, &m.dspark) {
@@ -106,7 +103,7 @@ impl Net for V4Net {
                 let graph = |head| mtp::record(cfg, &m.weights, mtp, ring, self.numerics, head);
                 let target = forward::final_state(cfg);
                 let r = MtpRunner::open(backend, target, graph(true), graph(false), window)?;
-                Some(Box::new(r))
+                Some(Drafter::new(Box::new(r), window))
             }
             (DraftModel::Dspark, _, Some(ds)) => {
                 let rings = &self.draft_rings;
@@ -116,7 +113,7 @@ impl Net for V4Net {
                 let markov = dspark::record_markov(cfg, ds);
                 let taps = dspark::tap_values(&ds.config, &[]);
                 let r = DsparkRunner::open(backend, cfg, ds, taps, seed, draft, markov)?;
-                Some(Box::new(r))
+                Some(Drafter::new(Box::new(r), window))
             }
             _ => None,
         })

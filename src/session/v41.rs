@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use super::draft::{add_draft_rings, no_drafter_file, DraftModel, DraftRunner};
+use super::draft::{add_draft_rings, no_drafter_file, DraftModel, Drafter};
 use super::dspark::DsparkRunner;
 use super::net::{Loading, Net, Saving};
 use super::snapshot::{
@@ -146,10 +146,7 @@ impl Net for V41Net {
         Some("V4.1 steps one slot at a time")
     }
 
-    fn open_drafter(
-        &self,
-        backend: &mut dyn Backend,
-    ) -> Result<Option<Box<dyn DraftRunner>>, SessionError> {
+    fn open_drafter(&self, backend: &mut dyn Backend) -> Result<Option<Drafter>, SessionError> {
         let (m, cfg) = (&self.model, &self.model.config);
         let Some(ds) = m.dspark.as_ref().filter(|_| !self.draft_rings.is_empty()) else {
             return Ok(None);
@@ -161,7 +158,7 @@ impl Net for V41Net {
         let markov = dspark::record_markov(cfg, ds);
         let taps = dspark::tap_values(&ds.config, &cfg.engram.layer_ids);
         let r = DsparkRunner::open(backend, cfg, ds, taps, seed, draft, markov)?;
-        Ok(Some(Box::new(r)))
+        Ok(Some(Drafter::new(Box::new(r), cfg.sliding_window)))
     }
 
     fn engram_stats(&self) -> Option<EngramStats> {
