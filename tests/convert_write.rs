@@ -140,8 +140,11 @@ fn every_recipe_loads_with_the_published_mix_types() {
             .unwrap_or_else(|e| panic!("{}: the loader refuses: {e}", variant.name()));
         assert_eq!(m.config.n_vocab, VOCAB);
         assert_eq!(m.file.get_str("general.name"), Some("DeepSeek V4 Flash"));
-        // No tokenizer keys: the loader does not need them (docs/TOOLS.md).
-        assert!(m.file.get_str("tokenizer.ggml.model").is_none());
+        // The checkpoint's tokenizer, padded to the vocabulary
+        // (tests/convert_tokenizer.rs checks the keys).
+        assert_eq!(m.file.get_str("tokenizer.ggml.model"), Some("gpt2"));
+        let tokens = m.file.get_array("tokenizer.ggml.tokens").unwrap();
+        assert_eq!(tokens.as_strings().unwrap().len(), VOCAB);
 
         let gen = fresh_dir("convert_write", &format!("gen-{}", variant.name())).join("t.gguf");
         write_model(&spec, variant, &small_vocab(VOCAB), &gen).unwrap();
@@ -385,4 +388,103 @@ fn a_bad_scale_late_in_the_file_exits_1_and_leaves_no_output() {
     assert!(err.contains(scale), "{err}");
     assert!(err.contains("255"), "{err}");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}
+
+/// `--recipe FILE`: q2's types with Q4_K routed gate/up and lossless MXFP4
+/// routed down (a mix no named recipe has).
+#[test]
+fn a_recipe_file_mixes_types_over_its_base_and_the_file_loads() {
+    let dir = fresh_dir("convert_write", "recipe-file");
+    let recipe = dir.join("mix.recipe");
+    std::fs::write(
+        &recipe,
+        "# Q4_K gate/up, lossless down, the rest as q2\nbase q2\n\
+         blk.*.ffn_gate_exps.weight q4_k\nblk.*.ffn_up_exps.weight Q4_K\n\
+         blk.*.ffn_down_exps.weight mxfp4  # the checkpoint's FP4\n",
+    )
+    .unwrap();
+    let out = dir.join("mix.gguf");
+    let o = quantize_tool(&[
+        "--hf",
+        s(checkpoint(false)),
+        "--recipe",
+        s(&recipe),
+        "-o",
+        s(&out),
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = ModelFile::open(&out).expect("the loader accepts the mix");
+    let q2 = GgufFile::open(converted("q2")).unwrap();
+    let mx = GgufFile::open(converted("mxfp4")).unwrap();
+    let mut routed = 0;
+    for (name, _, ty) in directory(&m.file) {
+        let want = if name.ends_with("ffn_gate_exps.weight") || name.ends_with("ffn_up_exps.weight")
+        {
+            GgmlType::Q4K
+        } else if name.ends_with("ffn_down_exps.weight") {
+            // The same bytes as the mxfp4 recipe's: the lossless repack.
+            assert_eq!(tensor(&m.file, &name).2, tensor(&mx, &name).2, "{name}");
+            GgmlType::Mxfp4
+        } else {
+            // Not from a rule: q2's type and q2's bytes.
+            assert_eq!(tensor(&m.file, &name).2, tensor(&q2, &name).2, "{name}");
+            tensor(&q2, &name).0
+        };
+        routed += name.contains("_exps.") as usize;
+        assert_eq!(ty, want, "{name}");
+    }
+    assert_eq!(routed, 6 * 3);
+}
+
+#[test]
+fn a_recipe_the_loader_would_refuse_exits_1_naming_the_tensor_and_writes_nothing() {
+    let dir = fresh_dir("convert_write", "recipe-bad");
+    for (k, (text, want)) in [
+        // Gate and up of a layer must share a type.
+        (
+            "base q2\nblk.1.ffn_gate_exps.weight q4_k\n",
+            "blk.1.ffn_gate_exps.weight: gate is Q4_K but blk.1.ffn_up_exps.weight is IQ2_XXS",
+        ),
+        // ds4 has no Q4_K kernel for dense matrices.
+        (
+            "base q8\noutput.weight q4_k\n",
+            "tensor output.weight: Q4_K (line 2): ds4 loads it only as F32, F16, BF16, Q8_0",
+        ),
+        // A misspelt pattern changes nothing: refused.
+        (
+            "base q8\nblk.*.ffn_gate_exp.weight q4_k\n",
+            "line 2: pattern \"blk.*.ffn_gate_exp.weight\" matches no tensor",
+        ),
+        // No base: every tensor needs a rule.
+        (
+            "*_exps.weight q8_0\n",
+            "token_embd.weight: no rule matches it",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let recipe = dir.join(format!("bad-{k}.recipe"));
+        std::fs::write(&recipe, text).unwrap();
+        let out = dir.join(format!("bad-{k}.gguf"));
+        let o = quantize_tool(&[
+            "--hf",
+            s(checkpoint(false)),
+            "--recipe",
+            s(&recipe),
+            "-o",
+            s(&out),
+            "--quiet",
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{text:?}: {err}");
+        assert!(
+            err.contains(s(&recipe)) && err.contains(want),
+            "{text:?}: {err}"
+        );
+        assert!(!out.exists(), "{text:?}");
+    }
+    // Only the recipes are left: no output, no partial file.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 4);
 }

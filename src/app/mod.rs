@@ -5,12 +5,14 @@
 //! lock ([`lock`]) and process edge ([`serve`]), the speculator the flags
 //! ask for ([`spec`]), and ds4's own terminal
 //! side: the printing generator ([`terminal`]), the REPL ([`repl`]) and the
-//! `--dump-logprobs` writer ([`logprobs`]), and the backend self-check of
+//! `--dump-logprobs` writer ([`logprobs`]), the `--imatrix-*` collector
+//! ([`imatrix`]), and the backend self-check of
 //! `ds4-bench --check` ([`selfcheck`]). Nothing below `app` imports it.
 
 pub mod cli;
 pub mod demo;
 pub mod flags;
+pub mod imatrix;
 pub mod lock;
 pub mod logprobs;
 pub mod repl;

@@ -29,6 +29,7 @@ ds4::cli_args! {
   {command_name} --demo -p hello            random tiny model, no download
   {command_name} -m MODEL --info            metadata, configuration, tensor table
   {command_name} -m MODEL --dump-tokens -p TEXT
+  {command_name} -m MODEL --imatrix-dataset calib.txt --imatrix-out MODEL.imatrix
 Get the real model with tools/download_model.sh q2")]
     struct Args {
         /// model GGUF (default ./ds4flash.gguf)
@@ -121,6 +122,18 @@ Get the real model with tools/download_model.sh q2")]
         /// same as --info
         #[argh(switch)]
         inspect: bool,
+        /// collect an importance matrix over the text in FILE on --backend (needs --imatrix-out; docs/TOOLS.md)
+        #[argh(option)]
+        imatrix_dataset: Option<PathBuf>,
+        /// write the collected imatrix to FILE (llama.cpp's imatrix GGUF format)
+        #[argh(option)]
+        imatrix_out: Option<PathBuf>,
+        /// tokens per imatrix chunk, each scored from an empty context (default 512)
+        #[argh(option, default = "ds4::app::imatrix::DEFAULT_CHUNK")]
+        imatrix_chunk: usize,
+        /// imatrix: at most N chunks of the dataset (default: all)
+        #[argh(option)]
+        imatrix_chunks: Option<usize>,
     }
 }
 
@@ -195,6 +208,9 @@ fn run(a: Args) -> Result<(), String> {
         let kind = a.backend_flags().resolve()?;
         return ds4::app::report::info(&model_path(&a)?, Some((kind, &bo)));
     }
+    if a.imatrix_dataset.is_some() || a.imatrix_out.is_some() {
+        return imatrix(&a, bo);
+    }
     let prompt = read_prompt(&a)?;
     let path = model_path(&a)?;
     if a.dump_tokens {
@@ -256,6 +272,91 @@ fn run(a: Args) -> Result<(), String> {
     };
     let thinks = v41_level.map_or(eff.thinks(), |l| l > 0);
     one_shot(&a, sess, &mut gen, &ptoks, thinks, &c.dumps)
+}
+
+/// `--imatrix-dataset FILE --imatrix-out FILE`: the importance matrix of
+/// the dataset's chunks, with a progress bar (chunks, perplexity, time
+/// left); the file appears only when complete.
+fn imatrix(a: &Args, bo: BackendOptions) -> Result<(), String> {
+    use ds4::app::imatrix;
+    let (Some(dataset), Some(out)) = (&a.imatrix_dataset, &a.imatrix_out) else {
+        return Err("--imatrix-dataset and --imatrix-out go together".into());
+    };
+    let numerics = Numerics::parse(&a.numerics)
+        .ok_or_else(|| format!("--numerics: expected model or plain, got {:?}", a.numerics))?;
+    let backend = a.backend_flags().resolve()?;
+    let bytes = std::fs::read(dataset)
+        .map_err(|e| format!("--imatrix-dataset {}: {e}", dataset.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    if a.imatrix_chunk < 2 || a.imatrix_chunks == Some(0) {
+        return Err("--imatrix-chunk must be at least 2 and --imatrix-chunks at least 1".into());
+    }
+    imatrix::check_out(out)?;
+    let path = model_path(a)?;
+    let spec = a.spec_flags().resolve()?;
+    let threads = ds4::app::threads::init_global_pool(a.threads);
+    let (model, tok) = load(a, &path, &spec, threads)?;
+    let (n_tokens, chunks) = imatrix::chunks(&tok, &text, a.imatrix_chunk, a.imatrix_chunks)
+        .map_err(|e| format!("--imatrix-dataset {}: {e}", dataset.display()))?;
+    eprintln!(
+        "ds4: imatrix: {n_tokens} tokens, {} chunks of {}",
+        chunks.len(),
+        a.imatrix_chunk
+    );
+    let base = SessionOptions {
+        numerics,
+        backend,
+        backend_options: bo,
+        ..Default::default()
+    };
+    let bar = indicatif::ProgressBar::new(chunks.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "imatrix: chunk {pos}/{len} {wide_bar} {elapsed} elapsed, {eta} left {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut last = None;
+    let got = imatrix::collect(
+        &model,
+        base,
+        &dataset.display().to_string(),
+        &chunks,
+        &mut |c| {
+            bar.set_position(c.done as u64);
+            bar.set_message(format!("ppl {:.4}", c.ppl));
+            let line = format!(
+                "ds4: imatrix: chunk {}/{}: perplexity {:.4} ({:.1} s)",
+                c.done, c.total, c.ppl, c.seconds
+            );
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
+            last = Some(c);
+        },
+    );
+    bar.finish_and_clear();
+    let got = got?;
+    got.imatrix
+        .write(out)
+        .map_err(|e| format!("--imatrix-out {}: {e}", out.display()))?;
+    if !got.skipped.is_empty() {
+        eprintln!(
+            "ds4: imatrix: not collected (input has no unique name): {}",
+            got.skipped.join(", ")
+        );
+    }
+    eprintln!(
+        "ds4: imatrix: wrote {} ({} tensors, {} chunks of {}{})",
+        out.display(),
+        got.imatrix.entries.len(),
+        got.chunks,
+        a.imatrix_chunk,
+        last.map_or(String::new(), |c| format!(", last perplexity {:.4}", c.ppl))
+    );
+    Ok(())
 }
 
 /// `--list-devices`: every wgpu adapter, then the CUDA devices.

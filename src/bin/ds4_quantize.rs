@@ -3,7 +3,8 @@
 //! ```text
 //! ds4-quantize --compare A.gguf B.gguf
 //! ds4-quantize --splice BASE.gguf OTHER.gguf --take PATTERN [--take …] -o OUT.gguf
-//! ds4-quantize --hf CHECKPOINT_DIR --recipe q8|mxfp4|q2|q4|f32 -o OUT.gguf [--name NAME]
+//! ds4-quantize --hf CHECKPOINT_DIR --recipe q8|mxfp4|q2|q4|f32|FILE -o OUT.gguf [--name NAME] [--imatrix FILE]
+//! ds4-quantize --imatrix-stats FILE
 //! ```
 
 use std::path::PathBuf;
@@ -12,13 +13,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use argh::FromArgs;
+use ds4::convert::imatrix::Imatrix;
+use ds4::convert::recipe::Recipe;
 use ds4::convert::{compare, write};
-use ds4::testmodel::Variant;
 
 /// ds4-quantize — convert an official V4 checkpoint to ds4's GGUF; compare and splice GGUF files of the same model.
 #[derive(FromArgs)]
 #[argh(note = "Examples:
   {command_name} --hf DeepSeek-V4-Flash --recipe q2 -o ds4flash-q2.gguf
+  {command_name} --hf DeepSeek-V4-Flash --recipe q2 --imatrix imatrix.gguf -o ds4flash-q2-imatrix.gguf
+  {command_name} --hf DeepSeek-V4-Flash --recipe my-mix.recipe -o ds4flash-mine.gguf
+  {command_name} --imatrix-stats imatrix.gguf
   {command_name} --compare a.gguf b.gguf
   {command_name} --splice q2.gguf q4.gguf --take 'blk.*.ffn_down_exps.weight' -o mixed.gguf
 Details: docs/TOOLS.md")]
@@ -32,12 +37,18 @@ struct Args {
     /// convert the official V4 checkpoint in this folder (config.json, safetensors shards) to -o
     #[argh(option)]
     hf: Option<PathBuf>,
-    /// with --hf: the published mix to write: q8, mxfp4, q2, q4 or f32
+    /// with --hf: the published mix to write (q8, mxfp4, q2, q4, f32) or a recipe file (lines `PATTERN TYPE`, `base MIX`; docs/TOOLS.md)
     #[argh(option)]
     recipe: Option<String>,
     /// with --hf: general.name of the output (default "DeepSeek V4 Flash")
     #[argh(option)]
     name: Option<String>,
+    /// with --hf: an importance matrix (llama.cpp's GGUF imatrix, or its legacy .dat) for the IQ2_XXS / Q2_K / Q4_K tensors
+    #[argh(option)]
+    imatrix: Option<PathBuf>,
+    /// print the entries of an imatrix file (columns, matrices, counts, importance)
+    #[argh(option)]
+    imatrix_stats: Option<PathBuf>,
     /// with --splice: a tensor name pattern (`*` matches anything); repeatable
     #[argh(option)]
     take: Vec<String>,
@@ -61,17 +72,31 @@ fn cancel_flag() -> Arc<AtomicBool> {
 }
 
 fn run(a: Args) -> Result<(), String> {
+    if let Some(file) = &a.imatrix_stats {
+        let im = Imatrix::read(file).map_err(|e| e.to_string())?;
+        for line in im.stats() {
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    if a.imatrix.is_some() && a.hf.is_none() {
+        return Err("--imatrix goes with --hf DIR --recipe R -o OUT".into());
+    }
     if let Some(dir) = &a.hf {
         let recipe = a
             .recipe
             .as_deref()
-            .ok_or("--hf needs --recipe q8|mxfp4|q2|q4|f32")?;
-        let variant = Variant::parse(recipe)
-            .ok_or_else(|| format!("--recipe {recipe:?}: expected q8, mxfp4, q2, q4 or f32"))?;
+            .ok_or("--hf needs --recipe q8|mxfp4|q2|q4|f32|FILE")?;
+        let mix = Recipe::from_arg(recipe).map_err(|e| e.to_string())?;
         let out = a.out.ok_or("--hf needs -o OUT.gguf")?;
         let name = a.name.as_deref().unwrap_or("DeepSeek V4 Flash");
+        let imatrix = match &a.imatrix {
+            Some(p) => Some(Imatrix::read(p).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let im = imatrix.as_ref().zip(a.imatrix.as_deref());
         let cancel = cancel_flag();
-        let done = write::convert(dir, &out, variant, name, !a.quiet, &cancel)
+        let done = write::convert(dir, &out, &mix, name, im, !a.quiet, &cancel)
             .map_err(|e| e.to_string())?;
         eprintln!(
             "ds4-quantize: wrote {} ({} tensors, {} bytes, recipe {recipe})",
@@ -105,7 +130,7 @@ fn run(a: Args) -> Result<(), String> {
         );
         return Ok(());
     }
-    Err("give --hf DIR --recipe R -o OUT, --compare A B or --splice BASE OTHER --take P -o OUT (--help for usage; docs/TOOLS.md)".into())
+    Err("give --hf DIR --recipe R -o OUT, --compare A B, --splice BASE OTHER --take P -o OUT or --imatrix-stats FILE (--help for usage; docs/TOOLS.md)".into())
 }
 
 fn main() -> ExitCode {

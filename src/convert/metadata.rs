@@ -12,9 +12,10 @@
 //! (`o_groups`, not `deepseek4.attention.output_group_count`) and the keys
 //! the expectation mentions.
 //!
-//! The tokenizer keys (`tokenizer.ggml.*`) come from the checkpoint's
-//! `tokenizer.json` and are not made here yet; `general.alignment` and the
-//! `quantize.*` keys are the writer's and the recipe's.
+//! The tokenizer keys (`tokenizer.*`) come from the checkpoint's
+//! `tokenizer.json` ([`super::tokenizer`]) and follow these in the file;
+//! `general.alignment` and the `quantize.*` keys are the writer's and the
+//! recipe's.
 
 use std::path::Path;
 

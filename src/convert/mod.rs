@@ -15,24 +15,36 @@
 //!   anything is written;
 //! * [`metadata`]: a V4 `config.json` read into ds4's own `ModelConfig`
 //!   through the loader's reader and checks, and the `deepseek4` GGUF
-//!   metadata of the converted file (tokenizer keys not yet);
+//!   metadata of the converted file;
+//! * [`tokenizer`]: the checkpoint's `tokenizer.json` and
+//!   `tokenizer_config.json` as the `tokenizer.*` keys of ds4's published
+//!   files (tokens padded to `vocab_size`, token types, merges, BOS/EOS,
+//!   chat template), checked by building ds4's own tokenizer from them;
+//! * [`imatrix`]: importance matrices in llama.cpp's formats (the GGUF
+//!   `general.type = imatrix` files `llama-imatrix` writes, read and
+//!   written; the legacy `.dat` files, read), checked against the name map
+//!   and handed to the quantizers per tensor and per expert (`--imatrix`);
 //! * [`compare`]: per-tensor errors between two GGUFs of the same model
 //!   (`--compare`), and a file made of one's tensors with some taken from
 //!   the other (`--splice`);
+//! * [`recipe`]: `--recipe FILE`, a GGUF type per tensor-name pattern over
+//!   a named base mix, checked with the loader's rules before writing;
 //! * [`output`]: the output written under a temporary name and renamed when
 //!   complete, and tensor name patterns;
 //! * [`write`]: a V4 checkpoint converted to a `deepseek4` GGUF in one of
 //!   ds4's published mixes (`--hf DIR --recipe q8|mxfp4|q2|q4|f32`).
 //!
-//! Not here yet (docs/TOOLS.md, issue 37): tokenizer metadata, recipe
-//! files, imatrix, the MTP file, the V4.1 and DSpark layouts.
+//! Not here yet (docs/TOOLS.md, issue 37): recipe files, the MTP file, the V4.1 and DSpark layouts.
 
 pub mod compare;
 pub mod decode;
+pub mod imatrix;
 pub mod layout;
 pub mod metadata;
 pub mod output;
+pub mod recipe;
 pub mod safetensors;
+pub mod tokenizer;
 pub mod write;
 
 /// Every failure of the tools; each names the file and, where there is one,

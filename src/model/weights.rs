@@ -72,7 +72,8 @@ pub(crate) enum Class {
 }
 
 impl Class {
-    fn accepts(self) -> &'static [GgmlType] {
+    /// The types the loader binds a tensor of this class with.
+    pub(crate) fn accepts(self) -> &'static [GgmlType] {
         use GgmlType::*;
         match self {
             Class::Dense => &[F32, F16, Bf16, Q8_0],

@@ -154,8 +154,9 @@ pub struct Session {
     scoring: Option<GraphHandle>,
     /// The speculative verify graph and its undo plan, built on first use.
     verifier: Option<speculate::Verifier>,
-    /// The draft model, when the session runs one (`opts.drafter`).
-    drafter: Option<draft::Drafter>,
+    /// The draft model, when the session runs one (`opts.drafter`); boxed,
+    /// as most sessions run none.
+    drafter: Option<Box<draft::Drafter>>,
     last: GraphHandle,
     /// The recorded graphs with the handles the backend gave them.
     graphs: Vec<(GraphHandle, Arc<Graph>)>,
@@ -198,8 +199,8 @@ impl Session {
             &opts.backend_options,
         )?;
         let mut backend = opened.backend;
-        let drafter = net.open_drafter(backend.as_mut())?;
-        let keep = keep_values(&opts.dump, drafter.as_ref());
+        let drafter = net.open_drafter(backend.as_mut())?.map(Box::new);
+        let keep = keep_values(&opts.dump, drafter.as_deref());
         let chunk = opts.prefill_chunk.clamp(1, opts.ctx.max(1));
         let mut graphs = Vec::new();
         let mut load =
@@ -542,7 +543,7 @@ impl Session {
 
     /// What every target graph keeps readable ([`keep_values`]).
     fn keep_values(&self) -> Vec<ValueName> {
-        keep_values(&self.opts.dump, self.drafter.as_ref())
+        keep_values(&self.opts.dump, self.drafter.as_deref())
     }
 
     /// Reads back a named value (`NAME@LAYER`) of the last step, all live rows.

@@ -5,6 +5,7 @@ values decoded on this side (for tests/convert_checkpoint.rs).
     make_checkpoint.py --out DIR [--block 128] [--seed 1]
     make_checkpoint.py --model v4 --out DIR [--vocab 129280] [--block 128] [--seed 1]
                        [--tame] [--drop NAME ...] [--reshape NAME ...]
+                       [--tokenizer FILE] [--tokenizer-vocab N]
 
 Without `--model`, writes into DIR:
 
@@ -55,6 +56,26 @@ logits move little when its weights are rounded. Tests break it on
 purpose: `--drop NAME` leaves tensor NAME (a weight or a `.scale`) out of
 its shard and the index,
 `--reshape NAME` writes it with one more row (its scale following).
+
+`--model v4` also writes the tokenizer the release ships next to the weights
+(docs/TOOLS.md, "The tokenizer"): `tokenizer.json` and `tokenizer_config.json`.
+`tokenizer.json` is `--tokenizer` (default: the committed official V4
+tokenizer, tests/data/deepseek-v4-tokenizer.json, 129280 ids: the vocabulary
+every ds4 test model carries) cut to `--tokenizer-vocab` ids (default
+`--vocab`). At its own size or larger it is written unchanged (a
+`--vocab` above it leaves ids the converter pads). Smaller, it is the
+official one cut to a consistent smaller BPE tokenizer: the model.vocab
+entries below N - 10 (ids 0-2 the begin/end/pad markers, 3-258 the 256
+byte symbols, then the first merged tokens), the merges whose two symbols
+and result all remain, in rank order, the added tokens 0-2, and ten chat
+markers (`<｜User｜>`, `<｜Assistant｜>`, `<think>`, `</think>`, `｜DSML｜`,
+`<dsml:`, `</dsml:`, `<|EOT|>`, `<｜end_of_query｜>`, `<｜fim▁hole｜>`: ds4's
+seven plus one of each token-type case) renumbered to ids N - 10 .. N - 1,
+their flags kept; every other key (pre-tokenizer, decoder) is the official
+one's, so any BPE tokenizer (HF `tokenizers`, ds4) reads it. N must be at
+least 269. `tokenizer_config.json` is shaped like the release's: `bos_token`
+as an AddedToken object, `eos_token` and `pad_token` as strings, no
+automatic BOS/EOS, and a short stand-in `chat_template` (not DeepSeek's).
 
 Python standard library only; the same seed gives the same bytes.
 """
@@ -491,6 +512,67 @@ def write_v4(a):
         return 0 if name.startswith("embed") else 2
     write_sharded(out, [[t for t in tensors if shard_of(t.name) == k] for k in range(3)])
     (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
+    write_tokenizer(out, Path(a.tokenizer), a.vocab if a.tokenizer_vocab is None else a.tokenizer_vocab)
+
+
+# ------------------------------------------------------------------ tokenizer
+
+DEFAULT_TOKENIZER = Path(__file__).resolve().parents[2] / "tests/data/deepseek-v4-tokenizer.json"
+BOS, EOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"
+# The markers a cut tokenizer keeps (ds4's seven, then one control token by
+# bars only, one by ASCII bars, one flagged special, one more user-defined).
+KEPT_MARKERS = ["<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>", "<think>", "</think>",
+                "\uff5cDSML\uff5c", "<\uff5cfim\u2581hole\uff5c>", "<|EOT|>",
+                "<\uff5cend_of_query\uff5c>", "<dsml:", "</dsml:"]
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+                 "<\uff5cUser\uff5c>{{ m['content'] }}{% else %}<\uff5cAssistant\uff5c>"
+                 "{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}<\uff5cAssistant\uff5c></think>{% endif %}")
+
+
+def cut_tokenizer(j, n):
+    """The tokenizer.json `j` cut to `n` ids (see the docstring)."""
+    top = n - len(KEPT_MARKERS)
+    if top < 259:
+        raise SystemExit(f"--tokenizer-vocab {n}: at least {259 + len(KEPT_MARKERS)} needed")
+    vocab = {t: i for t, i in j["model"]["vocab"].items() if i < top}
+    merges = []
+    for m in j["model"]["merges"]:
+        left, right = m.split(" ") if isinstance(m, str) else m
+        if left in vocab and right in vocab and left + right in vocab:
+            merges.append(m)
+    by_content = {a["content"]: a for a in j["added_tokens"]}
+    added = [a for a in j["added_tokens"] if a["id"] < top]
+    for k, content in enumerate(KEPT_MARKERS):
+        added.append(dict(by_content[content], id=top + k))
+    out = dict(j, added_tokens=added)
+    out["model"] = dict(j["model"], vocab=vocab, merges=merges)
+    return out
+
+
+def write_tokenizer(out, src, n):
+    raw = src.read_bytes()
+    j = json.loads(raw)
+    size = 1 + max(list(j["model"]["vocab"].values()) + [a["id"] for a in j["added_tokens"]])
+    if n >= size:
+        (out / "tokenizer.json").write_bytes(raw)
+    else:
+        (out / "tokenizer.json").write_text(json.dumps(cut_tokenizer(j, n), ensure_ascii=False))
+    config = {
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "bos_token": {"__type": "AddedToken", "content": BOS, "lstrip": False,
+                      "normalized": False, "rstrip": False, "single_word": False},
+        "clean_up_tokenization_spaces": False,
+        "eos_token": EOS,
+        "legacy": True,
+        "model_max_length": 1048576,
+        "pad_token": EOS,
+        "tokenizer_class": "LlamaTokenizerFast",
+        "unk_token": None,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def write_sharded(out, shards):
@@ -518,6 +600,10 @@ def main():
     ap.add_argument("--drop", action="append", default=[], help="--model v4: leave tensor out")
     ap.add_argument("--reshape", action="append", default=[],
                     help="--model v4: write tensor with one more row")
+    ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER),
+                    help="--model v4: the tokenizer.json to write (default: the official V4 one)")
+    ap.add_argument("--tokenizer-vocab", type=int,
+                    help="--model v4: cut tokenizer.json to this many ids (default --vocab)")
     a = ap.parse_args()
     if a.model == "v4":
         write_v4(a)

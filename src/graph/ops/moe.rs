@@ -272,6 +272,35 @@ impl MoeExperts {
         });
     }
 
+    /// The rows expert `e`'s `down` slab multiplies, one per row of `xs`
+    /// (`n × dim`, the tokens routed to `e`, with route weights `wts`):
+    /// `wt · swiglu(gate_e · x, up_e · x)` with the op's clamp, and under
+    /// `mid_fp8` the FP8 round trip; `n × hidden`. The CPU twin's own mid
+    /// rows (imatrix collection reads them too, `app::imatrix`).
+    pub fn mid_rows(&self, src: SlabSource<'_>, e: usize, xs: &[f32], wts: &[f32]) -> Vec<f32> {
+        let ExpertDims {
+            dim: d, hidden: ff, ..
+        } = self.dims();
+        let n = wts.len();
+        let mut g = vec![0f32; n * ff];
+        let mut u = vec![0f32; n * ff];
+        let gate = self.slab_from(src, &self.gate, e);
+        let up = self.slab_from(src, &self.up, e);
+        matmul_rows(self.gate.ty, gate, d, ff, 1, &xs[..n * d], n, &mut g);
+        matmul_rows(self.up.ty, up, d, ff, 1, &xs[..n * d], n, &mut u);
+        for (j, &wt) in wts.iter().enumerate() {
+            for f in 0..ff {
+                g[j * ff + f] = wt * swiglu(g[j * ff + f], u[j * ff + f], self.clamp);
+            }
+        }
+        if self.mid_fp8 {
+            for row in g.chunks_exact_mut(ff) {
+                crate::quant::small_float::fp8_roundtrip(row, MID_FP8_BLOCK);
+            }
+        }
+        g
+    }
+
     pub fn compute<'f>(
         &self,
         src: impl Into<SlabSource<'f>>,
@@ -305,21 +334,8 @@ impl MoeExperts {
             for (j, &(t, _)) in users.iter().enumerate() {
                 xs[j * d..(j + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
             }
-            let mut g = vec![0f32; n * ff];
-            let mut u = vec![0f32; n * ff];
-            matmul_rows(self.gate.ty, slab(&self.gate, e), d, ff, 1, &xs, n, &mut g);
-            matmul_rows(self.up.ty, slab(&self.up, e), d, ff, 1, &xs, n, &mut u);
-            for (j, &(_, slot)) in users.iter().enumerate() {
-                let wt = w[slot];
-                for f in 0..ff {
-                    g[j * ff + f] = wt * swiglu(g[j * ff + f], u[j * ff + f], self.clamp);
-                }
-            }
-            if self.mid_fp8 {
-                for row in g.chunks_exact_mut(ff) {
-                    crate::quant::small_float::fp8_roundtrip(row, MID_FP8_BLOCK);
-                }
-            }
+            let wts: Vec<f32> = users.iter().map(|&(_, slot)| w[slot]).collect();
+            let g = self.mid_rows(src, e, &xs, &wts);
             let mut y = vec![0f32; n * d];
             matmul_rows(self.down.ty, slab(&self.down, e), ff, d, 1, &g, n, &mut y);
             for (j, &(_, slot)) in users.iter().enumerate() {
