@@ -443,31 +443,19 @@ impl Session {
             self.reset();
             return Err(e.into());
         }
-        if let Some(m) = self.drafter.as_mut() {
-            let step = TargetStep {
-                backend: self.backend.as_ref(),
-                g,
-                graph: &graph,
-                pos0: params.pos0,
-                n: tokens.len(),
-            };
-            if let Err(e) = m.record(&step) {
-                self.reset();
-                return Err(e);
-            }
-        }
-        if let Some(o) = &self.opts.observer {
-            let step = TargetStep {
-                backend: self.backend.as_ref(),
-                g,
-                graph: &graph,
-                pos0: params.pos0,
-                n: tokens.len(),
-            };
-            if let Err(e) = o.observe(&step) {
-                self.reset();
-                return Err(e);
-            }
+        // The draft model and the observer read the step's kept values.
+        let step = TargetStep {
+            backend: self.backend.as_ref(),
+            g,
+            graph: &graph,
+            pos0: params.pos0,
+            n: tokens.len(),
+        };
+        let seen = (self.drafter.as_mut().map_or(Ok(()), |m| m.record(&step)))
+            .and_then(|()| self.opts.observer.as_ref().map_or(Ok(()), |o| o.observe(&step)));
+        if let Err(e) = seen {
+            self.reset();
+            return Err(e);
         }
         self.tokens.extend_from_slice(tokens);
         self.last = g;
