@@ -202,6 +202,31 @@ impl Shard {
         &self.path
     }
 
+    /// See [`Checkpoint::release`]. The range is widened to whole pages;
+    /// a page shared with a neighbour is only read again if needed.
+    fn release(&self, name: &str) {
+        let Some(e) = self.tensors.get(name) else {
+            return;
+        };
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+        let start = e.start / page * page;
+        let end = e.end.min(self.map.len());
+        if end > start {
+            // SAFETY: the map is a read-only shared map of a file: dropped
+            // pages read back from the file, unchanged, on the next access
+            // (no private copy is lost, which is what makes DontNeed unsafe
+            // in general).
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    end - start,
+                )
+            };
+        }
+    }
+
     /// The names of the tensors it holds (in no particular order).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(|s| s.as_str())
@@ -399,6 +424,17 @@ impl Checkpoint {
     /// Tensor `name`, if the index names it.
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
         self.shards[*self.index.get(name)?].tensor(name)
+    }
+
+    /// Drops tensor `name`'s pages from this process (the converter calls
+    /// it once a tensor is written), so memory stays a few chunks however
+    /// large the checkpoint: mapped pages otherwise stay resident until
+    /// the kernel needs them. Reading the tensor again reads the file
+    /// again. Unknown names are ignored.
+    pub fn release(&self, name: &str) {
+        if let Some(&i) = self.index.get(name) {
+            self.shards[i].release(name);
+        }
     }
 
     /// Tensor `name`, or an error naming the index and the tensor.

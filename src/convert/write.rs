@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use super::decode::{to_i32, Weight};
+use super::decode::{scale_name, to_i32, Weight};
 use super::imatrix::{self, Imatrix};
 use super::layout::{Layout, Source};
 use super::metadata::V4Config;
@@ -115,6 +115,10 @@ pub fn convert(
                     .map_err(|e| out_err(&partial, &t.name, format!("write failed: {e}")))
             };
             let written = write_tensor(&ck, &layout, k, ty, entry, &partial, &mut sink, cancel)?;
+            for (name, _) in t.sources() {
+                ck.release(&scale_name(&name));
+                ck.release(&name);
+            }
             pb.inc(written);
         }
         Ok(())
