@@ -185,8 +185,17 @@ fn tiny_checkpoint_is_accepted_and_maps_onto_the_tiny_model() {
     let dir = v4_checkpoint("good", &[]);
     let ck = Checkpoint::open(&dir).unwrap();
     let l = Layout::for_checkpoint(&ck).expect("the tiny checkpoint passes the checks");
-    // The name map reads every tensor of the checkpoint (it has no MTP layer).
-    assert_eq!(l.unused(&ck), Vec::<&str>::new());
+    // The main file's map reads every tensor but the MTP block's, and the
+    // MTP file's map reads exactly those (GGUF.md §7: 32 tensors).
+    let unused = l.unused(&ck);
+    assert!(!unused.is_empty() && unused.iter().all(|n| n.starts_with("mtp.0.")));
+    let mtp = Layout::v4_mtp(&l.config);
+    mtp.check(&ck).expect("the MTP block passes the checks");
+    assert_eq!(mtp.tensors.len(), 32);
+    let mtp_unused = mtp.unused(&ck);
+    assert!(unused.iter().all(|n| !mtp_unused.contains(n)));
+    // Every tensor of the checkpoint is read by exactly one of the two.
+    assert_eq!(mtp_unused.len() + unused.len(), ck.names().count());
 
     // The tiny model's generator writes the same directory, and the loader
     // binds it.

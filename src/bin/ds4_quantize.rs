@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use argh::FromArgs;
 use ds4::convert::imatrix::Imatrix;
+use ds4::convert::layout::Part;
 use ds4::convert::recipe::Recipe;
 use ds4::convert::{compare, write};
 
@@ -23,6 +24,7 @@ use ds4::convert::{compare, write};
   {command_name} --hf DeepSeek-V4-Flash --recipe q2 -o ds4flash-q2.gguf
   {command_name} --hf DeepSeek-V4-Flash --recipe q2 --imatrix imatrix.gguf -o ds4flash-q2-imatrix.gguf
   {command_name} --hf DeepSeek-V4-Flash --recipe my-mix.recipe -o ds4flash-mine.gguf
+  {command_name} --hf DeepSeek-V4-Flash --mtp --recipe q4 -o ds4flash-mtp.gguf
   {command_name} --imatrix-stats imatrix.gguf
   {command_name} --compare a.gguf b.gguf
   {command_name} --splice q2.gguf q4.gguf --take 'blk.*.ffn_down_exps.weight' -o mixed.gguf
@@ -40,6 +42,9 @@ struct Args {
     /// with --hf: the published mix to write (q8, mxfp4, q2, q4, f32) or a recipe file (lines `PATTERN TYPE`, `base MIX`; docs/TOOLS.md)
     #[argh(option)]
     recipe: Option<String>,
+    /// with --hf: write the MTP block's file (mtp.0.*, for --mtp-model) instead of the main model
+    #[argh(switch)]
+    mtp: bool,
     /// with --hf: general.name of the output (default "DeepSeek V4 Flash")
     #[argh(option)]
     name: Option<String>,
@@ -96,8 +101,14 @@ fn run(a: Args) -> Result<(), String> {
         };
         let im = imatrix.as_ref().zip(a.imatrix.as_deref());
         let cancel = cancel_flag();
-        let done = write::convert(dir, &out, &mix, name, im, !a.quiet, &cancel)
-            .map_err(|e| e.to_string())?;
+        let opts = write::ConvertOptions {
+            recipe: &mix,
+            name,
+            part: if a.mtp { Part::Mtp } else { Part::Main },
+            imatrix: im,
+            progress: !a.quiet,
+        };
+        let done = write::convert(dir, &out, &opts, &cancel).map_err(|e| e.to_string())?;
         eprintln!(
             "ds4-quantize: wrote {} ({} tensors, {} bytes, recipe {recipe})",
             out.display(),

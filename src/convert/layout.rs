@@ -84,9 +84,19 @@ impl GgufTensor {
     }
 }
 
+/// Which file of the model a directory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The main `deepseek4` file.
+    Main,
+    /// The MTP draft block's file (`--mtp`).
+    Mtp,
+}
+
 /// The `deepseek4` tensor directory of a V4 checkpoint.
 #[derive(Clone, Debug)]
 pub struct Layout {
+    pub part: Part,
     /// The shapes (and every other hyper-parameter) the directory is made
     /// for: what ds4's loader reads from the converted file.
     pub config: ModelConfig,
@@ -98,6 +108,13 @@ pub struct Layout {
 /// Builds the directory in file order.
 struct Dir {
     tensors: Vec<GgufTensor>,
+}
+
+/// A block's name prefixes: in the GGUF and in the checkpoint.
+#[derive(Clone, Copy)]
+struct Prefix<'a> {
+    gguf: &'a str,
+    hf: &'a str,
 }
 
 impl Dir {
@@ -114,11 +131,11 @@ impl Dir {
     }
 
     /// A sublayer's hyper-connection mix (`sub` = attn or ffn).
-    fn hc_mix(&mut self, s: &ModelConfig, l: usize, sub: &str) {
+    fn hc_mix(&mut self, s: &ModelConfig, p: Prefix, sub: &str) {
         let (hc, d) = (s.hc_count, s.n_embd);
         let mix = (2 + hc) * hc;
-        let g = |x: &str| format!("blk.{l}.hc_{sub}_{x}.weight");
-        let h = |x: &str| format!("layers.{l}.hc_{sub}_{x}");
+        let g = |x: &str| format!("{}hc_{sub}_{x}.weight", p.gguf);
+        let h = |x: &str| format!("{}hc_{sub}_{x}", p.hf);
         self.one(&g("fn"), &[hc * d, mix], &h("fn"));
         self.one(&g("scale"), &[3], &h("scale"));
         self.one(&g("base"), &[mix], &h("base"));
@@ -127,27 +144,36 @@ impl Dir {
     /// A compressor: `names` = its GGUF prefix (`attn_compressor_` /
     /// `indexer_compressor_`) and its checkpoint prefix, `hd` its head dim
     /// (outputs doubled when overlapped, in CSA layers).
-    fn compressor(&mut self, s: &ModelConfig, l: usize, names: [&str; 2], ratio: usize, hd: usize) {
+    fn compressor(
+        &mut self,
+        s: &ModelConfig,
+        p: Prefix,
+        names: [&str; 2],
+        ratio: usize,
+        hd: usize,
+    ) {
         let [gguf, hf] = names;
         let w = if ratio == CSA_RATIO { 2 * hd } else { hd };
-        let g = |x: &str| format!("blk.{l}.{gguf}{x}.weight");
-        let h = |x: &str| format!("layers.{l}.{hf}{x}");
+        let g = |x: &str| format!("{}{gguf}{x}.weight", p.gguf);
+        let h = |x: &str| format!("{}{hf}{x}", p.hf);
         self.one(&g("ape"), &[w, ratio], &h("ape"));
         self.one(&g("kv"), &[s.n_embd, w], &h("wkv.weight"));
         self.one(&g("gate"), &[s.n_embd, w], &h("wgate.weight"));
         self.one(&g("norm"), &[hd], &h("norm.weight"));
     }
 
-    fn layer(&mut self, s: &ModelConfig, l: usize) {
+    /// A block: a main layer (`blk.L.` from `layers.L.`) or the MTP
+    /// block (`mtp.0.` from `mtp.0.`), with its compression `ratio` and,
+    /// when `hash`, the hash-routing table instead of the router bias.
+    fn block(&mut self, s: &ModelConfig, p: Prefix, ratio: usize, hash: bool) {
         let (d, hd, nh, ql) = (s.n_embd, s.head_dim, s.n_head, s.q_lora_rank);
         let ol = s.o_groups * s.o_lora_rank;
         let group_in = nh / s.o_groups * hd;
         let (ff, e) = (s.expert_ff, s.n_expert);
-        let g = |x: &str| format!("blk.{l}.{x}.weight");
-        let h = |x: &str| format!("layers.{l}.{x}");
-        let ratio = s.compress_ratios[l];
+        let g = |x: &str| format!("{}{x}.weight", p.gguf);
+        let h = |x: &str| format!("{}{x}", p.hf);
 
-        self.hc_mix(s, l, "attn");
+        self.hc_mix(s, p, "attn");
         self.one(&g("attn_norm"), &[d], &h("attn_norm.weight"));
         self.one(&g("attn_q_a"), &[d, ql], &h("attn.wq_a.weight"));
         self.one(&g("attn_q_a_norm"), &[ql], &h("attn.q_norm.weight"));
@@ -159,7 +185,7 @@ impl Dir {
         self.one(&g("attn_output_b"), &[ol, d], &h("attn.wo_b.weight"));
         if ratio > 0 {
             let names = ["attn_compressor_", "attn.compressor."];
-            self.compressor(s, l, names, ratio, hd);
+            self.compressor(s, p, names, ratio, hd);
             if ratio == CSA_RATIO {
                 let (ih, ihd) = (s.indexer_heads, s.indexer_head_dim);
                 let wq_b = h("attn.indexer.wq_b.weight");
@@ -167,18 +193,18 @@ impl Dir {
                 let proj = h("attn.indexer.weights_proj.weight");
                 self.one(&g("indexer.proj"), &[d, ih], &proj);
                 let names = ["indexer_compressor_", "attn.indexer.compressor."];
-                self.compressor(s, l, names, ratio, ihd);
+                self.compressor(s, p, names, ratio, ihd);
             }
         }
-        self.hc_mix(s, l, "ffn");
+        self.hc_mix(s, p, "ffn");
         self.one(&g("ffn_norm"), &[d], &h("ffn_norm.weight"));
         self.one(&g("ffn_gate_inp"), &[d, e], &h("ffn.gate.weight"));
-        if l < s.n_hash_layers {
+        if hash {
             let name = g("ffn_gate_tid2eid");
             let src = Source::Table(h("ffn.gate.tid2eid"));
             self.push(&name, &[s.n_expert_used, s.n_vocab], src);
         } else {
-            let name = format!("blk.{l}.exp_probs_b.bias");
+            let name = format!("{}exp_probs_b.bias", p.gguf);
             self.one(&name, &[e], &h("ffn.gate.bias"));
         }
         for (gguf, w, ne) in [
@@ -230,7 +256,12 @@ impl Layout {
         };
         dir.one("token_embd.weight", &[d, v], "embed.weight");
         for l in 0..s.n_layer {
-            dir.layer(s, l);
+            let (gguf, hf) = (format!("blk.{l}."), format!("layers.{l}."));
+            let p = Prefix {
+                gguf: &gguf,
+                hf: &hf,
+            };
+            dir.block(s, p, s.compress_ratios[l], l < s.n_hash_layers);
         }
         dir.one("output_hc_fn.weight", &[hc * d, hc], "hc_head_fn");
         dir.one("output_hc_scale.weight", &[1], "hc_head_scale");
@@ -239,6 +270,46 @@ impl Layout {
         dir.one("output.weight", &[d, v], "head.weight");
         Layout {
             config: s.clone(),
+            part: Part::Main,
+            tensors: dir.tensors,
+        }
+    }
+
+    /// The directory of the MTP file (GGUF.md §7): the MTP block of the
+    /// same checkpoint (`mtp.0.*`, the same sub-names as a layer), a
+    /// window-only (ratio 0) top-k-routed block, with its own input
+    /// projections and norms and its own hyper-connection head; it shares
+    /// the main file's embedding and output head, so it has neither.
+    pub fn v4_mtp(s: &ModelConfig) -> Layout {
+        let (d, hc) = (s.n_embd, s.hc_count);
+        let mut dir = Dir {
+            tensors: Vec::new(),
+        };
+        let p = Prefix {
+            gguf: "mtp.0.",
+            hf: "mtp.0.",
+        };
+        dir.one("mtp.0.hc_head_fn.weight", &[hc * d, hc], "mtp.0.hc_head_fn");
+        dir.one("mtp.0.hc_head_scale.weight", &[1], "mtp.0.hc_head_scale");
+        dir.one("mtp.0.hc_head_base.weight", &[hc], "mtp.0.hc_head_base");
+        for x in ["e_proj", "h_proj"] {
+            dir.one(
+                &format!("mtp.0.{x}.weight"),
+                &[d, d],
+                &format!("mtp.0.{x}.weight"),
+            );
+        }
+        for x in ["enorm", "hnorm", "norm"] {
+            dir.one(
+                &format!("mtp.0.{x}.weight"),
+                &[d],
+                &format!("mtp.0.{x}.weight"),
+            );
+        }
+        dir.block(s, p, 0, false);
+        Layout {
+            config: s.clone(),
+            part: Part::Mtp,
             tensors: dir.tensors,
         }
     }

@@ -24,7 +24,7 @@
 
 use std::path::Path;
 
-use super::layout::{GgufTensor, Layout};
+use super::layout::{GgufTensor, Layout, Part};
 use super::output::glob;
 use super::ConvertError;
 use crate::model::weights::Class;
@@ -247,7 +247,10 @@ impl Recipe {
 /// and shapes in the same order.
 pub fn tensor_types(layout: &Layout, variant: Variant) -> Result<Vec<GgmlType>, ConvertError> {
     let spec = TestModelSpec::from_config(&layout.config);
-    let plan = testmodel::tensor_types(&spec, variant, layout.config.n_vocab);
+    let plan = match layout.part {
+        Part::Main => testmodel::tensor_types(&spec, variant, layout.config.n_vocab),
+        Part::Mtp => testmodel::mtp_tensor_types(&spec, variant),
+    };
     if plan.len() != layout.tensors.len() {
         return Err(ConvertError::Usage(format!(
             "internal: the {} plan has {} tensors, the name map {}",

@@ -34,7 +34,7 @@ use rayon::prelude::*;
 
 use super::decode::{scale_name, to_i32, Weight};
 use super::imatrix::{self, Imatrix};
-use super::layout::{Layout, Source};
+use super::layout::{Layout, Part, Source};
 use super::metadata::V4Config;
 use super::output::{create_partial, finish, partial_path, progress_bar};
 use super::recipe::Recipe;
@@ -66,31 +66,52 @@ struct Chunk {
     at: u64,
 }
 
-/// Converts the checkpoint in `dir` to `out` with `recipe`'s types
-/// (`general.name` = `name`). `progress` shows a bar on stderr; `cancel`
-/// (Ctrl-C) stops between waves. `imatrix` (its contents and the file it
-/// was read from) weighs the IQ2_XXS / Q2_K / Q4_K searches. On any error
-/// nothing is left under `out`.
+/// What [`convert`] writes.
+pub struct ConvertOptions<'a> {
+    /// The tensor types.
+    pub recipe: &'a Recipe,
+    /// `general.name`.
+    pub name: &'a str,
+    /// The main file, or the MTP block's file.
+    pub part: Part,
+    /// Weighs the IQ2_XXS / Q2_K / Q4_K searches: its contents and the file
+    /// it was read from.
+    pub imatrix: Option<(&'a Imatrix, &'a Path)>,
+    /// A progress bar on stderr.
+    pub progress: bool,
+}
+
+/// Converts the checkpoint in `dir` to `out` as `opts` say; `cancel`
+/// (Ctrl-C) stops between waves. On any error nothing is left under `out`.
 pub fn convert(
     dir: &Path,
     out: &Path,
-    recipe: &Recipe,
-    name: &str,
-    imatrix: Option<(&Imatrix, &Path)>,
-    progress: bool,
+    opts: &ConvertOptions<'_>,
     cancel: &AtomicBool,
 ) -> Result<Converted, ConvertError> {
     let ck = Checkpoint::open(dir)?;
-    let meta = V4Config::from_config(ck.config(), &ck.dir().join(CONFIG_FILE), name)?;
-    let layout = Layout::v4(&meta.model);
+    let meta = V4Config::from_config(ck.config(), &ck.dir().join(CONFIG_FILE), opts.name)?;
+    let layout = match opts.part {
+        Part::Main => Layout::v4(&meta.model),
+        Part::Mtp => Layout::v4_mtp(&meta.model),
+    };
     layout.check(&ck)?;
-    let tokenizer = TokenizerKeys::read(ck.dir(), meta.model.n_vocab)?;
-    let types = recipe.types(&layout)?;
-    let (imatrix, without_imatrix) = check_imatrix(&layout, &types, imatrix)?;
+    let types = opts.recipe.types(&layout)?;
+    let (imatrix, without_imatrix) = check_imatrix(&layout, &types, opts.imatrix)?;
 
     let mut w = GgufWriter::new();
-    meta.add_to(&mut w);
-    tokenizer.add_to(&mut w);
+    match opts.part {
+        Part::Main => {
+            meta.add_to(&mut w);
+            TokenizerKeys::read(ck.dir(), meta.model.n_vocab)?.add_to(&mut w);
+        }
+        // Like the published MTP file: the architecture and a name, no
+        // model keys (ds4 reads none from it, GGUF.md §7) and no tokenizer.
+        Part::Mtp => {
+            w.add_str("general.architecture", "deepseek4");
+            w.add_str("general.name", &format!("{} MTP", opts.name));
+        }
+    }
     if let Some((im, file)) = imatrix {
         for (k, v) in im.quantize_keys(&file.display().to_string()) {
             w.add_kv(&k, v);
@@ -103,7 +124,7 @@ pub fn convert(
     let lay = w.layout();
     let partial = partial_path(out);
     let f = create_partial(&partial, &lay.header, lay.file_len)?;
-    let pb = progress_bar(lay.file_len, progress);
+    let pb = progress_bar(lay.file_len, opts.progress);
     let n = layout.tensors.len();
     let res = (|| {
         for (k, (t, &ty)) in layout.tensors.iter().zip(&types).enumerate() {

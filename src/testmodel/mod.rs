@@ -537,8 +537,19 @@ pub fn tensor_types(
     variant: Variant,
     n_vocab: usize,
 ) -> Vec<(String, Vec<u64>, GgmlType)> {
-    plan_main(spec, n_vocab)
-        .into_iter()
+    typed(plan_main(spec, n_vocab), variant)
+}
+
+/// [`tensor_types`] of the MTP file ([`write_mtp`]).
+pub fn mtp_tensor_types(
+    spec: &TestModelSpec,
+    variant: Variant,
+) -> Vec<(String, Vec<u64>, GgmlType)> {
+    typed(plan_mtp(spec), variant)
+}
+
+fn typed(plan: Vec<Planned>, variant: Variant) -> Vec<(String, Vec<u64>, GgmlType)> {
+    plan.into_iter()
         .map(|t| {
             let ty = variant.type_for(t.class);
             (t.name, t.ne, ty)

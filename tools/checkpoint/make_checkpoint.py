@@ -44,7 +44,10 @@ storage (GGUF.md sections 9-10, the official inference/model.py): FP8 E4M3
 hyper-connection tensors, compressors, router bias; packed FP4 routed experts;
 an I64 `tid2eid` [vocab, 2] of distinct expert ids per row. It has a
 config.json with the official V4 keys (compress_ratios with the MTP layer's
-extra slot), three shards and the index; no MTP layer and no expected values
+extra slot), three shards and the index, and the MTP block `mtp.0.*` as the
+release stores it (a layer's sub-names, window-only with a router bias, plus
+FP8 `e_proj`/`h_proj`, F32 `enorm`/`hnorm`/`norm` and `hc_head_*`; in the
+last shard); no expected values
 (the values are random bytes kept finite: FP8 codes avoid the NaN pattern,
 scale bytes lie in 118..133, floats in about +-2^-7..2: a forward on them is
 chaotic, any rounding changes every logit). `--tame` draws instead the
@@ -393,10 +396,9 @@ def v4_storage(c):
     ne, ff, v, k = (c["n_routed_experts"], c["moe_intermediate_size"], c["vocab_size"],
                     c["num_experts_per_tok"])
     mix = (2 + hc) * hc
-    out = [("embed.weight", "bf16", [v, d])]
-    for li in range(c["num_hidden_layers"]):
-        p = f"layers.{li}."
-        ratio = c["compress_ratios"][li]
+
+    def block(p, ratio, hash_routed):
+        out = []
         for sub in ("attn", "ffn"):
             out += [(f"{p}hc_{sub}_fn", "f32", [mix, hc * d]),
                     (f"{p}hc_{sub}_scale", "f32", [3]),
@@ -425,7 +427,7 @@ def v4_storage(c):
                         (f"{p}{cp}wgate.weight", "f32", [w2, d]),
                         (f"{p}{cp}norm.weight", "f32", [w])]
         out.append((f"{p}ffn.gate.weight", "bf16", [ne, d]))
-        if li < c["num_hash_layers"]:
+        if hash_routed:
             out.append((f"{p}ffn.gate.tid2eid", "i64", [v, k]))
         else:
             out.append((f"{p}ffn.gate.bias", "f32", [ne]))
@@ -436,11 +438,30 @@ def v4_storage(c):
         out += [(f"{p}ffn.shared_experts.w1.weight", "fp8", [ff, d]),
                 (f"{p}ffn.shared_experts.w3.weight", "fp8", [ff, d]),
                 (f"{p}ffn.shared_experts.w2.weight", "fp8", [d, ff])]
+        return out
+
+    out = [("embed.weight", "bf16", [v, d])]
+    n = c["num_hidden_layers"]
+    for li in range(n):
+        out += block(f"layers.{li}.", c["compress_ratios"][li], li < c["num_hash_layers"])
     out += [("hc_head_fn", "f32", [hc, hc * d]),
             ("hc_head_scale", "f32", [1]),
             ("hc_head_base", "f32", [hc]),
             ("norm.weight", "f32", [d]),
             ("head.weight", "bf16", [v, d])]
+    # The MTP block (official model.py's MTPBlock: a Block of layer id n,
+    # ratio compress_ratios[n] = 0, router bias, plus its input projections,
+    # norms and hyper-connection head).
+    p = "mtp.0."
+    out += [(f"{p}hc_head_fn", "f32", [hc, hc * d]),
+            (f"{p}hc_head_scale", "f32", [1]),
+            (f"{p}hc_head_base", "f32", [hc]),
+            (f"{p}e_proj.weight", "fp8", [d, d]),
+            (f"{p}h_proj.weight", "fp8", [d, d]),
+            (f"{p}enorm.weight", "f32", [d]),
+            (f"{p}hnorm.weight", "f32", [d]),
+            (f"{p}norm.weight", "f32", [d])]
+    out += block(p, c["compress_ratios"][n], False)
     return out
 
 
