@@ -71,12 +71,7 @@ fn expected(dir: &Path) -> Vec<(String, Expected)> {
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
                 .collect();
-            let shape = m["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap() as usize)
-                .collect();
+            let shape = common::json_uints(&m["shape"]);
             let kind = m["kind"].as_str().unwrap().to_string();
             (name.clone(), Expected { shape, kind, words })
         })
@@ -220,6 +215,32 @@ fn edit_header(path: &Path, f: impl FnOnce(&mut serde_json::Map<String, Value>))
     std::fs::write(path, out).unwrap();
 }
 
+/// Opening a copy of the base checkpoint, named `name`, whose `shard`'s
+/// header `f` rewrites fails, naming each of `parts`.
+fn refused_with_header(
+    name: &str,
+    shard: &str,
+    f: impl FnOnce(&mut serde_json::Map<String, Value>),
+    parts: &[&str],
+) {
+    let d = copy(name);
+    edit_header(&d.join(shard), f);
+    assert_names(&open_err(&d), parts);
+}
+
+/// Rewrites the bytes of the file at `path` with `f`.
+fn edit_bytes(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut b = std::fs::read(path).unwrap();
+    f(&mut b);
+    std::fs::write(path, &b).unwrap();
+}
+
+/// The checkpoint in `dir` opens, and weight `name` in it is refused: why.
+fn weight_err(dir: &Path, name: &str) -> String {
+    let ck = Checkpoint::open(dir).unwrap();
+    Weight::open(&ck, name).unwrap_err().to_string()
+}
+
 fn edit_json(path: &Path, f: impl FnOnce(&mut Value)) {
     let mut v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     f(&mut v);
@@ -271,12 +292,10 @@ fn a_tensor_the_index_names_but_the_shard_lacks() {
 
 #[test]
 fn an_unknown_dtype_names_file_tensor_and_dtype() {
-    let d = copy("dtype");
-    edit_header(&d.join(SHARD1), |h| {
-        h["norm.weight"]["dtype"] = json!("F4_E2M1");
-    });
-    assert_names(
-        &open_err(&d),
+    refused_with_header(
+        "dtype",
+        SHARD1,
+        |h| h["norm.weight"]["dtype"] = json!("F4_E2M1"),
         &[SHARD1, "norm.weight", "unknown dtype \"F4_E2M1\""],
     );
     // A known dtype that is no weight format: refused when read as a weight.
@@ -284,59 +303,75 @@ fn an_unknown_dtype_names_file_tensor_and_dtype() {
     edit_header(&d.join(SHARD1), |h| {
         h["hc_head_base"]["dtype"] = json!("I32");
     });
-    let ck = Checkpoint::open(&d).unwrap();
-    let msg = Weight::open(&ck, "hc_head_base").unwrap_err().to_string();
     assert_names(
-        &msg,
+        &weight_err(&d, "hc_head_base"),
         &[SHARD1, "hc_head_base", "dtype I32 is not a weight format"],
     );
 }
 
 #[test]
 fn a_header_that_lies_about_sizes_or_offsets() {
-    // A shape that needs more bytes than the offsets hold.
-    let d = copy("shape");
-    edit_header(&d.join(SHARD1), |h| {
-        h["head.weight"]["shape"] = json!([51, 96])
-    });
-    assert_names(&open_err(&d), &[SHARD1, "head.weight", "needs 9792"]);
-    // Offsets past the end of the file.
-    let d = copy("offsets");
-    edit_header(&d.join(SHARD2), |h| {
-        h["layers.1.attn.attn_sink"]["data_offsets"] = json!([1_000_000, 1_000_016]);
-    });
-    assert_names(
-        &open_err(&d),
-        &[SHARD2, "layers.1.attn.attn_sink", "truncated?"],
+    /// (case, shard, tensor, its header field, the lie, what the error names)
+    type Lie = (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        Value,
+        &'static [&'static str],
     );
-    // Offsets reversed, and one tensor's bytes inside another's.
-    let d = copy("reversed");
-    edit_header(&d.join(SHARD1), |h| {
-        h["hc_head_base"]["data_offsets"] = json!([16, 0])
-    });
-    assert_names(
-        &open_err(&d),
-        &[SHARD1, "hc_head_base", "not an ordered pair"],
-    );
-    let d = copy("overlap");
-    edit_header(&d.join(SHARD1), |h| {
-        h["hc_head_base"]["data_offsets"] = json!([8, 24])
-    });
-    assert_names(&open_err(&d), &[SHARD1, "overlaps"]);
+    let lies: [Lie; 4] = [
+        // A shape that needs more bytes than the offsets hold.
+        (
+            "shape",
+            SHARD1,
+            "head.weight",
+            "shape",
+            json!([51, 96]),
+            &[SHARD1, "head.weight", "needs 9792"],
+        ),
+        // Offsets past the end of the file.
+        (
+            "offsets",
+            SHARD2,
+            "layers.1.attn.attn_sink",
+            "data_offsets",
+            json!([1_000_000, 1_000_016]),
+            &[SHARD2, "layers.1.attn.attn_sink", "truncated?"],
+        ),
+        // Offsets reversed, and one tensor's bytes inside another's.
+        (
+            "reversed",
+            SHARD1,
+            "hc_head_base",
+            "data_offsets",
+            json!([16, 0]),
+            &[SHARD1, "hc_head_base", "not an ordered pair"],
+        ),
+        (
+            "overlap",
+            SHARD1,
+            "hc_head_base",
+            "data_offsets",
+            json!([8, 24]),
+            &[SHARD1, "overlaps"],
+        ),
+    ];
+    for (case, shard, tensor, field, lie, names) in lies {
+        refused_with_header(case, shard, |h| h[tensor][field] = lie, names);
+    }
     // A header length past the end of the file, and a header that is not JSON.
     let d = copy("header-len");
-    let mut b = std::fs::read(d.join(SHARD1)).unwrap();
-    let len = b.len() as u64;
-    b[..8].copy_from_slice(&len.to_le_bytes());
-    std::fs::write(d.join(SHARD1), &b).unwrap();
+    edit_bytes(&d.join(SHARD1), |b| {
+        let len = b.len() as u64;
+        b[..8].copy_from_slice(&len.to_le_bytes());
+    });
     assert_names(
         &open_err(&d),
         &[SHARD1, "header length", "exceeds the file"],
     );
     let d = copy("header-json");
-    let mut b = std::fs::read(d.join(SHARD1)).unwrap();
-    b[8] = b'[';
-    std::fs::write(d.join(SHARD1), &b).unwrap();
+    edit_bytes(&d.join(SHARD1), |b| b[8] = b'[');
     assert_names(&open_err(&d), &[SHARD1, "not JSON"]);
 }
 
@@ -364,12 +399,8 @@ fn scales_that_do_not_fit_their_weight() {
     edit_json(&d.join("config.json"), |v| {
         v["quantization_config"]["weight_block_size"] = json!([64, 64]);
     });
-    let ck = Checkpoint::open(&d).unwrap();
-    let msg = Weight::open(&ck, "layers.0.attn.wq_b.weight")
-        .unwrap_err()
-        .to_string();
     assert_names(
-        &msg,
+        &weight_err(&d, "layers.0.attn.wq_b.weight"),
         &[
             SHARD1,
             "layers.0.attn.wq_b.weight",
@@ -388,12 +419,8 @@ fn scales_that_do_not_fit_their_weight() {
         m.remove("layers.1.ffn.experts.0.w3.scale");
         m.insert("layers.1.ffn.experts.0.w3.scales".into(), json!(SHARD2));
     });
-    let ck = Checkpoint::open(&d).unwrap();
-    let msg = Weight::open(&ck, "layers.1.ffn.experts.0.w3.weight")
-        .unwrap_err()
-        .to_string();
     assert_names(
-        &msg,
+        &weight_err(&d, "layers.1.ffn.experts.0.w3.weight"),
         &[
             SHARD2,
             "layers.1.ffn.experts.0.w3.weight",
@@ -404,15 +431,9 @@ fn scales_that_do_not_fit_their_weight() {
     let d = copy("nan-scale");
     let p = d.join(SHARD1);
     let off = data_offset(&p, "layers.0.ffn.experts.1.w2.scale");
-    let mut b = std::fs::read(&p).unwrap();
-    b[off + 5] = 0xff;
-    std::fs::write(&p, &b).unwrap();
-    let ck = Checkpoint::open(&d).unwrap();
-    let msg = Weight::open(&ck, "layers.0.ffn.experts.1.w2.weight")
-        .unwrap_err()
-        .to_string();
+    edit_bytes(&p, |b| b[off + 5] = 0xff);
     assert_names(
-        &msg,
+        &weight_err(&d, "layers.0.ffn.experts.1.w2.weight"),
         &[
             SHARD1,
             "layers.0.ffn.experts.1.w2.scale",
@@ -427,9 +448,9 @@ fn an_integer_table_out_of_i32_range() {
     let d = copy("tid2eid");
     let p = d.join(SHARD1);
     let off = data_offset(&p, "layers.0.ffn.gate.tid2eid");
-    let mut b = std::fs::read(&p).unwrap();
-    b[off + 8 * 7..off + 8 * 8].copy_from_slice(&(1i64 << 40).to_le_bytes());
-    std::fs::write(&p, &b).unwrap();
+    edit_bytes(&p, |b| {
+        b[off + 8 * 7..off + 8 * 8].copy_from_slice(&(1i64 << 40).to_le_bytes())
+    });
     let ck = Checkpoint::open(&d).unwrap();
     let msg = to_i32(&ck.tensor("layers.0.ffn.gate.tid2eid").unwrap())
         .unwrap_err()

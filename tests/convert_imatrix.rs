@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 
 use common::checkpoint::make_checkpoint;
 use common::fresh_dir;
+use common::quantize::{convert, quantize_tool, s};
 use common::rng::Normal;
 use ds4::convert::decode::Weight;
 use ds4::convert::imatrix::{self, Entry, Format, Imatrix};
@@ -39,17 +40,6 @@ fn checkpoint() -> &'static Path {
         make_checkpoint(&dir, &["--model", "v4", "--vocab", VOCAB, "--tame"]);
         dir
     })
-}
-
-fn quantize_tool(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ds4-quantize"))
-        .args(args)
-        .output()
-        .expect("ds4-quantize runs")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 fn is_experts(name: &str) -> bool {
@@ -374,31 +364,13 @@ fn q4_with_an_uneven_imatrix_has_lower_weighted_error() {
     im.write(&imf).unwrap();
     let with = dir.join("with.gguf");
     let without = dir.join("without.gguf");
-    let o = quantize_tool(&[
-        "--hf",
-        s(ckdir),
-        "--recipe",
-        "q4",
-        "--imatrix",
-        s(&imf),
-        "-o",
-        s(&with),
-        "--quiet",
-    ]);
+    let o = convert(ckdir, "q4", &["--imatrix", s(&imf)], &with);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let err = String::from_utf8_lossy(&o.stderr);
     // The tensor without an entry: a warning naming it, quantized without.
     assert!(err.contains(LEFT_OUT) && err.contains("warning"), "{err}");
     assert_eq!(err.matches("warning").count(), 1, "{err}");
-    let o = quantize_tool(&[
-        "--hf",
-        s(ckdir),
-        "--recipe",
-        "q4",
-        "-o",
-        s(&without),
-        "--quiet",
-    ]);
+    let o = convert(ckdir, "q4", &[], &without);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     let fw = GgufFile::open(&with).unwrap();
@@ -497,17 +469,7 @@ fn refused(case: &str, im: &Imatrix, tensor: &str, also: &str) {
     let imf = fresh_dir("convert_imatrix", &format!("bad-{case}-in")).join("other.imatrix");
     im.write(&imf).unwrap();
     let out = dir.join("x.gguf");
-    let o = quantize_tool(&[
-        "--hf",
-        s(checkpoint()),
-        "--recipe",
-        "q4",
-        "--imatrix",
-        s(&imf),
-        "-o",
-        s(&out),
-        "--quiet",
-    ]);
+    let o = convert(checkpoint(), "q4", &["--imatrix", s(&imf)], &out);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{case}: {err}");
     assert!(err.contains(s(&imf)), "{case}: {err}");
@@ -559,17 +521,7 @@ fn an_imatrix_of_another_model_exits_1_and_leaves_no_output() {
     let junk = dir.join("junk.dat");
     std::fs::write(&junk, b"this is not an importance matrix").unwrap();
     let out = dir.join("x.gguf");
-    let o = quantize_tool(&[
-        "--hf",
-        s(checkpoint()),
-        "--recipe",
-        "q2",
-        "--imatrix",
-        s(&junk),
-        "-o",
-        s(&out),
-        "--quiet",
-    ]);
+    let o = convert(checkpoint(), "q2", &["--imatrix", s(&junk)], &out);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains(s(&junk)) && err.contains("legacy"), "{err}");
@@ -584,17 +536,7 @@ fn an_imatrix_with_a_recipe_that_does_not_use_one_is_ignored() {
     let imf = dir.join("uneven.imatrix.gguf");
     synthetic(&layout).write(&imf).unwrap();
     let out = dir.join("q8.gguf");
-    let o = quantize_tool(&[
-        "--hf",
-        s(checkpoint()),
-        "--recipe",
-        "q8",
-        "--imatrix",
-        s(&imf),
-        "-o",
-        s(&out),
-        "--quiet",
-    ]);
+    let o = convert(checkpoint(), "q8", &["--imatrix", s(&imf)], &out);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("ignored"), "{err}");

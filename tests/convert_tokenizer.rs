@@ -12,26 +12,16 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use common::checkpoint::make_checkpoint;
 use common::fresh_dir;
+use common::quantize::{convert, s};
 use ds4::gguf::{GgufFile, MetaArray, MetaValue};
 use ds4::model::ModelFile;
 use ds4::testmodel::{Variant, Vocab};
 use ds4::tokenizer::Tokenizer;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn quantize_tool(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ds4-quantize"))
-        .args(args)
-        .output()
-        .expect("ds4-quantize runs")
-}
 
 /// The script's checkpoint with `args`, converted to q8 by the command,
 /// once per `name`: (checkpoint, output).
@@ -42,7 +32,7 @@ fn converted(name: &str, args: &[&str]) -> (PathBuf, PathBuf) {
     make_checkpoint(&ck, &all);
     let dir = fresh_dir("convert_tokenizer", &format!("{name}-out"));
     let out = dir.join("tiny-q8.gguf");
-    let o = quantize_tool(&["--hf", s(&ck), "--recipe", "q8", "-o", s(&out), "--quiet"]);
+    let o = convert(&ck, "q8", &[], &out);
     assert!(
         o.status.success(),
         "{name}: {}",
@@ -118,26 +108,7 @@ fn full_vocabulary_keys_equal_the_test_models() {
 #[test]
 fn full_vocabulary_tokenizes_like_the_reference_and_the_test_model() {
     let conv = Tokenizer::from_gguf(&GgufFile::open(&full().1).unwrap()).unwrap();
-    // TOKENIZER.md §8: the official tokenizer's ids (HF `tokenizers`).
-    let vectors: &[(&str, &[u32])] = &[
-        ("Hello world", &[19923, 2058]),
-        ("  hello", &[223, 44388]),
-        (
-            "int main() {\n    return 0;\n}\n",
-            &[650, 1840, 1393, 875, 361, 1354, 223, 18, 510, 1778],
-        ),
-        ("x = 12345;", &[90, 438, 223, 6895, 1883, 29]),
-        ("café über naïve", &[69, 2797, 619, 13785, 112752]),
-        ("你好，世界。Hello", &[30594, 303, 3427, 320, 19923]),
-        (
-            "<｜User｜>Hi<｜Assistant｜></think>",
-            &[128803, 23166, 128804, 128822],
-        ),
-        ("a—b 😀", &[67, 965, 68, 53769, 225]),
-        ("   \n\n  x", &[92687, 223, 1527]),
-        ("e.g. foo.bar()", &[71, 3588, 16, 52735, 6229, 287, 1393]),
-    ];
-    for (text, ids) in vectors {
+    for (text, ids) in common::TOKENIZER_VECTORS {
         assert_eq!(conv.encode_chat(text), *ids, "{text:?}");
         assert_eq!(conv.decode(ids), text.as_bytes(), "{text:?}");
     }
@@ -254,7 +225,7 @@ fn a_bad_tokenizer_exits_1_naming_it_and_leaves_no_output() {
         spoil(&file);
         let dir = fresh_dir("convert_tokenizer", "bad-out");
         let out = dir.join("x.gguf");
-        let o = quantize_tool(&["--hf", s(&ck), "--recipe", "q8", "-o", s(&out), "--quiet"]);
+        let o = convert(&ck, "q8", &[], &out);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{what}: {err}");
         assert!(err.contains(s(&file)), "{what}: {err}");

@@ -14,11 +14,11 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use common::checkpoint::make_checkpoint;
 use common::fresh_dir;
+use common::quantize::{convert, s};
 use ds4::backend::BackendKind;
 use ds4::convert::decode::Weight;
 use ds4::convert::safetensors::{Checkpoint, INDEX_FILE};
@@ -48,17 +48,6 @@ fn checkpoint(tame: bool) -> &'static Path {
     })
 }
 
-fn quantize_tool(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ds4-quantize"))
-        .args(args)
-        .output()
-        .expect("ds4-quantize runs")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// The checkpoint converted with `recipe` by the command, once per recipe.
 fn converted(recipe: &str) -> PathBuf {
     converted_from(recipe, false)
@@ -75,15 +64,7 @@ fn converted_from(recipe: &str, tame: bool) -> PathBuf {
     }
     let dir = fresh_dir("convert_write", &format!("out-{key}"));
     let out = dir.join(format!("tiny-{recipe}.gguf"));
-    let o = quantize_tool(&[
-        "--hf",
-        s(checkpoint(tame)),
-        "--recipe",
-        recipe,
-        "-o",
-        s(&out),
-        "--quiet",
-    ]);
+    let o = convert(checkpoint(tame), recipe, &[], &out);
     assert!(
         o.status.success(),
         "--recipe {recipe}: {}",
@@ -347,7 +328,7 @@ fn a_missing_tensor_exits_1_and_leaves_no_output() {
     );
     let dir = fresh_dir("convert_write", "missing-out");
     let out = dir.join("x.gguf");
-    let o = quantize_tool(&["--hf", s(&ck), "--recipe", "q8", "-o", s(&out), "--quiet"]);
+    let o = convert(&ck, "q8", &[], &out);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(s(&ck.join(INDEX_FILE))), "{err}");
@@ -381,7 +362,7 @@ fn a_bad_scale_late_in_the_file_exits_1_and_leaves_no_output() {
     let shard = poke(&ck, scale, 0xff);
     let dir = fresh_dir("convert_write", "bad-scale-out");
     let out = dir.join("x.gguf");
-    let o = quantize_tool(&["--hf", s(&ck), "--recipe", "q8", "-o", s(&out), "--quiet"]);
+    let o = convert(&ck, "q8", &[], &out);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(s(&shard)), "{err}");
@@ -404,15 +385,7 @@ fn a_recipe_file_mixes_types_over_its_base_and_the_file_loads() {
     )
     .unwrap();
     let out = dir.join("mix.gguf");
-    let o = quantize_tool(&[
-        "--hf",
-        s(checkpoint(false)),
-        "--recipe",
-        s(&recipe),
-        "-o",
-        s(&out),
-        "--quiet",
-    ]);
+    let o = convert(checkpoint(false), s(&recipe), &[], &out);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let m = ModelFile::open(&out).expect("the loader accepts the mix");
     let q2 = GgufFile::open(converted("q2")).unwrap();
@@ -468,15 +441,7 @@ fn a_recipe_the_loader_would_refuse_exits_1_naming_the_tensor_and_writes_nothing
         let recipe = dir.join(format!("bad-{k}.recipe"));
         std::fs::write(&recipe, text).unwrap();
         let out = dir.join(format!("bad-{k}.gguf"));
-        let o = quantize_tool(&[
-            "--hf",
-            s(checkpoint(false)),
-            "--recipe",
-            s(&recipe),
-            "-o",
-            s(&out),
-            "--quiet",
-        ]);
+        let o = convert(checkpoint(false), s(&recipe), &[], &out);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{text:?}: {err}");
         assert!(

@@ -1,7 +1,8 @@
 //! Loading and validating at real scale: files with the exact header of the
 //! published Flash q2 and mxfp4 GGUFs whose data region is a hole.
 
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use ds4::model::{AttentionKind, ModelFile};
 use ds4::quant::GgmlType;
@@ -13,23 +14,52 @@ fn rss_kib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-#[test]
-fn sparse_flash_file_loads_and_validates_without_reading_data() {
-    let dir = std::env::temp_dir().join(format!("ds4-flash-sparse-{}", std::process::id()));
+/// The sparse file `name` that `write` writes in the folder `dir` (under
+/// the temporary folder), opened and validated, timed: the model, how long
+/// that took, and the folder to remove.
+fn write_and_open(
+    dir: &str,
+    name: &str,
+    label: &str,
+    write: impl FnOnce(&Vocab, &Path) -> std::io::Result<()>,
+) -> (ModelFile, Duration, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("{dir}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("flash-q2-sparse.gguf");
+    let path = dir.join(name);
     let vocab = Vocab::load_default().expect("committed tokenizer.json");
-    write_sparse_flash(&vocab, &path).unwrap();
+    write(&vocab, &path).unwrap();
     drop(vocab);
 
     let rss_before = rss_kib();
     let t0 = Instant::now();
-    let m = ModelFile::open(&path).expect("the full-shape file validates");
+    let m = ModelFile::open(&path)
+        .unwrap_or_else(|e| panic!("the full-shape {label} file validates: {e}"));
     let elapsed = t0.elapsed();
     let rss_after = rss_kib();
     eprintln!(
-        "sparse Flash load + validate: {:.1} ms",
+        "sparse {label} load + validate: {:.1} ms",
         elapsed.as_secs_f64() * 1e3
+    );
+    // Touching the data region (80 GiB and more) would fault in zero pages
+    // and grow the resident set by far more than the header (a few MiB of
+    // vocabulary).
+    if let (Some(a), Some(b)) = (rss_before, rss_after) {
+        let grew_mib = b.saturating_sub(a) / 1024;
+        assert!(
+            grew_mib < 256,
+            "resident memory grew by {grew_mib} MiB while loading"
+        );
+    }
+    (m, elapsed, dir)
+}
+
+#[test]
+fn sparse_flash_file_loads_and_validates_without_reading_data() {
+    let (m, elapsed, dir) = write_and_open(
+        "ds4-flash-sparse",
+        "flash-q2-sparse.gguf",
+        "Flash",
+        write_sparse_flash,
     );
 
     // The published q2 file: 1,328 tensors, 80.76 GiB.
@@ -55,19 +85,14 @@ fn sparse_flash_file_loads_and_validates_without_reading_data() {
         (c.n_expert, c.n_expert_used, c.expert_ff, c.n_hash_layers),
         (256, 6, 2048, 3)
     );
-    let csa = m
-        .weights
-        .layers
-        .iter()
-        .filter(|l| matches!(l.kind, AttentionKind::Csa { ratio: 4 }))
-        .count();
-    let hca = m
-        .weights
-        .layers
-        .iter()
-        .filter(|l| matches!(l.kind, AttentionKind::Hca { ratio: 128 }))
-        .count();
-    assert_eq!((csa, hca), (21, 20));
+    let layers_of = |kind| m.weights.layers.iter().filter(|l| l.kind == kind).count();
+    assert_eq!(
+        (
+            layers_of(AttentionKind::Csa { ratio: 4 }),
+            layers_of(AttentionKind::Hca { ratio: 128 })
+        ),
+        (21, 20)
+    );
     let l2 = &m.weights.layers[2];
     assert_eq!(l2.ffn.gate_exps.ty, GgmlType::Iq2Xxs);
     assert_eq!(l2.ffn.down_exps.ty, GgmlType::Q2K);
@@ -76,15 +101,6 @@ fn sparse_flash_file_loads_and_validates_without_reading_data() {
     assert_eq!(l2.ffn.gate_exps.n_bytes / 256, 2_162_688);
     assert_eq!(l2.ffn.down_exps.n_bytes / 256, 2_752_512);
 
-    // Touching the 80 GiB data region would fault in zero pages and grow the
-    // resident set by far more than the header (a few MiB of vocabulary).
-    if let (Some(a), Some(b)) = (rss_before, rss_after) {
-        let grew_mib = b.saturating_sub(a) / 1024;
-        assert!(
-            grew_mib < 256,
-            "resident memory grew by {grew_mib} MiB while loading"
-        );
-    }
     // A generous guard against pathological behaviour, not a speed test
     // (`ds4 --info` prints the load time; docs/PERFORMANCE.md records it).
     assert!(elapsed.as_secs_f64() < 5.0);
@@ -95,21 +111,11 @@ fn sparse_flash_file_loads_and_validates_without_reading_data() {
 /// expert tensors in MXFP4 (docs/QUANTS.md "ds4f-mxfp4").
 #[test]
 fn sparse_flash_mxfp4_file_loads_and_validates_without_reading_data() {
-    let dir = std::env::temp_dir().join(format!("ds4-flash-sparse-mx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("flash-mxfp4-sparse.gguf");
-    let vocab = Vocab::load_default().expect("committed tokenizer.json");
-    write_sparse_flash_variant(&vocab, Variant::Mxfp4, &path).unwrap();
-    drop(vocab);
-
-    let rss_before = rss_kib();
-    let t0 = Instant::now();
-    let m = ModelFile::open(&path).expect("the full-shape MXFP4 file validates");
-    let elapsed = t0.elapsed();
-    let rss_after = rss_kib();
-    eprintln!(
-        "sparse Flash MXFP4 load + validate: {:.1} ms",
-        elapsed.as_secs_f64() * 1e3
+    let (m, elapsed, dir) = write_and_open(
+        "ds4-flash-sparse-mx",
+        "flash-mxfp4-sparse.gguf",
+        "Flash MXFP4",
+        |vocab, path| write_sparse_flash_variant(vocab, Variant::Mxfp4, path),
     );
 
     assert_eq!(m.file.tensor_infos().len(), 1328);
@@ -153,14 +159,6 @@ fn sparse_flash_mxfp4_file_loads_and_validates_without_reading_data() {
     let active = m.weights.active_bytes_per_token(&m.config);
     let dense = m.weights.total_bytes() - mix[0].bytes;
     assert!(active > 129 * 6 * 4_456_448 && active < dense + 129 * 6 * 4_456_448);
-
-    if let (Some(a), Some(b)) = (rss_before, rss_after) {
-        let grew_mib = b.saturating_sub(a) / 1024;
-        assert!(
-            grew_mib < 256,
-            "resident memory grew by {grew_mib} MiB while loading"
-        );
-    }
     assert!(elapsed.as_secs_f64() < 1.0, "took {elapsed:?}");
     std::fs::remove_dir_all(&dir).ok();
 }

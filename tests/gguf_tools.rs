@@ -2,26 +2,13 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
-
+use common::quantize::{quantize_tool, s};
 use common::{fresh_dir, tiny_model_path};
 use ds4::convert::compare::compare;
 use ds4::gguf::GgufFile;
 use ds4::model::ModelFile;
 use ds4::quant::{self, GgmlType};
 use ds4::testmodel::Variant;
-
-fn tool(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ds4-quantize"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 #[test]
 fn compare_with_itself_is_all_zero() {
@@ -34,7 +21,7 @@ fn compare_with_itself_is_all_zero() {
         assert_eq!((d.rmse, d.max_err), (0.0, 0.0), "{}", d.name);
     }
     assert!(diffs.iter().any(|d| d.rms_a > 0.0));
-    let out = tool(&["--compare", s(&p), s(&p)]);
+    let out = quantize_tool(&["--compare", s(&p), s(&p)]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let n = diffs.len();
@@ -97,7 +84,7 @@ fn splice_takes_the_matching_tensors_byte_for_byte() {
     let dir = fresh_dir("gguf_tools", "splice");
     let out = dir.join("mixed.gguf");
     let pattern = "blk.*.ffn_down_exps.weight";
-    let r = tool(&[
+    let r = quantize_tool(&[
         "--splice",
         s(&pa),
         s(&pb),
@@ -147,19 +134,19 @@ fn bad_inputs_give_clear_errors_and_no_output() {
     let good = tiny_model_path(Variant::Q8);
     let out = dir.join("out.gguf");
 
-    let r = tool(&["--compare", s(&junk), s(&good)]);
+    let r = quantize_tool(&["--compare", s(&junk), s(&good)]);
     assert!(!r.status.success());
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(e.contains("junk.gguf") && !e.contains("panicked"), "{e}");
 
     let missing = dir.join("missing.gguf");
-    let r = tool(&["--compare", s(&good), s(&missing)]);
+    let r = quantize_tool(&["--compare", s(&good), s(&missing)]);
     assert!(!r.status.success());
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(e.contains("missing.gguf") && !e.contains("panicked"), "{e}");
 
     // A pattern that matches nothing, and a file of another model.
-    let r = tool(&[
+    let r = quantize_tool(&[
         "--splice",
         s(&good),
         s(&good),
@@ -174,11 +161,11 @@ fn bad_inputs_give_clear_errors_and_no_output() {
         e.contains("matches no tensor") && !e.contains("panicked"),
         "{e}"
     );
-    let r = tool(&["--splice", s(&good), s(&junk), "--take", "*", "-o", s(&out)]);
+    let r = quantize_tool(&["--splice", s(&good), s(&junk), "--take", "*", "-o", s(&out)]);
     assert!(!r.status.success());
     assert!(String::from_utf8_lossy(&r.stderr).contains("junk.gguf"));
     let v41 = common::v41_model_path();
-    let r = tool(&["--splice", s(&good), s(&v41), "--take", "*", "-o", s(&out)]);
+    let r = quantize_tool(&["--splice", s(&good), s(&v41), "--take", "*", "-o", s(&out)]);
     assert!(!r.status.success());
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(

@@ -8,8 +8,9 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::kvcache::{file_names, session, sync_prefix, tokenizer};
+use common::kvcache::{file_names, random_words, session, sync_prefix, tokenizer};
 use common::max_abs_diff;
+use common::rng::Rng;
 use ds4::kvcache::file::{self, KvcHeader, SaveReason};
 use ds4::kvcache::{
     load_file, save_file, tool_map_for, CacheKey, DiskCache, KtmEntry, KvCacheConfig,
@@ -44,17 +45,11 @@ fn rendered(turns: usize, seed: u64) -> String {
         "cache", "disk", "token", "prefix", "agent", "model", "prompt", "state", "layer",
         "restore", "file", "hash", "budget", "score", "write",
     ];
-    let mut x = seed | 1;
+    let mut rng = Rng(seed | 1);
     let mut s = String::from("<｜begin▁of▁sentence｜>You are a careful assistant.");
     for t in 0..turns {
         s.push_str("<｜User｜>");
-        for _ in 0..40 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            s.push_str(words[(x % words.len() as u64) as usize]);
-            s.push(' ');
-        }
+        s.push_str(&random_words(&words, 40, &mut rng));
         s.push_str(&format!("question {t}?<｜Assistant｜></think>answer {t}."));
         s.push_str("<｜end▁of▁sentence｜>");
     }

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, SystemTime};
 
-use common::kvcache::{file_names as names, sync_prefix, tokenizer};
+use common::kvcache::{file_names as names, random_words, sync_prefix, tokenizer};
+use common::rng::Rng;
 use ds4::kvcache::file::{self, KvcHeader, NewCheckpoint, SaveReason};
 use ds4::kvcache::guard;
 use ds4::kvcache::{CacheKey, DiskCache, KvCacheConfig, LookupOutcome, StoreOutcome};
@@ -63,16 +64,34 @@ fn prompt(seed: u64) -> String {
     let words = [
         "cache", "replica", "folder", "prefix", "nginx", "lock", "evict",
     ];
-    let mut x = seed | 1;
     let mut s = String::from("<｜begin▁of▁sentence｜>You are a careful assistant.<｜User｜>");
-    for _ in 0..120 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        s.push_str(words[(x % words.len() as u64) as usize]);
-        s.push(' ');
-    }
+    s.push_str(&random_words(&words, 120, &mut Rng(seed | 1)));
     s
+}
+
+/// What the replica tests start from: the tokenizer, a fresh shared folder
+/// `name` and its cache config, the prompt of `seed` and its tokens.
+struct Shared {
+    tok: Tokenizer,
+    dir: PathBuf,
+    cfg: KvCacheConfig,
+    text: String,
+    p: Vec<u32>,
+}
+
+fn shared(name: &str, seed: u64) -> Shared {
+    let tok = tokenizer();
+    let dir = fresh_dir(name);
+    let cfg = config(&dir);
+    let text = prompt(seed);
+    let p = tok.encode_chat(&text);
+    Shared {
+        tok,
+        dir,
+        cfg,
+        text,
+        p,
+    }
 }
 
 /// A session holding the first `n` tokens of `p`, and their text.
@@ -84,11 +103,9 @@ fn prefix_session(tok: &Tokenizer, p: &[u32], n: usize) -> (Session, Vec<u8>) {
 
 #[test]
 fn two_replicas_saving_the_same_prefix_at_once_leave_one_valid_file() {
-    let tok = tokenizer();
-    let dir = fresh_dir("same-prefix");
-    let cfg = config(&dir);
-    let text = prompt(1);
-    let p = tok.encode_chat(&text);
+    let Shared {
+        tok, dir, cfg, p, ..
+    } = shared("same-prefix", 1);
     const ROUNDS: usize = 6;
     let barrier = Arc::new(Barrier::new(2));
     let both_wrote = Arc::new(Mutex::new(0usize));
@@ -189,13 +206,11 @@ fn two_replicas_saving_the_same_prefix_at_once_leave_one_valid_file() {
 
 #[test]
 fn a_replica_loads_another_replicas_checkpoint_exactly_as_its_own() {
-    let tok = tokenizer();
-    let dir = fresh_dir("cross-load");
-    let cfg = config(&dir);
+    let Shared {
+        tok, cfg, text, p, ..
+    } = shared("cross-load", 2);
     let (a, _) = replica(&cfg);
     let (b, _) = replica(&cfg);
-    let text = prompt(2);
-    let p = tok.encode_chat(&text);
     let (s, t) = prefix_session(&tok, &p, 64);
     assert!(matches!(
         a.store(&s, &t, CacheKey::Tokens, SaveReason::Continued, &[]),
@@ -320,11 +335,9 @@ fn an_evictor_skips_a_file_another_replica_is_reading() {
 
 #[test]
 fn loads_racing_evictions_and_rewrites_never_load_garbage() {
-    let tok = tokenizer();
-    let dir = fresh_dir("race");
-    let cfg = config(&dir);
-    let text = prompt(3);
-    let p = tok.encode_chat(&text);
+    let Shared {
+        tok, cfg, text, p, ..
+    } = shared("race", 3);
     let lens = [32usize, 48, 64];
     let refs: Vec<(Vec<u32>, Vec<f32>)> = lens
         .iter()
@@ -395,11 +408,13 @@ fn dead_pid() -> u32 {
 
 #[test]
 fn a_killed_writers_leftovers_are_never_loaded() {
-    let tok = tokenizer();
-    let dir = fresh_dir("killed");
-    let cfg = config(&dir);
-    let text = prompt(4);
-    let p = tok.encode_chat(&text);
+    let Shared {
+        tok,
+        dir,
+        cfg,
+        text,
+        p,
+    } = shared("killed", 4);
     let (s, t) = prefix_session(&tok, &p, 60);
     // A complete file written elsewhere, then cut: as a killed writer
     // leaves its temp file, and as a copy cut short leaves a final name.
@@ -448,11 +463,13 @@ fn a_killed_writers_leftovers_are_never_loaded() {
 
 #[test]
 fn a_replica_that_cannot_write_keeps_serving_and_logs_once() {
-    let tok = tokenizer();
-    let dir = fresh_dir("cannot-write");
-    let cfg = config(&dir);
-    let text = prompt(5);
-    let p = tok.encode_chat(&text);
+    let Shared {
+        tok,
+        dir,
+        cfg,
+        text,
+        p,
+    } = shared("cannot-write", 5);
     let (mut c, log) = replica(&cfg);
     let (s, t) = prefix_session(&tok, &p, 40);
     assert!(matches!(
@@ -556,11 +573,10 @@ fn read_only_folder(dir: &Path) -> Option<PathBuf> {
 #[test]
 #[ignore = "measurement for docs/KVCACHE.md; run with --ignored --nocapture"]
 fn measure_lock_cost() {
-    let tok = tokenizer();
-    let dir = fresh_dir("lock-cost");
-    let (c, _) = replica(&config(&dir));
-    let text = prompt(6);
-    let p = tok.encode_chat(&text);
+    let Shared {
+        tok, dir, cfg, p, ..
+    } = shared("lock-cost", 6);
+    let (c, _) = replica(&cfg);
     let (s, t) = prefix_session(&tok, &p, 120);
     let StoreOutcome::Stored { sha, bytes } =
         c.store(&s, &t, CacheKey::Tokens, SaveReason::Cold, &[])

@@ -2,6 +2,8 @@
 //! official tokenizer.json): every string of the corpus made by
 //! tools/gen_tokenizer_corpus.py must give exactly the same ids.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
@@ -19,11 +21,9 @@ fn corpus() -> Vec<(String, Vec<u32>)> {
         .lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(&l.unwrap()).unwrap();
-            let ids = v["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
+            let ids = common::json_uints(&v["ids"])
+                .into_iter()
+                .map(|x| x as u32)
                 .collect();
             (v["text"].as_str().unwrap().to_string(), ids)
         })
@@ -79,25 +79,7 @@ fn decoding_reproduces_the_text() {
 #[test]
 fn spec_test_vectors() {
     let tok = tokenizer();
-    let cases: &[(&str, &[u32])] = &[
-        ("Hello world", &[19923, 2058]),
-        ("  hello", &[223, 44388]),
-        (
-            "int main() {\n    return 0;\n}\n",
-            &[650, 1840, 1393, 875, 361, 1354, 223, 18, 510, 1778],
-        ),
-        ("x = 12345;", &[90, 438, 223, 6895, 1883, 29]),
-        ("café über naïve", &[69, 2797, 619, 13785, 112752]),
-        ("你好，世界。Hello", &[30594, 303, 3427, 320, 19923]),
-        (
-            "<｜User｜>Hi<｜Assistant｜></think>",
-            &[128803, 23166, 128804, 128822],
-        ),
-        ("a—b 😀", &[67, 965, 68, 53769, 225]),
-        ("   \n\n  x", &[92687, 223, 1527]),
-        ("e.g. foo.bar()", &[71, 3588, 16, 52735, 6229, 287, 1393]),
-    ];
-    for (text, want) in cases {
+    for (text, want) in common::TOKENIZER_VECTORS {
         assert_eq!(&tok.encode(text), want, "{text:?}");
     }
     let s = tok.specials();

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use ds4::app::selfcheck::rng::Rng;
 use ds4::model::ModelFile;
 use ds4::session::{Session, SessionOptions};
 use ds4::testmodel::Variant;
@@ -34,6 +35,17 @@ pub fn session(ctx: usize) -> Session {
 pub fn sync_prefix(s: &mut Session, tok: &Tokenizer, p: &[u32], n: usize) -> Vec<u8> {
     s.sync(&p[..n], &mut |_, _| {}).unwrap();
     tok.decode(&p[..n])
+}
+
+/// `n` words drawn from `words` by `rng`, each followed by a space: ASCII
+/// prose whose every token boundary is a character boundary.
+pub fn random_words(words: &[&str], n: usize, rng: &mut Rng) -> String {
+    let mut s = String::new();
+    for _ in 0..n {
+        s.push_str(words[rng.below(words.len())]);
+        s.push(' ');
+    }
+    s
 }
 
 /// The names of the files in `dir`, sorted.

@@ -8,6 +8,7 @@ pub mod draft;
 pub mod in_process;
 pub mod kvcache;
 pub mod process;
+pub mod quantize;
 pub mod rng;
 pub mod server;
 pub mod v41;
@@ -34,6 +35,27 @@ pub const COMPUTE_TYPES: [GgmlType; 8] = [
     GgmlType::Q4K,
     GgmlType::Iq2Xxs,
     GgmlType::Mxfp4,
+];
+
+/// TOKENIZER.md §8: texts and the official tokenizer's ids for them (HF
+/// `tokenizers` on the official tokenizer.json).
+pub const TOKENIZER_VECTORS: &[(&str, &[u32])] = &[
+    ("Hello world", &[19923, 2058]),
+    ("  hello", &[223, 44388]),
+    (
+        "int main() {\n    return 0;\n}\n",
+        &[650, 1840, 1393, 875, 361, 1354, 223, 18, 510, 1778],
+    ),
+    ("x = 12345;", &[90, 438, 223, 6895, 1883, 29]),
+    ("café über naïve", &[69, 2797, 619, 13785, 112752]),
+    ("你好，世界。Hello", &[30594, 303, 3427, 320, 19923]),
+    (
+        "<｜User｜>Hi<｜Assistant｜></think>",
+        &[128803, 23166, 128804, 128822],
+    ),
+    ("a—b 😀", &[67, 965, 68, 53769, 225]),
+    ("   \n\n  x", &[92687, 223, 1527]),
+    ("e.g. foo.bar()", &[71, 3588, 16, 52735, 6229, 287, 1393]),
 ];
 
 /// A JSON array of unsigned integers (a golden's token ids, shapes,
