@@ -26,8 +26,8 @@ use ds4::gguf::GgufFile;
 use ds4::model::forward::Numerics;
 use ds4::model::ModelFile;
 use ds4::quant::{self, GgmlType};
-use ds4::session::{Session, SessionOptions};
-use ds4::testmodel::{write_model, TestModelSpec, Variant, Vocab};
+use ds4::session::{DraftModel, Session, SessionOptions};
+use ds4::testmodel::{write_model, write_mtp, TestModelSpec, Variant, Vocab};
 
 const VOCAB: usize = 512;
 
@@ -452,4 +452,69 @@ fn a_recipe_the_loader_would_refuse_exits_1_naming_the_tensor_and_writes_nothing
     }
     // Only the recipes are left: no output, no partial file.
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 4);
+}
+
+/// The checkpoint's MTP block converted (`--mtp`) to ds4's MTP file, of the
+/// recipe `recipe`, from the tame checkpoint.
+fn converted_mtp(recipe: &str) -> PathBuf {
+    let dir = fresh_dir("convert_write", &format!("mtp-{recipe}"));
+    let out = dir.join(format!("tiny-mtp-{recipe}.gguf"));
+    let o = convert(checkpoint(true), recipe, &["--mtp"], &out);
+    assert!(
+        o.status.success(),
+        "--mtp --recipe {recipe}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+/// The MTP draft block's logits after `ids` (cpu-ref, plain numerics), with
+/// the MTP file `mtp` attached to the main file `main`.
+fn mtp_logits(main: &Path, mtp: &Path, ids: &[u32], next: u32) -> Vec<f32> {
+    let mut m = ModelFile::open(main).unwrap();
+    m.attach_mtp(mtp)
+        .expect("the loader attaches the converted MTP file");
+    let opts = SessionOptions {
+        ctx: 256,
+        numerics: Numerics::Plain,
+        backend: BackendKind::CpuRef,
+        drafter: DraftModel::Mtp,
+        ..Default::default()
+    };
+    let mut sess = Session::new(Arc::new(m), opts).unwrap();
+    for &t in ids {
+        sess.eval(t).unwrap();
+    }
+    sess.draft_logits(next).unwrap()
+}
+
+/// `--mtp`: the MTP file has, name by name, the test-model generator's MTP
+/// file's shapes and types for each recipe (GGUF.md §7: 32 tensors); the
+/// loader attaches it to the converted main file; the MTP block's logits
+/// from the q8 conversion agree with those from the f32 one as closely as
+/// the main model's do.
+#[test]
+fn the_mtp_block_converts_to_an_mtp_file_the_loader_attaches() {
+    let spec = TestModelSpec::tiny();
+    for variant in [Variant::F32, Variant::Q8, Variant::Q4] {
+        let out = converted_mtp(variant.name());
+        let gen = fresh_dir("convert_write", &format!("gen-mtp-{}", variant.name())).join("m.gguf");
+        write_mtp(&spec, variant, &gen).unwrap();
+        let got = directory(&GgufFile::open(&out).unwrap());
+        assert_eq!(
+            got,
+            directory(&GgufFile::open(&gen).unwrap()),
+            "{}",
+            variant.name()
+        );
+        assert_eq!(got.len(), 32);
+    }
+    let ids = [0u32, 7, 300, 511, 42];
+    let want = mtp_logits(&converted_from("f32", true), &converted_mtp("f32"), &ids, 9);
+    let got = mtp_logits(&converted_from("q8", true), &converted_mtp("q8"), &ids, 9);
+    assert!(got.iter().all(|x| x.is_finite()));
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = common::max_abs_diff(&got, &want) / scale;
+    eprintln!("mtp q8: max|Δlogit| / max|logit| = {worst:.3e}");
+    assert!(worst < TOLERANCE, "MTP logits q8 vs f32: {worst}");
 }
