@@ -139,13 +139,7 @@ impl GgufWriter {
                 ),
             ));
         }
-        self.tensors.push(PendingTensor {
-            name: name.to_string(),
-            ne: ne.to_vec(),
-            ty,
-            data: std::cell::Cell::new(Some(Data::Bytes(data))),
-            n_bytes,
-        });
+        self.push_tensor(name, ne, ty, n_bytes, Data::Bytes(data));
         Ok(())
     }
 
@@ -158,27 +152,27 @@ impl GgufWriter {
         make: LazyData,
     ) -> io::Result<()> {
         let n_bytes = tensor_bytes(name, ne, ty)?;
-        self.tensors.push(PendingTensor {
-            name: name.to_string(),
-            ne: ne.to_vec(),
-            ty,
-            data: std::cell::Cell::new(Some(Data::Lazy(make))),
-            n_bytes,
-        });
+        self.push_tensor(name, ne, ty, n_bytes, Data::Lazy(make));
         Ok(())
     }
 
     /// Adds a tensor whose data is not written: the file gets a hole there.
     pub fn add_tensor_hole(&mut self, name: &str, ne: &[u64], ty: GgmlType) -> io::Result<()> {
         let n_bytes = tensor_bytes(name, ne, ty)?;
+        self.push_tensor(name, ne, ty, n_bytes, Data::Hole);
+        Ok(())
+    }
+
+    /// Queues tensor `name` of `n_bytes` (what `ne` and `ty` imply) for the
+    /// file, in the order added.
+    fn push_tensor(&mut self, name: &str, ne: &[u64], ty: GgmlType, n_bytes: u64, data: Data) {
         self.tensors.push(PendingTensor {
             name: name.to_string(),
             ne: ne.to_vec(),
             ty,
-            data: std::cell::Cell::new(Some(Data::Hole)),
+            data: std::cell::Cell::new(Some(data)),
             n_bytes,
         });
-        Ok(())
     }
 
     /// Serialises the header (up to, not including, the alignment padding) and

@@ -20,8 +20,16 @@
 //!
 //! Errors are always measured with the decoder's own arithmetic, so the
 //! choice made is the one that decodes best.
+//!
+//! The super-block size all K-quant formats share ([`QK_K`], Q8_K and
+//! IQ2_XXS included) and the row loop every importance-weighted super-block
+//! quantizer runs (Q2_K, Q4_K, IQ2_XXS: [`quantize_row`]) are here too.
 
 use super::f16::{f16_bits_to_f32, f32_to_f16_bits};
+use bytemuck::Pod;
+
+/// Values per super-block of the K-quant formats.
+pub const QK_K: usize = 256;
 
 /// Shape of one K-quant format.
 pub(crate) struct Shape {
@@ -39,7 +47,7 @@ pub(crate) struct Fit {
     pub dmin: u16,
     pub sc: Vec<u8>,
     pub m: Vec<u8>,
-    pub q: [u8; 256],
+    pub q: [u8; QK_K],
 }
 
 /// Largest finite f16, used to keep super-scales finite on huge inputs.
@@ -246,7 +254,7 @@ pub(crate) fn fit_superblock(x: &[f32], w: &[f32], shape: &Shape) -> Fit {
         dmin: to_f16_up(max_m / smax),
         sc: vec![0; nsub],
         m: vec![0; nsub],
-        q: [0; 256],
+        q: [0; QK_K],
     };
     let mut best_e = assign_scales(x, w, shape, &s, &mins, &mut fit);
 
@@ -294,12 +302,35 @@ pub(crate) fn fit_superblock(x: &[f32], w: &[f32], shape: &Shape) -> Fit {
     fit
 }
 
+/// Quantizes a row of 256-value super-blocks with `quantize_block(x, w)`,
+/// each block of `B` written as its file bytes; `importance` (one weight per
+/// element, e.g. an imatrix row) sets the per-element weight of the squared
+/// error (see [`block_weights`]).
+pub(crate) fn quantize_row<B: Pod>(
+    src: &[f32],
+    dst: &mut [u8],
+    importance: Option<&[f32]>,
+    quantize_block: impl Fn(&[f32], &[f32]) -> B,
+) {
+    let block_bytes = std::mem::size_of::<B>();
+    assert!(src.len() % QK_K == 0 && dst.len() == src.len() / QK_K * block_bytes);
+    let mut w = [0f32; QK_K];
+    for (i, (x, out)) in src
+        .chunks_exact(QK_K)
+        .zip(dst.chunks_exact_mut(block_bytes))
+        .enumerate()
+    {
+        block_weights(importance.map(|imp| &imp[i * QK_K..(i + 1) * QK_K]), &mut w);
+        out.copy_from_slice(bytemuck::bytes_of(&quantize_block(x, &w)));
+    }
+}
+
 /// Weights for one super-block: the importance row when given (clamped to
 /// non-negative finite values), uniform otherwise. Without an importance
 /// matrix every element is assumed to meet activations of equal energy, so
 /// the plain squared error is the right target. A block whose importance is
 /// all zero falls back to uniform so it is still encoded sensibly.
-pub(crate) fn block_weights(importance: Option<&[f32]>, out: &mut [f32]) {
+fn block_weights(importance: Option<&[f32]>, out: &mut [f32]) {
     match importance {
         Some(imp) => {
             let mut sum = 0.0f32;

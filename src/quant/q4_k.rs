@@ -11,11 +11,11 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::f16::f16_bits_to_f32;
-use super::kquant::{block_weights, fit_superblock, Shape};
+use super::kquant::{self, fit_superblock, Shape};
 use bytemuck::{Pod, Zeroable};
 
 /// Values per super-block.
-pub const QK_K: usize = 256;
+pub use super::kquant::QK_K;
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 144;
 
@@ -148,16 +148,7 @@ pub fn quantize_block(x: &[f32], w: &[f32]) -> BlockQ4K {
 /// Quantizes a row; `importance` (one weight per element, e.g. an imatrix
 /// row) sets the per-element weight of the squared error.
 pub fn quantize_row(src: &[f32], dst: &mut [u8], importance: Option<&[f32]>) {
-    assert!(src.len() % QK_K == 0 && dst.len() == src.len() / QK_K * BLOCK_BYTES);
-    let mut w = [0f32; QK_K];
-    for (i, (x, out)) in src
-        .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BLOCK_BYTES))
-        .enumerate()
-    {
-        block_weights(importance.map(|imp| &imp[i * QK_K..(i + 1) * QK_K]), &mut w);
-        out.copy_from_slice(bytemuck::bytes_of(&quantize_block(x, &w)));
-    }
+    kquant::quantize_row(src, dst, importance, quantize_block);
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-/// Values per block.
-pub const QK_K: usize = 256;
+/// Values per block: one K-quant super-block, so the K-quant dot products
+/// (`q2_k::dot_q8k`) pair blocks one to one.
+pub use super::kquant::QK_K;
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 292;
 

@@ -116,6 +116,18 @@ impl MessagesStream {
         ));
         self.open = kind;
     }
+
+    /// `delta` into the block of kind `kind`, opened first when another
+    /// (or none) is open.
+    fn delta(&mut self, kind: Open, delta: Value) -> Vec<String> {
+        let mut out = Vec::new();
+        self.open_block(&mut out, kind);
+        out.push(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+        ));
+        out
+    }
 }
 
 impl StreamFormat for MessagesStream {
@@ -133,26 +145,15 @@ impl StreamFormat for MessagesStream {
         )]
     }
     fn reasoning(&mut self, r: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        self.open_block(&mut out, Open::Thinking);
         self.thought = true;
-        out.push(event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": self.index,
-                "delta": {"type": "thinking_delta", "thinking": r}}),
-        ));
-        out
+        self.delta(
+            Open::Thinking,
+            json!({"type": "thinking_delta", "thinking": r}),
+        )
     }
     fn text(&mut self, t: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        self.open_block(&mut out, Open::Text);
         self.wrote_text = true;
-        out.push(event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": self.index,
-                "delta": {"type": "text_delta", "text": t}}),
-        ));
-        out
+        self.delta(Open::Text, json!({"type": "text_delta", "text": t}))
     }
     fn tool_start(&mut self, _index: usize, id: &str, name: &str) -> Vec<String> {
         let mut out = Vec::new();

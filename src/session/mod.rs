@@ -451,8 +451,12 @@ impl Session {
             pos0: params.pos0,
             n: tokens.len(),
         };
-        let seen = (self.drafter.as_mut().map_or(Ok(()), |m| m.record(&step)))
-            .and_then(|()| self.opts.observer.as_ref().map_or(Ok(()), |o| o.observe(&step)));
+        let seen = (self.drafter.as_mut().map_or(Ok(()), |m| m.record(&step))).and_then(|()| {
+            self.opts
+                .observer
+                .as_ref()
+                .map_or(Ok(()), |o| o.observe(&step))
+        });
         if let Err(e) = seen {
             self.reset();
             return Err(e);

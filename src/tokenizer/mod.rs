@@ -292,29 +292,11 @@ impl Tokenizer {
 
     /// Reference encoding: every added token is recognised in the text.
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        let mut out = Vec::new();
-        let mut plain_start = 0;
-        let mut i = 0;
-        while i < text.len() {
-            let Some(c) = text[i..].chars().next() else {
-                break;
-            };
-            if let Some(cands) = self.added.get(&c) {
-                if let Some((s, id)) = cands
-                    .iter()
-                    .find(|(s, _)| text[i..].starts_with(s.as_str()))
-                {
-                    self.encode_plain_into(&text[plain_start..i], &mut out);
-                    out.push(*id);
-                    i += s.len();
-                    plain_start = i;
-                    continue;
-                }
-            }
-            i += c.len_utf8();
-        }
-        self.encode_plain_into(&text[plain_start..], &mut out);
-        out
+        self.encode_between(text, |rest| {
+            let c = rest.chars().next()?;
+            let cands = self.added.get(&c)?;
+            cands.iter().find(|(s, _)| rest.starts_with(s.as_str()))
+        })
     }
 
     /// No added tokens: marker strings in the text are ordinary BPE text.
@@ -326,25 +308,37 @@ impl Tokenizer {
 
     /// Rendered-chat encoding: only the seven chat markers are special.
     pub fn encode_chat(&self, text: &str) -> Vec<u32> {
+        self.encode_between(text, |rest| {
+            // A quick test first: every chat marker starts with '<' or a
+            // fullwidth character (lead byte 0xEF).
+            if !rest.starts_with('<') && rest.as_bytes()[0] != 0xEF {
+                return None;
+            }
+            self.chat.iter().find(|(s, _)| rest.starts_with(s.as_str()))
+        })
+    }
+
+    /// Encodes `text` as the special tokens `special` recognises (asked at
+    /// every char boundary, with the rest of the text, for the token that
+    /// starts there) and the BPE pieces of the plain text between them.
+    fn encode_between<'a>(
+        &self,
+        text: &str,
+        special: impl Fn(&str) -> Option<&'a (String, u32)>,
+    ) -> Vec<u32> {
         let mut out = Vec::new();
         let mut plain_start = 0;
         let mut i = 0;
-        let b = text.as_bytes();
-        while i < b.len() {
-            if b[i] == b'<' || b[i] == 0xEF {
-                if let Some((s, id)) = self
-                    .chat
-                    .iter()
-                    .find(|(s, _)| b[i..].starts_with(s.as_bytes()))
-                {
+        while let Some(c) = text[i..].chars().next() {
+            match special(&text[i..]) {
+                Some((s, id)) => {
                     self.encode_plain_into(&text[plain_start..i], &mut out);
                     out.push(*id);
                     i += s.len();
                     plain_start = i;
-                    continue;
                 }
+                None => i += c.len_utf8(),
             }
-            i += 1;
         }
         self.encode_plain_into(&text[plain_start..], &mut out);
         out

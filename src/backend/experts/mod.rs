@@ -560,6 +560,26 @@ impl ExpertCache {
         order
     }
 
+    /// Reads the slices of `experts` of `layer` in parallel on the read
+    /// pool, counting their bytes as read.
+    fn read_slices(
+        &self,
+        layer: &LayerCache,
+        experts: &[u32],
+    ) -> Result<Vec<(u32, Slice)>, ReadError> {
+        let read: Vec<(u32, Slice)> = self.readers.install(|| {
+            experts
+                .par_iter()
+                .map(|&e| Ok((e, layer.read_slice(&self.reader, e)?)))
+                .collect::<Result<_, ReadError>>()
+        })?;
+        add(
+            &self.stats.bytes_read,
+            read.len() as u64 * layer.info.slice_bytes(),
+        );
+        Ok(read)
+    }
+
     /// Reads `experts` of the layer at `gate_offset` in parallel, outside
     /// the cache and its hit counters (a GPU backend's preload); `None`
     /// for a layer that does not stream.
@@ -571,16 +591,7 @@ impl ExpertCache {
         let Some(layer) = self.layer_of(gate_offset).filter(|l| l.streamed) else {
             return Ok(None);
         };
-        let read: Vec<(u32, Slice)> = self.readers.install(|| {
-            experts
-                .par_iter()
-                .map(|&e| Ok((e, layer.read_slice(&self.reader, e)?)))
-                .collect::<Result<_, ReadError>>()
-        })?;
-        add(
-            &self.stats.bytes_read,
-            read.len() as u64 * layer.info.slice_bytes(),
-        );
+        let read = self.read_slices(&layer, experts)?;
         let offsets = [0, 1, 2].map(|p| layer.info.parts[p].offset);
         Ok(Some(Pinned {
             layer,
@@ -658,17 +669,8 @@ impl ExpertCache {
         add(&stats.misses, missing.len() as u64);
         if !missing.is_empty() {
             let t = Instant::now();
-            let read: Vec<(u32, Slice)> = self.readers.install(|| {
-                missing
-                    .par_iter()
-                    .map(|&e| Ok((e, layer.read_slice(&self.reader, e)?)))
-                    .collect::<Result<_, ReadError>>()
-            })?;
+            let read = self.read_slices(&layer, &missing)?;
             add(&stats.read_wait_ns, t.elapsed().as_nanos() as u64);
-            add(
-                &stats.bytes_read,
-                read.len() as u64 * layer.info.slice_bytes(),
-            );
             let mut st = layer.lock();
             for (e, s) in read {
                 layer.insert(&mut st, e, Arc::new(s), false);

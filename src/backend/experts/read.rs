@@ -27,6 +27,29 @@ pub const ALIGN: usize = 4096;
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct Block([u8; ALIGN]);
 
+/// An extent `(offset, len)` widened to whole [`ALIGN`] blocks, as a
+/// direct read must be.
+struct Widened {
+    /// The aligned file offset the read starts at.
+    start: u64,
+    /// Bytes before the extent in the first block.
+    lead: usize,
+    /// Bytes read: `lead + len` rounded up to whole blocks.
+    span: usize,
+}
+
+impl Widened {
+    fn new(offset: u64, len: usize) -> Widened {
+        let start = offset - offset % ALIGN as u64;
+        let lead = (offset - start) as usize;
+        Widened {
+            start,
+            lead,
+            span: (lead + len).div_ceil(ALIGN) * ALIGN,
+        }
+    }
+}
+
 /// A heap buffer whose start is [`ALIGN`]-aligned (what O_DIRECT needs).
 pub struct AlignedBuf {
     blocks: Vec<Block>,
@@ -203,22 +226,12 @@ impl SliceReader {
         len: usize,
         buf: &mut AlignedBuf,
     ) -> Result<Range<usize>, ReadError> {
-        let start = offset - offset % ALIGN as u64;
-        let lead = (offset - start) as usize;
-        let span = (lead + len).div_ceil(ALIGN) * ALIGN;
-        if buf.capacity() < span {
-            *buf = AlignedBuf::zeroed(span);
+        let w = Widened::new(offset, len);
+        if buf.capacity() < w.span {
+            *buf = AlignedBuf::zeroed(w.span);
         }
-        let got = self.read_at_full(start, &mut buf.as_mut_slice()[..span], lead + len)?;
-        if got < lead + len {
-            return Err(ReadError::Short {
-                path: self.path.display().to_string(),
-                offset,
-                len,
-                got: got.saturating_sub(lead),
-            });
-        }
-        Ok(lead..lead + len)
+        self.read_widened(&w, &mut buf.as_mut_slice()[..w.span], offset, len)?;
+        Ok(w.lead..w.lead + len)
     }
 
     /// Reads every extent `(offset, len)` into one buffer (grown when too
@@ -233,46 +246,53 @@ impl SliceReader {
         buf: &mut AlignedBuf,
     ) -> Result<Vec<Range<usize>>, ReadError> {
         use rayon::prelude::*;
-        // (aligned start, lead, span) per extent.
-        let spans: Vec<(u64, usize, usize)> = extents
+        let widened: Vec<Widened> = extents
             .iter()
-            .map(|&(offset, len)| {
-                let start = offset - offset % ALIGN as u64;
-                let lead = (offset - start) as usize;
-                (start, lead, (lead + len).div_ceil(ALIGN) * ALIGN)
-            })
+            .map(|&(offset, len)| Widened::new(offset, len))
             .collect();
-        let total: usize = spans.iter().map(|s| s.2).sum();
+        let total: usize = widened.iter().map(|w| w.span).sum();
         if buf.capacity() < total {
             *buf = AlignedBuf::zeroed(total);
         }
-        let mut chunks = Vec::with_capacity(spans.len());
-        let mut ranges = Vec::with_capacity(spans.len());
+        let mut chunks = Vec::with_capacity(widened.len());
+        let mut ranges = Vec::with_capacity(widened.len());
         let mut rest = &mut buf.as_mut_slice()[..total];
         let mut at = 0;
-        for (&(_, lead, span), &(_, len)) in spans.iter().zip(extents) {
-            let (chunk, tail) = rest.split_at_mut(span);
+        for (w, &(_, len)) in widened.iter().zip(extents) {
+            let (chunk, tail) = rest.split_at_mut(w.span);
             chunks.push(chunk);
-            ranges.push(at + lead..at + lead + len);
+            ranges.push(at + w.lead..at + w.lead + len);
             rest = tail;
-            at += span;
+            at += w.span;
         }
         chunks
             .into_par_iter()
-            .zip(spans.par_iter().zip(extents))
-            .try_for_each(|(chunk, (&(start, lead, _), &(offset, len)))| {
-                let got = self.read_at_full(start, chunk, lead + len)?;
-                if got < lead + len {
-                    return Err(ReadError::Short {
-                        path: self.path.display().to_string(),
-                        offset,
-                        len,
-                        got: got.saturating_sub(lead),
-                    });
-                }
-                Ok(())
+            .zip(widened.par_iter().zip(extents))
+            .try_for_each(|(chunk, (w, &(offset, len)))| {
+                self.read_widened(w, chunk, offset, len)
             })?;
         Ok(ranges)
+    }
+
+    /// Reads the extent `(offset, len)`, widened to `w`, into `dst` (`w.span`
+    /// bytes); a short read names the file and the extent's offset.
+    fn read_widened(
+        &self,
+        w: &Widened,
+        dst: &mut [u8],
+        offset: u64,
+        len: usize,
+    ) -> Result<(), ReadError> {
+        let got = self.read_at_full(w.start, dst, w.lead + len)?;
+        if got < w.lead + len {
+            return Err(ReadError::Short {
+                path: self.path.display().to_string(),
+                offset,
+                len,
+                got: got.saturating_sub(w.lead),
+            });
+        }
+        Ok(())
     }
 
     /// Reads into `dst` from `at` until `need` bytes are in or the file

@@ -49,33 +49,33 @@ pub(super) fn tool_lines(body: &[u8]) -> Result<Vec<String>, ApiError> {
                     .unwrap_or("");
                 let params = inner
                     .get("parameters")
-                    .or_else(|| inner.get("input_schema"))
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| r#"{"type":"object","properties":{}}"#.into());
-                out.push(format!(
-                    "{{\"name\":{},\"description\":{},\"parameters\":{}}}",
-                    Value::String(format!("{ns}{name}")),
-                    Value::String(desc.into()),
-                    params
-                ));
+                    .or_else(|| inner.get("input_schema"));
+                out.push(schema_line(&format!("{ns}{name}"), desc, params));
             }
         } else if o.get("type").and_then(Value::as_str) == Some("tool_search") {
             let desc = o
                 .get("description")
                 .and_then(Value::as_str)
                 .unwrap_or("Search available tools.");
-            let params = o
-                .get("parameters")
-                .map(|p| p.to_string())
-                .unwrap_or_else(|| r#"{"type":"object","properties":{}}"#.into());
-            out.push(format!(
-                "{{\"name\":\"tool_search\",\"description\":{},\"parameters\":{}}}",
-                Value::String(desc.into()),
-                params
-            ));
+            out.push(schema_line("tool_search", desc, o.get("parameters")));
         } else {
             out.push(t.get().to_string());
         }
     }
     Ok(out)
+}
+
+/// The schema line of a tool the request does not give as a `function`
+/// object: its name, description and parameters (an empty object schema
+/// when absent), in that order.
+fn schema_line(name: &str, desc: &str, params: Option<&Value>) -> String {
+    let params = params
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| r#"{"type":"object","properties":{}}"#.into());
+    format!(
+        "{{\"name\":{},\"description\":{},\"parameters\":{}}}",
+        Value::String(name.into()),
+        Value::String(desc.into()),
+        params
+    )
 }
