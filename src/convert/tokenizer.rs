@@ -140,187 +140,20 @@ impl TokenizerKeys {
                 )));
             }
         }
-        let too_big = |id: usize, what: &str| {
-            err(format!(
-                "{what} has id {id}, but config.json's `vocab_size` is {n_vocab}: the \
-                 tokenizer is larger than the model's vocabulary"
-            ))
-        };
-        // Token strings by id.
-        let mut slots: Vec<Option<(String, i32)>> = vec![None; n_vocab];
-        let vocab = model
-            .get("vocab")
-            .and_then(Value::as_object)
-            .ok_or_else(|| err("no `model.vocab` object".into()))?;
-        for (tok, v) in vocab {
-            let id = id_of(v)
-                .ok_or_else(|| err(format!("`model.vocab`: `{tok}` has id {v}, not an id")))?;
-            if id >= n_vocab {
-                return Err(too_big(id, &format!("`model.vocab` token `{tok}`")));
-            }
-            if let Some((other, _)) = &slots[id] {
-                return Err(err(format!(
-                    "`model.vocab`: id {id} is both `{other}` and `{tok}`"
-                )));
-            }
-            slots[id] = Some((tok.clone(), TOKEN_TYPE_NORMAL));
-        }
-        let added = json
-            .get("added_tokens")
-            .map(|a| {
-                a.as_array()
-                    .ok_or_else(|| err(format!("`added_tokens` is {a}, not a list")))
-            })
-            .transpose()?;
-        let mut seen_added: HashMap<usize, &str> = HashMap::new();
-        for (i, a) in added.into_iter().flatten().enumerate() {
-            let at = |msg: String| err(format!("`added_tokens[{i}]`: {msg}"));
-            let id = a
-                .get("id")
-                .and_then(id_of)
-                .ok_or_else(|| at("no `id` (a non-negative integer)".into()))?;
-            let content = a
-                .get("content")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .ok_or_else(|| at("no `content` (a non-empty string)".into()))?;
-            let special = match a.get("special") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(v) => return Err(at(format!("`special` is {v}, not true or false"))),
-            };
-            if id >= n_vocab {
-                return Err(too_big(id, &format!("added token `{content}`")));
-            }
-            if let Some(prev) = seen_added.insert(id, content) {
-                if prev != content {
-                    return Err(at(format!("id {id} is both `{prev}` and `{content}`")));
-                }
-            }
-            if let Some((tok, ty)) = &slots[id] {
-                if *ty == TOKEN_TYPE_NORMAL && tok != content {
-                    return Err(at(format!(
-                        "`{content}` has id {id}, which `model.vocab` gives to `{tok}`"
-                    )));
-                }
-            }
-            let ty = if special || looks_control(content) {
-                TOKEN_TYPE_CONTROL
-            } else {
-                TOKEN_TYPE_USER_DEFINED
-            };
-            slots[id] = Some((content.to_string(), ty));
-        }
-        let mut placeholders = 0;
-        let (tokens, token_types): (Vec<String>, Vec<i32>) = slots
-            .into_iter()
-            .enumerate()
-            .map(|(id, s)| {
-                s.unwrap_or_else(|| {
-                    placeholders += 1;
-                    (format!("[PAD{id}]"), TOKEN_TYPE_UNUSED)
-                })
-            })
-            .unzip();
-
-        let merges = model
-            .get("merges")
-            .and_then(Value::as_array)
-            .ok_or_else(|| err("no `model.merges` list".into()))?
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let pair = match m {
-                    Value::String(s) => {
-                        let mut parts = s.split(' ');
-                        match (parts.next(), parts.next(), parts.next()) {
-                            (Some(l), Some(r), None) if !l.is_empty() && !r.is_empty() => {
-                                Some(s.clone())
-                            }
-                            _ => None,
-                        }
-                    }
-                    Value::Array(p) if p.len() == 2 => match (symbol(&p[0]), symbol(&p[1])) {
-                        (Some(l), Some(r)) => Some(format!("{l} {r}")),
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                pair.ok_or_else(|| {
-                    err(format!(
-                        "`model.merges[{i}]` is {m}: expected \"left right\" or \
-                         [\"left\", \"right\"] (two non-empty symbols without spaces)"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut slots = Slots::new(file, n_vocab);
+        slots.vocab(model)?;
+        slots.added(json)?;
+        let (tokens, token_types, placeholders) = slots.finish();
+        let merges = merges(model, file)?;
 
         // BOS and EOS: tokenizer_config.json's, else the V4 strings.
-        let ids: HashMap<&str, u32> = tokens
-            .iter()
-            .enumerate()
-            .rev()
+        let config = config.as_ref().map(|(c, f)| (*c, f.as_path()));
+        let ids: HashMap<&str, u32> = (tokens.iter().enumerate().rev())
             .map(|(i, t)| (t.as_str(), i as u32))
             .collect();
-        let cfg = config.as_ref();
-        let special_id = |key: &str, default: &str| -> Result<u32, ConvertError> {
-            let Some((c, cfile)) = cfg else {
-                return ids.get(default).copied().ok_or_else(|| {
-                    err(format!(
-                        "no token `{default}` for `{key}` (and no {TOKENIZER_CONFIG_FILE})"
-                    ))
-                });
-            };
-            let text = match c.get(key) {
-                None | Some(Value::Null) => default,
-                Some(Value::String(s)) => s.as_str(),
-                Some(v @ Value::Object(o)) => {
-                    o.get("content").and_then(Value::as_str).ok_or_else(|| {
-                        input_err(cfile, format!("`{key}` is {v}, without `content`"))
-                    })?
-                }
-                Some(v) => {
-                    return Err(input_err(
-                        cfile,
-                        format!("`{key}` is {v}, not a string or an AddedToken object"),
-                    ))
-                }
-            };
-            ids.get(text).copied().ok_or_else(|| {
-                input_err(
-                    cfile,
-                    format!("`{key}` `{text}` is not a token of {}", file.display()),
-                )
-            })
-        };
-        let bos = special_id("bos_token", BOS)?;
-        let eos = special_id("eos_token", EOS)?;
-        let chat_template = match cfg {
-            None => None,
-            Some((c, cfile)) => match c.get("chat_template") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s.clone()),
-                Some(Value::Array(list)) => Some(
-                    list.iter()
-                        .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                        .and_then(|t| t.get("template"))
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| {
-                            input_err(
-                                cfile,
-                                "`chat_template` is a list without a `default` template".into(),
-                            )
-                        })?
-                        .to_string(),
-                ),
-                Some(v) => {
-                    return Err(input_err(
-                        cfile,
-                        format!("`chat_template` is {v}, not a string"),
-                    ))
-                }
-            },
-        };
+        let bos = special_id(&ids, file, config, "bos_token", BOS)?;
+        let eos = special_id(&ids, file, config, "eos_token", EOS)?;
+        let chat_template = config.map(chat_template).transpose()?.flatten();
         drop(ids);
 
         // ds4's own tokenizer must accept it.
@@ -369,6 +202,227 @@ impl TokenizerKeys {
             w.add_kv(&k, v);
         }
     }
+}
+
+/// The token of each id and its type, filled from `model.vocab` and the
+/// added tokens of `tokenizer.json` (`file`), for `n` ids.
+struct Slots<'f> {
+    file: &'f Path,
+    slots: Vec<Option<(String, i32)>>,
+}
+
+impl<'f> Slots<'f> {
+    fn new(file: &'f Path, n: usize) -> Slots<'f> {
+        Slots {
+            file,
+            slots: vec![None; n],
+        }
+    }
+
+    fn err(&self, msg: String) -> ConvertError {
+        input_err(self.file, msg)
+    }
+
+    /// An id past the model's vocabulary.
+    fn too_big(&self, id: usize, what: &str) -> ConvertError {
+        self.err(format!(
+            "{what} has id {id}, but config.json's `vocab_size` is {}: the \
+             tokenizer is larger than the model's vocabulary",
+            self.slots.len()
+        ))
+    }
+
+    /// `model.vocab`: token → id, every token normal.
+    fn vocab(&mut self, model: &Value) -> Result<(), ConvertError> {
+        let vocab = model
+            .get("vocab")
+            .and_then(Value::as_object)
+            .ok_or_else(|| self.err("no `model.vocab` object".into()))?;
+        for (tok, v) in vocab {
+            let id = id_of(v)
+                .ok_or_else(|| self.err(format!("`model.vocab`: `{tok}` has id {v}, not an id")))?;
+            if id >= self.slots.len() {
+                return Err(self.too_big(id, &format!("`model.vocab` token `{tok}`")));
+            }
+            if let Some((other, _)) = &self.slots[id] {
+                return Err(self.err(format!(
+                    "`model.vocab`: id {id} is both `{other}` and `{tok}`"
+                )));
+            }
+            self.slots[id] = Some((tok.clone(), TOKEN_TYPE_NORMAL));
+        }
+        Ok(())
+    }
+
+    /// `added_tokens`: control tokens (flagged special, or spelled as
+    /// markers) and user-defined ones.
+    fn added(&mut self, json: &Value) -> Result<(), ConvertError> {
+        let added = json
+            .get("added_tokens")
+            .map(|a| {
+                a.as_array()
+                    .ok_or_else(|| self.err(format!("`added_tokens` is {a}, not a list")))
+            })
+            .transpose()?;
+        let mut seen: HashMap<usize, &str> = HashMap::new();
+        for (i, a) in added.into_iter().flatten().enumerate() {
+            let at = |msg: String| self.err(format!("`added_tokens[{i}]`: {msg}"));
+            let id = a
+                .get("id")
+                .and_then(id_of)
+                .ok_or_else(|| at("no `id` (a non-negative integer)".into()))?;
+            let content = a
+                .get("content")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| at("no `content` (a non-empty string)".into()))?;
+            let special = match a.get("special") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => return Err(at(format!("`special` is {v}, not true or false"))),
+            };
+            if id >= self.slots.len() {
+                return Err(self.too_big(id, &format!("added token `{content}`")));
+            }
+            if let Some(prev) = seen.insert(id, content) {
+                if prev != content {
+                    return Err(at(format!("id {id} is both `{prev}` and `{content}`")));
+                }
+            }
+            if let Some((tok, ty)) = &self.slots[id] {
+                if *ty == TOKEN_TYPE_NORMAL && tok != content {
+                    return Err(at(format!(
+                        "`{content}` has id {id}, which `model.vocab` gives to `{tok}`"
+                    )));
+                }
+            }
+            let ty = if special || looks_control(content) {
+                TOKEN_TYPE_CONTROL
+            } else {
+                TOKEN_TYPE_USER_DEFINED
+            };
+            self.slots[id] = Some((content.to_string(), ty));
+        }
+        Ok(())
+    }
+
+    /// The tokens, their types and the count of ids with neither (given a
+    /// `[PAD{id}]` placeholder of type unused, as gguf-py does).
+    fn finish(self) -> (Vec<String>, Vec<i32>, usize) {
+        let mut placeholders = 0;
+        let (tokens, types) = (self.slots.into_iter().enumerate())
+            .map(|(id, s)| {
+                s.unwrap_or_else(|| {
+                    placeholders += 1;
+                    (format!("[PAD{id}]"), TOKEN_TYPE_UNUSED)
+                })
+            })
+            .unzip();
+        (tokens, types, placeholders)
+    }
+}
+
+/// `model.merges` as `"left right"` strings, from either JSON form.
+fn merges(model: &Value, file: &Path) -> Result<Vec<String>, ConvertError> {
+    let err = |msg: String| input_err(file, msg);
+    model
+        .get("merges")
+        .and_then(Value::as_array)
+        .ok_or_else(|| err("no `model.merges` list".into()))?
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let pair = match m {
+                Value::String(s) => {
+                    let mut parts = s.split(' ');
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(l), Some(r), None) if !l.is_empty() && !r.is_empty() => {
+                            Some(s.clone())
+                        }
+                        _ => None,
+                    }
+                }
+                Value::Array(p) if p.len() == 2 => match (symbol(&p[0]), symbol(&p[1])) {
+                    (Some(l), Some(r)) => Some(format!("{l} {r}")),
+                    _ => None,
+                },
+                _ => None,
+            };
+            pair.ok_or_else(|| {
+                err(format!(
+                    "`model.merges[{i}]` is {m}: expected \"left right\" or \
+                     [\"left\", \"right\"] (two non-empty symbols without spaces)"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The id of `key` (`bos_token`, `eos_token`): the token tokenizer_config.json
+/// names (`config`: its contents and path), else `default`'s.
+fn special_id(
+    ids: &HashMap<&str, u32>,
+    file: &Path,
+    config: Option<(&Value, &Path)>,
+    key: &str,
+    default: &str,
+) -> Result<u32, ConvertError> {
+    let Some((c, cfile)) = config else {
+        return ids.get(default).copied().ok_or_else(|| {
+            input_err(
+                file,
+                format!("no token `{default}` for `{key}` (and no {TOKENIZER_CONFIG_FILE})"),
+            )
+        });
+    };
+    let text = match c.get(key) {
+        None | Some(Value::Null) => default,
+        Some(Value::String(s)) => s.as_str(),
+        Some(v @ Value::Object(o)) => o
+            .get("content")
+            .and_then(Value::as_str)
+            .ok_or_else(|| input_err(cfile, format!("`{key}` is {v}, without `content`")))?,
+        Some(v) => {
+            return Err(input_err(
+                cfile,
+                format!("`{key}` is {v}, not a string or an AddedToken object"),
+            ))
+        }
+    };
+    ids.get(text).copied().ok_or_else(|| {
+        input_err(
+            cfile,
+            format!("`{key}` `{text}` is not a token of {}", file.display()),
+        )
+    })
+}
+
+/// tokenizer_config.json's `chat_template`: a string, or the `default` of
+/// a list of named templates.
+fn chat_template((c, cfile): (&Value, &Path)) -> Result<Option<String>, ConvertError> {
+    Ok(match c.get("chat_template") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => Some(
+            list.iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    input_err(
+                        cfile,
+                        "`chat_template` is a list without a `default` template".into(),
+                    )
+                })?
+                .to_string(),
+        ),
+        Some(v) => {
+            return Err(input_err(
+                cfile,
+                format!("`chat_template` is {v}, not a string"),
+            ))
+        }
+    })
 }
 
 #[cfg(test)]
