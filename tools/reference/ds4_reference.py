@@ -646,21 +646,50 @@ class Ds4Patches:
 
 
 class Reference:
-    """A GGUF loaded into transformers' DeepseekV4ForCausalLM."""
+    """A model loaded into transformers' DeepseekV4ForCausalLM: a GGUF (this constructor), or
+    any `DeepseekV4Config` and state dict (`from_state_dict`, e.g. an official checkpoint read
+    by checkpoint_reference.py)."""
 
     def __init__(self, gguf_path, dtype=torch.float64, numerics="plain", exact64=None,
                  hash_file=True):
+        reader = gguf.GGUFReader(str(gguf_path))
+        meta = read_metadata(reader)
+        names = {t.name for t in reader.tensors}
+        config, extra = build_config(meta, names)
+        sd, types = build_state_dict(reader)
+        del reader
+        info = ModelInfo(
+            path=str(gguf_path),
+            sha256=sha256_file(gguf_path) if hash_file else "",
+            n_rot=extra["n_rot"],
+            head_dim=config.head_dim,
+            index_head_dim=config.index_head_dim,
+            compress_ratios=extra["ratios"],
+            layer_types=extra["layer_types"],
+            n_hash_layers=extra["n_hash"],
+            tensor_types=types,
+            metadata={k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")},
+        )
+        self._load(config, sd, info, dtype, numerics, exact64)
+
+    @classmethod
+    def from_state_dict(cls, config, sd, info, dtype=torch.float64, numerics="plain",
+                        exact64=None):
+        """The reference on `config` (with `_attn_implementation` and
+        `_experts_implementation` "eager") and the transformers state dict `sd` (floating
+        tensors in any dtype, converted to `dtype`; checked strictly, as for a GGUF); `info`
+        is the `ModelInfo` to keep (its `n_rot` is the rotary width the rounding hooks use)."""
+        self = cls.__new__(cls)
+        self._load(config, dict(sd), info, dtype, numerics, exact64)
+        return self
+
+    def _load(self, config, sd, info, dtype, numerics, exact64):
         self.dtype = dtype
         self.numerics = numerics
         self.exact64 = (dtype == torch.float64) if exact64 is None else exact64
         if self.exact64 and dtype != torch.float64:
             raise ValueError("exact64 needs float64")
-        reader = gguf.GGUFReader(str(gguf_path))
-        meta = read_metadata(reader)
-        names = {t.name for t in reader.tensors}
-        self.config, extra = build_config(meta, names)
-        sd, types = build_state_dict(reader)
-        del reader
+        self.config = config
         torch.manual_seed(0)  # the init values are all overwritten; keep them reproducible anyway
         model = tfm.DeepseekV4ForCausalLM(self.config)
         model = model.to(dtype)
@@ -672,7 +701,7 @@ class Reference:
             raise KeyError(f"state dict mismatch: missing {missing[:8]}, unexpected {unexpected[:8]}")
         for k, v in sd.items():
             if tuple(v.shape) != tuple(expected[k].shape):
-                raise ValueError(f"{k}: GGUF gives {tuple(v.shape)}, transformers wants {tuple(expected[k].shape)}")
+                raise ValueError(f"{k}: the source gives {tuple(v.shape)}, transformers wants {tuple(expected[k].shape)}")
             if expected[k].is_floating_point():
                 sd[k] = v.to(dtype)
         model.load_state_dict(sd, strict=True)
@@ -680,18 +709,7 @@ class Reference:
             if v.is_floating_point() and v.dtype != dtype:
                 raise TypeError(f"{k} is {v.dtype} after loading")
         self.model = model
-        self.info = ModelInfo(
-            path=str(gguf_path),
-            sha256=sha256_file(gguf_path) if hash_file else "",
-            n_rot=extra["n_rot"],
-            head_dim=self.config.head_dim,
-            index_head_dim=self.config.index_head_dim,
-            compress_ratios=extra["ratios"],
-            layer_types=extra["layer_types"],
-            n_hash_layers=extra["n_hash"],
-            tensor_types=types,
-            metadata={k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")},
-        )
+        self.info = info
         self._check_rope()
 
     def _check_rope(self):
