@@ -4,17 +4,12 @@
 
 mod common;
 
+use common::process::ds4;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use ds4::testmodel::Variant;
-
-fn ds4(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ds4"))
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

@@ -12,12 +12,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use common::checkpoint::make_checkpoint;
 use common::fresh_dir;
-use common::quantize::{convert, s};
+use common::quantize::{convert, ds4_answers, s};
 use ds4::gguf::{GgufFile, MetaArray, MetaValue};
 use ds4::model::ModelFile;
 use ds4::testmodel::{Variant, Vocab};
@@ -178,22 +177,7 @@ fn a_cut_tokenizer_is_padded_and_tokenizes_like_its_tokenizer_json() {
 #[test]
 fn ds4_answers_a_prompt_on_the_converted_q8_file() {
     for out in [&full().1, &cut().1] {
-        let o = Command::new(env!("CARGO_BIN_EXE_ds4"))
-            .args(["-m", s(out), "-p", "Hello, 世界", "-n", "4"])
-            .args([
-                "--temp",
-                "0",
-                "--nothink",
-                "--backend",
-                "cpu",
-                "--ctx",
-                "256",
-            ])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "{}: {err}", out.display());
-        assert!(!err.contains("panicked"), "{err}");
+        ds4_answers(out, "Hello, 世界");
     }
 }
 

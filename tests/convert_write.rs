@@ -12,40 +12,34 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-use common::checkpoint::make_checkpoint;
+use common::checkpoint::{checkpoint_once, make_checkpoint};
 use common::fresh_dir;
-use common::quantize::{convert, s};
-use ds4::backend::BackendKind;
-use ds4::convert::decode::Weight;
+use common::quantize::{
+    assert_converted, assert_fp4_experts_exact, convert, converted_once, cpu_ref_logits, directory,
+    draft_logits, s, small_vocab, tensor, worst_relative_logit_diff,
+};
 use ds4::convert::safetensors::{Checkpoint, INDEX_FILE};
 use ds4::gguf::GgufFile;
-use ds4::model::forward::Numerics;
-use ds4::model::ModelFile;
-use ds4::quant::{self, GgmlType};
-use ds4::session::{DraftModel, Session, SessionOptions};
-use ds4::testmodel::{write_model, write_mtp, TestModelSpec, Variant, Vocab};
+use ds4::model::{AnyModel, ModelFile};
+use ds4::quant::GgmlType;
+use ds4::session::DraftModel;
+use ds4::testmodel::{write_model, write_mtp, TestModelSpec, Variant};
 
 const VOCAB: usize = 512;
 
 /// The script's tiny V4 checkpoint, written once for the whole file: random
 /// bytes (every FP8 and FP4 code), or with `tame` a well-conditioned model's
 /// values (the script's `--tame`), for the forward passes.
-fn checkpoint(tame: bool) -> &'static Path {
-    static DIRS: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
-    DIRS[tame as usize].get_or_init(|| {
-        let dir = fresh_dir("convert_write", &format!("checkpoint-tame-{tame}"));
-        let vocab = VOCAB.to_string();
-        let mut args = vec!["--model", "v4", "--vocab", &vocab];
-        if tame {
-            args.push("--tame");
-        }
-        make_checkpoint(&dir, &args);
-        dir
-    })
+fn checkpoint(tame: bool) -> PathBuf {
+    let vocab = VOCAB.to_string();
+    let mut args = vec!["--model", "v4", "--vocab", &vocab];
+    if tame {
+        args.push("--tame");
+    }
+    checkpoint_once("convert_write", &format!("checkpoint-tame-{tame}"), &args)
 }
 
 /// The checkpoint converted with `recipe` by the command, once per recipe.
@@ -55,61 +49,8 @@ fn converted(recipe: &str) -> PathBuf {
 
 /// [`converted`] from the checkpoint of [`checkpoint`]`(tame)`.
 fn converted_from(recipe: &str, tame: bool) -> PathBuf {
-    static DONE: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
-    let done = DONE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut done = done.lock().unwrap_or_else(|e| e.into_inner());
-    let key = format!("{recipe}-tame-{tame}");
-    if let Some(p) = done.get(&key) {
-        return p.clone();
-    }
-    let dir = fresh_dir("convert_write", &format!("out-{key}"));
-    let out = dir.join(format!("tiny-{recipe}.gguf"));
-    let o = convert(checkpoint(tame), recipe, &[], &out);
-    assert!(
-        o.status.success(),
-        "--recipe {recipe}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    // Only the output is left in its folder (no partial file).
-    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
-    assert_eq!(names.len(), 1, "{names:?}");
-    done.insert(key, out.clone());
-    out
-}
-
-/// A vocabulary of `n` made-up tokens (the loader reads only its size).
-fn small_vocab(n: usize) -> Vocab {
-    Vocab {
-        token_types: vec![1; n],
-        tokens: (0..n).map(|i| format!("t{i}")).collect(),
-        merges: Vec::new(),
-    }
-}
-
-/// Every tensor's name, shape and type, in file order.
-fn directory(f: &GgufFile) -> Vec<(String, Vec<u64>, GgmlType)> {
-    f.tensor_infos()
-        .iter()
-        .map(|i| (i.name.clone(), i.ne.clone(), f.view(i).unwrap().ty))
-        .collect()
-}
-
-/// Tensor `name` of `f`: its type, `ne0` and bytes.
-fn tensor<'a>(f: &'a GgufFile, name: &str) -> (GgmlType, usize, &'a [u8]) {
-    let i = f.tensor_info(name).unwrap_or_else(|| panic!("{name}"));
-    let v = f.view(i).unwrap();
-    (v.ty, i.ne[0] as usize, v.data)
-}
-
-/// A GGUF tensor dequantized to f32, row-major.
-fn dequantize(f: &GgufFile, name: &str) -> Vec<f32> {
-    let (ty, ne0, data) = tensor(f, name);
-    let rb = ty.row_bytes(ne0 as u64).unwrap() as usize;
-    let mut out = vec![0f32; data.len() / rb * ne0];
-    for (src, dst) in data.chunks_exact(rb).zip(out.chunks_exact_mut(ne0)) {
-        quant::dequantize_row(ty, src, dst).unwrap();
-    }
-    out
+    let key = format!("tame-{tame}");
+    converted_once("convert_write", &checkpoint(tame), &key, "tiny", recipe)
 }
 
 #[test]
@@ -142,109 +83,62 @@ fn every_recipe_loads_with_the_published_mix_types() {
 fn mxfp4_routed_experts_are_the_checkpoints_fp4_values_exactly() {
     let out = converted("mxfp4");
     let f = GgufFile::open(&out).unwrap();
-    let ck = Checkpoint::open(checkpoint(false)).unwrap();
+    let ck = Checkpoint::open(&checkpoint(false)).unwrap();
     let spec = TestModelSpec::tiny();
-    let mut n = 0;
-    for l in 0..spec.n_layer() {
-        for (gguf, w) in [("gate", "w1"), ("up", "w3"), ("down", "w2")] {
-            let name = format!("blk.{l}.ffn_{gguf}_exps.weight");
-            assert_eq!(tensor(&f, &name).0, GgmlType::Mxfp4, "{name}");
-            let got = dequantize(&f, &name);
-            let slab = got.len() / spec.core.n_expert;
-            for x in 0..spec.core.n_expert {
-                let src = format!("layers.{l}.ffn.experts.{x}.{w}.weight");
-                let want = Weight::open(&ck, &src).unwrap();
-                assert!(want.is_fp4(), "{src}");
-                let want = want.to_f32();
-                let g = &got[x * slab..(x + 1) * slab];
-                // E2M1's -0 reads as +0 in MXFP4: compare values, not bits.
-                assert!(
-                    g.iter().zip(&want).all(|(a, b)| a == b),
-                    "{name} expert {x}"
-                );
-                n += 1;
-            }
-        }
-    }
+    let n = assert_fp4_experts_exact(&f, &ck, spec.n_layer(), spec.core.n_expert);
     assert_eq!(n, 6 * 3 * 8);
-}
-
-/// The largest |x| of each block of 32 of `v`.
-fn block_max(v: &[f32]) -> Vec<f32> {
-    v.chunks(32)
-        .map(|b| b.iter().fold(0f32, |m, x| m.max(x.abs())))
-        .collect()
 }
 
 #[test]
 fn q8_dense_tensors_are_within_the_quant_bound_vectors_and_tables_exact() {
     let out = converted("q8");
     let f = GgufFile::open(&out).unwrap();
-    let ck = Checkpoint::open(checkpoint(false)).unwrap();
+    let ck = Checkpoint::open(&checkpoint(false)).unwrap();
     // Q8_0: d = amax/127 rounded to f16 (relative error 2^-11), q rounded
     // to nearest: |x - q·d| ≤ d/2 + 127·d·2^-11 = amax/254 + amax/2048, per
     // block of 32. FP8 (attn_q_a, shared expert), BF16 (attn_output_a),
     // and the head (BF16).
-    for (gguf, src) in [
-        ("blk.0.attn_q_a.weight", "layers.0.attn.wq_a.weight"),
-        ("blk.3.attn_output_a.weight", "layers.3.attn.wo_a.weight"),
-        (
-            "blk.5.ffn_down_shexp.weight",
-            "layers.5.ffn.shared_experts.w2.weight",
-        ),
-        ("output.weight", "head.weight"),
-    ] {
-        assert_eq!(tensor(&f, gguf).0, GgmlType::Q8_0, "{gguf}");
-        let got = dequantize(&f, gguf);
-        let want = Weight::open(&ck, src).unwrap().to_f32();
-        assert_eq!(got.len(), want.len());
-        for (k, (amax, (g, w))) in block_max(&want)
-            .iter()
-            .zip(got.chunks(32).zip(want.chunks(32)))
-            .enumerate()
-        {
-            let bound = amax / 254.0 + amax / 2048.0;
-            for (a, b) in g.iter().zip(w) {
-                assert!((a - b).abs() <= bound, "{gguf} block {k}: {a} vs {b}");
-            }
-        }
-    }
+    assert_converted(
+        &f,
+        &ck,
+        GgmlType::Q8_0,
+        &[
+            ("blk.0.attn_q_a.weight", "layers.0.attn.wq_a.weight"),
+            ("blk.3.attn_output_a.weight", "layers.3.attn.wo_a.weight"),
+            (
+                "blk.5.ffn_down_shexp.weight",
+                "layers.5.ffn.shared_experts.w2.weight",
+            ),
+            ("output.weight", "head.weight"),
+        ],
+    );
     // F16 (embedding, router, compressor): within half an f16 ulp (2^-11
     // relative; the values are normal f16 numbers).
-    for (gguf, src) in [
-        ("token_embd.weight", "embed.weight"),
-        ("blk.1.ffn_gate_inp.weight", "layers.1.ffn.gate.weight"),
-        (
-            "blk.2.attn_compressor_kv.weight",
-            "layers.2.attn.compressor.wkv.weight",
-        ),
-    ] {
-        assert_eq!(tensor(&f, gguf).0, GgmlType::F16, "{gguf}");
-        let (got, want) = (
-            dequantize(&f, gguf),
-            Weight::open(&ck, src).unwrap().to_f32(),
-        );
-        assert_eq!(got.len(), want.len());
-        for (a, b) in got.iter().zip(&want) {
-            assert!((a - b).abs() <= b.abs() / 2048.0, "{gguf}: {a} vs {b}");
-        }
-    }
+    assert_converted(
+        &f,
+        &ck,
+        GgmlType::F16,
+        &[
+            ("token_embd.weight", "embed.weight"),
+            ("blk.1.ffn_gate_inp.weight", "layers.1.ffn.gate.weight"),
+            (
+                "blk.2.attn_compressor_kv.weight",
+                "layers.2.attn.compressor.wkv.weight",
+            ),
+        ],
+    );
     // F32 vectors bit for bit.
-    for (gguf, src) in [
-        ("blk.0.attn_norm.weight", "layers.0.attn_norm.weight"),
-        ("blk.4.attn_sinks.weight", "layers.4.attn.attn_sink"),
-        ("blk.5.exp_probs_b.bias", "layers.5.ffn.gate.bias"),
-        ("output_hc_scale.weight", "hc_head_scale"),
-    ] {
-        assert_eq!(tensor(&f, gguf).0, GgmlType::F32, "{gguf}");
-        let want = Weight::open(&ck, src).unwrap().to_f32();
-        let got = dequantize(&f, gguf);
-        assert_eq!(
-            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            "{gguf}"
-        );
-    }
+    assert_converted(
+        &f,
+        &ck,
+        GgmlType::F32,
+        &[
+            ("blk.0.attn_norm.weight", "layers.0.attn_norm.weight"),
+            ("blk.4.attn_sinks.weight", "layers.4.attn.attn_sink"),
+            ("blk.5.exp_probs_b.bias", "layers.5.ffn.gate.bias"),
+            ("output_hc_scale.weight", "hc_head_scale"),
+        ],
+    );
     // The hash tables: the I64 ids narrowed.
     for l in 0..3 {
         let gguf = format!("blk.{l}.ffn_gate_tid2eid.weight");
@@ -259,42 +153,13 @@ fn q8_dense_tensors_are_within_the_quant_bound_vectors_and_tables_exact() {
     }
 }
 
-/// The logits after each of `ids`, on the cpu-ref backend.
-fn logits(path: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
-    let m = Arc::new(ModelFile::open(path).unwrap());
-    let opts = SessionOptions {
-        ctx: 256,
-        numerics: Numerics::Plain,
-        backend: BackendKind::CpuRef,
-        ..Default::default()
-    };
-    let mut sess = Session::new(m, opts).unwrap();
-    ids.iter()
-        .map(|&t| {
-            sess.eval(t).unwrap();
-            sess.logits().to_vec()
-        })
-        .collect()
-}
-
 #[test]
 fn q8_and_mxfp4_logits_agree_with_the_f32_conversion() {
     let ids = [0u32, 7, 300, 511, 42, 42];
-    let reference = logits(&converted_from("f32", true), &ids);
+    let reference = cpu_ref_logits(&converted_from("f32", true), &ids);
     for recipe in ["q8", "mxfp4"] {
-        let got = logits(&converted_from(recipe, true), &ids);
-        let mut worst = 0f32;
-        for (g, w) in got.iter().zip(&reference) {
-            assert_eq!(g.len(), VOCAB);
-            assert!(
-                g.iter().all(|x| x.is_finite()),
-                "{recipe}: non-finite logits"
-            );
-            let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let diff = common::max_abs_diff(g, w);
-            worst = worst.max(diff / scale);
-        }
-        eprintln!("{recipe}: worst max|Δlogit| / max|logit| = {worst:.3e}");
+        let got = cpu_ref_logits(&converted_from(recipe, true), &ids);
+        let worst = worst_relative_logit_diff(recipe, &got, &reference, VOCAB);
         assert!(worst < TOLERANCE, "{recipe}: {worst}");
     }
 }
@@ -385,7 +250,7 @@ fn a_recipe_file_mixes_types_over_its_base_and_the_file_loads() {
     )
     .unwrap();
     let out = dir.join("mix.gguf");
-    let o = convert(checkpoint(false), s(&recipe), &[], &out);
+    let o = convert(&checkpoint(false), s(&recipe), &[], &out);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let m = ModelFile::open(&out).expect("the loader accepts the mix");
     let q2 = GgufFile::open(converted("q2")).unwrap();
@@ -441,7 +306,7 @@ fn a_recipe_the_loader_would_refuse_exits_1_naming_the_tensor_and_writes_nothing
         let recipe = dir.join(format!("bad-{k}.recipe"));
         std::fs::write(&recipe, text).unwrap();
         let out = dir.join(format!("bad-{k}.gguf"));
-        let o = convert(checkpoint(false), s(&recipe), &[], &out);
+        let o = convert(&checkpoint(false), s(&recipe), &[], &out);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{text:?}: {err}");
         assert!(
@@ -459,7 +324,7 @@ fn a_recipe_the_loader_would_refuse_exits_1_naming_the_tensor_and_writes_nothing
 fn converted_mtp(recipe: &str) -> PathBuf {
     let dir = fresh_dir("convert_write", &format!("mtp-{recipe}"));
     let out = dir.join(format!("tiny-mtp-{recipe}.gguf"));
-    let o = convert(checkpoint(true), recipe, &["--mtp"], &out);
+    let o = convert(&checkpoint(true), recipe, &["--mtp"], &out);
     assert!(
         o.status.success(),
         "--mtp --recipe {recipe}: {}",
@@ -474,18 +339,7 @@ fn mtp_logits(main: &Path, mtp: &Path, ids: &[u32], next: u32) -> Vec<f32> {
     let mut m = ModelFile::open(main).unwrap();
     m.attach_mtp(mtp)
         .expect("the loader attaches the converted MTP file");
-    let opts = SessionOptions {
-        ctx: 256,
-        numerics: Numerics::Plain,
-        backend: BackendKind::CpuRef,
-        drafter: DraftModel::Mtp,
-        ..Default::default()
-    };
-    let mut sess = Session::new(Arc::new(m), opts).unwrap();
-    for &t in ids {
-        sess.eval(t).unwrap();
-    }
-    sess.draft_logits(next).unwrap()
+    draft_logits(AnyModel::V4(Arc::new(m)), DraftModel::Mtp, ids, next)
 }
 
 /// `--mtp`: the MTP file has, name by name, the test-model generator's MTP

@@ -5,9 +5,10 @@
 
 mod common;
 
+use common::process::ds4;
+
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
 use ds4::app::imatrix::{chunks, collect};
 use ds4::backend::BackendKind;
@@ -254,13 +255,6 @@ fn fast_cpu_matches_the_reference() {
         t0.elapsed().as_secs_f64()
     );
     assert!(worst.0 < 0.05, "{worst:?}");
-}
-
-fn ds4(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ds4"))
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 fn leftovers(dir: &Path) -> Vec<String> {

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::process::ds4;
+
 use std::process::Command;
 use std::sync::Arc;
 
@@ -208,13 +210,6 @@ async fn dsml_tool_calls_are_unchanged() {
     }
     assert_eq!(out[0], out[1]);
     assert_eq!(out[0].2, r#"{"command":"ls && ls && ls"}"#);
-}
-
-fn ds4(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ds4"))
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 /// `ds4 --spec lookup` prints what `ds4` prints (greedy), and says what

@@ -3,7 +3,7 @@
 //! ```text
 //! ds4-quantize --compare A.gguf B.gguf
 //! ds4-quantize --splice BASE.gguf OTHER.gguf --take PATTERN [--take …] -o OUT.gguf
-//! ds4-quantize --hf CHECKPOINT_DIR --recipe q8|mxfp4|q2|q4|f32|FILE -o OUT.gguf [--name NAME] [--imatrix FILE]
+//! ds4-quantize --hf CHECKPOINT_DIR --recipe q8|mxfp4|q2|q4|f32|FILE -o OUT.gguf [--mtp | --dspark-only] [--name NAME] [--imatrix FILE]
 //! ds4-quantize --imatrix-stats FILE
 //! ```
 
@@ -18,13 +18,16 @@ use ds4::convert::layout::Part;
 use ds4::convert::recipe::Recipe;
 use ds4::convert::{compare, write};
 
-/// ds4-quantize — convert an official V4 checkpoint to ds4's GGUF; compare and splice GGUF files of the same model.
+/// ds4-quantize — convert an official V4 or V4.1 checkpoint to ds4's GGUF; compare and splice GGUF files of the same model.
 #[derive(FromArgs)]
 #[argh(note = "Examples:
   {command_name} --hf DeepSeek-V4-Flash --recipe q2 -o ds4flash-q2.gguf
   {command_name} --hf DeepSeek-V4-Flash --recipe q2 --imatrix imatrix.gguf -o ds4flash-q2-imatrix.gguf
   {command_name} --hf DeepSeek-V4-Flash --recipe my-mix.recipe -o ds4flash-mine.gguf
   {command_name} --hf DeepSeek-V4-Flash --mtp --recipe q4 -o ds4flash-mtp.gguf
+  {command_name} --hf DeepSeek-V4-Flash-DSpark --dspark-only --recipe q8 -o ds4flash-dspark.gguf
+  python3 tools/checkpoint/engram_tables.py DeepSeek-V4.1-Flash   # V4.1: the Engram token map, once
+  {command_name} --hf DeepSeek-V4.1-Flash --recipe q2 -o ds41flash-q2.gguf
   {command_name} --imatrix-stats imatrix.gguf
   {command_name} --compare a.gguf b.gguf
   {command_name} --splice q2.gguf q4.gguf --take 'blk.*.ffn_down_exps.weight' -o mixed.gguf
@@ -36,7 +39,7 @@ struct Args {
     /// copy BASE, taking the tensors matching --take from OTHER (same model)
     #[argh(switch)]
     splice: bool,
-    /// convert the official V4 checkpoint in this folder (config.json, safetensors shards) to -o
+    /// convert the official V4 or V4.1 checkpoint in this folder (config.json, safetensors shards; V4.1 also engram_tables.json) to -o
     #[argh(option)]
     hf: Option<PathBuf>,
     /// with --hf: the published mix to write (q8, mxfp4, q2, q4, f32) or a recipe file (lines `PATTERN TYPE`, `base MIX`; docs/TOOLS.md)
@@ -45,7 +48,10 @@ struct Args {
     /// with --hf: write the MTP block's file (mtp.0.*, for --mtp-model) instead of the main model
     #[argh(switch)]
     mtp: bool,
-    /// with --hf: general.name of the output (default "DeepSeek V4 Flash")
+    /// with --hf: write DeepSeek's DSpark drafter's file (its mtp.N.* stages, for --dspark --mtp-model) instead of the main model
+    #[argh(switch)]
+    dspark_only: bool,
+    /// with --hf: general.name of the output (default "DeepSeek V4 Flash", V4.1: "DeepSeek V4.1 Flash")
     #[argh(option)]
     name: Option<String>,
     /// with --hf: an importance matrix (llama.cpp's GGUF imatrix, or its legacy .dat) for the IQ2_XXS / Q2_K / Q4_K tensors
@@ -94,7 +100,6 @@ fn run(a: Args) -> Result<(), String> {
             .ok_or("--hf needs --recipe q8|mxfp4|q2|q4|f32|FILE")?;
         let mix = Recipe::from_arg(recipe).map_err(|e| e.to_string())?;
         let out = a.out.ok_or("--hf needs -o OUT.gguf")?;
-        let name = a.name.as_deref().unwrap_or("DeepSeek V4 Flash");
         let imatrix = match &a.imatrix {
             Some(p) => Some(Imatrix::read(p).map_err(|e| e.to_string())?),
             None => None,
@@ -103,8 +108,13 @@ fn run(a: Args) -> Result<(), String> {
         let cancel = cancel_flag();
         let opts = write::ConvertOptions {
             recipe: &mix,
-            name,
-            part: if a.mtp { Part::Mtp } else { Part::Main },
+            name: a.name.as_deref(),
+            part: match (a.mtp, a.dspark_only) {
+                (true, true) => return Err("give one of --mtp and --dspark-only".into()),
+                (true, false) => Part::Mtp,
+                (false, true) => Part::Dspark,
+                (false, false) => Part::Main,
+            },
             imatrix: im,
             progress: !a.quiet,
         };

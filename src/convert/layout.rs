@@ -1,8 +1,12 @@
-//! The V4 Flash name map: from a checkpoint's `config.json`, ds4's
-//! `deepseek4` tensor directory (every GGUF tensor's name, its GGUF shape in
-//! `ne` order, and the checkpoint tensor(s) it comes from), and the check of
-//! every source tensor against it before anything is written
-//! (docs/TOOLS.md, "The name map"; GGUF.md §4 and §9).
+//! The name map: from a checkpoint's `config.json`, ds4's `deepseek4` (V4
+//! Flash) or `deepseek41` (V4.1 Flash, [`Layout::v41`]) tensor directory
+//! (every GGUF tensor's name, its GGUF shape in `ne` order, and the
+//! checkpoint tensor(s) it comes from), and the check of every source
+//! tensor against it before anything is written (docs/TOOLS.md, "The name
+//! map" and the V4.1 section; GGUF.md §4 and §9; docs/V41.md "Tensors").
+//! One builder (`Dir`) serves both families: the hyper-connection
+//! mixes, attention, indexer query, router and experts are V4's parts,
+//! named alike in both checkpoints.
 //!
 //! The directory is derived here from `config.json` alone (read into ds4's
 //! own [`ModelConfig`] by [`super::metadata`], the loader's reader and
@@ -33,10 +37,14 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::model::dspark::DsparkConfig;
+use crate::model::family::Arch;
+use crate::model::v41::V41Config;
 use crate::model::ModelConfig;
+use crate::testmodel::v41::{layer_rank, V41Spec};
 
 use super::decode::{scale_name, FP4_BLOCK};
-use super::metadata::V4Config;
+use super::metadata::{model_type, ModelType, V41Meta, V4Config};
 use super::safetensors::{Checkpoint, Dtype, TensorView, CONFIG_FILE, INDEX_FILE};
 use super::ConvertError;
 
@@ -58,6 +66,11 @@ pub enum Source {
     /// An integer table (I64 in the release, I32 accepted) of shape `ne`
     /// reversed, narrowed to I32.
     Table(String),
+    /// V4.1's Engram table `{name}`, E4M3 `[rows, head_dim]` with its E8M0
+    /// `.scale` `[rows, head_dim / 32]` (one per 32 values of a row),
+    /// copied without loss into ds4's I8 rows `ne = [head_dim + head_dim /
+    /// 32, rows]`: a row's codes, then its scale bytes.
+    EngramRows { name: String, head_dim: u64 },
 }
 
 /// One tensor of the GGUF directory.
@@ -77,6 +90,9 @@ impl GgufTensor {
         let rev: Vec<u64> = self.ne.iter().rev().copied().collect();
         match &self.source {
             Source::One(n) | Source::Table(n) => vec![(n.clone(), rev)],
+            Source::EngramRows { name, head_dim } => {
+                vec![(name.clone(), vec![self.ne[1], *head_dim])]
+            }
             Source::Experts { prefix, suffix } => (0..self.ne[2])
                 .map(|x| (format!("{prefix}{x}{suffix}"), vec![self.ne[1], self.ne[0]]))
                 .collect(),
@@ -91,14 +107,29 @@ pub enum Part {
     Main,
     /// The MTP draft block's file (`--mtp`).
     Mtp,
+    /// DeepSeek's DSpark drafter's file (`--dspark-only`).
+    Dspark,
 }
 
-/// The `deepseek4` tensor directory of a V4 checkpoint.
+/// The model family of a directory.
+#[derive(Clone, Debug)]
+pub enum Family {
+    /// DeepSeek V4 (`deepseek4`).
+    V4,
+    /// DeepSeek V4.1 (`deepseek41`), with the test-model generator's spec of
+    /// its shapes (its plan gives the recipes' types).
+    V41(Box<V41Spec>),
+}
+
+/// The tensor directory of a checkpoint: ds4's `deepseek4` (V4) or
+/// `deepseek41` (V4.1) layout.
 #[derive(Clone, Debug)]
 pub struct Layout {
     pub part: Part,
+    pub family: Family,
     /// The shapes (and every other hyper-parameter) the directory is made
-    /// for: what ds4's loader reads from the converted file.
+    /// for: what ds4's loader reads from the converted file (V4.1: the core
+    /// both families read, with no hash layers).
     pub config: ModelConfig,
     /// In the order of ds4's published files: the embedding, each layer's
     /// tensors, then the output HC mix, norm and head.
@@ -162,18 +193,13 @@ impl Dir {
         self.one(&g("norm"), &[hd], &h("norm.weight"));
     }
 
-    /// A block: a main layer (`blk.L.` from `layers.L.`) or the MTP
-    /// block (`mtp.0.` from `mtp.0.`), with its compression `ratio` and,
-    /// when `hash`, the hash-routing table instead of the router bias.
-    fn block(&mut self, s: &ModelConfig, p: Prefix, ratio: usize, hash: bool) {
+    /// The attention's projections, norms and sinks (V4 and V4.1 alike).
+    fn attention(&mut self, s: &ModelConfig, p: Prefix) {
         let (d, hd, nh, ql) = (s.n_embd, s.head_dim, s.n_head, s.q_lora_rank);
         let ol = s.o_groups * s.o_lora_rank;
         let group_in = nh / s.o_groups * hd;
-        let (ff, e) = (s.expert_ff, s.n_expert);
         let g = |x: &str| format!("{}{x}.weight", p.gguf);
         let h = |x: &str| format!("{}{x}", p.hf);
-
-        self.hc_mix(s, p, "attn");
         self.one(&g("attn_norm"), &[d], &h("attn_norm.weight"));
         self.one(&g("attn_q_a"), &[d, ql], &h("attn.wq_a.weight"));
         self.one(&g("attn_q_a_norm"), &[ql], &h("attn.q_norm.weight"));
@@ -183,30 +209,35 @@ impl Dir {
         self.one(&g("attn_sinks"), &[nh], &h("attn.attn_sink"));
         self.one(&g("attn_output_a"), &[group_in, ol], &h("attn.wo_a.weight"));
         self.one(&g("attn_output_b"), &[ol, d], &h("attn.wo_b.weight"));
-        if ratio > 0 {
-            let names = ["attn_compressor_", "attn.compressor."];
-            self.compressor(s, p, names, ratio, hd);
-            if ratio == CSA_RATIO {
-                let (ih, ihd) = (s.indexer_heads, s.indexer_head_dim);
-                let wq_b = h("attn.indexer.wq_b.weight");
-                self.one(&g("indexer.attn_q_b"), &[ql, ih * ihd], &wq_b);
-                let proj = h("attn.indexer.weights_proj.weight");
-                self.one(&g("indexer.proj"), &[d, ih], &proj);
-                let names = ["indexer_compressor_", "attn.indexer.compressor."];
-                self.compressor(s, p, names, ratio, ihd);
-            }
-        }
-        self.hc_mix(s, p, "ffn");
-        self.one(&g("ffn_norm"), &[d], &h("ffn_norm.weight"));
-        self.one(&g("ffn_gate_inp"), &[d, e], &h("ffn.gate.weight"));
-        if hash {
-            let name = g("ffn_gate_tid2eid");
-            let src = Source::Table(h("ffn.gate.tid2eid"));
-            self.push(&name, &[s.n_expert_used, s.n_vocab], src);
-        } else {
-            let name = format!("{}exp_probs_b.bias", p.gguf);
-            self.one(&name, &[e], &h("ffn.gate.bias"));
-        }
+    }
+
+    /// The indexer's query projection and head weights (V4 and V4.1 alike).
+    fn indexer_query(&mut self, s: &ModelConfig, p: Prefix) {
+        let (ih, ihd) = (s.indexer_heads, s.indexer_head_dim);
+        let g = |x: &str| format!("{}{x}.weight", p.gguf);
+        let h = |x: &str| format!("{}attn.indexer.{x}.weight", p.hf);
+        self.one(
+            &g("indexer.attn_q_b"),
+            &[s.q_lora_rank, ih * ihd],
+            &h("wq_b"),
+        );
+        self.one(&g("indexer.proj"), &[s.n_embd, ih], &h("weights_proj"));
+    }
+
+    /// The FFN norm and the router's projection.
+    fn router(&mut self, s: &ModelConfig, p: Prefix) {
+        let g = |x: &str| format!("{}{x}.weight", p.gguf);
+        let h = |x: &str| format!("{}{x}", p.hf);
+        self.one(&g("ffn_norm"), &[s.n_embd], &h("ffn_norm.weight"));
+        let gate = h("ffn.gate.weight");
+        self.one(&g("ffn_gate_inp"), &[s.n_embd, s.n_expert], &gate);
+    }
+
+    /// The routed experts, stacked, and the shared expert.
+    fn experts(&mut self, s: &ModelConfig, p: Prefix) {
+        let (d, ff, e) = (s.n_embd, s.expert_ff, s.n_expert);
+        let g = |x: &str| format!("{}{x}.weight", p.gguf);
+        let h = |x: &str| format!("{}{x}", p.hf);
         for (gguf, w, ne) in [
             ("ffn_gate_exps", "w1", [d, ff, e]),
             ("ffn_up_exps", "w3", [d, ff, e]),
@@ -218,22 +249,167 @@ impl Dir {
             };
             self.push(&g(gguf), &ne, src);
         }
-        self.one(
-            &g("ffn_gate_shexp"),
-            &[d, ff],
-            &h("ffn.shared_experts.w1.weight"),
-        );
-        self.one(
-            &g("ffn_up_shexp"),
-            &[d, ff],
-            &h("ffn.shared_experts.w3.weight"),
-        );
-        self.one(
-            &g("ffn_down_shexp"),
-            &[ff, d],
-            &h("ffn.shared_experts.w2.weight"),
-        );
+        for (gguf, w, ne) in [
+            ("ffn_gate_shexp", "w1", [d, ff]),
+            ("ffn_up_shexp", "w3", [d, ff]),
+            ("ffn_down_shexp", "w2", [ff, d]),
+        ] {
+            self.one(&g(gguf), &ne, &h(&format!("ffn.shared_experts.{w}.weight")));
+        }
     }
+
+    /// A V4 block: a main layer (`blk.L.` from `layers.L.`) or the MTP
+    /// block (`mtp.0.` from `mtp.0.`), with its compression `ratio` and,
+    /// when `hash`, the hash-routing table instead of the router bias.
+    fn block(&mut self, s: &ModelConfig, p: Prefix, ratio: usize, hash: bool) {
+        let g = |x: &str| format!("{}{x}.weight", p.gguf);
+        let h = |x: &str| format!("{}{x}", p.hf);
+        self.hc_mix(s, p, "attn");
+        self.attention(s, p);
+        if ratio > 0 {
+            let names = ["attn_compressor_", "attn.compressor."];
+            self.compressor(s, p, names, ratio, s.head_dim);
+            if ratio == CSA_RATIO {
+                self.indexer_query(s, p);
+                let names = ["indexer_compressor_", "attn.indexer.compressor."];
+                self.compressor(s, p, names, ratio, s.indexer_head_dim);
+            }
+        }
+        self.hc_mix(s, p, "ffn");
+        self.router(s, p);
+        if hash {
+            let name = g("ffn_gate_tid2eid");
+            let src = Source::Table(h("ffn.gate.tid2eid"));
+            self.push(&name, &[s.n_expert_used, s.n_vocab], src);
+        } else {
+            let name = format!("{}exp_probs_b.bias", p.gguf);
+            self.one(&name, &[s.n_expert], &h("ffn.gate.bias"));
+        }
+        self.experts(s, p);
+    }
+
+    /// A V4.1 drafter stage (`mtp.{k}.`): a window-only V4.1 block with
+    /// the text and image-span router biases and the shared expert, in the
+    /// drafter file's order.
+    fn v41_stage(&mut self, s: &ModelConfig, p: Prefix) {
+        self.hc_mix(s, p, "attn");
+        self.attention(s, p);
+        self.hc_mix(s, p, "ffn");
+        self.router(s, p);
+        for (bias, src) in [("exp_probs_b", "bias"), ("exp_probs_b_vl", "bias_vl")] {
+            let name = format!("{}{bias}.bias", p.gguf);
+            self.one(&name, &[s.n_expert], &format!("{}ffn.gate.{src}", p.hf));
+        }
+        self.experts(s, p);
+    }
+
+    /// A V4.1 layer `l` (`blk.L.` from `layers.L.`): V4's shared parts; on
+    /// a kv source the single compressor (no APE, no overlap; a gate only
+    /// above ratio 1) and the indexer's key projection, on an index source
+    /// the indexer's query; both router biases; on an Engram layer its
+    /// module, the table itself going to `tables` (written after
+    /// everything else). In ds4's order (`layer_rank`).
+    fn v41_layer(&mut self, s: &ModelConfig, v: &V41Spec, l: usize, tables: &mut Vec<GgufTensor>) {
+        let (gguf, hf) = (format!("blk.{l}."), format!("layers.{l}."));
+        let p = Prefix {
+            gguf: &gguf,
+            hf: &hf,
+        };
+        let (d, hd, hc) = (s.n_embd, s.head_dim, s.hc_count);
+        let g = |x: &str| format!("{gguf}{x}.weight");
+        let h = |x: &str| format!("{hf}{x}");
+        let first = self.tensors.len();
+        self.hc_mix(s, p, "attn");
+        self.attention(s, p);
+        if v.kv_source_layers.contains(&l) {
+            let ratio = s.compress_ratios[l];
+            let c = |x: &str| h(&format!("attn.compressor.{x}.weight"));
+            self.one(&g("attn_compressor_kv"), &[d, hd], &c("wkv"));
+            self.one(&g("attn_compressor_norm"), &[hd], &c("norm"));
+            if ratio > 1 {
+                self.one(&g("attn_compressor_gate"), &[d, hd], &c("wgate"));
+            }
+            let ihd = s.indexer_head_dim;
+            let wk = h("attn.indexer.wk.weight");
+            self.one(&g("indexer.attn_k"), &[hd, ihd], &wk);
+            let k_norm = h("attn.indexer.k_norm.weight");
+            self.one(&g("indexer.k_norm"), &[ihd], &k_norm);
+        }
+        if v.index_source_layers.contains(&l) {
+            self.indexer_query(s, p);
+        }
+        self.hc_mix(s, p, "ffn");
+        self.router(s, p);
+        for (bias, src) in [("exp_probs_b", "bias"), ("exp_probs_b_vl", "bias_vl")] {
+            let name = format!("{gguf}{bias}.bias");
+            self.one(&name, &[s.n_expert], &h(&format!("ffn.gate.{src}")));
+        }
+        self.experts(s, p);
+        if let Some(slot) = v.engram_layers.iter().position(|&x| x == l) {
+            let e = |x: &str| h(&format!("engram.{x}"));
+            self.one(&g("engram_q_norm"), &[d, hc], &e("q_weight"));
+            self.one(&g("engram_k_norm"), &[d, hc], &e("k_weight"));
+            let cols = v.engram_cols() * v.engram_head_dim;
+            self.one(&g("engram_kv"), &[cols, (hc + 1) * d], &e("wkv.weight"));
+            let ehd = v.engram_head_dim as u64;
+            tables.push(GgufTensor {
+                name: g("engram_embd"),
+                ne: vec![ehd + ehd / 32, v.engram_rows()[slot]],
+                source: Source::EngramRows {
+                    name: e("embed.weight"),
+                    head_dim: ehd,
+                },
+            });
+        }
+        let rank = |t: &GgufTensor| {
+            let stem = t.name[gguf.len()..].rsplit_once('.').map_or("", |(a, _)| a);
+            layer_rank(stem)
+        };
+        self.tensors[first..].sort_by_key(rank);
+    }
+}
+
+/// A drafter's tensors: stage k's block (`stage`, with the drafter's
+/// expert counts) from `mtp.{k}.*`; stage 0 adds the tap projection and
+/// its norm, the last stage V4's hyper-connection head (V4.1 has none), the
+/// norm, the Markov and confidence heads.
+fn dspark_tensors(
+    s: &ModelConfig,
+    ds: &DsparkConfig,
+    stage: impl Fn(&mut Dir, &ModelConfig, Prefix),
+) -> Vec<GgufTensor> {
+    let (d, hc, v, r) = (s.n_embd, s.hc_count, s.n_vocab, ds.markov_rank);
+    let mut st = s.clone();
+    st.core.n_expert = ds.n_expert;
+    st.core.n_expert_used = ds.n_expert_used;
+    let mut dir = Dir {
+        tensors: Vec::new(),
+    };
+    for k in 0..ds.n_stages {
+        let p = format!("mtp.{k}.");
+        stage(&mut dir, &st, Prefix { gguf: &p, hf: &p });
+        let w = |x: &str| format!("{p}{x}.weight");
+        if k == 0 {
+            let taps = ds.target_layers.len();
+            dir.one(&w("main_proj"), &[d * taps, d], &w("main_proj"));
+            dir.one(&w("main_norm"), &[d], &w("main_norm"));
+        }
+        if k + 1 == ds.n_stages {
+            if ds.family == Arch::V4 {
+                let h = |x: &str| format!("{p}hc_head_{x}");
+                dir.one(&w("hc_head_fn"), &[hc * d, hc], &h("fn"));
+                dir.one(&w("hc_head_scale"), &[1], &h("scale"));
+                dir.one(&w("hc_head_base"), &[hc], &h("base"));
+            }
+            dir.one(&w("norm"), &[d], &w("norm"));
+            for m in ["markov_head.markov_w1", "markov_head.markov_w2"] {
+                dir.one(&w(m), &[r, v], &w(m));
+            }
+            let conf = w("confidence_head.proj");
+            dir.one(&conf, &[d + r, 1], &conf);
+        }
+    }
+    dir.tensors
 }
 
 /// What a source tensor may be stored as.
@@ -245,6 +421,8 @@ enum Storage {
     Expert,
     /// I64 or I32.
     Table,
+    /// FP8 E4M3 rows with one E8M0 scale per 32 values of a row.
+    EngramRows,
 }
 
 impl Layout {
@@ -271,6 +449,7 @@ impl Layout {
         Layout {
             config: s.clone(),
             part: Part::Main,
+            family: Family::V4,
             tensors: dir.tensors,
         }
     }
@@ -310,15 +489,85 @@ impl Layout {
         Layout {
             config: s.clone(),
             part: Part::Mtp,
+            family: Family::V4,
             tensors: dir.tensors,
         }
     }
 
-    /// The directory of a `config.json` (`json`, read from `file`), read
-    /// and checked by [`V4Config::from_config`] (its `general.name` left
-    /// empty: the directory does not depend on it).
+    /// The directory of the DSpark drafter's file (`deepseek4-dspark`,
+    /// docs/SPECULATIVE.md; `super::dspark` reads its configuration): stage
+    /// k from `mtp.{k}.*`, each a window-only block with a router bias and
+    /// the drafter's experts ([`dspark_tensors`]). It shares the main file's
+    /// embedding and output head.
+    pub fn v4_dspark(s: &ModelConfig, ds: &DsparkConfig) -> Layout {
+        let stage = |dir: &mut Dir, st: &ModelConfig, p: Prefix| dir.block(st, p, 0, false);
+        Layout {
+            config: s.clone(),
+            part: Part::Dspark,
+            family: Family::V4,
+            tensors: dspark_tensors(s, ds, stage),
+        }
+    }
+
+    /// The V4.1 drafter's (`deepseek41-dspark`) for the model `c` of shapes
+    /// `v`: each stage a window-only V4.1 block (both router biases, the
+    /// shared expert), no learned head mix.
+    pub fn v41_dspark(c: &V41Config, v: &V41Spec, ds: &DsparkConfig) -> Layout {
+        let s = ModelConfig {
+            core: c.core.clone(),
+            n_hash_layers: 0,
+        };
+        let stage = |dir: &mut Dir, st: &ModelConfig, p: Prefix| dir.v41_stage(st, p);
+        Layout {
+            part: Part::Dspark,
+            family: Family::V41(Box::new(v.clone())),
+            tensors: dspark_tensors(&s, ds, stage),
+            config: s,
+        }
+    }
+
+    /// The `deepseek41` directory of a V4.1 model of hyper-parameters `c`
+    /// and shapes `v` (docs/V41.md, "Tensors"): the embedding, the output
+    /// norm and head, each layer (`Dir::v41_layer`), then the Engram
+    /// tables, in the order of ds4's `deepseek41_quantize.py`. No output HC
+    /// mix, no `tid2eid`, no APE, no indexer compressor.
+    pub fn v41(c: &V41Config, v: &V41Spec) -> Layout {
+        let s = ModelConfig {
+            core: c.core.clone(),
+            n_hash_layers: 0,
+        };
+        let (d, nv) = (s.n_embd, s.n_vocab);
+        let mut dir = Dir {
+            tensors: Vec::new(),
+        };
+        dir.one("token_embd.weight", &[d, nv], "embed.weight");
+        dir.one("output_norm.weight", &[d], "norm.weight");
+        dir.one("output.weight", &[d, nv], "head.weight");
+        let mut tables = Vec::new();
+        for l in 0..s.n_layer {
+            dir.v41_layer(&s, v, l, &mut tables);
+        }
+        dir.tensors.extend(tables);
+        Layout {
+            config: s,
+            part: Part::Main,
+            family: Family::V41(Box::new(v.clone())),
+            tensors: dir.tensors,
+        }
+    }
+
+    /// The directory of a `config.json` (`json`, read from `file`): V4's,
+    /// read and checked by [`V4Config::from_config`], or V4.1's, by
+    /// [`V41Meta::from_config`] (its `general.name` left empty and no
+    /// Engram tables: the directory depends on neither).
     pub fn from_config(json: &Value, file: &Path) -> Result<Layout, ConvertError> {
-        Ok(Layout::v4(&V4Config::from_config(json, file, "")?.model))
+        Ok(match model_type(json, file)? {
+            ModelType::V4 => Layout::v4(&V4Config::from_config(json, file, "")?.model),
+            ModelType::V41 => {
+                let m = V41Meta::from_config(json, file, "", None)?;
+                Layout::v41(&m.config, &m.spec)
+            }
+        })
     }
 
     /// The directory of an opened checkpoint, every source tensor checked
@@ -348,6 +597,7 @@ impl Layout {
                 Source::One(_) => Storage::Float,
                 Source::Experts { .. } => Storage::Expert,
                 Source::Table(_) => Storage::Table,
+                Source::EngramRows { .. } => Storage::EngramRows,
             };
             for (name, want) in t.sources() {
                 let v = ck.get(&name).ok_or_else(|| ConvertError::Tensor {
@@ -398,6 +648,7 @@ fn check_source(
             Dtype::F8E4m3,
         ],
         Storage::Table => &[Dtype::I64, Dtype::I32],
+        Storage::EngramRows => &[Dtype::F8E4m3],
     };
     if !allowed.contains(&v.dtype) {
         let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
@@ -426,6 +677,20 @@ fn check_source(
         )));
     }
     let scale_want = match v.dtype {
+        // Packed FP4 and V4.1's Engram rows: a scale per 32 values of a row.
+        Dtype::I8 | Dtype::F8E4m3 if packed || storage == Storage::EngramRows => {
+            let (r, c) = (want[0] as usize, want[1] as usize);
+            if c % FP4_BLOCK != 0 {
+                let what = if packed { "packed FP4" } else { "Engram" };
+                return Err(v.error(format!(
+                    "{what} rows of {c} values are not whole blocks of {FP4_BLOCK}"
+                )));
+            }
+            Some((
+                [r, c / FP4_BLOCK],
+                format!("one per {FP4_BLOCK} values of a row"),
+            ))
+        }
         Dtype::F8E4m3 => {
             let [r, c] = match *want {
                 [r, c] => [r as usize, c as usize],
@@ -439,18 +704,6 @@ fn check_source(
             Some((
                 [r.div_ceil(block[0]), c.div_ceil(block[1])],
                 format!("one per {} x {} block", block[0], block[1]),
-            ))
-        }
-        Dtype::I8 => {
-            let (r, c) = (want[0] as usize, want[1] as usize);
-            if c % FP4_BLOCK != 0 {
-                return Err(v.error(format!(
-                    "packed FP4 rows of {c} values are not whole blocks of {FP4_BLOCK}"
-                )));
-            }
-            Some((
-                [r, c / FP4_BLOCK],
-                format!("one per {FP4_BLOCK} values of a row"),
             ))
         }
         _ => None,

@@ -8,14 +8,18 @@
 //!   FP4 E2M1 with E8M0 scales per 32, BF16/F16/F32, integer tables) to f32
 //!   exactly, a range of rows at a time, and the FP4 experts repacked into
 //!   MXFP4 without loss;
-//! * [`layout`]: the V4 Flash name map: from the configuration, ds4's
-//!   `deepseek4` tensor directory (GGUF names and shapes, and the
-//!   checkpoint tensors each comes from), and every source tensor of a
-//!   checkpoint checked against it (present, dtype, shape, scale) before
-//!   anything is written;
-//! * [`metadata`]: a V4 `config.json` read into ds4's own `ModelConfig`
-//!   through the loader's reader and checks, and the `deepseek4` GGUF
-//!   metadata of the converted file;
+//! * [`layout`]: the name map: from the configuration, ds4's `deepseek4`
+//!   (V4) or `deepseek41` (V4.1: one builder, V4's parts shared, plus the
+//!   V4.1 compressor, indexer key, image-span bias, Engram modules and
+//!   tables) tensor directory (GGUF names and shapes, and the checkpoint
+//!   tensors each comes from), and every source tensor of a checkpoint
+//!   checked against it (present, dtype, shape, scale) before anything is
+//!   written;
+//! * [`metadata`]: which family a `config.json` is; a V4 one read into
+//!   ds4's own `ModelConfig` through the loader's reader and checks, with
+//!   the `deepseek4` metadata; a V4.1 one as the `deepseek41` metadata (the
+//!   Engram layout from the official prime search, the token map and
+//!   multipliers from `engram_tables.json`) read back by the V4.1 loader;
 //! * [`tokenizer`]: the checkpoint's `tokenizer.json` and
 //!   `tokenizer_config.json` as the `tokenizer.*` keys of ds4's published
 //!   files (tokens padded to `vocab_size`, token types, merges, BOS/EOS,
@@ -29,15 +33,21 @@
 //!   the other (`--splice`);
 //! * [`recipe`]: `--recipe FILE`, a GGUF type per tensor-name pattern over
 //!   a named base mix, checked with the loader's rules before writing;
+//! * [`dspark`]: DeepSeek's DSpark drafter in a V4 or V4.1 checkpoint
+//!   (`mtp.{k}.*` and the `dspark_*` keys of `config.json`) as ds4's
+//!   `deepseek4-dspark` / `deepseek41-dspark` file (`--dspark-only`);
 //! * [`output`]: the output written under a temporary name and renamed when
 //!   complete, and tensor name patterns;
-//! * [`write`]: a V4 checkpoint converted to a `deepseek4` GGUF in one of
-//!   ds4's published mixes (`--hf DIR --recipe q8|mxfp4|q2|q4|f32`).
+//! * [`write`]: a V4 or V4.1 checkpoint converted to a `deepseek4` or
+//!   `deepseek41` GGUF in one of ds4's published mixes (`--hf DIR --recipe
+//!   q8|mxfp4|q2|q4|f32|FILE`), dispatched by the family of its
+//!   `config.json`; V4.1's Engram tables copied row by row without loss.
 //!
-//! Not here yet (docs/TOOLS.md, issue 37): recipe files, the MTP file, the V4.1 and DSpark layouts.
+//! What is not here yet: docs/TOOLS.md, "Not done yet" (issue 37).
 
 pub mod compare;
 pub mod decode;
+pub mod dspark;
 pub mod imatrix;
 pub mod layout;
 pub mod metadata;

@@ -24,7 +24,7 @@
 
 use std::path::Path;
 
-use super::layout::{GgufTensor, Layout, Part};
+use super::layout::{Family, GgufTensor, Layout, Part, Source};
 use super::output::glob;
 use super::ConvertError;
 use crate::model::weights::Class;
@@ -247,9 +247,13 @@ impl Recipe {
 /// and shapes in the same order.
 pub fn tensor_types(layout: &Layout, variant: Variant) -> Result<Vec<GgmlType>, ConvertError> {
     let spec = TestModelSpec::from_config(&layout.config);
-    let plan = match layout.part {
-        Part::Main => testmodel::tensor_types(&spec, variant, layout.config.n_vocab),
-        Part::Mtp => testmodel::mtp_tensor_types(&spec, variant),
+    let plan = match (layout.part, &layout.family) {
+        (Part::Main, Family::V41(v)) => {
+            testmodel::v41::tensor_types(v, variant, layout.config.n_vocab)
+        }
+        (Part::Main, Family::V4) => testmodel::tensor_types(&spec, variant, layout.config.n_vocab),
+        (Part::Mtp, _) => testmodel::mtp_tensor_types(&spec, variant),
+        (Part::Dspark, _) => super::dspark::plan(layout, variant),
     };
     if plan.len() != layout.tensors.len() {
         return Err(ConvertError::Usage(format!(
@@ -285,7 +289,12 @@ fn class_of(t: &GgufTensor) -> Class {
         Class::Expert
     } else if t.name.ends_with("tid2eid") || t.name.ends_with("tid2eid.weight") {
         Class::I32
-    } else if t.ne.len() == 1 {
+    } else if matches!(t.source, Source::EngramRows { .. }) {
+        Class::I8
+    } else if t.ne.len() == 1
+        || t.name.ends_with("engram_q_norm.weight")
+        || t.name.ends_with("engram_k_norm.weight")
+    {
         Class::Vector
     } else {
         Class::Dense

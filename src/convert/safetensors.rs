@@ -132,6 +132,9 @@ fn tensor_err(path: &Path, tensor: &str, msg: String) -> ConvertError {
     }
 }
 
+/// At most this much of a tensor is read ahead ([`Checkpoint::prefetch`]).
+const PREFETCH_BYTES: usize = 256 << 20;
+
 impl Shard {
     /// Maps `path` and checks its whole header against the file.
     pub fn open(path: &Path) -> Result<Shard, ConvertError> {
@@ -202,16 +205,45 @@ impl Shard {
         &self.path
     }
 
-    /// See [`Checkpoint::release`]. The range is widened to whole pages;
-    /// a page shared with a neighbour is only read again if needed.
-    fn release(&self, name: &str) {
+    /// See [`Checkpoint::prefetch`].
+    fn prefetch(&self, name: &str) {
         let Some(e) = self.tensors.get(name) else {
             return;
         };
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
         let start = e.start / page * page;
-        let end = e.end.min(self.map.len());
+        // The first part only: the kernel's own read-ahead follows the
+        // reads after it, and a whole Engram table (100 GB) would evict
+        // the page cache.
+        let end = e.end.min(self.map.len()).min(start + PREFETCH_BYTES);
+        if end > start {
+            // Advice only: an error changes nothing but the speed.
+            let _ = self
+                .map
+                .advise_range(memmap2::Advice::WillNeed, start, end - start);
+        }
+    }
+
+    /// See [`Checkpoint::release`]. The range is widened to whole pages;
+    /// a page shared with a neighbour is only read again if needed.
+    fn release(&self, name: &str) {
+        self.release_range(name, 0..usize::MAX);
+    }
+
+    /// Bytes `range` of tensor `name` released as [`Shard::release`] does
+    /// (the range clipped to the tensor).
+    fn release_range(&self, name: &str, range: std::ops::Range<usize>) {
+        let Some(e) = self.tensors.get(name) else {
+            return;
+        };
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+        let start = e.start.saturating_add(range.start).min(e.end) / page * page;
+        let end = e
+            .end
+            .min(e.start.saturating_add(range.end))
+            .min(self.map.len());
         if end > start {
             // SAFETY: the map is a read-only shared map of a file: dropped
             // pages read back from the file, unchanged, on the next access
@@ -426,6 +458,16 @@ impl Checkpoint {
         self.shards[*self.index.get(name)?].tensor(name)
     }
 
+    /// Asks the kernel to start reading tensor `name`'s pages now (the
+    /// converter calls it for the next tensor while converting one), so a
+    /// cold checkpoint is read ahead in large requests instead of page
+    /// fault by page fault. Unknown names are ignored.
+    pub fn prefetch(&self, name: &str) {
+        if let Some(&i) = self.index.get(name) {
+            self.shards[i].prefetch(name);
+        }
+    }
+
     /// Drops tensor `name`'s pages from this process (the converter calls
     /// it once a tensor is written), so memory stays a few chunks however
     /// large the checkpoint: mapped pages otherwise stay resident until
@@ -434,6 +476,15 @@ impl Checkpoint {
     pub fn release(&self, name: &str) {
         if let Some(&i) = self.index.get(name) {
             self.shards[i].release(name);
+        }
+    }
+
+    /// Bytes `range` of tensor `name` released (see [`Checkpoint::release`]):
+    /// a tensor too large to keep resident (V4.1's Engram tables, about
+    /// 100 GB each) is dropped piece by piece as it is copied.
+    pub fn release_range(&self, name: &str, range: std::ops::Range<usize>) {
+        if let Some(&i) = self.index.get(name) {
+            self.shards[i].release_range(name, range);
         }
     }
 

@@ -33,19 +33,30 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rayon::prelude::*;
 
 use super::decode::{scale_name, to_i32, Weight};
+use super::dspark::DsparkMeta;
 use super::imatrix::{self, Imatrix};
 use super::layout::{Layout, Part, Source};
-use super::metadata::V4Config;
+use super::metadata::{model_type, EngramTables, ModelType, V41Meta, V4Config};
 use super::output::{create_partial, finish, partial_path, progress_bar};
 use super::recipe::Recipe;
 use super::safetensors::{Checkpoint, CONFIG_FILE};
 use super::tokenizer::TokenizerKeys;
 use super::ConvertError;
 use crate::gguf::GgufWriter;
+use crate::model::Arch;
 use crate::quant::{self, GgmlType};
 
 /// Decoded values per chunk of work (4 MiB of f32).
 pub const CHUNK_VALUES: usize = 1 << 20;
+
+/// Converted chunks waiting for the writer thread, at most.
+const WRITE_QUEUE: usize = 8;
+
+/// `general.name` of a converted V4 file, as ds4's published files say.
+pub const V4_NAME: &str = "DeepSeek V4 Flash";
+
+/// `general.name` of a converted V4.1 file.
+pub const V41_NAME: &str = "DeepSeek V4.1 Flash";
 
 /// What a conversion wrote.
 #[derive(Clone, Debug)]
@@ -70,9 +81,10 @@ struct Chunk {
 pub struct ConvertOptions<'a> {
     /// The tensor types.
     pub recipe: &'a Recipe,
-    /// `general.name`.
-    pub name: &'a str,
-    /// The main file, or the MTP block's file.
+    /// `general.name` (default [`V4_NAME`] or [`V41_NAME`]; the MTP file
+    /// adds " MTP").
+    pub name: Option<&'a str>,
+    /// The main file, the MTP block's file or the DSpark drafter's.
     pub part: Part,
     /// Weighs the IQ2_XXS / Q2_K / Q4_K searches: its contents and the file
     /// it was read from.
@@ -90,28 +102,15 @@ pub fn convert(
     cancel: &AtomicBool,
 ) -> Result<Converted, ConvertError> {
     let ck = Checkpoint::open(dir)?;
-    let meta = V4Config::from_config(ck.config(), &ck.dir().join(CONFIG_FILE), opts.name)?;
-    let layout = match opts.part {
-        Part::Main => Layout::v4(&meta.model),
-        Part::Mtp => Layout::v4_mtp(&meta.model),
+    let config = ck.dir().join(CONFIG_FILE);
+    let (layout, mut w) = match model_type(ck.config(), &config)? {
+        ModelType::V4 => v4_header(&ck, opts)?,
+        ModelType::V41 => v41_header(&ck, opts)?,
     };
     layout.check(&ck)?;
     let types = opts.recipe.types(&layout)?;
     let (imatrix, without_imatrix) = check_imatrix(&layout, &types, opts.imatrix)?;
 
-    let mut w = GgufWriter::new();
-    match opts.part {
-        Part::Main => {
-            meta.add_to(&mut w);
-            TokenizerKeys::read(ck.dir(), meta.model.n_vocab)?.add_to(&mut w);
-        }
-        // Like the published MTP file: the architecture and a name, no
-        // model keys (ds4 reads none from it, GGUF.md §7) and no tokenizer.
-        Part::Mtp => {
-            w.add_str("general.architecture", "deepseek4");
-            w.add_str("general.name", &format!("{} MTP", opts.name));
-        }
-    }
     if let Some((im, file)) = imatrix {
         for (k, v) in im.quantize_keys(&file.display().to_string()) {
             w.add_kv(&k, v);
@@ -126,24 +125,64 @@ pub fn convert(
     let f = create_partial(&partial, &lay.header, lay.file_len)?;
     let pb = progress_bar(lay.file_len, opts.progress);
     let n = layout.tensors.len();
-    let res = (|| {
-        for (k, (t, &ty)) in layout.tensors.iter().zip(&types).enumerate() {
-            pb.set_message(format!("{}/{n} {}", k + 1, t.name));
-            let entry = imatrix.and_then(|(im, _)| im.get(&t.name));
-            let at = lay.offsets[k];
-            let mut sink = |bytes: &[u8], off: u64| {
-                f.write_all_at(bytes, at + off)
-                    .map_err(|e| out_err(&partial, &t.name, format!("write failed: {e}")))
-            };
-            let written = write_tensor(&ck, &layout, k, ty, entry, &partial, &mut sink, cancel)?;
-            for (name, _) in t.sources() {
-                ck.release(&scale_name(&name));
-                ck.release(&name);
+    // A writer thread takes the converted chunks while the next wave is
+    // computed (the page-cache copy of the output was about half of an
+    // mxfp4 conversion's time when the two took turns); the channel's
+    // bound keeps the memory at a few waves.
+    let res = std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, u64, usize)>(WRITE_QUEUE);
+        let (f, partial, layout) = (&f, &partial, &layout);
+        let writer = scope.spawn(move || {
+            for (bytes, at, k) in rx {
+                f.write_all_at(&bytes, at).map_err(|e| {
+                    out_err(
+                        partial,
+                        &layout.tensors[k].name,
+                        format!("write failed: {e}"),
+                    )
+                })?;
             }
-            pb.inc(written);
-        }
-        Ok(())
-    })();
+            Ok::<(), ConvertError>(())
+        });
+        let computed = (|| {
+            for (k, (t, &ty)) in layout.tensors.iter().zip(&types).enumerate() {
+                pb.set_message(format!("{}/{n} {}", k + 1, t.name));
+                // The next tensor's pages are read ahead while this one is
+                // converted.
+                // Not an Engram table (~100 GB in the release): it is read
+                // chunk by chunk as it is copied, never asked for whole.
+                let ahead = layout.tensors.get(k + 1);
+                let ahead = ahead.filter(|t| !matches!(t.source, Source::EngramRows { .. }));
+                if let Some(next) = ahead {
+                    for (name, _) in next.sources() {
+                        ck.prefetch(&name);
+                        ck.prefetch(&scale_name(&name));
+                    }
+                }
+                let entry = imatrix.and_then(|(im, _)| im.get(&t.name));
+                let at = lay.offsets[k];
+                // A closed channel means the writer stopped on an error,
+                // which `join` returns below.
+                let mut sink = |bytes: &[u8], off: u64| {
+                    tx.send((bytes.to_vec(), at + off, k))
+                        .map_err(|_| ConvertError::Interrupted)
+                };
+                let written = write_tensor(&ck, layout, k, ty, entry, partial, &mut sink, cancel)?;
+                for (name, _) in t.sources() {
+                    ck.release(&scale_name(&name));
+                    ck.release(&name);
+                }
+                pb.inc(written);
+            }
+            Ok(())
+        })();
+        drop(tx);
+        let wrote = writer
+            .join()
+            .unwrap_or_else(|_| Err(out_err(partial, "", "the writer thread panicked".into())));
+        // The writer's error is the cause when both failed.
+        wrote.and(computed)
+    });
     pb.finish_and_clear();
     let res = res.and_then(|()| finish(f, &partial, out));
     if res.is_err() {
@@ -154,6 +193,110 @@ pub fn convert(
         bytes: lay.file_len,
         without_imatrix,
     })
+}
+
+/// The directory of a V4 checkpoint's file `opts.part` and its metadata:
+/// the model's keys and the tokenizer's (main file), the MTP file's two
+/// keys, or the drafter's keys.
+fn v4_header(
+    ck: &Checkpoint,
+    opts: &ConvertOptions<'_>,
+) -> Result<(Layout, GgufWriter), ConvertError> {
+    let name = opts.name.unwrap_or(V4_NAME);
+    let meta = V4Config::from_config(ck.config(), &ck.dir().join(CONFIG_FILE), name)?;
+    // The drafter's keys of `config.json`, read and checked (`--dspark-only`).
+    let mut dspark = None;
+    let layout = match opts.part {
+        Part::Main => Layout::v4(&meta.model),
+        Part::Mtp => Layout::v4_mtp(&meta.model),
+        Part::Dspark => {
+            let file = ck.dir().join(CONFIG_FILE);
+            let ds = DsparkMeta::from_config(ck.config(), &file, name, &meta.model.core, Arch::V4)?;
+            let layout = Layout::v4_dspark(&meta.model, &ds.config);
+            dspark = Some(ds);
+            layout
+        }
+    };
+    let mut w = GgufWriter::new();
+    match opts.part {
+        Part::Main => {
+            meta.add_to(&mut w);
+            TokenizerKeys::read(ck.dir(), meta.model.n_vocab)?.add_to(&mut w);
+        }
+        // Like the published MTP file: the architecture and a name, no
+        // model keys (ds4 reads none from it, GGUF.md §7) and no tokenizer.
+        Part::Mtp => {
+            w.add_str("general.architecture", "deepseek4");
+            w.add_str("general.name", &format!("{name} MTP"));
+        }
+        // The `dspark.*` keys the loader reads (docs/SPECULATIVE.md); no
+        // model keys and no tokenizer, as for MTP.
+        Part::Dspark => {
+            if let Some(ds) = &dspark {
+                ds.add_to(&mut w);
+            }
+        }
+    }
+    Ok((layout, w))
+}
+
+/// The `deepseek41` directory of a V4.1 checkpoint and its metadata: the
+/// model's keys with the Engram layout (the token map and multipliers from
+/// the checkpoint's [`EngramTables::FILE`]) and the tokenizer's. Only the
+/// main file: V4.1's drafter is not converted yet.
+fn v41_header(
+    ck: &Checkpoint,
+    opts: &ConvertOptions<'_>,
+) -> Result<(Layout, GgufWriter), ConvertError> {
+    let config = ck.dir().join(CONFIG_FILE);
+    let name = opts.name.unwrap_or(V41_NAME);
+    match opts.part {
+        Part::Main => {}
+        Part::Mtp => {
+            return Err(ConvertError::Input {
+                file: config.display().to_string(),
+                msg: "a DeepSeek V4.1 checkpoint has no MTP block: its mtp.* tensors \
+                      are the DSpark drafter's stages (--dspark-only)"
+                    .into(),
+            })
+        }
+        Part::Dspark => return v41_dspark_header(ck, &config, name),
+    }
+    let tables_file = ck.dir().join(EngramTables::FILE);
+    let tables = EngramTables::read(&tables_file)?;
+    let meta = V41Meta::from_config(ck.config(), &config, name, Some((&tables, &tables_file)))?;
+    let mut w = GgufWriter::new();
+    meta.add_to(&mut w);
+    TokenizerKeys::read(ck.dir(), meta.config.n_vocab)?.add_to(&mut w);
+    Ok((Layout::v41(&meta.config, &meta.spec), w))
+}
+
+/// The V4.1 drafter's directory (`deepseek41-dspark`) and `dspark.*` keys
+/// (`--dspark-only`): its keys are read with `text_config`'s, against the
+/// model's configuration (the Engram tables are not needed).
+fn v41_dspark_header(
+    ck: &Checkpoint,
+    config: &Path,
+    name: &str,
+) -> Result<(Layout, GgufWriter), ConvertError> {
+    let meta = V41Meta::from_config(ck.config(), config, name, None)?;
+    // `text_config`, with any `dspark_*` key found beside it (where the
+    // release puts them is not known here; `text_config`'s own win).
+    let json = ck.config();
+    let mut text = json
+        .get("text_config")
+        .filter(|t| t.is_object())
+        .unwrap_or(json)
+        .clone();
+    if let (Some(t), Some(top)) = (text.as_object_mut(), json.as_object()) {
+        for (k, v) in top.iter().filter(|(k, _)| k.starts_with("dspark_")) {
+            t.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    let ds = DsparkMeta::from_config(&text, config, name, &meta.config.core, Arch::V41)?;
+    let mut w = GgufWriter::new();
+    ds.add_to(&mut w);
+    Ok((Layout::v41_dspark(&meta.config, &meta.spec, &ds.config), w))
 }
 
 /// Tensor `name` of `layout` converted from `ck` to `ty` in memory, as the
@@ -282,6 +425,13 @@ fn write_tensor(
             write(&bytes, 0)?;
             return Ok(bytes.len() as u64);
         }
+        Source::EngramRows { name, head_dim } => {
+            if ty != GgmlType::I8 {
+                let msg = format!("an Engram table is copied as I8 rows, not {ty}");
+                return Err(out_err(path, &t.name, msg));
+            }
+            return copy_engram_rows(ck, name, *head_dim as usize, write, cancel);
+        }
         Source::One(_) | Source::Experts { .. } => t
             .sources()
             .iter()
@@ -348,6 +498,44 @@ fn write_tensor(
         }
     }
     Ok(total)
+}
+
+/// V4.1's Engram table `name` (E4M3 rows of `head_dim` codes, E8M0
+/// `.scale` rows of `head_dim / 32` bytes) handed to `write` as ds4's rows:
+/// each row's codes then its scale bytes, bytes unchanged. A chunk of about
+/// 4 MiB of rows at a time, whose source pages are released once written:
+/// a real table is about 100 GB, never resident at once.
+fn copy_engram_rows(
+    ck: &Checkpoint,
+    name: &str,
+    head_dim: usize,
+    write: &mut Sink,
+    cancel: &AtomicBool,
+) -> Result<u64, ConvertError> {
+    let sname = scale_name(name);
+    let (codes, scales) = (ck.tensor(name)?, ck.tensor(&sname)?);
+    let per_row = head_dim / 32;
+    let row_bytes = head_dim + per_row;
+    let rows = codes.bytes.len() / head_dim.max(1);
+    let chunk = (4 * CHUNK_VALUES / row_bytes).max(1);
+    let mut buf = Vec::with_capacity(chunk * row_bytes);
+    for r0 in (0..rows).step_by(chunk) {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(ConvertError::Interrupted);
+        }
+        let n = chunk.min(rows - r0);
+        buf.clear();
+        let c = &codes.bytes[r0 * head_dim..(r0 + n) * head_dim];
+        let s = &scales.bytes[r0 * per_row..(r0 + n) * per_row];
+        for (c, s) in c.chunks_exact(head_dim).zip(s.chunks_exact(per_row)) {
+            buf.extend_from_slice(c);
+            buf.extend_from_slice(s);
+        }
+        write(&buf, (r0 * row_bytes) as u64)?;
+        ck.release_range(name, r0 * head_dim..(r0 + n) * head_dim);
+        ck.release_range(&sname, r0 * per_row..(r0 + n) * per_row);
+    }
+    Ok((rows * row_bytes) as u64)
 }
 
 /// One chunk's bytes in `ty`: FP4 sources repacked to MXFP4 as they are,

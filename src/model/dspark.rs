@@ -92,8 +92,10 @@ pub struct DsparkWeights {
 }
 
 impl DsparkConfig {
-    /// Reads and checks the `dspark.*` keys against the main model.
-    fn read(f: &GgufFile, cfg: &CoreConfig, target: Arch) -> Result<DsparkConfig, ModelError> {
+    /// Reads and checks the `dspark.*` keys of `f` against the main
+    /// model (its configuration `cfg`, family `target`); the converter reads
+    /// its metadata back through it (`convert::dspark`).
+    pub fn read(f: &GgufFile, cfg: &CoreConfig, target: Arch) -> Result<DsparkConfig, ModelError> {
         let family = match f.get_str("general.architecture") {
             Some("deepseek4-dspark") => Arch::V4,
             Some("deepseek41-dspark") => Arch::V41,

@@ -52,6 +52,18 @@ pub fn dot_row(src: &[u8], x: &[f32]) -> f32 {
     acc
 }
 
+/// `y` rounded half away from zero (C's `roundf`, what the reference
+/// uses), for |y| < 2^23, NaN as 0: the truncation and the exact fraction
+/// `y − trunc(y)` decide. Unlike `f32::round`, which is a `roundf` call on
+/// baseline x86-64 (no SSE4.1) and was a third of a q8 conversion's time,
+/// this vectorizes.
+#[inline]
+fn round_half_away(y: f32) -> i32 {
+    let t = y as i32;
+    let f = y - t as f32;
+    t + (f >= 0.5) as i32 - (f <= -0.5) as i32
+}
+
 /// Quantizes one block of 32 values with the reference rule (QUANTS.md §3).
 pub fn quantize_block(x: &[f32]) -> BlockQ8_0 {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -59,8 +71,7 @@ pub fn quantize_block(x: &[f32]) -> BlockQ8_0 {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut qs = [0i8; QK8_0];
     for (q, &v) in qs.iter_mut().zip(x) {
-        // f32::round is half away from zero, which is what the reference uses.
-        *q = (v * id).round() as i8;
+        *q = round_half_away(v * id).clamp(-128, 127) as i8;
     }
     BlockQ8_0 {
         d: f32_to_f16_bits(d),
@@ -96,5 +107,39 @@ mod tests {
         let z = quantize_block(&[0.0; 32]);
         assert_eq!(z.d, 0);
         assert!(z.qs.iter().all(|&q| q == 0));
+    }
+
+    #[test]
+    fn round_half_away_is_f32_round_on_the_q8_range() {
+        // Every f32 of a few ulps around each half and integer in ±128, and
+        // a sweep of the range: the result equals `f32::round` (C roundf).
+        let mut ys = vec![0.0f32, -0.0, f32::NAN];
+        for k in -257..=257 {
+            let c = k as f32 * 0.5;
+            let mut up = c;
+            let mut down = c;
+            for _ in 0..4 {
+                ys.extend([up, down]);
+                up = f32::from_bits(if up >= 0.0 {
+                    up.to_bits() + 1
+                } else {
+                    up.to_bits() - 1
+                });
+                down = if down == 0.0 {
+                    -f32::from_bits(1)
+                } else {
+                    f32::from_bits(if down > 0.0 {
+                        down.to_bits() - 1
+                    } else {
+                        down.to_bits() + 1
+                    })
+                };
+            }
+        }
+        ys.extend((0..200_000).map(|i| (i as f32 - 100_000.0) * 0.001_27));
+        for y in ys {
+            let want = if y.is_nan() { 0 } else { y.round() as i32 };
+            assert_eq!(round_half_away(y), want, "{y:e}");
+        }
     }
 }

@@ -5,12 +5,13 @@
 use std::io;
 use std::path::Path;
 
-use super::tensors::{write_planned, Class, CoreShape, Data, Init, Planner};
+use super::tensors::{write_planned, Class, CoreShape, Data, Init, Planned, Planner};
 use super::v41::V41Spec;
-use super::{plan_block, TestModelSpec, Variant};
+use super::{plan_block, typed, TestModelSpec, Variant};
 use crate::gguf::{GgufWriter, MetaArray};
 use crate::model::dspark::DsparkConfig;
 use crate::model::family::Arch;
+use crate::quant::GgmlType;
 
 /// A drafter's shape (its widths are the model's): the configuration the
 /// loader reads back.
@@ -84,12 +85,31 @@ pub fn write_dspark(
     n_vocab: usize,
     path: &Path,
 ) -> io::Result<()> {
+    let data = Data::values_or_random(spec.random_blocks);
+    let plan = plan_v4_dspark(spec, ds, n_vocab);
+    write_drafter(&spec.core, ds, variant, n_vocab, data, plan, path)
+}
+
+/// The tensors of [`write_dspark`]'s file in order, each with its GGUF
+/// shape and its type in `variant`: the plan the converter follows
+/// (`ds4-quantize --dspark-only`, `ds4::convert::dspark`).
+pub fn dspark_tensor_types(
+    spec: &TestModelSpec,
+    ds: &DsparkSpec,
+    variant: Variant,
+    n_vocab: usize,
+) -> Vec<(String, Vec<u64>, GgmlType)> {
+    typed(plan_v4_dspark(spec, ds, n_vocab), variant)
+}
+
+/// A V4 drafter's plan: each stage a window-only V4 block with the
+/// drafter's experts and a router bias.
+fn plan_v4_dspark(spec: &TestModelSpec, ds: &DsparkSpec, n_vocab: usize) -> Vec<Planned> {
     let mut s = spec.clone();
     s.core.n_expert = ds.n_expert;
     s.core.n_expert_used = ds.n_expert_used;
     let stage = |t: &mut Planner, p: &str| plan_block(&s, p, 0, false, n_vocab, t);
-    let data = Data::values_or_random(spec.random_blocks);
-    write_drafter(&spec.core, ds, variant, n_vocab, data, stage, path)
+    plan_drafter(&spec.core, ds, n_vocab, stage)
 }
 
 /// Writes the drafter for the V4.1 model `spec`: its stages are window-only
@@ -102,6 +122,21 @@ pub fn write_v41_dspark(
     n_vocab: usize,
     path: &Path,
 ) -> io::Result<()> {
+    let plan = plan_v41_dspark(spec, ds, n_vocab);
+    write_drafter(&spec.core, ds, variant, n_vocab, Data::Values, plan, path)
+}
+
+/// [`dspark_tensor_types`] of [`write_v41_dspark`]'s file.
+pub fn v41_dspark_tensor_types(
+    spec: &V41Spec,
+    ds: &DsparkSpec,
+    variant: Variant,
+    n_vocab: usize,
+) -> Vec<(String, Vec<u64>, GgmlType)> {
+    typed(plan_v41_dspark(spec, ds, n_vocab), variant)
+}
+
+fn plan_v41_dspark(spec: &V41Spec, ds: &DsparkSpec, n_vocab: usize) -> Vec<Planned> {
     let stage = |t: &mut Planner, p: &str| {
         t.hc_mix(p, "attn");
         t.attention(p);
@@ -118,18 +153,17 @@ pub fn write_v41_dspark(
         t.experts(p);
         t.shared_expert(p);
     };
-    write_drafter(&spec.core, ds, variant, n_vocab, Data::Values, stage, path)
+    plan_drafter(&spec.core, ds, n_vocab, stage)
 }
 
-/// The file: the `dspark.*` keys, each stage's block (`stage`), stage 0's
-/// tap projection, the last stage's head.
+/// The file: the `dspark.*` keys and the tensors of `plan`.
 fn write_drafter(
     core: &CoreShape,
     ds: &DsparkSpec,
     variant: Variant,
     n_vocab: usize,
     data: Data,
-    plan_stage: impl Fn(&mut Planner, &str),
+    plan: Vec<Planned>,
     path: &Path,
 ) -> io::Result<()> {
     let mut w = GgufWriter::new();
@@ -151,7 +185,18 @@ fn write_drafter(
     w.add_u32(&k("expert_used_count"), ds.n_expert_used as u32);
     w.add_u32(&k("embedding_length"), core.n_embd as u32);
     w.add_u32(&k("vocab_size"), n_vocab as u32);
+    let seed = core.seed ^ 0x0d5a_a4c0;
+    write_planned(w, plan, variant, seed, data, path)
+}
 
+/// The tensors: each stage's block (`plan_stage`), stage 0's tap
+/// projection, the last stage's head.
+fn plan_drafter(
+    core: &CoreShape,
+    ds: &DsparkSpec,
+    n_vocab: usize,
+    plan_stage: impl Fn(&mut Planner, &str),
+) -> Vec<Planned> {
     let mut core = core.clone();
     core.n_expert = ds.n_expert;
     core.n_expert_used = ds.n_expert_used;
@@ -194,6 +239,5 @@ fn write_drafter(
             );
         }
     }
-    let seed = core.seed ^ 0x0d5a_a4c0;
-    write_planned(w, t.out, variant, seed, data, path)
+    t.out
 }

@@ -192,27 +192,7 @@ impl TestModelSpec {
     pub fn from_config(c: &ModelConfig) -> TestModelSpec {
         let tiny = TestModelSpec::tiny();
         TestModelSpec {
-            core: CoreShape {
-                name: c.name.clone(),
-                n_embd: c.n_embd,
-                n_head: c.n_head,
-                head_dim: c.head_dim,
-                n_rot: c.n_rot,
-                q_lora_rank: c.q_lora_rank,
-                o_lora_rank: c.o_lora_rank,
-                o_groups: c.o_groups,
-                sliding_window: c.sliding_window,
-                compress_ratios: c.compress_ratios.clone(),
-                indexer_heads: c.indexer_heads,
-                indexer_head_dim: c.indexer_head_dim,
-                indexer_top_k: c.indexer_top_k,
-                n_expert: c.n_expert,
-                n_expert_used: c.n_expert_used,
-                expert_ff: c.expert_ff,
-                hc_count: c.hc_count,
-                hc_sinkhorn_iters: c.hc_sinkhorn_iters,
-                ..tiny.core
-            },
+            core: CoreShape::with_shapes_of(c, tiny.core),
             n_expert_shared: c.n_expert_shared,
             n_hash_layers: c.n_hash_layers,
             ..tiny
@@ -548,7 +528,7 @@ pub fn mtp_tensor_types(
     typed(plan_mtp(spec), variant)
 }
 
-fn typed(plan: Vec<Planned>, variant: Variant) -> Vec<(String, Vec<u64>, GgmlType)> {
+pub(crate) fn typed(plan: Vec<Planned>, variant: Variant) -> Vec<(String, Vec<u64>, GgmlType)> {
     plan.into_iter()
         .map(|t| {
             let ty = variant.type_for(t.class);

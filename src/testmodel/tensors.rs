@@ -12,6 +12,7 @@ use std::path::Path;
 
 use super::{Rng, Variant};
 use crate::gguf::GgufWriter;
+use crate::model::config::CoreConfig;
 use crate::quant::small_float::e4m3_encode;
 use crate::quant::{self, GgmlType};
 
@@ -107,6 +108,33 @@ pub struct CoreShape {
 impl CoreShape {
     pub fn n_layer(&self) -> usize {
         self.compress_ratios.len()
+    }
+
+    /// Every shape and the name of `c` (what a loader read from a file or
+    /// the converter from a checkpoint); the constants the plan does not
+    /// use (YaRN, init gain, seed) are `rest`'s.
+    pub fn with_shapes_of(c: &CoreConfig, rest: CoreShape) -> CoreShape {
+        CoreShape {
+            name: c.name.clone(),
+            n_embd: c.n_embd,
+            n_head: c.n_head,
+            head_dim: c.head_dim,
+            n_rot: c.n_rot,
+            q_lora_rank: c.q_lora_rank,
+            o_lora_rank: c.o_lora_rank,
+            o_groups: c.o_groups,
+            sliding_window: c.sliding_window,
+            compress_ratios: c.compress_ratios.clone(),
+            indexer_heads: c.indexer_heads,
+            indexer_head_dim: c.indexer_head_dim,
+            indexer_top_k: c.indexer_top_k,
+            n_expert: c.n_expert,
+            n_expert_used: c.n_expert_used,
+            expert_ff: c.expert_ff,
+            hc_count: c.hc_count,
+            hc_sinkhorn_iters: c.hc_sinkhorn_iters,
+            ..rest
+        }
     }
 }
 

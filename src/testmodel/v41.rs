@@ -19,6 +19,9 @@ use serde_json::json;
 use super::tensors::{write_planned, Class, CoreShape, Data, Init, Planned, Planner};
 use super::{Rng, Variant, Vocab};
 use crate::gguf::{GgufWriter, MetaArray, MetaValue};
+use crate::model::v41::engram::bucket_primes;
+use crate::model::v41::V41Config;
+use crate::quant::GgmlType;
 
 /// Shapes of a generated V4.1 model (research §1 names in comments).
 #[derive(Clone, Debug)]
@@ -176,31 +179,43 @@ impl V41Spec {
         self.core.n_layer()
     }
 
+    /// The spec whose tensor plan has the directory of a V4.1 model of
+    /// hyper-parameters `c` whose Engram primes start at `engram_vocab_size`
+    /// (the converter's name map and types, `ds4::convert`): every shape of
+    /// `c`; the constants the plan does not use are the tiny model's.
+    pub fn from_config(c: &V41Config, engram_vocab_size: u64) -> V41Spec {
+        let tiny = V41Spec::tiny();
+        let n = c.n_layer;
+        V41Spec {
+            core: CoreShape::with_shapes_of(c, tiny.core),
+            kv_source_layers: c.kv_source_layers.clone(),
+            index_source_layers: c.index_source_layers.clone(),
+            candidate_source: c.candidate_source.unwrap_or(n),
+            candidate_topk_blocks: c.candidate_topk_blocks,
+            candidate_block_size: c.candidate_block_size,
+            engram_layers: c.engram.layer_ids.clone(),
+            engram_max_ngram: c.engram.max_ngram,
+            engram_heads: c.engram.n_heads,
+            engram_head_dim: c.engram.head_dim,
+            engram_vocab_size,
+            engram_compressed_vocab: c.engram.compressed_vocab,
+            ..tiny
+        }
+    }
+
     /// Hash columns per Engram layer.
     pub fn engram_cols(&self) -> usize {
         (self.engram_max_ngram - 1) * self.engram_heads
     }
 
-    /// The official prime layout: for each layer and n-gram order, start
-    /// below `engram_vocab_size` and take the next primes not used anywhere
-    /// before (one set across layers). Layer-major.
+    /// The official prime layout ([`bucket_primes`]), layer-major.
     pub fn engram_primes(&self) -> Vec<u64> {
-        let mut seen = std::collections::HashSet::new();
-        let mut out = Vec::new();
-        for _ in &self.engram_layers {
-            for _ in 1..self.engram_max_ngram {
-                let mut cur = self.engram_vocab_size - 1;
-                for _ in 0..self.engram_heads {
-                    cur = next_prime(cur);
-                    while seen.contains(&cur) {
-                        cur = next_prime(cur);
-                    }
-                    seen.insert(cur);
-                    out.push(cur);
-                }
-            }
-        }
-        out
+        bucket_primes(
+            self.engram_layers.len(),
+            self.engram_max_ngram,
+            self.engram_heads,
+            self.engram_vocab_size,
+        )
     }
 
     /// Table rows per Engram layer: the sum of its primes.
@@ -235,9 +250,10 @@ impl V41Spec {
     }
 }
 
-fn next_prime(n: u64) -> u64 {
-    let is_prime = |x: u64| x >= 2 && (2..).take_while(|d| d * d <= x).all(|d| x % d != 0);
-    (n + 1..).find(|&x| is_prime(x)).unwrap_or(n + 1)
+/// The place of a layer's tensor (`stem`: its name after `blk.L.`, without
+/// `.weight` / `.bias`) in ds4's order ([`LAYER_ORDER`]).
+pub(crate) fn layer_rank(stem: &str) -> Option<usize> {
+    LAYER_ORDER.iter().position(|&x| x == stem)
 }
 
 /// The order ds4's `deepseek41_quantize.py` writes a layer's tensors in
@@ -347,7 +363,7 @@ fn plan(s: &V41Spec, n_vocab: usize) -> Vec<Planned> {
         }
         let rank = |t: &Planned| {
             let stem = t.name[p.len()..].rsplit_once('.').map_or("", |(a, _)| a);
-            LAYER_ORDER.iter().position(|&x| x == stem)
+            layer_rank(stem)
         };
         t.out[first..].sort_by_key(rank);
     }
@@ -523,6 +539,18 @@ fn add_metadata(w: &mut GgufWriter, s: &V41Spec, vocab: &Vocab) {
     ] {
         w.add_f32(&k(&format!("rope_scaling.{key}")), v);
     }
+}
+
+/// The tensors of a V4.1 model in file order, each with its GGUF shape
+/// and its type in `variant` (ds4's published mix of that name): the plan
+/// the generator writes, which the converter (`ds4::convert::write`)
+/// follows.
+pub fn tensor_types(
+    spec: &V41Spec,
+    variant: Variant,
+    n_vocab: usize,
+) -> Vec<(String, Vec<u64>, GgmlType)> {
+    super::typed(plan(spec, n_vocab), variant)
 }
 
 /// Writes a V4.1 model with random weights.

@@ -5,6 +5,14 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Runs the `ds4` binary with `args` to its exit.
+pub fn ds4(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ds4"))
+        .args(args)
+        .output()
+        .expect("ds4 runs")
+}
+
 /// Runs `cmd` with stdout and stderr piped until it exits; kills it and
 /// panics, naming `what`, if it runs longer than `bound`.
 pub fn run_bounded(mut cmd: Command, bound: Duration, what: &str) -> Output {

@@ -4,8 +4,10 @@ values decoded on this side (for tests/convert_checkpoint.rs).
 
     make_checkpoint.py --out DIR [--block 128] [--seed 1]
     make_checkpoint.py --model v4 --out DIR [--vocab 129280] [--block 128] [--seed 1]
-                       [--tame] [--drop NAME ...] [--reshape NAME ...]
+                       [--dspark] [--tame] [--drop NAME ...] [--reshape NAME ...]
                        [--tokenizer FILE] [--tokenizer-vocab N]
+    make_checkpoint.py --model v41 --out DIR [the same options; --block 32]
+                       [--config KEY JSON ...] [--no-engram-tables]
 
 Without `--model`, writes into DIR:
 
@@ -60,6 +62,31 @@ purpose: `--drop NAME` leaves tensor NAME (a weight or a `.scale`) out of
 its shard and the index,
 `--reshape NAME` writes it with one more row (its scale following).
 
+`--model v41` writes a complete DeepSeek V4.1 (Flash) checkpoint at the
+tiny V4.1 test model's shapes (src/testmodel/v41.rs `V41Spec::tiny()`: 8
+layers of width 64, ratios 0 0 2 2 1 1 1 1, kv sources 2 and 4, index
+sources 2, 4 and 6, 4 experts, Engram at layers 1 and 4 with 2 heads of 32
+over n-grams up to 3 and primes from 100: tables of 420 and 508 rows) as
+the release stores it (official inference/model.py names, docs/V41.md):
+`config.json` with the text fields under `text_config` (`model_type
+deepseek_v41`, compress_ratios with the 3 MTP slots) and the
+`quantization_config` (32 x 32 blocks, `--block` to change); FP8 E4M3
+`wq_a`, `wq_b`, `wkv`, `wo_b`, indexer `wq_b`, shared experts and the Engram
+`wkv`; BF16 `embed`, `head`, `wo_a`, norms, router, indexer `wk` and
+`weights_proj`, the Engram `q_weight` / `k_weight`, the ratio-1
+compressor's `wkv`; F32 sinks, hyper-connection tensors, router biases
+(`bias` and the image-span `bias_vl`) and the ratio-2 compressor's `wkv` and
+`wgate`; packed FP4 routed experts; each Engram table as E4M3
+`engram.embed.weight` [rows, 32] with an E8M0 `engram.embed.scale`
+[rows, 1]. Shards: the layers over two, each Engram layer's module in one of
+its own at the end (as the release's last two shards).
+`engram_compressed_vocab_size` is what the tokenizer gives, and
+`engram_tables.json` (the token map and the multipliers, by
+tools/checkpoint/engram_tables.py, which needs `tokenizers` and numpy) is
+written beside it unless `--no-engram-tables`. `--config KEY JSON` sets a
+`text_config` field (after the tokenizer, before the tensors: a shape
+change changes the tensors). `--tame`, `--drop` and `--reshape` as for v4.
+
 `--model v4` also writes the tokenizer the release ships next to the weights
 (docs/TOOLS.md, "The tokenizer"): `tokenizer.json` and `tokenizer_config.json`.
 `tokenizer.json` is `--tokenizer` (default: the committed official V4
@@ -80,7 +107,24 @@ least 269. `tokenizer_config.json` is shaped like the release's: `bos_token`
 as an AddedToken object, `eos_token` and `pad_token` as strings, no
 automatic BOS/EOS, and a short stand-in `chat_template` (not DeepSeek's).
 
-Python standard library only; the same seed gives the same bytes.
+`--model v4 --dspark` writes in place of the MTP block DeepSeek's DSpark
+drafter as the release that ships it stores it (DeepSeek-V4-Flash-DSpark;
+official inference/model.py `DSparkBlock`, under `mtp.{k}.`), at the shape
+of the tiny model's drafter (src/testmodel/dspark.rs
+`DsparkSpec::for_model`: 2 stages, blocks of 4, noise token 5, taps
+[0, 3, 5], Markov rank 8, 4 experts top-2): each stage a window-only block
+with a router bias and the drafter's experts; FP8 `main_proj` and F32
+`main_norm` in stage 0; F32 `hc_head_*` and `norm`, BF16
+`markov_head.markov_w1` / `_w2` [vocab, rank] and `confidence_head.proj`
+[1, D + rank] in the last; config.json gains the `dspark_*` keys and one
+window-only `compress_ratios` slot per stage (num_nextn_predict_layers
+stays 1, as in the release). `--model v41 --dspark` adds V4.1's drafter
+the same way (`DsparkSpec::for_v41`: taps [0, 1, 2, 7], 3 experts top-1;
+each stage layer 0's V4.1 tensors, both router biases; no `hc_head_*`;
+the keys in `text_config`, num_nextn_predict_layers the stage count).
+
+Python standard library only (`--model v41`'s `engram_tables.json`: HF
+`tokenizers` and numpy); the same seed gives the same bytes.
 """
 
 import argparse
@@ -89,6 +133,8 @@ import math
 import random
 import struct
 from pathlib import Path
+
+import engram_tables
 
 # Shapes: small, with FP8 matrices that do not fill their last block, one
 # of them several blocks wide at 128 (`wo_b`) and one several high (`wq_b`).
@@ -366,14 +412,14 @@ def tame_values(seed, name, shape):
     tiny model's (norm weights near 1, HC scales in 0.5..1.5, matrices of
     fan-in `shape[-1]` with std 0.5 / sqrt(fan_in))."""
     r, n = rng_for(seed, name), math.prod(shape)
-    if name.endswith("norm.weight"):
+    if name.endswith("norm.weight") or name.endswith("q_weight") or name.endswith("k_weight"):
         return [1.0 + r.gauss(0.0, 0.1) for _ in range(n)]
     if "hc_" in name and name.endswith("scale"):
         return [r.uniform(0.5, 1.5) for _ in range(n)]
     std = 1.0
     if name.endswith("_base") or name.endswith("ape"):
         std = 0.5
-    elif name.endswith("gate.bias"):
+    elif name.endswith("gate.bias") or name.endswith("gate.bias_vl"):
         std = 0.1
     elif len(shape) == 2 and name != "embed.weight":
         std = TAME_GAIN / math.sqrt(shape[-1])
@@ -387,32 +433,51 @@ def tame_scale(seed, sname, n, fan_in, rms):
     return bytes(e0 - (b & 1) for b in rand(seed, sname, n))
 
 
+def hc_and_attention(c, p, norm):
+    """A block's hyper-connection mixes, norms (of storage `norm`), sinks and
+    attention projections, as V4 and V4.1 store them."""
+    d, hc, hd = c["hidden_size"], c["hc_mult"], c["head_dim"]
+    nh, ql, og, ol = c["num_attention_heads"], c["q_lora_rank"], c["o_groups"], c["o_lora_rank"]
+    mix = (2 + hc) * hc
+    out = []
+    for sub in ("attn", "ffn"):
+        out += [(f"{p}hc_{sub}_fn", "f32", [mix, hc * d]),
+                (f"{p}hc_{sub}_scale", "f32", [3]),
+                (f"{p}hc_{sub}_base", "f32", [mix])]
+    return out + [(f"{p}attn_norm.weight", norm, [d]),
+                  (f"{p}ffn_norm.weight", norm, [d]),
+                  (f"{p}attn.attn_sink", "f32", [nh]),
+                  (f"{p}attn.wq_a.weight", "fp8", [ql, d]),
+                  (f"{p}attn.q_norm.weight", norm, [ql]),
+                  (f"{p}attn.wq_b.weight", "fp8", [nh * hd, ql]),
+                  (f"{p}attn.wkv.weight", "fp8", [hd, d]),
+                  (f"{p}attn.kv_norm.weight", norm, [hd]),
+                  (f"{p}attn.wo_a.weight", "bf16", [og * ol, nh // og * hd]),
+                  (f"{p}attn.wo_b.weight", "fp8", [d, og * ol])]
+
+
+def experts(c, p):
+    """A block's routed experts (packed FP4) and shared expert (FP8)."""
+    d, ff = c["hidden_size"], c["moe_intermediate_size"]
+    out = []
+    for x in range(c["n_routed_experts"]):
+        out += [(f"{p}ffn.experts.{x}.w1.weight", "fp4", [ff, d]),
+                (f"{p}ffn.experts.{x}.w3.weight", "fp4", [ff, d]),
+                (f"{p}ffn.experts.{x}.w2.weight", "fp4", [d, ff])]
+    return out + [(f"{p}ffn.shared_experts.w1.weight", "fp8", [ff, d]),
+                  (f"{p}ffn.shared_experts.w3.weight", "fp8", [ff, d]),
+                  (f"{p}ffn.shared_experts.w2.weight", "fp8", [d, ff])]
+
+
 def v4_storage(c):
     """(name, storage, logical shape [out, in] or [n]) of every tensor of the
     checkpoint, in file order; storage: fp8, fp4, bf16, f32, i64."""
     d, hc, hd = c["hidden_size"], c["hc_mult"], c["head_dim"]
-    nh, ql, og, ol = c["num_attention_heads"], c["q_lora_rank"], c["o_groups"], c["o_lora_rank"]
-    ih, ihd = c["index_n_heads"], c["index_head_dim"]
-    ne, ff, v, k = (c["n_routed_experts"], c["moe_intermediate_size"], c["vocab_size"],
-                    c["num_experts_per_tok"])
-    mix = (2 + hc) * hc
+    ql, ih, ihd = c["q_lora_rank"], c["index_n_heads"], c["index_head_dim"]
+    ne, v, k = c["n_routed_experts"], c["vocab_size"], c["num_experts_per_tok"]
 
     def block(p, ratio, hash_routed):
-        out = []
-        for sub in ("attn", "ffn"):
-            out += [(f"{p}hc_{sub}_fn", "f32", [mix, hc * d]),
-                    (f"{p}hc_{sub}_scale", "f32", [3]),
-                    (f"{p}hc_{sub}_base", "f32", [mix])]
-        out += [(f"{p}attn_norm.weight", "f32", [d]),
-                (f"{p}ffn_norm.weight", "f32", [d]),
-                (f"{p}attn.attn_sink", "f32", [nh]),
-                (f"{p}attn.wq_a.weight", "fp8", [ql, d]),
-                (f"{p}attn.q_norm.weight", "f32", [ql]),
-                (f"{p}attn.wq_b.weight", "fp8", [nh * hd, ql]),
-                (f"{p}attn.wkv.weight", "fp8", [hd, d]),
-                (f"{p}attn.kv_norm.weight", "f32", [hd]),
-                (f"{p}attn.wo_a.weight", "bf16", [og * ol, nh // og * hd]),
-                (f"{p}attn.wo_b.weight", "fp8", [d, og * ol])]
+        out = hc_and_attention(c, p, "f32")
         if ratio:
             csa = ratio == 4
             comps = [("attn.compressor.", hd)]
@@ -431,14 +496,7 @@ def v4_storage(c):
             out.append((f"{p}ffn.gate.tid2eid", "i64", [v, k]))
         else:
             out.append((f"{p}ffn.gate.bias", "f32", [ne]))
-        for x in range(ne):
-            out += [(f"{p}ffn.experts.{x}.w1.weight", "fp4", [ff, d]),
-                    (f"{p}ffn.experts.{x}.w3.weight", "fp4", [ff, d]),
-                    (f"{p}ffn.experts.{x}.w2.weight", "fp4", [d, ff])]
-        out += [(f"{p}ffn.shared_experts.w1.weight", "fp8", [ff, d]),
-                (f"{p}ffn.shared_experts.w3.weight", "fp8", [ff, d]),
-                (f"{p}ffn.shared_experts.w2.weight", "fp8", [d, ff])]
-        return out
+        return out + experts(c, p)
 
     out = [("embed.weight", "bf16", [v, d])]
     n = c["num_hidden_layers"]
@@ -512,6 +570,8 @@ def write_v4(a):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     c = dict(TINY_V4, vocab_size=a.vocab)
+    if a.dspark:
+        c = dspark_config(c)
     c["quantization_config"] = {
         "activation_scheme": "dynamic",
         "fmt": "e4m3",
@@ -521,7 +581,7 @@ def write_v4(a):
     }
     c["expert_dtype"] = "fp4"
     tensors = []
-    for name, storage, shape in v4_storage(c):
+    for name, storage, shape in dspark_storage(c) if a.dspark else v4_storage(c):
         if name in a.reshape:
             shape = [shape[0] + 1] + shape[1:]
         ts = v4_encode(a.seed, name, storage, shape, a.block, c["n_routed_experts"], a.tame)
@@ -534,6 +594,283 @@ def write_v4(a):
     write_sharded(out, [[t for t in tensors if shard_of(t.name) == k] for k in range(3)])
     (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
     write_tokenizer(out, Path(a.tokenizer), a.vocab if a.tokenizer_vocab is None else a.tokenizer_vocab)
+
+
+# ------------------------------------------------------------------ --model v41
+
+# V41Spec::tiny() (src/testmodel/v41.rs) in the release's config.json layout:
+# the text fields nested under `text_config`, the MTP slots of compress_ratios.
+TINY_V41_TEXT = {
+    "model_type": "deepseek_v41_text",
+    "hidden_size": 64,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "qk_rope_head_dim": 8,
+    "q_lora_rank": 32,
+    "o_lora_rank": 16,
+    "o_groups": 2,
+    "sliding_window": 4,
+    "compress_ratios": [0, 0, 2, 2, 1, 1, 1, 1, 0, 0, 0],
+    "kv_source_layer_ids": [2, 4],
+    "index_source_layer_ids": [2, 4, 6],
+    "candidate_source_layer_id": 4,
+    "candidate_topk_blocks": 2,
+    "candidate_block_size": 2,
+    "compress_rope_theta": 160000,
+    "index_n_heads": 2,
+    "index_head_dim": 16,
+    "index_topk": 3,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "rms_norm_eps": 1e-20,
+    "rope_theta": 10000,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                     "beta_fast": 32, "beta_slow": 1},
+    "max_position_embeddings": 1048576,
+    "swiglu_limit": 10.0,
+    "routed_scaling_factor": 1.5,
+    "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "hidden_act": "silu",
+    "num_nextn_predict_layers": 3,
+    "engram_layer_ids": [1, 4],
+    "engram_num_embeddings": [420, 508],
+    "engram_max_ngram_size": 3,
+    "engram_n_heads": 2,
+    "engram_head_dim": 32,
+    "engram_vocab_size": 100,
+    "engram_pad_token_id": 2,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+
+def v41_storage(c):
+    """(name, storage, logical shape) of every tensor of a V4.1 checkpoint
+    (official inference/model.py names), in file order; storage as
+    v4_storage's, plus `engram` (the table: E4M3 rows [rows, head_dim] with
+    an E8M0 `.scale` [rows, head_dim / 32])."""
+    d, hc, hd = c["hidden_size"], c["hc_mult"], c["head_dim"]
+    ql, ih, ihd = c["q_lora_rank"], c["index_n_heads"], c["index_head_dim"]
+    ne, v = c["n_routed_experts"], c["vocab_size"]
+    ehd, heads = c["engram_head_dim"], c["engram_n_heads"]
+    cols = (c["engram_max_ngram_size"] - 1) * heads
+    out = [("embed.weight", "bf16", [v, d])]
+    for li in range(c["num_hidden_layers"]):
+        p, ratio = f"layers.{li}.", c["compress_ratios"][li]
+        out += hc_and_attention(c, p, "bf16")
+        if li in c["kv_source_layer_ids"]:
+            # Ratio 1: a plain bf16 projection; above, fp32 with the fp32 gate.
+            out.append((f"{p}attn.compressor.wkv.weight", "f32" if ratio > 1 else "bf16", [hd, d]))
+            if ratio > 1:
+                out.append((f"{p}attn.compressor.wgate.weight", "f32", [hd, d]))
+            out += [(f"{p}attn.compressor.norm.weight", "bf16", [hd]),
+                    (f"{p}attn.indexer.wk.weight", "bf16", [ihd, hd]),
+                    (f"{p}attn.indexer.k_norm.weight", "bf16", [ihd])]
+        if li in c["index_source_layer_ids"]:
+            out += [(f"{p}attn.indexer.wq_b.weight", "fp8", [ih * ihd, ql]),
+                    (f"{p}attn.indexer.weights_proj.weight", "bf16", [ih, d])]
+        out += [(f"{p}ffn.gate.weight", "bf16", [ne, d]),
+                (f"{p}ffn.gate.bias", "f32", [ne]),
+                (f"{p}ffn.gate.bias_vl", "f32", [ne])]
+        out += experts(c, p)
+        if li in c["engram_layer_ids"]:
+            rows = c["engram_num_embeddings"][c["engram_layer_ids"].index(li)]
+            out += [(f"{p}engram.embed.weight", "engram", [rows, ehd]),
+                    (f"{p}engram.wkv.weight", "fp8", [d * (hc + 1), cols * ehd]),
+                    (f"{p}engram.q_weight", "bf16", [hc, d]),
+                    (f"{p}engram.k_weight", "bf16", [hc, d])]
+    out += [("norm.weight", "bf16", [d]), ("head.weight", "bf16", [v, d])]
+    return out
+
+
+def engram_table(seed, name, shape, tame):
+    """An Engram table: E4M3 codes [rows, head_dim] and E8M0 scales
+    [rows, head_dim / 32] (one per 32 values of a row)."""
+    rows, width = shape
+    codes = rand(seed, name, rows * width).translate(TAME_FP8_MAP if tame else FP8_MAP)
+    sname = name[: -len(".weight")] + ".scale"
+    sshape = [rows, width // 32]
+    if tame:
+        # Values of RMS about 0.5, as the generator's Engram rows.
+        e0 = 127 + round(math.log2(0.5 / TAME_FP8_RMS))
+        scales = bytes(e0 - (b & 1) for b in rand(seed, sname, rows * width // 32))
+    else:
+        scales = rand(seed, sname, rows * width // 32).translate(SCALE_MAP)
+    return [Tensor(name, "F8_E4M3", shape, codes, None),
+            Tensor(sname, "F8_E8M0", sshape, scales, None)]
+
+
+def write_v41(a):
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = dict(TINY_V41_TEXT, vocab_size=a.vocab)
+    c = {
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "text_config": text,
+        "quantization_config": {
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "quant_method": "fp8",
+            "scale_fmt": "ue8m0",
+            "weight_block_size": [a.block, a.block],
+            "expert_dtype": "fp4",
+        },
+    }
+    write_tokenizer(out, Path(a.tokenizer), a.vocab if a.tokenizer_vocab is None else a.tokenizer_vocab)
+    # The compressed vocabulary is what the tokenizer gives (the official
+    # code asserts the two agree).
+    _, text["engram_compressed_vocab_size"] = engram_tables.token_map(out / "tokenizer.json")
+    if a.dspark:
+        text.update(v41_dspark_config(text))
+    for k, v in a.config:
+        text[k] = json.loads(v)
+    tensors = []
+    for name, storage, shape in v41_dspark_storage(text) if a.dspark else v41_storage(text):
+        if name in a.reshape:
+            shape = [shape[0] + 1] + shape[1:]
+        if storage == "engram":
+            ts = engram_table(a.seed, name, shape, a.tame)
+        else:
+            ts = v4_encode(a.seed, name, storage, shape, a.block, text["n_routed_experts"], a.tame)
+        tensors += [t for t in ts if t.name not in a.drop]
+    # As the release: the layers over the first shards, each Engram layer's
+    # module (its table with it) in a shard of its own at the end.
+    engram = [f"layers.{li}.engram." for li in text["engram_layer_ids"]]
+    def shard_of(name):
+        for k, p in enumerate(engram):
+            if name.startswith(p):
+                return 2 + k
+        if name.startswith("layers."):
+            return int(name.split(".")[1]) * 2 // text["num_hidden_layers"]
+        return 0 if name.startswith("embed") else 1
+    write_sharded(out, [[t for t in tensors if shard_of(t.name) == k]
+                        for k in range(2 + len(engram))])
+    (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
+    if not a.no_engram_tables:
+        tables = engram_tables.tables(out)
+        (out / engram_tables.TABLES_FILE).write_text(json.dumps(tables) + "\n")
+
+
+# ------------------------------------------------------------------ --model v4 --dspark
+
+# DsparkSpec::for_model(TestModelSpec::tiny()) (src/testmodel/dspark.rs) in the
+# keys of DeepSeek-V4-Flash-DSpark's config.json (official inference/model.py,
+# ModelArgs.dspark_*; the drafter's own experts as get_moe_config reads them).
+TINY_V4_DSPARK = {
+    "dspark_block_size": 4,
+    "dspark_noise_token_id": 5,
+    "dspark_target_layer_ids": [0, 3, 5],
+    "dspark_markov_rank": 8,
+    "dspark_n_routed_experts": 4,
+    "dspark_n_activated_experts": 2,
+}
+DSPARK_STAGES = 2
+
+
+def dspark_config(c):
+    """--dspark: `c` with the drafter's keys and one window-only
+    compress_ratios slot per stage after the layers (the release keeps
+    num_nextn_predict_layers 1 beside its three stages; so does this)."""
+    ratios = c["compress_ratios"][: c["num_hidden_layers"]] + [0] * DSPARK_STAGES
+    return dict(c, **TINY_V4_DSPARK, compress_ratios=ratios)
+
+
+def dspark_storage(c):
+    """--dspark: v4_storage(c) with the MTP block replaced by the DSpark
+    stages, as the release stores them (official DSparkBlock, under
+    `mtp.{k}.`): each a window-only block with a router bias and the
+    drafter's experts; stage 0 adds FP8 `main_proj` [D, D * taps] and
+    `main_norm`; the last stage `hc_head_*`, `norm`, BF16
+    `markov_head.markov_w1` / `_w2` [vocab, rank] and `confidence_head.proj`
+    [1, D + rank]."""
+    d, hc, v = c["hidden_size"], c["hc_mult"], c["vocab_size"]
+    r, taps = c["dspark_markov_rank"], len(c["dspark_target_layer_ids"])
+    out = [t for t in v4_storage(c) if not t[0].startswith("mtp.")]
+    # A stage's block: v4_storage's MTP block at the drafter's expert count,
+    # without the MTP block's own projections, norms and head.
+    mtp_only = {"hc_head_fn", "hc_head_scale", "hc_head_base", "e_proj.weight",
+                "h_proj.weight", "enorm.weight", "hnorm.weight", "norm.weight"}
+    drafter = dict(c, n_routed_experts=c["dspark_n_routed_experts"])
+    block = [(name[len("mtp.0."):], st, shape) for name, st, shape in v4_storage(drafter)
+             if name.startswith("mtp.0.") and name[len("mtp.0."):] not in mtp_only]
+    for k in range(DSPARK_STAGES):
+        p = f"mtp.{k}."
+        out += [(p + name, st, shape) for name, st, shape in block]
+        if k == 0:
+            out += [(f"{p}main_proj.weight", "fp8", [d, d * taps]),
+                    (f"{p}main_norm.weight", "f32", [d])]
+        if k == DSPARK_STAGES - 1:
+            out += [(f"{p}hc_head_fn", "f32", [hc, hc * d]),
+                    (f"{p}hc_head_scale", "f32", [1]),
+                    (f"{p}hc_head_base", "f32", [hc]),
+                    (f"{p}norm.weight", "f32", [d]),
+                    (f"{p}markov_head.markov_w1.weight", "bf16", [v, r]),
+                    (f"{p}markov_head.markov_w2.weight", "bf16", [v, r]),
+                    (f"{p}confidence_head.proj.weight", "bf16", [1, d + r])]
+    return out
+
+
+# DsparkSpec::for_v41(V41Spec::tiny()) (src/testmodel/dspark.rs) in the
+# `text_config` keys: taps of the embedding, the Engram layer 1, layer 2 and
+# the last; its own 3 experts, top-1.
+TINY_V41_DSPARK = {
+    "dspark_block_size": 4,
+    "dspark_noise_token_id": 5,
+    "dspark_target_layer_ids": [0, 1, 2, 7],
+    "dspark_markov_rank": 8,
+    "dspark_n_routed_experts": 3,
+    "dspark_n_activated_experts": 1,
+}
+
+
+def v41_dspark_config(text):
+    """--model v41 --dspark: the `text_config` keys to change (the drafter's
+    keys, and one window-only compress_ratios slot per stage after the
+    layers)."""
+    ratios = text["compress_ratios"][: text["num_hidden_layers"]] + [0] * DSPARK_STAGES
+    return dict(TINY_V41_DSPARK, compress_ratios=ratios, num_nextn_predict_layers=DSPARK_STAGES)
+
+
+def v41_dspark_storage(text):
+    """--model v41 --dspark: v41_storage(text) and the drafter's stages under
+    `mtp.{k}.` (official DSparkBlock on V4.1's Block): each a window-only V4.1
+    block (layer 0's tensors: both router biases, the shared expert) with the
+    drafter's experts; FP8 `main_proj` and BF16 `main_norm` in stage 0; BF16
+    `norm`, `markov_head.markov_w1` / `_w2` and `confidence_head.proj` in
+    the last (V4.1 has no hc_head)."""
+    d, v = text["hidden_size"], text["vocab_size"]
+    r, taps = text["dspark_markov_rank"], len(text["dspark_target_layer_ids"])
+    out = v41_storage(text)
+    drafter = dict(text, n_routed_experts=text["dspark_n_routed_experts"])
+    assert 0 not in drafter["kv_source_layer_ids"] + drafter["index_source_layer_ids"]
+    assert 0 not in drafter["engram_layer_ids"] and drafter["compress_ratios"][0] == 0
+    block = [(name[len("layers.0."):], st, shape) for name, st, shape in v41_storage(drafter)
+             if name.startswith("layers.0.")]
+    for k in range(DSPARK_STAGES):
+        p = f"mtp.{k}."
+        out += [(p + name, st, shape) for name, st, shape in block]
+        if k == 0:
+            out += [(f"{p}main_proj.weight", "fp8", [d, d * taps]),
+                    (f"{p}main_norm.weight", "bf16", [d])]
+        if k == DSPARK_STAGES - 1:
+            out += [(f"{p}norm.weight", "bf16", [d]),
+                    (f"{p}markov_head.markov_w1.weight", "bf16", [v, r]),
+                    (f"{p}markov_head.markov_w2.weight", "bf16", [v, r]),
+                    (f"{p}confidence_head.proj.weight", "bf16", [1, d + r])]
+    return out
 
 
 # ------------------------------------------------------------------ tokenizer
@@ -612,10 +949,12 @@ def write_sharded(out, shards):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--block", type=int, help="FP8 block (default 128; 32 with --model v41)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--model", choices=["v4"], help="a complete checkpoint of the tiny model")
+    ap.add_argument("--model", choices=["v4", "v41"], help="a complete checkpoint of the tiny model")
     ap.add_argument("--vocab", type=int, default=129280, help="--model v4: vocabulary size")
+    ap.add_argument("--dspark", action="store_true",
+                    help="--model v4 / v41: the DSpark drafter under mtp.* (v4: instead of the MTP block)")
     ap.add_argument("--tame", action="store_true",
                     help="--model v4: the values of a well-conditioned model (see above)")
     ap.add_argument("--drop", action="append", default=[], help="--model v4: leave tensor out")
@@ -625,9 +964,17 @@ def main():
                     help="--model v4: the tokenizer.json to write (default: the official V4 one)")
     ap.add_argument("--tokenizer-vocab", type=int,
                     help="--model v4: cut tokenizer.json to this many ids (default --vocab)")
+    ap.add_argument("--config", nargs=2, action="append", default=[], metavar=("KEY", "JSON"),
+                    help="--model v41: set text_config KEY to the JSON value")
+    ap.add_argument("--no-engram-tables", action="store_true",
+                    help="--model v41: do not write engram_tables.json")
     a = ap.parse_args()
+    a.block = a.block or (32 if a.model == "v41" else 128)
     if a.model == "v4":
         write_v4(a)
+        return
+    if a.model == "v41":
+        write_v41(a)
         return
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

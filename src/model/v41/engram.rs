@@ -31,6 +31,40 @@ impl EngramConfig {
     }
 }
 
+/// The table's bucket sizes (official `engram.py`, research §2.5): for each
+/// of `n_layers` Engram layers and each n-gram order 2..=`max_ngram`, start
+/// at `vocab_size − 1` (`engram_vocab_size`, a start, not a row count) and
+/// take the next `n_heads` primes not used anywhere before (one set across
+/// layers). Layer-major; a layer's rows are the sum of its primes.
+pub fn bucket_primes(
+    n_layers: usize,
+    max_ngram: usize,
+    n_heads: usize,
+    vocab_size: u64,
+) -> Vec<u64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for _ in 0..n_layers {
+        for _ in 1..max_ngram {
+            let mut cur = vocab_size.saturating_sub(1);
+            for _ in 0..n_heads {
+                cur = next_prime(cur);
+                while seen.contains(&cur) {
+                    cur = next_prime(cur);
+                }
+                seen.insert(cur);
+                out.push(cur);
+            }
+        }
+    }
+    out
+}
+
+fn next_prime(n: u64) -> u64 {
+    let is_prime = |x: u64| x >= 2 && (2..).take_while(|d| d * d <= x).all(|d| x % d != 0);
+    (n + 1..).find(|&x| is_prime(x)).unwrap_or(n + 1)
+}
+
 /// The compressed ids of the tokens before the next one, newest first
 /// (`None` = no history or a dead token).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -122,6 +156,19 @@ mod tests {
                 (h3 % 137 + 371) as u32
             ]
         );
+    }
+
+    #[test]
+    fn bucket_primes_are_the_official_search() {
+        // Research note §1/§2.5 and the tiny recipe.
+        assert_eq!(
+            bucket_primes(2, 3, 2, 100),
+            [101, 103, 107, 109, 113, 127, 131, 137]
+        );
+        let flash = bucket_primes(2, 4, 8, 16_000_000);
+        assert_eq!(&flash[..3], &[16000057, 16000079, 16000081]);
+        let rows: Vec<u64> = flash.chunks(24).map(|c| c.iter().sum()).collect();
+        assert_eq!(rows, [384006168, 384016682]);
     }
 
     #[test]
