@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 use common::checkpoint::{checkpoint_once, make_checkpoint};
 use common::fresh_dir;
 use common::quantize::{
-    assert_converted, assert_fp4_experts_exact, convert, converted_once, cpu_ref_logits, directory,
-    ds4_answers, s, small_vocab, tensor, worst_relative_logit_diff,
+    assert_converted, assert_fp4_experts_exact, assert_gguf_py_reads_the_same, convert,
+    converted_once, cpu_ref_logits, directory, ds4_answers, s, small_vocab, tensor,
+    worst_relative_logit_diff,
 };
 use ds4::convert::safetensors::{Checkpoint, CONFIG_FILE, INDEX_FILE};
 use ds4::gguf::GgufFile;
@@ -319,6 +320,17 @@ fn q8_and_mxfp4_logits_agree_with_the_f32_conversion() {
 /// RMS-normalised layers rather than compound; a wrong tensor gives
 /// differences of the order of the logits).
 const TOLERANCE: f32 = 0.02;
+
+/// The V4.1 files read by gguf-py as ds4 reads them (keys, directory,
+/// every decoded value, the Engram tables' I8 bytes included).
+#[test]
+fn every_tensor_reads_the_same_in_gguf_py() {
+    for recipe in ["f32", "q8", "mxfp4"] {
+        if !assert_gguf_py_reads_the_same(&converted(recipe, false)) {
+            return;
+        }
+    }
+}
 
 #[test]
 fn ds4_runs_a_prompt_on_a_converted_file() {

@@ -18,8 +18,9 @@ use std::sync::Arc;
 use common::checkpoint::{checkpoint_once, make_checkpoint};
 use common::fresh_dir;
 use common::quantize::{
-    assert_converted, assert_fp4_experts_exact, convert, converted_once, cpu_ref_logits, directory,
-    draft_logits, s, small_vocab, tensor, worst_relative_logit_diff,
+    assert_converted, assert_fp4_experts_exact, assert_gguf_py_reads_the_same, convert,
+    converted_once, cpu_ref_logits, directory, draft_logits, s, small_vocab, tensor,
+    worst_relative_logit_diff,
 };
 use ds4::convert::safetensors::{Checkpoint, INDEX_FILE};
 use ds4::gguf::GgufFile;
@@ -77,6 +78,20 @@ fn every_recipe_loads_with_the_published_mix_types() {
             assert_eq!(g, w, "{}", variant.name());
         }
     }
+}
+
+/// Every recipe's file, and the MTP file, read by gguf-py (llama.cpp's own
+/// GGUF library) as ds4 reads it: keys, tensor directory and every decoded
+/// value (`assert_gguf_py_reads_the_same`; the random checkpoint, so every
+/// FP8 and FP4 code goes through each type).
+#[test]
+fn every_tensor_reads_the_same_in_gguf_py() {
+    for recipe in ["f32", "q8", "q2", "q4", "mxfp4"] {
+        if !assert_gguf_py_reads_the_same(&converted(recipe)) {
+            return;
+        }
+    }
+    assert_gguf_py_reads_the_same(&converted_mtp("q8"));
 }
 
 #[test]

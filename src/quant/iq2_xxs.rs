@@ -100,6 +100,22 @@ static GRID_F32: [[f32; 8]; 256] = {
     t
 };
 
+/// [`GRID_F32`] transposed: element `i` of every pattern, so the
+/// quantizer's per-pattern sums run across patterns and vectorize.
+static GRID_F32_BY_ELEMENT: [[f32; 256]; 8] = {
+    let mut t = [[0f32; 256]; 8];
+    let mut p = 0;
+    while p < 256 {
+        let mut i = 0;
+        while i < 8 {
+            t[i][p] = GRID_F32[p][i];
+            i += 1;
+        }
+        p += 1;
+    }
+    t
+};
+
 /// Group scale `db` exactly as the decoder computes it.
 #[inline]
 fn group_scale(d: f32, ls: u8) -> f32 {
@@ -209,17 +225,25 @@ impl Piece {
         for i in 0..8 {
             p.c += w[i] * x[i] * x[i];
         }
-        for pat in 0..256 {
-            let (mut a, mut b, mut flip) = (0.0f32, 0.0f32, f32::INFINITY);
-            for i in 0..8 {
-                let m = mag(pat as u8, i) as f32;
-                let t = w[i] * x[i].abs() * m;
-                a += t;
-                b += w[i] * m * m;
-                flip = flip.min(t);
+        // Per pattern: a = Σ_i w·|x|·m, b = Σ_i w·m·m, flip = min_i w·|x|·m,
+        // summed over i in order as one pattern at a time would, but with
+        // the patterns in the inner loop (vectorized; this was a quarter of
+        // a q2 conversion's time).
+        let mut flip = [f32::INFINITY; 256];
+        for i in 0..8 {
+            let (wx, wi) = (w[i] * x[i].abs(), w[i]);
+            let m = &GRID_F32_BY_ELEMENT[i];
+            for pat in 0..256 {
+                let t = wx * m[pat];
+                p.a[pat] += t;
+                p.b[pat] += wi * m[pat] * m[pat];
+                flip[pat] = flip[pat].min(t);
             }
-            p.a[pat] = if odd { a - 2.0 * flip } else { a };
-            p.b[pat] = b;
+        }
+        if odd {
+            for (a, f) in p.a.iter_mut().zip(&flip) {
+                *a -= 2.0 * f;
+            }
         }
         p
     }
@@ -237,9 +261,30 @@ impl Piece {
     }
 }
 
+impl Piece {
+    /// The error of [`Piece::best`] alone: the same minimum over the same
+    /// 256 products, found in eight independent lanes so that it
+    /// vectorizes (the first-index rule of `best` needs a scalar loop; the
+    /// minimum value does not depend on the order). The scale sweeps ask
+    /// only for this, about 97 % of the calls, and it was 83 % of a q2
+    /// conversion's time.
+    fn best_error(&self, s: f32) -> f32 {
+        let mut m = [f32::INFINITY; 8];
+        for (a, b) in self.a.chunks_exact(8).zip(self.b.chunks_exact(8)) {
+            for l in 0..8 {
+                let e = s * (s * b[l] - 2.0 * a[l]);
+                m[l] = if e < m[l] { e } else { m[l] };
+            }
+        }
+        self.c
+            + m.iter()
+                .fold(f32::INFINITY, |x, &y| if y < x { y } else { x })
+    }
+}
+
 /// Error of a 32-value group (four pieces) at scale `s`.
 fn group_error(pieces: &[Piece], s: f32) -> f32 {
-    pieces.iter().map(|p| p.best(s).1).sum()
+    pieces.iter().map(|p| p.best_error(s)).sum()
 }
 
 /// Best continuous group scale: a geometric sweep over plausible scales,
@@ -407,6 +452,41 @@ mod tests {
                 ls: 0
             }
         );
+    }
+
+    #[test]
+    fn best_error_is_the_error_of_best() {
+        // Random pieces, weights with zeros and ties, odd and even sign
+        // counts, scales over four decades: the lane-wise minimum is
+        // bit for bit the error `best` returns.
+        let mut r = 0x9e37_79b9u32;
+        let mut next = || {
+            r ^= r << 13;
+            r ^= r >> 17;
+            r ^= r << 5;
+            r as f32 / u32::MAX as f32 - 0.5
+        };
+        for case in 0..200 {
+            let x: Vec<f32> = (0..8).map(|_| next() * 4.0).collect();
+            let w: Vec<f32> = (0..8)
+                .map(|i| {
+                    if (case + i) % 5 == 0 {
+                        0.0
+                    } else {
+                        next().abs() + 0.25
+                    }
+                })
+                .collect();
+            let p = Piece::new(&x, &w);
+            for k in 0..40 {
+                let s = 0.001 * 1.3f32.powi(k);
+                assert_eq!(
+                    p.best_error(s).to_bits(),
+                    p.best(s).1.to_bits(),
+                    "{case} {s}"
+                );
+            }
+        }
     }
 
     #[test]

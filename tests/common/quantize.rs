@@ -306,3 +306,91 @@ pub fn assert_dspark_prints_plain(main: &Path, drafter: &Path, n: &str) -> Strin
     assert_eq!(o.stdout, plain.stdout);
     err.lines().last().unwrap_or_default().to_string()
 }
+
+/// gguf-py's reading of the GGUF at `path` (tools/gguf_tensor_digest.py:
+/// `GGUFReader` and `gguf.quants.dequantize`) equals ds4's: the metadata
+/// keys and their value types in order, and every tensor's name, shape and
+/// type in order and its decoded values (sha256 of the f32 bytes; tables
+/// as their integers). Returns false, saying why, where gguf-py is not
+/// installed (`.ci/run` installs it).
+pub fn assert_gguf_py_reads_the_same(path: &Path) -> bool {
+    use ds4::gguf::MetaValue;
+    use sha2::{Digest, Sha256};
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/gguf_tensor_digest.py");
+    let o = Command::new("python3")
+        .arg(script)
+        .arg(path)
+        .output()
+        .expect("python3 runs");
+    if o.status.code() == Some(3) {
+        eprintln!("skipped: {}", String::from_utf8_lossy(&o.stderr).trim());
+        return false;
+    }
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let py: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let f = GgufFile::open(path).unwrap();
+    let keys: Vec<serde_json::Value> = f
+        .metadata()
+        .map(|(k, v)| {
+            let ty = match v {
+                MetaValue::U8(_) => "UINT8",
+                MetaValue::I8(_) => "INT8",
+                MetaValue::U16(_) => "UINT16",
+                MetaValue::I16(_) => "INT16",
+                MetaValue::U32(_) => "UINT32",
+                MetaValue::I32(_) => "INT32",
+                MetaValue::F32(_) => "FLOAT32",
+                MetaValue::Bool(_) => "BOOL",
+                MetaValue::String(_) => "STRING",
+                MetaValue::Array(_) => "ARRAY",
+                MetaValue::U64(_) => "UINT64",
+                MetaValue::I64(_) => "INT64",
+                MetaValue::F64(_) => "FLOAT64",
+            };
+            serde_json::json!([k, ty])
+        })
+        .collect();
+    assert_eq!(
+        py["keys"].as_array().unwrap(),
+        &keys,
+        "{}: keys",
+        path.display()
+    );
+    let py_tensors = py["tensors"].as_array().unwrap();
+    assert_eq!(
+        py_tensors.len(),
+        f.tensor_infos().len(),
+        "{}",
+        path.display()
+    );
+    for (info, pt) in f.tensor_infos().iter().zip(py_tensors) {
+        let (ty, _, data) = tensor(&f, &info.name);
+        let values: Vec<f32> = match ty {
+            GgmlType::I32 => data
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+                .collect(),
+            GgmlType::I8 => data.iter().map(|&b| b as i8 as f32).collect(),
+            _ => dequantize(&f, &info.name),
+        };
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let sha: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let what = format!("{}: {}", path.display(), info.name);
+        assert_eq!(pt["name"], info.name.as_str(), "{what}");
+        assert_eq!(pt["ne"], serde_json::json!(info.ne), "{what}: shape");
+        assert_eq!(
+            pt["type"].as_str().unwrap(),
+            ty.to_string().to_uppercase(),
+            "{what}: type"
+        );
+        assert_eq!(
+            pt["f32_sha256"].as_str().unwrap(),
+            sha,
+            "{what}: decoded values"
+        );
+    }
+    true
+}
