@@ -217,6 +217,32 @@ fn a_missing_tensor_exits_1_and_leaves_no_output() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }
 
+/// A disk too small for the output (a 1 MiB file-size limit, `ulimit -f`;
+/// the q8 file is 13 MB): exit 1 naming the output and the cause before any
+/// tensor is converted (the whole length is reserved first), nothing left
+/// in the folder.
+#[test]
+fn a_full_disk_exits_1_and_leaves_no_output() {
+    let dir = fresh_dir("convert_write", "full-disk-out");
+    let out = dir.join("x.gguf");
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -f 1024 && exec "$0" --hf "$1" --recipe q8 -o "$2" --quiet"#)
+        .arg(env!("CARGO_BIN_EXE_ds4-quantize"))
+        .arg(checkpoint(false))
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(s(&out)) && err.contains("cannot reserve"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}
+
 /// Overwrites the first byte of checkpoint tensor `name` in its shard.
 fn poke(dir: &Path, name: &str, byte: u8) -> PathBuf {
     let index: serde_json::Value =

@@ -68,11 +68,19 @@ pub fn create_partial(path: &Path, header: &[u8], len: u64) -> Result<File, Conv
         .create_new(true)
         .open(path)
         .map_err(|e| bad(format!("cannot create: {e}")))?;
-    reserve(&file, len, path)?;
-    file.write_all_at(header, 0)
-        .map_err(|e| bad(format!("cannot write the header: {e}")))?;
-    file.set_len(len)
-        .map_err(|e| bad(format!("cannot size the file: {e}")))?;
+    let ready = reserve(&file, len, path).and_then(|()| {
+        file.write_all_at(header, 0)
+            .map_err(|e| bad(format!("cannot write the header: {e}")))?;
+        file.set_len(len)
+            .map_err(|e| bad(format!("cannot size the file: {e}")))
+    });
+    // Created but not usable (a full disk, a file-size limit): nothing is
+    // left behind.
+    if let Err(e) = ready {
+        drop(file);
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
     Ok(file)
 }
 
