@@ -392,11 +392,12 @@ def tensor_class(name: str, t: torch.Tensor) -> str:
     return "vector"
 
 
-def quantised(sd: dict, classes: dict, recipe: str) -> dict:
-    """`sd` with every tensor rounded as recipe `recipe` stores it: Q8_0 by gguf-py's quantizer
-    (blocks of 32 along each row; gguf-py is ggml's reference rule) and decoded back, F16 by
-    numpy's round-to-nearest-even cast."""
-    types, out = RECIPES[recipe], {}
+def quantised(sd: dict, classes: dict, recipe: str, recipes: dict = RECIPES) -> dict:
+    """`sd` with every tensor rounded as recipe `recipe` stores it (`recipes`: class -> type
+    per recipe; V4's by default): Q8_0 by gguf-py's quantizer (blocks of 32 along each row;
+    gguf-py is ggml's reference rule) and decoded back, F16 by numpy's round-to-nearest-even
+    cast."""
+    types, out = recipes[recipe], {}
     for k, v in sd.items():
         kind = "ids" if classes[k] == "ids" else types[classes[k]]
         a = v.numpy()

@@ -30,6 +30,10 @@ Deviations, each written where it happens:
     python3 tools/reference/v41_torch.py --gguf /tmp/ds4-v41-goldens/tiny-v41.gguf \
         --golden tests/golden/v41-tiny.json [--decode] [--hc tests/golden/v41-tiny.hc.bin]
 
+The weights come from a ds4 `deepseek41` GGUF (`Checkpoint`) or from any other
+source as a `StateDict` keyed by the same names (checkpoint_v41_reference.py:
+an official-format checkpoint, read and mapped on its own).
+
 Needs torch and gguf-py (pip install torch gguf numpy).
 """
 
@@ -83,6 +87,44 @@ class Checkpoint:
             data = gguf.quants.dequantize(t.data, t.tensor_type)
             self.cache[name] = torch.from_numpy(np.asarray(data, dtype=np.float64).reshape(shape).copy())
         return self.cache[name]
+
+    def engram_table(self, name, head_dim):
+        """An Engram table's rows as float64 [rows, head_dim]: each row's
+        E4M3 codes times its E8M0 scale per 32 (ds4's row layout: the codes,
+        then the scale bytes)."""
+        raw = self.raw(name)  # [rows, head_dim + head_dim / 32] bytes
+        values = raw[:, :head_dim].contiguous().view(torch.float8_e4m3fn).to(DT)
+        scales = raw[:, head_dim:].contiguous().view(torch.float8_e8m0fnu).to(DT)
+        return (values.unflatten(-1, (-1, 32)) * scales.unsqueeze(-1)).flatten(-2)
+
+
+class StateDict:
+    """Weights from another source than a GGUF (tools/reference/
+    checkpoint_v41_reference.py: an official-format checkpoint), with the
+    interface of `Checkpoint`: `tensors` float64 torch tensors keyed by the
+    names this port reads (ds4's GGUF names, in [out, in] order), `tables`
+    each Engram table's float64 rows [rows, head_dim] keyed the same way,
+    `meta` the metadata values keyed as `Checkpoint.meta` reads them
+    (without the `deepseek41.` prefix), `cfg` the official text config.
+    Reading a name or key that is not there raises."""
+
+    def __init__(self, tensors, tables, meta, cfg):
+        self.tensors, self.tables, self.kv, self.cfg = tensors, tables, meta, cfg
+        self.read = set()
+
+    def meta(self, key):
+        return self.kv[key]
+
+    def __getitem__(self, name):
+        self.read.add(name)
+        return self.tensors[name]
+
+    def engram_table(self, name, head_dim):
+        self.read.add(name)
+        t = self.tables[name]
+        if t.shape[1] != head_dim:
+            raise ValueError(f"{name}: rows of {t.shape[1]}, head_dim {head_dim}")
+        return t
 
 
 class Args:
@@ -265,20 +307,18 @@ class Engram:
         self.slot = args.engram_layer_ids.index(layer_id)
         self.dim, self.hc_mult, self.eps = args.dim, args.hc_mult, args.norm_eps
         self.head_dim = args.engram_head_dim
-        self.table = ck.raw(p + "engram_embd.weight")  # [rows, head_dim + head_dim / 32] bytes
+        self.table = ck.engram_table(p + "engram_embd.weight", self.head_dim)  # [rows, head_dim]
         self.wkv = ck[p + "engram_kv.weight"]
         self.weight = ck[p + "engram_q_norm.weight"] * ck[p + "engram_k_norm.weight"]  # q_weight * k_weight
         self.trace = trace
 
     def embed(self, rows):
-        """ParallelEngramEmbedding on one rank: E4M3 codes x E8M0 scale per 32,
-        then the official bf16 cast; rows past the table read as zeros."""
+        """ParallelEngramEmbedding on one rank: the rows (E4M3 codes x E8M0
+        scale per 32, decoded by the source), then the official bf16 cast;
+        rows past the table read as zeros."""
         n = self.table.size(0)
         mask = rows >= n
-        raw = self.table[rows.masked_fill(mask, 0)]
-        values = raw[..., : self.head_dim].contiguous().view(torch.float8_e4m3fn).to(DT)
-        scales = raw[..., self.head_dim:].contiguous().view(torch.float8_e8m0fnu).to(DT)
-        values = (values.unflatten(-1, (-1, 32)) * scales.unsqueeze(-1)).flatten(-2)
+        values = self.table[rows.masked_fill(mask, 0)]
         values = values.to(torch.bfloat16).to(DT)
         return values.masked_fill(mask.unsqueeze(-1), 0)
 
@@ -625,7 +665,8 @@ class Transformer:
     decode step after it."""
 
     def __init__(self, path, max_seq_len=4096):
-        ck = self.ck = Checkpoint(path)
+        """`path`: a deepseek41 GGUF, or a `StateDict`."""
+        ck = self.ck = path if isinstance(path, StateDict) else Checkpoint(path)
         self.args = args = Args(ck)
         self.trace = {}
         self.shared = Shared()
