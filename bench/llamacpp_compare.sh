@@ -11,6 +11,18 @@
 # build`), which also makes the metadata-patched copy llama.cpp needs.
 # Ours runs `cargo bench --bench cpu_forward` with DS4_BENCH_MODEL pointing at
 # the same file, only the fast backend (DS4_BENCH_BACKENDS=cpu).
+#
+# One instruction set on both sides (the AVX2 figures of docs/PERFORMANCE.md
+# on an AVX-512 host): DS4_CPU_ISA=avx2 for ours, and LLAMA_BENCH naming a
+# llama-bench built without AVX-512, run directly (same flags as the peer
+# script: -ctk f16 -ctv f16 -fa 0), e.g. in the peer's source tree:
+#   cmake -S /tmp/llamacpp -B /tmp/llamacpp/build-avx2 -DCMAKE_BUILD_TYPE=Release \
+#     -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+#     -DGGML_BMI2=ON -DGGML_AVX512=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+#   cmake --build /tmp/llamacpp/build-avx2 -j"$(nproc)" --target llama-bench
+#   DS4_CPU_ISA=avx2 LLAMA_BENCH=/tmp/llamacpp/build-avx2/bin/llama-bench \
+#     bash bench/llamacpp_compare.sh --pp 256
+# (a separate build folder: the peer script's `build` rebuilds its own.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=target/bench-models/medium-q2-4l.gguf
@@ -44,9 +56,14 @@ for rep in $(seq 1 "$REPS"); do
         DS4_BENCH_PREFILL=$PP DS4_BENCH_DECODE=$TG cargo bench --bench cpu_forward 2>/dev/null \
         | grep -E '^(cpu |read bandwidth|bytes/token)' || true)
     echo "$OURS"
-    echo "--- round $rep: llama.cpp ---"
-    THEIRS=$(bash "$PEER" bench "$LLAMA_MODEL" --threads "$THREADS" --pp "$PP" --tg "$TG" --reps 1 --md 2>/dev/null \
-        | grep -E '^\|' || echo "(llama-bench failed; is llama.cpp built?)")
+    echo "--- round $rep: llama.cpp (${LLAMA_BENCH:-peer script build}) ---"
+    if [ -n "${LLAMA_BENCH:-}" ]; then
+        THEIRS=$("$LLAMA_BENCH" -m "$LLAMA_MODEL" -t "$THREADS" -p "$PP" -n "$TG" -r 1 \
+            -ctk f16 -ctv f16 -fa 0 -o md 2>/dev/null | grep -E '^\|' || echo "(llama-bench failed)")
+    else
+        THEIRS=$(bash "$PEER" bench "$LLAMA_MODEL" --threads "$THREADS" --pp "$PP" --tg "$TG" --reps 1 --md 2>/dev/null \
+            | grep -E '^\|' || echo "(llama-bench failed; is llama.cpp built?)")
+    fi
     echo "$THEIRS"
     our_pp=$(echo "$OURS" | sed -n 's/^cpu .*prefill [0-9]* tokens in [0-9.]* s = \([0-9.]*\) tokens\/s.*/\1/p')
     our_tg=$(echo "$OURS" | sed -n 's/^cpu .*decode [0-9]* tokens in [0-9.]* s = \([0-9.]*\) tokens\/s.*/\1/p')

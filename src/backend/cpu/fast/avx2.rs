@@ -214,7 +214,7 @@ const SPREAD_SIGN_BYTES: [u8; 32] = {
 /// table route ([`iq2xxs_lookup`]), so the products are the same integers.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq2xxs_words(b: *const u8) -> (__m256i, __m256i) {
+pub(crate) unsafe fn iq2xxs_words(b: *const u8) -> (__m256i, __m256i) {
     // Groups 0..3 and 4..7: each 64-bit lane holds one group, the grid
     // indices in its low u32 and the sign/scale word in its high u32.
     let q0 = _mm256_loadu_si256(b.add(2) as *const __m256i);
@@ -256,7 +256,7 @@ unsafe fn iq2xxs_words(b: *const u8) -> (__m256i, __m256i) {
 /// every i16 lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq2xxs_group(
+pub(crate) unsafe fn iq2xxs_group(
     b: *const u8,
     ks: __m256i,
     ls: __m256i,

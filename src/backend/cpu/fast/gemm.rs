@@ -17,9 +17,12 @@
 //!   (`w + 128`); the resulting `128·Σx` is removed exactly by starting each
 //!   sum from the token's precomputed `−128·Σx` per 4-value lane
 //!   ([`Packed::bias`]).
-//! * **avx2**: 4 rows × 2 tokens (16 ymm registers), 32 values per step,
-//!   `maddubs` on |w| against x with w's signs, then `madd` (the classic sign
-//!   trick: at most 2·128·127 per i16 pair, no saturation).
+//! * **avx2**: 4 rows × 2 tokens per call, run as two passes of 2 rows (2 ×
+//!   2 pairs × even and odd blocks: 8 accumulators in registers), 32 values
+//!   per step, `maddubs` on |w| against x with w's signs, then `madd` (the
+//!   classic sign trick: at most 2·128·127 per i16 pair, no saturation); the
+//!   scale products `s·d` made 8 blocks per instruction ahead of each chunk
+//!   of 64 blocks. The q2 mix's expert formats take [`super::ktile`] there.
 //! * **portable**: the same sums in plain Rust, one pair at a time.
 
 use std::cell::RefCell;
@@ -257,6 +260,10 @@ mod x86 {
         _mm_cvtss_f32(s)
     }
 
+    /// Blocks per chunk of [`pairs_avx2`]: the chunk's scale products
+    /// (`R·T·CHUNK` f32, 1 KiB for 2 × 2) sit on the stack.
+    const CHUNK: usize = 64;
+
     #[target_feature(enable = "avx2,fma")]
     unsafe fn mk_avx2<const R: usize, const T: usize>(
         rows: &[Expanded],
@@ -264,34 +271,100 @@ mod x86 {
         toks: &[usize],
         out: &mut [[f32; NR_MAX]; MR],
     ) {
+        // Rows two at a time: 2 rows × 2 tokens × (even, odd) accumulators
+        // are 8 registers, which leaves room for the operands (4 rows kept
+        // 16 accumulators, spilled and reloaded around every FMA).
+        let mut r = 0;
+        while r < R {
+            let mut o = [[0f32; T]; 2];
+            if R - r >= 2 {
+                pairs_avx2::<2, T>(&rows[r..r + 2], acts, toks, &mut o);
+            } else {
+                pairs_avx2::<1, T>(&rows[r..r + 1], acts, toks, &mut o[..1]);
+            }
+            for (i, row) in o.iter().enumerate().take((R - r).min(2)) {
+                out[r + i][..T].copy_from_slice(row);
+            }
+            r += 2;
+        }
+    }
+
+    /// `R` rows × `T` tokens. Even blocks into `acc`, odd blocks into
+    /// `acc_odd`, added at the end: the order of the direct AVX2 Q8_0 kernel
+    /// (`avx2::q8_0`), so that a Q8_0 product gives the same bits on both
+    /// paths and a session's logits do not depend on how its prompt was cut
+    /// into pieces (batched prefill quanta, echo scoring). The scale
+    /// products `s_r·d_t` are made 8 blocks per instruction ahead of each
+    /// chunk (the same f32 products), so that a (row, token, block) costs a
+    /// broadcast load instead of a scalar multiply and a shuffle.
+    #[inline(always)]
+    unsafe fn pairs_avx2<const R: usize, const T: usize>(
+        rows: &[Expanded],
+        acts: &Packed,
+        toks: &[usize],
+        out: &mut [[f32; T]],
+    ) {
         let n = acts.n;
+        let nb = n / 32;
         let w: [*const i8; R] = std::array::from_fn(|r| rows[r].codes.as_ptr());
         let ws: [*const f32; R] = std::array::from_fn(|r| rows[r].scale.as_ptr());
         let x: [*const i8; T] = std::array::from_fn(|t| acts.qs.as_ptr().add(toks[t] * n));
         let xd: [*const f32; T] = std::array::from_fn(|t| acts.d.as_ptr().add(toks[t] * n / 32));
         let ones = _mm256_set1_epi16(1);
-        // Even blocks into `acc`, odd blocks into `acc_odd`, added at the
-        // end: the order of the direct AVX2 Q8_0 kernel (`avx2::q8_0`), so
-        // that a Q8_0 product gives the same bits on both paths and a
-        // session's logits do not depend on how its prompt was cut into
-        // pieces (batched prefill quanta, echo scoring).
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         let mut acc_odd = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..n / 32 {
-            let acc = if b % 2 == 0 { &mut acc } else { &mut acc_odd };
-            let wv: [__m256i; R] =
-                std::array::from_fn(|r| _mm256_loadu_si256(w[r].add(32 * b) as *const __m256i));
-            let aw: [__m256i; R] = std::array::from_fn(|r| _mm256_sign_epi8(wv[r], wv[r]));
-            let sv: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(*ws[r].add(b)));
-            for t in 0..T {
-                let xv = _mm256_loadu_si256(x[t].add(32 * b) as *const __m256i);
-                let dv = _mm256_set1_ps(*xd[t].add(b));
-                for r in 0..R {
-                    let p = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wv[r]));
-                    let i = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    acc[r][t] = _mm256_fmadd_ps(i, _mm256_mul_ps(sv[r], dv), acc[r][t]);
+        let mut prod = [[[0f32; CHUNK]; T]; R];
+        let mut b0 = 0;
+        while b0 < nb {
+            let m = (nb - b0).min(CHUNK);
+            for r in 0..R {
+                for t in 0..T {
+                    let (s, d, p) = (ws[r].add(b0), xd[t].add(b0), prod[r][t].as_mut_ptr());
+                    let mut j = 0;
+                    while j + 8 <= m {
+                        let v = _mm256_mul_ps(_mm256_loadu_ps(s.add(j)), _mm256_loadu_ps(d.add(j)));
+                        _mm256_storeu_ps(p.add(j), v);
+                        j += 8;
+                    }
+                    while j < m {
+                        *p.add(j) = *s.add(j) * *d.add(j);
+                        j += 1;
+                    }
                 }
             }
+            // A macro, not a closure: a closure would not inherit this
+            // function's target features, and its intrinsics would become
+            // calls.
+            macro_rules! step {
+                ($j:expr, $acc:expr) => {{
+                    let j = $j;
+                    let b = b0 + j;
+                    let xv: [__m256i; T] = std::array::from_fn(|t| {
+                        _mm256_loadu_si256(x[t].add(32 * b) as *const __m256i)
+                    });
+                    for r in 0..R {
+                        let wv = _mm256_loadu_si256(w[r].add(32 * b) as *const __m256i);
+                        let aw = _mm256_sign_epi8(wv, wv);
+                        for t in 0..T {
+                            let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv));
+                            let i = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                            let sd = _mm256_broadcast_ss(&prod[r][t][j]);
+                            $acc[r][t] = _mm256_fmadd_ps(i, sd, $acc[r][t]);
+                        }
+                    }
+                }};
+            }
+            // CHUNK is even: block b0 + j is even exactly when j is.
+            let mut j = 0;
+            while j + 1 < m {
+                step!(j, acc);
+                step!(j + 1, acc_odd);
+                j += 2;
+            }
+            if j < m {
+                step!(j, acc);
+            }
+            b0 += m;
         }
         for r in 0..R {
             for t in 0..T {

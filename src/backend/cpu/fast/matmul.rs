@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::act::{Acts, BlockQ8x32};
-use super::{expand, gemm, Kernels, Picked, MANY_MAX};
+use super::{expand, gemm, ktile, Kernels, Picked, MANY_MAX};
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts, SlabSource};
 use crate::graph::Segment;
@@ -73,6 +73,13 @@ fn matmul_acts_on(
     if let (Acts::Q8x32 { blocks, per_row }, true, false) = (acts, expand::expandable(ty), direct) {
         return matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
     }
+    if let (Some((blocks, per_row)), true, true) =
+        (ktile::q8k(acts), wide, ktile::handles(k.isa, ty))
+    {
+        return matmul_ktile(
+            k, ty, w, n_out, groups, blocks, per_row, n_tokens, parallel, tmp,
+        );
+    }
     // Per tile of weight rows and group of up to `MANY_MAX` tokens, one
     // multi-row dot per weight row ([`Kernels::dot_many`]): the row's blocks
     // decoded once for the whole group, each token's result the one its
@@ -126,20 +133,22 @@ fn matmul_acts_on(
         .for_each(|(i, c)| work(i * chunk_rows, c));
 }
 
-/// Splits `n_out` weight rows of `rb` bytes over the pool: `work(first,
-/// chunk)` fills `chunk` (rows `first..`, `n_tokens` values each).
+/// Splits `n_out` weight rows of `rb` bytes over the pool (when
+/// `parallel`): `work(first, chunk)` fills `chunk` (rows `first..`,
+/// `n_tokens` values each).
 fn split_rows(
     tmp: &mut [f32],
     n_out: usize,
     rb: usize,
     n_tokens: usize,
+    parallel: bool,
     work: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) {
     let threads = rayon::current_num_threads().max(1);
     let min_rows = ((256 << 10) / (rb * n_tokens).max(1)).max(4);
     let chunk_rows = n_out.div_ceil(threads * 4).max(min_rows);
     let tmp = &mut tmp[..n_out * n_tokens];
-    if chunk_rows >= n_out || threads == 1 {
+    if chunk_rows >= n_out || threads == 1 || !parallel {
         work(0, tmp);
         return;
     }
@@ -174,7 +183,7 @@ fn matmul_expanded(
     };
     let nr = gemm::nr(k.isa);
     gemm::with_packed(k.isa, blocks, per_row, |packed| {
-        split_rows(tmp, n_out, rb, n_tokens, |first, chunk| {
+        split_rows(tmp, n_out, rb, n_tokens, true, |first, chunk| {
             let rows = chunk.len() / n_tokens;
             gemm::with_tile(ROW_BLOCK.min(rows), n_in, |tile| {
                 let mut out = [[0f32; gemm::NR_MAX]; gemm::MR];
@@ -230,11 +239,87 @@ fn matmul_expanded(
     });
 }
 
-/// Weight-row-major `tmp` (`n_out` × `n_tokens`) into token-major `out`.
+/// The prefill path of the formats [`ktile`] handles: rows decoded in
+/// blocks of [`ROW_BLOCK`], then every group of tokens meets the block in
+/// micro-kernel calls of [`ktile::MR`] rows × [`ktile::NR`] tokens; each
+/// value is the 1-row kernel's, bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn matmul_ktile(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    n_out: usize,
+    groups: usize,
+    blocks: &[crate::quant::q8_k::BlockQ8K],
+    per_row: usize,
+    n_tokens: usize,
+    parallel: bool,
+    tmp: &mut [f32],
+) {
+    assert!(ktile::handles(k.isa, ty), "{ty} on {:?}: no ktile", k.isa);
+    let rb = w.len() / n_out;
+    let groups = groups.max(1);
+    let rows_per_group = n_out / groups;
+    let n_in = per_row * 256;
+    let mut packed = ktile::KActs::default();
+    packed.pack(ty, blocks);
+    split_rows(tmp, n_out, rb, n_tokens, parallel, |first, chunk| {
+        let rows = chunk.len() / n_tokens;
+        ktile::with_rows(ROW_BLOCK.min(rows), n_in, |tile| {
+            let mut out = [[0f32; ktile::NR]; ktile::MR];
+            let mut r0 = 0;
+            while r0 < rows {
+                let r1 = (r0 + tile.len()).min(rows);
+                for (kr, r) in tile.iter_mut().zip(r0..r1) {
+                    let o = first + r;
+                    ktile::decode(ty, &w[o * rb..(o + 1) * rb], kr);
+                }
+                let mut t0 = 0;
+                while t0 < n_tokens {
+                    let t1 = (t0 + ktile::NR).min(n_tokens);
+                    let mut s0 = r0;
+                    while s0 < r1 {
+                        // Rows of one call share their group's activations.
+                        let g = (first + s0) / rows_per_group;
+                        let s1 = (s0 + ktile::MR)
+                            .min(r1)
+                            .min((g + 1) * rows_per_group - first);
+                        let mut toks = [0usize; ktile::NR];
+                        for (a, t) in toks.iter_mut().zip(t0..t1) {
+                            *a = t * groups + g;
+                        }
+                        let toks = &toks[..t1 - t0];
+                        let sub = &tile[s0 - r0..s1 - r0];
+                        ktile::tile(ty, sub, blocks, per_row, &packed, toks, &mut out);
+                        for i in 0..sub.len() {
+                            for j in 0..toks.len() {
+                                chunk[(s0 + i) * n_tokens + t0 + j] = out[i][j];
+                            }
+                        }
+                        s0 = s1;
+                    }
+                    t0 = t1;
+                }
+                r0 = r1;
+            }
+        })
+    });
+}
+
+/// Weight-row-major `tmp` (`n_out` × `n_tokens`) into token-major `out`,
+/// in squares of 32 × 32 (row by row, each read of `tmp` strode
+/// `n_tokens` floats: at 2,048 tokens that was ~4 % of a prefill).
 fn transpose_into(tmp: &[f32], n_out: usize, n_tokens: usize, out: &mut [f32]) {
-    for t in 0..n_tokens {
-        for o in 0..n_out {
-            out[t * n_out + o] = tmp[o * n_tokens + t];
+    const S: usize = 32;
+    for t0 in (0..n_tokens).step_by(S) {
+        let t1 = (t0 + S).min(n_tokens);
+        for o0 in (0..n_out).step_by(S) {
+            let o1 = (o0 + S).min(n_out);
+            for t in t0..t1 {
+                for o in o0..o1 {
+                    out[t * n_out + o] = tmp[o * n_tokens + t];
+                }
+            }
         }
     }
 }
@@ -309,7 +394,7 @@ fn matmul_path(
     wide: bool,
     out: &mut [f32],
 ) -> bool {
-    let Some(kind) = Kernels::act_kind_for(ty, if wide { super::PREFILL_TOKENS } else { 1 }) else {
+    let Some(kind) = k.act_kind_for(ty, if wide { super::PREFILL_TOKENS } else { 1 }) else {
         return false;
     };
     let groups = groups.max(1);
@@ -425,12 +510,7 @@ pub fn moe_experts_segments<'f>(
     // direct kernels below that; the step's tokens are quantised once in
     // each activation format an expert may need.
     let many = super::PREFILL_TOKENS;
-    let kinds = |ty: GgmlType| {
-        (
-            Kernels::act_kind_for(ty, 1),
-            Kernels::act_kind_for(ty, many),
-        )
-    };
+    let kinds = |ty: GgmlType| (k.act_kind_for(ty, 1), k.act_kind_for(ty, many));
     let ((Some(kg1), Some(kgn)), (Some(ku1), Some(kun)), (Some(kd1), Some(kdn))) =
         (kinds(o.gate.ty), kinds(o.up.ty), kinds(o.down.ty))
     else {
@@ -498,7 +578,7 @@ pub fn moe_experts_segments<'f>(
     // down; the users' output rows (weight-row-major, n per row). A
     // many-token expert splits each product over the pool; a direct one
     // runs on the calling thread (whole experts are the tasks, below).
-    let expert = |e: usize, path: bool, users: &[usize]| -> Vec<f32> {
+    let expert = |e: usize, path: bool, split: bool, users: &[usize]| -> Vec<f32> {
         let n = users.len();
         let (kg, ku, kd) = if path {
             (kgn, kun, kdn)
@@ -514,7 +594,7 @@ pub fn moe_experts_segments<'f>(
         let mut g = vec![0f32; n * ff];
         let mut u = vec![0f32; n * ff];
         let on = |ty, w, n_out, a: &Acts, out: &mut [f32]| {
-            matmul_acts_on(k, ty, w, n_out, 1, a, n, path, path, out)
+            matmul_acts_on(k, ty, w, n_out, 1, a, n, path, split, out)
         };
         on(o.gate.ty, slab(&o.gate, e), ff, &ag, &mut g);
         on(
@@ -553,9 +633,60 @@ pub fn moe_experts_segments<'f>(
     // (docs/ARCHITECTURE.md, "Batch invariance").
     let ys: Vec<Vec<f32>> = direct
         .par_iter()
-        .map(|(e, users)| expert(*e, false, users))
+        .map(|(e, users)| expert(*e, false, false, users))
         .collect();
-    let mut contrib = vec![0f32; n_tokens * kk * d];
+    // Many-token experts: whole experts as tasks too when there are enough
+    // of them to keep every thread busy (a 256-token prompt at Flash width
+    // meets ~190 per layer; forking and joining each of their three
+    // products cost ~3 % of a prefill, and the SwiGLU and quantisation
+    // between them ran on one thread), else each product split over the
+    // pool. The same values either way.
+    let threads = rayon::current_num_threads().max(1);
+    let wide_ys: Vec<Vec<f32>> = if wide_jobs.len() >= 4 * threads {
+        wide_jobs
+            .par_iter()
+            .map(|(e, users)| expert(*e, true, false, users))
+            .collect()
+    } else {
+        wide_jobs
+            .iter()
+            .map(|(e, users)| expert(*e, true, true, users))
+            .collect()
+    };
+    let jobs: Vec<&[usize]> = direct
+        .iter()
+        .chain(&wide_jobs)
+        .map(|(_, u)| &u[..])
+        .collect();
+    let outs: Vec<&[f32]> = ys.iter().chain(&wide_ys).map(|y| &y[..]).collect();
+    CONTRIB.with(|c| match c.try_borrow_mut() {
+        Ok(mut c) => sum_experts(&mut c, n_tokens, kk, d, &jobs, &outs, out),
+        Err(_) => sum_experts(&mut Vec::new(), n_tokens, kk, d, &jobs, &outs, out),
+    });
+    true
+}
+
+thread_local! {
+    /// The routed experts' per-slot outputs (`n_tokens · k · dim` floats: 25 MB
+    /// for 256 tokens at Flash width), kept between calls: a fresh one per
+    /// layer was faulted in page by page each time (~3 % of a prefill).
+    static CONTRIB: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Scatters each expert's output rows (`outs[i]`, weight-row-major) to
+/// the slots of its users (`jobs[i]`), then sums every token's `kk` slots in
+/// slot order (the same order whatever ran first).
+fn sum_experts(
+    contrib: &mut Vec<f32>,
+    n_tokens: usize,
+    kk: usize,
+    d: usize,
+    jobs: &[&[usize]],
+    outs: &[&[f32]],
+    out: &mut [f32],
+) {
+    contrib.clear();
+    contrib.resize(n_tokens * kk * d, 0.0);
     let mut scatter = |users: &[usize], y: &[f32]| {
         let n = users.len();
         for (j, &slot) in users.iter().enumerate() {
@@ -565,11 +696,8 @@ pub fn moe_experts_segments<'f>(
             }
         }
     };
-    for ((_, users), y) in direct.iter().zip(&ys) {
+    for (users, y) in jobs.iter().zip(outs) {
         scatter(users, y);
-    }
-    for (e, users) in &wide_jobs {
-        scatter(users, &expert(*e, true, users));
     }
     for t in 0..n_tokens {
         let ot = &mut out[t * d..(t + 1) * d];
@@ -583,5 +711,4 @@ pub fn moe_experts_segments<'f>(
             }
         }
     }
-    true
 }

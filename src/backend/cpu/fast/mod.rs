@@ -21,6 +21,7 @@ pub mod avx512;
 pub mod expand;
 pub mod gemm;
 pub mod indexer;
+pub mod ktile;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
@@ -355,14 +356,25 @@ impl Kernels {
     /// The activation format `ty` reads, or `None` for a format these
     /// kernels do not cover (the caller falls back to the reference).
     pub fn act_kind(ty: GgmlType) -> Option<ActKind> {
-        Kernels::act_kind_for(ty, 1)
+        Kernels::act_kind_on(None, ty, 1)
     }
 
     /// The activation format for `n_tokens` rows at once: from
     /// [`PREFILL_TOKENS`] tokens on, the 2/4-bit formats take Q8x32 and the
-    /// expanded-row path ([`expand`]).
-    pub fn act_kind_for(ty: GgmlType, n_tokens: usize) -> Option<ActKind> {
+    /// expanded-row path ([`expand`]), except where [`ktile`] handles the
+    /// format (IQ2_XXS and Q2_K on AVX2): those keep Q8_K, and the tiles give
+    /// the 1-row kernel's values.
+    pub fn act_kind_for(&self, ty: GgmlType, n_tokens: usize) -> Option<ActKind> {
+        Kernels::act_kind_on(Some(self.isa), ty, n_tokens)
+    }
+
+    /// [`Kernels::act_kind_for`] on the path `isa` (`None`: a 1-token
+    /// product, which is the same on every path).
+    fn act_kind_on(isa: Option<Isa>, ty: GgmlType, n_tokens: usize) -> Option<ActKind> {
         use GgmlType::*;
+        if n_tokens >= PREFILL_TOKENS && isa.is_some_and(|isa| ktile::handles(isa, ty)) {
+            return Some(ActKind::Q8K);
+        }
         if n_tokens >= PREFILL_TOKENS && expand::expandable(ty) {
             return Some(ActKind::Q8x32);
         }
