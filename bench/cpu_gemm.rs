@@ -1,7 +1,7 @@
 //! The fast CPU backend's prefill GEMM per weight format and kernel path
 //! (`cargo bench --bench cpu_gemm`), beside the per-(row, token) expanded-row
 //! kernel it replaced, on Flash shapes: a dense Q8_0 projection [4096 → 4096]
-//! over 256 tokens, and routed-expert shapes (IQ2_XXS gate [4096 → 2048],
+//! over 256 and 2,048 tokens, and routed-expert shapes (IQ2_XXS gate [4096 → 2048],
 //! Q2_K down [2048 → 4096]) over 6 and 64 tokens (256 prompt tokens × 6 of
 //! 256 experts give ~6 tokens per expert).
 //!
@@ -12,6 +12,7 @@
 
 use ds4::backend::cpu::fast::act::{ActKind, Acts};
 use ds4::backend::cpu::fast::expand::{expand, expand_isa, offsets, sums16, Expanded};
+use ds4::backend::cpu::fast::ktile;
 use ds4::backend::cpu::fast::matmul::matmul;
 use ds4::backend::cpu::fast::{Isa, Kernels};
 use ds4::quant::GgmlType;
@@ -66,6 +67,7 @@ fn main() {
     let mut rng = Rng::new(0x6e33);
     let cases = [
         (GgmlType::Q8_0, 4096usize, 4096usize, 256usize, "dense Q8_0"),
+        (GgmlType::Q8_0, 4096, 4096, 2048, "dense Q8_0"),
         (GgmlType::Iq2Xxs, 4096, 2048, 6, "expert gate IQ2_XXS"),
         (GgmlType::Q2K, 2048, 4096, 6, "expert down Q2_K"),
         (GgmlType::Iq2Xxs, 4096, 2048, 64, "expert gate IQ2_XXS"),
@@ -87,12 +89,19 @@ fn main() {
             });
             // The share of the GEMM's time spent decoding rows (once each).
             let rb = w.len() / n_out;
+            // (The formats `ktile` handles decode into its rows instead.)
             let mut e = Expanded::new(n_in);
+            let mut kr = ktile::KRow::new(n_in);
             let dec = best(reps, || {
                 for o in 0..n_out {
-                    expand_isa(isa, ty, &w[o * rb..(o + 1) * rb], &mut e);
+                    let row = &w[o * rb..(o + 1) * rb];
+                    if ktile::handles(isa, ty) {
+                        ktile::decode(ty, row, &mut kr);
+                    } else {
+                        expand_isa(isa, ty, row, &mut e);
+                    }
                 }
-                std::hint::black_box(&e);
+                std::hint::black_box((&e, &kr));
             });
             println!(
                 "{:<34} {:>9} {:>16.2} {:>16.2} {:>6.2}x {:>7.0}%",

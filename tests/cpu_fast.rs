@@ -726,3 +726,54 @@ fn avx2_iq2xxs_computed_signs_match_the_table_route() {
         assert!(seen.iter().all(|&s| s), "every sign index occurred");
     }
 }
+
+/// The many-token products' serial parts spread over the pool give what
+/// the one-thread versions give: the activations quantised in parallel
+/// (`Acts::quantize_par`, from 64 rows on) equal `Acts::quantize` byte for
+/// byte, and the tiles' packing in runs (from 4,096 blocks on) holds every
+/// block's codes and scale in order.
+#[test]
+fn parallel_quantisation_and_packing_equal_the_serial_ones() {
+    use ds4::backend::cpu::fast::act::{ActKind, Acts};
+    use ds4::backend::cpu::fast::gemm::Packed;
+    let mut rng = Rng(0x7061_7261_6c6c);
+    let n = 512;
+    let x = rng.scaled(150 * n, 3.0);
+    let rows: Vec<&[f32]> = x.chunks_exact(n).collect();
+    for kind in [ActKind::Q8K, ActKind::Q8x32, ActKind::F32] {
+        let a = Acts::quantize(kind, n, rows.iter().copied());
+        let b = Acts::quantize_par(kind, n, &rows);
+        let bytes = |a: &Acts| -> Vec<u8> {
+            match a {
+                Acts::Q8K { blocks, .. } => bytemuck::cast_slice(blocks).to_vec(),
+                Acts::Q8x32 { blocks, .. } => bytemuck::cast_slice(blocks).to_vec(),
+                Acts::F32 { values, .. } => bytemuck::cast_slice(values).to_vec(),
+            }
+        };
+        assert_eq!(bytes(&a), bytes(&b), "{kind:?}");
+    }
+    let x = rng.scaled(40 * 4096, 3.0);
+    let acts = Acts::quantize_par(
+        ActKind::Q8x32,
+        4096,
+        &x.chunks_exact(4096).collect::<Vec<_>>(),
+    );
+    let Acts::Q8x32 { blocks, per_row } = &acts else {
+        unreachable!()
+    };
+    assert!(blocks.len() >= 4 * 1024, "the parallel packing path");
+    for isa in Isa::available() {
+        let mut p = Packed::default();
+        p.pack(isa, blocks, *per_row);
+        assert_eq!(p.n, 4096);
+        for (i, b) in blocks.iter().enumerate() {
+            assert_eq!(
+                &p.qs[32 * i..32 * i + 32],
+                &b.qs[..],
+                "{} block {i}",
+                isa.name()
+            );
+            assert_eq!(p.d[i].to_bits(), b.d.to_bits(), "{} block {i}", isa.name());
+        }
+    }
+}

@@ -92,6 +92,45 @@ impl Acts {
         }
     }
 
+    /// [`Acts::quantize`] of `rows`, the rows spread over the rayon pool
+    /// when there are many (a 2,048-token prompt's rows were quantised on
+    /// one thread while the other waited). The same blocks either way: each
+    /// row is quantised on its own.
+    pub fn quantize_par(kind: ActKind, n: usize, rows: &[&[f32]]) -> Acts {
+        use rayon::prelude::*;
+        if rows.len() < 64 || rayon::current_num_threads() < 2 {
+            return Acts::quantize(kind, n, rows.iter().copied());
+        }
+        fn fill<B: Copy + Send + Zeroable>(
+            rows: &[&[f32]],
+            n: usize,
+            per_row: usize,
+            block: usize,
+            q: impl Fn(&[f32]) -> B + Sync,
+        ) -> Vec<B> {
+            let mut out = vec![B::zeroed(); rows.len() * per_row];
+            out.par_chunks_mut(per_row)
+                .zip(rows.par_iter())
+                .for_each(|(dst, r)| {
+                    for (b, x) in dst.iter_mut().zip(r[..n].chunks_exact(block)) {
+                        *b = q(x);
+                    }
+                });
+            out
+        }
+        match kind {
+            ActKind::Q8K => Acts::Q8K {
+                blocks: fill(rows, n, n / QK_K, QK_K, quantize_block),
+                per_row: n / QK_K,
+            },
+            ActKind::Q8x32 => Acts::Q8x32 {
+                blocks: fill(rows, n, n / 32, 32, quantize_q8x32),
+                per_row: n / 32,
+            },
+            ActKind::F32 => Acts::quantize(kind, n, rows.iter().copied()),
+        }
+    }
+
     /// A new set made of rows `idx` of this one (tokens gathered per expert).
     pub fn gather(&self, idx: impl Iterator<Item = usize>) -> Acts {
         fn pick<T: Copy>(v: &[T], per: usize, idx: impl Iterator<Item = usize>) -> Vec<T> {

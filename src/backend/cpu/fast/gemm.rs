@@ -84,14 +84,34 @@ impl Packed {
     /// Packs all rows of `blocks` (`per_row` Q8x32 blocks each), reusing
     /// this set's buffers.
     pub fn pack(&mut self, isa: Isa, blocks: &[BlockQ8x32], per_row: usize) {
+        use rayon::prelude::*;
         let isa = path(isa);
         self.n = per_row * 32;
         self.qs.clear();
         self.d.clear();
         self.bias.clear();
-        for b in blocks {
-            self.qs.extend_from_slice(&b.qs);
-            self.d.push(b.d);
+        // Spread over the pool in runs of blocks (a 2,048-token product's
+        // 8 MiB of codes were copied on one thread while the other waited).
+        const RUN: usize = 1024;
+        self.qs.resize(blocks.len() * 32, 0);
+        self.d.resize(blocks.len(), 0.0);
+        let copy = |(b, (qs, d)): (&[BlockQ8x32], (&mut [i8], &mut [f32]))| {
+            for ((blk, q), d) in b.iter().zip(qs.chunks_exact_mut(32)).zip(d) {
+                q.copy_from_slice(&blk.qs);
+                *d = blk.d;
+            }
+        };
+        if blocks.len() < 4 * RUN {
+            copy((blocks, (&mut self.qs[..], &mut self.d[..])));
+        } else {
+            blocks
+                .par_chunks(RUN)
+                .zip(
+                    self.qs
+                        .par_chunks_mut(32 * RUN)
+                        .zip(self.d.par_chunks_mut(RUN)),
+                )
+                .for_each(copy);
         }
         if isa == Isa::Avx512 {
             self.bias.extend(

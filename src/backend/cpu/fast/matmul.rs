@@ -308,19 +308,30 @@ fn matmul_ktile(
 
 /// Weight-row-major `tmp` (`n_out` × `n_tokens`) into token-major `out`,
 /// in squares of 32 × 32 (row by row, each read of `tmp` strode
-/// `n_tokens` floats: at 2,048 tokens that was ~4 % of a prefill).
+/// `n_tokens` floats: at 2,048 tokens that was ~4 % of a prefill), runs of
+/// 32 tokens spread over the pool.
 fn transpose_into(tmp: &[f32], n_out: usize, n_tokens: usize, out: &mut [f32]) {
     const S: usize = 32;
-    for t0 in (0..n_tokens).step_by(S) {
+    let run = |t0: usize, out: &mut [f32]| {
         let t1 = (t0 + S).min(n_tokens);
         for o0 in (0..n_out).step_by(S) {
             let o1 = (o0 + S).min(n_out);
             for t in t0..t1 {
                 for o in o0..o1 {
-                    out[t * n_out + o] = tmp[o * n_tokens + t];
+                    out[(t - t0) * n_out + o] = tmp[o * n_tokens + t];
                 }
             }
         }
+    };
+    let out = &mut out[..n_tokens * n_out];
+    if n_tokens * n_out < 1 << 16 {
+        for (i, c) in out.chunks_mut(S * n_out).enumerate() {
+            run(i * S, c);
+        }
+    } else {
+        out.par_chunks_mut(S * n_out)
+            .enumerate()
+            .for_each(|(i, c)| run(i * S, c));
     }
 }
 
@@ -399,14 +410,13 @@ fn matmul_path(
     };
     let groups = groups.max(1);
     let stride = groups * n_in;
-    let acts = Acts::quantize(
-        kind,
-        n_in,
-        (0..n_tokens * groups).map(|r| {
+    let rows: Vec<&[f32]> = (0..n_tokens * groups)
+        .map(|r| {
             let (t, g) = (r / groups, r % groups);
             &x[t * stride + g * n_in..t * stride + (g + 1) * n_in]
-        }),
-    );
+        })
+        .collect();
+    let acts = Acts::quantize_par(kind, n_in, &rows);
     if n_tokens == 1 {
         matmul_acts(k, ty, w, n_out, groups, &acts, 1, wide, &mut out[..n_out]);
     } else {
@@ -540,7 +550,10 @@ pub fn moe_experts_segments<'f>(
     };
     for kind in wanted {
         if !sets.iter().any(|(k2, _)| *k2 == kind) {
-            sets.push((kind, Acts::quantize(kind, d, rows())));
+            sets.push((
+                kind,
+                Acts::quantize_par(kind, d, &rows().collect::<Vec<_>>()),
+            ));
         }
     }
     let set = |kind| {
