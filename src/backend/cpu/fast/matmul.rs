@@ -9,8 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::act::{Acts, BlockQ8x32};
-use super::{expand, gemm, ktile, Kernels, Picked, MANY_MAX};
+use super::act::Acts;
+use super::{expand, ktile, tiled, Kernels, Picked, MANY_MAX};
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts, SlabSource};
 use crate::graph::Segment;
@@ -19,10 +19,6 @@ use crate::quant::GgmlType;
 /// Weight rows per tile (a Flash Q8_0 row of 4096 is 4.3 KiB: 4 rows and a token's
 /// activations fit L1).
 const ROW_TILE: usize = 4;
-
-/// Decoded rows per block on the prefill path (16 Flash rows of 4096: 64 KiB
-/// of codes and 8 KiB of scales, in L2 beside the token group's activations).
-const ROW_BLOCK: usize = 16;
 
 /// `tmp[o·n_tokens + t] = W[o] · act[t·groups + o / (n_out/groups)]`
 /// (weight-row-major). `wide` picks the many-token path (decoded rows and
@@ -71,12 +67,12 @@ fn matmul_acts_on(
     // direct kernels too, which win below a few tokens (`wide` false).
     let direct = matches!(ty, GgmlType::Q8_0 | GgmlType::Mxfp4) && !wide;
     if let (Acts::Q8x32 { blocks, per_row }, true, false) = (acts, expand::expandable(ty), direct) {
-        return matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
+        return tiled::matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
     }
     if let (Some((blocks, per_row)), true, true) =
         (ktile::q8k(acts), wide, ktile::handles(k.isa, ty))
     {
-        return matmul_ktile(
+        return tiled::matmul_ktile(
             k, ty, w, n_out, groups, blocks, per_row, n_tokens, parallel, tmp,
         );
     }
@@ -118,192 +114,7 @@ fn matmul_acts_on(
             r0 = r1;
         }
     };
-    let threads = rayon::current_num_threads().max(1);
-    // At least ~256 KiB of weights or a few rows per task; 4 tasks per
-    // thread so that work stealing evens out uneven cores.
-    let min_rows = ((256 << 10) / (rb * n_tokens).max(1)).max(4);
-    let chunk_rows = n_out.div_ceil(threads * 4).max(min_rows);
-    let tmp = &mut tmp[..n_out * n_tokens];
-    if chunk_rows >= n_out || threads == 1 || !parallel {
-        work(0, tmp);
-        return;
-    }
-    tmp.par_chunks_mut(chunk_rows * n_tokens)
-        .enumerate()
-        .for_each(|(i, c)| work(i * chunk_rows, c));
-}
-
-/// Splits `n_out` weight rows of `rb` bytes over the pool (when
-/// `parallel`): `work(first, chunk)` fills `chunk` (rows `first..`,
-/// `n_tokens` values each).
-fn split_rows(
-    tmp: &mut [f32],
-    n_out: usize,
-    rb: usize,
-    n_tokens: usize,
-    parallel: bool,
-    work: impl Fn(usize, &mut [f32]) + Sync + Send,
-) {
-    let threads = rayon::current_num_threads().max(1);
-    let min_rows = ((256 << 10) / (rb * n_tokens).max(1)).max(4);
-    let chunk_rows = n_out.div_ceil(threads * 4).max(min_rows);
-    let tmp = &mut tmp[..n_out * n_tokens];
-    if chunk_rows >= n_out || threads == 1 || !parallel {
-        work(0, tmp);
-        return;
-    }
-    tmp.par_chunks_mut(chunk_rows * n_tokens)
-        .enumerate()
-        .for_each(|(i, c)| work(i * chunk_rows, c));
-}
-
-/// The prefill path ([`gemm`]): rows decoded ([`expand::expand`]) in blocks
-/// of [`ROW_BLOCK`] into per-thread scratch, then every group of tokens meets
-/// the block in micro-kernel calls of [`gemm::MR`] rows × [`gemm::nr`] tokens.
-#[allow(clippy::too_many_arguments)]
-fn matmul_expanded(
-    k: &Kernels,
-    ty: GgmlType,
-    w: &[u8],
-    n_out: usize,
-    groups: usize,
-    blocks: &[BlockQ8x32],
-    per_row: usize,
-    n_tokens: usize,
-    tmp: &mut [f32],
-) {
-    let rb = w.len() / n_out;
-    let groups = groups.max(1);
-    let rows_per_group = n_out / groups;
-    let n_in = per_row * 32;
-    let sums = if expand::has_offsets(ty) {
-        expand::sums16(blocks)
-    } else {
-        Vec::new()
-    };
-    let nr = gemm::nr(k.isa);
-    gemm::with_packed(k.isa, blocks, per_row, |packed| {
-        split_rows(tmp, n_out, rb, n_tokens, true, |first, chunk| {
-            let rows = chunk.len() / n_tokens;
-            gemm::with_tile(ROW_BLOCK.min(rows), n_in, |tile| {
-                let mut out = [[0f32; gemm::NR_MAX]; gemm::MR];
-                let mut r0 = 0;
-                while r0 < rows {
-                    // A block of decoded rows (ROW_BLOCK × ~1.1 bytes per
-                    // weight: L2) meets every token group in turn; a token
-                    // group's activations stay in L1 across the block.
-                    let r1 = (r0 + tile.len()).min(rows);
-                    for (e, r) in tile.iter_mut().zip(r0..r1) {
-                        let o = first + r;
-                        expand::expand_isa(k.isa, ty, &w[o * rb..(o + 1) * rb], e);
-                    }
-                    let mut t0 = 0;
-                    while t0 < n_tokens {
-                        let t1 = (t0 + nr).min(n_tokens);
-                        let mut s0 = r0;
-                        while s0 < r1 {
-                            // Rows of one call share their group's activations.
-                            let g = (first + s0) / rows_per_group;
-                            let s1 = (s0 + gemm::MR)
-                                .min(r1)
-                                .min((g + 1) * rows_per_group - first);
-                            let mut toks = [0usize; gemm::NR_MAX];
-                            for (a, t) in toks.iter_mut().zip(t0..t1) {
-                                *a = t * groups + g;
-                            }
-                            let toks = &toks[..t1 - t0];
-                            let sub = &tile[s0 - r0..s1 - r0];
-                            gemm::tile(k.isa, sub, packed, toks, &mut out);
-                            for (i, e) in sub.iter().enumerate() {
-                                for (j, &a) in toks.iter().enumerate() {
-                                    // The K-quants' min terms: an f32 dot of n/16.
-                                    let off = if e.has_off {
-                                        k.dot_f32(
-                                            bytemuck::cast_slice(&e.off),
-                                            &sums[2 * a * per_row..2 * (a + 1) * per_row],
-                                        )
-                                    } else {
-                                        0.0
-                                    };
-                                    chunk[(s0 + i) * n_tokens + t0 + j] = out[i][j] + off;
-                                }
-                            }
-                            s0 = s1;
-                        }
-                        t0 = t1;
-                    }
-                    r0 = r1;
-                }
-            })
-        });
-    });
-}
-
-/// The prefill path of the formats [`ktile`] handles: rows decoded in
-/// blocks of [`ROW_BLOCK`], then every group of tokens meets the block in
-/// micro-kernel calls of [`ktile::MR`] rows × [`ktile::NR`] tokens; each
-/// value is the 1-row kernel's, bit for bit.
-#[allow(clippy::too_many_arguments)]
-fn matmul_ktile(
-    k: &Kernels,
-    ty: GgmlType,
-    w: &[u8],
-    n_out: usize,
-    groups: usize,
-    blocks: &[crate::quant::q8_k::BlockQ8K],
-    per_row: usize,
-    n_tokens: usize,
-    parallel: bool,
-    tmp: &mut [f32],
-) {
-    assert!(ktile::handles(k.isa, ty), "{ty} on {:?}: no ktile", k.isa);
-    let rb = w.len() / n_out;
-    let groups = groups.max(1);
-    let rows_per_group = n_out / groups;
-    let n_in = per_row * 256;
-    let mut packed = ktile::KActs::default();
-    packed.pack(ty, blocks);
-    split_rows(tmp, n_out, rb, n_tokens, parallel, |first, chunk| {
-        let rows = chunk.len() / n_tokens;
-        ktile::with_rows(ROW_BLOCK.min(rows), n_in, |tile| {
-            let mut out = [[0f32; ktile::NR]; ktile::MR];
-            let mut r0 = 0;
-            while r0 < rows {
-                let r1 = (r0 + tile.len()).min(rows);
-                for (kr, r) in tile.iter_mut().zip(r0..r1) {
-                    let o = first + r;
-                    ktile::decode(ty, &w[o * rb..(o + 1) * rb], kr);
-                }
-                let mut t0 = 0;
-                while t0 < n_tokens {
-                    let t1 = (t0 + ktile::NR).min(n_tokens);
-                    let mut s0 = r0;
-                    while s0 < r1 {
-                        // Rows of one call share their group's activations.
-                        let g = (first + s0) / rows_per_group;
-                        let s1 = (s0 + ktile::MR)
-                            .min(r1)
-                            .min((g + 1) * rows_per_group - first);
-                        let mut toks = [0usize; ktile::NR];
-                        for (a, t) in toks.iter_mut().zip(t0..t1) {
-                            *a = t * groups + g;
-                        }
-                        let toks = &toks[..t1 - t0];
-                        let sub = &tile[s0 - r0..s1 - r0];
-                        ktile::tile(ty, sub, blocks, per_row, &packed, toks, &mut out);
-                        for i in 0..sub.len() {
-                            for j in 0..toks.len() {
-                                chunk[(s0 + i) * n_tokens + t0 + j] = out[i][j];
-                            }
-                        }
-                        s0 = s1;
-                    }
-                    t0 = t1;
-                }
-                r0 = r1;
-            }
-        })
-    });
+    tiled::split_rows(tmp, n_out, rb, n_tokens, parallel, work);
 }
 
 /// Weight-row-major `tmp` (`n_out` × `n_tokens`) into token-major `out`,

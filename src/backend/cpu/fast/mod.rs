@@ -26,6 +26,7 @@ pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 pub mod portable;
+pub mod tiled;
 
 use crate::graph::Segment;
 use crate::quant::q8_k::BlockQ8K;
