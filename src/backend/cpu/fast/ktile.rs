@@ -221,16 +221,6 @@ mod x86 {
         }};
     }
 
-    /// The 1-row kernels' horizontal sum (`avx2::hsum_ps`), same order.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
     pub unsafe fn iq2xxs(
         rows: &[KRow],
         blocks: &[BlockQ8K],
@@ -315,7 +305,7 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq2xxs_rt<const R: usize, const T: usize>(
         rows: &[KRow],
         blocks: &[BlockQ8K],
@@ -358,12 +348,12 @@ mod x86 {
         }
         for r in 0..R {
             for t in 0..T {
-                out[r][t] = hsum(acc[r][t]);
+                out[r][t] = avx2::hsum_ps(acc[r][t]);
             }
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q2k_rt<const R: usize, const T: usize>(
         rows: &[KRow],
         blocks: &[BlockQ8K],
@@ -407,7 +397,7 @@ mod x86 {
         }
         for r in 0..R {
             for t in 0..T {
-                out[r][t] = hsum(acc[r][t]) - hsum(accm[r][t]);
+                out[r][t] = avx2::hsum_ps(acc[r][t]) - avx2::hsum_ps(accm[r][t]);
             }
         }
     }
