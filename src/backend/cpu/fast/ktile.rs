@@ -26,7 +26,6 @@
 use std::cell::RefCell;
 
 use super::act::Acts;
-use super::expand::Expanded;
 use super::Isa;
 use crate::quant::q8_k::BlockQ8K;
 use crate::quant::GgmlType;
@@ -50,7 +49,7 @@ pub fn handles(isa: Isa, ty: GgmlType) -> bool {
 /// super-block what the 1-row kernel reads from the block's header.
 pub struct KRow {
     /// Codes, `n` (IQ2_XXS: ±grid; Q2_K: `sc·q`).
-    pub e: Expanded,
+    pub codes: Vec<i8>,
     /// The block's f16 scale as f32 (Q2_K: `d`), per super-block.
     pub d: Vec<f32>,
     /// Q2_K: the f16 `dmin` as f32, per super-block.
@@ -67,7 +66,7 @@ pub struct KRow {
 impl KRow {
     pub fn new(n: usize) -> KRow {
         KRow {
-            e: Expanded::new(n),
+            codes: vec![0; n],
             d: vec![0.0; n / 256],
             dmin: vec![0.0; n / 256],
             ls: vec![0; n / 32],
@@ -79,7 +78,7 @@ impl KRow {
 
 /// Decodes one row of `ty` (IQ2_XXS or Q2_K) into `k` (sized for it).
 pub fn decode(ty: GgmlType, row: &[u8], k: &mut KRow) {
-    let n = k.e.codes.len();
+    let n = k.codes.len();
     assert!(row.len() == n / 256 * ty.block_bytes() && n % 256 == 0);
     assert!(k.d.len() == n / 256 && k.dmin.len() == n / 256);
     assert!(k.ls.len() == n / 32 && k.bias.len() == n / 32 && k.mins.len() == n / 16);
@@ -114,7 +113,7 @@ pub fn with_rows<R>(rows: usize, n: usize, f: impl FnOnce(&mut [KRow]) -> R) -> 
     let fresh = |rows| (0..rows).map(|_| KRow::new(n)).collect::<Vec<_>>();
     ROWS.with(|t| match t.try_borrow_mut() {
         Ok(mut t) => {
-            if t.len() < rows || t.first().is_some_and(|k| k.e.codes.len() != n) {
+            if t.len() < rows || t.first().is_some_and(|k| k.codes.len() != n) {
                 *t = fresh(rows);
             }
             f(&mut t[..rows])
@@ -156,7 +155,7 @@ pub fn tile(
     let n = per_row * 256;
     assert!(rows.len() <= MR && toks.len() <= NR);
     for k in rows {
-        assert!(k.e.codes.len() == n && k.d.len() == per_row);
+        assert!(k.codes.len() == n && k.d.len() == per_row);
         assert!(k.ls.len() == n / 32 && k.bias.len() == n / 32 && k.mins.len() == n / 16);
     }
     for &a in toks {
@@ -263,7 +262,7 @@ mod x86 {
             for g in 0..8 {
                 let (grid, signs, scale) = avx2::iq2xxs_group(b, ks, ls, g);
                 let w = _mm256_sign_epi8(grid, signs);
-                let dst = k.e.codes.as_mut_ptr().add(256 * i + 32 * g);
+                let dst = k.codes.as_mut_ptr().add(256 * i + 32 * g);
                 _mm256_storeu_si256(dst as *mut __m256i, w);
                 let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, w), scale);
                 bias = _mm256_add_epi32(bias, s);
@@ -298,7 +297,7 @@ mod x86 {
                         _mm_set1_epi16((*b.add(sub + 1) & 15) as i16),
                         _mm_set1_epi16((*b.add(sub) & 15) as i16),
                     );
-                    let dst = k.e.codes.as_mut_ptr().add(256 * i + 16 * sub);
+                    let dst = k.codes.as_mut_ptr().add(256 * i + 16 * sub);
                     _mm256_storeu_si256(dst as *mut __m256i, _mm256_mullo_epi16(v, sc));
                 }
             }
@@ -315,7 +314,7 @@ mod x86 {
         out: &mut [[f32; NR]; MR],
     ) {
         let n = per_row * 256;
-        let w: [*const i8; R] = std::array::from_fn(|r| rows[r].e.codes.as_ptr());
+        let w: [*const i8; R] = std::array::from_fn(|r| rows[r].codes.as_ptr());
         let ls: [*const i32; R] = std::array::from_fn(|r| rows[r].ls.as_ptr());
         let xu: [*const u8; T] = std::array::from_fn(|t| packed.xu.as_ptr().add(toks[t] * n));
         let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -362,7 +361,7 @@ mod x86 {
         out: &mut [[f32; NR]; MR],
     ) {
         let ones = _mm256_set1_epi16(1);
-        let w: [*const i8; R] = std::array::from_fn(|r| rows[r].e.codes.as_ptr());
+        let w: [*const i8; R] = std::array::from_fn(|r| rows[r].codes.as_ptr());
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         let mut accm = [[_mm256_setzero_ps(); T]; R];
         for i in 0..per_row {

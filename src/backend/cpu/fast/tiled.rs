@@ -68,54 +68,32 @@ pub fn matmul_expanded(
         split_rows(tmp, n_out, rb, n_tokens, true, |first, chunk| {
             let rows = chunk.len() / n_tokens;
             gemm::with_tile(ROW_BLOCK.min(rows), n_in, |tile| {
-                let mut out = [[0f32; gemm::NR_MAX]; gemm::MR];
-                let mut r0 = 0;
-                while r0 < rows {
-                    // A block of decoded rows (ROW_BLOCK × ~1.1 bytes per
-                    // weight: L2) meets every token group in turn; a token
-                    // group's activations stay in L1 across the block.
-                    let r1 = (r0 + tile.len()).min(rows);
-                    for (e, r) in tile.iter_mut().zip(r0..r1) {
-                        let o = first + r;
-                        expand::expand_isa(k.isa, ty, &w[o * rb..(o + 1) * rb], e);
-                    }
-                    let mut t0 = 0;
-                    while t0 < n_tokens {
-                        let t1 = (t0 + nr).min(n_tokens);
-                        let mut s0 = r0;
-                        while s0 < r1 {
-                            // Rows of one call share their group's activations.
-                            let g = (first + s0) / rows_per_group;
-                            let s1 = (s0 + gemm::MR)
-                                .min(r1)
-                                .min((g + 1) * rows_per_group - first);
-                            let mut toks = [0usize; gemm::NR_MAX];
-                            for (a, t) in toks.iter_mut().zip(t0..t1) {
-                                *a = t * groups + g;
-                            }
-                            let toks = &toks[..t1 - t0];
-                            let sub = &tile[s0 - r0..s1 - r0];
-                            gemm::tile(k.isa, sub, packed, toks, &mut out);
-                            for (i, e) in sub.iter().enumerate() {
-                                for (j, &a) in toks.iter().enumerate() {
-                                    // The K-quants' min terms: an f32 dot of n/16.
-                                    let off = if e.has_off {
-                                        k.dot_f32(
-                                            bytemuck::cast_slice(&e.off),
-                                            &sums[2 * a * per_row..2 * (a + 1) * per_row],
-                                        )
-                                    } else {
-                                        0.0
-                                    };
-                                    chunk[(s0 + i) * n_tokens + t0 + j] = out[i][j] + off;
-                                }
-                            }
-                            s0 = s1;
+                let shape = Walk {
+                    first,
+                    n_tokens,
+                    groups,
+                    rows_per_group,
+                    nr,
+                };
+                shape.run(
+                    tile,
+                    chunk,
+                    |e, o| expand::expand_isa(k.isa, ty, &w[o * rb..(o + 1) * rb], e),
+                    |sub, toks, out: &mut [[f32; gemm::NR_MAX]; gemm::MR]| {
+                        gemm::tile(k.isa, sub, packed, toks, out)
+                    },
+                    |e, a, v| {
+                        // The K-quants' min terms: an f32 dot of n/16.
+                        if e.has_off {
+                            v + k.dot_f32(
+                                bytemuck::cast_slice(&e.off),
+                                &sums[2 * a * per_row..2 * (a + 1) * per_row],
+                            )
+                        } else {
+                            v
                         }
-                        t0 = t1;
-                    }
-                    r0 = r1;
-                }
+                    },
+                );
             })
         });
     });
@@ -148,42 +126,93 @@ pub fn matmul_ktile(
     split_rows(tmp, n_out, rb, n_tokens, parallel, |first, chunk| {
         let rows = chunk.len() / n_tokens;
         ktile::with_rows(ROW_BLOCK.min(rows), n_in, |tile| {
-            let mut out = [[0f32; ktile::NR]; ktile::MR];
-            let mut r0 = 0;
-            while r0 < rows {
-                let r1 = (r0 + tile.len()).min(rows);
-                for (kr, r) in tile.iter_mut().zip(r0..r1) {
-                    let o = first + r;
-                    ktile::decode(ty, &w[o * rb..(o + 1) * rb], kr);
-                }
-                let mut t0 = 0;
-                while t0 < n_tokens {
-                    let t1 = (t0 + ktile::NR).min(n_tokens);
-                    let mut s0 = r0;
-                    while s0 < r1 {
-                        // Rows of one call share their group's activations.
-                        let g = (first + s0) / rows_per_group;
-                        let s1 = (s0 + ktile::MR)
-                            .min(r1)
-                            .min((g + 1) * rows_per_group - first);
-                        let mut toks = [0usize; ktile::NR];
-                        for (a, t) in toks.iter_mut().zip(t0..t1) {
-                            *a = t * groups + g;
-                        }
-                        let toks = &toks[..t1 - t0];
-                        let sub = &tile[s0 - r0..s1 - r0];
-                        ktile::tile(ty, sub, blocks, per_row, &packed, toks, &mut out);
-                        for i in 0..sub.len() {
-                            for j in 0..toks.len() {
-                                chunk[(s0 + i) * n_tokens + t0 + j] = out[i][j];
-                            }
-                        }
-                        s0 = s1;
-                    }
-                    t0 = t1;
-                }
-                r0 = r1;
-            }
+            let nr = ktile::NR;
+            let shape = Walk {
+                first,
+                n_tokens,
+                groups,
+                rows_per_group,
+                nr,
+            };
+            shape.run(
+                tile,
+                chunk,
+                |kr, o| ktile::decode(ty, &w[o * rb..(o + 1) * rb], kr),
+                |sub, toks, out: &mut [[f32; ktile::NR]; ktile::MR]| {
+                    ktile::tile(ty, sub, blocks, per_row, &packed, toks, out)
+                },
+                |_, _, v| v,
+            );
         })
     });
+}
+
+/// One task's walk over its rows (`first..`, `chunk.len() / n_tokens` of
+/// them): blocks of `tile.len()` rows decoded into the tile (ROW_BLOCK ×
+/// ~1.1 bytes per weight: L2), then every token group of `nr` meets the
+/// block in micro-kernel calls of at most `MR` rows of one group (a token
+/// group's activations stay in L1 across the block).
+struct Walk {
+    first: usize,
+    n_tokens: usize,
+    groups: usize,
+    rows_per_group: usize,
+    nr: usize,
+}
+
+impl Walk {
+    /// `decode(row, o)` fills a tile row from weight row `o`;
+    /// `call(rows, toks, out)` runs the micro-kernel (`toks`: activation
+    /// rows); `finish(row, tok, v)` gives the value written for `out[i][j]`.
+    fn run<R, const MR: usize, const NR: usize>(
+        &self,
+        tile: &mut [R],
+        chunk: &mut [f32],
+        mut decode: impl FnMut(&mut R, usize),
+        mut call: impl FnMut(&[R], &[usize], &mut [[f32; NR]; MR]),
+        mut finish: impl FnMut(&R, usize, f32) -> f32,
+    ) {
+        let Walk {
+            first,
+            n_tokens,
+            groups,
+            rows_per_group,
+            nr,
+        } = *self;
+        assert!(nr <= NR);
+        let rows = chunk.len() / n_tokens;
+        let mut out = [[0f32; NR]; MR];
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + tile.len()).min(rows);
+            for (e, r) in tile.iter_mut().zip(r0..r1) {
+                decode(e, first + r);
+            }
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let t1 = (t0 + nr).min(n_tokens);
+                let mut s0 = r0;
+                while s0 < r1 {
+                    // Rows of one call share their group's activations.
+                    let g = (first + s0) / rows_per_group;
+                    let s1 = (s0 + MR).min(r1).min((g + 1) * rows_per_group - first);
+                    let mut toks = [0usize; NR];
+                    for (a, t) in toks.iter_mut().zip(t0..t1) {
+                        *a = t * groups + g;
+                    }
+                    let toks = &toks[..t1 - t0];
+                    let sub = &tile[s0 - r0..s1 - r0];
+                    call(sub, toks, &mut out);
+                    for (i, e) in sub.iter().enumerate() {
+                        for (j, &a) in toks.iter().enumerate() {
+                            chunk[(s0 + i) * n_tokens + t0 + j] = finish(e, a, out[i][j]);
+                        }
+                    }
+                    s0 = s1;
+                }
+                t0 = t1;
+            }
+            r0 = r1;
+        }
+    }
 }
