@@ -8,7 +8,9 @@
 //! Figures are integer multiply-adds per second of *process CPU time* (not
 //! wall time), so that a machine shared with other jobs still gives usable
 //! ratios; run with RAYON_NUM_THREADS=1 for per-core figures. Environment:
-//! DS4_BENCH_REPS (default 3; the best is reported).
+//! DS4_BENCH_REPS (default 3; the best is reported), DS4_BENCH_ONLY (run
+//! the shapes whose name contains it, e.g. `x2048`), DS4_CPU_ISA (one
+//! kernel path).
 
 use ds4::backend::cpu::fast::act::{ActKind, Acts};
 use ds4::backend::cpu::fast::expand::{expand, expand_isa, offsets, sums16, Expanded};
@@ -72,7 +74,12 @@ fn main() {
         (GgmlType::Q2K, 2048, 4096, 6, "expert down Q2_K"),
         (GgmlType::Iq2Xxs, 4096, 2048, 64, "expert gate IQ2_XXS"),
     ];
+    let only = std::env::var("DS4_BENCH_ONLY").unwrap_or_default();
     for (ty, n_in, n_out, n_tok, what) in cases {
+        let name = format!("{what} {n_in}->{n_out} x{n_tok}");
+        if !name.contains(&only) {
+            continue;
+        }
         let w = random_blocks(ty, n_in * n_out, &mut rng);
         let x: Vec<f32> = (0..n_in * n_tok)
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
@@ -80,6 +87,9 @@ fn main() {
         let mut out = vec![0f32; n_out * n_tok];
         let macs = (n_in * n_out * n_tok) as f64;
         for isa in Isa::available() {
+            if std::env::var("DS4_CPU_ISA").is_ok_and(|v| v != isa.name()) {
+                continue;
+            }
             let k = Kernels::new(isa).expect("available");
             let g = best(reps, || {
                 matmul(&k, ty, &w, n_in, n_out, 1, &x, n_tok, &mut out);

@@ -126,6 +126,11 @@ fn matmul_matches_the_reference_on_every_path() {
             shapes.push((96, 33, 1, 5));
         } else if block == 1 {
             shapes.push((13, 9, 1, 2));
+            // f32 activations: few rows (the tokens split over the pool,
+            // two parts) and enough rows for the row split with byte-sized
+            // tiles.
+            shapes.push((64, 24, 1, 40));
+            shapes.push((512, 300, 1, 9));
         }
         for &(n_in, n_out, groups, n_tok) in &shapes {
             let wv = rng.vec(n_in * n_out);
@@ -776,4 +781,68 @@ fn parallel_quantisation_and_packing_equal_the_serial_ones() {
             assert_eq!(p.d[i].to_bits(), b.d.to_bits(), "{} block {i}", isa.name());
         }
     }
+}
+
+#[test]
+fn simd_activation_quantisers_equal_the_scalar_ones_bit_for_bit() {
+    use ds4::backend::cpu::fast::act::{q8k, q8x32, quantize_q8x32};
+    use ds4::quant::q8_k::quantize_block;
+    let mut rng = Rng(0x7175_616e_7473);
+    let mut blocks: Vec<Vec<f32>> = Vec::new();
+    for scale in [1e-3f32, 0.7, 3.0, 250.0] {
+        for _ in 0..64 {
+            blocks.push(rng.scaled(256, scale));
+        }
+    }
+    // Exact halves after scaling, both signs: the largest magnitude is 127
+    // (Q8x32: d = 1) or −127 (Q8_K: iscale = 1), so every x.5 is a tie.
+    let ties: Vec<f32> = (0..256)
+        .map(|i| match i {
+            0 => -127.0,
+            _ => ((i % 200) as f32 - 100.0) + if i % 2 == 0 { 0.5 } else { -0.5 },
+        })
+        .collect();
+    blocks.push(ties.clone());
+    blocks.push(ties.iter().map(|v| -v).collect());
+    // The largest magnitude twice with both signs (the first one counts).
+    let mut both = rng.scaled(256, 1.0);
+    both[7] = 4.0;
+    both[9] = -4.0;
+    blocks.push(both.clone());
+    blocks.push(both.iter().map(|v| -v).collect());
+    // Zeros, negative zeros, denormals (the scale underflows), NaN and
+    // infinities among ordinary values.
+    blocks.push(vec![0.0; 256]);
+    blocks.push(
+        (0..256)
+            .map(|i| if i % 3 == 0 { -0.0 } else { 0.0 })
+            .collect(),
+    );
+    blocks.push((0..256).map(|i| (i % 5) as f32 * 1e-45).collect());
+    blocks.push((0..256).map(|i| (i % 7) as f32 * -1e-39).collect());
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut b = rng.scaled(256, 2.0);
+        b[5] = bad;
+        b[200] = bad;
+        blocks.push(b);
+    }
+    let mut checked = 0;
+    for (i, b) in blocks.iter().enumerate() {
+        let (want, got) = (quantize_block(b), q8k(b));
+        assert_eq!(
+            bytemuck::bytes_of(&want),
+            bytemuck::bytes_of(&got),
+            "Q8_K block {i}"
+        );
+        for (j, x) in b.chunks_exact(32).enumerate() {
+            let (want, got) = (quantize_q8x32(x), q8x32(x));
+            assert_eq!(
+                bytemuck::bytes_of(&want),
+                bytemuck::bytes_of(&got),
+                "Q8x32 block {i}.{j}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 2000);
 }

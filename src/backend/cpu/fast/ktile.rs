@@ -184,7 +184,7 @@ pub fn tile(
 }
 
 /// [`Acts::Q8K`]'s blocks and row length (the tiles' activations).
-pub fn q8k(acts: &Acts) -> Option<(&[BlockQ8K], usize)> {
+pub fn q8k<'a>(acts: &'a Acts<'_>) -> Option<(&'a [BlockQ8K], usize)> {
     match acts {
         Acts::Q8K { blocks, per_row } => Some((blocks, *per_row)),
         _ => None,

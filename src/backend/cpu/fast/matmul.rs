@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::act::Acts;
+use super::act::{ActKind, Acts};
 use super::{expand, ktile, tiled, Kernels, Picked, MANY_MAX};
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts, SlabSource};
@@ -19,6 +19,10 @@ use crate::quant::GgmlType;
 /// Weight rows per tile (a Flash Q8_0 row of 4096 is 4.3 KiB: 4 rows and a token's
 /// activations fit L1).
 const ROW_TILE: usize = 4;
+
+/// Bytes of weight rows per tile when the activations are f32 (8 Flash F16
+/// rows of 16,384, 32 of 4,096: an L2's share beside a token group).
+const F32_TILE_BYTES: usize = 256 << 10;
 
 /// `tmp[o·n_tokens + t] = W[o] · act[t·groups + o / (n_out/groups)]`
 /// (weight-row-major). `wide` picks the many-token path (decoded rows and
@@ -82,8 +86,23 @@ fn matmul_acts_on(
     // 1-row dot gives. (Groups of 4 on AVX2, so that a weight tile meets
     // activation rows still in L1, measured slower: the blocks are then
     // decoded twice as often; docs/PERFORMANCE.md.)
-    let work = |first: usize, chunk: &mut [f32]| {
-        let rows = chunk.len() / n_tokens;
+    //
+    // f32 activations (F16/BF16/F32 weights) have no multi-row kernel, and
+    // a token's row is 4 bytes a value: with tiles of 4 rows every tile
+    // streamed all the tokens' activations again (32 MiB at 2,048 tokens of
+    // 4,096, from memory, per 4 rows). Their tiles are sized in bytes
+    // instead, so that a tile stays in L2 while the token groups sweep it.
+    let f32_acts = matches!(acts, Acts::F32 { .. });
+    let row_tile = if f32_acts {
+        (F32_TILE_BYTES / rb.max(1)).clamp(ROW_TILE, 64)
+    } else {
+        ROW_TILE
+    };
+    // Rows `first..` (as many as `out` holds) × tokens `t_lo..t_hi` into
+    // `out`, row-major.
+    let fill = |first: usize, t_lo: usize, t_hi: usize, out: &mut [f32]| {
+        let nt = t_hi - t_lo;
+        let rows = out.len() / nt;
         let mut idx = [0usize; MANY_MAX];
         let mut vals = [0f32; MANY_MAX];
         // The token group's rows, picked again only for another token group
@@ -91,10 +110,10 @@ fn matmul_acts_on(
         let mut picked: Option<((usize, usize), Picked)> = None;
         let mut r0 = 0;
         while r0 < rows {
-            let r1 = (r0 + ROW_TILE).min(rows);
-            let mut t0 = 0;
-            while t0 < n_tokens {
-                let t1 = (t0 + MANY_MAX).min(n_tokens);
+            let r1 = (r0 + row_tile).min(rows);
+            let mut t0 = t_lo;
+            while t0 < t_hi {
+                let t1 = (t0 + MANY_MAX).min(t_hi);
                 let m = t1 - t0;
                 for r in r0..r1 {
                     let o = first + r;
@@ -107,14 +126,42 @@ fn matmul_acts_on(
                     }
                     let (_, p) = picked.as_ref().expect("picked above");
                     k.dot_picked(ty, &w[o * rb..(o + 1) * rb], p, &mut vals[..m]);
-                    chunk[r * n_tokens + t0..r * n_tokens + t1].copy_from_slice(&vals[..m]);
+                    let at = r * nt + t0 - t_lo;
+                    out[at..at + m].copy_from_slice(&vals[..m]);
                 }
                 t0 = t1;
             }
             r0 = r1;
         }
     };
-    tiled::split_rows(tmp, n_out, rb, n_tokens, parallel, work);
+    let threads = rayon::current_num_threads().max(1);
+    if f32_acts && parallel && threads > 1 && n_out < 2 * threads * row_tile {
+        // Too few rows to share out (the hyper-connection mixers: 24 rows of
+        // 16,384): the tokens are split instead, so each token's
+        // activations are read once, not once per task.
+        let per = n_tokens.div_ceil(threads).next_multiple_of(MANY_MAX);
+        let parts: Vec<(usize, Vec<f32>)> = (0..n_tokens)
+            .step_by(per)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|t_lo| {
+                let t_hi = (t_lo + per).min(n_tokens);
+                let mut part = vec![0f32; n_out * (t_hi - t_lo)];
+                fill(0, t_lo, t_hi, &mut part);
+                (t_lo, part)
+            })
+            .collect();
+        for (t_lo, part) in parts {
+            let nt = part.len() / n_out;
+            for (o, row) in part.chunks_exact(nt).enumerate() {
+                tmp[o * n_tokens + t_lo..o * n_tokens + t_lo + nt].copy_from_slice(row);
+            }
+        }
+        return;
+    }
+    tiled::split_rows(tmp, n_out, rb, n_tokens, parallel, |first, chunk| {
+        fill(first, 0, n_tokens, chunk)
+    });
 }
 
 /// Weight-row-major `tmp` (`n_out` × `n_tokens`) into token-major `out`,
@@ -220,14 +267,13 @@ fn matmul_path(
         return false;
     };
     let groups = groups.max(1);
-    let stride = groups * n_in;
-    let rows: Vec<&[f32]> = (0..n_tokens * groups)
-        .map(|r| {
-            let (t, g) = (r / groups, r % groups);
-            &x[t * stride + g * n_in..t * stride + (g + 1) * n_in]
-        })
-        .collect();
-    let acts = Acts::quantize_par(kind, n_in, &rows);
+    // Activation row `t·groups + g` (token t, group g) is `x[r·n_in..]`.
+    let x = &x[..n_tokens * groups * n_in];
+    let acts = if kind == ActKind::F32 {
+        Acts::f32_borrowed(x, n_in)
+    } else {
+        Acts::quantize_par(kind, n_in, &x.chunks_exact(n_in).collect::<Vec<_>>())
+    };
     if n_tokens == 1 {
         matmul_acts(k, ty, w, n_out, groups, &acts, 1, wide, &mut out[..n_out]);
     } else {

@@ -431,7 +431,7 @@ impl Kernels {
 /// them once per token group rather than once per weight row (it showed as
 /// 2–3 % of an 8-session decode step).
 pub struct Picked<'a> {
-    acts: &'a act::Acts,
+    acts: &'a act::Acts<'a>,
     rows: [usize; MANY_MAX],
     m: usize,
     blocks: PickedBlocks<'a>,
@@ -445,7 +445,7 @@ enum PickedBlocks<'a> {
 }
 
 impl<'a> Picked<'a> {
-    pub fn new(acts: &'a act::Acts, rows: &[usize]) -> Picked<'a> {
+    pub fn new(acts: &'a act::Acts<'a>, rows: &[usize]) -> Picked<'a> {
         use act::Acts;
         assert!(
             rows.len() <= MANY_MAX,
