@@ -846,3 +846,82 @@ fn simd_activation_quantisers_equal_the_scalar_ones_bit_for_bit() {
     }
     assert!(checked > 2000);
 }
+
+#[test]
+fn row_ops_over_the_pool_equal_the_reference_bit_for_bit() {
+    use ds4::backend::cpu::fast::rows;
+    use ds4::graph::ops::norm::{rms_norm, RmsNorm};
+    use ds4::graph::ops::rope::{Rope, RopeConfig, Yarn};
+    use ds4::graph::ops::Rows;
+    let mut rng = Rng(0x726f_7773);
+    // Row counts below, at and above the 8 side-by-side sums and the
+    // per-task split; rows of odd widths.
+    for (dim, n_rows) in [
+        (7usize, 3usize),
+        (300, 8),
+        (500, 87),
+        (4096, 41),
+        (64, 1500),
+    ] {
+        let x = rng.scaled(dim * n_rows, 5.0);
+        let w = rng.scaled(dim, 1.5);
+        for weighted in [false, true] {
+            let op = RmsNorm {
+                x: ValueId(0),
+                out: ValueId(1),
+                dim,
+                weight: None,
+                eps: 1e-6,
+                rows: Rows {
+                    per_token: n_rows,
+                    fixed: 0,
+                },
+            };
+            let w = weighted.then_some(&w[..]);
+            let mut want = vec![f32::NAN; x.len()];
+            rms_norm(&x, w, dim, op.eps, &mut want);
+            let mut got = vec![f32::NAN; x.len()];
+            rows::rms_norm(&op, w, &x, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "rms_norm {dim}×{n_rows} w {weighted}"
+            );
+        }
+    }
+    for (heads, head_dim, n_rot, n_tokens, pos0, inverse) in [
+        (1usize, 8usize, 8usize, 1usize, 0usize, false),
+        (4, 64, 16, 150, 3, false),
+        (64, 512, 64, 70, 1_000_003, true),
+    ] {
+        let op = Rope {
+            x: ValueId(0),
+            out: ValueId(1),
+            heads,
+            head_dim,
+            rope: RopeConfig {
+                base: 10000.0,
+                yarn: Some(Yarn {
+                    factor: 16.0,
+                    original_context: 65536,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                }),
+                n_rot,
+            },
+            inverse,
+        };
+        let x = rng.scaled(n_tokens * heads * head_dim, 2.0);
+        let mut want = vec![f32::NAN; x.len()];
+        op.compute(&x, pos0, n_tokens, &mut want);
+        let mut got = vec![f32::NAN; x.len()];
+        rows::rope(&op, &x, pos0, n_tokens, &mut got);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "rope {heads}×{head_dim} t{n_tokens} pos {pos0}"
+        );
+    }
+}

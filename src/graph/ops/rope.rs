@@ -50,12 +50,31 @@ impl Rope {
     pub fn compute(&self, x: &[f32], pos0: usize, n_tokens: usize, out: &mut [f32]) {
         let freqs = frequencies(&self.rope);
         let w = self.heads * self.head_dim;
-        out[..n_tokens * w].copy_from_slice(&x[..n_tokens * w]);
-        for t in 0..n_tokens {
-            for h in 0..self.heads {
-                let head = &mut out[t * w + h * self.head_dim..t * w + (h + 1) * self.head_dim];
-                rotate(head, &freqs, (pos0 + t) as f64, self.inverse);
-            }
+        let mut turns = Vec::new();
+        for (t, (xr, or)) in x[..n_tokens * w]
+            .chunks_exact(w)
+            .zip(out[..n_tokens * w].chunks_exact_mut(w))
+            .enumerate()
+        {
+            self.token(&freqs, (pos0 + t) as f64, &mut turns, xr, or);
+        }
+    }
+
+    /// One token's row `x` at position `pos` into `out`: the angles' sines
+    /// and cosines made once (into `turns`) for all its heads.
+    pub fn token(
+        &self,
+        freqs: &[f64],
+        pos: f64,
+        turns: &mut Vec<(f64, f64)>,
+        x: &[f32],
+        out: &mut [f32],
+    ) {
+        turns.clear();
+        turns.extend(freqs.iter().map(|&f| turn(pos, f, self.inverse)));
+        out.copy_from_slice(x);
+        for head in out.chunks_exact_mut(self.head_dim) {
+            rotate_by(head, turns);
         }
     }
 }
@@ -87,12 +106,20 @@ pub fn frequencies(r: &RopeConfig) -> Vec<f64> {
 
 /// Rotates the tail `2·freqs.len()` dims of `head` by angle `pos · freq`.
 pub fn rotate(head: &mut [f32], freqs: &[f64], pos: f64, inverse: bool) {
-    let n_rot = 2 * freqs.len();
-    let tail = head.len() - n_rot;
-    for (k, &f) in freqs.iter().enumerate() {
-        let a = pos * f;
-        let (s, c) = a.sin_cos();
-        let s = if inverse { -s } else { s };
+    let turns: Vec<(f64, f64)> = freqs.iter().map(|&f| turn(pos, f, inverse)).collect();
+    rotate_by(head, &turns);
+}
+
+/// `(sin, cos)` of the angle `pos · freq` (the sine negated for `inverse`).
+pub fn turn(pos: f64, freq: f64, inverse: bool) -> (f64, f64) {
+    let (s, c) = (pos * freq).sin_cos();
+    (if inverse { -s } else { s }, c)
+}
+
+/// Rotates the tail `2·turns.len()` dims of `head` pair by pair.
+pub fn rotate_by(head: &mut [f32], turns: &[(f64, f64)]) {
+    let tail = head.len() - 2 * turns.len();
+    for (k, &(s, c)) in turns.iter().enumerate() {
         let (x0, x1) = (head[tail + 2 * k] as f64, head[tail + 2 * k + 1] as f64);
         head[tail + 2 * k] = (x0 * c - x1 * s) as f32;
         head[tail + 2 * k + 1] = (x0 * s + x1 * c) as f32;

@@ -165,11 +165,14 @@ pub fn rms_norm_cases() -> Vec<Case> {
         (300, 1, 5, true, false),
         (64, 2, 3, true, true),
         (1000, 1, 2, true, false),
+        // Enough rows for the fast backend's row split and a tail of rows
+        // below its 8 side-by-side sums.
+        (500, 3, 29, true, false),
     ] {
         let mut w = Weights::default();
         w.random(&mut rng, "w", &[dim], GgmlType::F32, 1.5);
         let (f, r) = w.build();
-        let mut b = Builder::new(6, n);
+        let mut b = Builder::new(n.max(6), n);
         let (x, o) = if fixed {
             (
                 b.rec.fixed_f32("x", 3, dim * heads),
@@ -313,9 +316,12 @@ pub fn rope_cases() -> Vec<Case> {
         (3, 16, 8, 5, 7, true, false),
         (2, 64, 64, 3, 100_000, true, true),
         (1, 72, 8, 2, 1_000_003, false, false),
+        // Enough tokens for the fast backend's token split (positions go on
+        // across the parts).
+        (4, 64, 16, 150, 3, true, false),
     ] {
         let (f, _) = Weights::default().build();
-        let mut b = Builder::new(6, n);
+        let mut b = Builder::new(n.max(6), n);
         let x = b.rec.tokens_f32("x", heads * hd);
         let o = b.rec.tokens_f32("out", heads * hd);
         let inputs = vec![(x, rng.scaled(n * heads * hd, 2.0))];

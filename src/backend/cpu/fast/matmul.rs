@@ -10,6 +10,7 @@
 use rayon::prelude::*;
 
 use super::act::{ActKind, Acts};
+use super::tiled::{OutRows, Part};
 use super::{expand, ktile, tiled, Kernels, Picked, MANY_MAX};
 use crate::gguf::TensorRef;
 use crate::graph::ops::moe::{swiglu, MoeExperts, SlabSource};
@@ -42,26 +43,27 @@ pub fn matmul_acts(
     wide: bool,
     tmp: &mut [f32],
 ) {
-    matmul_acts_on(k, ty, w, n_out, groups, acts, n_tokens, wide, true, tmp)
+    let out = OutRows::row_major(tmp, n_out, n_tokens);
+    matmul_acts_on(k, ty, w, groups, acts, wide, true, &out)
 }
 
 /// [`matmul_acts`], its weight rows split over the pool when `parallel`,
 /// on the calling thread otherwise (the caller already spreads whole
 /// products over the pool). The same bits either way: each output value
-/// is one [`Kernels::dot_many`] over the same token group.
+/// is one [`Kernels::dot_many`] over the same token group. `out` says
+/// where values go (weight-row-major or token-major) and how many.
 #[allow(clippy::too_many_arguments)]
 fn matmul_acts_on(
     k: &Kernels,
     ty: GgmlType,
     w: &[u8],
-    n_out: usize,
     groups: usize,
     acts: &Acts,
-    n_tokens: usize,
     wide: bool,
     parallel: bool,
-    tmp: &mut [f32],
+    out: &OutRows,
 ) {
+    let (n_out, n_tokens) = (out.n_out(), out.n_tokens());
     if n_out == 0 || n_tokens == 0 {
         return;
     }
@@ -71,14 +73,12 @@ fn matmul_acts_on(
     // direct kernels too, which win below a few tokens (`wide` false).
     let direct = matches!(ty, GgmlType::Q8_0 | GgmlType::Mxfp4) && !wide;
     if let (Acts::Q8x32 { blocks, per_row }, true, false) = (acts, expand::expandable(ty), direct) {
-        return tiled::matmul_expanded(k, ty, w, n_out, groups, blocks, *per_row, n_tokens, tmp);
+        return tiled::matmul_expanded(k, ty, w, groups, blocks, *per_row, out);
     }
     if let (Some((blocks, per_row)), true, true) =
         (ktile::q8k(acts), wide, ktile::handles(k.isa, ty))
     {
-        return tiled::matmul_ktile(
-            k, ty, w, n_out, groups, blocks, per_row, n_tokens, parallel, tmp,
-        );
+        return tiled::matmul_ktile(k, ty, w, groups, blocks, per_row, parallel, out);
     }
     // Per tile of weight rows and group of up to `MANY_MAX` tokens, one
     // multi-row dot per weight row ([`Kernels::dot_many`]): the row's blocks
@@ -98,11 +98,9 @@ fn matmul_acts_on(
     } else {
         ROW_TILE
     };
-    // Rows `first..` (as many as `out` holds) × tokens `t_lo..t_hi` into
-    // `out`, row-major.
-    let fill = |first: usize, t_lo: usize, t_hi: usize, out: &mut [f32]| {
-        let nt = t_hi - t_lo;
-        let rows = out.len() / nt;
+    // A part's rows × its tokens.
+    let fill = |part: &mut Part| {
+        let (first, rows, toks) = (part.first(), part.rows(), part.tokens());
         let mut idx = [0usize; MANY_MAX];
         let mut vals = [0f32; MANY_MAX];
         // The token group's rows, picked again only for another token group
@@ -111,9 +109,9 @@ fn matmul_acts_on(
         let mut r0 = 0;
         while r0 < rows {
             let r1 = (r0 + row_tile).min(rows);
-            let mut t0 = t_lo;
-            while t0 < t_hi {
-                let t1 = (t0 + MANY_MAX).min(t_hi);
+            let mut t0 = toks.start;
+            while t0 < toks.end {
+                let t1 = (t0 + MANY_MAX).min(toks.end);
                 let m = t1 - t0;
                 for r in r0..r1 {
                     let o = first + r;
@@ -126,8 +124,9 @@ fn matmul_acts_on(
                     }
                     let (_, p) = picked.as_ref().expect("picked above");
                     k.dot_picked(ty, &w[o * rb..(o + 1) * rb], p, &mut vals[..m]);
-                    let at = r * nt + t0 - t_lo;
-                    out[at..at + m].copy_from_slice(&vals[..m]);
+                    for (t, &v) in (t0..t1).zip(&vals[..m]) {
+                        part.set(r, t, v);
+                    }
                 }
                 t0 = t1;
             }
@@ -140,57 +139,10 @@ fn matmul_acts_on(
         // 16,384): the tokens are split instead, so each token's
         // activations are read once, not once per task.
         let per = n_tokens.div_ceil(threads).next_multiple_of(MANY_MAX);
-        let parts: Vec<(usize, Vec<f32>)> = (0..n_tokens)
-            .step_by(per)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .map(|t_lo| {
-                let t_hi = (t_lo + per).min(n_tokens);
-                let mut part = vec![0f32; n_out * (t_hi - t_lo)];
-                fill(0, t_lo, t_hi, &mut part);
-                (t_lo, part)
-            })
-            .collect();
-        for (t_lo, part) in parts {
-            let nt = part.len() / n_out;
-            for (o, row) in part.chunks_exact(nt).enumerate() {
-                tmp[o * n_tokens + t_lo..o * n_tokens + t_lo + nt].copy_from_slice(row);
-            }
-        }
+        tiled::split_tokens(out, per, fill);
         return;
     }
-    tiled::split_rows(tmp, n_out, rb, n_tokens, parallel, |first, chunk| {
-        fill(first, 0, n_tokens, chunk)
-    });
-}
-
-/// Weight-row-major `tmp` (`n_out` × `n_tokens`) into token-major `out`,
-/// in squares of 32 × 32 (row by row, each read of `tmp` strode
-/// `n_tokens` floats: at 2,048 tokens that was ~4 % of a prefill), runs of
-/// 32 tokens spread over the pool.
-fn transpose_into(tmp: &[f32], n_out: usize, n_tokens: usize, out: &mut [f32]) {
-    const S: usize = 32;
-    let run = |t0: usize, out: &mut [f32]| {
-        let t1 = (t0 + S).min(n_tokens);
-        for o0 in (0..n_out).step_by(S) {
-            let o1 = (o0 + S).min(n_out);
-            for t in t0..t1 {
-                for o in o0..o1 {
-                    out[(t - t0) * n_out + o] = tmp[o * n_tokens + t];
-                }
-            }
-        }
-    };
-    let out = &mut out[..n_tokens * n_out];
-    if n_tokens * n_out < 1 << 16 {
-        for (i, c) in out.chunks_mut(S * n_out).enumerate() {
-            run(i * S, c);
-        }
-    } else {
-        out.par_chunks_mut(S * n_out)
-            .enumerate()
-            .for_each(|(i, c)| run(i * S, c));
-    }
+    tiled::split_rows(out, rb, parallel, fill);
 }
 
 /// Whether a piece of `n_tokens` rows takes the many-token path: the one
@@ -274,13 +226,9 @@ fn matmul_path(
     } else {
         Acts::quantize_par(kind, n_in, &x.chunks_exact(n_in).collect::<Vec<_>>())
     };
-    if n_tokens == 1 {
-        matmul_acts(k, ty, w, n_out, groups, &acts, 1, wide, &mut out[..n_out]);
-    } else {
-        let mut tmp = vec![0f32; n_out * n_tokens];
-        matmul_acts(k, ty, w, n_out, groups, &acts, n_tokens, wide, &mut tmp);
-        transpose_into(&tmp, n_out, n_tokens, out);
-    }
+    // Token-major: the op's output, written in place.
+    let out = OutRows::token_major(out, n_out, n_tokens);
+    matmul_acts_on(k, ty, w, groups, &acts, wide, true, &out);
     true
 }
 
@@ -464,7 +412,8 @@ pub fn moe_experts_segments<'f>(
         let mut g = vec![0f32; n * ff];
         let mut u = vec![0f32; n * ff];
         let on = |ty, w, n_out, a: &Acts, out: &mut [f32]| {
-            matmul_acts_on(k, ty, w, n_out, 1, a, n, path, split, out)
+            let out = OutRows::row_major(out, n_out, n);
+            matmul_acts_on(k, ty, w, 1, a, path, split, &out)
         };
         on(o.gate.ty, slab(&o.gate, e), ff, &ag, &mut g);
         on(

@@ -26,6 +26,7 @@ pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 pub mod portable;
+pub mod rows;
 pub mod tiled;
 
 use crate::graph::Segment;
@@ -588,6 +589,21 @@ impl Kernels {
                     &pieces(cx),
                     out,
                 )
+            }),
+            Op::RmsNorm(o) => {
+                let len = o.rows.at(n) * o.dim;
+                let w = o
+                    .weight
+                    .as_ref()
+                    .map(|t| crate::graph::ops::load_f32(cx.file, t));
+                cx.write(o.out, |cx, out| {
+                    rows::rms_norm(o, w.as_deref(), &cx.get(o.x)[..len], &mut out[..len]);
+                    true
+                })
+            }
+            Op::Rope(o) => cx.write(o.out, |cx, out| {
+                rows::rope(o, cx.get(o.x), pos0, n, out);
+                true
             }),
             Op::Attention(o) => cx.write(o.out, |cx, out| {
                 attention::attention(self, o, cx.file, o.inputs(cx), pos0, n, out);

@@ -4,6 +4,9 @@
 //! micro-kernel tiles: [`gemm`] over Q8x32 activations, [`ktile`] over Q8_K
 //! (the AVX2 set's expert formats). [`super::matmul`] picks the driver.
 
+use std::marker::PhantomData;
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use super::act::BlockQ8x32;
@@ -15,28 +18,159 @@ use crate::quant::GgmlType;
 /// of codes and 8 KiB of scales, in L2 beside the token group's activations).
 const ROW_BLOCK: usize = 16;
 
-/// Splits `n_out` weight rows of `rb` bytes over the pool (when
-/// `parallel`): `work(first, chunk)` fills `chunk` (rows `first..`,
-/// `n_tokens` values each).
-pub fn split_rows(
-    tmp: &mut [f32],
+/// Where a product's values go: `n_out` rows × `n_tokens` tokens, value
+/// (o, t) at `o·row_stride + t·tok_stride` of one buffer: weight-row-major
+/// (`tmp[o·n_tokens + t]`, the experts' layout) or token-major (an op's
+/// output, `out[t·n_out + o]`, written in place: a 2,048-token product no
+/// longer fills a fresh weight-row-major buffer of up to 256 MiB and
+/// transposes it). Tasks write it through [`Part`]s, which only
+/// [`split_rows`] and [`split_tokens`] make, over disjoint ranges.
+pub struct OutRows<'a> {
+    ptr: *mut f32,
     n_out: usize,
-    rb: usize,
     n_tokens: usize,
+    row_stride: usize,
+    tok_stride: usize,
+    _buf: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: an `OutRows` is written only through `Part`s, whose (row, token)
+// ranges the splits below keep disjoint; the buffer is borrowed mutably for
+// the `OutRows`' lifetime.
+unsafe impl Send for OutRows<'_> {}
+unsafe impl Sync for OutRows<'_> {}
+
+impl<'a> OutRows<'a> {
+    /// `buf[o·n_tokens + t]`.
+    pub fn row_major(buf: &'a mut [f32], n_out: usize, n_tokens: usize) -> Self {
+        assert!(buf.len() >= n_out * n_tokens, "output buffer too short");
+        OutRows {
+            ptr: buf.as_mut_ptr(),
+            n_out,
+            n_tokens,
+            row_stride: n_tokens,
+            tok_stride: 1,
+            _buf: PhantomData,
+        }
+    }
+
+    /// `buf[t·n_out + o]`.
+    pub fn token_major(buf: &'a mut [f32], n_out: usize, n_tokens: usize) -> Self {
+        assert!(buf.len() >= n_out * n_tokens, "output buffer too short");
+        OutRows {
+            ptr: buf.as_mut_ptr(),
+            n_out,
+            n_tokens,
+            row_stride: 1,
+            tok_stride: n_out,
+            _buf: PhantomData,
+        }
+    }
+
+    pub fn n_out(&self) -> usize {
+        self.n_out
+    }
+
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    /// Rows `rows` × tokens `toks`. Private to the splits, which never hand
+    /// out two parts that overlap.
+    fn part(&self, rows: Range<usize>, toks: Range<usize>) -> Part<'_> {
+        assert!(rows.end <= self.n_out && toks.end <= self.n_tokens);
+        Part {
+            ptr: self.ptr,
+            rows,
+            toks,
+            row_stride: self.row_stride,
+            tok_stride: self.tok_stride,
+            _out: PhantomData,
+        }
+    }
+}
+
+/// One task's rows × tokens of an [`OutRows`].
+pub struct Part<'p> {
+    ptr: *mut f32,
+    rows: Range<usize>,
+    toks: Range<usize>,
+    row_stride: usize,
+    tok_stride: usize,
+    _out: PhantomData<&'p OutRows<'p>>,
+}
+
+// SAFETY: as for `OutRows`: a part's (row, token) range is its own.
+unsafe impl Send for Part<'_> {}
+
+impl Part<'_> {
+    /// The product's row of the part's row 0.
+    pub fn first(&self) -> usize {
+        self.rows.start
+    }
+
+    /// Rows in the part.
+    pub fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The part's tokens.
+    pub fn tokens(&self) -> Range<usize> {
+        self.toks.clone()
+    }
+
+    /// Sets the value of the part's row `r` and token `t` (a token of
+    /// [`Part::tokens`]).
+    #[inline]
+    pub fn set(&mut self, r: usize, t: usize, v: f32) {
+        assert!(
+            r < self.rows.len() && self.toks.contains(&t),
+            "outside the part"
+        );
+        // SAFETY: in the buffer (checked against `OutRows`' bounds when the
+        // part was made) and in this part's range, which no other part has.
+        unsafe {
+            *self
+                .ptr
+                .add((self.rows.start + r) * self.row_stride + t * self.tok_stride) = v;
+        }
+    }
+}
+
+/// Splits the rows of `out` (weight rows of `rb` bytes) over the pool (when
+/// `parallel`): `work` fills each part, all tokens of a run of rows.
+pub fn split_rows(
+    out: &OutRows,
+    rb: usize,
     parallel: bool,
-    work: impl Fn(usize, &mut [f32]) + Sync + Send,
+    work: impl Fn(&mut Part) + Sync + Send,
 ) {
+    let (n_out, n_tokens) = (out.n_out, out.n_tokens);
     let threads = rayon::current_num_threads().max(1);
     let min_rows = ((256 << 10) / (rb * n_tokens).max(1)).max(4);
     let chunk_rows = n_out.div_ceil(threads * 4).max(min_rows);
-    let tmp = &mut tmp[..n_out * n_tokens];
     if chunk_rows >= n_out || threads == 1 || !parallel {
-        work(0, tmp);
+        work(&mut out.part(0..n_out, 0..n_tokens));
         return;
     }
-    tmp.par_chunks_mut(chunk_rows * n_tokens)
-        .enumerate()
-        .for_each(|(i, c)| work(i * chunk_rows, c));
+    (0..n_out.div_ceil(chunk_rows))
+        .into_par_iter()
+        .for_each(|i| {
+            let r0 = i * chunk_rows;
+            work(&mut out.part(r0..(r0 + chunk_rows).min(n_out), 0..n_tokens))
+        });
+}
+
+/// Splits the tokens of `out` over the pool in runs of `per`: `work` fills
+/// each part, all rows of a run of tokens (products with too few rows to
+/// share out).
+pub fn split_tokens(out: &OutRows, per: usize, work: impl Fn(&mut Part) + Sync + Send) {
+    let (n_out, n_tokens) = (out.n_out, out.n_tokens);
+    let per = per.max(1);
+    (0..n_tokens.div_ceil(per)).into_par_iter().for_each(|i| {
+        let t0 = i * per;
+        work(&mut out.part(0..n_out, t0..(t0 + per).min(n_tokens)))
+    });
 }
 
 /// The prefill path ([`gemm`]): rows decoded ([`expand::expand`]) in blocks
@@ -47,13 +181,12 @@ pub fn matmul_expanded(
     k: &Kernels,
     ty: GgmlType,
     w: &[u8],
-    n_out: usize,
     groups: usize,
     blocks: &[BlockQ8x32],
     per_row: usize,
-    n_tokens: usize,
-    tmp: &mut [f32],
+    out: &OutRows,
 ) {
+    let (n_out, n_tokens) = (out.n_out(), out.n_tokens());
     let rb = w.len() / n_out;
     let groups = groups.max(1);
     let rows_per_group = n_out / groups;
@@ -65,11 +198,9 @@ pub fn matmul_expanded(
     };
     let nr = gemm::nr(k.isa);
     gemm::with_packed(k.isa, blocks, per_row, |packed| {
-        split_rows(tmp, n_out, rb, n_tokens, true, |first, chunk| {
-            let rows = chunk.len() / n_tokens;
-            gemm::with_tile(ROW_BLOCK.min(rows), n_in, |tile| {
+        split_rows(out, rb, true, |part| {
+            gemm::with_tile(ROW_BLOCK.min(part.rows()), n_in, |tile| {
                 let shape = Walk {
-                    first,
                     n_tokens,
                     groups,
                     rows_per_group,
@@ -77,7 +208,7 @@ pub fn matmul_expanded(
                 };
                 shape.run(
                     tile,
-                    chunk,
+                    part,
                     |e, o| expand::expand_isa(k.isa, ty, &w[o * rb..(o + 1) * rb], e),
                     |sub, toks, out: &mut [[f32; gemm::NR_MAX]; gemm::MR]| {
                         gemm::tile(k.isa, sub, packed, toks, out)
@@ -108,27 +239,24 @@ pub fn matmul_ktile(
     k: &Kernels,
     ty: GgmlType,
     w: &[u8],
-    n_out: usize,
     groups: usize,
     blocks: &[BlockQ8K],
     per_row: usize,
-    n_tokens: usize,
     parallel: bool,
-    tmp: &mut [f32],
+    out: &OutRows,
 ) {
     assert!(ktile::handles(k.isa, ty), "{ty} on {:?}: no ktile", k.isa);
+    let (n_out, n_tokens) = (out.n_out(), out.n_tokens());
     let rb = w.len() / n_out;
     let groups = groups.max(1);
     let rows_per_group = n_out / groups;
     let n_in = per_row * 256;
     let mut packed = ktile::KActs::default();
     packed.pack(ty, blocks);
-    split_rows(tmp, n_out, rb, n_tokens, parallel, |first, chunk| {
-        let rows = chunk.len() / n_tokens;
-        ktile::with_rows(ROW_BLOCK.min(rows), n_in, |tile| {
+    split_rows(out, rb, parallel, |part| {
+        ktile::with_rows(ROW_BLOCK.min(part.rows()), n_in, |tile| {
             let nr = ktile::NR;
             let shape = Walk {
-                first,
                 n_tokens,
                 groups,
                 rows_per_group,
@@ -136,7 +264,7 @@ pub fn matmul_ktile(
             };
             shape.run(
                 tile,
-                chunk,
+                part,
                 |kr, o| ktile::decode(ty, &w[o * rb..(o + 1) * rb], kr),
                 |sub, toks, out: &mut [[f32; ktile::NR]; ktile::MR]| {
                     ktile::tile(ty, sub, blocks, per_row, &packed, toks, out)
@@ -147,13 +275,11 @@ pub fn matmul_ktile(
     });
 }
 
-/// One task's walk over its rows (`first..`, `chunk.len() / n_tokens` of
-/// them): blocks of `tile.len()` rows decoded into the tile (ROW_BLOCK ×
+/// One task's walk over its rows (those of its [`Part`]): blocks of `tile.len()` rows decoded into the tile (ROW_BLOCK ×
 /// ~1.1 bytes per weight: L2), then every token group of `nr` meets the
 /// block in micro-kernel calls of at most `MR` rows of one group (a token
 /// group's activations stay in L1 across the block).
 struct Walk {
-    first: usize,
     n_tokens: usize,
     groups: usize,
     rows_per_group: usize,
@@ -167,20 +293,19 @@ impl Walk {
     fn run<R, const MR: usize, const NR: usize>(
         &self,
         tile: &mut [R],
-        chunk: &mut [f32],
+        part: &mut Part,
         mut decode: impl FnMut(&mut R, usize),
         mut call: impl FnMut(&[R], &[usize], &mut [[f32; NR]; MR]),
         mut finish: impl FnMut(&R, usize, f32) -> f32,
     ) {
         let Walk {
-            first,
             n_tokens,
             groups,
             rows_per_group,
             nr,
         } = *self;
         assert!(nr <= NR);
-        let rows = chunk.len() / n_tokens;
+        let (first, rows) = (part.first(), part.rows());
         let mut out = [[0f32; NR]; MR];
         let mut r0 = 0;
         while r0 < rows {
@@ -205,7 +330,7 @@ impl Walk {
                     call(sub, toks, &mut out);
                     for (i, e) in sub.iter().enumerate() {
                         for (j, &a) in toks.iter().enumerate() {
-                            chunk[(s0 + i) * n_tokens + t0 + j] = finish(e, a, out[i][j]);
+                            part.set(s0 + i, t0 + j, finish(e, a, out[i][j]));
                         }
                     }
                     s0 = s1;
