@@ -341,11 +341,6 @@ pub fn moe_experts_segments<'f>(
     let src = src.into();
     let slab = |t: &TensorRef, e: usize| o.slab_from(src, t, e);
     let rows = || (0..n_tokens).map(|t| &x[t * d..(t + 1) * d]);
-    // Each token's piece, to count an expert's users per piece.
-    let mut piece = vec![0usize; n_tokens];
-    for (i, s) in segs.iter().enumerate() {
-        piece[s.row0..s.row0 + s.n].fill(i);
-    }
     // Activation sets by kind, made once: (kind, acts).
     let mut sets: Vec<(super::act::ActKind, Acts)> = Vec::new();
     let wanted = if segs.iter().any(|s| s.n * kk >= many) {
@@ -368,30 +363,7 @@ pub fn moe_experts_segments<'f>(
             .expect("quantised above")
             .1
     };
-    // Each selected expert's users, per path: (expert, users).
-    let mut direct: Vec<(usize, Vec<usize>)> = Vec::new();
-    let mut wide_jobs: Vec<(usize, Vec<usize>)> = Vec::new();
-    let mut per_piece = vec![0usize; segs.len()];
-    for e in 0..n_expert {
-        let users = o.users(sel, n_tokens, e);
-        if users.is_empty() {
-            continue;
-        }
-        per_piece.fill(0);
-        for &i in &users {
-            per_piece[piece[i / kk]] += 1;
-        }
-        for path in [false, true] {
-            let mine: Vec<usize> = users
-                .iter()
-                .copied()
-                .filter(|&i| (per_piece[piece[i / kk]] >= many) == path)
-                .collect();
-            if !mine.is_empty() {
-                if path { &mut wide_jobs } else { &mut direct }.push((e, mine));
-            }
-        }
-    }
+    let (direct, wide_jobs) = jobs_by_path(o, sel, segs, n_expert, many);
     // One expert over its users: gate, up, SwiGLU with the routing weight,
     // down; the users' output rows (token-major, d per user). A
     // many-token expert splits each product over the pool; a direct one
@@ -487,6 +459,51 @@ pub fn moe_experts_segments<'f>(
     let outs: Vec<&[f32]> = ys.iter().chain(&wide_ys).map(|y| &y[..]).collect();
     sum_experts(n_tokens, kk, d, &jobs, &outs, out);
     true
+}
+
+/// Experts with their users (slots): (expert, users).
+type Jobs = Vec<(usize, Vec<usize>)>;
+
+/// Each selected expert's users per path: the direct jobs, then the
+/// many-token ones. A slot takes the many-token path when at least `many`
+/// rows of its own session piece chose the expert.
+fn jobs_by_path(
+    o: &MoeExperts,
+    sel: &[i32],
+    segs: &[Segment],
+    n_expert: usize,
+    many: usize,
+) -> (Jobs, Jobs) {
+    let n_tokens: usize = segs.iter().map(|s| s.n).sum();
+    let kk = o.k;
+    // Each token's piece, to count an expert's users per piece.
+    let mut piece = vec![0usize; n_tokens];
+    for (i, s) in segs.iter().enumerate() {
+        piece[s.row0..s.row0 + s.n].fill(i);
+    }
+    let (mut direct, mut wide) = (Vec::new(), Vec::new());
+    let mut per_piece = vec![0usize; segs.len()];
+    for e in 0..n_expert {
+        let users = o.users(sel, n_tokens, e);
+        if users.is_empty() {
+            continue;
+        }
+        per_piece.fill(0);
+        for &i in &users {
+            per_piece[piece[i / kk]] += 1;
+        }
+        for path in [false, true] {
+            let mine: Vec<usize> = users
+                .iter()
+                .copied()
+                .filter(|&i| (per_piece[piece[i / kk]] >= many) == path)
+                .collect();
+            if !mine.is_empty() {
+                if path { &mut wide } else { &mut direct }.push((e, mine));
+            }
+        }
+    }
+    (direct, wide)
 }
 
 /// Every token's `kk` slots summed in slot order (the same order whatever
