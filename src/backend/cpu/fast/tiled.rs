@@ -186,26 +186,17 @@ pub fn matmul_expanded(
     per_row: usize,
     out: &OutRows,
 ) {
-    let (n_out, n_tokens) = (out.n_out(), out.n_tokens());
-    let rb = w.len() / n_out;
-    let groups = groups.max(1);
-    let rows_per_group = n_out / groups;
+    let rb = w.len() / out.n_out();
     let n_in = per_row * 32;
     let sums = if expand::has_offsets(ty) {
         expand::sums16(blocks)
     } else {
         Vec::new()
     };
-    let nr = gemm::nr(k.isa);
+    let shape = Walk::new(out, groups, gemm::nr(k.isa));
     gemm::with_packed(k.isa, blocks, per_row, |packed| {
         split_rows(out, rb, true, |part| {
             gemm::with_tile(ROW_BLOCK.min(part.rows()), n_in, |tile| {
-                let shape = Walk {
-                    n_tokens,
-                    groups,
-                    rows_per_group,
-                    nr,
-                };
                 shape.run(
                     tile,
                     part,
@@ -246,22 +237,13 @@ pub fn matmul_ktile(
     out: &OutRows,
 ) {
     assert!(ktile::handles(k.isa, ty), "{ty} on {:?}: no ktile", k.isa);
-    let (n_out, n_tokens) = (out.n_out(), out.n_tokens());
-    let rb = w.len() / n_out;
-    let groups = groups.max(1);
-    let rows_per_group = n_out / groups;
+    let rb = w.len() / out.n_out();
     let n_in = per_row * 256;
     let mut packed = ktile::KActs::default();
     packed.pack(ty, blocks);
+    let shape = Walk::new(out, groups, ktile::NR);
     split_rows(out, rb, parallel, |part| {
         ktile::with_rows(ROW_BLOCK.min(part.rows()), n_in, |tile| {
-            let nr = ktile::NR;
-            let shape = Walk {
-                n_tokens,
-                groups,
-                rows_per_group,
-                nr,
-            };
             shape.run(
                 tile,
                 part,
@@ -280,13 +262,23 @@ pub fn matmul_ktile(
 /// block in micro-kernel calls of at most `MR` rows of one group (a token
 /// group's activations stay in L1 across the block).
 struct Walk {
-    n_tokens: usize,
     groups: usize,
     rows_per_group: usize,
     nr: usize,
 }
 
 impl Walk {
+    /// The walk of a product into `out` whose rows fall in `groups` equal
+    /// groups (each its own activation row per token), `nr` tokens a call.
+    fn new(out: &OutRows, groups: usize, nr: usize) -> Walk {
+        let groups = groups.max(1);
+        Walk {
+            groups,
+            rows_per_group: out.n_out() / groups,
+            nr,
+        }
+    }
+
     /// `decode(row, o)` fills a tile row from weight row `o`;
     /// `call(rows, toks, out)` runs the micro-kernel (`toks`: activation
     /// rows); `finish(row, tok, v)` gives the value written for `out[i][j]`.
@@ -299,13 +291,12 @@ impl Walk {
         mut finish: impl FnMut(&R, usize, f32) -> f32,
     ) {
         let Walk {
-            n_tokens,
             groups,
             rows_per_group,
             nr,
         } = *self;
         assert!(nr <= NR);
-        let (first, rows) = (part.first(), part.rows());
+        let (first, rows, toks) = (part.first(), part.rows(), part.tokens());
         let mut out = [[0f32; NR]; MR];
         let mut r0 = 0;
         while r0 < rows {
@@ -313,9 +304,9 @@ impl Walk {
             for (e, r) in tile.iter_mut().zip(r0..r1) {
                 decode(e, first + r);
             }
-            let mut t0 = 0;
-            while t0 < n_tokens {
-                let t1 = (t0 + nr).min(n_tokens);
+            let mut t0 = toks.start;
+            while t0 < toks.end {
+                let t1 = (t0 + nr).min(toks.end);
                 let mut s0 = r0;
                 while s0 < r1 {
                     // Rows of one call share their group's activations.
